@@ -1,0 +1,331 @@
+"""Channels and inboxes: the receiving half of every edge.
+
+A :class:`Channel` exists once per (process, publisher) however many local subscribers
+listen to that publisher. The transport hands it each message once — an object (local
+transport) or an encoded body (tcp) — the channel decodes it once and puts the *same*
+object into the :class:`Inbox` of every attached subscriber.
+
+Flow control is accounted here. Every message delivered while at least one *lossless*
+subscriber is attached stays *pending* until each of those subscribers has taken it out
+of its inbox; the channel reports the cumulative count and bytes it has released, and the
+publisher uses those figures to keep at most ``max_in_flight`` messages (and
+``max_in_flight_bytes`` bytes) unreleased per channel. Leaky subscribers never hold
+anything back: their inbox keeps the newest ``queue`` messages and counts every drop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._codec import Codec
+from ._exceptions import ClosedResourceError, ProtocolError
+
+__all__ = ["Attachment", "Channel", "ChannelStats", "Inbox", "SubscriberStats"]
+
+log = logging.getLogger("ezflow.channel")
+
+# Called with (released_count, released_bytes), both cumulative since the channel opened.
+ReleaseCallback = Callable[[int, int], None]
+
+
+@dataclass(slots=True)
+class ChannelStats:
+    """Counters of one channel (inspect with ``Channel.stats``)."""
+
+    messages: int = 0  #: messages received from the publisher
+    bytes: int = 0  #: encoded bytes received (0 for the local transport)
+    decoded: int = 0  #: messages decoded (exactly one per received encoded message)
+    decode_errors: int = 0  #: messages that could not be decoded (logged, released)
+    decode_seconds: float = 0.0  #: time spent decoding
+    deliveries: int = 0  #: message x subscriber hand-overs
+    upstream_drops: int = 0  #: messages the publisher dropped for this (leaky) channel
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    """Counters of one subscriber's inbox."""
+
+    received: int = 0  #: messages put into the inbox
+    taken: int = 0  #: messages handed to the subscriber
+    dropped: int = 0  #: messages a leaky inbox discarded to keep only the newest
+
+
+class Attachment:
+    """The link between one channel and one inbox (internal bookkeeping)."""
+
+    __slots__ = ("active", "channel", "consumed_seq", "first_seq", "inbox", "lossless")
+
+    def __init__(self, channel: Channel, inbox: Inbox, first_seq: int) -> None:
+        self.channel = channel
+        self.inbox = inbox
+        self.lossless = not inbox.leaky
+        self.active = True
+        self.first_seq = first_seq  # first seq this attachment can hold
+        self.consumed_seq = first_seq - 1
+
+
+class Inbox:
+    """A subscriber's queue of messages, fed by one or more channels.
+
+    Lossless inboxes are bounded by the publishers' ``max_in_flight`` windows (a channel
+    cannot deliver more than that many unreleased messages). Leaky inboxes hold at most
+    ``maxlen`` messages and discard the oldest, counting each drop.
+    """
+
+    __slots__ = ("_closed", "_items", "_waiter", "leaky", "maxlen", "stats")
+
+    def __init__(self, *, leaky: bool = False, maxlen: int | None = None) -> None:
+        if leaky and (maxlen is None or maxlen < 1):
+            raise ValueError("a leaky inbox needs maxlen >= 1")
+        self.leaky = leaky
+        self.maxlen = maxlen if leaky else None
+        self._items: deque[tuple[Attachment, int, Any]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+        self.stats = SubscriberStats()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def put(self, attachment: Attachment, seq: int, message: Any) -> None:
+        if self._closed:
+            return
+        items = self._items
+        if self.maxlen is not None and len(items) >= self.maxlen:
+            items.popleft()
+            self.stats.dropped += 1
+        items.append((attachment, seq, message))
+        self.stats.received += 1
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def get_nowait(self) -> Any:
+        """Take the oldest message; ``IndexError`` when empty."""
+        attachment, seq, message = self._items.popleft()
+        self.stats.taken += 1
+        if attachment.lossless and attachment.active:
+            attachment.channel.release(attachment, seq)
+        return message
+
+    async def get(self) -> Any:
+        """Wait for and take the oldest message.
+
+        Raises :class:`ClosedResourceError` once the inbox is closed and empty.
+        Cancellation-safe: a cancelled ``get`` takes nothing.
+        """
+        while not self._items:
+            if self._closed:
+                raise ClosedResourceError("this subscriber is closed")
+            waiter = self._waiter
+            if waiter is None or waiter.done():
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        return self.get_nowait()
+
+    def close(self) -> None:
+        """Stop accepting messages and wake a waiting :meth:`get`. Messages already
+        queued can still be taken."""
+        self._closed = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        self._waiter = None
+
+
+class Channel:
+    """Receives one publisher's messages once, decodes once, fans out to local inboxes.
+
+    *on_release* is called (synchronously) whenever the cumulative released count grows;
+    the transport forwards it to the publisher, coalescing as it sees fit.
+    """
+
+    def __init__(
+        self,
+        publisher_id: str,
+        topic: str,
+        codec: Codec,
+        *,
+        on_release: ReleaseCallback | None = None,
+        on_mode_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.publisher_id = publisher_id
+        self.topic = topic
+        self.codec = codec
+        self.stats = ChannelStats()
+        self.on_release = on_release
+        self.on_mode_change = on_mode_change
+        self._attachments: list[Attachment] = []
+        self._lossless = 0
+        # Pending entries [seq, remaining_holders, nbytes], in seq order, plus an index.
+        self._pending: deque[list[int]] = deque()
+        self._pending_by_seq: dict[int, list[int]] = {}
+        self._pending_bytes = 0
+        self._last_seq = 0
+        self._released_count = 0
+        self._released_bytes = 0
+        self._closed = False
+        self._error_logged = 0
+
+    # -- attachments -------------------------------------------------------------------
+
+    @property
+    def lossless(self) -> bool:
+        """True while at least one lossless subscriber is attached."""
+        return self._lossless > 0
+
+    @property
+    def attachments(self) -> tuple[Attachment, ...]:
+        return tuple(self._attachments)
+
+    @property
+    def released(self) -> tuple[int, int]:
+        """(count, bytes) released so far, cumulative."""
+        return self._released_count, self._released_bytes
+
+    @property
+    def pending(self) -> int:
+        """Messages delivered but not yet taken by every lossless subscriber."""
+        return len(self._pending)
+
+    def attach(self, inbox: Inbox) -> Attachment:
+        """Start handing messages to *inbox*, from the next message received on."""
+        if self._closed:
+            raise ClosedResourceError("channel is closed")
+        attachment = Attachment(self, inbox, self._last_seq + 1)
+        was_lossless = self.lossless
+        self._attachments.append(attachment)
+        if attachment.lossless:
+            self._lossless += 1
+        if self.lossless != was_lossless and self.on_mode_change is not None:
+            self.on_mode_change(self.lossless)
+        return attachment
+
+    def detach(self, attachment: Attachment) -> None:
+        """Stop handing messages to this attachment's inbox. Messages already in the inbox
+        stay there (they were accepted) but no longer hold the publisher back."""
+        if not attachment.active:
+            return
+        attachment.active = False
+        self._attachments.remove(attachment)
+        if not attachment.lossless:
+            return
+        self._lossless -= 1
+        for entry in self._pending:
+            if entry[0] > attachment.consumed_seq and entry[0] >= attachment.first_seq:
+                entry[1] -= 1
+        self._advance()
+        if not self.lossless and self.on_mode_change is not None and not self._closed:
+            self.on_mode_change(False)
+
+    # -- delivery ------------------------------------------------------------------------
+
+    def deliver_body(self, seq: int, body: bytes | memoryview, upstream_drops: int = 0) -> None:
+        """Decode an encoded message once and deliver it. A body that cannot be decoded
+        is counted, logged and released; it never raises."""
+        stats = self.stats
+        started = time.perf_counter()
+        try:
+            message = self.codec.decode(body)
+        except ProtocolError as exc:
+            stats.decode_errors += 1
+            stats.messages += 1
+            stats.bytes += len(body)
+            self._last_seq = seq
+            self._released_count += 1
+            self._released_bytes += len(body)
+            self._notify_release()
+            if self._error_logged < 5 or stats.decode_errors % 1000 == 0:
+                self._error_logged += 1
+                log.error(
+                    "dropping a message from publisher %s on topic %r that cannot be decoded "
+                    "(%d so far): %s",
+                    self.publisher_id,
+                    self.topic,
+                    stats.decode_errors,
+                    exc,
+                )
+            return
+        stats.decode_seconds += time.perf_counter() - started
+        stats.decoded += 1
+        self.deliver(seq, message, len(body), upstream_drops)
+
+    def deliver(self, seq: int, message: Any, nbytes: int = 0, upstream_drops: int = 0) -> None:
+        """Hand *message* (already decoded) to every attached inbox.
+
+        *upstream_drops* is the publisher's cumulative count of messages it dropped for
+        this channel; the increase is added to the drop count of every attached leaky
+        inbox, so subscriber statistics show every message they missed.
+        """
+        stats = self.stats
+        if upstream_drops > stats.upstream_drops:
+            missed = upstream_drops - stats.upstream_drops
+            stats.upstream_drops = upstream_drops
+            for attachment in self._attachments:
+                if not attachment.lossless:
+                    attachment.inbox.stats.dropped += missed
+        stats.messages += 1
+        stats.bytes += nbytes
+        self._last_seq = seq
+        if self._lossless:
+            entry = [seq, self._lossless, nbytes]
+            self._pending.append(entry)
+            self._pending_by_seq[seq] = entry
+            self._pending_bytes += nbytes
+        else:
+            self._released_count += 1
+            self._released_bytes += nbytes
+        for attachment in self._attachments:
+            attachment.inbox.put(attachment, seq, message)
+        stats.deliveries += len(self._attachments)
+        if not self._lossless:
+            self._notify_release()
+
+    def release(self, attachment: Attachment, seq: int) -> None:
+        """Called by an inbox when a lossless subscriber takes message *seq*."""
+        attachment.consumed_seq = seq
+        entry = self._pending_by_seq.get(seq)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0 and self._pending[0] is entry:
+            self._advance()
+
+    def _advance(self) -> None:
+        pending = self._pending
+        advanced = False
+        while pending and pending[0][1] <= 0:
+            seq, _, nbytes = pending.popleft()
+            del self._pending_by_seq[seq]
+            self._pending_bytes -= nbytes
+            self._released_count += 1
+            self._released_bytes += nbytes
+            advanced = True
+        if advanced:
+            self._notify_release()
+
+    def _notify_release(self) -> None:
+        callback = self.on_release
+        if callback is not None:
+            callback(self._released_count, self._released_bytes)
+
+    def close(self) -> None:
+        """Detach every inbox; the inboxes themselves stay open (they may be fed by
+        other channels)."""
+        self._closed = True
+        for attachment in list(self._attachments):
+            self.detach(attachment)
+        self._pending.clear()
+        self._pending_by_seq.clear()

@@ -1,0 +1,182 @@
+"""Limits, defaults and environment variables, in one place.
+
+Every limit ezflow enforces is named here with its default, so that documentation and
+error messages can point at one source. Environment variables are read when an object
+that depends on them is created (not at import time), so tests can set them per case.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final, Literal
+
+from ._exceptions import ConfigurationError
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "CONTROL_MAX_FRAME_SIZE",
+    "DEFAULT_GRAPH_ADDRESS",
+    "DEFAULT_MAX_IN_FLIGHT",
+    "DEFAULT_MAX_IN_FLIGHT_BYTES",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "ENV_EVENT_LOOP",
+    "ENV_GRAPH_ADDRESS",
+    "ENV_MAX_MESSAGE_SIZE",
+    "ENV_TRANSPORT",
+    "HANDSHAKE_MAX_FRAME_SIZE",
+    "HANDSHAKE_TIMEOUT",
+    "MAX_CHANNELS_PER_PUBLISHER",
+    "MAX_SERVER_CONNECTIONS",
+    "MAX_TOPIC_LENGTH",
+    "REQUEST_TIMEOUT",
+    "ROUTE_APPLY_TIMEOUT",
+    "TRANSPORTS",
+    "Address",
+    "TransportName",
+    "check_positive",
+    "check_transport",
+    "format_address",
+    "graph_address_from_env",
+    "max_message_size_from_env",
+    "parse_address",
+    "parse_size",
+    "transport_from_env",
+]
+
+Address = tuple[str, int]
+TransportName = Literal["local", "shm", "tcp"]
+TRANSPORTS: Final[tuple[str, ...]] = ("local", "shm", "tcp")
+
+ENV_GRAPH_ADDRESS: Final = "EZFLOW_GRAPH_ADDRESS"
+ENV_TRANSPORT: Final = "EZFLOW_TRANSPORT"
+ENV_MAX_MESSAGE_SIZE: Final = "EZFLOW_MAX_MESSAGE_SIZE"
+ENV_EVENT_LOOP: Final = "EZFLOW_EVENT_LOOP"
+
+#: Where GraphContext looks for (or starts) the graph server when given no address.
+DEFAULT_GRAPH_ADDRESS: Final[Address] = ("127.0.0.1", 25990)
+
+#: Largest encoded message a publisher sends or a channel accepts (bytes).
+DEFAULT_MAX_MESSAGE_SIZE: Final = 128 * 1024 * 1024
+#: Lossless flow control: a publisher waits once a channel holds this many unreleased
+#: messages ...
+DEFAULT_MAX_IN_FLIGHT: Final = 64
+#: ... or this many unreleased encoded bytes (whichever comes first; one message is
+#: always allowed, however large).
+DEFAULT_MAX_IN_FLIGHT_BYTES: Final = 32 * 1024 * 1024
+
+#: Largest frame accepted before a peer has completed the handshake.
+HANDSHAKE_MAX_FRAME_SIZE: Final = 64 * 1024
+#: Largest control-plane frame (graph protocol) after the handshake.
+CONTROL_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
+#: Connections the graph server holds at once; more are closed on accept, with a log line.
+MAX_SERVER_CONNECTIONS: Final = 1024
+#: Channels (subscribing processes) one publisher serves at once.
+MAX_CHANNELS_PER_PUBLISHER: Final = 1024
+MAX_TOPIC_LENGTH: Final = 512
+
+#: Seconds a peer has to complete the handshake after connecting.
+HANDSHAKE_TIMEOUT: Final = 5.0
+#: Seconds to open a TCP connection (graph server or publisher).
+CONNECT_TIMEOUT: Final = 5.0
+#: Seconds a graph request waits for the server's reply.
+REQUEST_TIMEOUT: Final = 30.0
+#: Seconds the server waits for clients to apply a routing change before it answers the
+#: request that caused it anyway (and logs which clients were late).
+ROUTE_APPLY_TIMEOUT: Final = 10.0
+
+
+def parse_address(text: str, *, setting: str = "address") -> Address:
+    """Parse ``HOST:PORT`` (``[V6HOST]:PORT`` for IPv6) into a ``(host, port)`` tuple.
+
+    Raises :class:`ConfigurationError` naming *setting* when *text* is malformed.
+    """
+    value = text.strip()
+    host: str
+    port_text: str
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0 or value[end + 1 : end + 2] != ":":
+            raise ConfigurationError(
+                f"{setting}={text!r} is not HOST:PORT; write IPv6 hosts as [::1]:25990"
+            )
+        host, port_text = value[1:end], value[end + 2 :]
+    else:
+        host, sep, port_text = value.rpartition(":")
+        if not sep or not host:
+            raise ConfigurationError(
+                f"{setting}={text!r} is not HOST:PORT (for example 127.0.0.1:25990)"
+            )
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigurationError(
+            f"{setting}={text!r}: port {port_text!r} is not a number"
+        ) from None
+    if not 0 <= port <= 65535:
+        raise ConfigurationError(f"{setting}={text!r}: port {port} is outside 0..65535")
+    return host, port
+
+
+def format_address(address: Address) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def graph_address_from_env() -> Address:
+    """The graph server address from ``EZFLOW_GRAPH_ADDRESS``, else the default."""
+    text = os.environ.get(ENV_GRAPH_ADDRESS)
+    if not text:
+        return DEFAULT_GRAPH_ADDRESS
+    return parse_address(text, setting=ENV_GRAPH_ADDRESS)
+
+
+def transport_from_env() -> TransportName | None:
+    """The transport forced by ``EZFLOW_TRANSPORT`` (``local``, ``shm``, ``tcp``), or
+    ``None`` for automatic choice (also for an empty value or ``auto``)."""
+    text = os.environ.get(ENV_TRANSPORT, "").strip().lower()
+    if text in ("", "auto"):
+        return None
+    return check_transport(text, setting=ENV_TRANSPORT)
+
+
+def check_transport(value: str | None, *, setting: str = "transport") -> TransportName | None:
+    """Validate a transport name; ``None`` means automatic."""
+    if value is None:
+        return None
+    if value not in TRANSPORTS:
+        raise ConfigurationError(
+            f"{setting}={value!r} is not a transport; use one of {', '.join(TRANSPORTS)}"
+            " (or leave it unset for automatic choice)"
+        )
+    return value  # type: ignore[return-value]
+
+
+def max_message_size_from_env() -> int:
+    """``EZFLOW_MAX_MESSAGE_SIZE`` in bytes (plain integer, or with a K/M/G suffix)."""
+    text = os.environ.get(ENV_MAX_MESSAGE_SIZE, "").strip()
+    if not text:
+        return DEFAULT_MAX_MESSAGE_SIZE
+    return parse_size(text, setting=ENV_MAX_MESSAGE_SIZE)
+
+
+_SUFFIXES: Final = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def parse_size(text: str, *, setting: str) -> int:
+    """Parse a byte count such as ``1048576``, ``512K``, ``64M`` or ``1G``."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    suffix = value[-1:] if value[-1:] in _SUFFIXES else ""
+    number = value[: len(value) - len(suffix)]
+    try:
+        size = int(number) * _SUFFIXES[suffix]
+    except ValueError:
+        raise ConfigurationError(
+            f"{setting}={text!r} is not a byte count; write e.g. 1048576, 512K, 64M or 1G"
+        ) from None
+    return check_positive(size, setting=setting)
+
+
+def check_positive(value: int, *, setting: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigurationError(f"{setting}={value!r} must be a positive integer")
+    return value

@@ -1,0 +1,78 @@
+"""Every exception ezflow raises on purpose, named by cause.
+
+The split follows trio/anyio: *you* closed it (:class:`ClosedResourceError`), a *peer*
+broke it (:class:`BrokenResourceError`), bytes that do not follow the protocol
+(:class:`ProtocolError`), a limit was exceeded (:class:`MessageTooLargeError`), nobody
+answered in time (:class:`EzflowTimeoutError`), the graph server refused a request
+(:class:`GraphError`), and a setting is wrong (:class:`ConfigurationError`).
+
+OS and codec errors are translated into these at the boundary where they happen, with
+the original kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokenResourceError",
+    "ClosedResourceError",
+    "ConfigurationError",
+    "EzflowError",
+    "EzflowTimeoutError",
+    "GraphError",
+    "MessageTooLargeError",
+    "ProtocolError",
+    "UnregisteredTypeError",
+]
+
+
+class EzflowError(Exception):
+    """Base class of every error ezflow raises on purpose."""
+
+
+class ClosedResourceError(EzflowError):
+    """The object was closed by *this* process (``close()`` or leaving its context) and
+    cannot be used any more."""
+
+
+class BrokenResourceError(EzflowError):
+    """A peer went away or broke the connection (graph server, publisher, channel).
+
+    Raised instead of ``ConnectionError``/``OSError``; the OS error is ``__cause__``.
+    """
+
+
+class ProtocolError(EzflowError):
+    """Bytes that do not follow the ezflow wire protocol: garbage, a truncated frame, a
+    header that claims more than the configured limit, an unknown command, a malformed
+    or unknown encoded message, or a protocol version this build does not speak."""
+
+
+class MessageTooLargeError(EzflowError, ValueError):
+    """A message (or frame) is larger than the configured ``max_message_size``.
+
+    Raised by ``publish`` before anything is sent, so no subscriber sees a partial
+    message. Raise the limit with the ``max_message_size`` option or the
+    ``EZFLOW_MAX_MESSAGE_SIZE`` environment variable on *both* ends.
+    """
+
+
+class EzflowTimeoutError(EzflowError, TimeoutError):
+    """A peer did not answer within the documented time limit."""
+
+
+class GraphError(EzflowError):
+    """The graph server refused a request (an invalid topic name, an edge that does not
+    exist, a registration that is not ours, ...). The message says which and why."""
+
+
+class ConfigurationError(EzflowError, ValueError):
+    """A setting (argument or environment variable) has a wrong value; the message names
+    the setting, the bad value and what is accepted."""
+
+
+class UnregisteredTypeError(EzflowError, TypeError):
+    """A message contains an object of a type the codec cannot encode.
+
+    Register user dataclasses with :func:`ezflow.register_message` (or the
+    :func:`ezflow.message` decorator) in every process that sends or receives them.
+    """

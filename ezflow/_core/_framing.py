@@ -1,0 +1,234 @@
+"""Length-prefixed frames, shared by the graph protocol and the TCP data transport.
+
+On the wire every frame is ``u32 length`` (little endian) followed by ``length`` bytes of
+body. :class:`FrameReader` is a sans-I/O parser built for :class:`asyncio.BufferedProtocol`:
+the event loop reads straight into the buffer it hands out, so
+
+* small frames are parsed out of one reusable scratch buffer (and copied once into their
+  own ``bytes`` so that zero-copy views built on them stay valid), and
+* a large frame gets its own buffer, allocated once its header has been read and checked
+  against the limit, and the loop reads the rest of it *directly* into that buffer — no
+  intermediate copies however large the message.
+
+The length is checked against ``max_frame_size`` before anything is allocated, so a
+header claiming 4 GB costs nothing but the connection it arrived on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Iterable
+from typing import Final, cast
+
+import numpy as np
+
+from ._exceptions import ProtocolError
+
+__all__ = [
+    "ACK",
+    "ACK_BODY",
+    "DATA",
+    "DATA_HEADER",
+    "DATA_PREFIX",
+    "END",
+    "HELLO",
+    "LENGTH",
+    "MODE",
+    "WELCOME",
+    "FrameReader",
+    "FramedProtocol",
+]
+
+LENGTH: Final = struct.Struct("<I")
+
+# Data-plane frame kinds: the first byte of every data-connection frame body.
+DATA: Final = 1  # publisher -> channel: DATA_HEADER + codec body
+ACK: Final = 2  # channel -> publisher: ACK_BODY, cumulative release figures
+HELLO: Final = 3  # channel -> publisher: kind byte + msgpack map
+WELCOME: Final = 4  # publisher -> channel: kind byte + msgpack map
+MODE: Final = 5  # channel -> publisher: kind byte + msgpack map (lossless flag changed)
+END: Final = 6  # publisher -> channel: the publisher closed on purpose (kind byte only)
+
+#: kind u8, flags u8, 6 pad bytes, seq u64, publish time (time.time_ns) i64, and the
+#: publisher's cumulative count of messages it dropped for this (leaky) channel u64.
+#: 32 bytes, so a codec body right behind it keeps its 16-byte buffer alignment.
+DATA_HEADER: Final = struct.Struct("<BB6xQqQ")
+#: kind u8, 7 pad bytes, then cumulative released messages u64 and released bytes u64.
+ACK_BODY: Final = struct.Struct("<B7xQQ")
+#: The length prefix and DATA_HEADER in one go (what a sender writes before a body).
+DATA_PREFIX: Final = struct.Struct("<IBB6xQqQ")
+
+_SCRATCH_SIZE: Final = 64 * 1024
+# A frame at least this large that is not yet complete in the scratch buffer gets its own
+# buffer and is read into directly; smaller ones wait in scratch.
+_DIRECT_READ_THRESHOLD: Final = 16 * 1024
+
+log = logging.getLogger("ezflow.framing")
+
+
+class FrameReader:
+    """Incremental parser of length-prefixed frames.
+
+    Use :meth:`get_buffer` / :meth:`buffer_updated` exactly like the methods of the same
+    name on :class:`asyncio.BufferedProtocol`. Frames come back as ``bytes`` (small ones)
+    or as a writable ``memoryview`` over a buffer owned by that frame alone (large ones);
+    in both cases the caller may keep references into the frame for as long as it likes.
+
+    Raises :class:`ProtocolError` from :meth:`buffer_updated` when a header claims more
+    than ``max_frame_size``; the reader is unusable afterwards (close the connection).
+    """
+
+    __slots__ = ("_big", "_big_filled", "_end", "_scratch", "_start", "_view", "max_frame_size")
+
+    def __init__(self, max_frame_size: int) -> None:
+        self.max_frame_size = max_frame_size
+        self._scratch = bytearray(_SCRATCH_SIZE)
+        self._view = memoryview(self._scratch)
+        self._start = 0  # first unparsed byte in scratch
+        self._end = 0  # one past the last byte read into scratch
+        self._big: memoryview | None = None
+        self._big_filled = 0
+
+    def get_buffer(self) -> memoryview:
+        big = self._big
+        if big is not None:
+            return big[self._big_filled :]
+        if self._end == len(self._scratch):
+            self._compact()
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> list[bytes | memoryview]:
+        frames: list[bytes | memoryview] = []
+        big = self._big
+        if big is not None:
+            self._big_filled += nbytes
+            if self._big_filled < len(big):
+                return frames
+            frames.append(big)
+            self._big = None
+            self._big_filled = 0
+            return frames
+        self._end += nbytes
+        view = self._view
+        start, end = self._start, self._end
+        unpack = LENGTH.unpack_from
+        while end - start >= 4:
+            (size,) = unpack(view, start)
+            if size > self.max_frame_size:
+                raise ProtocolError(
+                    f"frame header claims {size} bytes, more than the limit of "
+                    f"{self.max_frame_size} bytes on this connection"
+                )
+            frame_end = start + 4 + size
+            if frame_end <= end:
+                frames.append(bytes(view[start + 4 : frame_end]))
+                start = frame_end
+                continue
+            if size >= _DIRECT_READ_THRESHOLD:
+                # np.empty: no zero-filling, and numpy aligns the allocation.
+                buffer = memoryview(np.empty(size, dtype=np.uint8))  # type: ignore[arg-type]
+                have = end - start - 4
+                buffer[:have] = view[start + 4 : end]
+                self._big = buffer
+                self._big_filled = have
+                start = end
+            break
+        if start == end:
+            start = end = 0
+        self._start, self._end = start, end
+        if self._big is None and end - start >= 4:
+            # An incomplete small frame must fit in the space left after compaction.
+            (size,) = unpack(view, start)
+            if start + 4 + size > len(self._scratch):
+                self._compact()
+        return frames
+
+    def _compact(self) -> None:
+        start, end = self._start, self._end
+        if start:
+            self._view[: end - start] = self._view[start:end]
+            self._start, self._end = 0, end - start
+
+
+def frame_parts(parts: Iterable[bytes | memoryview], size: int) -> list[bytes | memoryview]:
+    """Prefix *parts* (``size`` bytes in all) with their length, ready for writelines."""
+    out: list[bytes | memoryview] = [LENGTH.pack(size)]
+    out.extend(parts)
+    return out
+
+
+def frame(body: bytes) -> bytes:
+    """One complete frame holding *body*."""
+    return LENGTH.pack(len(body)) + body
+
+
+class FramedProtocol(asyncio.BufferedProtocol):
+    """An asyncio protocol that turns a byte stream into frames.
+
+    Subclasses implement :meth:`frame_received` and may override :meth:`protocol_error`
+    (default: log the reason and abort the connection) and the connection callbacks.
+    A subclass raising :class:`ProtocolError` from :meth:`frame_received` gets the same
+    treatment as a malformed frame: only this connection is closed.
+    """
+
+    transport: asyncio.Transport | None = None
+
+    def __init__(self, max_frame_size: int) -> None:
+        self._reader = FrameReader(max_frame_size)
+        self._broken = False
+
+    @property
+    def max_frame_size(self) -> int:
+        return self._reader.max_frame_size
+
+    @max_frame_size.setter
+    def max_frame_size(self, value: int) -> None:
+        self._reader.max_frame_size = value
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement the interface without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reader.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            for body in self._reader.buffer_updated(nbytes):
+                # frame_received may have closed the connection: ignore what follows
+                if self._broken:
+                    return
+                self.frame_received(body)
+        except ProtocolError as exc:
+            if not self._broken:
+                self._broken = True
+                self.protocol_error(exc)
+
+    def frame_received(self, body: bytes | memoryview) -> None:
+        raise NotImplementedError
+
+    def protocol_error(self, exc: ProtocolError) -> None:
+        log.warning("closing connection from %s: %s", self.peer_name(), exc)
+        self.abort()
+
+    def peer_name(self) -> str:
+        transport = self.transport
+        if transport is None:
+            return "<not connected>"
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            return f"{peer[0]}:{peer[1]}"
+        return str(peer)
+
+    def send_frame(self, body: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(LENGTH.pack(len(body)) + body)
+
+    def abort(self) -> None:
+        self._broken = True
+        transport = self.transport
+        if transport is not None:
+            transport.abort()

@@ -1,0 +1,66 @@
+"""Event-loop choice: uvloop when it is installed, the stock asyncio loop otherwise.
+
+``EZFLOW_EVENT_LOOP=asyncio`` forces the stock loop, ``uvloop`` requires uvloop.
+Everything in ezflow works on both; uvloop is simply faster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from ._config import ENV_EVENT_LOOP
+from ._exceptions import ConfigurationError
+
+__all__ = ["loop_factory", "run_coroutine"]
+
+T = TypeVar("T")
+
+
+def loop_factory(kind: str | None = None) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A callable creating the event loop ezflow would use.
+
+    *kind* is ``"uvloop"``, ``"asyncio"`` or ``None`` (``EZFLOW_EVENT_LOOP``, else
+    uvloop when installed).
+    """
+    choice = (kind or os.environ.get(ENV_EVENT_LOOP, "") or "auto").strip().lower()
+    if choice == "asyncio":
+        return asyncio.new_event_loop
+    if choice in ("uvloop", "auto"):
+        try:
+            import uvloop  # noqa: PLC0415 - optional: absent on Windows
+        except ImportError:
+            if choice == "uvloop":
+                raise ConfigurationError(
+                    f"{ENV_EVENT_LOOP}=uvloop but uvloop is not installed; "
+                    "pip install uvloop or use asyncio"
+                ) from None
+            return asyncio.new_event_loop
+        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+        return factory
+    raise ConfigurationError(
+        f"{ENV_EVENT_LOOP}={choice!r} is not an event loop; use 'uvloop' or 'asyncio'"
+    )
+
+
+def run_coroutine(main: Coroutine[Any, Any, T], *, loop: str | None = None) -> T:
+    """Run *main* to completion on a new event loop (uvloop when available), like
+    :func:`asyncio.run`."""
+    factory = loop_factory(loop)
+    if hasattr(asyncio, "Runner"):  # Python >= 3.11
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(main)
+    event_loop = factory()  # pragma: no cover - Python 3.10
+    try:
+        asyncio.set_event_loop(event_loop)
+        return event_loop.run_until_complete(main)
+    finally:
+        try:
+            for task in asyncio.all_tasks(event_loop):
+                task.cancel()
+            event_loop.run_until_complete(event_loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            event_loop.close()

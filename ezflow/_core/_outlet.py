@@ -1,0 +1,295 @@
+"""Outlets: the sending half of every publisher.
+
+An :class:`Outlet` numbers messages, encodes each at most once however many channels it
+feeds, and enforces flow control per :class:`Link` (one link per subscribing channel):
+
+* a *lossless* link may hold at most ``max_in_flight`` unreleased messages and
+  ``max_in_flight_bytes`` unreleased bytes (one message is always allowed, however
+  large); ``publish`` waits until every lossless link has room, then sends to all links
+  at once — a cancelled ``publish`` has sent nothing;
+* a *leaky* link never makes ``publish`` wait. When it has no room, the message is
+  *parked* (replacing, and counting as dropped, any message parked before) and sent as
+  soon as the channel releases something — so a slow leaky subscriber always ends up
+  with the newest message, and every message it misses is counted. The cumulative drop
+  count travels with each message, so the subscriber's statistics include drops that
+  happened on the publisher's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._codec import Codec, EncodedMessage
+from ._exceptions import ClosedResourceError, MessageTooLargeError
+
+__all__ = ["Link", "Outlet", "PublisherStats"]
+
+
+@dataclass(slots=True)
+class PublisherStats:
+    """Counters of one publisher."""
+
+    messages: int = 0  #: messages published
+    bytes: int = 0  #: encoded bytes (0 when no link needed encoding)
+    encodes: int = 0  #: messages encoded (at most one per message)
+    sends: int = 0  #: message x link hand-overs
+    drops: int = 0  #: messages dropped on this side for leaky links that had no room
+    wait_seconds: float = 0.0  #: time publish spent waiting for lossless consumers
+    waits: int = 0  #: publishes that had to wait
+
+
+class Link(ABC):
+    """One outlet -> channel connection, implemented by each transport."""
+
+    #: transport name ("local", "tcp", ...)
+    transport: str = ""
+    #: True when the link carries encoded bytes (and so needs ``EncodedMessage``)
+    needs_encoding: bool = True
+
+    def __init__(self, *, lossless: bool, max_message_size: int) -> None:
+        self.lossless = lossless
+        self.max_message_size = max_message_size
+        self.sent_count = 0
+        self.sent_bytes = 0
+        self.released_count = 0
+        self.released_bytes = 0
+        self.drops = 0
+        self.outlet: Outlet | None = None
+        self._parked: tuple[int, int, Any, EncodedMessage | None] | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent_count - self.released_count
+
+    @property
+    def in_flight_bytes(self) -> int:
+        return self.sent_bytes - self.released_bytes
+
+    def released(self, count: int, nbytes: int) -> None:
+        """Record the channel's cumulative release figures and wake a waiting publish."""
+        if count > self.released_count:
+            self.released_count = count
+            self.released_bytes = nbytes
+            outlet = self.outlet
+            if outlet is not None:
+                parked = self._parked
+                if parked is not None and self.has_room(outlet):
+                    self._parked = None
+                    self.send(*parked)
+                outlet.wake()
+
+    def has_room(self, outlet: Outlet) -> bool:
+        """True while this link holds fewer than the outlet's in-flight limits."""
+        count = self.sent_count - self.released_count
+        return count < outlet.max_in_flight and (
+            count == 0 or self.sent_bytes - self.released_bytes < outlet.max_in_flight_bytes
+        )
+
+    def park(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        """Keep *message* to send when room frees up; a message parked before is dropped."""
+        if self._parked is not None:
+            self.drops += 1
+        self._parked = (seq, time_ns, message, encoded)
+
+    def set_lossless(self, lossless: bool) -> None:
+        if lossless and not self.lossless:
+            # Everything sent before the channel became lossless is not held against it.
+            self.released_count = self.sent_count
+            self.released_bytes = self.sent_bytes
+        self.lossless = lossless
+        if lossless:
+            self.flush_parked()
+        if self.outlet is not None:
+            self.outlet.wake()
+
+    def flush_parked(self) -> None:
+        """Send the parked message now, room or not (mode change, clean close)."""
+        parked, self._parked = self._parked, None
+        if parked is not None:
+            self.send(*parked)
+
+    @abstractmethod
+    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        """Send one message, carrying ``self.drops`` along. Never blocks; the outlet has
+        already checked for room."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the link (idempotent); the channel sees a clean end."""
+
+
+class Outlet:
+    """The sending half of one publisher."""
+
+    def __init__(
+        self,
+        publisher_id: str,
+        topic: str,
+        codec: Codec,
+        *,
+        max_in_flight: int,
+        max_in_flight_bytes: int,
+    ) -> None:
+        self.publisher_id = publisher_id
+        self.topic = topic
+        self.codec = codec
+        self.max_in_flight = max_in_flight
+        self.max_in_flight_bytes = max_in_flight_bytes
+        self.stats = PublisherStats()
+        self._links: list[Link] = []
+        self._seq = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+        self._links_changed: asyncio.Event | None = None
+
+    @property
+    def links(self) -> tuple[Link, ...]:
+        return tuple(self._links)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def seq(self) -> int:
+        """Sequence number of the last message published (0 before the first)."""
+        return self._seq
+
+    def add_link(self, link: Link) -> None:
+        if self._closed:
+            link.close()
+            raise ClosedResourceError("publisher is closed")
+        link.outlet = self
+        self._links.append(link)
+        self._notify_links_changed()
+
+    def remove_link(self, link: Link) -> None:
+        if link in self._links:
+            self._links.remove(link)
+            link.outlet = None
+            self.wake()
+            self._notify_links_changed()
+
+    def _notify_links_changed(self) -> None:
+        event = self._links_changed
+        if event is not None:
+            event.set()
+            self._links_changed = None
+
+    async def wait_for_links(self, count: int) -> None:
+        """Wait until at least *count* channels are connected."""
+        while len(self._links) < count:
+            if self._closed:
+                raise ClosedResourceError("publisher is closed")
+            event = self._links_changed
+            if event is None:
+                event = self._links_changed = asyncio.Event()
+            await event.wait()
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _blocked(self) -> bool:
+        # A plain loop: this runs on every publish and any() would add a generator.
+        for link in self._links:  # noqa: SIM110
+            if link.lossless and not link.has_room(self):
+                return True
+        return False
+
+    async def publish(self, message: Any) -> None:
+        """Send *message* to every connected channel.
+
+        Waits while any lossless channel has ``max_in_flight`` messages (or
+        ``max_in_flight_bytes`` bytes) unreleased. Raises :class:`ClosedResourceError`
+        after :meth:`close`, :class:`~ezflow.UnregisteredTypeError` (a ``TypeError``) for
+        a message the codec cannot encode, and :class:`MessageTooLargeError` when the
+        encoded message exceeds this publisher's or a receiving channel's limit — in each
+        case before anything was sent. Cancellation while waiting sends nothing.
+        """
+        if self._closed:
+            raise ClosedResourceError("publisher is closed")
+        if self._blocked():
+            await self._wait_for_room()
+        self.send_now(message)
+
+    async def _wait_for_room(self) -> None:
+        started = time.perf_counter()
+        self.stats.waits += 1
+        loop = asyncio.get_running_loop()
+        try:
+            while self._blocked():
+                if self._closed:
+                    raise ClosedResourceError("publisher is closed")
+                waiter = self._waiter
+                if waiter is None or waiter.done():
+                    waiter = self._waiter = loop.create_future()
+                await waiter
+        finally:
+            self.stats.wait_seconds += time.perf_counter() - started
+
+    def send_now(self, message: Any) -> None:
+        """Send without waiting for room (used after the room check)."""
+        if self._closed:
+            raise ClosedResourceError("publisher is closed")
+        links = self._links
+        encoded: EncodedMessage | None = None
+        local_message = message
+        need_local = False
+        for link in links:
+            if link.needs_encoding:
+                if encoded is None:
+                    encoded = self.codec.encode(message)
+                    self.stats.encodes += 1
+                if encoded.nbytes > link.max_message_size:
+                    raise MessageTooLargeError(
+                        f"message of {encoded.nbytes} bytes is larger than the "
+                        f"max_message_size of {link.max_message_size} bytes of a subscriber "
+                        f"of topic {self.topic!r}; raise it there (option max_message_size "
+                        "or EZFLOW_MAX_MESSAGE_SIZE)"
+                    )
+            else:
+                need_local = True
+        if encoded is None:
+            self.codec.validate(message)
+        if need_local and type(message) is np.ndarray and message.flags.writeable:
+            # Receivers get a read-only view, as they would from shm or tcp, so a unit
+            # that mutates its input fails the same way on every transport.
+            local_message = message.view()
+            local_message.flags.writeable = False
+        self._seq = seq = self._seq + 1
+        now = time.time_ns()
+        stats = self.stats
+        stats.messages += 1
+        nbytes = encoded.nbytes if encoded is not None else 0
+        stats.bytes += nbytes
+        for link in links:
+            link_message = message if link.needs_encoding else local_message
+            if link.lossless or link.has_room(self):
+                link.send(seq, now, link_message, encoded)
+                stats.sends += 1
+            else:
+                drops = link.drops
+                link.park(seq, now, link_message, encoded)
+                stats.drops += link.drops - drops
+
+    def close(self) -> None:
+        """Close every link (each channel sees a clean end) and refuse further publishes."""
+        if self._closed:
+            return
+        self._closed = True
+        for link in list(self._links):
+            link.flush_parked()
+            link.close()
+        self._links.clear()
+        self.wake()
+        self._notify_links_changed()

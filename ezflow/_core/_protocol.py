@@ -1,0 +1,156 @@
+"""The graph protocol: what clients and the graph server say to each other.
+
+Every control-plane frame body is one msgpack map with a string ``"op"``. A client opens
+with ``hello`` and the server answers ``welcome`` (or ``error`` and closes); after that
+the client sends requests (``{"op": ..., "id": n, ...}``) and the server answers each with
+``{"op": "reply", "id": n, "ok": true, ...}`` or ``{"op": "reply", "id": n, "ok": false,
+"error": "..."}``. The server also pushes ``routes`` whenever the set of publishers that
+feed one of the client's subscribers changes; the client answers ``routes_applied`` once
+its channels match, which is what lets a request such as ``connect`` return only when
+data already flows along the new edge.
+
+The data plane (publisher <-> channel) uses the same framing with a kind byte in front
+of each body; see :mod:`ezflow._core._framing`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgpack
+
+from ._config import MAX_TOPIC_LENGTH
+from ._exceptions import ProtocolError
+
+__all__ = [
+    "PROTOCOL",
+    "REQUEST_OPS",
+    "PublisherInfo",
+    "check_topic",
+    "field",
+    "pack_message",
+    "unpack_message",
+]
+
+#: Spoken in ``hello``/``welcome`` (graph) and ``HELLO``/``WELCOME`` (data). A peer with
+#: another value is refused with a message naming both.
+PROTOCOL: Final = "ezflow/1"
+
+#: Requests a client may send after the handshake.
+REQUEST_OPS: Final = frozenset(
+    {
+        "register_publisher",
+        "register_subscriber",
+        "unregister",
+        "connect",
+        "disconnect",
+        "graph",
+        "ping",
+        "shutdown",
+    }
+)
+
+
+def pack_message(message: dict[str, Any]) -> bytes:
+    """Encode one control message (a frame body, without the length prefix)."""
+    return msgpack.packb(message, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack_message(body: bytes | memoryview) -> dict[str, Any]:
+    """Decode one control message; anything but a map with a str ``op`` is a
+    :class:`ProtocolError`."""
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise ProtocolError(f"control frame is not valid msgpack ({exc})") from exc
+    if not isinstance(message, dict):
+        raise ProtocolError(f"control frame is a {type(message).__name__}, expected a map")
+    op = message.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError("control frame has no string 'op' field")
+    return message
+
+
+def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    """``message[name]``, checked to be of *kind*, else :class:`ProtocolError`."""
+    value = message.get(name)
+    # bool is an int subclass; never accept it where a number is expected.
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        expected = (
+            kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        )
+        raise ProtocolError(
+            f"'{message.get('op')}' message field {name!r} must be {expected}, "
+            f"got {type(value).__name__}"
+        )
+    return value
+
+
+def check_topic(topic: object) -> str:
+    """Validate a topic name; raise ``ValueError`` saying what is wrong.
+
+    A topic is a non-empty str of at most ``MAX_TOPIC_LENGTH`` printable characters with
+    no whitespace, for example ``"/sensor/raw"`` or ``"SINE/OUTPUT"``.
+    """
+    if not isinstance(topic, str):
+        raise TypeError(f"a topic is a str, not {type(topic).__name__}")
+    if not topic:
+        raise ValueError("a topic name cannot be empty")
+    if len(topic) > MAX_TOPIC_LENGTH:
+        raise ValueError(f"topic name is {len(topic)} characters; the limit is {MAX_TOPIC_LENGTH}")
+    if not topic.isprintable() or any(c.isspace() for c in topic):
+        raise ValueError(f"topic {topic!r} contains whitespace or unprintable characters")
+    return topic
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherInfo:
+    """What a client needs to know to reach a publisher; sent in ``routes`` pushes."""
+
+    publisher_id: str
+    topic: str
+    client_id: str
+    host_id: str
+    pid: int
+    #: TCP address of the data server of the publisher's process
+    address: tuple[str, int]
+    #: transport the publisher asked for, or None for automatic choice
+    transport: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "publisher_id": self.publisher_id,
+            "topic": self.topic,
+            "client_id": self.client_id,
+            "host_id": self.host_id,
+            "pid": self.pid,
+            "address": list(self.address),
+            "transport": self.transport,
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> PublisherInfo:
+        if not isinstance(data, dict):
+            raise ProtocolError("publisher info is not a map")
+        address = data.get("address")
+        if (
+            not isinstance(address, list)
+            or len(address) != 2
+            or not isinstance(address[0], str)
+            or not isinstance(address[1], int)
+        ):
+            raise ProtocolError("publisher info has no valid 'address' [host, port]")
+        transport = data.get("transport")
+        if transport is not None and not isinstance(transport, str):
+            raise ProtocolError("publisher info 'transport' must be a str or nil")
+        data.setdefault("op", "publisher")
+        return cls(
+            publisher_id=field(data, "publisher_id", str),
+            topic=field(data, "topic", str),
+            client_id=field(data, "client_id", str),
+            host_id=field(data, "host_id", str),
+            pid=field(data, "pid", int),
+            address=(address[0], address[1]),
+            transport=transport,
+        )

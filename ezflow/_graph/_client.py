@@ -1,0 +1,253 @@
+"""The client side of the graph protocol: one long-lived connection per GraphContext."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from .._core._config import (
+    CONNECT_TIMEOUT,
+    CONTROL_MAX_FRAME_SIZE,
+    HANDSHAKE_TIMEOUT,
+    REQUEST_TIMEOUT,
+    Address,
+    format_address,
+)
+from .._core._exceptions import (
+    BrokenResourceError,
+    ClosedResourceError,
+    EzflowTimeoutError,
+    GraphError,
+    ProtocolError,
+)
+from .._core._framing import FramedProtocol
+from .._core._protocol import PROTOCOL, field, pack_message, unpack_message
+
+__all__ = ["GraphClient", "host_id"]
+
+log = logging.getLogger("ezflow.client")
+
+RoutesHandler = Callable[[int, dict[str, Any]], None]
+
+
+def host_id() -> str:
+    """An identifier of this host (and boot): equal for processes that can share memory
+    and reach each other on loopback."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+class GraphClient:
+    """A connected, handshaken graph-protocol client.
+
+    Create with :meth:`connect`. Routing pushes go to *on_routes*; the owner answers them
+    with :meth:`routes_applied`. When the connection breaks, pending and later requests
+    raise :class:`BrokenResourceError` and *on_lost* is called once.
+    """
+
+    def __init__(self, protocol: _ClientConnection, welcome: dict[str, Any]) -> None:
+        self._protocol = protocol
+        self.client_id: str = welcome["client_id"]
+        self.server_id: str = welcome["server_id"]
+        self.local_host: str = protocol.local_host
+
+    @classmethod
+    async def connect(
+        cls,
+        address: Address,
+        *,
+        name: str,
+        on_routes: RoutesHandler,
+        on_lost: Callable[[BaseException | None], None],
+    ) -> GraphClient:
+        """Connect and handshake.
+
+        Raises ``ConnectionRefusedError`` when nothing listens at *address* (so the caller
+        may start a server), :class:`EzflowTimeoutError` when the connection or handshake
+        takes longer than the limits, :class:`ProtocolError` when the peer is not an ezflow
+        graph server of this protocol version, :class:`BrokenResourceError` for other OS
+        errors.
+        """
+        loop = asyncio.get_running_loop()
+        host, port = address
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: _ClientConnection(on_routes, on_lost), host, port),
+                CONNECT_TIMEOUT,
+            )
+        except ConnectionRefusedError:
+            raise
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            raise EzflowTimeoutError(
+                f"no answer from graph server at {format_address(address)} within "
+                f"{CONNECT_TIMEOUT:.0f} s"
+            ) from exc
+        except OSError as exc:
+            raise BrokenResourceError(
+                f"cannot reach graph server at {format_address(address)}: {exc}"
+            ) from exc
+        try:
+            welcome = await asyncio.wait_for(protocol.handshake(name), HANDSHAKE_TIMEOUT)
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            protocol.abort()
+            raise EzflowTimeoutError(
+                f"{format_address(address)} accepted the connection but did not complete "
+                f"the ezflow handshake within {HANDSHAKE_TIMEOUT:.0f} s; is it an ezflow "
+                "graph server?"
+            ) from exc
+        except BaseException:
+            protocol.abort()
+            raise
+        return cls(protocol, welcome)
+
+    async def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request and wait for its reply.
+
+        Raises :class:`GraphError` when the server refuses it, :class:`BrokenResourceError`
+        when the connection is lost, :class:`EzflowTimeoutError` after ``REQUEST_TIMEOUT``.
+        """
+        return await self._protocol.request(op, fields)
+
+    def routes_applied(self, version: int) -> None:
+        self._protocol.send_message({"op": "routes_applied", "version": version})
+
+    @property
+    def connected(self) -> bool:
+        return not self._protocol.lost
+
+    def close(self) -> None:
+        self._protocol.close()
+
+
+class _ClientConnection(FramedProtocol):
+    def __init__(
+        self, on_routes: RoutesHandler, on_lost: Callable[[BaseException | None], None]
+    ) -> None:
+        super().__init__(CONTROL_MAX_FRAME_SIZE)
+        self._on_routes = on_routes
+        self._on_lost = on_lost
+        self._welcome: asyncio.Future[dict[str, Any]] | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next_id = 0
+        self.lost = False
+        self._closing = False
+        self._lost_reason: BaseException | None = None
+        self.local_host = "127.0.0.1"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sockname = transport.get_extra_info("sockname")
+        if isinstance(sockname, tuple):
+            self.local_host = sockname[0]
+
+    async def handshake(self, name: str) -> dict[str, Any]:
+        self._welcome = asyncio.get_running_loop().create_future()
+        self.send_message(
+            {
+                "op": "hello",
+                "protocol": PROTOCOL,
+                "pid": os.getpid(),
+                "host_id": host_id(),
+                "hostname": socket.gethostname(),
+                "name": name,
+            }
+        )
+        return await self._welcome
+
+    def send_message(self, message: dict[str, Any]) -> None:
+        self.send_frame(pack_message(message))
+
+    async def request(self, op: str, fields: dict[str, Any]) -> dict[str, Any]:
+        if self._closing:
+            raise ClosedResourceError("the graph context is closed")
+        if self.lost:
+            raise BrokenResourceError("the connection to the graph server was lost") from (
+                self._lost_reason
+            )
+        self._next_id += 1
+        request_id = self._next_id
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            self.send_message({**fields, "op": op, "id": request_id})
+            try:
+                reply = await asyncio.wait_for(future, REQUEST_TIMEOUT)
+            except (TimeoutError, asyncio.TimeoutError) as exc:
+                raise EzflowTimeoutError(
+                    f"graph server did not answer {op!r} within {REQUEST_TIMEOUT:.0f} s"
+                ) from exc
+        finally:
+            self._pending.pop(request_id, None)
+        if not reply.get("ok"):
+            raise GraphError(f"graph server refused {op!r}: {reply.get('error', '?')}")
+        return reply
+
+    def frame_received(self, body: bytes | memoryview) -> None:
+        message = unpack_message(body)
+        op = message["op"]
+        if op == "reply":
+            future = self._pending.get(field(message, "id", int))
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif op == "routes":
+            self._on_routes(field(message, "version", int), message)
+        elif op == "welcome":
+            if message.get("protocol") != PROTOCOL:
+                raise ProtocolError(
+                    f"graph server speaks {message.get('protocol')!r}, we speak {PROTOCOL!r}"
+                )
+            field(message, "client_id", str)
+            field(message, "server_id", str)
+            if self._welcome is not None and not self._welcome.done():
+                self._welcome.set_result(message)
+        elif op == "error":
+            error = ProtocolError(f"graph server refused us: {message.get('error', '?')}")
+            if self._welcome is not None and not self._welcome.done():
+                self._welcome.set_exception(error)
+            else:
+                log.error("%s", error)
+        else:
+            raise ProtocolError(f"unknown message {op!r} from the graph server")
+
+    def protocol_error(self, exc: ProtocolError) -> None:
+        log.error("closing the connection to the graph server: %s", exc)
+        self._lost_reason = exc
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_exception(exc)
+        self.abort()
+
+    def close(self) -> None:
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        reason = self._lost_reason or exc
+        self._lost_reason = reason
+        error = (
+            ClosedResourceError("the graph context is closed")
+            if self._closing
+            else BrokenResourceError("the connection to the graph server was lost")
+        )
+        error.__cause__ = reason
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_exception(error)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        if not self._closing:
+            self._on_lost(reason)

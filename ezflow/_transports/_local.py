@@ -1,0 +1,108 @@
+"""The local transport: publisher and subscriber in the same process and event loop.
+
+The channel receives the published object itself (numpy arrays as a read-only view),
+with no encoding at all. Flow control works exactly as for the other transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from .._core._channel import Channel
+from .._core._codec import EncodedMessage
+from .._core._exceptions import BrokenResourceError
+from .._core._outlet import Link, Outlet
+from .._core._protocol import PublisherInfo
+from ._base import Inbound, Transport
+
+__all__ = ["LocalTransport"]
+
+# Outlets of this process by publisher id, with the loop they run on. Process-global so
+# that two GraphContexts on one loop also talk locally.
+_OUTLETS: dict[str, tuple[Outlet, asyncio.AbstractEventLoop]] = {}
+
+
+class _LocalLink(Link):
+    transport = "local"
+    needs_encoding = False
+
+    def __init__(self, channel: Channel, on_lost: Callable[[], None]) -> None:
+        super().__init__(lossless=channel.lossless, max_message_size=2**63)
+        self.channel = channel
+        self.on_lost: Callable[[], None] | None = on_lost
+        channel.on_release = self.released
+        channel.on_mode_change = self.set_lossless
+
+    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        self.sent_count += 1
+        self.channel.deliver(seq, message, 0, self.drops)
+
+    def close(self) -> None:
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
+
+
+class _LocalInbound(Inbound):
+    transport = "local"
+
+    def __init__(self, outlet: Outlet, link: _LocalLink) -> None:
+        self._outlet = outlet
+        self._link = link
+
+    def close(self) -> None:
+        self._link.on_lost = None
+        self._outlet.remove_link(self._link)
+        self._link.channel.on_release = None
+        self._link.channel.on_mode_change = None
+
+
+class LocalTransport(Transport):
+    name: ClassVar[str] = "local"
+
+    def __init__(self) -> None:
+        self._mine: set[str] = set()
+
+    def add_outlet(self, outlet: Outlet) -> None:
+        _OUTLETS[outlet.publisher_id] = (outlet, asyncio.get_running_loop())
+        self._mine.add(outlet.publisher_id)
+
+    def remove_outlet(self, outlet: Outlet) -> None:
+        self._mine.discard(outlet.publisher_id)
+        entry = _OUTLETS.get(outlet.publisher_id)
+        if entry is not None and entry[0] is outlet:
+            del _OUTLETS[outlet.publisher_id]
+
+    @staticmethod
+    def reachable(publisher_id: str) -> bool:
+        """True when the publisher lives in this process, on the running loop."""
+        entry = _OUTLETS.get(publisher_id)
+        if entry is None:
+            return False
+        try:
+            return entry[1] is asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+
+    async def open_channel(
+        self, channel: Channel, publisher: PublisherInfo, *, on_lost: Callable[[], None]
+    ) -> Inbound:
+        entry = _OUTLETS.get(publisher.publisher_id)
+        if entry is None or entry[0].closed:
+            raise BrokenResourceError(
+                f"publisher {publisher.publisher_id} on topic {publisher.topic!r} is no longer "
+                "in this process"
+            )
+        outlet = entry[0]
+        link = _LocalLink(channel, on_lost)
+        outlet.add_link(link)
+        return _LocalInbound(outlet, link)
+
+    async def aclose(self) -> None:
+        for publisher_id in list(self._mine):
+            entry = _OUTLETS.pop(publisher_id, None)
+            if entry is not None:
+                entry[0].close()
+        self._mine.clear()

@@ -1,0 +1,161 @@
+"""Child-process roles for the multi-process tests.
+
+Run as ``python tests/_children.py ROLE JSON_ARGS``. A child reports on stdout, one JSON
+object per line (``{"event": ...}``); the parent drives it with :class:`Child` from
+``tests/_proc.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+import ezflow
+
+
+def report(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def payload(i: int, size: int) -> np.ndarray:
+    """Message *i*: float64 array of *size* elements, element 0 is i, the rest derived."""
+    data = np.arange(i, i + size, dtype=np.float64)
+    data[0] = i
+    return data
+
+
+def check(message: Any, i: int, size: int) -> bool:
+    return (
+        isinstance(message, np.ndarray)
+        and message.shape == (size,)
+        and bool(np.array_equal(message, payload(i, size)))
+    )
+
+
+async def subscribers(args: dict[str, Any]) -> None:
+    """K subscribers on one topic in this process; each expects `count` messages
+    0..count-1 (of `size` elements) from one publisher, in order."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        subs = [
+            await ctx.subscriber(args["topic"], transport=args.get("transport"))
+            for _ in range(args["subs"])
+        ]
+        report("ready")
+        count, size = args["count"], args["size"]
+        errors: list[str] = []
+        same_object = True
+
+        async def consume(index: int, sub: ezflow.Subscriber, seen: list[Any]) -> None:
+            for i in range(count):
+                message = await sub.recv()
+                if not check(message, i, size):
+                    errors.append(f"subscriber {index} message {i}: got {message!r:.80}")
+                    return
+                if message.flags.writeable:
+                    errors.append(f"subscriber {index} message {i} is writeable")
+                    return
+                if (index == 0 and i % 97 == 0) or i % 97 == 0:
+                    seen.append(message)
+
+        seen: list[list[Any]] = [[] for _ in subs]
+        await asyncio.gather(*(consume(k, s, seen[k]) for k, s in enumerate(subs)))
+        for column in zip(*seen, strict=True):
+            if any(m is not column[0] for m in column):
+                same_object = False
+        channels = ctx.channels
+        report(
+            "done",
+            errors=errors,
+            received=[s.stats.taken for s in subs],
+            same_object=same_object,
+            channels=len(channels),
+            decoded=[c.stats.decoded for c in channels],
+            transports=[c.transport for c in channels],
+        )
+        await wait_for_stdin_close()
+
+
+async def collect(args: dict[str, Any]) -> None:
+    """One subscriber; report every message's first element until `count` arrived."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        sub = await ctx.subscriber(args["topic"], transport=args.get("transport"))
+        report("ready")
+        values = []
+        for _ in range(args["count"]):
+            message = await sub.recv()
+            values.append(message.tolist() if isinstance(message, np.ndarray) else message)
+        report("done", values=values)
+        await wait_for_stdin_close()
+
+
+async def publish(args: dict[str, Any]) -> None:
+    """Publish `count` payload messages (optionally tagged) once `channels` are
+    connected; then idle until stdin closes."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        pub = await ctx.publisher(args["topic"], transport=args.get("transport"))
+        report("ready", publisher_id=pub.id)
+        await pub.wait_for_channels(args.get("channels", 1))
+        tag = args.get("tag")
+        for i in range(args["count"]):
+            if tag is None:
+                await pub.publish(payload(i, args["size"]))
+            else:
+                await pub.publish(np.array([tag, i], dtype=np.int64))
+            if args.get("pace"):
+                await asyncio.sleep(args["pace"])
+        report("done", seq=pub.stats.messages)
+        await wait_for_stdin_close()
+
+
+async def publish_forever(args: dict[str, Any]) -> None:
+    """Publish an increasing counter forever (until killed)."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        pub = await ctx.publisher(args["topic"], transport=args.get("transport"))
+        report("ready", publisher_id=pub.id)
+        i = 0
+        while True:
+            await pub.publish(np.array([i], dtype=np.int64))
+            i += 1
+            await asyncio.sleep(args.get("pace", 0.001))
+
+
+async def subscribe_forever(args: dict[str, Any]) -> None:
+    """Subscribe and receive (slowly if asked) forever, until killed."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        sub = await ctx.subscriber(args["topic"], transport=args.get("transport"))
+        report("ready", subscriber_id=sub.id)
+        async for _ in sub:
+            if args.get("stall"):
+                await asyncio.sleep(3600)
+
+
+async def serve(args: dict[str, Any]) -> None:
+    """A graph server on a free port; reports its address, runs until killed."""
+    async with ezflow.GraphServer(("127.0.0.1", 0)) as server:
+        host, port = server.address
+        report("ready", address=f"{host}:{port}", pid=os.getpid())
+        await server.serve_forever()
+
+
+async def wait_for_stdin_close() -> None:
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)
+
+
+ROLES = {
+    "subscribers": subscribers,
+    "collect": collect,
+    "publish": publish,
+    "publish_forever": publish_forever,
+    "subscribe_forever": subscribe_forever,
+    "serve": serve,
+}
+
+if __name__ == "__main__":
+    role, raw = sys.argv[1], sys.argv[2]
+    ezflow.run_coroutine(ROLES[role](json.loads(raw)))

@@ -1,0 +1,75 @@
+"""Drive child processes from tests (see tests/_children.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+SCRIPT = str(Path(__file__).with_name("_children.py"))
+
+
+class Child:
+    """One child process running a role; read its JSON events, stop it, kill it."""
+
+    def __init__(self, process: asyncio.subprocess.Process, role: str) -> None:
+        self.process = process
+        self.role = role
+
+    @classmethod
+    async def start(cls, role: str, loop: str, **args: Any) -> Child:
+        env = dict(os.environ, EZFLOW_EVENT_LOOP=loop, PYTHONUNBUFFERED="1")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            SCRIPT,
+            role,
+            json.dumps(args),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        return cls(process, role)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def event(self, name: str, timeout: float = 30) -> dict[str, Any]:
+        """Wait for the next event called *name* (skipping others)."""
+        return await asyncio.wait_for(self._event(name), timeout)
+
+    async def _event(self, name: str) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        while True:
+            line = await self.process.stdout.readline()
+            if not line:
+                code = await self.process.wait()
+                raise AssertionError(f"{self.role} child exited ({code}) before {name!r}")
+            event = json.loads(line)
+            if event["event"] == name:
+                return event  # type: ignore[no-any-return]
+
+    async def stop(self, timeout: float = 10) -> int:
+        """Close stdin (the child's cue to finish) and wait for it to exit."""
+        if self.process.stdin is not None and not self.process.stdin.is_closing():
+            self.process.stdin.close()
+        try:
+            return await asyncio.wait_for(self.process.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.kill()
+            await self.process.wait()
+            raise
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+    async def aclose(self) -> None:
+        """Kill if still running, and reap."""
+        self.kill()
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        await self.process.wait()

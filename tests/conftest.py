@@ -1,0 +1,87 @@
+"""Shared fixtures: both event loops, a graph server per test, leak checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+import ezflow
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+    uvloop = None
+
+
+def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Any]:
+    """Run every async test on the stock asyncio loop and on uvloop."""
+    factories: dict[str, Any] = {"asyncio": asyncio.new_event_loop}
+    if uvloop is not None:
+        factories["uvloop"] = uvloop.new_event_loop
+    return factories
+
+
+def loop_kind() -> str:
+    """'uvloop' or 'asyncio': the loop the running test uses (children copy it)."""
+    loop = asyncio.get_running_loop()
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+
+
+def _ezflow_segments() -> set[str]:
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith("ezflow")}
+    except FileNotFoundError:  # pragma: no cover - no /dev/shm on this OS
+        return set()
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Every test leaves no ezflow shared-memory segment and no child process behind."""
+    shm_before = _ezflow_segments()
+    children_before = _children(os.getpid())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        stray = _children(os.getpid()) - children_before
+        leaked = _ezflow_segments() - shm_before
+        if not (stray or leaked) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in stray:
+        os.kill(pid, signal.SIGKILL)
+    assert not stray, f"test left child processes running: {sorted(stray)}"
+    assert not leaked, f"test left shared-memory segments: {sorted(leaked)}"
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ezflow.GraphServer]:
+    """A graph server on a free loopback port, closed after the test."""
+    async with ezflow.GraphServer(("127.0.0.1", 0)) as graph_server:
+        yield graph_server
+
+
+@pytest.fixture
+async def ctx(server: ezflow.GraphServer) -> AsyncIterator[ezflow.GraphContext]:
+    async with ezflow.GraphContext(server.address, auto_start=False) as context:
+        yield context

@@ -1,0 +1,299 @@
+"""GraphContext, Publisher and Subscriber in one process (local and tcp transports)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import ezflow
+
+
+async def test_local_roundtrip_gives_read_only_view(ctx: ezflow.GraphContext) -> None:
+    sub = await ctx.subscriber("/a")
+    pub = await ctx.publisher("/a")
+    data = np.arange(8.0)
+    await pub.publish(data)
+    got = await sub.recv()
+    assert np.array_equal(got, data)
+    assert not got.flags.writeable
+    assert np.shares_memory(got, data)  # local: no copy, no encoding
+    assert data.flags.writeable  # the publisher's own array is untouched
+    [channel] = ctx.channels
+    assert channel.transport == "local"
+    assert pub.stats.encodes == 0
+
+
+@pytest.mark.parametrize("transport", ["local", "tcp"])
+async def test_order_and_content(ctx: ezflow.GraphContext, transport: str) -> None:
+    pub = await ctx.publisher("/seq")
+    sub = await ctx.subscriber("/seq", transport=transport)
+    count = 2000
+
+    async def produce() -> None:
+        for i in range(count):
+            await pub.publish({"i": i, "data": np.full(3, i, dtype=np.int32)})
+
+    producer = asyncio.ensure_future(produce())
+    for i in range(count):
+        message = await sub.recv()
+        assert message["i"] == i
+        assert message["data"].tolist() == [i, i, i]
+    await producer
+    assert [c.transport for c in ctx.channels] == [transport]
+
+
+@pytest.mark.parametrize("transport", ["local", "tcp"])
+async def test_one_channel_one_decode_for_four_subscribers(
+    ctx: ezflow.GraphContext, transport: str
+) -> None:
+    subs = [await ctx.subscriber("/fan", transport=transport) for _ in range(4)]
+    pub = await ctx.publisher("/fan")
+    for i in range(50):
+        await pub.publish(np.arange(i, i + 4))
+        got = [await s.recv() for s in subs]
+        assert all(g is got[0] for g in got), "every subscriber gets the same object"
+        assert got[0].tolist() == list(range(i, i + 4))
+    [channel] = ctx.channels
+    assert channel.subscribers == 4
+    assert channel.stats.messages == 50
+    assert channel.stats.decoded == (50 if transport == "tcp" else 0)
+    assert pub.stats.encodes == (50 if transport == "tcp" else 0)
+
+
+@pytest.mark.parametrize("transport", ["local", "tcp"])
+async def test_lossless_backpressure_bounds_in_flight(
+    ctx: ezflow.GraphContext, transport: str
+) -> None:
+    pub = await ctx.publisher("/bp", max_in_flight=8)
+    sub = await ctx.subscriber("/bp", transport=transport)
+    published = 0
+
+    async def produce() -> None:
+        nonlocal published
+        for i in range(100):
+            await pub.publish(i)
+            published += 1
+
+    producer = asyncio.ensure_future(produce())
+    await asyncio.sleep(0.2)
+    # nobody received: the publisher is stuck at the window, not buffering without bound
+    assert published == 8
+    assert sub.queued <= 8
+    assert [await sub.recv() for _ in range(100)] == list(range(100))
+    await asyncio.wait_for(producer, 5)
+    assert pub.stats.waits >= 1
+
+
+@pytest.mark.parametrize("transport", ["local", "tcp"])
+async def test_leaky_subscriber_keeps_newest_and_counts_drops(
+    ctx: ezflow.GraphContext, transport: str
+) -> None:
+    pub = await ctx.publisher("/leaky", max_in_flight=16)
+    slow = await ctx.subscriber("/leaky", leaky=True, queue=5, transport=transport)
+    for i in range(100):  # never waits: the only subscriber is leaky
+        await asyncio.wait_for(pub.publish(i), 1)
+    # the newest message always reaches the subscriber, nothing arrives out of order
+    got = []
+    async with asyncio.timeout(5):
+        while not got or got[-1] != 99:
+            got.append(await slow.recv())
+    assert got == sorted(set(got))
+    assert slow.stats.taken + slow.stats.dropped == 100
+    assert slow.stats.dropped >= 50
+
+
+async def test_leaky_does_not_hold_back_lossless(ctx: ezflow.GraphContext) -> None:
+    pub = await ctx.publisher("/mix", max_in_flight=4)
+    fast = await ctx.subscriber("/mix", transport="tcp")
+    slow = await ctx.subscriber("/mix", leaky=True, queue=2, transport="tcp")
+
+    async def produce() -> None:
+        for i in range(500):
+            await pub.publish(i)
+
+    producer = asyncio.ensure_future(produce())
+    assert [await fast.recv() for _ in range(500)] == list(range(500))
+    await asyncio.wait_for(producer, 5)
+    assert slow.queued <= 2
+    assert slow.stats.dropped >= 400
+
+
+async def test_fan_in_three_publishers(ctx: ezflow.GraphContext) -> None:
+    sub = await ctx.subscriber("/in")
+    pubs = [await ctx.publisher("/in", transport=t) for t in ("local", "tcp", "tcp")]
+
+    async def produce(k: int, pub: ezflow.Publisher) -> None:
+        for i in range(100):
+            await pub.publish((k, i))
+
+    producers = asyncio.gather(*(produce(k, p) for k, p in enumerate(pubs)))
+    got = [await sub.recv() for _ in range(300)]
+    await producers
+    assert sorted(c.transport for c in ctx.channels) == ["local", "tcp", "tcp"]
+    for k in range(3):
+        assert [i for kk, i in got if kk == k] == list(range(100))
+
+
+async def test_topic_edge_routes_and_unroutes(ctx: ezflow.GraphContext) -> None:
+    pub = await ctx.publisher("/src")
+    sub = await ctx.subscriber("/dst")
+    await pub.publish("before")
+    await ctx.connect("/src", "/dst")
+    await pub.publish("during")
+    assert await asyncio.wait_for(sub.recv(), 2) == "during"
+    await ctx.disconnect("/src", "/dst")
+    await pub.publish("after")
+    await asyncio.sleep(0.1)
+    assert sub.queued == 0
+    with pytest.raises(ezflow.GraphError, match="no edge"):
+        await ctx.disconnect("/src", "/dst")
+
+
+async def test_chained_edges(ctx: ezflow.GraphContext) -> None:
+    pub = await ctx.publisher("/a")
+    sub = await ctx.subscriber("/c")
+    await ctx.connect("/a", "/b")
+    await ctx.connect("/b", "/c")
+    await pub.publish(1)
+    assert await asyncio.wait_for(sub.recv(), 2) == 1
+    snapshot = await ctx.graph()
+    assert ["/a", "/b"] in snapshot["edges"] and ["/b", "/c"] in snapshot["edges"]
+
+
+async def test_late_subscriber_gets_messages_from_when_it_joined(
+    ctx: ezflow.GraphContext,
+) -> None:
+    pub = await ctx.publisher("/late", transport="tcp")
+    await pub.publish(0)
+    sub = await ctx.subscriber("/late")
+    await pub.publish(1)
+    assert await sub.recv() == 1
+
+
+async def test_closed_subscriber_and_publisher(ctx: ezflow.GraphContext) -> None:
+    pub = await ctx.publisher("/x")
+    sub = await ctx.subscriber("/x", transport="tcp")
+    await pub.publish(1)
+    await pub.publish(2)
+    await pub.aclose()
+    # what was published before close is still delivered
+    assert [await sub.recv(), await sub.recv()] == [1, 2]
+    with pytest.raises(ezflow.ClosedResourceError):
+        await pub.publish(3)
+    await sub.aclose()
+    with pytest.raises(ezflow.ClosedResourceError):
+        await sub.recv()
+    snapshot = await ctx.graph()
+    assert snapshot["publishers"] == [] and snapshot["subscribers"] == []
+
+
+async def test_async_iteration_ends_when_context_closes(server: ezflow.GraphServer) -> None:
+    async with ezflow.GraphContext(server.address) as ctx:
+        pub = await ctx.publisher("/it")
+        sub = await ctx.subscriber("/it")
+        for i in range(3):
+            await pub.publish(i)
+        received = []
+
+        async def consume() -> None:
+            async for message in sub:
+                received.append(message)
+
+        consumer = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.05)
+    await asyncio.wait_for(consumer, 2)
+    assert received == [0, 1, 2]
+
+
+async def test_unregistered_type_raises_before_sending(ctx: ezflow.GraphContext) -> None:
+    pub = await ctx.publisher("/t")
+    sub = await ctx.subscriber("/t")
+
+    class Thing:
+        pass
+
+    with pytest.raises(TypeError, match="Thing"):
+        await pub.publish(Thing())
+    with pytest.raises(ezflow.UnregisteredTypeError):
+        await pub.publish({1, 2})
+    await pub.publish("ok")
+    assert await sub.recv() == "ok"
+    assert pub.stats.messages == 1
+
+
+async def test_message_too_large_for_receiver(server: ezflow.GraphServer) -> None:
+    async with (
+        ezflow.GraphContext(server.address) as sender,
+        ezflow.GraphContext(server.address, max_message_size=4096) as receiver,
+    ):
+        pub = await sender.publisher("/big")
+        sub = await receiver.subscriber("/big", transport="tcp")
+        with pytest.raises(ezflow.MessageTooLargeError, match="4096"):
+            await pub.publish(np.zeros(1024, dtype=np.float64))
+        await pub.publish(np.zeros(16))
+        assert (await sub.recv()).shape == (16,)
+
+
+async def test_bad_options_are_clear_errors(ctx: ezflow.GraphContext) -> None:
+    with pytest.raises(ezflow.ConfigurationError, match=r"queue= only applies"):
+        await ctx.subscriber("/o", queue=3)
+    with pytest.raises(ezflow.ConfigurationError, match=r"carrier-pigeon.*is not a transport"):
+        await ctx.subscriber("/o", transport="carrier-pigeon")
+    with pytest.raises(ezflow.ConfigurationError, match="max_in_flight"):
+        await ctx.publisher("/o", max_in_flight=0)
+    with pytest.raises(ValueError, match="whitespace"):
+        await ctx.publisher("bad topic")
+    with pytest.raises(ezflow.ConfigurationError, match="shm"):
+        await ctx.publisher("/o", transport="shm")
+
+
+async def test_embedded_server_when_none_answers(unused_tcp_port: int) -> None:
+    address = ("127.0.0.1", unused_tcp_port)
+    async with ezflow.GraphContext(address) as first:
+        assert first.server is not None
+        async with ezflow.GraphContext(address, auto_start=False) as second:
+            assert second.server is None
+            sub = await second.subscriber("/e")
+            pub = await first.publisher("/e")
+            await pub.publish("hi")
+            assert await sub.recv() == "hi"
+
+
+async def test_no_server_and_no_auto_start(unused_tcp_port: int) -> None:
+    with pytest.raises(ezflow.BrokenResourceError, match="no graph server"):
+        async with ezflow.GraphContext(("127.0.0.1", unused_tcp_port), auto_start=False):
+            pass
+
+
+async def test_environment_address_and_transport(
+    server: ezflow.GraphServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host, port = server.address
+    monkeypatch.setenv("EZFLOW_GRAPH_ADDRESS", f"{host}:{port}")
+    monkeypatch.setenv("EZFLOW_TRANSPORT", "tcp")
+    async with ezflow.GraphContext(auto_start=False) as ctx:
+        assert ctx.server is None
+        sub = await ctx.subscriber("/env")
+        pub = await ctx.publisher("/env")
+        await pub.publish(1)
+        assert await sub.recv() == 1
+        assert [c.transport for c in ctx.channels] == ["tcp"]
+    monkeypatch.setenv("EZFLOW_TRANSPORT", "pigeon")
+    with pytest.raises(ezflow.ConfigurationError, match="EZFLOW_TRANSPORT"):
+        ezflow.GraphContext()
+
+
+async def test_cancelled_publish_sends_nothing(ctx: ezflow.GraphContext) -> None:
+    pub = await ctx.publisher("/c", max_in_flight=1)
+    sub = await ctx.subscriber("/c")
+    await pub.publish(0)
+    blocked = asyncio.ensure_future(pub.publish(1))
+    await asyncio.sleep(0.05)
+    blocked.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await blocked
+    assert await sub.recv() == 0
+    await pub.publish(2)
+    assert await sub.recv() == 2

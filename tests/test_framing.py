@@ -1,0 +1,76 @@
+"""FrameReader: small and large frames, any split of the byte stream, limits."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ezflow._core._exceptions import ProtocolError
+from ezflow._core._framing import FrameReader, frame
+
+
+def feed(reader: FrameReader, data: bytes, chunks: list[int]) -> list[bytes]:
+    """Push *data* through the reader in pieces no larger than each chunk size."""
+    out: list[bytes] = []
+    pos = 0
+    sizes = iter(chunks)
+    while pos < len(data):
+        buffer = reader.get_buffer()
+        n = min(len(buffer), next(sizes, 65536), len(data) - pos)
+        buffer[:n] = data[pos : pos + n]
+        pos += n
+        out.extend(bytes(f) for f in reader.buffer_updated(n))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    bodies=st.lists(
+        st.one_of(
+            st.binary(max_size=300),
+            st.integers(0, 200_000).map(lambda n: random.Random(n).randbytes(n)),
+        ),
+        max_size=8,
+    ),
+    chunks=st.lists(st.integers(1, 100_000), min_size=1, max_size=50),
+)
+def test_any_split_yields_the_same_frames(bodies: list[bytes], chunks: list[int]) -> None:
+    reader = FrameReader(max_frame_size=1 << 20)
+    data = b"".join(frame(b) for b in bodies)
+    assert feed(reader, data, chunks) == bodies
+
+
+def test_large_frame_is_read_in_place() -> None:
+    reader = FrameReader(max_frame_size=1 << 22)
+    body = random.Random(1).randbytes(3 << 20)
+    data = frame(body)
+    frames = []
+    pos = 0
+    buffers = set()
+    while pos < len(data):
+        buffer = reader.get_buffer()
+        n = min(len(buffer), 256 * 1024, len(data) - pos)
+        buffer[:n] = data[pos : pos + n]
+        buffers.add(id(buffer.obj))
+        pos += n
+        frames.extend(reader.buffer_updated(n))
+    assert len(frames) == 1 and bytes(frames[0]) == body
+    assert isinstance(frames[0], memoryview)  # its own buffer, no join/copy
+
+
+def test_oversized_header_rejected_before_allocation() -> None:
+    reader = FrameReader(max_frame_size=1024)
+    buffer = reader.get_buffer()
+    buffer[:4] = (0xFFFFFFFF).to_bytes(4, "little")
+    with pytest.raises(ProtocolError, match="4294967295 bytes"):
+        reader.buffer_updated(4)
+
+
+def test_limit_is_inclusive() -> None:
+    reader = FrameReader(max_frame_size=100)
+    assert feed(reader, frame(b"x" * 100), [1000]) == [b"x" * 100]
+    with pytest.raises(ProtocolError):
+        feed(reader, frame(b"x" * 101), [1000])

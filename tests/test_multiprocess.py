@@ -1,0 +1,208 @@
+"""Real processes, real sockets: the acceptance scenarios of the core runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from _children import payload
+from _proc import Child
+from conftest import loop_kind
+
+import ezflow
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_one_publisher_three_subscribers_in_another_process(
+    ctx: ezflow.GraphContext,
+) -> None:
+    count, size = 10_000, 16
+    child = await Child.start(
+        "subscribers",
+        loop_kind(),
+        address=list(ctx.address),
+        topic="/mp/fanout",
+        subs=3,
+        count=count,
+        size=size,
+        transport="tcp",
+    )
+    try:
+        await child.event("ready")
+        pub = await ctx.publisher("/mp/fanout")
+        await pub.wait_for_channels(1)
+        for i in range(count):
+            await pub.publish(payload(i, size))
+        done = await child.event("done", timeout=60)
+        assert done["errors"] == []
+        assert done["received"] == [count] * 3
+        # one channel in that process, one decode per message, one object for all three
+        assert done["channels"] == 1
+        assert done["transports"] == ["tcp"]
+        assert done["decoded"] == [count]
+        assert done["same_object"]
+        assert pub.stats.encodes == count
+        assert await child.stop() == 0
+    finally:
+        await child.aclose()
+
+
+async def test_fan_in_from_three_processes(ctx: ezflow.GraphContext) -> None:
+    sub = await ctx.subscriber("/mp/fanin")
+    count = 2000
+    children = [
+        await Child.start(
+            "publish",
+            loop_kind(),
+            address=list(ctx.address),
+            topic="/mp/fanin",
+            count=count,
+            tag=tag,
+        )
+        for tag in range(3)
+    ]
+    try:
+        for child in children:
+            await child.event("ready")
+        seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        for _ in range(3 * count):
+            tag, i = (await asyncio.wait_for(sub.recv(), 30)).tolist()
+            seen[tag].append(i)
+        for tag in range(3):
+            assert seen[tag] == list(range(count)), f"publisher {tag} out of order or lossy"
+        assert sorted(c.transport for c in ctx.channels) == ["tcp"] * 3
+        for child in children:
+            assert await child.stop() == 0
+    finally:
+        for child in children:
+            await child.aclose()
+
+
+async def test_edge_added_and_removed_while_messages_flow(ctx: ezflow.GraphContext) -> None:
+    sub = await ctx.subscriber("/mp/dst")
+    child = await Child.start(
+        "publish_forever", loop_kind(), address=list(ctx.address), topic="/mp/src", pace=0.0005
+    )
+    try:
+        await child.event("ready")
+        await asyncio.sleep(0.1)
+        assert sub.queued == 0  # not connected yet: nothing arrives
+        await ctx.connect("/mp/src", "/mp/dst")
+        first = int((await asyncio.wait_for(sub.recv(), 5))[0])
+        received = [first]
+        while len(received) < 300:
+            received.append(int((await asyncio.wait_for(sub.recv(), 5))[0]))
+        await ctx.disconnect("/mp/src", "/mp/dst")
+        while sub.queued:
+            received.append(int(sub.recv_nowait()[0]))
+        # a contiguous run: nothing lost, duplicated or reordered while connected
+        assert received == list(range(first, first + len(received)))
+        await asyncio.sleep(0.3)
+        assert sub.queued == 0, "messages still arrive after disconnect returned"
+        # and again: reconnecting resumes the flow
+        await ctx.connect("/mp/src", "/mp/dst")
+        later = int((await asyncio.wait_for(sub.recv(), 5))[0])
+        assert later > received[-1]
+    finally:
+        await child.aclose()
+
+
+async def wait_until(condition, timeout: float) -> float:  # type: ignore[no-untyped-def]
+    """Poll *condition* (an async callable) until true; return the seconds it took."""
+    started = time.monotonic()
+    while not await condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def test_killed_subscriber_process_is_dropped_and_publisher_keeps_going(
+    ctx: ezflow.GraphContext,
+) -> None:
+    pub = await ctx.publisher("/mp/kill", max_in_flight=8)
+    local = await ctx.subscriber("/mp/kill")
+    child = await Child.start(
+        "subscribe_forever",
+        loop_kind(),
+        address=list(ctx.address),
+        topic="/mp/kill",
+        stall=True,
+        transport="tcp",
+    )
+    try:
+        await child.event("ready")
+        await pub.wait_for_channels(2)
+        # the stalled child holds the lossless window: the publisher blocks after 8 more
+        publishing = asyncio.ensure_future(publish_range(pub, 100))
+        got = [await local.recv() for _ in range(8)]
+        await asyncio.sleep(0.2)
+        assert not publishing.done()
+
+        os.kill(child.pid, signal.SIGKILL)
+
+        async def child_gone() -> bool:
+            graph = await ctx.graph()
+            return len(graph["subscribers"]) == 1 and len(graph["clients"]) == 1
+
+        assert await wait_until(child_gone, 1.0) < 1.0
+        got += [await asyncio.wait_for(local.recv(), 5) for _ in range(92)]
+        await asyncio.wait_for(publishing, 5)
+        assert got == list(range(100))
+        assert pub.channels == 1
+    finally:
+        await child.aclose()
+
+
+async def publish_range(pub: ezflow.Publisher, n: int) -> None:
+    for i in range(n):
+        await pub.publish(i)
+
+
+async def test_killed_publisher_process_ends_cleanly_for_subscribers(
+    ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    sub = await ctx.subscriber("/mp/pubkill")
+    healthy = await ctx.publisher("/mp/pubkill")
+    child = await Child.start(
+        "publish_forever", loop_kind(), address=list(ctx.address), topic="/mp/pubkill", pace=0.001
+    )
+    try:
+        await child.event("ready")
+        await asyncio.wait_for(sub.recv(), 5)
+        os.kill(child.pid, signal.SIGKILL)
+
+        async def publisher_gone() -> bool:
+            graph = await ctx.graph()
+            return len(graph["publishers"]) == 1
+
+        await wait_until(publisher_gone, 2.0)
+        while sub.queued:
+            sub.recv_nowait()
+        assert len(ctx.channels) == 1  # only the healthy local publisher's channel
+        await healthy.publish(np.array([-1]))
+        assert (await asyncio.wait_for(sub.recv(), 2)).tolist() == [-1]
+        assert "Traceback" not in caplog.text
+    finally:
+        await child.aclose()
+
+
+async def test_restart_after_a_crash_works(ctx: ezflow.GraphContext) -> None:
+    for _ in range(2):
+        child = await Child.start(
+            "publish_forever", loop_kind(), address=list(ctx.address), topic="/mp/again"
+        )
+        try:
+            await child.event("ready")
+            sub = await ctx.subscriber("/mp/again")
+            await asyncio.wait_for(sub.recv(), 5)
+            os.kill(child.pid, signal.SIGKILL)
+            await child.process.wait()
+            await sub.aclose()
+        finally:
+            await child.aclose()

@@ -1,0 +1,215 @@
+"""The graph server: handshake, requests, routing, and hostile input on its port."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+
+import msgpack
+import pytest
+from _proc import Child
+from conftest import loop_kind
+
+import ezflow
+from ezflow._core._protocol import PROTOCOL
+from ezflow._graph import _server
+
+
+def frame(message: object) -> bytes:
+    body = msgpack.packb(message)
+    return struct.pack("<I", len(body)) + body
+
+
+HELLO = {"op": "hello", "protocol": PROTOCOL, "pid": 1, "host_id": "h", "name": "raw"}
+
+
+async def read_message(reader: asyncio.StreamReader) -> dict:
+    (size,) = struct.unpack("<I", await reader.readexactly(4))
+    return msgpack.unpackb(await reader.readexactly(size))
+
+
+async def closed_by_peer(reader: asyncio.StreamReader, timeout: float = 2) -> bool:
+    try:
+        while await asyncio.wait_for(reader.read(65536), timeout):
+            pass
+    except (ConnectionError, asyncio.TimeoutError):
+        return False
+    return True
+
+
+async def assert_still_serving(server: ezflow.GraphServer) -> None:
+    async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+        sub = await ctx.subscriber("/alive")
+        pub = await ctx.publisher("/alive")
+        await pub.publish(1)
+        assert await sub.recv() == 1
+
+
+async def test_handshake_and_ping(server: ezflow.GraphServer) -> None:
+    reader, writer = await asyncio.open_connection(*server.address)
+    writer.write(frame(HELLO))
+    welcome = await read_message(reader)
+    assert welcome["op"] == "welcome" and welcome["protocol"] == PROTOCOL
+    writer.write(frame({"op": "ping", "id": 7}))
+    assert await read_message(reader) == {"op": "reply", "id": 7, "ok": True}
+    writer.close()
+
+
+async def test_wrong_protocol_version_is_refused_with_reason(server: ezflow.GraphServer) -> None:
+    reader, writer = await asyncio.open_connection(*server.address)
+    writer.write(frame({**HELLO, "protocol": "ezflow/99"}))
+    error = await read_message(reader)
+    assert error["op"] == "error" and "ezflow/99" in error["error"]
+    assert await closed_by_peer(reader)
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", id="http"),
+        pytest.param(struct.pack("<I", 0xFFFFFFFF) + b"\x00" * 64, id="4GB-header"),
+        pytest.param(struct.pack("<I", 10) + b"\xc1" * 10, id="not-msgpack"),
+        pytest.param(frame([1, 2, 3]), id="not-a-map"),
+        pytest.param(frame({"op": "ping", "id": 1}), id="request-before-hello"),
+        pytest.param(frame(HELLO) + frame({"op": "explode", "id": 1}), id="unknown-command"),
+        pytest.param(frame(HELLO) + frame({"op": "connect", "id": "x"}), id="bad-field"),
+        pytest.param(
+            frame(HELLO) + struct.pack("<I", 1 << 30) + b"\x00" * 100, id="1GB-after-hello"
+        ),
+    ],
+)
+async def test_bad_input_closes_only_that_connection(
+    server: ezflow.GraphServer, payload: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with ezflow.GraphContext(server.address, auto_start=False) as bystander:
+        sub = await bystander.subscriber("/b")
+        pub = await bystander.publisher("/b")
+        reader, writer = await asyncio.open_connection(*server.address)
+        writer.write(payload)
+        assert await closed_by_peer(reader)
+        writer.close()
+        await pub.publish("still here")
+        assert await sub.recv() == "still here"
+        await bystander.connect("/b", "/c")  # the bystander's control connection works
+    assert "closing connection" in caplog.text
+    await assert_still_serving(server)
+
+
+async def test_truncated_frame_then_disconnect(server: ezflow.GraphServer) -> None:
+    _, writer = await asyncio.open_connection(*server.address)
+    writer.write(frame(HELLO)[:7])
+    await writer.drain()
+    writer.close()
+    await asyncio.sleep(0.05)
+    await assert_still_serving(server)
+
+
+async def test_silent_connection_is_dropped_after_handshake_timeout(
+    server: ezflow.GraphServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_server, "HANDSHAKE_TIMEOUT", 0.2)
+    reader, writer = await asyncio.open_connection(*server.address)
+    assert await closed_by_peer(reader, timeout=3)
+    writer.close()
+
+
+async def test_connection_limit(
+    server: ezflow.GraphServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_server, "MAX_SERVER_CONNECTIONS", 3)
+    held = [await asyncio.open_connection(*server.address) for _ in range(3)]
+    reader, writer = await asyncio.open_connection(*server.address)
+    assert await closed_by_peer(reader)
+    assert server.rejected_connections == 1
+    for _, w in [*held, (reader, writer)]:
+        w.close()
+
+
+async def test_registrations_die_with_connection(server: ezflow.GraphServer) -> None:
+    async with ezflow.GraphContext(server.address, auto_start=False) as observer:
+        async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+            await ctx.publisher("/p")
+            await ctx.subscriber("/s")
+            await ctx.connect("/p", "/s")
+            graph = await observer.graph()
+            assert len(graph["publishers"]) == 1 and graph["edges"] == [["/p", "/s"]]
+        await asyncio.sleep(0.05)
+        graph = await observer.graph()
+        assert graph["publishers"] == graph["subscribers"] == graph["edges"] == []
+        assert len(graph["clients"]) == 1
+
+
+async def test_routes_follow_edges_and_cycles(server: ezflow.GraphServer) -> None:
+    async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+        pub_a = await ctx.publisher("/a")
+        pub_b = await ctx.publisher("/b")
+        sub_a = await ctx.subscriber("/a")
+        sub_b = await ctx.subscriber("/b")
+        await ctx.connect("/a", "/b")
+        await ctx.connect("/b", "/a")  # a cycle is fine: topics reach each other
+        await pub_a.publish("from a")
+        await pub_b.publish("from b")
+        assert {await sub_a.recv(), await sub_a.recv()} == {"from a", "from b"}
+        assert {await sub_b.recv(), await sub_b.recv()} == {"from a", "from b"}
+        with pytest.raises(ezflow.GraphError, match="itself"):
+            await ctx.connect("/a", "/a")
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def test_fuzzing_the_port_of_a_server_process() -> None:
+    """Random bytes, truncated frames and huge headers against a real server process:
+    each bad connection is closed, the server keeps serving, memory stays flat."""
+    child = await Child.start("serve", loop_kind())
+    try:
+        ready = await child.event("ready")
+        host, port = ready["address"].rsplit(":", 1)
+        address = (host, int(port))
+        rng = random.Random(1234)
+        valid = frame(HELLO) + frame({"op": "graph", "id": 1})
+
+        async def attack(payload: bytes) -> None:
+            reader, writer = await asyncio.open_connection(*address)
+            writer.write(payload)
+            try:
+                await writer.drain()
+                await asyncio.wait_for(reader.read(65536), 0.5)
+            except (ConnectionError, asyncio.TimeoutError):
+                pass
+            writer.close()
+
+        async def round_of_attacks(n: int) -> None:
+            payloads = []
+            for i in range(n):
+                kind = i % 4
+                if kind == 0:
+                    payloads.append(rng.randbytes(rng.randint(1, 4096)))
+                elif kind == 1:
+                    payloads.append(valid[: rng.randint(1, len(valid) - 1)])
+                elif kind == 2:
+                    payloads.append(struct.pack("<I", rng.randint(1 << 24, 0xFFFFFFFF)))
+                else:
+                    payloads.append(frame(HELLO) + struct.pack("<I", 0xFFFFFFF0) + b"x" * 1000)
+            for start in range(0, n, 20):
+                await asyncio.gather(*(attack(p) for p in payloads[start : start + 20]))
+
+        await round_of_attacks(40)  # warm up allocator and caches
+        before = rss_kib(child.pid)
+        await round_of_attacks(400)
+        after = rss_kib(child.pid)
+        assert after - before < 8 * 1024, f"server RSS grew by {after - before} KiB"
+        async with ezflow.GraphContext(address, auto_start=False) as ctx:
+            sub = await ctx.subscriber("/after")
+            pub = await ctx.publisher("/after")
+            await pub.publish("ok")
+            assert await sub.recv() == "ok"
+    finally:
+        await child.aclose()
