@@ -1,0 +1,1093 @@
+"""Message codec: Python objects <-> self-describing byte bodies, numpy data zero-copy.
+
+A *body* is one byte string. :meth:`Codec.encode` returns it as a list of parts
+(:class:`EncodedMessage`) so large buffers are handed to ``transport.writelines`` without
+being joined; :meth:`Codec.decode` takes the whole body back and builds numpy arrays and
+byte buffers as read-only views into it (no copy).
+
+Body layout (all integers little endian)::
+
+    offset  size        field
+    0       u8          version              FORMAT_VERSION (1)
+    1       u8          flags                0 (no flag is defined yet)
+    2       u16         nbuf                 number of out-of-band buffers
+    4       u32         meta_len             length of the msgpack meta
+    8       nbuf * u64  buffer lengths       length of buffer i, in order
+    ...     meta_len    meta                 msgpack encoding of the message tree
+    then, for each buffer i: zero padding up to the next offset (from the body start)
+    that is a multiple of BUFFER_ALIGNMENT (16), then buffer i itself.
+
+The body ends exactly after the last buffer (or after the meta when ``nbuf == 0``).
+Bulk data never goes through msgpack: the meta refers to out-of-band buffers by index,
+through msgpack extension types, one code per kind (``EXT_*`` below). Ext payloads:
+
+- ``EXT_TUPLE``: msgpack array of the items (nested packing; tuples stay tuples, also
+  as dict keys, which msgpack alone would turn into lists).
+- ``EXT_NDARRAY``: ``u32 buffer index | u8 ndim | ndim x u64 shape | descr``; the
+  buffer holds the C-ordered raw data.
+- ``EXT_NPSCALAR``: ``u32 descr length | descr | raw value bytes``.
+- ``EXT_BYTES``: ``u32 buffer index``; decodes to ``bytes`` (one copy).
+- ``EXT_BUFFER``: ``u32 buffer index``; decodes to a read-only ``memoryview`` into the
+  body (no copy).
+- ``EXT_DATACLASS``: msgpack ``[name, {init field name: value}]``.
+
+``descr`` is what ``numpy.lib.format.dtype_to_descr(dtype)`` returns (a str, or for
+structured dtypes a list of field tuples), packed with msgpack, tuples again as
+``EXT_TUPLE``; it is read back with ``numpy.lib.format.descr_to_dtype``. Padding bytes
+are written as zeros and ignored on reading. Dtype metadata is not sent.
+
+Type mapping (encode -> decode):
+
+- ``None``, ``bool``, ``float``, ``str``: themselves. ``int``: itself, if it fits
+  msgpack's range ``-2**63 .. 2**64-1`` (else :class:`UnregisteredTypeError`).
+- ``list`` -> ``list``; ``tuple`` -> ``tuple``; ``dict`` -> ``dict`` (keys may be any
+  encodable hashable value, including ints and tuples).
+- Subclasses of ``dict``, ``list``, ``tuple``, ``str``, ``int``, ``float``, ``bytes`` and
+  ``bytearray`` (``OrderedDict``, namedtuples, ``IntEnum``, ...) are sent as their base
+  type and decode as the base type.
+- ``bytes`` -> ``bytes``. Shorter than ``INLINE_BYTES_LIMIT`` it is inline in the meta;
+  longer it travels out-of-band and is copied once on decode. For zero-copy receive send
+  a ``bytearray``, ``memoryview`` or uint8 array instead.
+- ``bytearray`` and ``memoryview`` -> read-only 1-D ``memoryview`` of unsigned bytes,
+  a view into the body. Non-contiguous memoryviews are copied on encode.
+- ``numpy.ndarray`` (any dtype without Python objects, any shape incl. 0-d and empty)
+  -> read-only ``numpy.ndarray`` of the same dtype and shape, a view into the body.
+  Non-C-contiguous arrays are copied to C order on encode. Subclasses (``memmap``, ...)
+  decode as plain ndarrays; masked arrays are refused (the mask would be lost).
+- numpy scalars (``numpy.generic``) -> numpy scalar of the same dtype and value.
+- Dataclasses registered with :func:`register_message` / :func:`message` -> instance
+  of the class registered under the same name in the receiving process, rebuilt by
+  calling the class with its ``init`` fields as keyword arguments (``init=False``
+  fields are recomputed by the constructor).
+
+Buffers are referenced, not copied, by :meth:`Codec.encode`: do not modify an array or
+bytearray until its message has been written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any, Final, TypeVar, cast, overload
+
+import msgpack
+import numpy as np
+from numpy.lib.format import descr_to_dtype
+
+from ._config import DEFAULT_MAX_MESSAGE_SIZE, ENV_MAX_MESSAGE_SIZE, check_positive
+from ._exceptions import (
+    ConfigurationError,
+    MessageTooLargeError,
+    ProtocolError,
+    UnregisteredTypeError,
+)
+
+__all__ = [
+    "DEFAULT_CODEC",
+    "Codec",
+    "EncodedMessage",
+    "message",
+    "register_message",
+]
+
+_T = TypeVar("_T")
+
+# --------------------------------------------------------------------------- layout
+
+#: Value of the first body byte; a decoder refuses any other.
+FORMAT_VERSION: Final = 1
+#: ``version, flags, nbuf, meta_len``.
+HEADER: Final = struct.Struct("<BBHI")
+#: Out-of-band buffers start at body offsets that are multiples of this.
+BUFFER_ALIGNMENT: Final = 16
+#: ``bytes`` shorter than this are inline in the meta; longer ones go out-of-band.
+INLINE_BYTES_LIMIT: Final = 1024
+#: The header's ``nbuf`` field is a u16.
+MAX_BUFFERS: Final = 0xFFFF
+#: Containers (lists, dicts, tuples, dataclasses) nested deeper than this are refused.
+MAX_DEPTH: Final = 100
+
+EXT_TUPLE: Final = 1
+EXT_NDARRAY: Final = 2
+EXT_NPSCALAR: Final = 3
+EXT_BYTES: Final = 4
+EXT_BUFFER: Final = 5
+EXT_DATACLASS: Final = 6
+
+_HEADER_1BUF: Final = struct.Struct("<BBHIQ")
+_U32: Final = struct.Struct("<I")
+_ARRAY_PREFIX: Final = struct.Struct("<IB")
+_MAX_NDIM: Final = 64
+_SHAPES: Final = tuple(struct.Struct("<" + "Q" * n) for n in range(_MAX_NDIM + 1))
+_ARRAY_HEADS: Final = tuple(struct.Struct("<IB" + "Q" * n) for n in range(_MAX_NDIM + 1))
+_LENGTHS: Final = tuple(struct.Struct("<" + "Q" * n) for n in range(17))
+_PADDING: Final = tuple(b"\0" * n for n in range(BUFFER_ALIGNMENT))
+_INT_MIN: Final = -(1 << 63)
+_INT_MAX: Final = (1 << 64) - 1
+_MAX_DIM: Final = (1 << 63) - 1
+# Arrays of zero-size items (dtype [] or V0) cost no bytes whatever their shape; this
+# bounds their element count so a peer cannot hand out absurd shapes.
+_MAX_EMPTY_ITEMS: Final = DEFAULT_MAX_MESSAGE_SIZE
+_DTYPE_CACHE_SIZE: Final = 512
+_PLAIN_KINDS: Final = frozenset("biufcmMSUV")
+# A descr string exactly as numpy's ``dtype.str`` writes it (byte order, kind, size,
+# datetime unit). Anything else is refused before numpy parses it: np.dtype() accepts
+# many spellings (comma lists, "O", "T", deprecated codes) we never produce.
+_DESCR_STR: Final = re.compile(r"[<>|=][biufcmMSUV]\d+(?:\[\d*[A-Za-z]+\])?\Z")
+# msgpack decodes ext type -1 (timestamp) itself instead of calling ext_hook; these are
+# the three encodings of it. Only a meta containing one of them is checked further.
+_TIMESTAMP_MARKERS: Final = re.compile(rb"\xd6\xff|\xd7\xff|\xc7\x0c\xff")
+
+_ExtType = msgpack.ExtType
+# Types msgpack packs exactly as they are (int is not: it needs a range check).
+_LEAVES: Final = frozenset((str, float, bool, type(None)))
+
+
+def _ext(code: int, data: bytes) -> Any:
+    # ExtType.__new__ re-validates its arguments in Python (~0.3 us); ours are valid by
+    # construction, and the packer only reads the two tuple fields.
+    return tuple.__new__(_ExtType, (code, data))
+
+
+def _ext_header(code: int, length: int) -> bytes:
+    """The msgpack header of an ext value of *length* payload bytes."""
+    if length in (1, 2, 4, 8, 16):
+        return bytes((0xD3 + length.bit_length(), code))
+    if length < 0x100:
+        return bytes((0xC7, length, code))
+    if length < 0x10000:
+        return b"\xc8" + length.to_bytes(2, "big") + bytes((code,))
+    return b"\xc9" + length.to_bytes(4, "big") + bytes((code,))
+
+
+def _qualname(tp: type) -> str:
+    if tp.__module__ == "builtins":
+        return tp.__qualname__
+    return f"{tp.__module__}.{tp.__qualname__}"
+
+
+def _too_large(size: int, limit: int, *, at_least: bool = False) -> MessageTooLargeError:
+    what = "at least " if at_least else ""
+    return MessageTooLargeError(
+        f"message is {what}{size} bytes encoded, more than max_message_size={limit}; "
+        f"raise the limit with the max_message_size option or the {ENV_MAX_MESSAGE_SIZE} "
+        "environment variable (on both ends)"
+    )
+
+
+def _too_deep() -> ValueError:
+    return ValueError(
+        f"message nests lists/dicts/tuples/dataclasses more than {MAX_DEPTH} levels deep "
+        "(or contains a reference cycle)"
+    )
+
+
+_SUPPORTED = (
+    "None, bool, int (64-bit), float, str, bytes, bytearray, memoryview, list, tuple, "
+    "dict, numpy arrays and scalars (without object dtypes) and dataclasses registered "
+    "with ezflow.register_message() or @ezflow.message"
+)
+
+
+def _unsupported(obj: object) -> UnregisteredTypeError:
+    tp = type(obj)
+    name = _qualname(tp)
+    if dataclasses.is_dataclass(tp):
+        return UnregisteredTypeError(
+            f"cannot encode {name}: it is a dataclass that is not registered; decorate it "
+            f"with @ezflow.message or call ezflow.register_message({tp.__qualname__}) in "
+            "every process that sends or receives it"
+        )
+    return UnregisteredTypeError(f"cannot encode an object of type {name}; supported: {_SUPPORTED}")
+
+
+def _masked(obj: object) -> UnregisteredTypeError:
+    return UnregisteredTypeError(
+        f"cannot encode a {_qualname(type(obj))}: its mask would be lost; "
+        "send .data and .mask (or .filled(...)) instead"
+    )
+
+
+def _int_out_of_range(value: int) -> UnregisteredTypeError:
+    text = str(value) if value.bit_length() < 200 else f"{str(value)[:20]}..."
+    return UnregisteredTypeError(
+        f"int {text} is outside the 64-bit range msgpack can carry "
+        "(-2**63 .. 2**64-1); send it as a str or a numpy object"
+    )
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _MessageType:
+    cls: type[Any]
+    name: str
+    fields: tuple[str, ...]
+    # msgpack ``fixarray(2)`` header + packed name: the payload is this + packed fields.
+    prefix: bytes
+
+
+_TYPES_BY_NAME: dict[str, _MessageType] = {}
+_TYPES_BY_CLASS: dict[type[Any], _MessageType] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register_message(cls: type[_T], *, name: str | None = None) -> type[_T]:
+    """Make the dataclass *cls* encodable, under *name* on the wire, and return *cls*.
+
+    *name* defaults to ``f"{cls.__module__}.{cls.__qualname__}"``; sender and receiver
+    must register the class under the same name. The registry is process-global.
+    Registering a class again under the same name (or with no name) is a no-op.
+
+    Raises :class:`TypeError` if *cls* is not a dataclass or *name* is not a str, and
+    :class:`ConfigurationError` if *name* is empty, if *name* is taken by another class
+    (the message names both), or if *cls* is already registered under another name.
+    """
+    if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
+        what = _qualname(cls) if isinstance(cls, type) else f"{cls!r} (not a class)"
+        raise TypeError(
+            f"register_message() needs a dataclass, and {what} is not one; decorate it "
+            "with @dataclasses.dataclass first"
+        )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"message name must be a str, not {type(name).__name__}")
+    if name == "":
+        raise ConfigurationError(f"message name for {_qualname(cls)} must not be empty")
+    with _REGISTRY_LOCK:
+        existing = _TYPES_BY_CLASS.get(cls)
+        if existing is not None:
+            if name is None or name == existing.name:
+                return cls
+            raise ConfigurationError(
+                f"{_qualname(cls)} is already registered as message type "
+                f"{existing.name!r}; it cannot also be registered as {name!r}"
+            )
+        wire_name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
+        other = _TYPES_BY_NAME.get(wire_name)
+        if other is not None:
+            hint = (
+                " (a different class object with the same name, e.g. from a reloaded module)"
+                if _qualname(other.cls) == _qualname(cls)
+                else ""
+            )
+            raise ConfigurationError(
+                f"message type name {wire_name!r} is already taken by "
+                f"{_qualname(other.cls)}; cannot register {_qualname(cls)}{hint} under it: "
+                "pass another name=..."
+            )
+        entry = _MessageType(
+            cls=cls,
+            name=wire_name,
+            fields=tuple(f.name for f in dataclasses.fields(cls) if f.init),
+            prefix=b"\x92" + msgpack.packb(wire_name),
+        )
+        _TYPES_BY_NAME[wire_name] = entry
+        _TYPES_BY_CLASS[cls] = entry
+    return cls
+
+
+@overload
+def message(cls: type[_T]) -> type[_T]: ...
+
+
+@overload
+def message(cls: None = None, *, name: str | None = None) -> Callable[[type[_T]], type[_T]]: ...
+
+
+def message(
+    cls: type[_T] | None = None, *, name: str | None = None
+) -> type[_T] | Callable[[type[_T]], type[_T]]:
+    """Class decorator form of :func:`register_message`: ``@message`` or
+    ``@message(name="...")`` above (outside) ``@dataclass``. Same errors."""
+    if cls is None:
+
+        def decorate(inner: type[_T]) -> type[_T]:
+            return register_message(inner, name=name)
+
+        return decorate
+    return register_message(cls, name=name)
+
+
+# --------------------------------------------------------------------------- dtypes
+
+# dtype -> (packed descr, whether arrays of it export a PEP 3118 buffer). Bounded: a
+# program creating endless distinct structured dtypes only loses the cache.
+_ENC_DTYPES: dict[np.dtype[Any], tuple[bytes, bool]] = {}
+# packed descr (as received) -> dtype. Bounded because the keys come from peers.
+_DEC_DTYPES: dict[bytes, np.dtype[Any]] = {}
+
+
+def _is_plain_dtype(dt: np.dtype[Any]) -> bool:
+    """True if the dtype's items are plain bytes (no Python objects or pointers)."""
+    # Non-legacy dtypes (numpy 2 StringDType, user DTypes) store pointers or need
+    # Python code to copy; their raw bytes mean nothing in another process.
+    if not getattr(type(dt), "_legacy", True) or dt.hasobject:
+        return False
+    if dt.names is not None:
+        fields = dt.fields
+        assert fields is not None
+        return all(_is_plain_dtype(fields[n][0]) for n in dt.names)
+    if dt.subdtype is not None:
+        return _is_plain_dtype(dt.subdtype[0])
+    return dt.kind in _PLAIN_KINDS
+
+
+def _descr_tree(descr: object) -> object:
+    if type(descr) is tuple:
+        return _ext(EXT_TUPLE, msgpack.packb([_descr_tree(x) for x in descr]))
+    if type(descr) is list:
+        return [_descr_tree(x) for x in descr]
+    if type(descr) in (str, int):
+        return descr
+    raise TypeError(f"unexpected {type(descr).__name__} in dtype descr")
+
+
+def _check_descr(descr: object, depth: int = 0) -> None:
+    """Raise ValueError unless *descr* has the shape ``dtype_to_descr`` produces."""
+    if depth > MAX_DEPTH:
+        raise ValueError("dtype descr nested too deeply")
+    if type(descr) is str:
+        if not _DESCR_STR.match(descr):
+            raise ValueError(f"unsupported dtype descr {descr!r}")
+        return
+    if type(descr) is not list:
+        raise ValueError(f"dtype descr must be a str or a list, not {type(descr).__name__}")
+    for field in descr:
+        if type(field) is not tuple or len(field) not in (2, 3):
+            raise ValueError(f"malformed structured dtype field {field!r}")
+        name = field[0]
+        if type(name) is tuple:
+            if len(name) != 2 or not all(type(x) is str for x in name):
+                raise ValueError(f"malformed structured dtype field name {name!r}")
+        elif type(name) is not str:
+            raise ValueError(f"malformed structured dtype field name {name!r}")
+        _check_descr(field[1], depth + 1)
+        if len(field) == 3:
+            shape = field[2]
+            if type(shape) is not tuple or not all(
+                type(d) is int and 0 <= d <= _MAX_DIM for d in shape
+            ):
+                raise ValueError(f"malformed subarray shape {shape!r}")
+
+
+def _encode_dtype(dt: np.dtype[Any]) -> tuple[bytes, bool]:
+    """Cache miss of ``_ENC_DTYPES``: the packed descr of *dt* and its buffer export flag.
+
+    Raises :class:`UnregisteredTypeError` for dtypes that cannot travel as raw bytes.
+    """
+    if not _is_plain_dtype(dt):
+        raise UnregisteredTypeError(
+            f"cannot encode numpy data of dtype {dt}: it holds Python objects or "
+            "pointers; convert it to a numeric or fixed-width string dtype "
+            "(arr.astype(...)) or to a list (arr.tolist())"
+        )
+    # What numpy.lib.format.dtype_to_descr returns for legacy dtypes, minus its warning
+    # about dropped dtype metadata (which would be an error under -W error).
+    descr: object = dt.descr if dt.names is not None else dt.str
+    try:
+        _check_descr(descr)
+        portable = descr_to_dtype(cast(Any, descr)) == dt
+        packed = msgpack.packb(_descr_tree(descr))
+    except Exception as exc:
+        raise UnregisteredTypeError(
+            f"cannot encode numpy data of dtype {dt!r}: it has no portable description"
+        ) from exc
+    if not portable:
+        raise UnregisteredTypeError(
+            f"cannot encode numpy data of dtype {dt!r}: it has no portable description"
+        )
+    try:
+        np.zeros(1, dt).data.cast("B")
+        exports = True
+    except (TypeError, ValueError, NotImplementedError):
+        exports = False
+    info = (packed, exports)
+    if len(_ENC_DTYPES) < _DTYPE_CACHE_SIZE:
+        _ENC_DTYPES[dt] = info
+    return info
+
+
+def _descr_ext_hook(code: int, data: bytes) -> object:
+    if code != EXT_TUPLE:
+        raise ProtocolError(f"unexpected ext type {code} in a dtype descr")
+    items = msgpack.unpackb(data, ext_hook=_descr_ext_hook)
+    if type(items) is not list:
+        raise ProtocolError("malformed tuple in a dtype descr")
+    return tuple(items)
+
+
+def _decode_dtype(packed: bytes) -> np.dtype[Any]:
+    """Cache miss of ``_DEC_DTYPES``. Raises ProtocolError (or anything, wrapped later)."""
+    descr = msgpack.unpackb(packed, ext_hook=_descr_ext_hook)
+    try:
+        _check_descr(descr)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from exc
+    dt = descr_to_dtype(descr)
+    if not isinstance(dt, np.dtype) or not _is_plain_dtype(dt):
+        raise ProtocolError(f"refusing dtype {dt!r}: it holds Python objects or pointers")
+    if len(_DEC_DTYPES) < _DTYPE_CACHE_SIZE:
+        _DEC_DTYPES[packed] = dt
+    return dt
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EncodedMessage:
+    """One encoded body, as parts to hand to ``transport.writelines``.
+
+    ``b"".join(parts)`` is the body and ``nbytes`` its length. Parts are ``bytes`` or
+    1-D unsigned-byte ``memoryview`` objects; the memoryviews reference the caller's
+    arrays and buffers, which must not be modified until the parts are written.
+    """
+
+    parts: list[bytes | memoryview]
+    nbytes: int
+
+    def to_bytes(self) -> bytes:
+        """The whole body as one ``bytes`` object (copies every part)."""
+        return b"".join(self.parts)
+
+
+class _Encoder:
+    """State of one ``encode`` call: the out-of-band buffers collected so far."""
+
+    __slots__ = ("bufs", "limit", "oob", "packer")
+
+    def __init__(self, limit: int) -> None:
+        self.bufs: list[memoryview] = []
+        self.oob = 0
+        self.limit = limit
+        # One packer per call, not a shared one: a packer keeps its largest buffer
+        # forever, and sharing would rely on pack() never releasing the GIL.
+        # strict_types: prepare() has already turned everything into exact
+        # msgpack-native types; anything else is a bug and must not be packed as a
+        # base type. Nested packs (tuples, dataclasses) run one after another while
+        # preparing, never inside another pack().
+        self.packer = msgpack.Packer(strict_types=True, use_bin_type=True, buf_size=512)
+
+    def prepare(self, obj: object, depth: int) -> object:
+        """Return *obj* as a tree msgpack packs natively (ExtType for the rest)."""
+        tp = type(obj)
+        if tp is str or tp is float or tp is bool or obj is None:
+            return obj
+        if tp is int:
+            if _INT_MIN <= obj <= _INT_MAX:  # type: ignore[operator]
+                return obj
+            raise _int_out_of_range(obj)  # type: ignore[arg-type]
+        if depth >= MAX_DEPTH and (tp in (dict, list, tuple) or tp in _TYPES_BY_CLASS):
+            raise _too_deep()
+        # Containers test for leaves inline: a method call per str/float costs more
+        # than the whole msgpack packing of it.
+        if tp is dict:
+            prep = self.prepare
+            depth += 1
+            return {
+                k if type(k) is str else prep(k, depth): v if type(v) in _LEAVES else prep(v, depth)
+                for k, v in obj.items()  # type: ignore[attr-defined]
+            }
+        if tp is list:
+            prep = self.prepare
+            depth += 1
+            return [x if type(x) in _LEAVES else prep(x, depth) for x in obj]  # type: ignore[attr-defined]
+        if tp is np.ndarray:
+            return self.array(obj)  # type: ignore[arg-type]
+        entry = _TYPES_BY_CLASS.get(tp)
+        if entry is not None:
+            return self.dataclass_ext(obj, entry, depth + 1)
+        if tp is tuple:
+            return self.tuple_ext(obj, depth + 1)  # type: ignore[arg-type]
+        if tp is bytes:
+            if len(obj) < INLINE_BYTES_LIMIT:  # type: ignore[arg-type]
+                return obj
+            return self.out_of_band(EXT_BYTES, memoryview(obj))  # type: ignore[arg-type]
+        return self.prepare_other(obj, depth)
+
+    def prepare_other(self, obj: object, depth: int) -> object:
+        # Order matters: numpy scalars subclass float/str/bytes/complex, and every
+        # numpy scalar must keep its dtype.
+        if isinstance(obj, np.generic):
+            return self.scalar(obj)
+        if isinstance(obj, np.ndarray):
+            if type(obj).__module__.startswith("numpy.ma"):
+                raise _masked(obj)
+            return self.array(obj.view(np.ndarray))
+        if isinstance(obj, memoryview):
+            return self.out_of_band(EXT_BUFFER, self.byte_view(obj))
+        if isinstance(obj, bytearray):
+            return self.out_of_band(EXT_BUFFER, memoryview(obj))
+        if isinstance(obj, bytes):
+            view = memoryview(obj)
+            if len(view) < INLINE_BYTES_LIMIT:
+                return view.tobytes()
+            return self.out_of_band(EXT_BYTES, view)
+        if isinstance(obj, int):
+            value = int.__int__(obj)
+            if _INT_MIN <= value <= _INT_MAX:
+                return value
+            raise _int_out_of_range(value)
+        if isinstance(obj, float):
+            return float.__float__(obj)
+        if isinstance(obj, str):
+            return str.__str__(obj)
+        if isinstance(obj, (dict, list, tuple)):
+            if depth >= MAX_DEPTH:
+                raise _too_deep()
+            if isinstance(obj, dict):
+                prep = self.prepare
+                return {prep(k, depth + 1): prep(v, depth + 1) for k, v in dict.items(obj)}
+            if isinstance(obj, tuple):
+                return self.tuple_ext(obj, depth + 1)
+            return [self.prepare(x, depth + 1) for x in obj]
+        raise _unsupported(obj)
+
+    def tuple_ext(self, obj: tuple[Any, ...], depth: int) -> object:
+        prep = self.prepare
+        items = [prep(x, depth) for x in obj]
+        return _ext(EXT_TUPLE, self.packer.pack(items))
+
+    def dataclass_ext(self, obj: object, entry: _MessageType, depth: int) -> object:
+        prep = self.prepare
+        fields = {name: prep(getattr(obj, name), depth) for name in entry.fields}
+        return _ext(EXT_DATACLASS, entry.prefix + self.packer.pack(fields))
+
+    def scalar(self, obj: np.generic[Any]) -> object:
+        dt = obj.dtype
+        raw = obj.tobytes()
+        if len(raw) != dt.itemsize:
+            # Empty np.bytes_/np.str_ have an unsized dtype (S0, U0) but one NUL item
+            # of raw data; their 1-item dtype reads back as the same empty scalar.
+            dt = np.asarray(obj).dtype
+        info = _ENC_DTYPES.get(dt)
+        if info is None:
+            info = _encode_dtype(dt)
+        descr = info[0]
+        return _ext(EXT_NPSCALAR, _U32.pack(len(descr)) + descr + raw)
+
+    def array(self, arr: np.ndarray[Any, Any]) -> object:
+        dt = arr.dtype
+        info = _ENC_DTYPES.get(dt)
+        if info is None:
+            info = _encode_dtype(dt)
+        index = len(self.bufs)
+        if index >= MAX_BUFFERS:
+            raise _too_many_buffers()
+        nbytes = arr.nbytes
+        self.oob += nbytes
+        if self.oob > self.limit:
+            raise _too_large(self.oob, self.limit, at_least=True)
+        self.bufs.append(_array_bytes(arr, info[1], nbytes))
+        ndim = arr.ndim
+        return _ext(EXT_NDARRAY, _ARRAY_HEADS[ndim].pack(index, ndim, *arr.shape) + info[0])
+
+    def byte_view(self, view: memoryview) -> memoryview:
+        """*view* as a contiguous 1-D unsigned-byte memoryview (copied if needed)."""
+        if view.c_contiguous:
+            return view if view.ndim == 1 and view.format == "B" else view.cast("B")
+        if self.oob + view.nbytes > self.limit:
+            raise _too_large(self.oob + view.nbytes, self.limit, at_least=True)
+        return memoryview(view.tobytes())
+
+    def out_of_band(self, code: int, view: memoryview) -> object:
+        index = len(self.bufs)
+        if index >= MAX_BUFFERS:
+            raise _too_many_buffers()
+        self.oob += view.nbytes
+        if self.oob > self.limit:
+            raise _too_large(self.oob, self.limit, at_least=True)
+        self.bufs.append(view)
+        return _ext(code, _U32.pack(index))
+
+
+def _too_many_buffers() -> ValueError:
+    return ValueError(
+        f"message holds more than {MAX_BUFFERS} out-of-band buffers (arrays, bytearrays, "
+        f"memoryviews, bytes of {INLINE_BYTES_LIMIT} bytes or more); combine them into "
+        "fewer arrays"
+    )
+
+
+_EMPTY_VIEW: Final = memoryview(b"")
+
+
+def _array_bytes(arr: np.ndarray[Any, Any], exports: bool, nbytes: int) -> memoryview:
+    """The raw C-ordered bytes of *arr* as a 1-D unsigned-byte memoryview."""
+    if nbytes == 0:
+        if arr.size > _MAX_EMPTY_ITEMS:
+            raise ValueError(
+                f"array of {arr.size} zero-size items: more than {_MAX_EMPTY_ITEMS} cannot be sent"
+            )
+        # memoryview.cast refuses shapes with zeros.
+        return _EMPTY_VIEW
+    if not arr.flags.c_contiguous:
+        # copy(order="C") rather than np.ascontiguousarray, which turns 0-d into 1-d.
+        arr = arr.copy(order="C")
+    if exports:
+        try:
+            return arr.data.cast("B")
+        except (TypeError, ValueError, NotImplementedError):
+            pass
+    # datetime64/timedelta64 (and some structured dtypes) have no PEP 3118 format.
+    return arr.reshape(-1).view(np.uint8).data
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def _check(obj: object, depth: int) -> None:
+    """Raise what :meth:`Codec.encode` would raise for *obj*'s types, build nothing.
+
+    Mirrors ``_Encoder.prepare`` / ``prepare_other`` check for check, in the same order.
+    """
+    tp = type(obj)
+    if tp is str or tp is float or tp is bool or obj is None or tp is bytes:
+        return
+    if tp is int:
+        if not _INT_MIN <= obj <= _INT_MAX:  # type: ignore[operator]
+            raise _int_out_of_range(obj)  # type: ignore[arg-type]
+        return
+    if tp is np.ndarray:
+        _check_dtype(obj.dtype)  # type: ignore[attr-defined]
+        return
+    entry = _TYPES_BY_CLASS.get(tp)
+    if entry is not None:
+        if depth >= MAX_DEPTH:
+            raise _too_deep()
+        for name in entry.fields:
+            _check(getattr(obj, name), depth + 1)
+        return
+    if isinstance(obj, np.generic):
+        _check_dtype(obj.dtype)
+        return
+    if isinstance(obj, np.ndarray):
+        if type(obj).__module__.startswith("numpy.ma"):
+            raise _masked(obj)
+        _check_dtype(obj.dtype)
+        return
+    if isinstance(obj, (memoryview, bytearray, bytes, float, str)):
+        return
+    if isinstance(obj, int):
+        value = int.__int__(obj)
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise _int_out_of_range(value)
+        return
+    if not isinstance(obj, (dict, list, tuple)):
+        raise _unsupported(obj)
+    if depth >= MAX_DEPTH:
+        raise _too_deep()
+    depth += 1
+    if isinstance(obj, dict):
+        for k, v in dict.items(obj):
+            _check(k, depth)
+            _check(v, depth)
+    else:
+        for x in obj:
+            _check(x, depth)
+
+
+def _check_dtype(dt: np.dtype[Any]) -> None:
+    if dt not in _ENC_DTYPES:
+        _encode_dtype(dt)
+
+
+# --------------------------------------------------------------------------- decode
+
+
+class _Decoder:
+    """State of one ``decode`` call: the body and where its buffers are."""
+
+    __slots__ = ("body", "depth", "spans")
+
+    def __init__(self, body: memoryview, spans: list[tuple[int, int]]) -> None:
+        self.body = body
+        self.spans = spans
+        self.depth = 0
+
+    def unpack(self, data: bytes | memoryview) -> Any:
+        return msgpack.unpackb(data, ext_hook=self.ext_hook, strict_map_key=False)
+
+    def span(self, data: bytes) -> tuple[int, int]:
+        if len(data) != 4:
+            raise ProtocolError(f"buffer reference must be 4 bytes, got {len(data)}")
+        index: int = _U32.unpack(data)[0]
+        if index >= len(self.spans):
+            raise ProtocolError(f"reference to buffer {index}, but the body has {len(self.spans)}")
+        return self.spans[index]
+
+    def ext_hook(self, code: int, data: bytes) -> object:
+        if code == EXT_NDARRAY:
+            return _array_from_payload(data, 0, len(data), self.body, self.spans)
+        if code == EXT_BUFFER:
+            start, end = self.span(data)
+            return self.body[start:end]
+        if code == EXT_BYTES:
+            start, end = self.span(data)
+            return self.body[start:end].tobytes()
+        if code in (EXT_TUPLE, EXT_DATACLASS):
+            if self.depth >= MAX_DEPTH:
+                raise ProtocolError(f"message nests more than {MAX_DEPTH} levels deep")
+            self.depth += 1
+            try:
+                items = self.unpack(data)
+            finally:
+                self.depth -= 1
+            if type(items) is not list:
+                raise ProtocolError("malformed tuple or dataclass payload")
+            if code == EXT_TUPLE:
+                return tuple(items)
+            return _build_dataclass(items)
+        if code == EXT_NPSCALAR:
+            return _scalar_from_payload(data)
+        raise ProtocolError(f"unknown msgpack ext type {code} in message")
+
+
+def _build_dataclass(items: list[Any]) -> object:
+    if len(items) != 2 or type(items[0]) is not str or type(items[1]) is not dict:
+        raise ProtocolError("malformed dataclass payload: expected [name, {field: value}]")
+    name, fields = items
+    entry = _TYPES_BY_NAME.get(name)
+    if entry is None:
+        raise ProtocolError(
+            f"unknown message type {name!r}: register it with ezflow.register_message(...) "
+            "in the receiving process"
+        )
+    for key in fields:
+        if type(key) is not str:
+            raise ProtocolError(f"malformed {name!r} payload: field name {key!r}")
+    try:
+        return entry.cls(**fields)
+    except Exception as exc:
+        raise ProtocolError(
+            f"could not build message type {name!r} ({_qualname(entry.cls)}) from the "
+            f"received fields: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _dtype_from(packed: bytes) -> np.dtype[Any]:
+    dt = _DEC_DTYPES.get(packed)
+    return dt if dt is not None else _decode_dtype(packed)
+
+
+def _scalar_from_payload(data: bytes) -> object:
+    if len(data) < 4:
+        raise ProtocolError("numpy scalar payload too short")
+    (descr_len,) = _U32.unpack_from(data)
+    raw_start = 4 + descr_len
+    if raw_start > len(data):
+        raise ProtocolError("numpy scalar descr runs past its payload")
+    dt = _dtype_from(data[4:raw_start])
+    if len(data) - raw_start != dt.itemsize:
+        raise ProtocolError(
+            f"numpy scalar of dtype {dt} needs {dt.itemsize} bytes, got {len(data) - raw_start}"
+        )
+    return np.ndarray((), dt, data, raw_start)[()]
+
+
+def _array_from_payload(
+    payload: bytes | memoryview,
+    start: int,
+    end: int,
+    body: memoryview,
+    spans: list[tuple[int, int]],
+) -> np.ndarray[Any, Any]:
+    if end - start < 5:
+        raise ProtocolError("ndarray payload too short")
+    index, ndim = _ARRAY_PREFIX.unpack_from(payload, start)
+    shape_end = start + 5 + 8 * ndim
+    if ndim > _MAX_NDIM or shape_end > end:
+        raise ProtocolError(f"ndarray payload claims {ndim} dimensions, more than it holds")
+    shape = _SHAPES[ndim].unpack_from(payload, start + 5)
+    dt = _dtype_from(bytes(payload[shape_end:end]))
+    if index >= len(spans):
+        raise ProtocolError(f"reference to buffer {index}, but the body has {len(spans)}")
+    buf_start, buf_end = spans[index]
+    size = buf_end - buf_start
+    if math.prod(shape) * dt.itemsize != size:
+        raise ProtocolError(
+            f"ndarray of shape {shape} and dtype {dt} needs "
+            f"{math.prod(shape) * dt.itemsize} bytes, its buffer has {size}"
+        )
+    if size == 0 and (any(d > _MAX_DIM for d in shape) or math.prod(shape) > _MAX_EMPTY_ITEMS):
+        raise ProtocolError(f"ndarray shape {shape} is out of range")
+    # The body view is read-only, so the array is too, and numpy refuses to make it
+    # writeable again.
+    return np.ndarray(shape, dt, body, buf_start)
+
+
+def _has_timestamp(obj: object) -> bool:
+    if isinstance(obj, msgpack.Timestamp):
+        return True
+    if isinstance(obj, (list, tuple)):
+        return any(_has_timestamp(x) for x in obj)
+    if isinstance(obj, dict):
+        return any(_has_timestamp(k) or _has_timestamp(v) for k, v in obj.items())
+    return False
+
+
+def _scan_ext_hook(code: int, data: bytes) -> object:
+    # Only nested payloads can hide a timestamp; the rest is never a Timestamp.
+    if code in (EXT_TUPLE, EXT_DATACLASS):
+        inner = msgpack.unpackb(data, ext_hook=_scan_ext_hook, strict_map_key=False)
+        if _has_timestamp(inner):
+            raise ProtocolError("msgpack timestamp (ext type -1) in message")
+    return None
+
+
+def _refuse_timestamps(meta: memoryview) -> None:
+    """Raise ProtocolError if *meta* contains a msgpack timestamp anywhere."""
+    if _TIMESTAMP_MARKERS.search(meta) is None:
+        return
+    tree = msgpack.unpackb(meta, ext_hook=_scan_ext_hook, strict_map_key=False)
+    if _has_timestamp(tree):
+        raise ProtocolError("msgpack timestamp (ext type -1) in message")
+
+
+# --------------------------------------------------------------------------- codec
+
+
+class Codec:
+    """Encodes messages into bodies and decodes bodies, within a size limit.
+
+    A codec holds no per-message state; one instance may be shared by any number of
+    tasks and threads. The dataclass registry it uses is process-global.
+    """
+
+    __slots__ = ("_limit",)
+
+    def __init__(self, *, max_message_size: int | None = None) -> None:
+        """*max_message_size*: largest body in bytes that :meth:`encode` produces and
+        :meth:`decode` accepts; ``None`` means ``DEFAULT_MAX_MESSAGE_SIZE``.
+
+        Raises :class:`ConfigurationError` if it is not a positive int.
+        """
+        if max_message_size is None:
+            self._limit: int = DEFAULT_MAX_MESSAGE_SIZE
+        else:
+            self._limit = check_positive(max_message_size, setting="max_message_size")
+
+    @property
+    def max_message_size(self) -> int:
+        """Largest body, in bytes, this codec encodes or decodes."""
+        return self._limit
+
+    def __repr__(self) -> str:
+        return f"Codec(max_message_size={self._limit})"
+
+    # ----------------------------------------------------------------- encode
+
+    def encode(self, obj: object) -> EncodedMessage:
+        """Encode *obj* (see the module docstring for the supported types).
+
+        Returns the body as parts; arrays and byte buffers are referenced, not copied
+        (except non-contiguous ones, which are copied after the size check).
+
+        Raises :class:`UnregisteredTypeError` (a TypeError) naming the first object of
+        an unsupported type, :class:`MessageTooLargeError` if the body would exceed
+        ``max_message_size`` (raised before any large buffer is copied or joined), and
+        :class:`ValueError` for containers nested deeper than ``MAX_DEPTH`` (or cyclic),
+        more than ``MAX_BUFFERS`` out-of-band buffers, or a str that is not valid
+        Unicode (lone surrogates).
+        """
+        tp = type(obj)
+        if tp is np.ndarray:
+            return self._encode_array(obj)  # type: ignore[arg-type]
+        if tp in _LEAVES:
+            return self._assemble(msgpack.packb(obj), [])
+        encoder = _Encoder(self._limit)
+        tree = encoder.prepare(obj, 0)
+        try:
+            meta = encoder.packer.pack(tree)
+        except ValueError as exc:
+            if "recursion limit" in str(exc):
+                raise _too_deep() from exc
+            raise
+        return self._assemble(meta, encoder.bufs)
+
+    def _encode_array(self, arr: np.ndarray[Any, Any]) -> EncodedMessage:
+        # Same bytes as the general path, built without msgpack or an _Encoder.
+        dt = arr.dtype
+        info = _ENC_DTYPES.get(dt)
+        if info is None:
+            info = _encode_dtype(dt)
+        nbytes = arr.nbytes
+        limit = self._limit
+        if nbytes > limit:
+            raise _too_large(nbytes, limit, at_least=True)
+        ndim = arr.ndim
+        payload = _ARRAY_HEADS[ndim].pack(0, ndim, *arr.shape) + info[0]
+        meta = _ext_header(EXT_NDARRAY, len(payload)) + payload
+        pos = _HEADER_1BUF.size + len(meta)
+        pad = -pos & (BUFFER_ALIGNMENT - 1)
+        total = pos + pad + nbytes
+        if total > limit:
+            raise _too_large(total, limit)
+        data = _array_bytes(arr, info[1], nbytes)
+        first = _HEADER_1BUF.pack(FORMAT_VERSION, 0, 1, len(meta), nbytes) + meta + _PADDING[pad]
+        if nbytes == 0:
+            return EncodedMessage([first], total)
+        return EncodedMessage([first, data], total)
+
+    def _assemble(self, meta: bytes, bufs: list[memoryview]) -> EncodedMessage:
+        nbuf = len(bufs)
+        if nbuf == 0:
+            total = HEADER.size + len(meta)
+            if total > self._limit:
+                raise _too_large(total, self._limit)
+            return EncodedMessage([HEADER.pack(FORMAT_VERSION, 0, 0, len(meta)) + meta], total)
+        if nbuf == 1:
+            buf = bufs[0]
+            length = buf.nbytes
+            pos = _HEADER_1BUF.size + len(meta)
+            pad = -pos & (BUFFER_ALIGNMENT - 1)
+            total = pos + pad + length
+            if total > self._limit:
+                raise _too_large(total, self._limit)
+            first = _HEADER_1BUF.pack(FORMAT_VERSION, 0, 1, len(meta), length) + meta
+            if length == 0:
+                return EncodedMessage([first + _PADDING[pad]], total)
+            return EncodedMessage([first + _PADDING[pad], buf], total)
+        lengths = [b.nbytes for b in bufs]
+        pos = HEADER.size + 8 * nbuf + len(meta)
+        pads = []
+        for length in lengths:
+            pad = -pos & (BUFFER_ALIGNMENT - 1)
+            pads.append(pad)
+            pos += pad + length
+        if pos > self._limit:
+            raise _too_large(pos, self._limit)
+        packed_lengths = (
+            _LENGTHS[nbuf].pack(*lengths)
+            if nbuf < len(_LENGTHS)
+            else struct.pack(f"<{nbuf}Q", *lengths)
+        )
+        parts: list[bytes | memoryview] = [
+            HEADER.pack(FORMAT_VERSION, 0, nbuf, len(meta))
+            + packed_lengths
+            + meta
+            + _PADDING[pads[0]]
+        ]
+        for i, buf in enumerate(bufs):
+            if i and pads[i]:
+                parts.append(_PADDING[pads[i]])
+            if lengths[i]:
+                parts.append(buf)
+        return EncodedMessage(parts, pos)
+
+    def validate(self, obj: object) -> None:
+        """Raise what :meth:`encode` would raise for *obj*'s types, without encoding.
+
+        Same :class:`UnregisteredTypeError` and nesting-depth :class:`ValueError`
+        checks as :meth:`encode`. Not checked: sizes (only encoding knows the exact
+        size; :class:`MessageTooLargeError` and the buffer count) and str contents
+        (lone surrogates). Costs O(1) for a top-level array, bytes, str or number, and
+        one visit per element for containers.
+        """
+        _check(obj, 0)
+
+    # ----------------------------------------------------------------- decode
+
+    def decode(self, body: bytes | bytearray | memoryview | np.ndarray[Any, Any]) -> object:
+        """Decode one whole body produced by :meth:`encode` (in any process).
+
+        *body* is any C-contiguous bytes-like object (bytes, bytearray, memoryview,
+        uint8 numpy array). Decoded numpy arrays and ``memoryview`` values are read-only
+        views into *body* (no copy), keeping it alive; large ``bytes`` are copied once.
+
+        Raises :class:`ProtocolError`, and nothing else, for anything wrong with the
+        body: not bytes-like, larger than ``max_message_size``, truncated, trailing
+        bytes, an unknown version, lengths that do not add up, malformed meta, unknown
+        ext types or message type names, bad dtypes or shapes, or a registered class
+        whose constructor fails (the original exception is the ``__cause__``). No
+        memory is allocated for sizes the body claims but does not contain.
+        """
+        try:
+            return self._decode(body)
+        except ProtocolError:
+            raise
+        except Exception as exc:
+            raise ProtocolError(f"malformed message body ({type(exc).__name__}: {exc})") from exc
+
+    def _decode(self, body: object) -> object:
+        try:
+            mv = memoryview(body)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise ProtocolError(
+                f"a message body must be bytes-like, not {type(body).__name__}"
+            ) from exc
+        if mv.ndim != 1 or mv.format != "B":
+            if not mv.c_contiguous:
+                raise ProtocolError("a message body must be a contiguous buffer")
+            mv = mv.cast("B")
+        elif not mv.c_contiguous:
+            raise ProtocolError("a message body must be a contiguous buffer")
+        if not mv.readonly:
+            mv = mv.toreadonly()
+        n = mv.nbytes
+        if n > self._limit:
+            raise ProtocolError(f"message body of {n} bytes exceeds max_message_size={self._limit}")
+        if n < HEADER.size:
+            raise ProtocolError(f"message body of {n} bytes is shorter than its header")
+        version, flags, nbuf, meta_len = HEADER.unpack_from(mv)
+        if version != FORMAT_VERSION:
+            raise ProtocolError(
+                f"message body version {version} is not supported (this build reads "
+                f"version {FORMAT_VERSION})"
+            )
+        if flags:
+            raise ProtocolError(f"unknown message body flags {flags:#x}")
+        meta_start = HEADER.size + 8 * nbuf
+        meta_end = meta_start + meta_len
+        if meta_end > n:
+            raise ProtocolError(
+                f"message header claims {nbuf} buffers and {meta_len} bytes of meta, "
+                f"more than the {n}-byte body holds"
+            )
+        spans: list[tuple[int, int]] = []
+        pos = meta_end
+        if nbuf:
+            lengths = (
+                _LENGTHS[nbuf].unpack_from(mv, HEADER.size)
+                if nbuf < len(_LENGTHS)
+                else struct.unpack_from(f"<{nbuf}Q", mv, HEADER.size)
+            )
+            for length in lengths:
+                pos += -pos & (BUFFER_ALIGNMENT - 1)
+                end = pos + length
+                if end > n:
+                    raise ProtocolError(
+                        f"message buffer lengths add up to more than the {n}-byte body"
+                    )
+                spans.append((pos, end))
+                pos = end
+        if pos != n:
+            raise ProtocolError(
+                f"message body has {n - pos} bytes after its last buffer"
+                if pos < n
+                else f"message body is {pos - n} bytes short"
+            )
+        if nbuf == 1 and meta_len >= 3:
+            # Fast path for a top-level array: parse its one ext header by hand.
+            marker = mv[meta_start]
+            if 0xD4 <= marker <= 0xD8:
+                ext_len, code, payload_start = 1 << (marker - 0xD4), mv[meta_start + 1], 2
+            elif marker == 0xC7:
+                ext_len, code, payload_start = mv[meta_start + 1], mv[meta_start + 2], 3
+            else:
+                code = 0
+            if code == EXT_NDARRAY and payload_start + ext_len == meta_len:
+                start = meta_start + payload_start
+                return _array_from_payload(mv, start, meta_end, mv, spans)
+        meta = mv[meta_start:meta_end]
+        _refuse_timestamps(meta)
+        return _Decoder(mv, spans).unpack(meta)
+
+
+#: A codec with the default limits.
+DEFAULT_CODEC: Final = Codec()

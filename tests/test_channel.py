@@ -1,0 +1,139 @@
+"""Channel and Inbox bookkeeping: fan-out, release accounting, leaky drops."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ezflow import ClosedResourceError
+from ezflow._core._channel import Channel, Inbox
+from ezflow._core._codec import Codec
+
+
+def make_channel() -> tuple[Channel, list[tuple[int, int]], list[bool]]:
+    releases: list[tuple[int, int]] = []
+    modes: list[bool] = []
+    channel = Channel(
+        "p-1",
+        "/t",
+        Codec(),
+        on_release=lambda count, nbytes: releases.append((count, nbytes)),
+        on_mode_change=modes.append,
+    )
+    return channel, releases, modes
+
+
+def test_release_waits_for_every_lossless_inbox() -> None:
+    channel, releases, modes = make_channel()
+    a, b = Inbox(), Inbox()
+    channel.attach(a)
+    channel.attach(b)
+    assert modes == [True]
+    for seq in (1, 2, 3):
+        channel.deliver(seq, f"m{seq}", nbytes=10)
+    assert channel.pending == 3 and releases == []
+    assert a.get_nowait() == "m1"
+    assert releases == []  # b still holds m1
+    assert b.get_nowait() == "m1"
+    assert releases[-1] == (1, 10)
+    assert b.get_nowait() == "m2" and b.get_nowait() == "m3"
+    assert releases[-1] == (1, 10)  # a still holds m2 and m3
+    a.get_nowait()
+    a.get_nowait()
+    assert releases[-1] == (3, 30) and channel.pending == 0
+
+
+def test_detach_releases_what_the_inbox_held_but_keeps_it_readable() -> None:
+    channel, releases, modes = make_channel()
+    keep, leave = Inbox(), Inbox()
+    channel.attach(keep)
+    gone = channel.attach(leave)
+    channel.deliver(1, "x", nbytes=1)
+    keep.get_nowait()
+    assert releases == []
+    channel.detach(gone)
+    assert releases[-1] == (1, 1)
+    assert leave.get_nowait() == "x"  # accepted data is not lost
+    channel.detach(gone)  # idempotent
+    assert modes == [True]
+
+
+def test_same_object_to_every_inbox() -> None:
+    channel, _, _ = make_channel()
+    inboxes = [Inbox() for _ in range(4)]
+    for inbox in inboxes:
+        channel.attach(inbox)
+    message = object()
+    channel.deliver(1, message)
+    assert all(inbox.get_nowait() is message for inbox in inboxes)
+    assert channel.stats.deliveries == 4
+
+
+def test_leaky_inbox_keeps_newest_and_never_holds_release() -> None:
+    channel, releases, modes = make_channel()
+    inbox = Inbox(leaky=True, maxlen=3)
+    channel.attach(inbox)
+    assert modes == []  # only leaky: the channel stays non-lossless
+    for seq in range(1, 11):
+        channel.deliver(seq, seq, nbytes=2)
+    assert releases[-1] == (10, 20)
+    assert [inbox.get_nowait() for _ in range(3)] == [8, 9, 10]
+    assert inbox.stats.dropped == 7
+
+
+def test_upstream_drops_are_counted_by_leaky_inboxes() -> None:
+    channel, _, _ = make_channel()
+    leaky = Inbox(leaky=True, maxlen=10)
+    channel.attach(leaky)
+    channel.deliver(1, "a", upstream_drops=0)
+    channel.deliver(5, "b", upstream_drops=3)
+    assert leaky.stats.dropped == 3
+    assert channel.stats.upstream_drops == 3
+
+
+def test_undecodable_body_is_counted_and_released(caplog: pytest.LogCaptureFixture) -> None:
+    channel, releases, _ = make_channel()
+    inbox = Inbox()
+    channel.attach(inbox)
+    channel.deliver_body(1, b"\x00garbage")
+    assert len(inbox) == 0
+    assert channel.stats.decode_errors == 1
+    assert releases[-1][0] == 1
+    assert "cannot be decoded" in caplog.text
+    body = Codec().encode([1, 2]).to_bytes()
+    channel.deliver_body(2, body)
+    assert inbox.get_nowait() == [1, 2]
+
+
+async def test_inbox_get_waits_and_close_wakes() -> None:
+    inbox = Inbox()
+    channel, _, _ = make_channel()
+    channel.attach(inbox)
+    getter = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    channel.deliver(1, "hello")
+    assert await getter == "hello"
+    waiting = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    inbox.close()
+    with pytest.raises(ClosedResourceError):
+        await waiting
+
+
+async def test_cancelled_get_takes_nothing() -> None:
+    inbox = Inbox()
+    channel, _, _ = make_channel()
+    channel.attach(inbox)
+    getter = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    getter.cancel()
+    channel.deliver(1, "kept")
+    with pytest.raises(asyncio.CancelledError):
+        await getter
+    assert inbox.get_nowait() == "kept"
+
+
+def test_leaky_inbox_needs_a_bound() -> None:
+    with pytest.raises(ValueError, match="maxlen"):
+        Inbox(leaky=True)

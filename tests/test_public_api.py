@@ -1,0 +1,76 @@
+"""The public surface (ezflow.__all__) and the layering of the private modules."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+import ezflow
+
+PACKAGE = Path(ezflow.__file__).parent
+
+# A module may import only from its own layer or the ones listed after it.
+LAYERS = ["_graph", "_transports", "_core"]
+
+
+def test_all_is_exactly_the_public_names() -> None:
+    public = {name for name in vars(ezflow) if not name.startswith("_")}
+    public -= {"annotations"}  # from __future__
+    assert set(ezflow.__all__) - {"__version__"} == public
+    assert len(ezflow.__all__) == len(set(ezflow.__all__))
+    assert ezflow.__all__ == sorted(ezflow.__all__, key=lambda n: (not n.isupper(), n))
+
+
+def test_exported_objects_are_documented() -> None:
+    for name in ezflow.__all__:
+        obj = getattr(ezflow, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert inspect.getdoc(obj), f"ezflow.{name} has no docstring"
+
+
+def test_exceptions_are_named_by_cause_and_share_a_base() -> None:
+    errors = [
+        ezflow.ClosedResourceError,
+        ezflow.BrokenResourceError,
+        ezflow.ProtocolError,
+        ezflow.MessageTooLargeError,
+        ezflow.EzflowTimeoutError,
+        ezflow.GraphError,
+        ezflow.ConfigurationError,
+        ezflow.UnregisteredTypeError,
+    ]
+    for error in errors:
+        assert issubclass(error, ezflow.EzflowError)
+        assert error.__module__ == "ezflow._core._exceptions"
+    assert issubclass(ezflow.EzflowTimeoutError, TimeoutError)
+    assert issubclass(ezflow.UnregisteredTypeError, TypeError)
+    assert issubclass(ezflow.ConfigurationError, ValueError)
+
+
+def test_py_typed_is_shipped() -> None:
+    assert (PACKAGE / "py.typed").exists()
+
+
+def imported_layers(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0] == "ezflow" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_modules_import_downward_only(layer: str) -> None:
+    allowed = set(LAYERS[LAYERS.index(layer) :])
+    for path in (PACKAGE / layer).glob("*.py"):
+        for imported in imported_layers(path):
+            if imported.startswith("_") and imported in LAYERS:
+                assert imported in allowed, f"{path.name} ({layer}) imports {imported}"
