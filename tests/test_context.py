@@ -297,3 +297,15 @@ async def test_cancelled_publish_sends_nothing(ctx: ezflow.GraphContext) -> None
     assert await sub.recv() == 0
     await pub.publish(2)
     assert await sub.recv() == 2
+
+
+async def test_kept_message_never_changes_under_the_subscriber(ctx: ezflow.GraphContext) -> None:
+    pub = await ctx.publisher("/keep")
+    sub = await ctx.subscriber("/keep", transport="tcp")
+    size = 1 << 17  # 1 MiB of float64: large frames, recycled receive buffers
+    await pub.publish(np.full(size, 1.0))
+    kept = await sub.recv()
+    for value in range(2, 40):
+        await pub.publish(np.full(size, float(value)))
+        assert (await sub.recv())[0] == value
+    assert np.all(kept == 1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -74,3 +75,39 @@ def test_limit_is_inclusive() -> None:
     assert feed(reader, frame(b"x" * 100), [1000]) == [b"x" * 100]
     with pytest.raises(ProtocolError):
         feed(reader, frame(b"x" * 101), [1000])
+
+
+def feed_one(reader: FrameReader, data: bytes) -> list[bytes | memoryview]:
+    frames: list[bytes | memoryview] = []
+    pos = 0
+    while pos < len(data):
+        buffer = reader.get_buffer()
+        n = min(len(buffer), len(data) - pos)
+        buffer[:n] = data[pos : pos + n]
+        pos += n
+        frames.extend(reader.buffer_updated(n))
+    return frames
+
+
+def address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+def test_large_buffers_are_reused_only_when_nothing_refers_to_them() -> None:
+    reader = FrameReader(max_frame_size=1 << 22)
+    size = 1 << 20
+    [first] = feed_one(reader, frame(bytes([1]) * size))
+    kept = np.frombuffer(first, dtype=np.uint8)[10:20]  # a view someone keeps
+    first_address = address(first)
+    del first
+    for value in range(2, 8):
+        [later] = feed_one(reader, frame(bytes([value]) * size))
+        assert address(later) != first_address
+        del later
+    assert kept.tolist() == [1] * 10  # never overwritten while referenced
+    del kept
+    pooled = {int(a.ctypes.data) for a in reader._pool}
+    [again] = feed_one(reader, frame(bytes([9]) * size))
+    assert address(again) in pooled  # a recycled buffer, no fresh allocation
+    assert bytes(again) == bytes([9]) * size
+    assert sum(a.size for a in reader._pool) <= 64 * 1024 * 1024

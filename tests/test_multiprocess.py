@@ -206,3 +206,28 @@ async def test_restart_after_a_crash_works(ctx: ezflow.GraphContext) -> None:
             await sub.aclose()
         finally:
             await child.aclose()
+
+
+async def test_closing_right_after_publishing_delivers_everything(
+    server: ezflow.GraphServer,
+) -> None:
+    count, size = 200, 8192  # 64 KiB messages: more than the socket buffers hold
+    child = await Child.start(
+        "subscribers",
+        loop_kind(),
+        address=list(server.address),
+        topic="/mp/tail",
+        subs=1,
+        count=count,
+        size=size,
+    )
+    try:
+        await child.event("ready")
+        async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+            pub = await ctx.publisher("/mp/tail")
+            for i in range(count):
+                await pub.publish(payload(i, size))
+        done = await child.event("done", timeout=30)
+        assert done["errors"] == [] and done["received"] == [count]
+    finally:
+        await child.aclose()

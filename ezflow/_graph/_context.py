@@ -358,9 +358,10 @@ class GraphContext:
         """Close every publisher, subscriber and channel of this context, the connection
         to the graph server, and the embedded server if this context started one.
 
-        Publishers end cleanly: data already published is still delivered to channels
-        that remain connected. Idempotent; the closing itself is synchronous, so a
-        cancelled ``aclose`` leaves nothing open.
+        Publishers end cleanly: channels in other processes receive everything already
+        published, then ``END``, before this context leaves the graph (bounded by 5 s per
+        connection for a peer that stops reading). Idempotent; if cancelled while waiting
+        for that, connections are aborted and nothing is left open.
         """
         if self._state == "closed":
             return
@@ -377,13 +378,15 @@ class GraphContext:
         self._publishers.clear()
         for record in list(self._channels.values()):
             self._close_record(record)
-        if self._client is not None:
-            self._client.close()
         try:
+            # Remote channels read up to END before this process leaves the graph (and
+            # its registrations vanish), so nothing already published is lost.
             await self._local.aclose()
             if self._tcp is not None:
                 await self._tcp.aclose()
         finally:
+            if self._client is not None:
+                self._client.close()
             if self._server is not None:
                 await self._server.aclose()
 
@@ -528,6 +531,10 @@ class GraphContext:
 
     async def _close_publisher(self, publisher: Publisher) -> None:
         self._drop_outlet(publisher)
+        if self._tcp is not None:
+            # Unregister only once remote channels have read up to END, so the routing
+            # change cannot overtake the last messages.
+            await self._tcp.wait_closed(publisher._outlet)
         if self._state == "open" and self._client is not None and self._client.connected:
             with contextlib.suppress(BrokenResourceError, ClosedResourceError):
                 await self._client.request("unregister", registration_id=publisher.id)

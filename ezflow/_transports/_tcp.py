@@ -6,9 +6,17 @@ wants (``HELLO``), gets ``WELCOME``, and from then on receives ``DATA`` frames a
 back ``ACK`` frames with its cumulative release figures (coalesced: at most one per
 event-loop iteration) and ``MODE`` when it turns lossless or leaky.
 
-Sending is batched: ``Link.send`` only queues frame parts; one callback per event-loop
-iteration hands everything queued to ``transport.writelines`` (a vectored write), and
-the array buffers themselves are never copied on the way out.
+Sending is batched without delaying a lone message: the first message of an event-loop
+iteration is written at once (lowest latency for paced publishers); later ones are queued
+and handed to ``transport.writelines`` (one vectored write) at the end of the iteration,
+or as soon as ``_FLUSH_MESSAGES`` / ``_FLUSH_BYTES`` are queued, so that the subscriber
+starts working while the publisher is still encoding. On uvloop (and Python >= 3.12's
+loop) the array buffers are not copied on the way out; Python 3.11's stock loop joins
+the parts of a ``writelines`` call into one buffer.
+
+Channels acknowledge releases as soon as a quarter of the publisher's window (sent in
+``WELCOME``) has been released, else at the end of the event-loop iteration, so a
+publisher rarely stalls on a full window while its subscriber is busy.
 Receiving uses :class:`~ezflow._core._framing.FramedProtocol`: large frames are read
 straight into their own buffer, and arrays are decoded as views into it.
 """
@@ -53,7 +61,13 @@ __all__ = ["TcpTransport"]
 log = logging.getLogger("ezflow.tcp")
 
 _HEADER_SIZE = DATA_HEADER.size
+# Flush a batch early once this much is queued (see the module docstring).
+_FLUSH_MESSAGES = 16
+_FLUSH_BYTES = 256 * 1024
+# Seconds a closing data connection may take to hand its last bytes to the kernel.
+_CLOSE_TIMEOUT = 5.0
 _END_FRAME = (1).to_bytes(4, "little") + bytes([END])
+_ACK_LENGTH = ACK_BODY.size.to_bytes(4, "little")
 
 
 def _tune(transport: asyncio.BaseTransport) -> None:
@@ -83,6 +97,8 @@ class _TcpLink(Link):
         self._connection = connection
         self._loop = asyncio.get_running_loop()
         self._queued: list[bytes | memoryview] = []
+        self._queued_messages = 0
+        self._queued_bytes = 0
         self._flush_scheduled = False
 
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
@@ -94,23 +110,44 @@ class _TcpLink(Link):
         queued.append(DATA_PREFIX.pack(_HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops))
         queued.extend(encoded.parts)
         if not self._flush_scheduled:
+            # First message of this loop iteration: out now. The rest of the iteration's
+            # messages are collected and flushed together by the callback.
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self._end_of_iteration)
+            self._flush()
+            return
+        self._queued_messages += 1
+        self._queued_bytes += size
+        if self._queued_messages >= _FLUSH_MESSAGES or self._queued_bytes >= _FLUSH_BYTES:
+            self._flush()
+
+    def _end_of_iteration(self) -> None:
+        self._flush_scheduled = False
+        self._flush()
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
         queued, self._queued = self._queued, []
+        self._queued_messages = self._queued_bytes = 0
         transport = self._connection.transport
         if queued and transport is not None and not transport.is_closing():
             transport.writelines(queued)
 
     def close(self) -> None:
-        """Flush what is queued, then tell the channel this is a clean end."""
+        """Flush what is queued, then tell the channel this is a clean end.
+
+        Only our sending side is shut down: we keep reading (the channel's last ACKs)
+        until the channel, having read up to END, closes. Closing a socket with unread
+        input would make the kernel reset the connection and throw away data the
+        channel had not read yet.
+        """
         self._flush()
         transport = self._connection.transport
         if transport is not None and not transport.is_closing():
             transport.write(_END_FRAME)
-            transport.close()
+            if transport.can_write_eof():
+                transport.write_eof()
+            else:  # pragma: no cover - TCP transports can always half-close
+                transport.close()
 
 
 class _PublisherConnection(FramedProtocol):
@@ -120,8 +157,9 @@ class _PublisherConnection(FramedProtocol):
         super().__init__(HANDSHAKE_MAX_FRAME_SIZE)
         self._server = server
         self.link: _TcpLink | None = None
-        self._outlet: Outlet | None = None
+        self.outlet: Outlet | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -174,10 +212,11 @@ class _PublisherConnection(FramedProtocol):
         if self._timer is not None:
             self._timer.cancel()
         self.link = _TcpLink(self, lossless=bool(hello.get("lossless")), max_size=max_size)
-        self._outlet = outlet
+        self.outlet = outlet
         outlet.add_link(self.link)
         assert self.transport is not None
-        self.transport.write(_control(WELCOME, {"op": "welcome", "ok": True}))
+        welcome = {"op": "welcome", "ok": True, "max_in_flight": outlet.max_in_flight}
+        self.transport.write(_control(WELCOME, welcome))
 
     def _refuse(self, reason: str) -> None:
         log.warning("data server: refusing channel from %s: %s", self.peer_name(), reason)
@@ -188,9 +227,11 @@ class _PublisherConnection(FramedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if not self.closed.done():
+            self.closed.set_result(None)
         self._server._connections.discard(self)
-        if self._outlet is not None and self.link is not None:
-            self._outlet.remove_link(self.link)
+        if self.outlet is not None and self.link is not None:
+            self.outlet.remove_link(self.link)
 
 
 # -- subscriber side -----------------------------------------------------------------------
@@ -214,6 +255,8 @@ class _ChannelConnection(FramedProtocol):
         self._on_lost: Callable[[], None] | None = on_lost
         self._ack_scheduled = False
         self._released = (0, 0)
+        self._acked_count = 0
+        self._ack_every = 1
         self._ended = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -240,10 +283,17 @@ class _ChannelConnection(FramedProtocol):
             _, _, seq, _, drops = DATA_HEADER.unpack_from(body)
             self.channel.deliver_body(seq, memoryview(body)[_HEADER_SIZE:], drops)
         elif kind == END:
+            # Everything the publisher sent came before END: close our side now, which
+            # also tells the publisher its last messages arrived.
             self._ended = True
+            if self.transport is not None:
+                self.transport.close()
         elif kind == WELCOME and not self.welcome.done():
             reply = _unpack_control(body)
             if reply.get("ok"):
+                window = reply.get("max_in_flight")
+                if isinstance(window, int) and window > 0:
+                    self._ack_every = max(1, window // 4)
                 self.channel.on_release = self._on_release
                 self.channel.on_mode_change = self._on_mode_change
                 self.welcome.set_result(None)
@@ -265,17 +315,23 @@ class _ChannelConnection(FramedProtocol):
 
     def _on_release(self, count: int, nbytes: int) -> None:
         self._released = (count, nbytes)
-        if not self._ack_scheduled:
+        if count - self._acked_count >= self._ack_every:
+            self._send_ack()
+        elif not self._ack_scheduled:
             self._ack_scheduled = True
-            asyncio.get_running_loop().call_soon(self._send_ack)
+            asyncio.get_running_loop().call_soon(self._scheduled_ack)
+
+    def _scheduled_ack(self) -> None:
+        self._ack_scheduled = False
+        if self._released[0] > self._acked_count:
+            self._send_ack()
 
     def _send_ack(self) -> None:
-        self._ack_scheduled = False
         transport = self.transport
         if transport is not None and not transport.is_closing():
             count, nbytes = self._released
-            body = ACK_BODY.pack(ACK, count, nbytes)
-            transport.write(len(body).to_bytes(4, "little") + body)
+            self._acked_count = count
+            transport.write(_ACK_LENGTH + ACK_BODY.pack(ACK, count, nbytes))
 
     def _on_mode_change(self, lossless: bool) -> None:
         transport = self.transport
@@ -400,13 +456,38 @@ class TcpTransport(Transport):
             raise
         return _TcpInbound(connection)
 
+    async def wait_closed(self, outlet: Outlet) -> None:
+        """After ``outlet.close()``: wait (at most ``_CLOSE_TIMEOUT``) until every channel
+        it fed has read up to ``END`` and closed its connection."""
+        closing = [
+            c.closed for c in self._connections if c.outlet is outlet and not c.closed.done()
+        ]
+        if closing:
+            await asyncio.wait(closing, timeout=_CLOSE_TIMEOUT)
+
     async def aclose(self) -> None:
+        """Close every outlet (each channel gets what was published, then ``END``), stop
+        listening, and wait up to ``_CLOSE_TIMEOUT`` for the last bytes to reach the
+        kernel before aborting connections that are still not done."""
         for outlet in list(self.outlets.values()):
             outlet.close()
         self.outlets.clear()
         server, self._server = self._server, None
         if server is not None:
             server.close()
+        for connection in list(self._connections):
+            if connection.link is None:
+                connection.abort()  # still in its handshake: nothing to deliver
+        closing = [c.closed for c in self._connections if not c.closed.done()]
+        if closing:
+            _, late = await asyncio.wait(closing, timeout=_CLOSE_TIMEOUT)
+            if late:
+                log.warning(
+                    "%d subscriber connections did not take their last messages within "
+                    "%.0f s; closing them anyway",
+                    len(late),
+                    _CLOSE_TIMEOUT,
+                )
         for connection in list(self._connections):
             connection.abort()
         self._connections.clear()
