@@ -18,16 +18,19 @@ import ezflow
 pytestmark = pytest.mark.timeout(120)
 
 
-async def test_one_publisher_three_subscribers_in_another_process(
-    ctx: ezflow.GraphContext,
+@pytest.mark.parametrize("subs", [3, 4])
+async def test_one_publisher_several_subscribers_in_another_process(
+    ctx: ezflow.GraphContext, subs: int
 ) -> None:
+    """10,000 arrays to 3 (and 4) subscribers of one other process, over tcp: content and
+    order verified, one channel and one decode per message in that process."""
     count, size = 10_000, 16
     child = await Child.start(
         "subscribers",
         loop_kind(),
         address=list(ctx.address),
         topic="/mp/fanout",
-        subs=3,
+        subs=subs,
         count=count,
         size=size,
         transport="tcp",
@@ -40,7 +43,7 @@ async def test_one_publisher_three_subscribers_in_another_process(
             await pub.publish(payload(i, size))
         done = await child.event("done", timeout=60)
         assert done["errors"] == []
-        assert done["received"] == [count] * 3
+        assert done["received"] == [count] * subs
         # one channel in that process, one decode per message, one object for all three
         assert done["channels"] == 1
         assert done["transports"] == ["tcp"]

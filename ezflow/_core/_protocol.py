@@ -27,8 +27,10 @@ __all__ = [
     "PROTOCOL",
     "REQUEST_OPS",
     "PublisherInfo",
+    "address_field",
     "check_topic",
     "field",
+    "optional_str_field",
     "pack_message",
     "unpack_message",
 ]
@@ -87,6 +89,31 @@ def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> 
     return value
 
 
+def address_field(message: dict[str, Any], name: str = "address") -> tuple[str, int]:
+    """``message[name]`` as a ``(host, port)`` tuple; on the wire it is ``[host, port]``."""
+    value = message.get(name)
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not isinstance(value[0], str)
+        or not isinstance(value[1], int)
+        or isinstance(value[1], bool)
+    ):
+        raise ProtocolError(f"'{message.get('op')}' message field {name!r} must be [host, port]")
+    return value[0], value[1]
+
+
+def optional_str_field(message: dict[str, Any], name: str) -> str | None:
+    """``message[name]`` when it is a str, ``None`` when absent or nil."""
+    value = message.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ProtocolError(
+            f"'{message.get('op')}' message field {name!r} must be a str or nil, "
+            f"got {type(value).__name__}"
+        )
+    return value
+
+
 def check_topic(topic: object) -> str:
     """Validate a topic name; raise ``ValueError`` saying what is wrong.
 
@@ -133,17 +160,6 @@ class PublisherInfo:
     def from_wire(cls, data: object) -> PublisherInfo:
         if not isinstance(data, dict):
             raise ProtocolError("publisher info is not a map")
-        address = data.get("address")
-        if (
-            not isinstance(address, list)
-            or len(address) != 2
-            or not isinstance(address[0], str)
-            or not isinstance(address[1], int)
-        ):
-            raise ProtocolError("publisher info has no valid 'address' [host, port]")
-        transport = data.get("transport")
-        if transport is not None and not isinstance(transport, str):
-            raise ProtocolError("publisher info 'transport' must be a str or nil")
         data.setdefault("op", "publisher")
         return cls(
             publisher_id=field(data, "publisher_id", str),
@@ -151,6 +167,6 @@ class PublisherInfo:
             client_id=field(data, "client_id", str),
             host_id=field(data, "host_id", str),
             pid=field(data, "pid", int),
-            address=(address[0], address[1]),
-            transport=transport,
+            address=address_field(data),
+            transport=optional_str_field(data, "transport"),
         )

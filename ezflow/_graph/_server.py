@@ -47,7 +47,10 @@ from .._core._framing import FramedProtocol
 from .._core._protocol import (
     PROTOCOL,
     REQUEST_OPS,
+    PublisherInfo,
+    address_field,
     check_topic,
+    optional_str_field,
     pack_message,
     unpack_message,
 )
@@ -269,20 +272,11 @@ class GraphServer:
         if op == "register_publisher":
             pub_id = message_field(message, "publisher_id", str)
             topic = check_topic(message_field(message, "topic", str))
-            address = message.get("address")
-            if (
-                not isinstance(address, list)
-                or len(address) != 2
-                or not isinstance(address[0], str)
-                or not isinstance(address[1], int)
-            ):
-                raise ProtocolError("register_publisher needs 'address': [host, port]")
+            address = address_field(message)
+            transport = optional_str_field(message, "transport")
             if pub_id in self._publishers or pub_id in self._subscribers:
                 raise ValueError(f"id {pub_id!r} is already registered")
-            transport = message.get("transport")
-            self._publishers[pub_id] = _Publisher(
-                pub_id, topic, client, (address[0], address[1]), transport
-            )
+            self._publishers[pub_id] = _Publisher(pub_id, topic, client, address, transport)
             client.publishers.add(pub_id)
             return True
         if op == "register_subscriber":
@@ -295,7 +289,7 @@ class GraphServer:
                 topic,
                 client,
                 bool(message.get("leaky", False)),
-                message.get("transport"),
+                optional_str_field(message, "transport"),
             )
             client.subscribers.add(sub_id)
             return True
@@ -377,15 +371,15 @@ class GraphServer:
 
     @staticmethod
     def _publisher_info(pub: _Publisher) -> dict[str, Any]:
-        return {
-            "publisher_id": pub.id,
-            "topic": pub.topic,
-            "client_id": pub.client.id,
-            "host_id": pub.client.host_id,
-            "pid": pub.client.pid,
-            "address": list(pub.address),
-            "transport": pub.transport,
-        }
+        return PublisherInfo(
+            publisher_id=pub.id,
+            topic=pub.topic,
+            client_id=pub.client.id,
+            host_id=pub.client.host_id,
+            pid=pub.client.pid,
+            address=pub.address,
+            transport=pub.transport,
+        ).to_wire()
 
     def _push_routes(self) -> int:
         """Send changed routes to the clients concerned; return the version sent."""
