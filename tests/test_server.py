@@ -213,3 +213,17 @@ async def test_fuzzing_the_port_of_a_server_process() -> None:
             assert await sub.recv() == "ok"
     finally:
         await child.aclose()
+
+
+async def test_shutdown_request_stops_the_server(server: ezflow.GraphServer) -> None:
+    serving = asyncio.ensure_future(server.serve_forever())
+    reader, writer = await asyncio.open_connection(*server.address)
+    writer.write(frame(HELLO) + frame({"op": "shutdown", "id": 1}))
+    assert (await read_message(reader))["op"] == "welcome"
+    assert await read_message(reader) == {"op": "reply", "id": 1, "ok": True}
+    await asyncio.wait_for(serving, 3)
+    assert await closed_by_peer(reader)
+    writer.close()
+    with pytest.raises(ezflow.BrokenResourceError):
+        async with ezflow.GraphContext(server.address, auto_start=False):
+            pass

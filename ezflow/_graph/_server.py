@@ -131,6 +131,8 @@ class GraphServer:
         self._lock = asyncio.Lock()
         self._closed = asyncio.Event()
         self.rejected_connections = 0
+        self._shutdown: asyncio.Handle | None = None
+        self._shutdown_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -178,6 +180,9 @@ class GraphServer:
                 await asyncio.wait_for(server.wait_closed(), 2.0)
             except (TimeoutError, asyncio.TimeoutError):
                 log.debug("graph server: connections still closing after 2 s")
+
+    def _start_shutdown(self) -> None:
+        self._shutdown_task = asyncio.ensure_future(self.aclose())
 
     def _new_connection(self) -> _ServerConnection:
         return _ServerConnection(self)
@@ -257,7 +262,8 @@ class GraphServer:
             return self.snapshot()
         if op == "shutdown":
             log.info("graph server: shutdown requested by client %s (%s)", client.id, client.name)
-            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self.aclose()))
+            # After this reply is written; keep a reference, the loop only holds tasks weakly.
+            self._shutdown = asyncio.get_running_loop().call_soon(self._start_shutdown)
             return {}
         async with self._lock:
             changed = self._mutate(client, op, message)
