@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from ezflow._core import _codec
 from ezflow._core._codec import (
     BUFFER_ALIGNMENT,
     DEFAULT_CODEC,
@@ -1103,3 +1104,70 @@ def test_other_buffer_formats_are_accepted() -> None:
         out = DEFAULT_CODEC.decode(view)
         assert np.array_equal(out, np.arange(4))  # type: ignore[arg-type]
         assert np.shares_memory(out, view)
+
+
+# --------------------------------------------------------------------------- array caches
+
+
+def _uncached_body(arr: np.ndarray[Any, Any]) -> bytes:
+    """What the general encoder (msgpack meta, no top-level array shortcut) produces."""
+    return DEFAULT_CODEC.encode([arr]).to_bytes()
+
+
+def test_array_caches_give_the_uncached_results() -> None:
+    arrays = [
+        np.arange(6, dtype="<u2").reshape(2, 3),
+        np.arange(6, dtype=">u2").reshape(2, 3),  # equal shape, other byte order
+        np.arange(6, dtype="<u2").reshape(3, 2),  # equal dtype and size, other shape
+        np.arange(6, dtype="<i2").reshape(2, 3),
+        np.array(5, dtype=np.float64),
+        np.zeros((2, 0), dtype=np.float32),  # empty: never cached
+        np.array(["ab", "c"], dtype="U2"),
+        np.zeros(3, dtype=[("a", "<i4"), ("b", "S3", (2,))]),
+        np.array(["2020-01-01"], dtype="datetime64[D]"),  # no PEP 3118 buffer
+    ]
+    codec = Codec()
+    for _ in range(3):  # first round fills the caches, later rounds hit them
+        for arr in arrays:
+            flipped = arr[::-1] if arr.ndim else arr
+            for variant in (arr, np.asfortranarray(arr), arr.T, flipped):
+                body = check_parts(codec.encode(variant))
+                out = codec.decode(body)
+                assert_same(variant, out)
+                assert not out.flags.writeable  # type: ignore[attr-defined]
+                top = codec.encode(variant.copy(order="C"))
+                assert top.to_bytes() == body
+                # The top-level and general encoders agree on everything but the meta's
+                # nesting: decoding the general body gives a one-item list.
+                assert_same([variant], codec.decode(_uncached_body(variant)))
+
+
+def test_cached_decode_still_checks_the_body_length() -> None:
+    body = DEFAULT_CODEC.encode(np.arange(8, dtype=np.int32)).to_bytes()
+    DEFAULT_CODEC.decode(body)  # now cached
+    for bad in (body[:-1], body + b"\0", body[:-4], body + b"\0" * 16):
+        with pytest.raises(ProtocolError):
+            DEFAULT_CODEC.decode(bad)
+    assert np.array_equal(DEFAULT_CODEC.decode(body), np.arange(8))  # type: ignore[arg-type]
+
+
+def test_cached_encode_respects_each_codecs_limit() -> None:
+    arr = np.zeros(1000, dtype=np.uint8)
+    assert DEFAULT_CODEC.encode(arr).nbytes > 1000  # cached now
+    with pytest.raises(MessageTooLargeError):
+        Codec(max_message_size=1000).encode(arr)
+    with pytest.raises(ProtocolError):
+        Codec(max_message_size=1000).decode(DEFAULT_CODEC.encode(arr).to_bytes())
+
+
+def test_array_caches_are_bounded() -> None:
+    codec = Codec()
+    for n in range(3 * _codec._ARRAY_CACHE_SIZE):
+        arr = np.full(n + 1, n % 251, dtype=np.uint8)
+        out = codec.decode(codec.encode(arr).to_bytes())
+        assert np.array_equal(out, arr)  # type: ignore[arg-type]
+        assert len(_codec._ENC_ARRAYS) <= _codec._ARRAY_CACHE_SIZE
+        assert len(_codec._DEC_ARRAYS) <= _codec._ARRAY_CACHE_SIZE
+    # Still correct for shapes evicted long ago.
+    arr = np.arange(1, dtype=np.uint8)
+    assert np.array_equal(codec.decode(codec.encode(arr).to_bytes()), arr)  # type: ignore[arg-type]
