@@ -67,7 +67,30 @@ def test_oversized_header_rejected_before_allocation() -> None:
     buffer = reader.get_buffer()
     buffer[:4] = (0xFFFFFFFF).to_bytes(4, "little")
     with pytest.raises(ProtocolError, match="4294967295 bytes"):
-        reader.buffer_updated(4)
+        list(reader.buffer_updated(4))
+
+
+def test_frames_before_a_bad_header_are_not_lost() -> None:
+    reader = FrameReader(max_frame_size=100)
+    data = frame(b"one") + frame(b"two") + (0xFFFFFFFF).to_bytes(4, "little")
+    buffer = reader.get_buffer()
+    buffer[: len(data)] = data
+    frames = reader.buffer_updated(len(data))
+    assert [next(frames), next(frames)] == [b"one", b"two"]
+    with pytest.raises(ProtocolError):
+        next(frames)
+
+
+def test_a_new_limit_applies_to_the_next_frame_of_the_same_read() -> None:
+    reader = FrameReader(max_frame_size=10)
+    data = frame(b"hello") + frame(b"x" * 1000)
+    buffer = reader.get_buffer()
+    buffer[: len(data)] = data
+    got = []
+    for body in reader.buffer_updated(len(data)):
+        got.append(bytes(body))
+        reader.max_frame_size = 2000  # as a server does after the handshake
+    assert got == [b"hello", b"x" * 1000]
 
 
 def test_limit_is_inclusive() -> None:

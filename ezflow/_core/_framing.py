@@ -26,7 +26,7 @@ import asyncio
 import logging
 import struct
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Final, cast
 
 import numpy as np
@@ -87,8 +87,9 @@ class FrameReader:
     or as a writable ``memoryview`` over a buffer owned by that frame alone (large ones);
     in both cases the caller may keep references into the frame for as long as it likes.
 
-    Raises :class:`ProtocolError` from :meth:`buffer_updated` when a header claims more
-    than ``max_frame_size``; the reader is unusable afterwards (close the connection).
+    Iterating :meth:`buffer_updated` raises :class:`ProtocolError` when a header claims
+    more than ``max_frame_size`` (after yielding every complete frame before it); the
+    reader is unusable afterwards (close the connection).
     """
 
     __slots__ = (
@@ -120,22 +121,27 @@ class FrameReader:
             self._compact()
         return self._view[self._end :]
 
-    def buffer_updated(self, nbytes: int) -> list[bytes | memoryview]:
-        frames: list[bytes | memoryview] = []
+    def buffer_updated(self, nbytes: int) -> Iterator[bytes | memoryview]:
+        """Account for *nbytes* read into the last buffer; yield each completed frame.
+
+        Frames are yielded one at a time, so a consumer that changes
+        :attr:`max_frame_size` (after a handshake, say) applies it to the very next
+        frame. A header above the limit raises :class:`ProtocolError` after every frame
+        before it has been yielded: nothing that arrived intact is lost.
+        """
         big = self._big
         if big is not None:
             self._big_filled += nbytes
-            if self._big_filled < len(big):
-                return frames
-            frames.append(big)
-            self._big = None
-            self._big_filled = 0
-            return frames
+            if self._big_filled == len(big):
+                self._big = None
+                self._big_filled = 0
+                yield big
+            return
         self._end += nbytes
         view = self._view
-        start, end = self._start, self._end
         unpack = LENGTH.unpack_from
-        while end - start >= 4:
+        while self._end - self._start >= 4:
+            start, end = self._start, self._end
             (size,) = unpack(view, start)
             if size > self.max_frame_size:
                 raise ProtocolError(
@@ -144,8 +150,8 @@ class FrameReader:
                 )
             frame_end = start + 4 + size
             if frame_end <= end:
-                frames.append(bytes(view[start + 4 : frame_end]))
-                start = frame_end
+                self._start = frame_end
+                yield bytes(view[start + 4 : frame_end])
                 continue
             if size >= _DIRECT_READ_THRESHOLD:
                 buffer = self._large_buffer(size)
@@ -153,17 +159,15 @@ class FrameReader:
                 buffer[:have] = view[start + 4 : end]
                 self._big = buffer
                 self._big_filled = have
-                start = end
+                self._start = end
             break
-        if start == end:
-            start = end = 0
-        self._start, self._end = start, end
-        if self._big is None and end - start >= 4:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._big is None and self._end - self._start >= 4:
             # An incomplete small frame must fit in the space left after compaction.
-            (size,) = unpack(view, start)
-            if start + 4 + size > len(self._scratch):
+            (size,) = unpack(view, self._start)
+            if self._start + 4 + size > len(self._scratch):
                 self._compact()
-        return frames
 
     def _large_buffer(self, size: int) -> memoryview:
         pool = self._pool

@@ -1,0 +1,199 @@
+"""The tcp transport against hostile or broken peers, on both of its ends.
+
+Publisher side: garbage, oversized headers, bad handshakes and misbehaving channels on
+the data port close only that connection; real subscribers keep receiving. Channel
+side: a "publisher" that sends garbage, a 4 GB header or a truncated frame loses its
+channel only; the subscriber keeps its other publishers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+import ezflow
+from ezflow._core._channel import Channel, Inbox
+from ezflow._core._codec import Codec
+from ezflow._core._framing import ACK, DATA, DATA_PREFIX, END, HELLO, WELCOME
+from ezflow._core._protocol import PROTOCOL, PublisherInfo
+from ezflow._transports._tcp import TcpTransport
+
+
+def control(kind: int, message: dict[str, Any]) -> bytes:
+    body = bytes([kind]) + msgpack.packb(message)
+    return struct.pack("<I", len(body)) + body
+
+
+def data_port(ctx: ezflow.GraphContext) -> tuple[str, int]:
+    assert ctx._tcp is not None and ctx._tcp.address is not None
+    return ctx._tcp.address
+
+
+async def closed_by_peer(reader: asyncio.StreamReader, timeout: float = 2) -> bool:
+    try:
+        while await asyncio.wait_for(reader.read(65536), timeout):
+            pass
+    except (ConnectionError, asyncio.TimeoutError):
+        return False
+    return True
+
+
+def hello(publisher_id: str, **extra: Any) -> bytes:
+    return control(
+        HELLO,
+        {
+            "op": "hello",
+            "protocol": PROTOCOL,
+            "publisher_id": publisher_id,
+            "lossless": False,
+            "max_message_size": 1 << 20,
+            **extra,
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(b"\x16\x03\x01\x02\x00" + b"\x00" * 200, id="tls-hello"),
+        pytest.param(struct.pack("<I", 0xFFFFFFFF), id="4GB-header"),
+        pytest.param(struct.pack("<I", 3) + b"\x09\x00\x00", id="unknown-kind"),
+        pytest.param(control(HELLO, {"op": "hello", "protocol": "ezflow/0"}), id="old-protocol"),
+        pytest.param(hello("p-nobody"), id="unknown-publisher"),
+        pytest.param(control(HELLO, {"op": "hello", "protocol": PROTOCOL}), id="missing-fields"),
+    ],
+)
+async def test_garbage_on_the_data_port_closes_only_that_connection(
+    ctx: ezflow.GraphContext, payload: bytes
+) -> None:
+    pub = await ctx.publisher("/d")
+    sub = await ctx.subscriber("/d", transport="tcp")
+    reader, writer = await asyncio.open_connection(*data_port(ctx))
+    writer.write(payload)
+    await pub.publish(1)
+    assert await closed_by_peer(reader)
+    writer.close()
+    await pub.publish(2)
+    assert [await sub.recv(), await sub.recv()] == [1, 2]
+    assert pub.channels == 1
+
+
+async def test_misbehaving_channel_after_handshake_is_dropped(ctx: ezflow.GraphContext) -> None:
+    pub = await ctx.publisher("/m")
+    sub = await ctx.subscriber("/m", transport="tcp")
+    reader, writer = await asyncio.open_connection(*data_port(ctx))
+    writer.write(hello(pub.id))
+    await pub.wait_for_channels(2)
+    writer.write(struct.pack("<I", 5) + bytes([ACK, 0, 0, 0, 0]))  # an ACK of 5 bytes
+    assert await closed_by_peer(reader)
+    writer.close()
+    await pub.publish("still fine")
+    assert await sub.recv() == "still fine"
+
+
+async def test_leaky_channel_that_never_reads_does_not_hold_the_publisher(
+    ctx: ezflow.GraphContext,
+) -> None:
+    pub = await ctx.publisher("/stall", max_in_flight=4)
+    sub = await ctx.subscriber("/stall", transport="tcp")
+    _, writer = await asyncio.open_connection(*data_port(ctx))
+    writer.write(hello(pub.id, lossless=False))  # then never reads a byte
+    await pub.wait_for_channels(2)
+    big = np.zeros(64 * 1024, dtype=np.uint8)
+
+    async def produce() -> None:
+        for _ in range(200):
+            await pub.publish(big)
+
+    producer = asyncio.ensure_future(produce())
+    for _ in range(200):
+        await asyncio.wait_for(sub.recv(), 5)
+    await asyncio.wait_for(producer, 5)
+    assert pub.stats.drops > 0  # the stalled leaky channel got only what fit its window
+    writer.close()
+
+
+class FakePublisher:
+    """A raw TCP server that answers HELLO like a publisher, then sends *script*."""
+
+    def __init__(self, script: bytes) -> None:
+        self.script = script
+        self.server: asyncio.AbstractServer | None = None
+
+    async def __aenter__(self) -> PublisherInfo:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            (size,) = struct.unpack("<I", await reader.readexactly(4))
+            await reader.readexactly(size)
+            writer.write(control(WELCOME, {"op": "welcome", "ok": True, "max_in_flight": 8}))
+            writer.write(self.script)
+            writer.write_eof()
+            await reader.read()  # until the channel closes
+            writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return PublisherInfo("p-fake", "/fake", "c0", "h", 1, ("127.0.0.1", port))
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+
+def data_frame(seq: int, body: bytes) -> bytes:
+    return DATA_PREFIX.pack(32 + len(body), DATA, 0, seq, 0, 0) + body
+
+
+@pytest.mark.parametrize(
+    ("script", "log"),
+    [
+        pytest.param(struct.pack("<I", 0xFFFFFFF0), "4294967280 bytes", id="4GB-header"),
+        pytest.param(struct.pack("<I", 2) + b"\x07\x00", "unexpected frame kind 7", id="kind"),
+        pytest.param(struct.pack("<I", 4) + bytes([DATA, 0, 0, 0]), "DATA frame of 4", id="short"),
+        pytest.param(data_frame(1, b"\x01\x02")[:20], "went away", id="truncated-then-eof"),
+    ],
+)
+async def test_broken_publisher_loses_only_its_channel(
+    script: bytes, log: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="ezflow")
+    codec = Codec(max_message_size=1 << 20)
+    transport = TcpTransport(max_message_size=1 << 20)
+    inbox = Inbox()
+    channel = Channel("p-fake", "/fake", codec)
+    channel.attach(inbox)
+    lost = asyncio.Event()
+    async with FakePublisher(script) as info:
+        inbound = await transport.open_channel(channel, info, on_lost=lost.set)
+        await asyncio.wait_for(lost.wait(), 5)
+        inbound.close()
+    assert log in caplog.text
+    assert len(inbox) == 0
+    await transport.aclose()
+
+
+async def test_undecodable_message_is_dropped_and_the_stream_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    codec = Codec(max_message_size=1 << 20)
+    good = codec.encode({"ok": True}).to_bytes()
+    script = data_frame(1, b"\x01garbage") + data_frame(2, good) + struct.pack("<IB", 1, END)
+    transport = TcpTransport(max_message_size=1 << 20)
+    inbox = Inbox()
+    channel = Channel("p-fake", "/fake", codec)
+    channel.attach(inbox)
+    lost = asyncio.Event()
+    async with FakePublisher(script) as info:
+        inbound = await transport.open_channel(channel, info, on_lost=lost.set)
+        assert await asyncio.wait_for(inbox.get(), 5) == {"ok": True}
+        await asyncio.wait_for(lost.wait(), 5)  # END: a clean end
+        inbound.close()
+    assert channel.stats.decode_errors == 1
+    assert "cannot be decoded" in caplog.text
+    await transport.aclose()
