@@ -12,6 +12,7 @@ import struct
 import msgpack
 import pytest
 from _proc import Child
+from _rawpeer import closed_by_peer
 from conftest import loop_kind
 
 import ezflow
@@ -30,15 +31,6 @@ HELLO = {"op": "hello", "protocol": PROTOCOL, "pid": 1, "host_id": "h", "name": 
 async def read_message(reader: asyncio.StreamReader) -> dict:
     (size,) = struct.unpack("<I", await reader.readexactly(4))
     return msgpack.unpackb(await reader.readexactly(size))
-
-
-async def closed_by_peer(reader: asyncio.StreamReader, timeout: float = 2) -> bool:
-    try:
-        while await asyncio.wait_for(reader.read(65536), timeout):
-            pass
-    except (ConnectionError, asyncio.TimeoutError):
-        return False
-    return True
 
 
 async def assert_still_serving(server: ezflow.GraphServer) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+from _rawpeer import closed_by_peer
 
 import ezflow
 from ezflow._core._channel import Channel, Inbox
@@ -33,15 +34,6 @@ def control(kind: int, message: dict[str, Any]) -> bytes:
 def data_port(ctx: ezflow.GraphContext) -> tuple[str, int]:
     assert ctx._tcp is not None and ctx._tcp.address is not None
     return ctx._tcp.address
-
-
-async def closed_by_peer(reader: asyncio.StreamReader, timeout: float = 2) -> bool:
-    try:
-        while await asyncio.wait_for(reader.read(65536), timeout):
-            pass
-    except (ConnectionError, asyncio.TimeoutError):
-        return False
-    return True
 
 
 def hello(publisher_id: str, **extra: Any) -> bytes:
@@ -146,6 +138,16 @@ class FakePublisher:
         await self.server.wait_closed()
 
 
+def channel_for_fake() -> tuple[TcpTransport, Channel, Inbox, asyncio.Event]:
+    """A transport, and a channel with one lossless inbox, to connect to a FakePublisher;
+    the event is set when the channel loses its publisher."""
+    transport = TcpTransport(max_message_size=1 << 20)
+    channel = Channel("p-fake", "/fake", Codec(max_message_size=1 << 20))
+    inbox = Inbox()
+    channel.attach(inbox)
+    return transport, channel, inbox, asyncio.Event()
+
+
 def data_frame(seq: int, body: bytes) -> bytes:
     return DATA_PREFIX.pack(32 + len(body), DATA, 0, seq, 0, 0) + body
 
@@ -163,12 +165,7 @@ async def test_broken_publisher_loses_only_its_channel(
     script: bytes, log: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ezflow")
-    codec = Codec(max_message_size=1 << 20)
-    transport = TcpTransport(max_message_size=1 << 20)
-    inbox = Inbox()
-    channel = Channel("p-fake", "/fake", codec)
-    channel.attach(inbox)
-    lost = asyncio.Event()
+    transport, channel, inbox, lost = channel_for_fake()
     async with FakePublisher(script) as info:
         inbound = await transport.open_channel(channel, info, on_lost=lost.set)
         await asyncio.wait_for(lost.wait(), 5)
@@ -181,14 +178,9 @@ async def test_broken_publisher_loses_only_its_channel(
 async def test_undecodable_message_is_dropped_and_the_stream_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    codec = Codec(max_message_size=1 << 20)
-    good = codec.encode({"ok": True}).to_bytes()
+    good = Codec().encode({"ok": True}).to_bytes()
     script = data_frame(1, b"\x01garbage") + data_frame(2, good) + struct.pack("<IB", 1, END)
-    transport = TcpTransport(max_message_size=1 << 20)
-    inbox = Inbox()
-    channel = Channel("p-fake", "/fake", codec)
-    channel.attach(inbox)
-    lost = asyncio.Event()
+    transport, channel, inbox, lost = channel_for_fake()
     async with FakePublisher(script) as info:
         inbound = await transport.open_channel(channel, info, on_lost=lost.set)
         assert await asyncio.wait_for(inbox.get(), 5) == {"ok": True}
