@@ -309,3 +309,26 @@ async def test_kept_message_never_changes_under_the_subscriber(ctx: ezflow.Graph
         await pub.publish(np.full(size, float(value)))
         assert (await sub.recv())[0] == value
     assert np.all(kept == 1.0)
+
+
+async def test_cancelled_close_leaves_nothing_open(server: ezflow.GraphServer) -> None:
+    """A subscriber that stops reading makes close wait (to deliver what was published);
+    cancelling that wait aborts the connections instead of leaking them."""
+    async with ezflow.GraphContext(server.address) as receiver:
+        sub = await receiver.subscriber("/stuck", transport="tcp")
+        sender = ezflow.GraphContext(server.address)
+        await sender.start()
+        pub = await sender.publisher("/stuck", max_in_flight=1000)
+        for _ in range(200):  # far more than the socket buffers hold: the peer never reads
+            await pub.publish(np.zeros(64 * 1024, dtype=np.uint8))
+        receiver_channel = receiver._channels[next(iter(receiver._channels))]
+        assert receiver_channel.inbound is not None
+        receiver_channel.inbound._connection.transport.pause_reading()  # type: ignore[attr-defined]
+        closing = asyncio.ensure_future(sender.aclose())
+        await asyncio.sleep(0.2)
+        assert not closing.done()  # waiting for the stuck channel to read up to END
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert sender._tcp is not None and not sender._tcp._connections
+        assert sub.stats.received < 200  # it really was stuck

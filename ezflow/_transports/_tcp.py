@@ -467,8 +467,9 @@ class TcpTransport(Transport):
 
     async def aclose(self) -> None:
         """Close every outlet (each channel gets what was published, then ``END``), stop
-        listening, and wait up to ``_CLOSE_TIMEOUT`` for the last bytes to reach the
-        kernel before aborting connections that are still not done."""
+        listening, and wait up to ``_CLOSE_TIMEOUT`` for each channel to read up to
+        ``END`` before aborting connections that are still not done. Cancelled while
+        waiting, it aborts them at once."""
         for outlet in list(self.outlets.values()):
             outlet.close()
         self.outlets.clear()
@@ -479,18 +480,21 @@ class TcpTransport(Transport):
             if connection.link is None:
                 connection.abort()  # still in its handshake: nothing to deliver
         closing = [c.closed for c in self._connections if not c.closed.done()]
-        if closing:
-            _, late = await asyncio.wait(closing, timeout=_CLOSE_TIMEOUT)
-            if late:
-                log.warning(
-                    "%d subscriber connections did not take their last messages within "
-                    "%.0f s; closing them anyway",
-                    len(late),
-                    _CLOSE_TIMEOUT,
-                )
-        for connection in list(self._connections):
-            connection.abort()
-        self._connections.clear()
+        try:
+            if closing:
+                _, late = await asyncio.wait(closing, timeout=_CLOSE_TIMEOUT)
+                if late:
+                    log.warning(
+                        "%d subscriber connections did not take their last messages within "
+                        "%.0f s; closing them anyway",
+                        len(late),
+                        _CLOSE_TIMEOUT,
+                    )
+        finally:
+            # Also when cancelled while waiting: nothing stays open.
+            for connection in list(self._connections):
+                connection.abort()
+            self._connections.clear()
         if server is not None:
             try:
                 await asyncio.wait_for(server.wait_closed(), 2.0)
