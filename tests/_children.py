@@ -136,7 +136,7 @@ async def subscribe_forever(args: dict[str, Any]) -> None:
 
 async def serve(args: dict[str, Any]) -> None:
     """A graph server on a free port; reports its address, runs until killed."""
-    async with ezflow.GraphServer(("127.0.0.1", 0)) as server:
+    async with ezflow.GraphServer((args.get("host", "127.0.0.1"), 0)) as server:
         host, port = server.address
         report("ready", address=f"{host}:{port}", pid=os.getpid())
         await server.serve_forever()

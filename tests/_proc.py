@@ -20,9 +20,14 @@ class Child:
         self.role = role
 
     @classmethod
-    async def start(cls, role: str, loop: str, **args: Any) -> Child:
+    async def start(
+        cls, role: str, loop: str, *, prefix: tuple[str, ...] = (), **args: Any
+    ) -> Child:
+        """Start *role* on event loop *loop*; *prefix* runs it through another command
+        first (``("ip", "netns", "exec", NAME)`` puts it on another test host)."""
         env = dict(os.environ, EZFLOW_EVENT_LOOP=loop, PYTHONUNBUFFERED="1")
         process = await asyncio.create_subprocess_exec(
+            *prefix,
             sys.executable,
             SCRIPT,
             role,
