@@ -114,32 +114,40 @@ async def _reap(process: asyncio.subprocess.Process) -> None:
 # -- round trip --------------------------------------------------------------------------
 
 
-class _Pinger(asyncio.BufferedProtocol):
-    """Sends one message, waits for the complete echo, records the round trip, repeats."""
+class _FixedSizeProtocol(asyncio.BufferedProtocol):
+    """Reads a stream of *size*-byte messages into one reusable buffer; subclasses act
+    in :meth:`buffer_updated` once ``self._filled == size``."""
 
-    def __init__(self, size: int, total: int) -> None:
-        self._payload = os.urandom(size)
+    def __init__(self, size: int) -> None:
         self._buffer = memoryview(bytearray(size))
         self._filled = 0
-        self._total = total
-        self._sent_at = 0
         self._transport: asyncio.Transport | None = None
-        self.rtt_ns: list[int] = []
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not derive from asyncio.Transport: cast, don't check.
         self._transport = cast(asyncio.Transport, transport)
         _set_nodelay(transport)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer[self._filled :]
+
+
+class _Pinger(_FixedSizeProtocol):
+    """Sends one message, waits for the complete echo, records the round trip, repeats."""
+
+    def __init__(self, size: int, total: int) -> None:
+        super().__init__(size)
+        self._payload = os.urandom(size)
+        self._total = total
+        self._sent_at = 0
+        self.rtt_ns: list[int] = []
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
     def ping(self) -> None:
         """Send the next message and start its clock."""
         assert self._transport is not None
         self._sent_at = time.perf_counter_ns()
         self._transport.write(self._payload)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buffer[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._filled += nbytes
@@ -157,22 +165,12 @@ class _Pinger(asyncio.BufferedProtocol):
             self.done.set_exception(ConnectionError(f"echo child went away: {exc}"))
 
 
-class _Echo(asyncio.BufferedProtocol):
+class _Echo(_FixedSizeProtocol):
     """Child side of :func:`pingpong_rtt`: echoes every complete *size*-byte message."""
 
     def __init__(self, size: int) -> None:
-        self._buffer = memoryview(bytearray(size))
-        self._filled = 0
-        self._transport: asyncio.Transport | None = None
+        super().__init__(size)
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not derive from asyncio.Transport: cast, don't check.
-        self._transport = cast(asyncio.Transport, transport)
-        _set_nodelay(transport)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buffer[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._filled += nbytes
@@ -363,25 +361,15 @@ async def stream_rate(
 # -- paced one-way latency ---------------------------------------------------------------
 
 
-class _StampReceiver(asyncio.BufferedProtocol):
+class _StampReceiver(_FixedSizeProtocol):
     """Receiving side of :func:`paced_one_way`: reads each message into one buffer and
     records its arrival time minus the send time in its first 8 bytes."""
 
     def __init__(self, size: int, total: int) -> None:
-        self._buffer = memoryview(bytearray(size))
-        self._filled = 0
+        super().__init__(size)
         self._total = total
-        self._transport: asyncio.Transport | None = None
         self.one_way_ns: list[int] = []
         self.done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not derive from asyncio.Transport: cast, don't check.
-        self._transport = cast(asyncio.Transport, transport)
-        _set_nodelay(transport)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buffer[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._filled += nbytes
