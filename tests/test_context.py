@@ -102,6 +102,8 @@ async def test_leaky_subscriber_keeps_newest_and_counts_drops(
     assert got == sorted(set(got))
     assert slow.stats.taken + slow.stats.dropped == 100
     assert slow.stats.dropped >= 50
+    # every message was either handed to the link or dropped on the publisher's side
+    assert pub.stats.sends + pub.stats.drops == 100
 
 
 async def test_leaky_does_not_hold_back_lossless(ctx: ezflow.GraphContext) -> None:

@@ -78,10 +78,8 @@ class Link(ABC):
             self.released_bytes = nbytes
             outlet = self.outlet
             if outlet is not None:
-                parked = self._parked
-                if parked is not None and self.has_room(outlet):
-                    self._parked = None
-                    self.send(*parked)
+                if self._parked is not None and self.has_room(outlet):
+                    self.flush_parked()
                 outlet.wake()
 
     def has_room(self, outlet: Outlet) -> bool:
@@ -113,6 +111,8 @@ class Link(ABC):
         parked, self._parked = self._parked, None
         if parked is not None:
             self.send(*parked)
+            if self.outlet is not None:
+                self.outlet.stats.sends += 1
 
     @abstractmethod
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
