@@ -26,7 +26,7 @@ import asyncio
 import logging
 import struct
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Final, cast
 
 import numpy as np
@@ -193,13 +193,6 @@ class FrameReader:
             self._start, self._end = 0, end - start
 
 
-def frame_parts(parts: Iterable[bytes | memoryview], size: int) -> list[bytes | memoryview]:
-    """Prefix *parts* (``size`` bytes in all) with their length, ready for writelines."""
-    out: list[bytes | memoryview] = [LENGTH.pack(size)]
-    out.extend(parts)
-    return out
-
-
 def frame(body: bytes) -> bytes:
     """One complete frame holding *body*."""
     return LENGTH.pack(len(body)) + body
@@ -266,7 +259,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def send_frame(self, body: bytes) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            transport.write(LENGTH.pack(len(body)) + body)
+            transport.write(frame(body))
 
     def abort(self) -> None:
         self._broken = True

@@ -156,11 +156,6 @@ class Outlet:
     def closed(self) -> bool:
         return self._closed
 
-    @property
-    def seq(self) -> int:
-        """Sequence number of the last message published (0 before the first)."""
-        return self._seq
-
     def add_link(self, link: Link) -> None:
         if self._closed:
             link.close()

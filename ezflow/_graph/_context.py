@@ -202,7 +202,7 @@ class Subscriber:
         cancelled ``recv`` takes no message.
         """
         inbox = self._inbox
-        if inbox._items:
+        if inbox._items:  # the common case: no coroutine to create and await
             return inbox.get_nowait()
         return await inbox.get()
 

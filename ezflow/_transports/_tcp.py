@@ -51,6 +51,7 @@ from .._core._framing import (
     MODE,
     WELCOME,
     FramedProtocol,
+    frame,
 )
 from .._core._outlet import Link, Outlet
 from .._core._protocol import PROTOCOL, PublisherInfo, field, pack_message, unpack_message
@@ -66,8 +67,7 @@ _FLUSH_MESSAGES = 16
 _FLUSH_BYTES = 256 * 1024
 # Seconds a closing data connection may take to hand its last bytes to the kernel.
 _CLOSE_TIMEOUT = 5.0
-_END_FRAME = (1).to_bytes(4, "little") + bytes([END])
-_ACK_LENGTH = ACK_BODY.size.to_bytes(4, "little")
+_END_FRAME = frame(bytes([END]))
 
 
 def _tune(transport: asyncio.BaseTransport) -> None:
@@ -77,8 +77,7 @@ def _tune(transport: asyncio.BaseTransport) -> None:
 
 
 def _control(kind: int, message: dict[str, Any]) -> bytes:
-    body = bytes([kind]) + pack_message(message)
-    return len(body).to_bytes(4, "little") + body
+    return frame(bytes([kind]) + pack_message(message))
 
 
 def _unpack_control(body: bytes | memoryview) -> dict[str, Any]:
@@ -331,7 +330,7 @@ class _ChannelConnection(FramedProtocol):
         if transport is not None and not transport.is_closing():
             count, nbytes = self._released
             self._acked_count = count
-            transport.write(_ACK_LENGTH + ACK_BODY.pack(ACK, count, nbytes))
+            transport.write(frame(ACK_BODY.pack(ACK, count, nbytes)))
 
     def _on_mode_change(self, lossless: bool) -> None:
         transport = self.transport
