@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ._core._channel import ChannelStats, SubscriberStats
 from ._core._codec import Codec, message, register_message
-from ._core._config import DEFAULT_GRAPH_ADDRESS, DEFAULT_MAX_MESSAGE_SIZE
+from ._core._config import DEFAULT_GRAPH_ADDRESS, DEFAULT_MAX_MESSAGE_SIZE, ShmOptions
 from ._core._exceptions import (
     BrokenResourceError,
     ClosedResourceError,
@@ -24,6 +24,7 @@ from ._core._loop import loop_factory, run_coroutine
 from ._core._outlet import PublisherStats
 from ._graph._context import ChannelInfo, GraphContext, Publisher, Subscriber
 from ._graph._server import GraphServer
+from ._transports._shm import ShmStats
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,8 @@ __all__ = [
     "ProtocolError",
     "Publisher",
     "PublisherStats",
+    "ShmOptions",
+    "ShmStats",
     "Subscriber",
     "SubscriberStats",
     "UnregisteredTypeError",

@@ -247,8 +247,14 @@ async def test_bad_options_are_clear_errors(ctx: ezflow.GraphContext) -> None:
         await ctx.publisher("/o", max_in_flight=0)
     with pytest.raises(ValueError, match="whitespace"):
         await ctx.publisher("bad topic")
-    with pytest.raises(ezflow.ConfigurationError, match="shm"):
-        await ctx.publisher("/o", transport="shm")
+    with pytest.raises(ezflow.ConfigurationError, match="must be an ezflow.ShmOptions"):
+        await ctx.publisher("/o", shm={"slot_count": 4})  # type: ignore[arg-type]
+    with pytest.raises(ezflow.ConfigurationError, match="slot_count=0 must be a positive"):
+        ezflow.ShmOptions(slot_count=0)
+    with pytest.raises(ezflow.ConfigurationError, match="does not fit in max_bytes"):
+        ezflow.ShmOptions(slot_count=4, slot_size=1 << 20, max_bytes=1 << 20)
+    with pytest.raises(ezflow.ConfigurationError, match="inline_limit=-1"):
+        ezflow.ShmOptions(inline_limit=-1)
 
 
 async def test_embedded_server_when_none_answers(unused_tcp_port: int) -> None:
@@ -332,5 +338,5 @@ async def test_cancelled_close_leaves_nothing_open(server: ezflow.GraphServer) -
         closing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await closing
-        assert sender._tcp is not None and not sender._tcp._connections
+        assert sender._tcp is not None and not sender._tcp.connections
         assert sub.stats.received < 200  # it really was stuck

@@ -935,19 +935,10 @@ class Codec:
         if info is None:
             info = _encode_dtype(dt)
         nbytes = arr.nbytes
-        limit = self._limit
-        if nbytes > limit:
-            raise _too_large(nbytes, limit, at_least=True)
-        ndim = arr.ndim
-        payload = _ARRAY_HEADS[ndim].pack(0, ndim, *arr.shape) + info[0]
-        meta = _ext_header(EXT_NDARRAY, len(payload)) + payload
-        pos = _HEADER_1BUF.size + len(meta)
-        pad = -pos & (BUFFER_ALIGNMENT - 1)
-        total = pos + pad + nbytes
-        if total > limit:
-            raise _too_large(total, limit)
+        if nbytes > self._limit:
+            raise _too_large(nbytes, self._limit, at_least=True)
+        first, total = self._array_prefix(arr.shape, info[0], nbytes)
         data = _array_bytes(arr, info[1], nbytes)
-        first = _HEADER_1BUF.pack(FORMAT_VERSION, 0, 1, len(meta), nbytes) + meta + _PADDING[pad]
         if nbytes == 0:
             return EncodedMessage([first], total)
         if info[1]:
@@ -955,6 +946,49 @@ class Codec:
                 _ENC_ARRAYS.clear()
             _ENC_ARRAYS[dt, arr.shape] = (first, total)
         return EncodedMessage([first, data], total)
+
+    def _array_prefix(
+        self, shape: tuple[int, ...], packed_dtype: bytes, nbytes: int
+    ) -> tuple[bytes, int]:
+        ndim = len(shape)
+        payload = _ARRAY_HEADS[ndim].pack(0, ndim, *shape) + packed_dtype
+        meta = _ext_header(EXT_NDARRAY, len(payload)) + payload
+        pos = _HEADER_1BUF.size + len(meta)
+        pad = -pos & (BUFFER_ALIGNMENT - 1)
+        total = pos + pad + nbytes
+        if total > self._limit:
+            raise _too_large(total, self._limit)
+        first = _HEADER_1BUF.pack(FORMAT_VERSION, 0, 1, len(meta), nbytes) + meta + _PADDING[pad]
+        return first, total
+
+    def array_prefix(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[bytes, int]:
+        """The bytes that precede the data of a C-contiguous array of *shape* and
+        *dtype* in its encoded body, and the body's total size.
+
+        ``encode(arr)`` of such an array is exactly ``prefix + arr's bytes``, and the
+        data starts 16-byte aligned, so a body can be laid out before the array is
+        filled (a loaned buffer). Raises :class:`UnregisteredTypeError` for a dtype that
+        cannot travel, ``ValueError`` for a negative or too large dimension, and
+        :class:`MessageTooLargeError` when the body would exceed ``max_message_size``.
+        """
+        if len(shape) > _MAX_NDIM or not all(
+            type(d) is int and 0 <= d <= _MAX_DIM for d in shape
+        ):
+            raise ValueError(
+                f"shape {shape!r} is not a tuple of at most {_MAX_NDIM} ints in [0, {_MAX_DIM}]"
+            )
+        info = _ENC_DTYPES.get(dtype)
+        if info is None:
+            info = _encode_dtype(dtype)
+        if not info[1]:
+            raise UnregisteredTypeError(
+                f"cannot lay out an array of dtype {dtype} ahead of time: it has no raw "
+                "buffer export; use a numeric dtype"
+            )
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > self._limit:
+            raise _too_large(nbytes, self._limit, at_least=True)
+        return self._array_prefix(shape, info[0], nbytes)
 
     def _assemble(self, meta: bytes, bufs: list[memoryview]) -> EncodedMessage:
         nbuf = len(bufs)

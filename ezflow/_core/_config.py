@@ -8,6 +8,7 @@ that depends on them is created (not at import time), so tests can set them per 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Final, Literal
 
 from ._exceptions import ConfigurationError
@@ -19,6 +20,10 @@ __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
     "DEFAULT_MAX_IN_FLIGHT_BYTES",
     "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_SHM_INLINE_LIMIT",
+    "DEFAULT_SHM_MAX_BYTES",
+    "DEFAULT_SHM_SLOT_COUNT",
+    "DEFAULT_SHM_SLOT_SIZE",
     "ENV_EVENT_LOOP",
     "ENV_GRAPH_ADDRESS",
     "ENV_MAX_MESSAGE_SIZE",
@@ -32,6 +37,7 @@ __all__ = [
     "ROUTE_APPLY_TIMEOUT",
     "TRANSPORTS",
     "Address",
+    "ShmOptions",
     "TransportName",
     "check_positive",
     "check_transport",
@@ -83,6 +89,60 @@ REQUEST_TIMEOUT: Final = 30.0
 #: Seconds the server waits for clients to apply a routing change before it answers the
 #: request that caused it anyway (and logs which clients were late).
 ROUTE_APPLY_TIMEOUT: Final = 10.0
+
+
+#: Shared-memory ring of a publisher (see :class:`ShmOptions`): slots ...
+DEFAULT_SHM_SLOT_COUNT: Final = 32
+#: ... of this many bytes each; larger messages get out-of-line blocks ...
+DEFAULT_SHM_SLOT_SIZE: Final = 256 * 1024
+#: ... and everything together stays within this many bytes of /dev/shm.
+DEFAULT_SHM_MAX_BYTES: Final = 256 * 1024 * 1024
+#: Encoded messages up to this size travel inline through the notification socket
+#: (copied); larger ones are written to shared memory once and received zero-copy. The
+#: crossover measured on the reference machine (docs/perf.md).
+DEFAULT_SHM_INLINE_LIMIT: Final = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ShmOptions:
+    """How a publisher uses shared memory for its same-host edges.
+
+    * *slot_count* slots of *slot_size* bytes form the publisher's ring segment, created
+      when the first shm channel connects (or at the first loan);
+    * messages larger than a slot get an *out-of-line* segment of their own, pooled and
+      reused after release; the ring and every out-of-line block together never exceed
+      *max_bytes* of ``/dev/shm``;
+    * encoded messages of at most *inline_limit* bytes skip shared memory and travel
+      inline through the notification socket: copying a small message is cheaper than
+      leasing a block for it.
+
+    When every usable block is still leased (subscribers keep old messages alive), a
+    message travels inline instead: leases never block a publisher, only the
+    ``max_in_flight`` window does. Raises :class:`ConfigurationError` for a non-positive
+    size, a negative *inline_limit*, or a ring larger than *max_bytes*.
+    """
+
+    slot_count: int = DEFAULT_SHM_SLOT_COUNT
+    slot_size: int = DEFAULT_SHM_SLOT_SIZE
+    max_bytes: int = DEFAULT_SHM_MAX_BYTES
+    inline_limit: int = DEFAULT_SHM_INLINE_LIMIT
+
+    def __post_init__(self) -> None:
+        check_positive(self.slot_count, setting="ShmOptions.slot_count")
+        check_positive(self.slot_size, setting="ShmOptions.slot_size")
+        check_positive(self.max_bytes, setting="ShmOptions.max_bytes")
+        limit = self.inline_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigurationError(
+                f"ShmOptions.inline_limit={limit!r} must be an integer >= 0 (0: every "
+                "message goes through shared memory)"
+            )
+        if self.slot_count * self.slot_size > self.max_bytes:
+            raise ConfigurationError(
+                f"ShmOptions: a ring of slot_count={self.slot_count} x slot_size="
+                f"{self.slot_size} bytes does not fit in max_bytes={self.max_bytes}; raise "
+                "max_bytes or use fewer or smaller slots"
+            )
 
 
 def parse_address(text: str, *, setting: str = "address") -> Address:

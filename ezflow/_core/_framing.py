@@ -1,4 +1,4 @@
-"""Length-prefixed frames, shared by the graph protocol and the TCP data transport.
+"""Length-prefixed frames, shared by the graph protocol and the tcp and shm transports.
 
 On the wire every frame is ``u32 length`` (little endian) followed by ``length`` bytes of
 body. :class:`FrameReader` is a sans-I/O parser built for :class:`asyncio.BufferedProtocol`:
@@ -37,6 +37,13 @@ __all__ = [
     "ACK",
     "ACK_BODY",
     "DATA",
+    "FREE",
+    "FREE_ENTRY",
+    "FREE_HEADER",
+    "RETIRE",
+    "SHM_DATA",
+    "SHM_HEADER",
+    "SHM_PREFIX",
     "DATA_HEADER",
     "DATA_PREFIX",
     "END",
@@ -57,6 +64,9 @@ HELLO: Final = 3  # channel -> publisher: kind byte + msgpack map
 WELCOME: Final = 4  # publisher -> channel: kind byte + msgpack map
 MODE: Final = 5  # channel -> publisher: kind byte + msgpack map (lossless flag changed)
 END: Final = 6  # publisher -> channel: the publisher closed on purpose (kind byte only)
+SHM_DATA: Final = 7  # publisher -> channel: SHM_HEADER + segment name (ASCII)
+FREE: Final = 8  # channel -> publisher: FREE_HEADER + count x FREE_ENTRY
+RETIRE: Final = 9  # publisher -> channel: kind byte + name of a segment it unlinked
 
 #: kind u8, flags u8, 6 pad bytes, seq u64, publish time (time.time_ns) i64, and the
 #: publisher's cumulative count of messages it dropped for this (leaky) channel u64.
@@ -66,6 +76,17 @@ DATA_HEADER: Final = struct.Struct("<BB6xQqQ")
 ACK_BODY: Final = struct.Struct("<B7xQQ")
 #: The length prefix and DATA_HEADER in one go (what a sender writes before a body).
 DATA_PREFIX: Final = struct.Struct("<IBB6xQqQ")
+#: A message in shared memory: kind u8, flags u8, 6 pad bytes, seq u64, publish time
+#: i64, upstream drops u64 (as in DATA_HEADER), then where the body lies: block id u64,
+#: block generation u64, offset u64 and length u64 within the segment named by the rest
+#: of the frame.
+SHM_HEADER: Final = struct.Struct("<BB6xQqQQQQQ")
+#: The length prefix and SHM_HEADER in one go.
+SHM_PREFIX: Final = struct.Struct("<IBB6xQqQQQQQ")
+#: kind u8, 3 pad bytes, count u32 of FREE_ENTRY records that follow.
+FREE_HEADER: Final = struct.Struct("<B3xI")
+#: block id u64, block generation u64: the channel no longer refers to that block.
+FREE_ENTRY: Final = struct.Struct("<QQ")
 
 _SCRATCH_SIZE: Final = 64 * 1024
 # A frame at least this large that is not yet complete in the scratch buffer gets its own

@@ -144,6 +144,9 @@ class PublisherInfo:
     address: tuple[str, int]
     #: transport the publisher asked for, or None for automatic choice
     transport: str | None = None
+    #: name of the publisher process's shm data socket (Linux abstract namespace), or
+    #: None when that process cannot serve shared memory
+    shm_address: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -154,6 +157,7 @@ class PublisherInfo:
             "pid": self.pid,
             "address": list(self.address),
             "transport": self.transport,
+            "shm": self.shm_address,
         }
 
     @classmethod
@@ -169,4 +173,5 @@ class PublisherInfo:
             pid=field(data, "pid", int),
             address=address_field(data),
             transport=optional_str_field(data, "transport"),
+            shm_address=optional_str_field(data, "shm"),
         )

@@ -4,7 +4,8 @@ A :class:`GraphContext` is one client of the graph server. It owns
 
 * the connection to the graph server (and the server itself when it started an
   embedded one because none answered),
-* this process's transports (the TCP data server starts with the first publisher),
+* this process's transports (the tcp and shm data servers start with the first
+  publisher),
 * one :class:`~ezflow._core._channel.Channel` per publisher any of its subscribers
   listens to, rebuilt whenever the server pushes new routes.
 
@@ -22,12 +23,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from numpy.typing import DTypeLike
+
 from .._core._channel import Attachment, Channel, ChannelStats, Inbox, SubscriberStats
 from .._core._codec import Codec
 from .._core._config import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
     Address,
+    ShmOptions,
     check_positive,
     check_transport,
     format_address,
@@ -46,26 +51,14 @@ from .._core._outlet import Outlet, PublisherStats
 from .._core._protocol import PublisherInfo, check_topic
 from .._transports._base import Inbound, Transport
 from .._transports._local import LocalTransport
+from .._transports._shm import ShmStats, ShmTransport
 from .._transports._tcp import TcpTransport
-from ._client import GraphClient
+from ._client import GraphClient, host_id
 from ._server import GraphServer
 
 __all__ = ["ChannelInfo", "GraphContext", "Publisher", "Subscriber"]
 
 log = logging.getLogger("ezflow.context")
-
-# Transports this build can carry; "shm" arrives with the shared-memory transport.
-_AVAILABLE = ("local", "tcp")
-
-
-def _check_transport_option(value: str | None, setting: str) -> str | None:
-    name = check_transport(value, setting=setting)
-    if name is not None and name not in _AVAILABLE:
-        raise ConfigurationError(
-            f"{setting}={name!r}: the {name} transport is not available in this build of "
-            f"ezflow; use one of {', '.join(_AVAILABLE)} or leave it unset"
-        )
-    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +87,15 @@ class Publisher:
 
     Messages are delivered to each subscriber in publish order. Do not mutate an object
     after publishing it: the local transport hands subscribers the object itself (arrays
-    as read-only views) and tcp may still be sending its buffers.
+    as read-only views) and tcp may still be sending its buffers. For large arrays,
+    :meth:`loan` a buffer in shared memory, fill it, and publish it without any copy.
     """
 
     def __init__(self, context: GraphContext, outlet: Outlet) -> None:
         self._context = context
         self._outlet = outlet
         self._closed = False
+        self._loaned = False
 
     @property
     def id(self) -> str:
@@ -114,6 +109,13 @@ class Publisher:
     def stats(self) -> PublisherStats:
         """Live counters: messages, bytes, encodes, drops, time spent waiting."""
         return self._outlet.stats
+
+    @property
+    def shm_stats(self) -> ShmStats | None:
+        """A snapshot of this publisher's shared-memory counters (``None`` when this
+        process cannot use shared memory)."""
+        shm = self._context._shm
+        return None if shm is None else shm.stats(self._outlet)
 
     @property
     def channels(self) -> int:
@@ -133,8 +135,52 @@ class Publisher:
         cannot encode, :class:`~ezflow.MessageTooLargeError` above ``max_message_size``,
         :class:`~ezflow.ClosedResourceError` after :meth:`aclose` — each before anything
         was sent. When cancelled while waiting, nothing was sent.
+
+        A loaned array (:meth:`loan`) is sent to shm subscribers without being copied,
+        and is read-only from then on.
         """
         await self._outlet.publish(message)
+        if self._loaned:
+            shm = self._context._shm
+            if shm is not None:
+                shm.spend(self._outlet, message)
+
+    async def loan(
+        self, shape: int | tuple[int, ...], dtype: DTypeLike = np.uint8
+    ) -> np.ndarray[Any, Any]:
+        """A writable, uninitialised C-contiguous array of *shape* and *dtype* that lives
+        in this publisher's shared memory; fill it in place, then :meth:`publish` it.
+
+        Publishing that very array copies nothing for shm subscribers: its block goes
+        to them as it is, and they receive read-only views of the same memory (tcp and
+        local subscribers get it as any array). After ``publish`` the array is
+        read-only; the memory stays valid (and unchanged) for as long as the array or
+        any view of it - here or in a subscriber - is alive. An array never published is
+        simply dropped.
+
+        When shared memory cannot be used (not Linux, no ``/dev/shm``) or every block is
+        leased, the loan is a private array instead (counted in
+        ``shm_stats.loan_fallbacks``): publishing it then copies as usual. Raises
+        :class:`~ezflow.UnregisteredTypeError` for a dtype that cannot travel (objects),
+        ``ValueError`` for a bad shape, :class:`~ezflow.MessageTooLargeError` above
+        ``max_message_size``, :class:`~ezflow.ClosedResourceError` after
+        :meth:`aclose`.
+        """
+        if self._closed:
+            raise ClosedResourceError("publisher is closed")
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dt = np.dtype(dtype)
+        shm = self._context._shm
+        array = None
+        if shm is not None:
+            array = shm.loan(self._outlet, shape, dt)
+        else:
+            # Same checks as a shared-memory loan, so that code behaves alike everywhere.
+            self._outlet.codec.array_prefix(shape, dt)
+        if array is None:
+            return np.empty(shape, dt)
+        self._loaned = True
+        return array
 
     async def wait_for_channels(self, count: int = 1) -> None:
         """Wait until at least *count* channels are connected (for start-up ordering
@@ -270,12 +316,16 @@ class GraphContext:
             if max_message_size is None
             else check_positive(max_message_size, setting="max_message_size")
         )
-        self._env_transport = _check_transport_option(transport_from_env(), "EZFLOW_TRANSPORT")
+        self._env_transport = check_transport(transport_from_env(), setting="EZFLOW_TRANSPORT")
         self._codec = Codec(max_message_size=self._max_message_size)
         self._client: GraphClient | None = None
         self._server: GraphServer | None = None
         self._local = LocalTransport()
         self._tcp: TcpTransport | None = None
+        self._shm: ShmTransport | None = None
+        self._host_id = ""
+        # Publishers whose shm edges failed to open: their edges use tcp from then on.
+        self._shm_refused: set[str] = set()
         self._publishers: dict[str, Publisher] = {}
         self._subscribers: dict[str, Subscriber] = {}
         self._channels: dict[tuple[str, str], _ChannelRecord] = {}
@@ -316,6 +366,9 @@ class GraphContext:
             self._tcp = TcpTransport(
                 host=self._client.local_host, max_message_size=self._max_message_size
             )
+            self._host_id = host_id()
+            if ShmTransport.available():
+                self._shm = ShmTransport(max_message_size=self._max_message_size, codec=self._codec)
             self._route_worker = asyncio.ensure_future(self._apply_routes_forever())
         except BaseException:
             await self.aclose()
@@ -382,8 +435,10 @@ class GraphContext:
             # Remote channels read up to END before this process leaves the graph (and
             # its registrations vanish), so nothing already published is lost.
             await self._local.aclose()
-            if self._tcp is not None:
-                await self._tcp.aclose()
+            await asyncio.gather(
+                *(t.aclose() for t in (self._tcp, self._shm) if t is not None),
+                return_exceptions=True,
+            )
         finally:
             if self._client is not None:
                 self._client.close()
@@ -406,21 +461,26 @@ class GraphContext:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
         transport: str | None = None,
+        shm: ShmOptions | None = None,
     ) -> Publisher:
         """Register a publisher on *topic*.
 
         Returns once every subscriber that already exists is connected to it.
         *max_in_flight* / *max_in_flight_bytes* bound what each lossless channel may hold
-        unreleased before ``publish`` waits. *transport* forces ``"local"`` or ``"tcp"``
-        for its edges (a subscriber's own choice wins; default: automatic).
+        unreleased before ``publish`` waits. *transport* forces ``"local"``, ``"shm"`` or
+        ``"tcp"`` for its edges (a subscriber's own choice wins; default: automatic).
+        *shm* sizes its shared-memory ring (:class:`~ezflow.ShmOptions`).
         """
         client = self._check_open()
         check_topic(topic)
         check_positive(max_in_flight, setting="max_in_flight")
         check_positive(max_in_flight_bytes, setting="max_in_flight_bytes")
-        transport = _check_transport_option(transport, "transport")
+        transport = check_transport(transport, setting="transport")
+        if shm is not None and not isinstance(shm, ShmOptions):
+            raise ConfigurationError(f"shm={shm!r} must be an ezflow.ShmOptions")
         assert self._tcp is not None
         address = await self._tcp.start()
+        shm_address = None if self._shm is None else await self._shm.start()
         outlet = Outlet(
             f"p-{uuid.uuid4().hex[:16]}",
             topic,
@@ -432,6 +492,8 @@ class GraphContext:
         self._publishers[outlet.publisher_id] = publisher
         self._local.add_outlet(outlet)
         self._tcp.add_outlet(outlet)
+        if self._shm is not None:
+            self._shm.add_outlet(outlet, shm)
         try:
             await client.request(
                 "register_publisher",
@@ -439,6 +501,7 @@ class GraphContext:
                 topic=topic,
                 address=list(address),
                 transport=transport,
+                shm=shm_address,
             )
         except BaseException:
             self._drop_outlet(publisher)
@@ -459,7 +522,7 @@ class GraphContext:
         ``leaky=True`` makes it keep only the newest *queue* messages (default 1),
         counting drops, and never hold publishers back; lossless subscribers (default)
         are bounded by each publisher's ``max_in_flight`` instead, so *queue* is only
-        accepted with ``leaky=True``. *transport* forces ``"local"`` or ``"tcp"``.
+        accepted with ``leaky=True``. *transport* forces ``"local"``, ``"shm"`` or ``"tcp"``.
         """
         client = self._check_open()
         check_topic(topic)
@@ -470,7 +533,7 @@ class GraphContext:
             )
         if leaky:
             queue = check_positive(1 if queue is None else queue, setting="queue")
-        transport = _check_transport_option(transport, "transport")
+        transport = check_transport(transport, setting="transport")
         sub_id = f"s-{uuid.uuid4().hex[:16]}"
         subscriber = Subscriber(self, sub_id, topic, Inbox(leaky=leaky, maxlen=queue), transport)
         self._subscribers[sub_id] = subscriber
@@ -531,10 +594,11 @@ class GraphContext:
 
     async def _close_publisher(self, publisher: Publisher) -> None:
         self._drop_outlet(publisher)
-        if self._tcp is not None:
-            # Unregister only once remote channels have read up to END, so the routing
-            # change cannot overtake the last messages.
-            await self._tcp.wait_closed(publisher._outlet)
+        # Unregister only once remote channels have read up to END, so the routing
+        # change cannot overtake the last messages.
+        await asyncio.gather(
+            *(t.wait_closed(publisher._outlet) for t in (self._tcp, self._shm) if t is not None)
+        )
         if self._state == "open" and self._client is not None and self._client.connected:
             with contextlib.suppress(BrokenResourceError, ClosedResourceError):
                 await self._client.request("unregister", registration_id=publisher.id)
@@ -543,8 +607,9 @@ class GraphContext:
         outlet = publisher._outlet
         self._publishers.pop(outlet.publisher_id, None)
         self._local.remove_outlet(outlet)
-        if self._tcp is not None:
-            self._tcp.remove_outlet(outlet)
+        for transport in (self._tcp, self._shm):
+            if transport is not None:
+                transport.remove_outlet(outlet)
         outlet.close()
 
     async def _close_subscriber(self, subscriber: Subscriber) -> None:
@@ -590,25 +655,48 @@ class GraphContext:
                 self._client.routes_applied(version)
 
     def _choose_transport(self, publisher: PublisherInfo, subscriber: Subscriber) -> str:
+        """local in the same process and loop; else shm on the same host when both
+        processes can use it; else tcp. A forced choice that cannot work falls back to
+        the automatic one, with a warning logged once per edge."""
         wanted = subscriber.transport or publisher.transport or self._env_transport
-        local = LocalTransport.reachable(publisher.publisher_id)
         if wanted == "tcp":
             return "tcp"
-        if wanted == "local" and not local:
+        local = LocalTransport.reachable(publisher.publisher_id)
+        shm = (
+            self._shm is not None
+            and publisher.shm_address is not None
+            and publisher.host_id == self._host_id
+            and publisher.publisher_id not in self._shm_refused
+        )
+        if wanted == "shm" and shm:
+            return "shm"
+        chosen = "local" if local else "shm" if shm else "tcp"
+        if wanted is not None and wanted != chosen:
             key = (publisher.publisher_id, subscriber.id)
             if key not in self._warned:
                 self._warned.add(key)
+                reason = (
+                    "the publisher is in another process"
+                    if wanted == "local"
+                    else "shared memory cannot be used between these processes"
+                    " (another host, no /dev/shm, or it failed before)"
+                )
                 log.warning(
-                    "transport 'local' asked for %s -> %s, but the publisher is in another "
-                    "process; using tcp",
+                    "transport %r asked for %s -> %s, but %s; using %s",
+                    wanted,
                     publisher.topic,
                     subscriber.topic,
+                    reason,
+                    chosen,
                 )
-        return "local" if local else "tcp"
+        return chosen
 
     def _transport(self, name: str) -> Transport:
         if name == "local":
             return self._local
+        if name == "shm":
+            assert self._shm is not None
+            return self._shm
         assert self._tcp is not None
         return self._tcp
 
@@ -661,11 +749,52 @@ class GraphContext:
                 channel, info, on_lost=lambda: self._lost_record(record)
             )
         except EzflowError as exc:
+            if key[1] == "shm" and self._channels.get(key) is record:
+                await self._fall_back_to_tcp(record, info, exc)
+                return
             log.warning("cannot open a channel to %s: %s", info.publisher_id, exc)
             self._close_record(record)
             return
         if self._channels.get(key) is not record:
             # Closed (context closing, subscribers gone) while we were connecting.
+            record.inbound.close()
+
+    async def _fall_back_to_tcp(
+        self, record: _ChannelRecord, info: PublisherInfo, error: EzflowError
+    ) -> None:
+        """The shm channel to *info* could not open: say so once, use tcp instead."""
+        if info.publisher_id not in self._shm_refused:
+            self._shm_refused.add(info.publisher_id)
+            log.warning(
+                "cannot use shared memory for publisher %s on topic %r (%s); its edges to "
+                "this process use tcp",
+                info.publisher_id,
+                info.topic,
+                error,
+            )
+        del self._channels[record.key]
+        record.key = (info.publisher_id, "tcp")
+        existing = self._channels.get(record.key)
+        if existing is not None:
+            # Another channel to it over tcp exists already: join it.
+            for sub_id, attachment in list(record.attachments.items()):
+                record.channel.detach(attachment)
+                subscriber = self._subscribers.get(sub_id)
+                if subscriber is not None and sub_id not in existing.attachments:
+                    existing.attachments[sub_id] = existing.channel.attach(subscriber._inbox)
+            record.attachments.clear()
+            record.channel.close()
+            return
+        self._channels[record.key] = record
+        try:
+            record.inbound = await self._transport("tcp").open_channel(
+                record.channel, info, on_lost=lambda: self._lost_record(record)
+            )
+        except EzflowError as exc:
+            log.warning("cannot open a channel to %s: %s", info.publisher_id, exc)
+            self._close_record(record)
+            return
+        if self._channels.get(record.key) is not record:
             record.inbound.close()
 
     def _lost_record(self, record: _ChannelRecord) -> None:

@@ -57,6 +57,8 @@ from .._core._protocol import (
 from .._core._protocol import (
     field as message_field,
 )
+from .._transports._shm import SegmentSweeper
+from ._client import host_id
 
 __all__ = ["GraphServer"]
 
@@ -92,6 +94,7 @@ class _Publisher:
     client: _Client
     address: tuple[str, int]
     transport: str | None
+    shm_address: str | None
 
 
 @dataclass(eq=False)
@@ -130,6 +133,10 @@ class GraphServer:
         self._version = 0
         self._lock = asyncio.Lock()
         self._closed = asyncio.Event()
+        # Shared-memory segments of crashed processes on this host: swept at start and
+        # after a client that published goes away.
+        self._sweeper = SegmentSweeper()
+        self._host_id = host_id()
         self.rejected_connections = 0
         self._shutdown: asyncio.Handle | None = None
         self._shutdown_task: asyncio.Task[None] | None = None
@@ -153,6 +160,7 @@ class GraphServer:
         )
         sockname = self._server.sockets[0].getsockname()
         self._address = (sockname[0], sockname[1])
+        self._sweeper.sweep_now()
         log.info("graph server %s listening on %s", self.server_id, format_address(self._address))
 
     async def __aenter__(self) -> GraphServer:
@@ -174,12 +182,15 @@ class GraphServer:
         for connection in list(self._connections):
             connection.abort()
         self._closed.set()
-        if self._server is not None:
-            server, self._server = self._server, None
-            try:
-                await asyncio.wait_for(server.wait_closed(), 2.0)
-            except (TimeoutError, asyncio.TimeoutError):
-                log.debug("graph server: connections still closing after 2 s")
+        try:
+            if self._server is not None:
+                server, self._server = self._server, None
+                try:
+                    await asyncio.wait_for(server.wait_closed(), 2.0)
+                except (TimeoutError, asyncio.TimeoutError):
+                    log.debug("graph server: connections still closing after 2 s")
+        finally:
+            await self._sweeper.aclose()
 
     def _start_shutdown(self) -> None:
         self._shutdown_task = asyncio.ensure_future(self.aclose())
@@ -221,6 +232,10 @@ class GraphServer:
         )
         for pub_id in client.publishers:
             self._publishers.pop(pub_id, None)
+        if client.publishers and client.host_id == self._host_id and not self._closed.is_set():
+            # A crashed publisher leaves its segments behind; a clean one has removed
+            # them already and the sweep finds nothing.
+            self._sweeper.sweep_soon()
         for sub_id in client.subscribers:
             self._subscribers.pop(sub_id, None)
         for edge in client.edges:
@@ -280,9 +295,12 @@ class GraphServer:
             topic = check_topic(message_field(message, "topic", str))
             address = address_field(message)
             transport = optional_str_field(message, "transport")
+            shm_address = optional_str_field(message, "shm")
             if pub_id in self._publishers or pub_id in self._subscribers:
                 raise ValueError(f"id {pub_id!r} is already registered")
-            self._publishers[pub_id] = _Publisher(pub_id, topic, client, address, transport)
+            self._publishers[pub_id] = _Publisher(
+                pub_id, topic, client, address, transport, shm_address
+            )
             client.publishers.add(pub_id)
             return True
         if op == "register_subscriber":
@@ -385,6 +403,7 @@ class GraphServer:
             pid=pub.client.pid,
             address=pub.address,
             transport=pub.transport,
+            shm_address=pub.shm_address,
         ).to_wire()
 
     def _push_routes(self) -> int:

@@ -41,6 +41,7 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
+from .._core._config import DEFAULT_SHM_MAX_BYTES, DEFAULT_SHM_SLOT_COUNT, DEFAULT_SHM_SLOT_SIZE
 from .._core._exceptions import ClosedResourceError, ConfigurationError, MessageTooLargeError
 from ._segment import ShmSegment
 
@@ -48,9 +49,9 @@ __all__ = ["Block", "Descriptor", "RingReader", "RingStats", "ShmRing"]
 
 log = logging.getLogger("ezflow.shm")
 
-DEFAULT_SLOT_COUNT: Final = 32
-DEFAULT_SLOT_SIZE: Final = 256 * 1024
-DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
+DEFAULT_SLOT_COUNT: Final = DEFAULT_SHM_SLOT_COUNT
+DEFAULT_SLOT_SIZE: Final = DEFAULT_SHM_SLOT_SIZE
+DEFAULT_MAX_BYTES: Final = DEFAULT_SHM_MAX_BYTES
 DEFAULT_MAX_SEGMENTS: Final = 64
 
 
@@ -184,6 +185,7 @@ class ShmRing:
         # ones unlinked first when room is needed.
         self._pool: dict[int, _Slot] = {}
         self._by_channel: dict[Hashable, set[int]] = {}
+        self._retired: list[str] = []
         self._next_id = slot_count
         self._in_use = 0
         self._oob_bytes = 0
@@ -209,6 +211,11 @@ class ShmRing:
     def max_bytes(self) -> int:
         """The most shared memory this ring holds at once."""
         return self._max_bytes
+
+    @property
+    def name(self) -> str | None:
+        """Name of the ring segment (``None`` before :meth:`open` and after :meth:`close`)."""
+        return None if self._ring is None else self._ring.name
 
     @property
     def max_message_size(self) -> int:
@@ -273,7 +280,8 @@ class ShmRing:
         The owner is going away: channels that still map a block keep their mapping
         (the kernel frees the memory when they unmap), but nobody can attach anew.
         Writable :attr:`Block.buffer` views still alive keep their mapping until they
-        go (see :meth:`ShmSegment.close`).
+        go (see :meth:`ShmSegment.close`). In a child forked from the owner, nothing is
+        unlinked (the parent still uses the segments); the mappings are closed.
         """
         if self._closed:
             return
@@ -290,7 +298,8 @@ class ShmRing:
         self._oob_bytes = 0
         for segment in segments.values():
             try:
-                segment.unlink()
+                if segment.owner:  # not in a forked child: the parent still uses them
+                    segment.unlink()
             finally:
                 segment.close()
 
@@ -386,6 +395,7 @@ class ShmRing:
         del self._pool[slot.id]
         del self._blocks[slot.id]
         self._oob_bytes -= slot.capacity
+        self._retired.append(slot.segment.name)
         try:
             slot.segment.unlink()
         finally:
@@ -425,6 +435,30 @@ class ShmRing:
                 held.add(slot.id)
         return descriptor
 
+    def add_lease(self, descriptor: Descriptor, channel: Hashable) -> bool:
+        """Lease the published block of *descriptor* to one more *channel*; true if done.
+
+        For sending a message already published to some channels to another one. False
+        (nothing changed) when the block has been freed or reused since - acquire a new
+        one then - or when *channel* holds it already.
+        """
+        slot = self._blocks.get(descriptor.block)
+        if (
+            slot is None
+            or slot.state != _LEASED
+            or slot.generation != descriptor.generation
+            or slot.segment.name != descriptor.segment
+            or channel in slot.leases
+        ):
+            return False
+        slot.leases.add(channel)
+        held = self._by_channel.get(channel)
+        if held is None:
+            self._by_channel[channel] = {slot.id}
+        else:
+            held.add(slot.id)
+        return True
+
     def release(self, channel: Hashable, descriptor: Descriptor) -> bool:
         """Drop *channel*'s lease on the block of *descriptor*; true if it held one.
 
@@ -435,11 +469,18 @@ class ShmRing:
         after :meth:`close` returns false too.
         """
         slot = self._blocks.get(descriptor.block)
+        if slot is None or slot.segment.name != descriptor.segment:
+            return False
+        return self.release_block(channel, descriptor.block, descriptor.generation)
+
+    def release_block(self, channel: Hashable, block: int, generation: int) -> bool:
+        """:meth:`release` by block id and generation (what a channel sends back);
+        the same guarantees, since a block id names one segment for the ring's life."""
+        slot = self._blocks.get(block)
         if (
             slot is None
             or slot.state != _LEASED
-            or slot.generation != descriptor.generation
-            or slot.segment.name != descriptor.segment
+            or slot.generation != generation
             or channel not in slot.leases
         ):
             return False
@@ -451,6 +492,13 @@ class ShmRing:
         if not slot.leases:
             self._free(slot)
         return True
+
+    def take_retired(self) -> list[str]:
+        """Names of the out-of-line segments unlinked (to stay within ``max_bytes``)
+        since the last call: tell channels, so that they drop their mappings and the
+        memory really goes."""
+        retired, self._retired = self._retired, []
+        return retired
 
     def drop_channel(self, channel: Hashable) -> int:
         """Release every lease *channel* holds (its process died or disconnected);
@@ -565,17 +613,7 @@ class RingReader:
         descriptor lies outside the segment, :class:`ClosedResourceError` after
         :meth:`close`.
         """
-        if self._closed:
-            raise ClosedResourceError("the ring reader is closed")
-        segment = self._segments.get(descriptor.segment)
-        if segment is None:
-            segment = ShmSegment.attach(descriptor.segment)
-            self._segments[descriptor.segment] = segment
-            if len(self._segments) > self._max_segments:
-                # Closing defers the unmap while views of it live (segment layer).
-                self._segments.popitem(last=False)[1].close()
-        else:
-            self._segments.move_to_end(descriptor.segment)
+        segment = self.attach(descriptor.segment)
         offset, length = descriptor.offset, descriptor.length
         if offset < 0 or length < 0 or offset + length > segment.size:
             raise ValueError(
@@ -589,6 +627,27 @@ class RingReader:
         finalizer.atexit = False  # at interpreter exit nobody is listening
         # ndarray.data is memoryview(array): a new view whose .obj is the array.
         return array.data
+
+    def attach(self, name: str) -> ShmSegment:
+        """The segment *name*, attached read-only and cached (least recently used
+        evicted beyond *max_segments*).
+
+        Raises :class:`BrokenResourceError` if it has gone or shared memory is not
+        reachable from here, ``ValueError`` for a name that is not a segment name,
+        :class:`ClosedResourceError` after :meth:`close`.
+        """
+        if self._closed:
+            raise ClosedResourceError("the ring reader is closed")
+        segment = self._segments.get(name)
+        if segment is None:
+            segment = ShmSegment.attach(name)
+            self._segments[name] = segment
+            if len(self._segments) > self._max_segments:
+                # Closing defers the unmap while views of it live (segment layer).
+                self._segments.popitem(last=False)[1].close()
+        else:
+            self._segments.move_to_end(name)
+        return segment
 
     def take_released(self) -> list[Descriptor]:
         """Descriptors released since the last call, in the order they were released

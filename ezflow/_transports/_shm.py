@@ -1,0 +1,656 @@
+"""The shared-memory transport: same-host edges between processes.
+
+Each publishing process listens on one Unix-domain stream socket in Linux's abstract
+namespace (``@ezflow-<pid>-<16 hex>``: no file to clean up, gone when the process is).
+A channel in another process connects to it exactly as it would over tcp (the frames
+of :mod:`._stream`); what differs is where message bytes travel:
+
+* an encoded message of at most ``ShmOptions.inline_limit`` bytes goes *inline*, in a
+  ``DATA`` frame on the socket: copying a small message is cheaper than leasing a block;
+* a larger one is written once into a block of the publisher's :class:`ShmRing` (a ring
+  slot, or an out-of-line segment above the slot size), and every channel it goes to
+  gets a ``SHM_DATA`` notification: sequence number, timestamp, drops, and where the
+  block lies. The channel maps the segment read-only (mappings are cached), decodes the
+  message *in place* - arrays are read-only views into shared memory - and delivers it.
+  Notifications are batched like any frame, so a burst of messages costs one write and
+  one wake-up, not one per message.
+
+Leases and releases
+    A block stays leased to a channel while anything in that process still refers to the
+    message: the :class:`RingReader` learns from a finalizer when the last view is gone,
+    and the channel sends ``FREE`` (block, generation) records back, batched per
+    event-loop iteration. A subscriber that keeps a message therefore sees it unchanged
+    for as long as it keeps it. This is separate from flow control: the ``max_in_flight``
+    window (``ACK``) counts messages not yet *taken* by every subscriber, and is what
+    makes a lossless ``publish`` wait. When no block is free because subscribers keep
+    old messages alive, a message travels inline instead - kept messages never block a
+    publisher, and never make it drop anything.
+
+Loans
+    :meth:`ShmTransport.loan` hands out a writable array that already sits in a block,
+    after the bytes the codec puts before an array's data. Publishing that very array
+    writes nothing: the block is leased to the channels as it is. The loan holds its own
+    lease until the array (and every view of it) is gone, so the publisher's copy never
+    changes either; once published the array is made read-only.
+
+Crashes and cleanup
+    A channel whose publisher dies sees its socket close without ``END``: it ends like a
+    clean close (``on_lost``), its subscribers keep the messages they hold (the mappings
+    outlive the segments' names), and the dead publisher's segments are swept from
+    ``/dev/shm`` (see :class:`SegmentSweeper`). A channel that dies drops its socket;
+    the publisher then drops all its leases at once, so it is never blocked for long.
+    A publisher closes its ring (unlinking every segment) once every channel it fed has
+    read up to ``END``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import re
+import secrets
+import socket
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .._core._channel import Channel
+from .._core._codec import Codec, EncodedMessage
+from .._core._config import ShmOptions
+from .._core._exceptions import BrokenResourceError, MessageTooLargeError, ProtocolError
+from .._core._framing import (
+    FREE,
+    FREE_ENTRY,
+    FREE_HEADER,
+    RETIRE,
+    SHM_DATA,
+    SHM_HEADER,
+    SHM_PREFIX,
+    frame,
+)
+from .._core._outlet import Outlet
+from .._core._protocol import PublisherInfo, field
+from ._ring import Block, Descriptor, RingReader, ShmRing
+from ._segment import shm_available, sweep_stale_segments
+from ._stream import ChannelConnection, PublisherConnection, StreamLink, StreamTransport
+
+__all__ = ["SegmentSweeper", "ShmStats", "ShmTransport", "valid_socket_name"]
+
+log = logging.getLogger("ezflow.shm")
+
+_SOCKET_NAME = re.compile(r"ezflow-[0-9]{1,10}-[0-9a-f]{16}")
+# FREE records per frame: 16 bytes each keeps a frame well under the publisher's
+# handshake-time frame limit (64 KiB).
+_FREE_PER_FRAME = 2048
+# Seconds after a peer's crash at which its segments are swept: its flock is dropped a
+# few milliseconds after death, or later while the kernel tears down a big process.
+_SWEEP_DELAYS = (0.05, 0.5, 2.0)
+
+
+def valid_socket_name(name: str) -> bool:
+    """Whether *name* looks like a shm data socket this library creates."""
+    return _SOCKET_NAME.fullmatch(name) is not None
+
+
+@dataclasses.dataclass(slots=True)
+class ShmStats:
+    """Counters of one publisher's use of shared memory (see ``Publisher.shm_stats``).
+
+    * ``zero_copy`` - message x channel hand-overs through a shared-memory block;
+    * ``inline`` - hand-overs inline on the socket because the message was small;
+    * ``no_block`` - hand-overs inline because no block was free (subscribers keep
+      messages alive) or the message could never fit the ring's ``max_bytes``;
+    * ``loans`` / ``loan_fallbacks`` - loans served from shared memory / as a private
+      array because no block was free or shared memory is unavailable;
+    * ``loans_published`` - loaned arrays published without any copy;
+    * ``shm_bytes`` - bytes of ``/dev/shm`` the ring holds now; ``in_use`` - its blocks
+      leased or being written.
+    """
+
+    zero_copy: int = 0
+    inline: int = 0
+    no_block: int = 0
+    loans: int = 0
+    loan_fallbacks: int = 0
+    loans_published: int = 0
+    shm_bytes: int = 0
+    in_use: int = 0
+
+
+class _LoopCall:
+    """Schedules a callback on the loop's thread from anywhere - finalizers included,
+    which may run on another thread or in the middle of unrelated code."""
+
+    __slots__ = ("_loop", "_thread")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.get_ident()
+
+    def __call__(self, callback: Callable[..., object], *args: Any) -> None:
+        try:
+            if threading.get_ident() == self._thread:
+                self._loop.call_soon(callback, *args)
+            else:
+                self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is left to tell
+
+
+class SegmentSweeper:
+    """Removes segments of dead processes from ``/dev/shm``: now, and again a few times
+    shortly after :meth:`sweep_soon` (a crashed owner's lock goes a little after it).
+
+    Owned by a graph server or a shm transport; :meth:`aclose` cancels what is pending.
+    """
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    @staticmethod
+    def sweep_now() -> list[str]:
+        """One sweep, at once; the names removed."""
+        return sweep_stale_segments()
+
+    def sweep_soon(self) -> None:
+        """Sweep at ``_SWEEP_DELAYS`` from now (restarting the delays if one is pending)."""
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.ensure_future(self._sweep_later())
+
+    async def _sweep_later(self) -> None:
+        while True:
+            self._again = False
+            for delay in _SWEEP_DELAYS:
+                await asyncio.sleep(delay)
+                sweep_stale_segments()
+            if not self._again:
+                return
+
+    async def aclose(self) -> None:
+        """Cancel the pending sweeps and, if one was pending, sweep once more now."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            sweep_stale_segments()
+
+
+# -- publisher side ------------------------------------------------------------------------
+
+
+class _Loan:
+    """A loaned array not yet published: its block, and the bytes before its data."""
+
+    __slots__ = ("array", "descriptor", "key", "prefix")
+
+    def __init__(
+        self,
+        array: weakref.ref[np.ndarray[Any, Any]],
+        descriptor: Descriptor,
+        key: Hashable,
+        prefix: bytes,
+    ) -> None:
+        self.array = array
+        self.descriptor = descriptor
+        self.key = key
+        self.prefix = prefix
+
+
+class _OutletShm:
+    """One publisher's shared memory: its ring, its loans, and its shm links."""
+
+    def __init__(self, outlet: Outlet, options: ShmOptions, codec: Codec, call: _LoopCall) -> None:
+        self.outlet = outlet
+        self.options = options
+        self.codec = codec
+        self.ring = ShmRing(options.slot_count, options.slot_size, max_bytes=options.max_bytes)
+        self.stats = ShmStats()
+        self.links: set[_ShmLink] = set()
+        self.loans: dict[int, _Loan] = {}
+        self.usable = True
+        self.closing = False
+        self._call = call
+        # The block of the message being sent right now, shared by every link it goes to.
+        self._seq = 0
+        self._descriptor: Descriptor | None = None
+        self._name = b""
+
+    # -- placing messages ---------------------------------------------------------
+
+    def place(
+        self, seq: int, message: Any, encoded: EncodedMessage, link: _ShmLink
+    ) -> tuple[Descriptor, bytes] | None:
+        """The block holding message *seq*, leased to *link*; ``None``: send it inline.
+
+        The first link a message goes to writes it into a block (or finds it in a loan);
+        the others of the same ``Outlet.send_now`` add their lease to that block.
+        """
+        descriptor = self._descriptor
+        if descriptor is not None and seq == self._seq and self.ring.add_lease(descriptor, link):
+            return descriptor, self._name
+        self._seq = seq
+        self._descriptor = None
+        if self.loans and type(message) is np.ndarray:
+            descriptor = self._spend_loan(message, encoded)
+            if descriptor is not None and self.ring.add_lease(descriptor, link):
+                self.stats.loans_published += 1
+                return self._current(descriptor)
+        block = self._acquire(encoded.nbytes)
+        if block is None:
+            return None
+        buffer = block.buffer
+        position = 0
+        for part in encoded.parts:
+            end = position + len(part)
+            buffer[position:end] = part
+            position = end
+        self.ring.publish(block, (link,))
+        return self._current(block.descriptor)
+
+    def _current(self, descriptor: Descriptor) -> tuple[Descriptor, bytes]:
+        self._descriptor = descriptor
+        self._name = descriptor.segment.encode("ascii")
+        return descriptor, self._name
+
+    def _acquire(self, nbytes: int) -> Block | None:
+        if not self.usable:
+            return None
+        try:
+            block = self.ring.acquire(nbytes)
+        except MessageTooLargeError:
+            return None  # larger than the ring could ever hold: inline
+        except BrokenResourceError as exc:
+            self.usable = False
+            log.warning(
+                "shared memory failed for publisher %s on topic %r (%s); its messages now "
+                "travel inline on the local socket",
+                self.outlet.publisher_id,
+                self.outlet.topic,
+                exc,
+            )
+            return None
+        retired = self.ring.take_retired()
+        if retired:
+            frames = [frame(bytes([RETIRE]) + name.encode("ascii")) for name in retired]
+            for link in self.links:
+                for data in frames:
+                    link.queue_frame(data)
+        return block
+
+    # -- loans --------------------------------------------------------------------
+
+    def loan(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any] | None:
+        prefix, total = self.codec.array_prefix(shape, dtype)
+        if self.closing:
+            return None
+        block = self._acquire(total)
+        if block is None:
+            self.stats.loan_fallbacks += 1
+            return None
+        descriptor = block.descriptor
+        buffer = block.buffer
+        buffer[: len(prefix)] = prefix
+        key = ("loan", descriptor.block, descriptor.generation)
+        self.ring.publish(block, (key,))
+        # The uint8 array over the whole block is what dies last: the loaned array and
+        # every view of it hold it through the buffer protocol (see RingReader.view).
+        holder = np.frombuffer(buffer, dtype=np.uint8)
+        finalizer = weakref.finalize(holder, self._call, self._loan_gone, key, descriptor)
+        finalizer.atexit = False
+        array = np.frombuffer(
+            holder.data, dtype=dtype, count=math.prod(shape), offset=len(prefix)
+        ).reshape(shape)
+        del holder
+        loans = self.loans
+        array_id = id(array)
+
+        def forget(ref: weakref.ref[np.ndarray[Any, Any]]) -> None:
+            # Runs while the array is being freed, before its id can be reused.
+            entry = loans.get(array_id)
+            if entry is not None and entry.array is ref:
+                del loans[array_id]
+
+        loans[array_id] = _Loan(weakref.ref(array, forget), descriptor, key, prefix)
+        self.stats.loans += 1
+        return array
+
+    def _spend_loan(
+        self, message: np.ndarray[Any, Any], encoded: EncodedMessage
+    ) -> Descriptor | None:
+        """If *message* is a loaned array laid out as *encoded* says, its block."""
+        entry = self.loans.get(id(message))
+        if entry is None or entry.array() is not message:
+            return None
+        del self.loans[id(message)]
+        message.flags.writeable = False
+        descriptor = entry.descriptor
+        if encoded.nbytes != descriptor.length or encoded.parts[0] != entry.prefix:
+            return None  # reshaped or retyped in place since the loan: copy it
+        return descriptor
+
+    def spend(self, message: Any) -> None:
+        """*message* was published: if it is a loaned array, it is read-only now."""
+        if type(message) is np.ndarray:
+            entry = self.loans.get(id(message))
+            if entry is not None and entry.array() is message:
+                del self.loans[id(message)]
+                message.flags.writeable = False
+
+    def _loan_gone(self, key: Hashable, descriptor: Descriptor) -> None:
+        self.ring.release(key, descriptor)
+
+    # -- channels -----------------------------------------------------------------
+
+    def free(self, link: _ShmLink, body: bytes | memoryview) -> None:
+        if len(body) < FREE_HEADER.size:
+            raise ProtocolError(f"FREE frame of {len(body)} bytes")
+        _, count = FREE_HEADER.unpack_from(body)
+        if len(body) != FREE_HEADER.size + count * FREE_ENTRY.size:
+            raise ProtocolError(f"FREE frame of {len(body)} bytes for {count} records")
+        release = self.ring.release_block
+        for block, generation in FREE_ENTRY.iter_unpack(memoryview(body)[FREE_HEADER.size :]):
+            release(link, block, generation)
+        if self.closing:
+            self._maybe_close()
+
+    def link_lost(self, link: _ShmLink) -> None:
+        self.links.discard(link)
+        self.ring.drop_channel(link)
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        # Close (unlink everything) only once no channel can still be reading a
+        # notification for one of our blocks; loans outstanding keep their mappings.
+        if self.closing and not self.links:
+            self.ring.close()
+
+    def close(self) -> None:
+        self.closing = True
+        self._maybe_close()
+
+    def snapshot(self) -> ShmStats:
+        stats = self.stats
+        ring = self.ring
+        stats.shm_bytes = 0 if ring.closed else ring.stats.shm_bytes
+        stats.in_use = ring.in_use
+        return dataclasses.replace(stats)
+
+
+class _ShmLink(StreamLink):
+    transport = "shm"
+
+    def __init__(
+        self, connection: PublisherConnection, *, lossless: bool, max_size: int, shm: _OutletShm
+    ) -> None:
+        super().__init__(connection, lossless=lossless, max_size=max_size)
+        self.shm = shm
+        self._inline_limit = shm.options.inline_limit
+
+    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        assert encoded is not None
+        size = encoded.nbytes
+        self.sent_count += 1
+        self.sent_bytes += size
+        stats = self.shm.stats
+        if size > self._inline_limit:
+            placed = self.shm.place(seq, message, encoded, self)
+            if placed is not None:
+                d, name = placed
+                stats.zero_copy += 1
+                self.queue_frame(
+                    SHM_PREFIX.pack(
+                        SHM_HEADER.size + len(name),
+                        SHM_DATA,
+                        0,
+                        seq,
+                        time_ns,
+                        self.drops,
+                        d.block,
+                        d.generation,
+                        d.offset,
+                        d.length,
+                    )
+                    + name
+                )
+                return
+            stats.no_block += 1
+        else:
+            stats.inline += 1
+        self.queue_inline(seq, time_ns, encoded)
+
+
+# -- subscriber side -----------------------------------------------------------------------
+
+
+class _ShmChannelConnection(ChannelConnection):
+    def __init__(
+        self,
+        channel: Channel,
+        publisher: PublisherInfo,
+        max_size: int,
+        on_lost: Callable[[], None],
+        transport: ShmTransport,
+    ) -> None:
+        super().__init__(channel, publisher, max_size, on_lost)
+        self._shm = transport
+        self._call = transport.call
+        self.reader = RingReader(on_release=self._block_released)
+        self._free_scheduled = False
+
+    def welcomed(self, reply: dict[str, Any]) -> None:
+        # Mapping the ring now proves that /dev/shm is shared with the publisher (a
+        # container may have its own); if not, the caller falls back to tcp.
+        ring = field(reply, "ring", str)
+        try:
+            self.reader.attach(ring)
+        except (BrokenResourceError, ValueError) as exc:
+            raise BrokenResourceError(
+                f"cannot map the shared memory of publisher {self.publisher.publisher_id}: {exc}"
+            ) from exc
+
+    def publisher_frame(self, kind: int, body: bytes | memoryview) -> None:
+        if kind == SHM_DATA:
+            if len(body) <= SHM_HEADER.size:
+                raise ProtocolError(f"SHM_DATA frame of {len(body)} bytes")
+            _, _, seq, _, drops, block, generation, offset, length = SHM_HEADER.unpack_from(body)
+            try:
+                name = bytes(body[SHM_HEADER.size :]).decode("ascii")
+                view = self.reader.view(Descriptor(name, offset, length, block, generation))
+            except (UnicodeDecodeError, ValueError, BrokenResourceError) as exc:
+                raise ProtocolError(f"unusable shared-memory notification: {exc}") from exc
+            self.channel.deliver_body(seq, view, drops)
+        elif kind == RETIRE:
+            try:
+                self.reader.forget(bytes(body[1:]).decode("ascii"))
+            except UnicodeDecodeError as exc:
+                raise ProtocolError("RETIRE frame with a name that is not ASCII") from exc
+        else:
+            super().publisher_frame(kind, body)
+
+    def _block_released(self, descriptor: Descriptor) -> None:
+        # From a finalizer (any thread, any moment): only schedule the send.
+        if not self._free_scheduled:
+            self._free_scheduled = True
+            self._call(self._send_free)
+
+    def _send_free(self) -> None:
+        # Reset before taking: a release racing in from another thread either is taken
+        # now or schedules another call.
+        self._free_scheduled = False
+        released = self.reader.take_released()
+        transport = self.transport
+        if not released or transport is None or transport.is_closing():
+            return
+        pack = FREE_ENTRY.pack
+        frames = []
+        for start in range(0, len(released), _FREE_PER_FRAME):
+            chunk = released[start : start + _FREE_PER_FRAME]
+            frames.append(
+                frame(
+                    FREE_HEADER.pack(FREE, len(chunk))
+                    + b"".join([pack(d.block, d.generation) for d in chunk])
+                )
+            )
+        transport.writelines(frames)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        # Views handed out stay valid (they keep their mappings); only the cache goes.
+        self.reader.close()
+        if not self.ended:
+            self._shm.sweeper.sweep_soon()
+
+
+# -- the transport -------------------------------------------------------------------------
+
+
+class ShmTransport(StreamTransport[str]):
+    """Shared-memory data server for this process's publishers, and connector for its
+    channels. Linux only; :meth:`available` says whether it can work here."""
+
+    name: ClassVar[str] = "shm"
+
+    def __init__(self, *, max_message_size: int, codec: Codec) -> None:
+        super().__init__(max_message_size=max_message_size)
+        self._codec = codec
+        self._shm: dict[str, _OutletShm] = {}
+        self._call: _LoopCall | None = None
+        self.sweeper = SegmentSweeper()
+
+    @staticmethod
+    def available() -> bool:
+        """Whether shared memory and abstract Unix sockets work in this process."""
+        return sys.platform.startswith("linux") and shm_available()
+
+    @property
+    def call(self) -> _LoopCall:
+        if self._call is None:
+            self._call = _LoopCall(asyncio.get_running_loop())
+        return self._call
+
+    async def listen(
+        self, factory: Callable[[], PublisherConnection]
+    ) -> tuple[asyncio.AbstractServer, str]:
+        # Segments of processes that died before us go first.
+        self.sweeper.sweep_now()
+        name = f"ezflow-{os.getpid()}-{secrets.token_hex(8)}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind("\0" + name)
+            sock.listen(256)
+            sock.setblocking(False)
+            server = await asyncio.get_running_loop().create_unix_server(factory, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        return server, name
+
+    async def connect(
+        self, factory: Callable[[], ChannelConnection], publisher: PublisherInfo
+    ) -> ChannelConnection:
+        name = publisher.shm_address
+        if name is None or not valid_socket_name(name):
+            raise OSError(f"publisher advertises no usable shm socket ({name!r})")
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, "\0" + name)
+            _, connection = await loop.create_unix_connection(factory, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        return connection
+
+    def where(self, publisher: PublisherInfo) -> str:
+        return f"unix socket @{publisher.shm_address}"
+
+    def new_channel_connection(
+        self, channel: Channel, publisher: PublisherInfo, on_lost: Callable[[], None]
+    ) -> ChannelConnection:
+        return _ShmChannelConnection(channel, publisher, self.max_message_size, on_lost, self)
+
+    # -- publishers ---------------------------------------------------------------
+
+    def add_outlet(self, outlet: Outlet, options: ShmOptions | None = None) -> None:
+        super().add_outlet(outlet)
+        self._shm[outlet.publisher_id] = _OutletShm(
+            outlet, options or ShmOptions(), self._codec, self.call
+        )
+
+    def remove_outlet(self, outlet: Outlet) -> None:
+        super().remove_outlet(outlet)
+        shm = self._shm.pop(outlet.publisher_id, None)
+        if shm is not None:
+            shm.close()
+
+    def make_link(
+        self, connection: PublisherConnection, outlet: Outlet, hello: dict[str, Any]
+    ) -> tuple[StreamLink, dict[str, Any]]:
+        shm = self._shm[outlet.publisher_id]
+        if not shm.usable:
+            raise BrokenResourceError("shared memory failed for this publisher earlier")
+        shm.ring.open()  # BrokenResourceError: no shared memory -> the channel uses tcp
+        link = _ShmLink(
+            connection,
+            lossless=bool(hello.get("lossless")),
+            max_size=field(hello, "max_message_size", int),
+            shm=shm,
+        )
+        shm.links.add(link)
+        assert shm.ring.name is not None
+        return link, {"ring": shm.ring.name}
+
+    def channel_frame(
+        self, connection: PublisherConnection, link: StreamLink, kind: int, body: bytes | memoryview
+    ) -> None:
+        if kind != FREE or not isinstance(link, _ShmLink):
+            super().channel_frame(connection, link, kind, body)
+            return
+        link.shm.free(link, body)
+
+    def link_lost(self, connection: PublisherConnection, outlet: Outlet, link: StreamLink) -> None:
+        if isinstance(link, _ShmLink):
+            link.shm.link_lost(link)
+
+    def loan(
+        self, outlet: Outlet, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> np.ndarray[Any, Any] | None:
+        """A writable array of *shape* and *dtype* in *outlet*'s shared memory, laid out
+        so that publishing it copies nothing; ``None`` when no block can be had (use a
+        private array then). Raises like :meth:`Codec.array_prefix`."""
+        shm = self._shm.get(outlet.publisher_id)
+        if shm is None:
+            return None
+        return shm.loan(shape, dtype)
+
+    def spend(self, outlet: Outlet, message: Any) -> None:
+        shm = self._shm.get(outlet.publisher_id)
+        if shm is not None and shm.loans:
+            shm.spend(message)
+
+    def stats(self, outlet: Outlet) -> ShmStats | None:
+        shm = self._shm.get(outlet.publisher_id)
+        return None if shm is None else shm.snapshot()
+
+    async def aclose(self) -> None:
+        try:
+            await super().aclose()
+        finally:
+            for shm in list(self._shm.values()):
+                shm.links.clear()
+                shm.close()
+            self._shm.clear()
+            await self.sweeper.aclose()

@@ -1,0 +1,581 @@
+"""What the socket transports (tcp, shm) share: one stream per (publisher, channel).
+
+Every process that publishes runs one data server per socket transport. A channel
+connects to it, says which publisher it wants (``HELLO``), gets ``WELCOME``, and from
+then on receives ``DATA`` frames (and, over shm, ``SHM_DATA`` notifications) and sends
+back ``ACK`` frames with its cumulative release figures (coalesced) and ``MODE`` when
+it turns lossless or leaky. A publisher that closes on purpose sends ``END`` and
+half-closes; the channel closes once it has read up to there.
+
+Sending is batched without delaying a lone message: the first message of an event-loop
+iteration is written at once (lowest latency for paced publishers); later ones are
+queued and handed to ``transport.writelines`` (one vectored write) at the end of the
+iteration, or as soon as ``_FLUSH_MESSAGES`` / ``_FLUSH_BYTES`` are queued, so that the
+subscriber starts working while the publisher is still encoding. On uvloop (and Python
+>= 3.12's loop) the array buffers are not copied on the way out; Python 3.11's stock
+loop joins the parts of a ``writelines`` call into one buffer.
+
+Channels acknowledge releases as soon as a quarter of the publisher's window (sent in
+``WELCOME``) has been released, else at the end of the event-loop iteration, so a
+publisher rarely stalls on a full window while its subscriber is busy. Receiving uses
+:class:`~ezflow._core._framing.FramedProtocol`: large frames are read straight into
+their own buffer, and arrays are decoded as views into it.
+
+Subclasses (:mod:`._tcp`, :mod:`._shm`) say how to listen and connect, and may handle
+further frame kinds through the ``*_frame`` hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, TypeVar, cast
+
+from .._core._channel import Channel
+from .._core._codec import EncodedMessage
+from .._core._config import (
+    CONNECT_TIMEOUT,
+    HANDSHAKE_MAX_FRAME_SIZE,
+    HANDSHAKE_TIMEOUT,
+    MAX_CHANNELS_PER_PUBLISHER,
+)
+from .._core._exceptions import BrokenResourceError, EzflowTimeoutError, ProtocolError
+from .._core._framing import (
+    ACK,
+    ACK_BODY,
+    DATA,
+    DATA_HEADER,
+    DATA_PREFIX,
+    END,
+    HELLO,
+    MODE,
+    WELCOME,
+    FramedProtocol,
+    frame,
+)
+from .._core._outlet import Link, Outlet
+from .._core._protocol import PROTOCOL, PublisherInfo, field, pack_message, unpack_message
+from ._base import Inbound, Transport
+
+__all__ = ["ChannelConnection", "PublisherConnection", "StreamLink", "StreamTransport"]
+
+log = logging.getLogger("ezflow.stream")
+
+HEADER_SIZE = DATA_HEADER.size
+# Flush a batch early once this much is queued (see the module docstring).
+_FLUSH_MESSAGES = 16
+_FLUSH_BYTES = 256 * 1024
+# Seconds a closing data connection may take to hand its last bytes to the kernel.
+CLOSE_TIMEOUT = 5.0
+_END_FRAME = frame(bytes([END]))
+
+AddressT = TypeVar("AddressT")
+
+
+def control(kind: int, message: dict[str, Any]) -> bytes:
+    """A handshake frame: the kind byte and a msgpack map."""
+    return frame(bytes([kind]) + pack_message(message))
+
+
+def unpack_control(body: bytes | memoryview) -> dict[str, Any]:
+    return unpack_message(memoryview(body)[1:])
+
+
+# -- publisher side ------------------------------------------------------------------------
+
+
+class StreamLink(Link):
+    """Sends one outlet's messages to one channel over a stream, batched."""
+
+    needs_encoding = True
+
+    def __init__(self, connection: PublisherConnection, *, lossless: bool, max_size: int) -> None:
+        super().__init__(lossless=lossless, max_message_size=max_size)
+        self.connection = connection
+        self._loop = asyncio.get_running_loop()
+        self._queued: list[bytes | memoryview] = []
+        self._queued_messages = 0
+        self._queued_bytes = 0
+        self._flush_scheduled = False
+
+    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        assert encoded is not None
+        self.sent_count += 1
+        self.sent_bytes += encoded.nbytes
+        self.queue_inline(seq, time_ns, encoded)
+
+    def queue_inline(self, seq: int, time_ns: int, encoded: EncodedMessage) -> None:
+        """Queue *encoded* as a ``DATA`` frame (the message bytes themselves)."""
+        size = encoded.nbytes
+        queued = self._queued
+        queued.append(DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops))
+        queued.extend(encoded.parts)
+        self._queued_one(size)
+
+    def queue_frame(self, data: bytes) -> None:
+        """Queue one complete frame (length prefix included) as one message."""
+        self._queued.append(data)
+        self._queued_one(len(data))
+
+    def _queued_one(self, size: int) -> None:
+        if not self._flush_scheduled:
+            # First message of this loop iteration: out now. The rest of the iteration's
+            # messages are collected and flushed together by the callback.
+            self._flush_scheduled = True
+            self._loop.call_soon(self._end_of_iteration)
+            self.flush()
+            return
+        self._queued_messages += 1
+        self._queued_bytes += size
+        if self._queued_messages >= _FLUSH_MESSAGES or self._queued_bytes >= _FLUSH_BYTES:
+            self.flush()
+
+    def _end_of_iteration(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
+
+    def flush(self) -> None:
+        queued, self._queued = self._queued, []
+        self._queued_messages = self._queued_bytes = 0
+        transport = self.connection.transport
+        if queued and transport is not None and not transport.is_closing():
+            transport.writelines(queued)
+
+    def close(self) -> None:
+        """Flush what is queued, then tell the channel this is a clean end.
+
+        Only our sending side is shut down: we keep reading (the channel's last ACKs)
+        until the channel, having read up to END, closes. Closing a socket with unread
+        input would make the kernel reset the connection and throw away data the
+        channel had not read yet.
+        """
+        self.flush()
+        transport = self.connection.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(_END_FRAME)
+            if transport.can_write_eof():
+                transport.write_eof()
+            else:  # pragma: no cover - stream sockets can always half-close
+                transport.close()
+
+
+class PublisherConnection(FramedProtocol):
+    """A channel connected to one of this process's publishers."""
+
+    def __init__(self, server: StreamTransport[Any]) -> None:
+        super().__init__(HANDSHAKE_MAX_FRAME_SIZE)
+        self.server = server
+        self.link: StreamLink | None = None
+        self.outlet: Outlet | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.server.tune(transport)
+        self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._late)
+
+    def _late(self) -> None:
+        if self.link is None:
+            log.warning(
+                "%s data server: closing connection from %s: no HELLO within %.0f s",
+                self.server.name,
+                self.peer_name(),
+                HANDSHAKE_TIMEOUT,
+            )
+            self.abort()
+
+    def frame_received(self, body: bytes | memoryview) -> None:
+        if not body:
+            raise ProtocolError("empty frame")
+        kind = body[0]
+        link = self.link
+        if link is not None:
+            if kind == ACK:
+                if len(body) != ACK_BODY.size:
+                    raise ProtocolError(f"ACK frame of {len(body)} bytes")
+                _, count, nbytes = ACK_BODY.unpack(body)
+                link.released(count, nbytes)
+            elif kind == MODE:
+                link.set_lossless(bool(unpack_control(body).get("lossless")))
+            else:
+                self.server.channel_frame(self, link, kind, body)
+            return
+        if kind != HELLO:
+            raise ProtocolError(f"expected HELLO, got frame kind {kind}")
+        hello = unpack_control(body)
+        if hello.get("protocol") != PROTOCOL:
+            self._refuse(f"protocol {hello.get('protocol')!r} is not {PROTOCOL!r}")
+            return
+        publisher_id = field(hello, "publisher_id", str)
+        field(hello, "max_message_size", int)
+        outlet = self.server.outlets.get(publisher_id)
+        if outlet is None or outlet.closed:
+            self._refuse(f"no publisher {publisher_id!r} in this process")
+            return
+        if len(outlet.links) >= MAX_CHANNELS_PER_PUBLISHER:
+            self._refuse(
+                f"publisher {publisher_id!r} already feeds {MAX_CHANNELS_PER_PUBLISHER} "
+                "channels (MAX_CHANNELS_PER_PUBLISHER)"
+            )
+            return
+        try:
+            link, extra = self.server.make_link(self, outlet, hello)
+        except BrokenResourceError as exc:
+            self._refuse(str(exc))
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self.link = link
+        self.outlet = outlet
+        outlet.add_link(link)
+        assert self.transport is not None
+        welcome = {"op": "welcome", "ok": True, "max_in_flight": outlet.max_in_flight, **extra}
+        self.transport.write(control(WELCOME, welcome))
+
+    def _refuse(self, reason: str) -> None:
+        log.warning(
+            "%s data server: refusing channel from %s: %s",
+            self.server.name,
+            self.peer_name(),
+            reason,
+        )
+        assert self.transport is not None
+        self.transport.write(control(WELCOME, {"op": "welcome", "ok": False, "error": reason}))
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.server.connections.discard(self)
+        if self.outlet is not None and self.link is not None:
+            self.outlet.remove_link(self.link)
+            self.server.link_lost(self, self.outlet, self.link)
+
+
+# -- subscriber side -----------------------------------------------------------------------
+
+
+class ChannelConnection(FramedProtocol):
+    """This process's channel, connected to a publisher elsewhere."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        publisher: PublisherInfo,
+        max_size: int,
+        on_lost: Callable[[], None],
+    ) -> None:
+        super().__init__(max_size + HEADER_SIZE)
+        self.channel = channel
+        self.publisher = publisher
+        self.max_size = max_size
+        self.welcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._on_lost: Callable[[], None] | None = on_lost
+        self._ack_scheduled = False
+        self._released = (0, 0)
+        self._acked_count = 0
+        self._ack_every = 1
+        self.ended = False
+
+    def hello(self) -> dict[str, Any]:
+        """The HELLO map; subclasses may add fields."""
+        return {
+            "op": "hello",
+            "protocol": PROTOCOL,
+            "publisher_id": self.publisher.publisher_id,
+            "lossless": self.channel.lossless,
+            "max_message_size": self.max_size,
+        }
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        cast(asyncio.Transport, transport).write(control(HELLO, self.hello()))
+
+    def frame_received(self, body: bytes | memoryview) -> None:
+        kind = body[0] if body else 0
+        if kind == DATA:
+            if len(body) < HEADER_SIZE:
+                raise ProtocolError(f"DATA frame of {len(body)} bytes")
+            _, _, seq, _, drops = DATA_HEADER.unpack_from(body)
+            self.channel.deliver_body(seq, memoryview(body)[HEADER_SIZE:], drops)
+        elif kind == END:
+            # Everything the publisher sent came before END: close our side now, which
+            # also tells the publisher its last messages arrived.
+            self.ended = True
+            if self.transport is not None:
+                self.transport.close()
+        elif kind == WELCOME and not self.welcome.done():
+            reply = unpack_control(body)
+            if reply.get("ok"):
+                try:
+                    self.welcomed(reply)
+                except BrokenResourceError as exc:
+                    self.welcome.set_exception(exc)
+                    return
+                window = reply.get("max_in_flight")
+                if isinstance(window, int) and window > 0:
+                    self._ack_every = max(1, window // 4)
+                self.channel.on_release = self._on_release
+                self.channel.on_mode_change = self._on_mode_change
+                self.welcome.set_result(None)
+            else:
+                self.welcome.set_exception(
+                    BrokenResourceError(f"publisher refused the channel: {reply.get('error')}")
+                )
+        else:
+            self.publisher_frame(kind, body)
+
+    def welcomed(self, reply: dict[str, Any]) -> None:
+        """The publisher accepted the channel with *reply*; raise
+        :class:`BrokenResourceError` to turn that into a failed handshake."""
+
+    def publisher_frame(self, kind: int, body: bytes | memoryview) -> None:
+        """A frame kind this class does not handle arrived from the publisher."""
+        raise ProtocolError(f"unexpected frame kind {kind} from a publisher")
+
+    def protocol_error(self, exc: ProtocolError) -> None:
+        log.error(
+            "closing connection to publisher %s on topic %r: %s",
+            self.publisher.publisher_id,
+            self.publisher.topic,
+            exc,
+        )
+        self.abort()
+
+    def _on_release(self, count: int, nbytes: int) -> None:
+        self._released = (count, nbytes)
+        if count - self._acked_count >= self._ack_every:
+            self._send_ack()
+        elif not self._ack_scheduled:
+            self._ack_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_ack)
+
+    def _scheduled_ack(self) -> None:
+        self._ack_scheduled = False
+        if self._released[0] > self._acked_count:
+            self._send_ack()
+
+    def _send_ack(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            count, nbytes = self._released
+            self._acked_count = count
+            transport.write(frame(ACK_BODY.pack(ACK, count, nbytes)))
+
+    def _on_mode_change(self, lossless: bool) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(control(MODE, {"op": "mode", "lossless": lossless}))
+
+    def close(self) -> None:
+        self._on_lost = None
+        self.channel.on_release = None
+        self.channel.on_mode_change = None
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.welcome.done():
+            self.welcome.set_exception(
+                BrokenResourceError(
+                    f"publisher {self.publisher.publisher_id} closed the connection during "
+                    "the handshake"
+                )
+            )
+        on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
+            if self.ended:
+                log.debug("publisher %s ended cleanly", self.publisher.publisher_id)
+            else:
+                log.info(
+                    "publisher %s on topic %r went away without closing (%s)",
+                    self.publisher.publisher_id,
+                    self.publisher.topic,
+                    exc or "connection closed",
+                )
+            on_lost()
+
+
+class _StreamInbound(Inbound):
+    def __init__(self, connection: ChannelConnection, transport: str) -> None:
+        self._connection = connection
+        self.transport = transport  # type: ignore[misc]
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+class StreamTransport(Transport, Generic[AddressT]):
+    """Data server for this process's publishers, and connector for its channels.
+
+    Subclasses implement :meth:`listen`, :meth:`connect` and :meth:`where`, and may
+    override the hooks (:meth:`tune`, :meth:`make_link`, :meth:`channel_frame`,
+    :meth:`link_lost`, :meth:`new_channel_connection`).
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, *, max_message_size: int) -> None:
+        self.max_message_size = max_message_size
+        self.outlets: dict[str, Outlet] = {}
+        self.connections: set[PublisherConnection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._address: AddressT | None = None
+        self._starting: asyncio.Lock | None = None
+
+    @property
+    def address(self) -> AddressT | None:
+        """Where the data server listens (``None`` until it has started)."""
+        return self._address
+
+    async def start(self) -> AddressT:
+        """Start the data server if it is not running; return its address."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._address is None:
+                self._server, self._address = await self.listen(self._new_connection)
+                log.debug("%s data server listening on %s", self.name, self._address)
+        return self._address
+
+    def _new_connection(self) -> PublisherConnection:
+        connection = PublisherConnection(self)
+        self.connections.add(connection)
+        return connection
+
+    # -- what subclasses provide ------------------------------------------------------
+
+    @abstractmethod
+    async def listen(
+        self, factory: Callable[[], PublisherConnection]
+    ) -> tuple[asyncio.AbstractServer, AddressT]:
+        """Start listening for channels; return the server and its address."""
+
+    @abstractmethod
+    async def connect(
+        self, factory: Callable[[], ChannelConnection], publisher: PublisherInfo
+    ) -> ChannelConnection:
+        """Open a stream to *publisher*'s data server (raise ``OSError`` on failure)."""
+
+    @abstractmethod
+    def where(self, publisher: PublisherInfo) -> str:
+        """The publisher's data-server address, for error messages."""
+
+    def tune(self, transport: asyncio.BaseTransport) -> None:
+        """Set socket options on a new connection (either side)."""
+
+    def make_link(
+        self, connection: PublisherConnection, outlet: Outlet, hello: dict[str, Any]
+    ) -> tuple[StreamLink, dict[str, Any]]:
+        """The link for an accepted HELLO, and extra WELCOME fields. Raise
+        :class:`BrokenResourceError` to refuse the channel with that reason."""
+        return (
+            StreamLink(
+                connection,
+                lossless=bool(hello.get("lossless")),
+                max_size=field(hello, "max_message_size", int),
+            ),
+            {},
+        )
+
+    def channel_frame(
+        self, connection: PublisherConnection, link: StreamLink, kind: int, body: bytes | memoryview
+    ) -> None:
+        """A frame other than ACK / MODE from a channel past its handshake."""
+        raise ProtocolError(f"unexpected frame kind {kind} from a channel")
+
+    def link_lost(self, connection: PublisherConnection, outlet: Outlet, link: StreamLink) -> None:
+        """*link*'s connection is gone (after ``outlet.remove_link``)."""
+
+    def new_channel_connection(
+        self, channel: Channel, publisher: PublisherInfo, on_lost: Callable[[], None]
+    ) -> ChannelConnection:
+        return ChannelConnection(channel, publisher, self.max_message_size, on_lost)
+
+    # -- Transport ------------------------------------------------------------------------
+
+    def add_outlet(self, outlet: Outlet) -> None:
+        self.outlets[outlet.publisher_id] = outlet
+
+    def remove_outlet(self, outlet: Outlet) -> None:
+        if self.outlets.get(outlet.publisher_id) is outlet:
+            del self.outlets[outlet.publisher_id]
+
+    async def open_channel(
+        self, channel: Channel, publisher: PublisherInfo, *, on_lost: Callable[[], None]
+    ) -> Inbound:
+        where = (
+            f"publisher {publisher.publisher_id} on topic {publisher.topic!r} at "
+            f"{self.where(publisher)}"
+        )
+        try:
+            connection = await asyncio.wait_for(
+                self.connect(
+                    lambda: self.new_channel_connection(channel, publisher, on_lost), publisher
+                ),
+                CONNECT_TIMEOUT,
+            )
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            raise EzflowTimeoutError(
+                f"cannot connect to {where} within {CONNECT_TIMEOUT} s"
+            ) from exc
+        except OSError as exc:
+            raise BrokenResourceError(f"cannot connect to {where}: {exc}") from exc
+        try:
+            await asyncio.wait_for(asyncio.shield(connection.welcome), HANDSHAKE_TIMEOUT)
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            connection.close()
+            raise EzflowTimeoutError(f"{where} did not answer HELLO in time") from exc
+        except BaseException:
+            connection.close()
+            raise
+        return _StreamInbound(connection, self.name)
+
+    async def wait_closed(self, outlet: Outlet) -> None:
+        """After ``outlet.close()``: wait (at most ``CLOSE_TIMEOUT``) until every channel
+        it fed has read up to ``END`` and closed its connection."""
+        closing = [c.closed for c in self.connections if c.outlet is outlet and not c.closed.done()]
+        if closing:
+            await asyncio.wait(closing, timeout=CLOSE_TIMEOUT)
+
+    async def aclose(self) -> None:
+        """Close every outlet (each channel gets what was published, then ``END``), stop
+        listening, and wait up to ``CLOSE_TIMEOUT`` for each channel to read up to
+        ``END`` before aborting connections that are still not done. Cancelled while
+        waiting, it aborts them at once."""
+        for outlet in list(self.outlets.values()):
+            outlet.close()
+        self.outlets.clear()
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for connection in list(self.connections):
+            if connection.link is None:
+                connection.abort()  # still in its handshake: nothing to deliver
+        closing = [c.closed for c in self.connections if not c.closed.done()]
+        try:
+            if closing:
+                _, late = await asyncio.wait(closing, timeout=CLOSE_TIMEOUT)
+                if late:
+                    log.warning(
+                        "%d %s subscriber connections did not take their last messages "
+                        "within %.0f s; closing them anyway",
+                        len(late),
+                        self.name,
+                        CLOSE_TIMEOUT,
+                    )
+        finally:
+            # Also when cancelled while waiting: nothing stays open.
+            for connection in list(self.connections):
+                connection.abort()
+            self.connections.clear()
+        if server is not None:
+            try:
+                await asyncio.wait_for(server.wait_closed(), 2.0)
+            except (TimeoutError, asyncio.TimeoutError):
+                log.debug("%s data server still closing after 2 s", self.name)
