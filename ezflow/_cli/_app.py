@@ -1,0 +1,41 @@
+"""The root ``ezflow`` command and its entry point.
+
+Each command group lives in its own module and is registered here with one
+``app.add_typer(...)`` (or ``app.command()(...)``) line, so adding ``serve``, ``graph``,
+``topics`` ... means one new module and one line below.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from .._core._exceptions import EzflowError
+from . import _perf
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="ezflow",
+    help="ezflow: asyncio message-channel pub/sub. Run a command with --help for details.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """ezflow: asyncio message-channel pub/sub for numpy data."""
+
+
+app.add_typer(_perf.app, name="perf")
+
+
+def main() -> None:
+    """Console-script entry point (``ezflow``, ``python -m ezflow``): clear one-line
+    errors for what ezflow refuses, no traceback."""
+    try:
+        app()
+    except EzflowError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None

@@ -1,0 +1,281 @@
+"""``ezflow perf run | compare | report | peers | schema``."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .._core._loop import run_coroutine
+from .._perf import _compare, _report, _runner, _schema, _tables
+from .._perf._spec import QUICK, STANDARD, SUITES, TRANSPORTS, Cell, Plan, SpecError, parse_size
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    help="Benchmarks: fan-out, fan-in, relay and spread suites over local, shm and tcp, "
+    "next to the raw floor of the machine (and, on request, a peer framework).",
+    no_args_is_help=True,
+)
+
+# Wide tables stay readable when piped or captured (rich uses 80 columns then).
+_console = Console() if sys.stdout.isatty() else Console(width=200)
+_errors = Console(stderr=True)
+
+DEFAULT_SIZES = ("64B", "1KiB", "64KiB", "1MiB")
+QUICK_SIZES = ("1KiB", "1MiB")
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """One line on stderr, no traceback, exit *code*."""
+    _errors.print(f"[red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _choose(values: list[str] | None, allowed: tuple[str, ...], what: str) -> list[str]:
+    """*values* split on commas, each checked against *allowed*; all of them when none."""
+    if not values:
+        return list(allowed)
+    chosen: list[str] = []
+    for value in values:
+        for item in (part.strip() for part in value.split(",")):
+            if item not in allowed:
+                _fail(f"unknown {what} {item!r}; use one of {', '.join(allowed)}")
+            if item not in chosen:
+                chosen.append(item)
+    return chosen
+
+
+def _cells(
+    suites: list[str], transports: list[str], sizes: list[int], clients: list[int]
+) -> list[Cell]:
+    return [
+        Cell(suite, transport, size, n)
+        for suite in suites
+        for transport in transports
+        for size in sizes
+        for n in clients
+    ]
+
+
+@app.command()
+def run(  # noqa: PLR0917 - one parameter per command-line option
+    suite: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--suite", "-s", help=f"Suites (repeat or comma-separate): {', '.join(SUITES)}."
+        ),
+    ] = None,
+    transport: Annotated[
+        list[str] | None,
+        typer.Option("--transport", "-t", help=f"Transports: {', '.join(TRANSPORTS)}."),
+    ] = None,
+    size: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--size",
+            help=f"Message sizes such as 64B, 1KiB, 1MiB [default: {', '.join(DEFAULT_SIZES)}; "
+            f"--quick: {', '.join(QUICK_SIZES)}].",
+        ),
+    ] = None,
+    clients: Annotated[
+        list[int] | None, typer.Option("--clients", "-n", help="N: sinks, sources or relays [4].")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds of back-to-back publishing per cell.")
+    ] = None,
+    count: Annotated[
+        int | None, typer.Option(help="At most this many back-to-back messages per source.")
+    ] = None,
+    latency_samples: Annotated[
+        int | None, typer.Option(help="Paced messages per source for the latency figures.")
+    ] = None,
+    period: Annotated[
+        float | None, typer.Option(help="Pacing of the latency phase, in seconds [0.001].")
+    ] = None,
+    repeats: Annotated[int | None, typer.Option(help="Repeats of every cell (medians).")] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="One short repeat, two sizes: about a minute.")
+    ] = False,
+    peer: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A peer framework's worker command, run back to back with ezflow cell by "
+            "cell, e.g. 'python perf/peers/ezmsg_peer.py'.",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Results file [ezflow-perf-TIME.json].")
+    ] = None,
+) -> None:
+    """Run the suites and save the results as JSON (see `ezflow perf schema`)."""
+    base = QUICK if quick else STANDARD
+    try:
+        plan = Plan(
+            duration=base.duration if duration is None else duration,
+            count=count,
+            warmup=min(base.warmup, (base.duration if duration is None else duration) / 4),
+            latency_samples=base.latency_samples if latency_samples is None else latency_samples,
+            period=base.period if period is None else period,
+            repeats=base.repeats if repeats is None else repeats,
+            floor_round_trips=base.floor_round_trips,
+        )
+        sizes = [parse_size(text) for text in (size or (QUICK_SIZES if quick else DEFAULT_SIZES))]
+        cells = _cells(
+            _choose(suite, SUITES, "suite"),
+            _choose(transport, TRANSPORTS, "transport"),
+            list(dict.fromkeys(sizes)),
+            list(dict.fromkeys(clients or [4])),
+        )
+    except SpecError as exc:
+        _fail(str(exc))
+    peers = [shlex.split(command) for command in peer or ()]
+    if any(not command for command in peers):
+        _fail("--peer needs a command, e.g. 'python perf/peers/ezmsg_peer.py'")
+    if output is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        output = Path(f"ezflow-perf-{stamp}.json")
+    if output.parent and not output.parent.is_dir():
+        _fail(f"cannot write {output}: {output.parent} is not a directory")
+    document = _run_live(cells, plan, peers)
+    errors = _schema.validate(document)
+    output.write_text(json.dumps(document, indent=1) + "\n")
+    _console.print(_tables.results_table(document["cells"], title="ezflow perf: medians"))
+    for line in _tables.reasons(document["cells"]):
+        _console.print(f"  {line}", highlight=False, markup=False)
+    rows = _compare.peer_rows(document)
+    if rows:
+        _console.print(_tables.peer_table(rows))
+    floor = document["floor"]
+    rtts = ", ".join(
+        f"{entry['size']} B {entry['p50']:.1f} µs" for entry in floor["socketpair_rtt_us"]
+    )
+    _console.print(
+        f"floor: memcpy {floor['memcpy_gb_per_s']:.1f} GB/s; socketpair round trip p50 {rtts} "
+        f"(one-way floor = half)",
+        highlight=False,
+    )
+    _console.print(f"wrote {output} in {document['wall_seconds']:.1f} s", highlight=False)
+    if errors:  # a bug in the runner, not in what it measured
+        _fail(f"the results do not match the schema: {errors[0]}", code=1)
+    failed = [cell for cell in document["cells"] if cell["status"] == "error"]
+    if failed:
+        _fail(f"{len(failed)} cell(s) failed; see the table above", code=1)
+
+
+def _run_live(cells: list[Cell], plan: Plan, peers: list[list[str]]) -> dict[str, Any]:
+    """Run with a progress bar and a live table of the cells measured so far."""
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_errors,
+    )
+    task = progress.add_task("starting", total=None)
+    done: list[dict[str, Any]] = []
+    live = Live(Group(progress), console=_errors, refresh_per_second=4, transient=True)
+
+    def started(total: int) -> None:
+        progress.update(task, total=total)
+
+    def step(label: str) -> None:
+        progress.update(task, description=label)
+        progress.advance(task)
+
+    def cell_done(record: _runner.CellRecord) -> None:
+        done.append(record.to_json())
+        live.update(Group(_tables.results_table(done[-12:], title="latest cells"), progress))
+
+    def log(message: str) -> None:
+        progress.update(task, description=message)
+
+    callbacks = _runner.Progress(started=started, step=step, cell_done=cell_done, log=log)
+    command = ["ezflow", *sys.argv[1:]]
+    try:
+        with live:
+            return run_coroutine(
+                _runner.run(cells, plan, peers=peers, progress=callbacks, command=command)
+            )
+    except KeyboardInterrupt:
+        _fail("interrupted: every worker was stopped, no results written", code=130)
+    except _runner.WorkerError as exc:
+        _fail(str(exc), code=1)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        return _schema.load(path)
+    except _schema.ResultsError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def compare(
+    base: Annotated[Path, typer.Argument(help="Results of the reference run.")],
+    new: Annotated[Path, typer.Argument(help="Results of the run to judge.")],
+    noise: Annotated[float, typer.Option(help="Gains within 1 ± noise are not colored.")] = 0.10,
+    fail: Annotated[
+        float,
+        typer.Option(help="Exit with status 1 when a figure is worse by more than this."),
+    ] = 0.25,
+) -> None:
+    """Per-cell ratios of NEW over BASE; exit status 1 on a regression beyond --fail."""
+    if not 0 <= noise <= fail:
+        _fail(f"need 0 <= --noise ({noise}) <= --fail ({fail})")
+    changes = _compare.compare(_load(base), _load(new), noise=noise, fail=fail)
+    _console.print(_tables.compare_table(changes, base.name, new.name))
+    failing = [change for change in changes if change.failing]
+    if failing:
+        _fail(
+            f"{len(failing)} regression(s) beyond {fail:.0%} (first: "
+            f"{'/'.join(map(str, failing[0].key))} {failing[0].metric})",
+            code=1,
+        )
+    _console.print(f"no regression beyond {fail:.0%}", highlight=False)
+
+
+@app.command()
+def report(
+    results: Annotated[Path, typer.Argument(help="A results file of `ezflow perf run`.")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="HTML file [RESULTS with .html].")
+    ] = None,
+) -> None:
+    """Write a self-contained HTML report (tables and plots, no external files)."""
+    document = _load(results)
+    target = output or results.with_suffix(".html")
+    try:
+        target.write_text(_report.render(document, title=results.name))
+    except OSError as exc:
+        _fail(f"cannot write {target}: {exc.strerror or exc}")
+    _console.print(f"wrote {target}", highlight=False)
+
+
+@app.command()
+def peers(
+    results: Annotated[Path, typer.Argument(help="A results file of a run with --peer.")],
+    markdown: Annotated[bool, typer.Option(help="Print a markdown table.")] = False,
+) -> None:
+    """ezflow against the peer frameworks of one run, cell by cell."""
+    rows = _compare.peer_rows(_load(results))
+    if not rows:
+        _fail(f"{results} has no peer framework (run with --peer)")
+    if markdown:
+        typer.echo(_tables.peer_markdown(rows), nl=False)
+    else:
+        _console.print(_tables.peer_table(rows))
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON schema of a results file."""
+    typer.echo(json.dumps(_schema.SCHEMA, indent=2))

@@ -1,0 +1,387 @@
+"""Run the cells of a perf run in real processes and aggregate what their sinks saw.
+
+For every framework (ezflow, then each peer) the runner starts one graph-server worker
+for the whole run, then, cell by cell and repeat by repeat, the units workers of the
+cell's layout (:func:`._spec.layout`), frameworks back to back within each repeat so
+that their figures are measured under the same conditions.
+
+Every worker is started in its own session (a Ctrl-C in the terminal reaches only the
+runner), with its stdin a pipe from the runner: closing it makes the worker leave, and
+:meth:`Worker.close` kills whatever has not left within a few seconds. All of that
+happens in ``finally`` blocks, so an error, a Ctrl-C (the main task is cancelled) or a
+SIGTERM ends every worker; a runner killed outright closes the pipes by dying, and the
+workers leave on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import _environment, _floor
+from ._schema import SCHEMA_ID
+from ._spec import Cell, Plan, layout, pacing
+from ._worker import DRAIN_SECONDS
+
+__all__ = [
+    "EZFLOW_WORKER",
+    "CellRecord",
+    "FrameworkInfo",
+    "WorkerError",
+    "run",
+]
+
+#: How the runner starts an ezflow worker.
+EZFLOW_WORKER = (sys.executable, "-m", "ezflow._perf._worker")
+#: Seconds a worker may take to start and register (imports, graph round trips).
+SETUP_TIMEOUT = 60.0
+#: Seconds beyond its expected run time before a cell counts as hung.
+GRACE = 30.0
+#: Bytes of a worker's stderr kept for error messages.
+STDERR_TAIL = 64 * 1024
+
+
+class WorkerError(RuntimeError):
+    """A worker failed, hung or went away; the message says which and why (one line)."""
+
+
+class Worker:
+    """One child process speaking the :mod:`._worker` protocol."""
+
+    def __init__(self, name: str, process: asyncio.subprocess.Process) -> None:
+        self.name = name
+        self.process = process
+        self._stderr = bytearray()
+        self._drain = asyncio.ensure_future(self._read_stderr())
+
+    @classmethod
+    async def start(cls, name: str, command: Sequence[str]) -> Worker:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+        )
+        return cls(name, process)
+
+    async def _read_stderr(self) -> None:
+        stream = self.process.stderr
+        assert stream is not None
+        while chunk := await stream.read(65536):
+            self._stderr += chunk
+            del self._stderr[:-STDERR_TAIL]
+
+    def _why(self) -> str:
+        """The last meaningful stderr line of the worker, for error messages."""
+        lines = [line.strip() for line in self._stderr.decode(errors="replace").splitlines()]
+        lines = [line for line in lines if line]
+        return lines[-1] if lines else "no output on stderr"
+
+    async def event(self, names: set[str], timeout: float) -> dict[str, Any]:
+        """The next stdout event whose name is in *names* (others are skipped)."""
+        try:
+            return await asyncio.wait_for(self._event(names), timeout)
+        except asyncio.TimeoutError:
+            raise WorkerError(
+                f"{self.name} hung (no {'/'.join(sorted(names))} within {timeout:.0f} s)"
+            ) from None
+
+    async def _event(self, names: set[str]) -> dict[str, Any]:
+        stdout = self.process.stdout
+        assert stdout is not None
+        while True:
+            line = await stdout.readline()
+            if not line:
+                code = await self.process.wait()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._drain), 2.0)
+                raise WorkerError(f"{self.name} exited with status {code}: {self._why()}")
+            if not line.startswith(b"{"):
+                continue  # stray output (a library printing): not part of the protocol
+            event: dict[str, Any] = json.loads(line)
+            if event.get("event") in names:
+                return event
+
+    def send(self, command: str) -> None:
+        stdin = self.process.stdin
+        if stdin is not None and not stdin.is_closing():
+            stdin.write(command.encode() + b"\n")
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Close stdin (the cue to leave), wait up to *timeout*, then kill; reap."""
+        stdin = self.process.stdin
+        if stdin is not None and not stdin.is_closing():
+            stdin.close()
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.process.wait()), timeout)
+        finally:
+            if self.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.kill()
+            await self.process.wait()
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._drain, 2.0)
+
+
+@dataclass(slots=True)
+class FrameworkInfo:
+    """One framework of the run and its graph-server worker."""
+
+    command: tuple[str, ...]
+    name: str = ""
+    version: str = ""
+    event_loop: str = "asyncio"
+    graph: Worker | None = None
+    address: tuple[str, int] = ("127.0.0.1", 0)
+
+    async def start(self) -> None:
+        info = await Worker.start("framework info", [*self.command, "info"])
+        try:
+            event = await info.event({"info"}, SETUP_TIMEOUT)
+        finally:
+            await info.close()
+        self.name, self.version, self.event_loop = (
+            event["framework"],
+            event["version"],
+            event["loop"],
+        )
+        self.graph = await Worker.start(f"{self.name} graph server", [*self.command, "graph"])
+        ready = await self.graph.event({"ready"}, SETUP_TIMEOUT)
+        self.address = (ready["address"][0], int(ready["address"][1]))
+
+    async def aclose(self) -> None:
+        if self.graph is not None:
+            await self.graph.close()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "event_loop": self.event_loop}
+
+
+@dataclass(slots=True)
+class CellRecord:
+    """The results of one framework in one cell, over the repeats so far."""
+
+    framework: str
+    cell: Cell
+    status: str = "ok"
+    reason: str | None = None
+    processes: int = 0
+    repeats: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> dict[str, Any] | None:
+        """The median of every figure over the repeats (drops: the largest)."""
+        if self.status != "ok" or not self.repeats:
+            return None
+        merged: dict[str, Any] = {}
+        for key in self.repeats[0]:
+            values = [repeat[key] for repeat in self.repeats if repeat[key] is not None]
+            if key == "drops":
+                merged[key] = max(values)
+            elif key == "messages":
+                merged[key] = int(np.median(values))
+            else:
+                merged[key] = float(np.median(values)) if values else None
+        return merged
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "framework": self.framework,
+            "suite": self.cell.suite,
+            "transport": self.cell.transport,
+            "size": self.cell.size,
+            "clients": self.cell.clients,
+            "status": self.status,
+            "reason": self.reason,
+            "processes": self.processes,
+            "repeats": self.repeats,
+            "metrics": self.metrics,
+        }
+
+
+def _percentile_us(samples: np.ndarray[Any, np.dtype[np.float64]], q: float) -> float | None:
+    return float(np.percentile(samples, q)) / 1e3 if samples.size else None
+
+
+def _aggregate(cell: Cell, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One repeat's metrics from the ``result`` events of the cell's workers."""
+    sinks = [unit for result in results for unit in result["units"] if unit["kind"] == "sink"]
+    corrupt = sum(sink["corrupt"] for sink in sinks)
+    disorder = sum(sink["disorder"] for sink in sinks)
+    if corrupt or disorder:
+        raise WorkerError(f"{corrupt} corrupted and {disorder} out-of-order messages at the sinks")
+    latency = np.asarray([ns for sink in sinks for ns in sink["latency_ns"]], dtype=np.float64)
+    loaded = [sink["loaded_p50_ns"] for sink in sinks if sink["loaded_p50_ns"] is not None]
+    msgs_per_s = float(sum(sink["msgs_per_s"] for sink in sinks))
+    messages = sum(
+        sink["rate_messages"] + sink["latency_messages"] + sink["ends"] for sink in sinks
+    )
+    cpu = sum(result["cpu_seconds"] for result in results)
+    return {
+        "msgs_per_s": msgs_per_s,
+        "mb_per_s": msgs_per_s * cell.size / 1e6,
+        "latency_p50_us": _percentile_us(latency, 50),
+        "latency_p99_us": _percentile_us(latency, 99),
+        "latency_max_us": float(latency.max()) / 1e3 if latency.size else None,
+        "loaded_latency_p50_us": float(np.median(loaded)) / 1e3 if loaded else None,
+        "drops": int(sum(sink["drops"] for sink in sinks)),
+        "cpu_s_per_msg": cpu / messages if messages else 0.0,
+        "messages": int(messages),
+    }
+
+
+def expected_seconds(cell: Cell, plan: Plan) -> float:
+    """How long the streaming part of one repeat of *cell* should take."""
+    paced = plan.latency_samples * pacing(cell.size, plan.period) * 1.5
+    return plan.duration + DRAIN_SECONDS + paced
+
+
+async def _run_cell(framework: FrameworkInfo, cell: Cell, plan: Plan, record: CellRecord) -> None:
+    """One repeat of *cell* on *framework*; updates *record* (status, repeats)."""
+    groups = layout(cell, f"/perf/{uuid.uuid4().hex[:12]}")
+    record.processes = len(groups)
+    base = {
+        "graph": list(framework.address),
+        "transport": cell.transport,
+        "size": cell.size,
+        "seed": int.from_bytes(os.urandom(4), "little"),
+        "plan": plan.to_json(),
+    }
+    workers: list[Worker] = []
+    try:
+        for index, group in enumerate(groups):
+            spec = dict(base, units=[unit.to_json() for unit in group.units])
+            name = f"{framework.name} {cell.label} process {index + 1} ({group.roles})"
+            workers.append(
+                await Worker.start(name, [*framework.command, "units", json.dumps(spec)])
+            )
+        for stage, command in (("subscribed", "publish"), ("published", "go")):
+            events = await asyncio.gather(
+                *(worker.event({stage, "unavailable"}, SETUP_TIMEOUT) for worker in workers)
+            )
+            for event in events:
+                if event["event"] == "unavailable":
+                    record.status, record.reason = "unavailable", event["reason"]
+                    return
+            for worker in workers:
+                worker.send(command)
+        timeout = expected_seconds(cell, plan) + GRACE
+        results = await asyncio.gather(*(worker.event({"result"}, timeout) for worker in workers))
+        record.repeats.append(_aggregate(cell, list(results)))
+    finally:
+        # Concurrently: each close may wait a few seconds for a worker to leave.
+        await asyncio.gather(*(worker.close() for worker in workers), return_exceptions=True)
+
+
+@dataclass(slots=True)
+class Progress:
+    """Callbacks of a run, for a live display (all optional)."""
+
+    started: Callable[[int], None] = lambda total: None
+    step: Callable[[str], None] = lambda label: None
+    cell_done: Callable[[CellRecord], None] = lambda record: None
+    log: Callable[[str], None] = lambda message: None
+
+
+async def _measure_floor(plan: Plan, sizes: Sequence[int], progress: Progress) -> dict[str, Any]:
+    progress.log("floor: memcpy bandwidth")
+    memcpy = _floor.memcpy_bandwidth()
+    rtts = []
+    for size in sizes:
+        progress.log(f"floor: socketpair round trip, {size} B")
+        trips = plan.floor_round_trips if size < (1 << 20) else max(1, plan.floor_round_trips // 5)
+        samples = np.asarray(
+            await _floor.socketpair_rtt(size, trips, max(1, trips // 10)), dtype=np.float64
+        )
+        rtts.append(
+            {
+                "size": size,
+                "p50": float(np.percentile(samples, 50)) / 1e3,
+                "p99": float(np.percentile(samples, 99)) / 1e3,
+            }
+        )
+    return {"memcpy_gb_per_s": memcpy / 1e9, "socketpair_rtt_us": rtts}
+
+
+async def run(
+    cells: Sequence[Cell],
+    plan: Plan,
+    *,
+    peers: Sequence[Sequence[str]] = (),
+    progress: Progress | None = None,
+    command: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Measure the floor, then every cell on ezflow and on each peer (a worker command,
+    e.g. ``["python", "perf/peers/ezmsg_peer.py"]``); return the results document (see
+    :mod:`._schema`). A cell that fails is recorded with status ``error`` and the run
+    goes on; cancelling the calling task ends every worker first."""
+    progress = progress or Progress()
+    main_task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    if main_task is not None:  # SIGTERM: the same clean-up as Ctrl-C
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
+    started = time.perf_counter()
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    frameworks = [FrameworkInfo(EZFLOW_WORKER), *(FrameworkInfo(tuple(peer)) for peer in peers)]
+    records: dict[tuple[str, Cell], CellRecord] = {}
+    try:
+        for framework in frameworks:
+            progress.log(f"starting {' '.join(framework.command)}")
+            await framework.start()
+        sizes = sorted({cell.size for cell in cells})
+        floor = await _measure_floor(plan, sizes, progress)
+        progress.started(len(cells) * plan.repeats * len(frameworks))
+        for cell in cells:
+            for framework in frameworks:
+                record = CellRecord(framework.name, cell)
+                records[framework.name, cell] = record
+                if cell.applicable is not None:
+                    record.status, record.reason = "unavailable", cell.applicable
+            for repeat in range(plan.repeats):
+                for framework in frameworks:
+                    record = records[framework.name, cell]
+                    label = f"{framework.name} {cell.label} repeat {repeat + 1}/{plan.repeats}"
+                    progress.step(label)
+                    if record.status != "ok":
+                        continue
+                    try:
+                        await _run_cell(framework, cell, plan, record)
+                    except WorkerError as exc:
+                        record.status, record.reason = "error", str(exc)
+                        progress.log(f"[red]{label}: {exc}[/]")
+            for framework in frameworks:
+                progress.cell_done(records[framework.name, cell])
+    finally:
+        await asyncio.gather(*(fw.aclose() for fw in frameworks), return_exceptions=True)
+        if main_task is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGTERM)
+    ezflow_info = frameworks[0]
+    return {
+        "schema": SCHEMA_ID,
+        "created": created,
+        "command": list(command),
+        "wall_seconds": time.perf_counter() - started,
+        "environment": _environment.capture(ezflow_info.event_loop),
+        "plan": plan.to_json(),
+        "frameworks": [framework.to_json() for framework in frameworks],
+        "floor": floor,
+        "cells": [record.to_json() for record in records.values()],
+    }

@@ -1,0 +1,163 @@
+"""Terminal and markdown tables of perf results (rich; never imported by workers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rich.table import Table
+
+from ._compare import FIGURES, PEER_BAR, Change, PeerRow
+from ._spec import format_size
+
+__all__ = [
+    "compare_table",
+    "fmt_cpu",
+    "fmt_rate",
+    "fmt_us",
+    "peer_markdown",
+    "peer_table",
+    "reasons",
+    "results_table",
+]
+
+
+def fmt_rate(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+def fmt_us(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.1f}"
+
+
+def fmt_cpu(value: float | None) -> str:
+    """CPU seconds per message, shown in µs."""
+    return "—" if value is None else f"{value * 1e6:,.2f}"
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def results_table(cells: Iterable[dict[str, Any]], title: str = "ezflow perf") -> Table:
+    """One row per (framework, cell): the median figures, or its status (the reasons
+    are in :func:`reasons`)."""
+    table = Table(title=title, title_justify="left")
+    for name in ("framework", "suite", "transport", "size", "N"):
+        table.add_column(name, no_wrap=True)
+    for name in ("msgs/s", "MB/s", "p50 µs", "p99 µs", "max µs", "loaded p50 µs", "CPU µs/msg"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("drops", justify="right", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    for cell in cells:
+        head = (
+            cell["framework"], cell["suite"], cell["transport"], format_size(cell["size"]),
+            str(cell["clients"]),
+        )  # fmt: skip
+        metrics = cell["metrics"]
+        if cell["status"] != "ok" or metrics is None:
+            style = "red" if cell["status"] == "error" else "dim"
+            table.add_row(*head, *("" for _ in range(8)), f"[{style}]{cell['status']}[/]")
+            continue
+        drops = metrics["drops"]
+        table.add_row(
+            *head,
+            fmt_rate(metrics["msgs_per_s"]),
+            f"{metrics['mb_per_s']:,.1f}",
+            fmt_us(metrics["latency_p50_us"]),
+            fmt_us(metrics["latency_p99_us"]),
+            fmt_us(metrics["latency_max_us"]),
+            fmt_us(metrics["loaded_latency_p50_us"]),
+            fmt_cpu(metrics["cpu_s_per_msg"]),
+            f"[red]{drops}[/]" if drops else "0",
+            "ok",
+        )
+    return table
+
+
+def reasons(cells: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per distinct reason a cell has no figures, with the cells it applies to."""
+    found: dict[str, list[str]] = {}
+    for cell in cells:
+        if cell["status"] != "ok":
+            size = format_size(cell["size"])
+            label = f"{cell['framework']} {cell['suite']}/{cell['transport']}/{size}"
+            found.setdefault(f"{cell['status']}: {cell['reason']}", []).append(label)
+    return [f"{reason} ({', '.join(labels)})" for reason, labels in found.items()]
+
+
+_STYLES = {"better": "green", "worse": "red", "regression": "bold red", "failed": "bold red"}
+
+
+def compare_table(changes: list[Change], base: str, new: str) -> Table:
+    """Per-cell gains of *new* over *base* (> 1 is better), colored beyond the noise."""
+    table = Table(title=f"{new} against {base} (gain > 1 is better)", title_justify="left")
+    for name in ("framework", "suite", "transport", "size", "N", "figure"):
+        table.add_column(name, no_wrap=True)
+    for name in ("base", "new", "gain"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("verdict")
+    labels = {metric: label for metric, label, _ in FIGURES}
+    formats = {"msgs_per_s": fmt_rate, "latency_p50_us": fmt_us, "cpu_s_per_msg": fmt_cpu}
+    for change in changes:
+        framework, suite, transport, size, clients = change.key
+        style = _STYLES.get(change.verdict, "")
+        fmt = formats.get(change.metric, fmt_rate)
+        verdict = f"[{style}]{change.verdict}[/]" if style else change.verdict
+        table.add_row(
+            framework, suite, transport, format_size(size), str(clients),
+            labels.get(change.metric, change.metric),
+            fmt(change.base) if change.base is not None else "—",
+            fmt(change.new) if change.new is not None else "—",
+            f"[{style}]{change.gain:.2f}x[/]" if change.gain is not None and style
+            else _fmt_ratio(change.gain),
+            verdict,
+        )  # fmt: skip
+    return table
+
+
+def _bar(row: PeerRow) -> str:
+    met = row.meets_bar
+    return "—" if met is None else ("pass" if met else "miss")
+
+
+def peer_table(rows: list[PeerRow]) -> Table:
+    """ezflow against each peer, cell by cell, with the ratios and the bar."""
+    table = Table(
+        title="ezflow against its peers, same run, cell by cell",
+        caption=f"bar: msgs/s ratio ≥ {PEER_BAR[0]:g}x and p50 ratio ≤ {PEER_BAR[1]:g}x",
+        title_justify="left",
+    )
+    for name in ("suite", "transport", "size", "N", "peer"):
+        table.add_column(name, no_wrap=True)
+    for name in ("ezflow msgs/s", "peer msgs/s", "ratio", "ezflow p50 µs", "peer p50 µs", "ratio"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("bar")
+    for row in rows:
+        bar = _bar(row)
+        style = {"pass": "green", "miss": "red"}.get(bar, "dim")
+        table.add_row(
+            row.suite, row.transport, format_size(row.size), str(row.clients), row.peer,
+            fmt_rate(row.ezflow_msgs), fmt_rate(row.peer_msgs), _fmt_ratio(row.msgs_ratio),
+            fmt_us(row.ezflow_p50), fmt_us(row.peer_p50), _fmt_ratio(row.p50_ratio),
+            f"[{style}]{bar if row.note is None else row.note}[/]",
+        )  # fmt: skip
+    return table
+
+
+def peer_markdown(rows: list[PeerRow]) -> str:
+    """The peer table as GitHub markdown (for docs/perf.md)."""
+    lines = [
+        "| suite | transport | size | N | peer | ezflow msgs/s | peer msgs/s | ratio "
+        "| ezflow p50 µs | peer p50 µs | ratio | bar |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.suite} | {row.transport} | {format_size(row.size)} | {row.clients} "
+            f"| {row.peer} | {fmt_rate(row.ezflow_msgs)} | {fmt_rate(row.peer_msgs)} "
+            f"| {_fmt_ratio(row.msgs_ratio)} | {fmt_us(row.ezflow_p50)} "
+            f"| {fmt_us(row.peer_p50)} | {_fmt_ratio(row.p50_ratio)} "
+            f"| {_bar(row) if row.note is None else row.note} |"
+        )
+    return "\n".join(lines) + "\n"
