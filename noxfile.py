@@ -1,4 +1,4 @@
-"""Sessions: tests, lint, typecheck, perf."""
+"""Sessions: tests, lint, typecheck, perf, perf_peers."""
 
 from __future__ import annotations
 
@@ -29,5 +29,27 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def perf(session: nox.Session) -> None:
+    """`ezflow perf run` (arguments pass through, e.g. `nox -s perf -- --quick`)."""
     session.install("-e", ".")
-    session.run("python", "perf/bench_tcp.py", *session.posargs)
+    session.run("ezflow", "perf", "run", *session.posargs)
+
+
+#: The peer comparison of the issue: these cells, ezflow and ezmsg back to back.
+PEER_CELLS = ("-s", "fanout,fanin,relay", "-t", "shm,tcp", "--size", "1KiB,1MiB", "-n", "4")
+
+
+@nox.session
+def perf_peers(session: nox.Session) -> None:
+    """ezflow against ezmsg 3.9.0, cell by cell, in a venv of its own (ezmsg is never a
+    dependency of ezflow). Extra arguments go to `ezflow perf run` after the defaults,
+    e.g. `nox -s perf_peers -- --repeats 5 -o peers.json`."""
+    session.install("-e", ".", "ezmsg==3.9.0")
+    output = "perf-peers.json"
+    if "-o" in session.posargs or "--output" in session.posargs:
+        flag = "-o" if "-o" in session.posargs else "--output"
+        output = session.posargs[session.posargs.index(flag) + 1]
+    peer = f"{session.bin}/python perf/peers/ezmsg_peer.py"
+    session.run(
+        "ezflow", "perf", "run", *PEER_CELLS, "--peer", peer, "-o", output, *session.posargs
+    )
+    session.run("ezflow", "perf", "peers", output, "--markdown")

@@ -82,8 +82,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         list[str] | None,
         typer.Option(
             "--size",
-            help=f"Message sizes such as 64B, 1KiB, 1MiB [default: {', '.join(DEFAULT_SIZES)}; "
-            f"--quick: {', '.join(QUICK_SIZES)}].",
+            help="Message sizes (repeat or comma-separate) such as 64B, 1KiB, 1MiB "
+            f"[default: {', '.join(DEFAULT_SIZES)}; --quick: {', '.join(QUICK_SIZES)}].",
         ),
     ] = None,
     clients: Annotated[
@@ -128,7 +128,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             repeats=base.repeats if repeats is None else repeats,
             floor_round_trips=base.floor_round_trips,
         )
-        sizes = [parse_size(text) for text in (size or (QUICK_SIZES if quick else DEFAULT_SIZES))]
+        texts = size or (QUICK_SIZES if quick else DEFAULT_SIZES)
+        sizes = [parse_size(text) for value in texts for text in value.split(",")]
         cells = _cells(
             _choose(suite, SUITES, "suite"),
             _choose(transport, TRANSPORTS, "transport"),
