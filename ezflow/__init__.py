@@ -24,6 +24,12 @@ from ._core._loop import loop_factory, run_coroutine
 from ._core._outlet import PublisherStats
 from ._graph._context import ChannelInfo, GraphContext, Publisher, Subscriber
 from ._graph._server import GraphServer
+from ._units._component import Collection, Component, Unit
+from ._units._decorators import main, publisher, subscriber, task, thread
+from ._units._errors import Complete, GraphDefinitionError, ProcessDiedError, UnitError
+from ._units._runner import GraphRunner, run
+from ._units._settings import Settings, State
+from ._units._streams import InputStream, OutputStream
 from ._transports._shm import ShmStats
 
 __version__ = "0.1.0"
@@ -36,24 +42,42 @@ __all__ = [
     "ChannelStats",
     "ClosedResourceError",
     "Codec",
+    "Collection",
+    "Complete",
+    "Component",
     "ConfigurationError",
     "EzflowError",
     "EzflowTimeoutError",
     "GraphContext",
+    "GraphDefinitionError",
     "GraphError",
+    "GraphRunner",
     "GraphServer",
+    "InputStream",
     "MessageTooLargeError",
+    "OutputStream",
+    "ProcessDiedError",
     "ProtocolError",
     "Publisher",
     "PublisherStats",
+    "Settings",
     "ShmOptions",
     "ShmStats",
+    "State",
     "Subscriber",
     "SubscriberStats",
+    "Unit",
+    "UnitError",
     "UnregisteredTypeError",
     "__version__",
     "loop_factory",
+    "main",
     "message",
+    "publisher",
     "register_message",
+    "run",
     "run_coroutine",
+    "subscriber",
+    "task",
+    "thread",
 ]

@@ -1,0 +1,52 @@
+"""Exceptions of the declarative layer, named by cause."""
+
+from __future__ import annotations
+
+from .._core._exceptions import ConfigurationError, EzflowError
+
+__all__ = ["Complete", "GraphDefinitionError", "ProcessDiedError", "UnitError"]
+
+
+class Complete(Exception):  # a signal, not an error (like StopIteration)
+    """Raise from any unit function to end the whole graph normally.
+
+    Every process stops, every ``shutdown()`` runs and :func:`ezflow.run` returns (exit
+    code 0). It is the equivalent of ezmsg's ``NormalTermination``; to end just one
+    task or publisher, ``return`` from it instead.
+    """
+
+
+class GraphDefinitionError(ConfigurationError):
+    """The graph handed to :func:`ezflow.run` (or :class:`ezflow.GraphRunner`) is not
+    valid: an unknown stream, two inputs or two outputs connected, mismatched message
+    types, duplicate component names, settings of the wrong type, a
+    ``process_components`` entry that is not in the graph, ... Raised before anything
+    starts; the message names the component or connection and what to do."""
+
+
+class UnitError(EzflowError):
+    """The graph ended because a unit raised (or, for :class:`ProcessDiedError`, a
+    process died).
+
+    ``component`` is the path of the unit that failed (``"PIPE/FILTER"``), ``process``
+    the name of the process it ran in, ``details`` the formatted traceback; the message
+    contains all three, and names every further failure that happened while the graph
+    was stopping.
+    """
+
+    def __init__(self, message: str, *, component: str, process: str, details: str) -> None:
+        super().__init__(message)
+        self.component = component
+        self.process = process
+        self.details = details
+
+
+class ProcessDiedError(UnitError):
+    """A process running units exited without being asked to (killed, crashed, or
+    exited on its own). ``returncode`` is its exit status (negative: the signal)."""
+
+    def __init__(
+        self, message: str, *, component: str, process: str, details: str, returncode: int
+    ) -> None:
+        super().__init__(message, component=component, process=process, details=details)
+        self.returncode = returncode

@@ -1,0 +1,360 @@
+"""Validation and flattening: from components and connections to units, topics, edges
+and processes. Pure: nothing here touches the network or starts anything.
+
+Topics are derived from component paths: the stream ``OUTPUT`` of the unit ``FILTER``
+inside the collection ``PIPE`` is the topic ``"PIPE/FILTER/OUTPUT"``. Connections
+through collection-level streams are resolved into direct edges between unit streams
+(``"PIPE/INPUT"`` relays are not topics anyone publishes on), so no message is ever
+copied to relay it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from .._core._protocol import check_topic
+from ._component import Collection, Component, Unit
+from ._errors import GraphDefinitionError
+from ._streams import BoundStream, Stream, types_compatible
+
+__all__ = ["MAIN_PROCESS", "Plan", "build_plan", "stream_topic"]
+
+#: Process name of the units that run in the process calling ``run``.
+MAIN_PROCESS = ""
+
+
+def stream_topic(path: str, stream_name: str) -> str:
+    return f"{path}/{stream_name}"
+
+
+@dataclass
+class _End:
+    topic: str
+    label: str
+    relay: bool  # a collection-level stream
+    direction: str | None  # effective direction at this connection: input/output/None
+    message_type: Any
+
+
+@dataclass
+class Plan:
+    """A validated graph, ready to run."""
+
+    units: dict[str, Unit]  # path -> unit, in depth-first declaration order
+    process_of: dict[str, str]  # unit path -> process name (MAIN_PROCESS or a path)
+    edges: list[tuple[str, str]]  # direct topic -> topic edges to create
+    processes: dict[str, list[str]] = field(default_factory=dict)  # name -> unit paths
+
+    def units_in(self, process: str) -> list[Unit]:
+        return [self.units[path] for path in self.processes.get(process, [])]
+
+
+def _check_name(name: object, where: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise GraphDefinitionError(f"{where}: a component name is a non-empty str, not {name!r}")
+    if "/" in name or not name.isprintable() or any(c.isspace() for c in name):
+        raise GraphDefinitionError(
+            f"{where}: component name {name!r} may not contain '/', whitespace or "
+            "unprintable characters"
+        )
+    return name
+
+
+def _check_settings(component: Component) -> None:
+    expected = component.settings_type()
+    label = component.path
+    settings = component.SETTINGS
+    if expected is None:
+        if settings is not None:
+            raise GraphDefinitionError(
+                f"{label}: {type(component).__qualname__} declares no SETTINGS class but has "
+                f"settings {settings!r}"
+            )
+        return
+    if settings is None:
+        required = [
+            f.name
+            for f in dataclasses.fields(cast(Any, expected))
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        raise GraphDefinitionError(
+            f"{label}: {type(component).__qualname__} has no settings, and "
+            f"{expected.__qualname__} has required fields ({', '.join(required)}); pass "
+            f"{type(component).__qualname__}({expected.__qualname__}(...)) or call "
+            "apply_settings() in the parent collection's configure()"
+        )
+    if not isinstance(settings, expected):
+        raise GraphDefinitionError(
+            f"{label}: settings are a {type(settings).__qualname__}, but "
+            f"{type(component).__qualname__} expects {expected.__qualname__} (its SETTINGS)"
+        )
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.paths: dict[int, str] = {}
+        self.components: dict[str, Component] = {}
+        self.units: dict[str, Unit] = {}
+        self.collections: list[Collection] = []
+
+    def visit(self, component: object, path: str) -> None:
+        if not isinstance(component, Component):
+            raise GraphDefinitionError(
+                f"{path}: {component!r} is not a component; pass ezflow.Unit or "
+                "ezflow.Collection instances"
+            )
+        seen = self.paths.get(id(component))
+        if seen is not None:
+            raise GraphDefinitionError(
+                f"duplicate component: the same {type(component).__qualname__} instance is "
+                f"both {seen} and {path}; create one instance per name"
+            )
+        self.paths[id(component)] = path
+        self.components[path] = component
+        component.path = path
+        component.name = path.rsplit("/", 1)[-1]
+        _check_settings(component)
+        if isinstance(component, Unit):
+            self.units[path] = component
+            for stream_name in type(component).streams():
+                topic = stream_topic(path, stream_name)
+                try:
+                    check_topic(topic)
+                except ValueError as exc:
+                    raise GraphDefinitionError(f"{path}: stream topic {topic!r}: {exc}") from exc
+        elif isinstance(component, Collection):
+            component.configure()
+            self.collections.append(component)
+            for name, child in component.components().items():
+                self.visit(child, f"{path}/{_check_name(name, path)}")
+        else:
+            raise GraphDefinitionError(
+                f"{path}: {type(component).__qualname__} is neither a Unit nor a Collection"
+            )
+
+    def endpoint(self, end: object, scope: Collection | None, role: str, where: str) -> _End:
+        if isinstance(end, str):
+            if end in self.components:
+                raise GraphDefinitionError(
+                    f"{where}: {end!r} is a component, not a stream; name one of its streams "
+                    f"({', '.join(type(self.components[end]).streams())})"
+                )
+            owner_path, _, stream_name = end.rpartition("/")
+            owner = self.components.get(owner_path)
+            if owner is not None:
+                stream = type(owner).streams().get(stream_name)
+                if stream is None:
+                    raise GraphDefinitionError(
+                        f"{where}: unknown stream {end!r}: {type(owner).__qualname__} "
+                        f"{owner_path} has no stream {stream_name!r} (it has "
+                        f"{', '.join(type(owner).streams()) or 'none'})"
+                    )
+                return self.endpoint(owner._bound_stream(stream), scope, role, where)
+            try:
+                check_topic(end)
+            except ValueError as exc:
+                raise GraphDefinitionError(f"{where}: {exc}") from exc
+            return _End(end, repr(end), False, None, Any)
+        if isinstance(end, Stream):
+            raise GraphDefinitionError(
+                f"{where}: {end!r} is the stream of a class, not of a component; write "
+                f"instance.{end.name} (for example sine.OUTPUT)"
+            )
+        if isinstance(end, Component):
+            raise GraphDefinitionError(
+                f"{where}: the {role} is a {type(end).__qualname__} component, not a stream; "
+                f"name one of its streams ({', '.join(type(end).streams())})"
+            )
+        if not isinstance(end, BoundStream):
+            raise GraphDefinitionError(
+                f"{where}: the {role} {end!r} is not a stream; use component.STREAM or a topic name"
+            )
+        component = end.component
+        path = self.paths.get(id(component))
+        if path is None:
+            raise GraphDefinitionError(
+                f"{where}: unknown stream {end.name} of a {type(component).__qualname__} "
+                "that is not in the graph; add that component to components= (or to a "
+                "collection) or connect a component that is"
+            )
+        stream = end.stream
+        relay = isinstance(component, Collection)
+        direction = stream.direction
+        if relay and component is scope:
+            # Inside its own network a collection's input is where messages come from.
+            direction = "output" if direction == "input" else "input"
+        topic = stream_topic(path, stream.name)
+        return _End(topic, f"{path}.{stream.name}", relay, direction, end.message_type)
+
+    def connection(self, pair: object, scope: Collection | None, where: str) -> tuple[_End, _End]:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise GraphDefinitionError(
+                f"{where}: a connection is a (source, destination) pair, not {pair!r}"
+            )
+        src = self.endpoint(pair[0], scope, "source", where)
+        dst = self.endpoint(pair[1], scope, "destination", where)
+        shown = f"{where} ({src.label} -> {dst.label})"
+        if src.direction == "input" and dst.direction == "input":
+            raise GraphDefinitionError(
+                f"{shown} connects two inputs; a connection goes from an OutputStream to an "
+                "InputStream"
+            )
+        if src.direction == "output" and dst.direction == "output":
+            raise GraphDefinitionError(
+                f"{shown} connects two outputs; a connection goes from an OutputStream to an "
+                "InputStream"
+            )
+        if src.direction == "input" or dst.direction == "output":
+            raise GraphDefinitionError(
+                f"{shown} is reversed: a connection goes from an OutputStream to an "
+                "InputStream; swap source and destination"
+            )
+        if not types_compatible(src.message_type, dst.message_type):
+            raise GraphDefinitionError(
+                f"{shown}: message type mismatch: {src.label} carries "
+                f"{_type_name(src.message_type)} but {dst.label} expects "
+                f"{_type_name(dst.message_type)}"
+            )
+        if src.topic == dst.topic:
+            raise GraphDefinitionError(f"{shown} connects {src.label} to itself")
+        return src, dst
+
+
+def _type_name(message_type: Any) -> str:
+    return getattr(message_type, "__qualname__", None) or repr(message_type)
+
+
+def build_plan(
+    components: Mapping[str, Component],
+    connections: Iterable[object] = (),
+    process_components: Iterable[object] = (),
+    *,
+    force_single_process: bool = False,
+) -> Plan:
+    """Validate the graph and flatten it. Raises :class:`GraphDefinitionError` naming
+    the component, connection or entry at fault."""
+    if not components:
+        raise GraphDefinitionError("nothing to run: pass at least one component")
+    builder = _Builder()
+    for name, component in components.items():
+        builder.visit(component, _check_name(name, "components"))
+    if not builder.units:
+        raise GraphDefinitionError("nothing to run: the components contain no Unit")
+
+    ends: list[tuple[_End, _End]] = []
+    for index, pair in enumerate(_as_list(connections, "connections")):
+        ends.append(builder.connection(pair, None, f"connection {index}"))
+    for collection in builder.collections:
+        pairs = _as_list(collection.network(), f"{collection.path}.network()")
+        for index, pair in enumerate(pairs):
+            where = f"{collection.path} connection {index}"
+            ends.append(builder.connection(pair, collection, where))
+
+    process_of = _place(builder, process_components, force_single_process)
+    processes: dict[str, list[str]] = {}
+    for path, process in process_of.items():
+        processes.setdefault(process, []).append(path)
+    for process, paths in processes.items():
+        mains = [
+            f"{path}.{name}"
+            for path in paths
+            for name, role in type(builder.units[path]).functions().items()
+            if role.kind == "main"
+        ]
+        if len(mains) > 1:
+            raise GraphDefinitionError(
+                f"process {process or 'main'} has several @main methods ({', '.join(mains)}); "
+                "a process has one main thread: put those units in different "
+                "process_components"
+            )
+    return Plan(builder.units, process_of, _direct_edges(ends), processes)
+
+
+def _as_list(items: Iterable[object] | None, where: str) -> list[object]:
+    if items is None:
+        return []
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise GraphDefinitionError(f"{where} must be a list of (source, destination) pairs")
+    return list(items)
+
+
+def _place(
+    builder: _Builder, entries: Iterable[object], force_single_process: bool
+) -> dict[str, str]:
+    listed: dict[str, str] = {}  # process path -> where it was listed
+
+    def add(entry: object, where: str, within: Collection | None) -> None:
+        if not isinstance(entry, Component):
+            raise GraphDefinitionError(
+                f"{where}: {entry!r} is not a component; list Unit or Collection instances"
+            )
+        path = builder.paths.get(id(entry))
+        if path is None:
+            raise GraphDefinitionError(
+                f"{where}: a {type(entry).__qualname__} that is not in the graph; list a "
+                "component of components= (or one of their children)"
+            )
+        if within is not None and not path.startswith(within.path + "/"):
+            raise GraphDefinitionError(
+                f"{where}: {path} is not inside {within.path}; a collection's "
+                "process_components() lists its own children"
+            )
+        if path in listed:
+            raise GraphDefinitionError(
+                f"{where}: {path} is already listed ({listed[path]}); list it once"
+            )
+        listed[path] = where
+
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, Iterable):
+        raise GraphDefinitionError("process_components must be a list of components")
+    for index, entry in enumerate(entries):
+        add(entry, f"process_components[{index}]", None)
+    for collection in builder.collections:
+        for index, entry in enumerate(collection.process_components()):
+            add(entry, f"{collection.path}.process_components()[{index}]", collection)
+    placement: dict[str, str] = {}
+    for path in builder.units:
+        process = ""
+        if not force_single_process:
+            for candidate in listed:
+                if (path == candidate or path.startswith(candidate + "/")) and len(candidate) > len(
+                    process
+                ):
+                    process = candidate
+        placement[path] = process
+    return placement
+
+
+def _direct_edges(ends: list[tuple[_End, _End]]) -> list[tuple[str, str]]:
+    """Resolve connections through collection streams into direct topic edges."""
+    forward: dict[str, list[_End]] = {}
+    relay_topics: set[str] = set()
+    sources: dict[str, _End] = {}
+    for src, dst in ends:
+        forward.setdefault(src.topic, []).append(dst)
+        if src.relay:
+            relay_topics.add(src.topic)
+        else:
+            sources[src.topic] = src
+        if dst.relay:
+            relay_topics.add(dst.topic)
+    edges: list[tuple[str, str]] = []
+    seen_edges: set[tuple[str, str]] = set()
+    for topic in sources:
+        visited = {topic}
+        queue = deque([topic])
+        while queue:
+            for dst in forward.get(queue.popleft(), ()):
+                if dst.topic in visited:
+                    continue
+                visited.add(dst.topic)
+                if dst.topic in relay_topics:
+                    queue.append(dst.topic)
+                elif (topic, dst.topic) not in seen_edges:
+                    seen_edges.add((topic, dst.topic))
+                    edges.append((topic, dst.topic))
+    return edges

@@ -1,0 +1,371 @@
+"""Unit processes: the parent's handle on a child, and the child's entry point.
+
+A child is ``python -c "...child_main()"`` started with one end of a socket pair (no
+``fork``: the parent runs threads and an event loop). Over that private socket the
+parent sends a bootstrap (where the graph server is, the pickled units, how to import
+the main script) and then ``start``/``stop``; the child answers ``ready``, ``failed``,
+``complete`` and ``done``. Frames are a 4-byte length and a pickle — acceptable only
+because the socket is private to parent and child (never a network socket).
+
+Cleanup on every path: the child stops (every ``shutdown()`` runs) when told to, on
+SIGTERM, and when the socket reaches EOF because the parent died; it ignores SIGINT,
+so Ctrl-C in a terminal is handled once, by the parent, in order. The parent kills a
+child that does not exit in time after ``stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .._core._config import Address
+from .._core._loop import run_coroutine
+from .._graph._context import GraphContext
+from ._component import Unit
+from ._host import UnitHost, format_failure
+from ._mainthread import MainThreadGate, run_beside_main
+
+__all__ = ["ChildProcess", "child_main", "preparation"]
+
+log = logging.getLogger("ezflow.units")
+
+_HEADER = struct.Struct("!I")
+#: Largest control frame (the bootstrap carries the pickled units and their settings).
+MAX_CONTROL_FRAME = 256 * 1024 * 1024
+
+_CHILD_CODE = "from ezflow._units._process import child_main; child_main()"
+
+
+def _frame(message: dict[str, Any]) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) > MAX_CONTROL_FRAME:
+        raise ValueError(f"control message of {len(data)} bytes exceeds {MAX_CONTROL_FRAME}")
+    return _HEADER.pack(len(data)) + data
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next control message, or None at EOF (or on a broken frame)."""
+    try:
+        (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+        if size > MAX_CONTROL_FRAME:
+            return None
+        message = pickle.loads(await reader.readexactly(size))
+    except (asyncio.IncompleteReadError, ConnectionError, OSError):
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def preparation() -> dict[str, Any]:
+    """What a child needs to import the classes the parent pickled: ``sys.path``, the
+    working directory, and how the main module was started (for classes defined in a
+    script, which are pickled as ``__main__.X``)."""
+    cwd = os.getcwd()
+    data: dict[str, Any] = {"sys_path": [cwd if p == "" else p for p in sys.path], "dir": cwd}
+    main = sys.modules.get("__main__")
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    main_file = getattr(main, "__file__", None)
+    if spec_name:
+        data["init_main_from_name"] = spec_name
+    elif main_file:
+        data["init_main_from_path"] = os.path.abspath(main_file)
+    return data
+
+
+class ChildProcess:
+    """The parent's handle on one unit process."""
+
+    def __init__(
+        self,
+        name: str,
+        process: asyncio.subprocess.Process,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.name = name
+        self.process = process
+        self._reader = reader
+        self._writer = writer
+        self.ready = asyncio.get_running_loop().create_future()
+        self.stop_requested = False
+        self.done = False
+        self._listener: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @classmethod
+    async def start(cls, name: str, bootstrap: dict[str, Any]) -> ChildProcess:
+        """Start the child and send it *bootstrap*."""
+        parent_end, child_end = socket.socketpair()
+        try:
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-c",
+                    _CHILD_CODE,
+                    str(child_end.fileno()),
+                    name,
+                    pass_fds=(child_end.fileno(),),
+                    stdin=asyncio.subprocess.DEVNULL,
+                )
+            finally:
+                child_end.close()
+            reader, writer = await asyncio.open_connection(sock=parent_end)
+        except BaseException:
+            parent_end.close()
+            raise
+        child = cls(name, process, reader, writer)
+        child.send(bootstrap)
+        return child
+
+    def listen(
+        self,
+        on_failed: Callable[[ChildProcess, str, str], None],
+        on_complete: Callable[[ChildProcess, str], None],
+    ) -> None:
+        """Dispatch the child's reports until EOF."""
+
+        async def listen() -> None:
+            while True:
+                message = await _read_frame(self._reader)
+                if message is None:
+                    break
+                op = message.get("op")
+                if op == "ready" and not self.ready.done():
+                    self.ready.set_result(None)
+                elif op == "failed":
+                    on_failed(self, str(message.get("component")), str(message.get("details")))
+                elif op == "complete":
+                    on_complete(self, str(message.get("component")))
+                elif op == "done":
+                    self.done = True
+            if not self.ready.done():
+                self.ready.set_result(None)  # the exit watcher reports why
+
+        self._listener = asyncio.ensure_future(listen())
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(_frame(message))
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
+        with contextlib.suppress(ConnectionError, OSError):
+            self.send({"op": "stop"})
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+
+    async def wait_exit(self, timeout: float) -> bool:
+        """Wait for the child to exit; kill it after *timeout*. Returns whether it
+        exited by itself."""
+        try:
+            await asyncio.wait_for(self.process.wait(), timeout)
+            return True
+        except (TimeoutError, asyncio.TimeoutError):
+            self.kill()
+            await self.process.wait()
+            return False
+
+    async def aclose(self) -> None:
+        """Kill (if still running) and reap; close the socket. Cancellation-safe: the
+        child is killed before any await."""
+        self.kill()
+        self._writer.close()
+        if self._listener is not None:
+            self._listener.cancel()
+        await self.process.wait()
+        if self._listener is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+
+
+# -- the child side ------------------------------------------------------------------
+
+
+class _Unpickler(pickle.Unpickler):
+    """Imports the parent's main script (as ``__mp_main__``, like multiprocessing does)
+    only when a pickled class lives in ``__main__``."""
+
+    def __init__(self, data: bytes, prep: dict[str, Any]) -> None:
+        super().__init__(io.BytesIO(data))
+        self._prep = prep
+        self._main_ready = False
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__main__" and not self._main_ready:
+            self._main_ready = True
+            from multiprocessing import spawn  # noqa: PLC0415 - only for scripts
+
+            spawn.prepare({k: v for k, v in self._prep.items() if k.startswith("init_main_from_")})
+        return super().find_class(module, name)
+
+
+def _read_blocking(sock: socket.socket) -> dict[str, Any]:
+    def exactly(size: int) -> bytes:
+        chunks = bytearray()
+        while len(chunks) < size:
+            chunk = sock.recv(min(size - len(chunks), 1 << 20))
+            if not chunk:
+                raise EOFError("the parent closed the control socket")
+            chunks += chunk
+        return bytes(chunks)
+
+    (size,) = _HEADER.unpack(exactly(_HEADER.size))
+    if size > MAX_CONTROL_FRAME:
+        raise EOFError("oversized bootstrap")
+    message = pickle.loads(exactly(size))
+    if not isinstance(message, dict):
+        raise EOFError("malformed bootstrap")
+    return message
+
+
+def child_main() -> None:
+    """Entry point of a unit process (``argv``: control socket fd, process name)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C, in order
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    name = sys.argv[2]
+    try:
+        boot = _read_blocking(sock)
+    except (EOFError, OSError):
+        sys.exit(1)  # the parent is gone before we started: nothing to clean up
+    prep = boot["prep"]
+    sys.path[:] = prep["sys_path"]
+    os.chdir(prep["dir"])
+    try:
+        units: list[Unit] = _Unpickler(boot["units"], prep).load()
+    except BaseException as exc:
+        details = (
+            f"process {name} could not load its units: {exc!r}\n"
+            "units placed in another process must be importable there: define their "
+            "classes in a module, or in a script run as a file (python script.py)\n"
+            f"{format_failure(exc)}"
+        )
+        sock.sendall(_frame({"op": "failed", "component": name, "details": details}))
+        sys.exit(1)
+    main = _main_of(units)
+    if main is None:
+        code = run_coroutine(_serve(sock, boot, units, None), loop=boot.get("loop"))
+    else:
+        gate = MainThreadGate()
+        reporter: dict[str, Callable[[BaseException | None], None]] = {}
+        code = run_beside_main(
+            _serve(sock, boot, units, (gate, reporter)),
+            loop=boot.get("loop"),
+            gate=gate,
+            main=main,
+            on_main_return=lambda exc: reporter["main_returned"](exc),  # noqa: PLW0108 - set later
+            signals=(signal.SIGTERM,),
+        )
+    sys.exit(code)
+
+
+def _main_of(units: list[Unit]) -> Callable[[], Any] | None:
+    for unit in units:
+        for fname, role in type(unit).functions().items():
+            if role.kind == "main":
+                method: Callable[[], Any] = getattr(unit, fname)
+                return method
+    return None
+
+
+async def _serve(
+    sock: socket.socket,
+    boot: dict[str, Any],
+    units: list[Unit],
+    main: tuple[MainThreadGate, dict[str, Callable[[BaseException | None], None]]] | None,
+) -> int:
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection(sock=sock)
+    started = asyncio.Event()
+    stop = asyncio.Event()
+
+    def send(message: dict[str, Any]) -> None:
+        if not writer.is_closing():
+            writer.write(_frame(message))
+
+    async def listen() -> None:
+        while True:
+            message = await _read_frame(reader)
+            if message is None:
+                break  # the parent is gone: stop
+            if message.get("op") == "start":
+                started.set()
+            elif message.get("op") == "stop":
+                break
+        stop.set()
+
+    listener = asyncio.ensure_future(listen())
+    if main is None:
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    else:
+        gate, reporter = main
+        gate.on_signal = lambda: loop.call_soon_threadsafe(stop.set)
+        main_path = next(
+            u.path for u in units for r in type(u).functions().values() if r.kind == "main"
+        )
+
+        def main_returned(exc: BaseException | None) -> None:
+            if exc is None:
+                loop.call_soon_threadsafe(send, {"op": "complete", "component": main_path})
+            else:
+                details = f"in @main:\n{format_failure(exc)}"
+                loop.call_soon_threadsafe(
+                    send, {"op": "failed", "component": main_path, "details": details}
+                )
+
+        reporter["main_returned"] = main_returned
+    code = 0
+    address: Address = (str(boot["address"][0]), int(boot["address"][1]))
+    try:
+        async with GraphContext(address, auto_start=False, name=f"ezflow:{boot['name']}") as ctx:
+            host = UnitHost(
+                units,
+                ctx,
+                on_failure=lambda path, details: send(
+                    {"op": "failed", "component": path, "details": details}
+                ),
+                on_complete=lambda path: send({"op": "complete", "component": path}),
+            )
+            try:
+                await host.setup()
+            except Exception:
+                code = 1
+            else:
+                send({"op": "ready"})
+                waiter = asyncio.ensure_future(started.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait((waiter, stopper), return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if started.is_set() and not stop.is_set():
+                    host.start()
+                    if main is not None:
+                        main[0].open()
+                await stopper
+            finally:
+                await host.stop()
+    except Exception as exc:
+        send({"op": "failed", "component": boot["name"], "details": format_failure(exc)})
+        code = 1
+    finally:
+        if main is not None:
+            main[0].close()
+        send({"op": "done"})
+        with contextlib.suppress(ConnectionError, OSError):
+            await writer.drain()
+        writer.close()
+        listener.cancel()
+    return code

@@ -1,0 +1,564 @@
+"""GraphRunner (non-blocking, for tests and notebooks) and ezflow.run (blocking)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pickle
+import signal
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._core._config import Address
+from .._core._exceptions import ClosedResourceError
+from .._core._loop import run_coroutine
+from .._graph._context import GraphContext, Publisher
+from ._component import Component
+from ._errors import GraphDefinitionError, ProcessDiedError, UnitError
+from ._host import UnitHost, format_failure
+from ._mainthread import MainThreadGate, run_beside_main
+from ._plan import MAIN_PROCESS, Plan, build_plan, stream_topic
+from ._process import ChildProcess, preparation
+from ._settings import Settings
+
+__all__ = ["CHILD_STOP_TIMEOUT", "START_TIMEOUT", "GraphRunner", "run"]
+
+log = logging.getLogger("ezflow.units")
+
+#: Seconds every unit process has to load, initialize and register its streams.
+START_TIMEOUT = 30.0
+#: Seconds a unit process has to stop after being told to, before it is killed.
+CHILD_STOP_TIMEOUT = 8.0
+
+
+@dataclass
+class _Failure:
+    component: str
+    process: str
+    details: str
+    returncode: int | None = None  # set for a process that died
+
+    def describe(self) -> str:
+        if self.returncode is not None:
+            return self.details
+        where = f" (process {self.process})" if self.process != "main" else ""
+        return f"unit {self.component}{where} failed {self.details}"
+
+
+def _signal_name(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def _merge(
+    components: Mapping[str, Component] | None, named: Mapping[str, Component]
+) -> dict[str, Component]:
+    merged: dict[str, Component] = {}
+    if components is not None:
+        if not isinstance(components, Mapping):
+            raise GraphDefinitionError(
+                "components must be a mapping of names to components, e.g. "
+                "components={'SINE': sine}"
+            )
+        merged.update(components)
+    for name, component in named.items():
+        if name in merged:
+            raise GraphDefinitionError(
+                f"duplicate component name {name!r}: given in components= and as a keyword"
+            )
+        merged[name] = component
+    return merged
+
+
+class GraphRunner:
+    """Runs a graph of units without blocking: ``async with GraphRunner(...) as runner``.
+
+    Arguments are those of :func:`ezflow.run`. The graph is validated on construction
+    (:class:`~ezflow.GraphDefinitionError`). :meth:`start` (or entering the context)
+    starts the unit processes, creates every unit's streams, connects them and only
+    then lets any unit run — the start barrier: nothing published after start can miss
+    a subscriber that is still starting. Once started, :attr:`context` is a
+    :class:`~ezflow.GraphContext` on the same graph server, for test publishers and
+    subscribers on the units' topics (``"SINE/OUTPUT"``).
+
+    The graph ends when a unit raises :class:`~ezflow.Complete`, when a unit fails or a
+    unit process dies, or on :meth:`stop`. :meth:`wait` and :meth:`stop` return once
+    everything has stopped, and raise :class:`~ezflow.UnitError` (or
+    :class:`~ezflow.ProcessDiedError`) when a unit failed; leaving the context stops the
+    graph and raises it too, unless the body raised. A failure is raised once.
+    """
+
+    def __init__(
+        self,
+        components: Mapping[str, Component] | None = None,
+        *,
+        connections: Iterable[object] = (),
+        process_components: Iterable[object] = (),
+        graph_address: Address | str | None = None,
+        force_single_process: bool = False,
+        **named_components: Component,
+    ) -> None:
+        self.plan: Plan = build_plan(
+            _merge(components, named_components),
+            connections,
+            process_components,
+            force_single_process=force_single_process,
+        )
+        self._graph_address = graph_address
+        self._state = "new"
+        self._context: GraphContext | None = None
+        self._host: UnitHost | None = None
+        self._children: list[ChildProcess] = []
+        self._watchers: list[asyncio.Task[None]] = []
+        self._failures: list[_Failure] = []
+        self._raised = False
+        self._completed_by: str | None = None
+        self._end = asyncio.Event()
+        self._finished = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._settings_publishers: dict[str, Publisher] = {}
+        self._allow_main = False
+        self._gate: MainThreadGate | None = None
+
+    # -- public API ----------------------------------------------------------------------
+
+    @property
+    def context(self) -> GraphContext:
+        """The runner's GraphContext (while the graph runs)."""
+        if self._context is None or self._state not in ("running", "stopping"):
+            raise ClosedResourceError("the graph is not running")
+        return self._context
+
+    @property
+    def completed_by(self) -> str | None:
+        """The path of the unit that ended the graph with Complete, if one did."""
+        return self._completed_by
+
+    @property
+    def processes(self) -> dict[str, int]:
+        """Unit processes by name, with their pids (the runner's own process excluded)."""
+        return {child.name: child.pid for child in self._children}
+
+    async def __aenter__(self) -> GraphRunner:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._end.set()
+        if exc_type is not None:
+            await self._wait_finished()
+            return
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start every process and unit, behind the start barrier. Raises
+        :class:`~ezflow.UnitError` when a unit fails to initialize or a process fails
+        to start (everything started is stopped first). Cancellation-safe."""
+        if self._state != "new":
+            raise RuntimeError("a GraphRunner can be started once")
+        self._state = "starting"
+        try:
+            await self._start()
+        except BaseException:
+            await asyncio.shield(self._shutdown())
+            self._state = "stopped"
+            self._finished.set()
+            self._raise_failures()
+            raise
+        self._state = "running"
+        self._supervisor = asyncio.ensure_future(self._supervise())
+
+    async def wait(self) -> None:
+        """Wait until the graph has ended and stopped; raise if a unit failed."""
+        await self._wait_finished()
+        self._raise_failures()
+
+    async def stop(self) -> None:
+        """Stop the graph gracefully (every ``shutdown()`` runs) and wait for it; raise
+        if a unit failed. Idempotent."""
+        self._end.set()
+        await self._wait_finished()
+        self._raise_failures()
+
+    def request_stop(self) -> None:
+        """Ask the graph to stop without waiting (safe from signal handlers)."""
+        self._end.set()
+
+    async def update_settings(self, path: str, settings: Settings) -> None:
+        """Send *settings* to the ``INPUT_SETTINGS`` stream of the unit at *path*
+        (``"PIPE/FILTER"``); the unit replaces ``self.SETTINGS`` and calls
+        ``on_settings`` when it receives them (returns once they were published).
+        Raises :class:`~ezflow.GraphDefinitionError` for an unknown path or settings of
+        the wrong class."""
+        unit = self.plan.units.get(path)
+        if unit is None:
+            raise GraphDefinitionError(
+                f"update_settings: there is no unit {path!r}; units: {', '.join(self.plan.units)}"
+            )
+        expected = type(unit).settings_type()
+        if expected is None or not isinstance(settings, expected):
+            raise GraphDefinitionError(
+                f"update_settings({path!r}): {type(unit).__qualname__} expects "
+                f"{expected.__qualname__ if expected else 'no settings'}, not "
+                f"{type(settings).__qualname__}"
+            )
+        publisher = self._settings_publishers.get(path)
+        if publisher is None:
+            publisher = await self.context.publisher(stream_topic(path, "INPUT_SETTINGS"))
+            self._settings_publishers[path] = publisher
+        await publisher.publish(settings)
+
+    # -- starting ------------------------------------------------------------------------
+
+    def _payloads(self) -> dict[str, bytes]:
+        payloads = {}
+        for process, paths in self.plan.processes.items():
+            if process == MAIN_PROCESS:
+                continue
+            units = [self.plan.units[path] for path in paths]
+            try:
+                payloads[process] = pickle.dumps(units, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                raise GraphDefinitionError(
+                    f"process {process}: its units cannot be sent to it ({exc!r}); units in "
+                    "process_components must be picklable before the graph starts (create "
+                    "sockets, files and the like in initialize())"
+                ) from exc
+        return payloads
+
+    def _local_main(self) -> tuple[str, Any] | None:
+        for unit in self.plan.units_in(MAIN_PROCESS):
+            for fname, role in type(unit).functions().items():
+                if role.kind == "main":
+                    return unit.path, getattr(unit, fname)
+        return None
+
+    async def _start(self) -> None:
+        local_main = self._local_main()
+        if local_main is not None and not self._allow_main:
+            raise GraphDefinitionError(
+                f"{local_main[0]} has a @main method, which needs the main thread of its "
+                "process: put it in process_components, or use ezflow.run()"
+            )
+        payloads = self._payloads()
+        context = GraphContext(self._graph_address, name="ezflow-run")
+        await context.start()
+        self._context = context
+        loop_module = type(asyncio.get_running_loop()).__module__
+        loop_kind = "uvloop" if loop_module.startswith("uvloop") else "asyncio"
+        prep = preparation()
+        for process, payload in payloads.items():
+            child = await ChildProcess.start(
+                process,
+                {
+                    "name": process,
+                    "address": list(context.address),
+                    "loop": loop_kind,
+                    "prep": prep,
+                    "units": payload,
+                },
+            )
+            self._children.append(child)
+            child.listen(self._child_failed, self._child_complete)
+            self._watchers.append(asyncio.ensure_future(self._watch(child)))
+        host = UnitHost(
+            self.plan.units_in(MAIN_PROCESS),
+            context,
+            on_failure=self._local_failed,
+            on_complete=self._local_complete,
+        )
+        self._host = host
+        setup = asyncio.ensure_future(host.setup())
+        ready = [setup, *(asyncio.ensure_future(_shielded(c.ready)) for c in self._children)]
+        ending = asyncio.ensure_future(self._end.wait())
+        try:
+            await asyncio.wait(
+                [asyncio.ensure_future(asyncio.wait(ready)), ending],
+                timeout=START_TIMEOUT,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            ending.cancel()
+        if not all(task.done() for task in ready):
+            for task in ready:
+                task.cancel()
+            if self._end.is_set() and not self._failures:
+                return  # stopped (a signal) while starting: the supervisor shuts down
+            late = [c.name for c in self._children if not c.ready.done()]
+            if not setup.done():
+                late.insert(0, "main")
+            if not self._failures:
+                self._failures.append(
+                    _Failure(
+                        late[0] if late else "?",
+                        late[0] if late else "?",
+                        f"process(es) {', '.join(late)} did not start within {START_TIMEOUT:.0f} s",
+                        returncode=0,
+                    )
+                )
+            raise self._error()
+        if setup.exception() is not None or self._failures:
+            raise self._error()
+        await asyncio.gather(*(context.connect(src, dst) for src, dst in self.plan.edges))
+        if self._end.is_set():
+            return
+        for child in self._children:
+            child.send({"op": "start"})
+        host.start()
+        if self._gate is not None:
+            self._gate.open()
+
+    # -- reports -------------------------------------------------------------------------
+
+    def _local_failed(self, component: str, details: str) -> None:
+        self._failures.append(_Failure(component, "main", details))
+        self._end.set()
+
+    def _local_complete(self, component: str) -> None:
+        self._complete(component)
+
+    def _child_failed(self, child: ChildProcess, component: str, details: str) -> None:
+        self._failures.append(_Failure(component, child.name, details))
+        self._end.set()
+
+    def _child_complete(self, child: ChildProcess, component: str) -> None:
+        self._complete(component)
+
+    def _complete(self, component: str) -> None:
+        if self._completed_by is None and not self._end.is_set():
+            self._completed_by = component
+            log.info("unit %s completed: stopping the graph", component)
+        self._end.set()
+
+    def main_returned(self, exc: BaseException | None) -> None:
+        """Called (from the main thread, through the loop) when a runner-process
+        ``@main`` method returned or raised."""
+        if exc is None:
+            local = self._local_main()
+            self._complete(local[0] if local else "main")
+        else:
+            local = self._local_main()
+            self._local_failed(local[0] if local else "main", f"in @main:\n{format_failure(exc)}")
+
+    async def _watch(self, child: ChildProcess) -> None:
+        returncode = await child.process.wait()
+        if child.stop_requested:
+            return
+        reported = any(f.process == child.name for f in self._failures)
+        if not reported:
+            units = ", ".join(self.plan.processes.get(child.name, []))
+            self._failures.append(
+                _Failure(
+                    child.name,
+                    child.name,
+                    f"process {child.name} (pid {child.pid}, units {units}) "
+                    f"{_signal_name(returncode)} while the graph was running",
+                    returncode=returncode,
+                )
+            )
+            log.error("%s", self._failures[-1].details)
+        self._end.set()
+
+    # -- stopping ------------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        try:
+            await self._end.wait()
+            self._state = "stopping"
+            await self._shutdown()
+        finally:
+            self._state = "stopped"
+            self._finished.set()
+
+    async def _wait_finished(self) -> None:
+        if self._state == "new":
+            raise RuntimeError("the graph was not started")
+        if self._supervisor is not None:
+            await asyncio.shield(self._supervisor)
+        await self._finished.wait()
+
+    async def _shutdown(self) -> None:
+        """Stop every process and unit; kill what does not stop in time. Cancellation
+        leaves nothing running: children are killed before this re-raises."""
+        self._end.set()
+        try:
+            for child in self._children:
+                child.request_stop()
+            if self._host is not None:
+                await self._host.stop()
+            if self._children:
+                exited = await asyncio.gather(
+                    *(child.wait_exit(CHILD_STOP_TIMEOUT) for child in self._children)
+                )
+                for child, by_itself in zip(self._children, exited, strict=True):
+                    if not by_itself:
+                        self._failures.append(
+                            _Failure(
+                                child.name,
+                                child.name,
+                                f"process {child.name} (pid {child.pid}) did not stop within "
+                                f"{CHILD_STOP_TIMEOUT:.0f} s and was killed",
+                                returncode=-signal.SIGKILL,
+                            )
+                        )
+        finally:
+            for child in self._children:
+                await child.aclose()
+            for watcher in self._watchers:
+                watcher.cancel()
+            for publisher in self._settings_publishers.values():
+                with contextlib.suppress(Exception):
+                    await publisher.aclose()
+            if self._context is not None:
+                await self._context.aclose()
+
+    def kill_children(self) -> None:
+        """Kill every unit process now (a second Ctrl-C)."""
+        for child in self._children:
+            child.stop_requested = True
+            child.kill()
+
+    # -- failures ------------------------------------------------------------------------
+
+    def _error(self) -> UnitError:
+        first, *others = self._failures
+        message = first.describe()
+        if others:
+            message += "\nwhile stopping, also:\n" + "\n".join(f.describe() for f in others)
+        if first.returncode is not None:
+            return ProcessDiedError(
+                message,
+                component=first.component,
+                process=first.process,
+                details=first.details,
+                returncode=first.returncode,
+            )
+        return UnitError(
+            message, component=first.component, process=first.process, details=first.details
+        )
+
+    def _raise_failures(self) -> None:
+        if self._failures and not self._raised:
+            self._raised = True
+            raise self._error()
+
+
+async def _shielded(future: asyncio.Future[None]) -> None:
+    await asyncio.shield(future)
+
+
+def _called_while_importing_main() -> bool:
+    # In a unit process the parent's main script is imported as __mp_main__ to find the
+    # classes defined there; a run() at its top level must then do nothing.
+    frame = sys._getframe(2)
+    return frame.f_globals.get("__name__") == "__mp_main__"
+
+
+def run(
+    components: Mapping[str, Component] | None = None,
+    *,
+    connections: Iterable[object] = (),
+    process_components: Iterable[object] = (),
+    graph_address: Address | str | None = None,
+    force_single_process: bool = False,
+    **named_components: Component,
+) -> None:
+    """Run a graph until it ends; block meanwhile.
+
+    *components* maps names to units and collections (or pass them as keywords:
+    ``run(SINE=sine, SCALE=scale)``); names become the topic paths (``"SINE/OUTPUT"``).
+    *connections* are ``(source, destination)`` pairs of streams (``sine.OUTPUT``) or
+    topic names; *process_components* lists components that each get a process of their
+    own (everything else runs in this process); *graph_address* is where the graph
+    server is, or should be started when none answers (default ``EZFLOW_GRAPH_ADDRESS``,
+    else ``127.0.0.1:25990``); *force_single_process* ignores process placement.
+
+    Returns normally when a unit raised :class:`~ezflow.Complete`, a ``@main`` method
+    returned, or on SIGINT (Ctrl-C) / SIGTERM — after every ``shutdown()`` ran and
+    every process exited. A second signal kills the unit processes at once. Raises
+    :class:`~ezflow.GraphDefinitionError` before starting anything for an invalid graph,
+    :class:`~ezflow.UnitError` naming the unit and its traceback when one raised, and
+    :class:`~ezflow.ProcessDiedError` when a unit process died — in each case after the
+    rest of the graph stopped. Uncaught, these exit the script with a non-zero status.
+
+    In a unit process, a ``run()`` executed while the parent's main script is imported
+    (to find the classes it defines) returns at once, so scripts work without an
+    ``if __name__ == "__main__":`` guard (it is still good practice).
+    """
+    if _called_while_importing_main():
+        return
+    runner = GraphRunner(
+        components,
+        connections=connections,
+        process_components=process_components,
+        graph_address=graph_address,
+        force_single_process=force_single_process,
+        **named_components,
+    )
+    runner._allow_main = True
+    local_main = runner._local_main()
+    if local_main is None:
+        run_coroutine(_run_until_done(runner, install_signals=True))
+        return
+    gate = runner._gate = MainThreadGate()
+    state: dict[str, asyncio.AbstractEventLoop] = {}
+
+    def main_returned(exc: BaseException | None) -> None:
+        loop = state.get("loop")
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(runner.main_returned, exc)
+
+    async def run_in_thread() -> None:
+        loop = state["loop"] = asyncio.get_running_loop()
+        signals = _SignalHandler(runner)
+        gate.on_signal = lambda: loop.call_soon_threadsafe(signals.received)
+        await _run_until_done(runner, install_signals=False)
+
+    run_beside_main(
+        run_in_thread(),
+        loop=None,
+        gate=gate,
+        main=local_main[1],
+        on_main_return=main_returned,
+    )
+
+
+class _SignalHandler:
+    def __init__(self, runner: GraphRunner) -> None:
+        self.runner = runner
+        self.count = 0
+
+    def received(self) -> None:
+        self.count += 1
+        if self.count == 1:
+            log.info("stopping the graph (signal received; again to kill unit processes)")
+            self.runner.request_stop()
+        else:
+            self.runner.kill_children()
+
+
+async def _run_until_done(runner: GraphRunner, *, install_signals: bool) -> None:
+    loop = asyncio.get_running_loop()
+    handler = _SignalHandler(runner)
+    installed = []
+    if install_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, handler.received)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover - not main thread
+                pass
+    try:
+        await runner.start()
+        await runner.wait()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,167 @@
+"""Settings (frozen, checked, sent over the wire) and State (mutable, per unit)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from .._core._codec import register_message
+from .._core._exceptions import ConfigurationError
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # pragma: no cover - Python 3.10: mypy targets 3.11, runtime needs no marker
+
+    def dataclass_transform(**_: Any) -> Callable[[Any], Any]:
+        return lambda cls: cls
+
+
+__all__ = ["Settings", "State", "check_field_types", "message_name"]
+
+_T = TypeVar("_T")
+
+
+def message_name(cls: type[Any]) -> str:
+    """The wire name of a Settings class: ``module.qualname``, where a class defined in
+    the main script keeps the name ``__main__`` in the processes that import that script
+    as ``__mp_main__`` (so every process agrees on it)."""
+    module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+    return f"{module}.{cls.__qualname__}"
+
+
+@dataclass_transform(frozen_default=True)
+class Settings:
+    """Base class of unit and collection settings: subclasses are frozen dataclasses.
+
+    Write fields as annotations with defaults, no decorator needed::
+
+        class SineSettings(ezflow.Settings):
+            rate: float = 100.0
+            channels: int = 1
+
+    Every subclass is made a ``@dataclass(frozen=True)`` when it is defined and
+    registered with the codec (so settings updates travel between processes). On
+    construction each field whose annotation is a plain class (``int``, ``float``,
+    ``str``, ``bool``, a class of yours), an ``X | None`` union or a ``Literal`` is
+    checked; a value of the wrong type raises :class:`~ezflow.ConfigurationError`
+    naming the field, the value and the expected type (an ``int`` is accepted for a
+    ``float`` field). Change settings with ``dataclasses.replace(settings, rate=2.0)``.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=True)(cls)
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Settings, *args: Any, **kw: Any) -> None:
+            init(self, *args, **kw)
+            if type(self) is cls:
+                check_field_types(self)
+
+        cls.__init__ = __init__  # type: ignore[method-assign,assignment]
+        register_message(cls, name=message_name(cls))
+
+
+class State:
+    """Base class of unit state: mutable, one instance per unit, created in the unit's
+    own process just before ``initialize()``.
+
+    Annotated fields with a default (or ``dataclasses.field(default_factory=...)``) are
+    set on creation; fields without a default are left unset for ``initialize()`` to
+    assign (the ezmsg idiom for queues, files and the like)::
+
+        class CounterState(ezflow.State):
+            count: int = 0
+            seen: list[int] = dataclasses.field(default_factory=list)
+            log: typing.TextIO          # set in initialize()
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A dataclass for the field bookkeeping (and a readable repr), but with our
+        # __init__: fields without a default must not be constructor arguments.
+        dataclasses.dataclass(init=False, eq=False, repr=False)(cls)
+
+    def __init__(self) -> None:
+        if type(self) is State:
+            return  # the base class itself is not a dataclass
+        for f in dataclasses.fields(cast(Any, self)):
+            if f.default is not dataclasses.MISSING:
+                setattr(self, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                setattr(self, f.name, f.default_factory())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]
+            if hasattr(self, f.name)
+        )
+        return f"{type(self).__qualname__}({shown})"
+
+
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        try:
+            hints = typing.get_type_hints(cls)
+        except Exception:
+            # Forward references that cannot be resolved here: check nothing rather
+            # than refuse valid settings.
+            hints = {}
+        _HINTS[cls] = hints
+    return hints
+
+
+def _accepts(hint: Any, value: object) -> bool:
+    if hint is Any or isinstance(hint, TypeVar):
+        return True
+    if hint is float:
+        return isinstance(value, (float, int)) and not isinstance(value, bool)
+    if hint is complex:
+        return isinstance(value, (complex, float, int)) and not isinstance(value, bool)
+    if hint is None or hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or (sys.version_info >= (3, 10) and origin is types.UnionType):
+        return any(_accepts(arg, value) for arg in typing.get_args(hint))
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if origin is not None:
+        hint = origin  # list[int] -> list, tuple[float, ...] -> tuple: the outer type only
+    if isinstance(hint, type):
+        try:
+            return isinstance(value, hint)
+        except TypeError:  # pragma: no cover - exotic classes refusing isinstance
+            return True
+    return True  # strings, protocols, ... : not checked
+
+
+def _describe(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def check_field_types(settings: Settings) -> None:
+    """Raise :class:`ConfigurationError` for the first field of *settings* whose value
+    does not match its annotation (see :class:`Settings`)."""
+    cls = type(settings)
+    hints = _hints(cls)
+    for f in dataclasses.fields(settings):  # type: ignore[arg-type]
+        hint = hints.get(f.name)
+        if hint is None:
+            continue
+        value = getattr(settings, f.name)
+        if not _accepts(hint, value):
+            raise ConfigurationError(
+                f"{cls.__qualname__}.{f.name}={value!r} is a {type(value).__name__}, but the "
+                f"field is declared as {_describe(hint)}; pass a {_describe(hint)}"
+            )

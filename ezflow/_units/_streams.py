@@ -1,0 +1,173 @@
+"""Stream declarations: InputStream, OutputStream, and a stream bound to a component."""
+
+from __future__ import annotations
+
+import typing
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+from .._core._config import (
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_IN_FLIGHT_BYTES,
+    check_positive,
+    check_transport,
+)
+from .._core._exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from ._component import Component
+
+__all__ = ["BoundStream", "InputStream", "OutputStream", "Stream", "types_compatible"]
+
+_S = TypeVar("_S", bound="Stream")
+
+
+class Stream:
+    """A stream declared in a Unit or Collection class body (see the subclasses).
+
+    *message_type* is the class of the messages (``np.ndarray``, a dataclass, ``int``,
+    ...) or ``typing.Any``/``object`` for anything. When both ends of a connection
+    declare a class, the output's must be the input's class or a subclass of it.
+    """
+
+    direction = ""
+
+    def __init__(self, message_type: Any = Any, *, transport: str | None = None) -> None:
+        self.message_type = message_type
+        self.transport = check_transport(transport, setting="transport")
+        self.name = ""  # set by __set_name__
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        if self.name and self.name != name:
+            raise TypeError(
+                f"the stream {self.name} is also assigned to {owner.__qualname__}.{name}; "
+                "declare a new stream object for each name"
+            )
+        self.name = name
+
+    @overload
+    def __get__(self: _S, obj: None, owner: type[Any] | None = None) -> _S: ...
+
+    @overload
+    def __get__(self, obj: Component, owner: type[Any] | None = None) -> BoundStream[Any]: ...
+
+    def __get__(self, obj: Component | None, owner: type[Any] | None = None) -> Any:
+        if obj is None:
+            return self
+        return obj._bound_stream(self)
+
+    def __repr__(self) -> str:
+        kind = type(self).__name__
+        type_name = getattr(self.message_type, "__qualname__", repr(self.message_type))
+        return f"<{kind} {self.name or '?'}: {type_name}>"
+
+
+class InputStream(Stream):
+    """A stream a component receives on.
+
+    ``leaky=True`` keeps only the newest *queue* messages (default 1), counting drops,
+    and never slows publishers; lossless (default) input makes publishers wait when it
+    falls ``max_in_flight`` messages behind. *transport* forces ``"local"``, ``"shm"``
+    or ``"tcp"`` for this input's edges (default: automatic).
+    """
+
+    direction = "input"
+
+    def __init__(
+        self,
+        message_type: Any = Any,
+        *,
+        leaky: bool = False,
+        queue: int | None = None,
+        transport: str | None = None,
+    ) -> None:
+        super().__init__(message_type, transport=transport)
+        if queue is not None and not leaky:
+            raise ConfigurationError(
+                "InputStream(queue=...) only applies to leaky inputs (leaky=True); a "
+                "lossless input is bounded by each publisher's max_in_flight"
+            )
+        self.leaky = bool(leaky)
+        self.queue: int | None = None
+        if leaky:
+            self.queue = check_positive(1 if queue is None else queue, setting="queue")
+
+
+class OutputStream(Stream):
+    """A stream a component publishes on.
+
+    *max_in_flight* / *max_in_flight_bytes* bound what each lossless subscribing
+    process may hold unreleased before publishing waits; *transport* forces a
+    transport for this output's edges (an input's own choice wins).
+    """
+
+    direction = "output"
+
+    def __init__(
+        self,
+        message_type: Any = Any,
+        *,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
+        transport: str | None = None,
+    ) -> None:
+        super().__init__(message_type, transport=transport)
+        self.max_in_flight = check_positive(max_in_flight, setting="max_in_flight")
+        self.max_in_flight_bytes = check_positive(
+            max_in_flight_bytes, setting="max_in_flight_bytes"
+        )
+
+
+class BoundStream(Generic[_S]):
+    """A stream of one component instance: what ``unit.OUTPUT`` returns, what
+    connections are made of, and what publisher functions yield with each message."""
+
+    __slots__ = ("component", "stream")
+
+    def __init__(self, component: Component, stream: _S) -> None:
+        self.component = component
+        self.stream = stream
+
+    @property
+    def name(self) -> str:
+        return self.stream.name
+
+    @property
+    def message_type(self) -> Any:
+        if self.stream.name == "INPUT_SETTINGS":
+            settings_type = type(self.component).SETTINGS
+            if isinstance(settings_type, type):
+                return settings_type
+        return self.stream.message_type
+
+    def __repr__(self) -> str:
+        path = self.component.path or type(self.component).__qualname__
+        return f"{path}.{self.stream.name}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebind, (self.component, self.stream.name))
+
+
+def _rebind(component: Component, name: str) -> BoundStream[Stream]:
+    return component._bound_stream(type(component).streams()[name])
+
+
+def _class_of(message_type: Any) -> type[Any] | None:
+    if message_type is Any or message_type is object:
+        return None
+    origin = typing.get_origin(message_type)
+    if origin is not None and isinstance(origin, type):
+        return origin
+    return message_type if isinstance(message_type, type) else None
+
+
+def types_compatible(output_type: Any, input_type: Any) -> bool:
+    """Whether an output declaring *output_type* may feed an input declaring
+    *input_type*: true when either is undeclared (``Any``/``object``/not a class) or the
+    output's class is the input's class or a subclass of it."""
+    produced, accepted = _class_of(output_type), _class_of(input_type)
+    if produced is None or accepted is None:
+        return True
+    try:
+        return issubclass(produced, accepted)
+    except TypeError:  # pragma: no cover - classes that refuse issubclass
+        return True
