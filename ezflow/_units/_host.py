@@ -246,7 +246,7 @@ class UnitHost:
 
     def _fail(self, path: str, what: str, exc: BaseException) -> None:
         details = f"in {what}:\n{format_failure(exc)}"
-        log.error("unit %s failed %s", path, details)
+        log.debug("unit %s failed %s", path, details)
         self._on_failure(path, details)
 
     def _start_thread(self, loop: asyncio.AbstractEventLoop, unit: Unit, fname: str) -> None:

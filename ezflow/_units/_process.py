@@ -320,12 +320,13 @@ async def _serve(
 
         def main_returned(exc: BaseException | None) -> None:
             if exc is None:
-                loop.call_soon_threadsafe(send, {"op": "complete", "component": main_path})
+                message = {"op": "complete", "component": main_path}
             else:
                 details = f"in @main:\n{format_failure(exc)}"
-                loop.call_soon_threadsafe(
-                    send, {"op": "failed", "component": main_path, "details": details}
-                )
+                message = {"op": "failed", "component": main_path, "details": details}
+            # A closed loop: the graph already stopped while @main was finishing.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(send, message)
 
         reporter["main_returned"] = main_returned
     code = 0

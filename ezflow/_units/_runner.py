@@ -363,7 +363,7 @@ class GraphRunner:
                     returncode=returncode,
                 )
             )
-            log.error("%s", self._failures[-1].details)
+            log.debug("%s", self._failures[-1].details)
         self._end.set()
 
     # -- stopping ------------------------------------------------------------------------

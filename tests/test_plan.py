@@ -1,0 +1,231 @@
+"""Validation before start, topic naming and relay resolution (no processes, no network)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ezflow
+from ezflow._units._plan import build_plan
+
+
+class SineSettings(ezflow.Settings):
+    rate: float = 100.0
+
+
+class ScaleSettings(ezflow.Settings):
+    factor: float = 2.0
+
+
+class NeedsPath(ezflow.Settings):
+    path: str
+
+
+class Sine(ezflow.Unit):
+    SETTINGS = SineSettings
+    OUTPUT = ezflow.OutputStream(np.ndarray)
+    TEXT = ezflow.OutputStream(str)
+
+    @ezflow.publisher(OUTPUT)
+    async def generate(self) -> AsyncIterator[tuple[Any, Any]]:
+        yield self.OUTPUT, np.zeros(2)
+
+
+class Scale(ezflow.Unit):
+    SETTINGS = ScaleSettings
+    INPUT = ezflow.InputStream(np.ndarray)
+    ANYTHING = ezflow.InputStream()
+    OUTPUT = ezflow.OutputStream(np.ndarray)
+
+    @ezflow.subscriber(INPUT)
+    @ezflow.publisher(OUTPUT)
+    async def on_samples(self, message: Any) -> AsyncIterator[tuple[Any, Any]]:
+        yield self.OUTPUT, message
+
+
+class Saver(ezflow.Unit):
+    SETTINGS = NeedsPath
+    INPUT = ezflow.InputStream(np.ndarray)
+
+
+class Shown(ezflow.Unit):
+    @ezflow.main
+    def show(self) -> None: ...
+
+
+class Chain(ezflow.Collection):
+    """INPUT -> A -> B -> OUTPUT, B in its own process."""
+
+    INPUT = ezflow.InputStream(np.ndarray)
+    OUTPUT = ezflow.OutputStream(np.ndarray)
+    A = Scale()
+    B = Scale()
+
+    def network(self) -> Iterable[tuple[Any, Any]]:
+        return [
+            (self.INPUT, self.A.INPUT),  # type: ignore[attr-defined]
+            (self.A.OUTPUT, self.B.INPUT),  # type: ignore[attr-defined]
+            (self.B.OUTPUT, self.OUTPUT),  # type: ignore[attr-defined]
+        ]
+
+    def process_components(self) -> Iterable[ezflow.Component]:
+        return [self.B]  # type: ignore[attr-defined]
+
+
+class Outer(ezflow.Collection):
+    """A collection of a collection: relays two levels deep."""
+
+    INPUT = ezflow.InputStream(np.ndarray)
+    OUTPUT = ezflow.OutputStream(np.ndarray)
+    INNER = Chain()
+
+    def network(self) -> Iterable[tuple[Any, Any]]:
+        return [(self.INPUT, self.INNER.INPUT), (self.INNER.OUTPUT, self.OUTPUT)]  # type: ignore[attr-defined]
+
+
+def invalid(match: str) -> Any:
+    return pytest.raises(ezflow.GraphDefinitionError, match=match)
+
+
+def test_topics_come_from_paths_and_relays_become_direct_edges() -> None:
+    sine, outer, sink = Sine(), Outer(), Scale()
+    plan = build_plan(
+        {"SINE": sine, "OUTER": outer, "SINK": sink},
+        [(sine.OUTPUT, outer.INPUT), (outer.OUTPUT, sink.INPUT), (sink.OUTPUT, "/display")],
+        [sink],
+    )
+    assert list(plan.units) == ["SINE", "OUTER/INNER/A", "OUTER/INNER/B", "SINK"]
+    assert sorted(plan.edges) == [
+        ("OUTER/INNER/A/OUTPUT", "OUTER/INNER/B/INPUT"),
+        ("OUTER/INNER/B/OUTPUT", "SINK/INPUT"),
+        ("SINE/OUTPUT", "OUTER/INNER/A/INPUT"),
+        ("SINK/OUTPUT", "/display"),
+    ]
+    assert plan.process_of == {
+        "SINE": "",
+        "OUTER/INNER/A": "",
+        "OUTER/INNER/B": "OUTER/INNER/B",
+        "SINK": "SINK",
+    }
+    assert outer.INNER.A.path == "OUTER/INNER/A"  # type: ignore[attr-defined]
+
+
+def test_string_endpoints_name_streams_or_outside_topics() -> None:
+    sine, scale = Sine(), Scale()
+    plan = build_plan(
+        {"SINE": sine, "SCALE": scale},
+        [("SINE/OUTPUT", "SCALE/INPUT"), ("/raw", scale.ANYTHING)],
+    )
+    assert sorted(plan.edges) == [("/raw", "SCALE/ANYTHING"), ("SINE/OUTPUT", "SCALE/INPUT")]
+
+
+def test_unknown_stream() -> None:
+    sine, scale = Sine(), Scale()
+    with invalid(r"connection 0: unknown stream 'SINE/OUTPTU': Sine SINE has no stream"):
+        build_plan({"SINE": sine, "SCALE": scale}, [("SINE/OUTPTU", scale.INPUT)])
+    stranger = Sine()
+    with invalid(r"connection 0: unknown stream OUTPUT of a Sine that is not in the graph"):
+        build_plan({"SINE": sine, "SCALE": scale}, [(stranger.OUTPUT, scale.INPUT)])
+    with invalid("is a component, not a stream"):
+        build_plan({"SINE": sine, "SCALE": scale}, [("SINE", scale.INPUT)])
+    with invalid("component, not a stream"):
+        build_plan({"SINE": sine, "SCALE": scale}, [(sine, scale.INPUT)])
+    with invalid("stream of a class, not of a component"):
+        build_plan({"SINE": sine, "SCALE": scale}, [(Sine.OUTPUT, scale.INPUT)])
+    with invalid(r"\(source, destination\) pair"):
+        build_plan({"SINE": sine, "SCALE": scale}, [(sine.OUTPUT,)])
+
+
+def test_two_inputs_two_outputs_or_reversed() -> None:
+    sine, scale, other = Sine(), Scale(), Scale()
+    components = {"SINE": sine, "SCALE": scale, "OTHER": other}
+    with invalid(r"connection 0 \(SCALE.INPUT -> OTHER.INPUT\) connects two inputs"):
+        build_plan(components, [(scale.INPUT, other.INPUT)])
+    with invalid(r"connection 0 \(SINE.OUTPUT -> SCALE.OUTPUT\) connects two outputs"):
+        build_plan(components, [(sine.OUTPUT, scale.OUTPUT)])
+    with invalid(r"connection 1 .* is reversed"):
+        build_plan(components, [(sine.OUTPUT, scale.INPUT), (other.INPUT, sine.OUTPUT)])
+
+
+def test_collection_streams_are_relays_in_both_directions() -> None:
+    class Wrong(ezflow.Collection):
+        INPUT = ezflow.InputStream(np.ndarray)
+        A = Scale()
+
+        def network(self) -> Iterable[tuple[Any, Any]]:
+            return [(self.A.OUTPUT, self.INPUT)]  # type: ignore[attr-defined]
+
+    with invalid(r"WRONG connection 0 \(WRONG/A.OUTPUT -> WRONG.INPUT\) connects two outputs"):
+        build_plan({"WRONG": Wrong()})
+
+
+def test_message_type_mismatch() -> None:
+    sine, scale = Sine(), Scale()
+    with invalid(r"message type mismatch: SINE.TEXT carries str but SCALE.INPUT expects ndarray"):
+        build_plan({"SINE": sine, "SCALE": scale}, [(sine.TEXT, scale.INPUT)])
+    # An undeclared type on either end is not checked.
+    build_plan({"SINE": sine, "SCALE": scale}, [(sine.TEXT, scale.ANYTHING)])
+
+
+def test_duplicate_component_names() -> None:
+    sine = Sine()
+    with invalid("duplicate component name 'SINE'"):
+        build_plan({"SINE": sine}, [])  # fine on its own
+        ezflow.GraphRunner({"SINE": sine}, SINE=Sine())
+    with invalid("the same Sine instance is both SINE and COPY"):
+        build_plan({"SINE": sine, "COPY": sine})
+    with invalid("may not contain '/'"):
+        build_plan({"A/B": Sine()})
+
+
+def test_settings_of_the_wrong_type() -> None:
+    sine = Sine()
+    sine.SETTINGS = ScaleSettings()  # bypassing apply_settings
+    with invalid(r"SINE: settings are a ScaleSettings, but Sine expects SineSettings"):
+        build_plan({"SINE": sine})
+    with invalid(r"SAVE: Saver has no settings, and NeedsPath has required fields \(path\)"):
+        build_plan({"SAVE": Saver()})
+    with invalid("expects SineSettings"):
+        Sine(ScaleSettings())  # type: ignore[arg-type]
+
+
+def test_process_components_must_be_in_the_graph() -> None:
+    sine, scale = Sine(), Scale()
+    with invalid(r"process_components\[0\]: a Scale that is not in the graph"):
+        build_plan({"SINE": sine}, [], [scale])
+    with invalid(r"process_components\[1\]: SINE is already listed"):
+        build_plan({"SINE": sine}, [], [sine, sine])
+    with invalid("is not a component"):
+        build_plan({"SINE": sine}, [], ["SINE"])
+
+    class Greedy(ezflow.Collection):
+        A = Scale()
+
+        def process_components(self) -> Iterable[ezflow.Component]:
+            return [sine]
+
+    with invalid(r"GREEDY.process_components\(\)\[0\]: SINE is not inside GREEDY"):
+        build_plan({"SINE": sine, "GREEDY": Greedy()})
+
+
+def test_one_main_per_process() -> None:
+    with invalid(r"process main has several @main methods \(A.show, B.show\)"):
+        build_plan({"A": Shown(), "B": Shown()})
+    a, b = Shown(), Shown()
+    assert build_plan({"A": a, "B": b}, [], [b]).process_of == {"A": "", "B": "B"}
+    with invalid("several @main methods"):
+        build_plan({"A": a, "B": b}, [], [b], force_single_process=True)
+    assert build_plan({"A": a, "S": Sine()}, [], [a], force_single_process=True).process_of == {
+        "A": "",
+        "S": "",
+    }
+
+
+def test_nothing_to_run() -> None:
+    with invalid("nothing to run"):
+        build_plan({})
+    with invalid("is not a component"):
+        build_plan({"X": object()})  # type: ignore[dict-item]
