@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import shlex
@@ -28,7 +29,7 @@ app = typer.Typer(
 
 # Wide tables stay readable when piped or captured (rich uses 80 columns then).
 _console = Console() if sys.stdout.isatty() else Console(width=200)
-_errors = Console(stderr=True)
+_errors = Console(stderr=True, soft_wrap=True)  # one error, one line
 
 DEFAULT_SIZES = ("64B", "1KiB", "64KiB", "1MiB")
 QUICK_SIZES = ("1KiB", "1MiB")
@@ -208,6 +209,8 @@ def _run_live(cells: list[Cell], plan: Plan, peers: list[list[str]]) -> dict[str
             )
     except KeyboardInterrupt:
         _fail("interrupted: every worker was stopped, no results written", code=130)
+    except asyncio.CancelledError:  # SIGTERM cancels the run the same way
+        _fail("terminated: every worker was stopped, no results written", code=143)
     except _runner.WorkerError as exc:
         _fail(str(exc), code=1)
 

@@ -206,12 +206,17 @@ def _check(value: Any, schema: dict[str, Any], path: str, errors: list[str]) -> 
         _check(value, SCHEMA["$defs"][name], path, errors)
         return
     if "anyOf" in schema:
+        attempts = []
         for option in schema["anyOf"]:
             found: list[str] = []
             _check(value, option, path, found)
             if not found:
                 return
-        errors.append(f"{path}: matches none of the allowed forms")
+            attempts.append(found)
+        # Report the problems inside the form whose type fits (an object with a bad
+        # field, not "expected null"), or say that no form fits at all.
+        inside = [found for found in attempts if not found[0].startswith(f"{path}: expected")]
+        errors.extend(inside[0] if inside else [f"{path}: matches none of the allowed forms"])
         return
     if "const" in schema and value != schema["const"]:
         errors.append(f"{path}: must be {schema['const']!r}, not {value!r}")

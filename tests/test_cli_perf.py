@@ -1,0 +1,307 @@
+"""`ezflow perf` end to end: a real (tiny) run in real processes, with a stand-in peer,
+then schema, compare, report and peers on its results file; bad options; clean-up on
+Ctrl-C, SIGTERM and a killed runner."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ezflow._perf import _compare, _report, _schema
+
+PEER = f"{sys.executable} {Path(__file__).with_name('_perfpeer.py')}"
+#: The tiny configuration: 4 cells (one of them not applicable), ezflow and a peer.
+TINY = [
+    "-s", "relay,spread", "-t", "local,tcp", "--size", "1KiB", "-n", "1",
+    "--duration", "0.3", "--latency-samples", "10", "--repeats", "1",
+]  # fmt: skip
+
+
+def ezflow_cli(*args: str, timeout: float = 50) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ezflow", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def perf_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    path = tmp_path_factory.mktemp("perf") / "tiny.json"
+    return ezflow_cli("perf", "run", *TINY, "--peer", PEER, "-o", str(path)), path
+
+
+@pytest.fixture
+def perf_results(perf_run: tuple[subprocess.CompletedProcess[str], Path]) -> dict[str, Any]:
+    result, path = perf_run
+    assert result.returncode == 0, result.stderr
+    document: dict[str, Any] = json.loads(path.read_text())
+    return document
+
+
+def _cell(document: dict[str, Any], framework: str, suite: str, transport: str) -> dict[str, Any]:
+    (found,) = [
+        cell
+        for cell in document["cells"]
+        if (cell["framework"], cell["suite"], cell["transport"]) == (framework, suite, transport)
+    ]
+    return found
+
+
+def test_tiny_run_measures_every_cell(
+    perf_run: tuple[subprocess.CompletedProcess[str], Path], perf_results: dict[str, Any]
+) -> None:
+    result, path = perf_run
+    assert f"wrote {path}" in result.stdout.replace("\n", "")
+    assert "ezflow against its peers" in result.stdout
+    assert [fw["name"] for fw in perf_results["frameworks"]] == ["ezflow", "standin"]
+    assert len(perf_results["cells"]) == 8
+    for framework, transport in (("ezflow", "local"), ("ezflow", "tcp"), ("standin", "local")):
+        cell = _cell(perf_results, framework, "relay", transport)
+        assert cell["status"] == "ok", cell["reason"]
+        assert cell["processes"] == (1 if transport == "local" else 2)
+        metrics = cell["metrics"]
+        assert len(cell["repeats"]) == 1
+        assert metrics["drops"] == 0
+        assert metrics["msgs_per_s"] > 0 and metrics["mb_per_s"] > 0
+        assert metrics["messages"] > 10  # back-to-back, 10 paced and one END at least
+        assert 0 < metrics["latency_p50_us"] <= metrics["latency_p99_us"]
+        assert metrics["latency_p99_us"] <= metrics["latency_max_us"]
+        assert metrics["cpu_s_per_msg"] > 0
+    spread = _cell(perf_results, "ezflow", "spread", "tcp")
+    assert spread["status"] == "ok" and spread["processes"] == 3
+    assert _cell(perf_results, "ezflow", "spread", "local")["status"] == "unavailable"
+    refused = _cell(perf_results, "standin", "relay", "tcp")
+    assert (refused["status"], refused["reason"]) == (
+        "unavailable",
+        "the stand-in peer has no tcp",
+    )
+    assert refused["metrics"] is None
+    floor = perf_results["floor"]
+    assert floor["memcpy_gb_per_s"] > 0
+    assert [entry["size"] for entry in floor["socketpair_rtt_us"]] == [1024]
+    env = perf_results["environment"]
+    assert env["packages"]["ezflow"] and env["packages"]["numpy"]
+    assert env["event_loop"] in ("uvloop", "asyncio") and env["cores"] >= 1
+
+
+def test_real_results_validate(perf_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    _, path = perf_run
+    document = _schema.load(path)
+    assert _schema.validate(document) == []
+    printed = ezflow_cli("perf", "schema")
+    assert printed.returncode == 0
+    assert json.loads(printed.stdout) == json.loads(json.dumps(_schema.SCHEMA))
+
+
+def test_validator_reports_the_path_of_each_problem(perf_results: dict[str, Any]) -> None:
+    broken = copy.deepcopy(perf_results)
+    ok_cell = next(cell for cell in broken["cells"] if cell["status"] == "ok")
+    ok_cell["metrics"]["drops"] = "none"
+    ok_cell["suite"] = "ring"
+    del broken["environment"]["cpu_model"]
+    broken["floor"]["extra"] = 1
+    broken["schema"] = "ezflow-perf/0"
+    errors = _schema.validate(broken)
+    index = broken["cells"].index(ok_cell)
+    assert f"$.cells[{index}].metrics.drops: expected integer, got str" in errors
+    assert any(
+        error.startswith(f"$.cells[{index}].suite: 'ring' is not one of") for error in errors
+    )
+    assert "$.environment: missing 'cpu_model'" in errors
+    assert "$.floor: unexpected field 'extra'" in errors
+    assert any(error.startswith("$.schema: must be") for error in errors)
+    assert _schema.validate([]) == ["$: expected object, got list"]
+
+
+def test_compare_flags_regressions_beyond_the_threshold(perf_results: dict[str, Any]) -> None:
+    same = _compare.compare(perf_results, perf_results)
+    assert same and all(change.verdict == "same" for change in same)
+    slower = copy.deepcopy(perf_results)
+    cell = next(c for c in slower["cells"] if c["status"] == "ok" and c["framework"] == "ezflow")
+    cell["metrics"]["msgs_per_s"] /= 2
+    cell["metrics"]["latency_p50_us"] *= 1.15
+    changes = {(c.key, c.metric): c for c in _compare.compare(perf_results, slower)}
+    key = _compare.cell_key(cell)
+    assert changes[key, "msgs_per_s"].verdict == "regression"
+    assert changes[key, "msgs_per_s"].gain == pytest.approx(0.5)
+    assert changes[key, "latency_p50_us"].verdict == "worse"  # beyond noise, within fail
+    assert changes[key, "cpu_s_per_msg"].verdict == "same"
+    cell["status"], cell["reason"], cell["metrics"] = "error", "boom", None
+    failed = [c for c in _compare.compare(perf_results, slower) if c.failing]
+    assert [(c.key, c.verdict) for c in failed] == [(key, "failed")]
+
+
+def test_peer_rows_pair_cells(perf_results: dict[str, Any]) -> None:
+    rows = _compare.peer_rows(perf_results)
+    by_cell = {(row.suite, row.transport): row for row in rows}
+    relay_local = by_cell["relay", "local"]
+    assert relay_local.peer == "standin"
+    assert relay_local.msgs_ratio is not None and relay_local.msgs_ratio > 0
+    assert by_cell["relay", "tcp"].note == "standin: the stand-in peer has no tcp"
+    assert by_cell["relay", "tcp"].meets_bar is None
+
+
+def test_report_is_self_contained_html(perf_results: dict[str, Any]) -> None:
+    page = _report.render(perf_results, title="tiny")
+    assert page.startswith("<!DOCTYPE html>")
+    assert page.count("<svg") >= 4  # msgs/s and latency for relay/local and relay/tcp
+    assert "relay over tcp: msgs/s" in page and "relay over local: latency p50" in page
+    assert "<script" not in page and "src=" not in page and "href=" not in page
+    assert "ezflow against its peers" in page
+    assert "the stand-in peer has no tcp" in page
+
+
+# -- the commands on real files
+
+
+def test_compare_exit_status(
+    perf_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
+) -> None:
+    _, path = perf_run
+    same = ezflow_cli("perf", "compare", str(path), str(path))
+    assert same.returncode == 0, same.stderr
+    assert "no regression beyond 25%" in same.stdout
+    document = json.loads(path.read_text())
+    cell = _cell(document, "ezflow", "relay", "tcp")
+    cell["metrics"]["msgs_per_s"] *= 0.6  # a 40 % drop: beyond the default 25 %
+    slower = tmp_path / "slower.json"
+    slower.write_text(json.dumps(document))
+    failed = ezflow_cli("perf", "compare", str(path), str(slower))
+    assert failed.returncode == 1
+    assert "regression" in failed.stdout
+    assert failed.stderr.strip().splitlines() == [
+        "error: 1 regression(s) beyond 25% (first: ezflow/relay/tcp/1024/1 msgs_per_s)"
+    ]
+    lenient = ezflow_cli("perf", "compare", str(path), str(slower), "--fail", "0.7")
+    assert lenient.returncode == 0, lenient.stderr
+
+
+def test_report_and_peers_commands(
+    perf_run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
+) -> None:
+    _, path = perf_run
+    target = tmp_path / "report.html"
+    written = ezflow_cli("perf", "report", str(path), "-o", str(target))
+    assert written.returncode == 0, written.stderr
+    assert "<svg" in target.read_text()
+    table = ezflow_cli("perf", "peers", str(path), "--markdown")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith("| suite | transport | size | N | peer |")
+    assert any(line.startswith("| relay | local | 1 KiB | 1 | standin |") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["run", "-s", "ring"],
+            "error: unknown suite 'ring'; use one of fanout, fanin, relay, spread",
+        ),
+        (["run", "-t", "udp"], "error: unknown transport 'udp'; use one of local, shm, tcp"),
+        (["run", "--size", "1XiB"], "error: size '1XiB' is not a byte count"),
+        (["run", "--size", "128MiB"], "error: size '128MiB' must be between 1 B and 64 MiB"),
+        (["run", "--duration", "0"], "error: duration 0.0 s must be in (0, 600]"),
+        (["compare", "missing.json", "missing.json"], "error: cannot read missing.json"),
+        (["report", "pyproject.toml"], "error: pyproject.toml is not a JSON document"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None:
+    result = ezflow_cli("perf", *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# -- clean-up
+
+
+def _descendants(pid: int) -> set[int]:
+    """Live (non-zombie) descendants of *pid*."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.add(pid)
+        except OSError:
+            pass
+    return alive
+
+
+def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], set[int]]:
+    """A run that streams for 20 s; returns once its relay workers are up."""
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "ezflow", "perf", "run", "-s", "relay", "-t", "tcp", "--size",
+         "1KiB", "-n", "2", "--duration", "20", "--repeats", "1", "-o", str(tmp_path / "x.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        workers = _descendants(runner.pid)
+        if len(workers) >= 3:  # the graph server and the two processes of the cell
+            time.sleep(1.0)  # well into the stream
+            return runner, _descendants(runner.pid)
+        time.sleep(0.1)
+    runner.kill()
+    runner.wait()
+    pytest.fail("the run did not start its workers")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_a_run_ends_every_worker(sig: signal.Signals, tmp_path: Path) -> None:
+    runner, workers = _start_long_run(tmp_path)
+    try:
+        runner.send_signal(sig)
+        _, stderr = runner.communicate(timeout=20)
+    finally:
+        runner.kill()
+        runner.wait()
+    assert runner.returncode == 128 + sig
+    assert "every worker was stopped, no results written" in stderr
+    assert not _alive(workers)
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_workers_leave_when_the_runner_is_killed(tmp_path: Path) -> None:
+    runner, workers = _start_long_run(tmp_path)
+    runner.kill()
+    runner.communicate(timeout=10)
+    deadline = time.monotonic() + 10
+    while _alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(workers)

@@ -1,0 +1,99 @@
+"""ezflow perf, without the command line: options, layouts, sinks, schema, ratios."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ezflow._perf._spec import END, LATENCY, RATE, Cell, Plan, SpecError, layout, parse_size
+from ezflow._perf._worker import SinkState, payload_for
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("64", 64), ("64B", 64), ("1KiB", 1024), ("1kib", 1024), ("4K", 4096), ("1KB", 1000),
+     ("1MiB", 1 << 20), (" 2 MiB ", 2 << 20), ("64MiB", 64 << 20)],
+)  # fmt: skip
+def test_sizes_parse(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "1XiB", "KiB", "1.5KiB", "-1", "0", "65MiB", "1 Ki B"])
+def test_bad_sizes_are_refused_with_one_line(text: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_size(text)
+    assert "\n" not in str(caught.value)
+    assert repr(text) in str(caught.value)
+
+
+def test_bad_cells_and_plans_are_refused() -> None:
+    with pytest.raises(SpecError, match="unknown suite 'ring'"):
+        Cell("ring", "tcp", 64, 1)
+    with pytest.raises(SpecError, match="unknown transport 'udp'"):
+        Cell("relay", "udp", 64, 1)
+    with pytest.raises(SpecError, match="clients"):
+        Cell("relay", "tcp", 64, 0)
+    with pytest.raises(SpecError, match="warm-up"):
+        Plan(duration=0.1, warmup=0.2)
+    with pytest.raises(SpecError, match="repeats"):
+        Plan(repeats=0)
+
+
+def _edges_cross(cell: Cell) -> bool:
+    """Every edge of *cell*'s layout joins two different processes."""
+    groups = layout(cell, "/t")
+    where = {}
+    for number, group in enumerate(groups):
+        for unit in group.units:
+            for topic in (unit.input, unit.output):
+                if topic is not None:
+                    where.setdefault(topic, set()).add(number)
+    return all(len(numbers) == 2 for numbers in where.values())
+
+
+@pytest.mark.parametrize("suite", ["fanout", "fanin", "relay", "spread"])
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_layouts(suite: str, n: int) -> None:
+    units = [unit for group in layout(Cell(suite, "tcp", 64, n), "/t") for unit in group.units]
+    kinds = [unit.kind for unit in units]
+    sinks = [unit for unit in units if unit.kind == "sink"]
+    if suite == "fanout":
+        assert kinds.count("source") == 1 and kinds.count("sink") == n
+    elif suite == "fanin":
+        assert kinds.count("source") == n and sinks[0].sources == n
+    else:
+        assert kinds.count("relay") == n and kinds.count("sink") == 1
+    assert _edges_cross(Cell(suite, "tcp", 64, n))
+    processes = len(layout(Cell(suite, "shm", 64, n), "/t"))
+    assert processes == (n + 2 if suite == "spread" else 2)
+    if suite != "spread":
+        assert len(layout(Cell(suite, "local", 64, n), "/t")) == 1
+    else:
+        assert Cell(suite, "local", 64, n).applicable is not None
+
+
+def test_sink_counts_drops_corruption_and_phases() -> None:
+    payload = payload_for(7, 0, 32)
+    assert payload.any(), "payloads are random, not zeros"
+    sink = SinkState(sources=1, warmup_ns=0, expected=[payload])
+    stamp = 0
+    assert not sink.handle((stamp, 0, 0, RATE, payload))
+    assert not sink.handle((stamp, 1, 0, RATE, payload))
+    assert not sink.handle((stamp, 3, 0, RATE, payload))  # seq 2 lost
+    bad = payload.copy()
+    bad[5] ^= 1
+    assert not sink.handle((stamp, 4, 0, LATENCY, bad))
+    assert not sink.handle((stamp, 5, 0, LATENCY, payload))
+    assert sink.handle((stamp, 6, 0, END, payload))
+    result = sink.result(latency_warmup=0)
+    assert result["rate_messages"] == 3
+    assert result["latency_messages"] == 2
+    assert result["drops"] == 1
+    assert result["corrupt"] == 1
+    assert result["ends"] == 1
+    assert len(result["latency_ns"]) == 2
+
+
+def test_payloads_differ_per_source_and_repeat_per_seed() -> None:
+    assert np.array_equal(payload_for(1, 0, 64), payload_for(1, 0, 64))
+    assert not np.array_equal(payload_for(1, 0, 64), payload_for(1, 1, 64))
