@@ -1,0 +1,352 @@
+"""GraphRunner and ezflow.run with real processes: delivery, start barrier, settings
+updates, Complete, failures, signals and dead children."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _unit_graphs import (
+    Checker,
+    Counter,
+    CountSettings,
+    Gain,
+    GainSettings,
+    Relay,
+    Sink,
+    SinkSettings,
+    Window,
+)
+
+import ezflow
+
+SCRIPT = str(Path(__file__).with_name("_unit_graphs.py"))
+
+
+# -- in the test process (both event loops), children spawned by the runner ------------
+
+
+async def test_10000_messages_in_order_across_two_processes(server: ezflow.GraphServer) -> None:
+    count = 10_000
+    counter, relay, checker = Counter(count=count), Relay(), Checker(count=count)
+    runner = ezflow.GraphRunner(
+        components={"COUNT": counter, "RELAY": relay, "CHECK": checker},
+        connections=[(counter.OUTPUT, relay.INPUT), (relay.OUTPUT, checker.INPUT)],
+        process_components=[relay],
+        graph_address=server.address,
+    )
+    async with runner:
+        assert set(runner.processes) == {"RELAY"}
+        assert runner.processes["RELAY"] != os.getpid()
+        await asyncio.wait_for(runner.wait(), 30)
+    assert runner.completed_by == "CHECK"
+    assert checker.STATE.expected == count
+    assert checker.STATE.out_of_order == 0
+
+
+async def test_start_barrier_loses_nothing_published_at_start(server: ezflow.GraphServer) -> None:
+    # The counter (own process) publishes from its first moment; the checker here takes
+    # half a second to initialize. Without the barrier the first messages would be lost.
+    counter, checker = Counter(count=1000), Checker(count=1000, init_delay=0.5)
+    async with ezflow.GraphRunner(
+        COUNT=counter,
+        CHECK=checker,
+        connections=[(counter.OUTPUT, checker.INPUT)],
+        process_components=[counter],
+        graph_address=server.address,
+    ) as runner:
+        await asyncio.wait_for(runner.wait(), 30)
+    assert (checker.STATE.expected, checker.STATE.out_of_order) == (1000, 0)
+
+
+async def test_settings_update_at_run_time_in_another_process(
+    server: ezflow.GraphServer,
+) -> None:
+    gain = Gain(GainSettings(gain=2.0))
+    async with ezflow.GraphRunner(
+        GAIN=gain, process_components=[gain], graph_address=server.address
+    ) as runner:
+        output = await runner.context.subscriber("GAIN/OUTPUT")
+        source = await runner.context.publisher("GAIN/INPUT")
+        await source.publish(1.0)
+        assert await asyncio.wait_for(output.recv(), 10) == 2.0
+        await runner.update_settings("GAIN", GainSettings(gain=5.0))
+        # Settings and samples travel on different edges: poll until the change shows.
+        deadline = time.monotonic() + 10
+        while True:
+            await source.publish(1.0)
+            value = await asyncio.wait_for(output.recv(), 10)
+            if value == 5.0 or time.monotonic() > deadline:
+                break
+        assert value == 5.0  # on_settings ran in the GAIN process
+        with pytest.raises(ezflow.GraphDefinitionError, match="expects GainSettings"):
+            await runner.update_settings("GAIN", CountSettings(count=1))
+        with pytest.raises(ezflow.GraphDefinitionError, match="no unit 'NOPE'"):
+            await runner.update_settings("NOPE", GainSettings())
+
+
+async def test_settings_update_in_process_calls_on_settings(server: ezflow.GraphServer) -> None:
+    gain = Gain()
+    async with ezflow.GraphRunner(GAIN=gain, graph_address=server.address) as runner:
+        await runner.update_settings("GAIN", GainSettings(gain=3.0))
+        for _ in range(200):
+            if gain.STATE.updates:
+                break
+            await asyncio.sleep(0.01)
+        assert GainSettings(gain=3.0) == gain.SETTINGS
+        assert (gain.STATE.gain, gain.STATE.updates) == (3.0, 1)
+        # Settings of another class on the stream are refused (logged), not applied.
+        wrong = await runner.context.publisher("GAIN/INPUT_SETTINGS")
+        await wrong.publish(CountSettings(count=3))
+        await runner.update_settings("GAIN", GainSettings(gain=4.0))
+        for _ in range(200):
+            if gain.STATE.updates == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert GainSettings(gain=4.0) == gain.SETTINGS and gain.STATE.updates == 2
+
+
+async def test_a_raising_unit_fails_the_graph_with_its_path(
+    server: ezflow.GraphServer, tmp_path: Path
+) -> None:
+    counter = Counter(count=1_000_000)
+    sink = Sink(SinkSettings(str(tmp_path), raise_after=3))
+    runner = ezflow.GraphRunner(
+        COUNT=counter,
+        SINK=sink,
+        connections=[(counter.OUTPUT, sink.INPUT)],
+        graph_address=server.address,
+    )
+    await runner.start()
+    with pytest.raises(ezflow.UnitError, match=r"unit SINK failed in subscriber of INPUT") as info:
+        await asyncio.wait_for(runner.wait(), 10)
+    assert info.value.component == "SINK"
+    assert "ValueError: boom from SINK" in info.value.details
+    assert (tmp_path / "shutdown-SINK").exists()
+    await runner.stop()  # raised once: stopping again is quiet
+
+
+async def test_initialize_failure_stops_before_start(server: ezflow.GraphServer) -> None:
+    class Broken(ezflow.Unit):
+        def initialize(self) -> None:
+            raise OSError("no such device")
+
+    relay = Relay()
+    runner = ezflow.GraphRunner(
+        BROKEN=Broken(), RELAY=relay, process_components=[relay], graph_address=server.address
+    )
+    with pytest.raises(ezflow.UnitError, match=r"unit BROKEN failed in initialize\(\)") as info:
+        await runner.start()
+    assert "OSError: no such device" in str(info.value)
+
+
+async def test_task_thread_and_publish(server: ezflow.GraphServer) -> None:
+    class Worker(ezflow.Unit):
+        OUTPUT = ezflow.OutputStream(str)
+
+        def initialize(self) -> None:
+            self.thread_saw_stop = False
+
+        @ezflow.task
+        async def announce(self) -> None:
+            await self.publish(self.OUTPUT, "from a task")
+
+        @ezflow.thread
+        def spin(self) -> None:
+            while self.running:
+                time.sleep(0.005)
+            self.thread_saw_stop = True
+
+    worker = Worker()
+    async with ezflow.GraphRunner(WORKER=worker, graph_address=server.address) as runner:
+        out = await runner.context.subscriber("WORKER/OUTPUT")
+        # The task may have published before this subscriber existed: publish again.
+        await worker.publish(worker.OUTPUT, "direct")
+        assert await asyncio.wait_for(out.recv(), 5) == "direct"
+    assert worker.thread_saw_stop
+    with pytest.raises(ezflow.ClosedResourceError, match="only while the graph runs"):
+        await worker.publish(worker.OUTPUT, "late")
+
+
+async def test_nested_collection_relays_and_process_components(
+    server: ezflow.GraphServer,
+) -> None:
+    class Middle(ezflow.Collection):
+        INPUT = ezflow.InputStream(int)
+        OUTPUT = ezflow.OutputStream(int)
+        FIRST = Relay()
+        SECOND = Relay()
+
+        def network(self) -> Any:
+            return [
+                (self.INPUT, self.FIRST.INPUT),
+                (self.FIRST.OUTPUT, self.SECOND.INPUT),
+                (self.SECOND.OUTPUT, self.OUTPUT),
+            ]
+
+        def process_components(self) -> Any:
+            return [self.SECOND]
+
+    counter, middle, checker = Counter(count=500), Middle(), Checker(count=500)
+    async with ezflow.GraphRunner(
+        COUNT=counter,
+        MIDDLE=middle,
+        CHECK=checker,
+        connections=[(counter.OUTPUT, middle.INPUT), (middle.OUTPUT, checker.INPUT)],
+        graph_address=server.address,
+    ) as runner:
+        assert set(runner.processes) == {"MIDDLE/SECOND"}
+        graph = await runner.context.graph()
+        assert ["MIDDLE/FIRST/OUTPUT", "MIDDLE/SECOND/INPUT"] in graph["edges"]
+        assert not any("MIDDLE/INPUT" in edge for edge in graph["edges"])  # no relay topic
+        await asyncio.wait_for(runner.wait(), 20)
+    assert (checker.STATE.expected, checker.STATE.out_of_order) == (500, 0)
+
+
+async def test_main_needs_the_main_thread(server: ezflow.GraphServer) -> None:
+    runner = ezflow.GraphRunner(WINDOW=Window(), graph_address=server.address)
+    with pytest.raises(ezflow.GraphDefinitionError, match="needs the main thread"):
+        await runner.start()
+
+
+async def test_stop_from_outside_is_graceful(server: ezflow.GraphServer, tmp_path: Path) -> None:
+    sink = Sink(SinkSettings(str(tmp_path)))
+    relay = Relay()
+    runner = ezflow.GraphRunner(
+        SINK=sink,
+        RELAY=relay,
+        connections=[(relay.OUTPUT, sink.INPUT)],
+        process_components=[relay],
+        graph_address=server.address,
+    )
+    await runner.start()
+    feed = await runner.context.publisher("RELAY/INPUT")
+    for i in range(10):
+        await feed.publish(i)
+    started = time.monotonic()
+    await runner.stop()
+    assert time.monotonic() - started < 5
+    assert (tmp_path / "shutdown-SINK").exists()
+    with pytest.raises(RuntimeError, match="started once"):
+        await runner.start()
+
+
+# -- ezflow.run in a child process: signals, exit codes, dead children ------------------
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def start_run(scenario: str, markers: Path, **args: Any) -> subprocess.Popen[str]:
+    arguments = {"markers": str(markers), "address": "127.0.0.1:0", **args}
+    return subprocess.Popen(
+        [sys.executable, SCRIPT, scenario, json.dumps(arguments)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, like a shell job
+    )
+
+
+@pytest.fixture
+def running(markers: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes started by a test; killed (with their group) if still running."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+
+
+def wait_for(path: Path, process: subprocess.Popen[str], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            _, err = process.communicate()
+            raise AssertionError(f"run exited ({process.returncode}) before {path.name}:\n{err}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {path.name} after {timeout} s")
+        time.sleep(0.02)
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 5) -> tuple[int, str, str, float]:
+    started = time.monotonic()
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err, time.monotonic() - started
+
+
+@pytest.mark.parametrize("how", ["SIGINT to the process group", "SIGTERM to the runner"])
+def test_signal_stops_everything_with_exit_code_0(
+    how: str, markers: Path, running: list[subprocess.Popen[str]]
+) -> None:
+    process = start_run("forever", markers)
+    running.append(process)
+    wait_for(markers / "running-SINK", process)
+    wait_for(markers / "running-MONITOR", process)
+    if how.startswith("SIGINT"):
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    else:
+        os.kill(process.pid, signal.SIGTERM)
+    code, out, err, elapsed = finish(process)
+    assert code == 0, err
+    assert "run returned" in out
+    assert elapsed < 5
+    for unit in ("TICKER", "SINK", "MONITOR"):
+        assert (markers / f"shutdown-{unit}").exists(), f"{unit}.shutdown() did not run"
+
+
+def test_raising_unit_exits_non_zero_naming_it(
+    markers: Path, running: list[subprocess.Popen[str]]
+) -> None:
+    process = start_run("forever", markers, raise_after=5)
+    running.append(process)
+    code, out, err, _ = finish(process, timeout=30)
+    assert code == 1
+    assert "run returned" not in out
+    assert "UnitError: unit SINK (process SINK) failed in subscriber of INPUT" in err
+    assert "ValueError: boom from SINK at message 4" in err
+    assert 'in on_message\n    raise ValueError(f"boom from {self.path}' in err  # the traceback
+    for unit in ("TICKER", "SINK", "MONITOR"):
+        assert (markers / f"shutdown-{unit}").exists(), f"{unit}.shutdown() did not run"
+
+
+def test_killed_child_ends_the_run_with_a_clear_message(
+    markers: Path, running: list[subprocess.Popen[str]]
+) -> None:
+    process = start_run("forever", markers)
+    running.append(process)
+    wait_for(markers / "running-SINK", process)
+    pid = int((markers / "pid-SINK").read_text())
+    assert pid != process.pid
+    os.kill(pid, signal.SIGKILL)
+    code, _out, err, elapsed = finish(process)
+    assert code == 1
+    assert elapsed < 5
+    assert f"ProcessDiedError: process SINK (pid {pid}, units SINK) killed by SIGKILL" in err
+    assert (markers / "shutdown-TICKER").exists() and (markers / "shutdown-MONITOR").exists()
+
+
+def test_main_methods_run_in_main_threads(
+    markers: Path, running: list[subprocess.Popen[str]]
+) -> None:
+    process = start_run("with_main", markers)
+    running.append(process)
+    code, out, err, _ = finish(process, timeout=30)
+    assert code == 0, err
+    assert "run returned" in out
+    assert (markers / "main-thread-HERE").read_text() == "True"
+    assert (markers / "main-thread-THERE").read_text() == "True"
+    assert int((markers / "pid-THERE").read_text()) != process.pid
+    assert (markers / "shutdown-HERE").exists() and (markers / "shutdown-THERE").exists()
