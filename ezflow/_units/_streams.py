@@ -134,8 +134,8 @@ class BoundStream(Generic[_S]):
     @property
     def message_type(self) -> Any:
         if self.stream.name == "INPUT_SETTINGS":
-            settings_type = type(self.component).SETTINGS
-            if isinstance(settings_type, type):
+            settings_type = self.component.settings_type()
+            if settings_type is not None:
                 return settings_type
         return self.stream.message_type
 
