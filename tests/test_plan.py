@@ -166,6 +166,9 @@ def test_message_type_mismatch() -> None:
     sine, scale = Sine(), Scale()
     with invalid(r"message type mismatch: SINE.TEXT carries str but SCALE.INPUT expects ndarray"):
         build_plan({"SINE": sine, "SCALE": scale}, [(sine.TEXT, scale.INPUT)])
+    # A unit's INPUT_SETTINGS accepts its own SETTINGS class only.
+    with invalid(r"SINE.OUTPUT carries ndarray but SCALE.INPUT_SETTINGS expects ScaleSettings"):
+        build_plan({"SINE": sine, "SCALE": scale}, [(sine.OUTPUT, scale.INPUT_SETTINGS)])
     # An undeclared type on either end is not checked.
     build_plan({"SINE": sine, "SCALE": scale}, [(sine.TEXT, scale.ANYTHING)])
 

@@ -273,7 +273,7 @@ def running(markers: Path) -> Iterator[list[subprocess.Popen[str]]]:
 def wait_for(path: Path, process: subprocess.Popen[str], timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
-        if process.poll() is not None:
+        if process.poll() is not None and process.returncode != -signal.SIGKILL:
             _, err = process.communicate()
             raise AssertionError(f"run exited ({process.returncode}) before {path.name}:\n{err}")
         if time.monotonic() > deadline:
@@ -336,6 +336,30 @@ def test_killed_child_ends_the_run_with_a_clear_message(
     assert elapsed < 5
     assert f"ProcessDiedError: process SINK (pid {pid}, units SINK) killed by SIGKILL" in err
     assert (markers / "shutdown-TICKER").exists() and (markers / "shutdown-MONITOR").exists()
+
+
+def test_children_stop_by_themselves_when_the_runner_is_killed(
+    markers: Path, running: list[subprocess.Popen[str]]
+) -> None:
+    process = start_run("forever", markers)
+    running.append(process)
+    wait_for(markers / "running-SINK", process)
+    pid = int((markers / "pid-SINK").read_text())
+    process.kill()  # SIGKILL: no cleanup in the runner at all
+    process.communicate()
+    # The unit process sees its control socket close, stops, runs shutdown() and exits.
+    wait_for(markers / "shutdown-SINK", process, timeout=5)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
+        assert time.monotonic() < deadline, "the unit process outlived its runner"
+        time.sleep(0.02)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
 
 
 def test_main_methods_run_in_main_threads(
