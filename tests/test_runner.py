@@ -362,6 +362,87 @@ def _state(pid: int) -> str:
         return "Z"
 
 
+DESIGN_EXAMPLE = """
+import ezflow
+import numpy as np
+import asyncio
+
+class SineSettings(ezflow.Settings):      # frozen dataclass
+    rate: float = 100.0
+
+class Sine(ezflow.Unit):
+    SETTINGS = SineSettings
+    OUTPUT = ezflow.OutputStream(np.ndarray)
+
+    @ezflow.publisher(OUTPUT)
+    async def generate(self):
+        while True:
+            await asyncio.sleep(1 / self.SETTINGS.rate); samples = np.ones(8)
+            yield self.OUTPUT, samples
+
+class Scale(ezflow.Unit):
+    INPUT = ezflow.InputStream(np.ndarray)
+    OUTPUT = ezflow.OutputStream(np.ndarray)
+
+    @ezflow.subscriber(INPUT)
+    @ezflow.publisher(OUTPUT)
+    async def on_samples(self, msg):
+        yield self.OUTPUT, msg * 2.0
+
+    def shutdown(self):
+        print("SCALE shut down", flush=True)
+
+sine, scale = Sine(SineSettings(rate=500)), Scale()
+ezflow.run(
+    components={"SINE": sine, "SCALE": scale},
+    connections=[(sine.OUTPUT, scale.INPUT)],
+    process_components=[scale],        # SCALE in its own process -> shm edge
+    graph_address="127.0.0.1:0",
+)
+"""
+
+
+def test_the_design_example_runs_as_written(
+    tmp_path: Path, running: list[subprocess.Popen[str]]
+) -> None:
+    # The brief's example (the `...` filled in), with no `if __name__ == "__main__":`.
+    script = tmp_path / "design.py"
+    script.write_text(DESIGN_EXAMPLE)
+    process = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    running.append(process)
+    time.sleep(1.5)
+    assert process.poll() is None
+    process.send_signal(signal.SIGINT)
+    code, out, err, _ = finish(process)
+    assert code == 0, err
+    assert "SCALE shut down" in out
+
+
+def test_an_unguarded_graph_runner_gets_a_clear_error(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import ezflow\n"
+        "class Idle(ezflow.Unit):\n"
+        "    pass\n"
+        "async def main():\n"
+        "    idle = Idle()\n"
+        "    async with ezflow.GraphRunner(IDLE=idle, process_components=[idle],\n"
+        "                                  graph_address='127.0.0.1:0'):\n"
+        "        pass\n"
+        "ezflow.run_coroutine(main())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 1
+    assert "UnitError: unit IDLE (process IDLE) failed while loading in process IDLE" in (
+        result.stderr
+    )
+    assert "start graphs under `if __name__ == '__main__':`" in result.stderr
+
+
 def test_main_methods_run_in_main_threads(
     markers: Path, running: list[subprocess.Popen[str]]
 ) -> None:

@@ -35,7 +35,7 @@ from ._component import Unit
 from ._host import UnitHost, format_failure
 from ._mainthread import MainThreadGate, run_beside_main
 
-__all__ = ["ChildProcess", "child_main", "preparation"]
+__all__ = ["ChildProcess", "child_main", "importing_main", "preparation"]
 
 log = logging.getLogger("ezflow.units")
 
@@ -44,6 +44,10 @@ _HEADER = struct.Struct("!I")
 MAX_CONTROL_FRAME = 256 * 1024 * 1024
 
 _CHILD_CODE = "from ezflow._units._process import child_main; child_main()"
+
+#: True while this (unit) process imports the parent's main script to find the classes
+#: defined there: a graph started by that script's top-level code must not start here.
+importing_main = False
 
 
 def _frame(message: dict[str, Any]) -> bytes:
@@ -210,7 +214,14 @@ class _Unpickler(pickle.Unpickler):
             self._main_ready = True
             from multiprocessing import spawn  # noqa: PLC0415 - only for scripts
 
-            spawn.prepare({k: v for k, v in self._prep.items() if k.startswith("init_main_from_")})
+            global importing_main
+            importing_main = True
+            try:
+                spawn.prepare(
+                    {k: v for k, v in self._prep.items() if k.startswith("init_main_from_")}
+                )
+            finally:
+                importing_main = False
         return super().find_class(module, name)
 
 
@@ -249,7 +260,7 @@ def child_main() -> None:
         units: list[Unit] = _Unpickler(boot["units"], prep).load()
     except BaseException as exc:
         details = (
-            f"process {name} could not load its units: {exc!r}\n"
+            f"while loading in process {name}: {exc!r}\n"
             "units placed in another process must be importable there: define their "
             "classes in a module, or in a script run as a file (python script.py)\n"
             f"{format_failure(exc)}"

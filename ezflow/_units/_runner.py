@@ -7,7 +7,6 @@ import contextlib
 import logging
 import pickle
 import signal
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from .._core._config import Address
 from .._core._exceptions import ClosedResourceError
 from .._core._loop import run_coroutine
 from .._graph._context import GraphContext, Publisher
+from . import _process
 from ._component import Component
 from ._errors import GraphDefinitionError, ProcessDiedError, UnitError
 from ._host import UnitHost, format_failure
@@ -163,6 +163,12 @@ class GraphRunner:
         to start (everything started is stopped first). Cancellation-safe."""
         if self._state != "new":
             raise RuntimeError("a GraphRunner can be started once")
+        if _process.importing_main:
+            raise RuntimeError(
+                "a graph was started while a unit process imports the main script (to "
+                "find the unit classes defined there); start graphs under "
+                "`if __name__ == '__main__':`"
+            )
         self._state = "starting"
         try:
             await self._start()
@@ -454,13 +460,6 @@ async def _shielded(future: asyncio.Future[None]) -> None:
     await asyncio.shield(future)
 
 
-def _called_while_importing_main() -> bool:
-    # In a unit process the parent's main script is imported as __mp_main__ to find the
-    # classes defined there; a run() at its top level must then do nothing.
-    frame = sys._getframe(2)
-    return frame.f_globals.get("__name__") == "__mp_main__"
-
-
 def run(
     components: Mapping[str, Component] | None = None,
     *,
@@ -492,8 +491,8 @@ def run(
     (to find the classes it defines) returns at once, so scripts work without an
     ``if __name__ == "__main__":`` guard (it is still good practice).
     """
-    if _called_while_importing_main():
-        return
+    if _process.importing_main:
+        return  # in a unit process, importing the script that called run() (see above)
     runner = GraphRunner(
         components,
         connections=connections,
