@@ -6,6 +6,7 @@ private and may change without notice.
 
 from __future__ import annotations
 
+from . import units  # the stock units, always available as ezflow.units
 from ._core._channel import ChannelStats, SubscriberStats
 from ._core._codec import Codec, message, register_message
 from ._core._config import DEFAULT_GRAPH_ADDRESS, DEFAULT_MAX_MESSAGE_SIZE, ShmOptions
@@ -24,13 +25,13 @@ from ._core._loop import loop_factory, run_coroutine
 from ._core._outlet import PublisherStats
 from ._graph._context import ChannelInfo, GraphContext, Publisher, Subscriber
 from ._graph._server import GraphServer
+from ._transports._shm import ShmStats
 from ._units._component import Collection, Component, Unit
 from ._units._decorators import main, publisher, subscriber, task, thread
 from ._units._errors import Complete, GraphDefinitionError, ProcessDiedError, UnitError
 from ._units._runner import GraphRunner, run
 from ._units._settings import Settings, State
 from ._units._streams import InputStream, OutputStream
-from ._transports._shm import ShmStats
 
 __version__ = "0.1.0"
 
@@ -80,4 +81,5 @@ __all__ = [
     "subscriber",
     "task",
     "thread",
+    "units",
 ]
