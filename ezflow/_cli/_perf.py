@@ -125,6 +125,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             count=count,
             warmup=min(base.warmup, (base.duration if duration is None else duration) / 4),
             latency_samples=base.latency_samples if latency_samples is None else latency_samples,
+            latency_seconds=base.latency_seconds,
             period=base.period if period is None else period,
             repeats=base.repeats if repeats is None else repeats,
             floor_round_trips=base.floor_round_trips,

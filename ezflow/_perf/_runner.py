@@ -32,8 +32,7 @@ import numpy as np
 
 from . import _environment, _floor
 from ._schema import SCHEMA_ID
-from ._spec import Cell, Plan, layout, pacing
-from ._worker import DRAIN_SECONDS
+from ._spec import Cell, Plan, latency_count, layout, pacing
 
 __all__ = [
     "EZFLOW_WORKER",
@@ -248,8 +247,9 @@ def _aggregate(cell: Cell, results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def expected_seconds(cell: Cell, plan: Plan) -> float:
     """How long the streaming part of one repeat of *cell* should take."""
-    paced = plan.latency_samples * pacing(cell.size, plan.period) * 1.5
-    return plan.duration + DRAIN_SECONDS + paced
+    sources = cell.clients if cell.suite == "fanin" else 1
+    paced = latency_count(plan, cell.size, sources) * sources * pacing(cell.size, plan.period)
+    return plan.duration + paced * 1.5
 
 
 async def _run_cell(framework: FrameworkInfo, cell: Cell, plan: Plan, record: CellRecord) -> None:

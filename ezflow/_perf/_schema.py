@@ -130,7 +130,8 @@ SCHEMA: Final[dict[str, Any]] = {
         "plan": {
             "type": "object",
             "required": [
-                "duration", "count", "warmup", "latency_samples", "period", "repeats",
+                "duration", "count", "warmup", "latency_samples", "latency_seconds", "period",
+                "repeats",
                 "floor_round_trips",
             ],
             "additionalProperties": False,
@@ -139,6 +140,7 @@ SCHEMA: Final[dict[str, Any]] = {
                 "count": {"type": ["integer", "null"], "minimum": 1},
                 "warmup": _NUMBER,
                 "latency_samples": {"type": "integer", "minimum": 1},
+                "latency_seconds": _NUMBER,
                 "period": _NUMBER,
                 "repeats": {"type": "integer", "minimum": 1},
                 "floor_round_trips": {"type": "integer", "minimum": 1},

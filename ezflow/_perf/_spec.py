@@ -26,9 +26,17 @@ a per-source sequence number, the source index, the phase (below) and a random
 ``uint8`` array of the cell's size, the same array for every message of a source (never
 modified, so safe to publish again while earlier messages are in flight).
 
-Each source runs three phases: ``RATE`` (back-to-back for ``duration`` seconds, or
-``count`` messages), ``LATENCY`` (``latency_samples`` messages paced at
-:func:`pacing` seconds), and one ``END`` message.
+Each source runs three phases:
+
+1. ``LATENCY``, on an idle graph: the sources of a cell together publish one message
+   every :func:`pacing` seconds (each source every ``pacing x sources``, staggered),
+   :func:`latency_count` messages in all; the sinks record publish -> receive times.
+   Pacing is slow enough for large messages that neither framework is saturated (a
+   saturated pipeline measures its queue, not its latency).
+2. ``RATE``: once every source of the process has finished phase 1, back-to-back for
+   ``duration`` seconds (or ``count`` messages): msgs/s, MB/s and the latency under
+   load at the sinks.
+3. One ``END`` message.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ __all__ = [
     "SpecError",
     "UnitSpec",
     "format_size",
+    "latency_count",
     "layout",
     "pacing",
     "parse_size",
@@ -67,9 +76,9 @@ END: Final = 2
 MAX_SIZE: Final = 64 * 1024 * 1024
 #: Largest N: every unit may be a process, and the machine has few cores.
 MAX_CLIENTS: Final = 64
-#: The latency phase paces each source so that it moves at most this many bytes/s,
-#: so that it measures latency, not queueing behind a saturated link.
-PACED_BYTES_PER_S: Final = 200e6
+#: The latency phase moves at most this many bytes/s in all (50 MB/s: 1 MiB every
+#: 21 ms), so that no framework under test is saturated by it.
+PACED_BYTES_PER_S: Final = 50e6
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KIB": 1024, "KB": 1000, "M": 1024**2, "MIB": 1024**2}
 _UNITS |= {"MB": 1000**2, "G": 1024**3, "GIB": 1024**3, "GB": 1000**3}
@@ -106,21 +115,35 @@ def format_size(size: int) -> str:
 
 
 def pacing(size: int, period: float) -> float:
-    """Seconds between two latency-phase messages of one source: *period*, or longer
-    for large messages (see :data:`PACED_BYTES_PER_S`)."""
+    """Seconds between two latency-phase messages of a cell (all sources together):
+    *period*, or longer for large messages (see :data:`PACED_BYTES_PER_S`)."""
     return max(period, size / PACED_BYTES_PER_S)
+
+
+def latency_count(plan: Plan, size: int, sources: int) -> int:
+    """Latency-phase messages each of *sources* sources publishes: ``latency_samples``
+    in all, fewer when that would take longer than ``latency_seconds`` (but at least
+    10 in all and 2 per source)."""
+    fits = int(plan.latency_seconds / pacing(size, plan.period))
+    total = max(10, min(plan.latency_samples, fits))
+    return max(2, -(-total // sources))
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     """How long each cell runs. ``count`` (when set) caps the RATE phase of each source
     at that many messages, ``duration`` always bounds it in seconds; sinks leave the
-    first ``warmup`` seconds of the RATE phase out of msgs/s and loaded latency."""
+    first ``warmup`` seconds of the RATE phase out of msgs/s and loaded latency, and
+    the first tenth of the LATENCY phase out of the latency figures. The LATENCY phase
+    sends ``latency_samples`` messages, fewer when they would take more than
+    ``latency_seconds`` at the cell's :func:`pacing`; ``period`` is the pacing of small
+    messages."""
 
     duration: float = 2.0
     count: int | None = None
     warmup: float = 0.2
     latency_samples: int = 300
+    latency_seconds: float = 1.5
     period: float = 0.001
     repeats: int = 3
     floor_round_trips: int = 1000
@@ -134,6 +157,8 @@ class Plan:
             raise SpecError(f"warm-up {self.warmup!r} s must be shorter than the duration")
         if not 1 <= self.latency_samples <= 100_000:
             raise SpecError(f"latency samples {self.latency_samples!r} must be in [1, 100000]")
+        if not 0 < self.latency_seconds <= 600:
+            raise SpecError(f"latency seconds {self.latency_seconds!r} must be in (0, 600]")
         if not 0 < self.period <= 1.0:
             raise SpecError(f"period {self.period!r} s must be in (0, 1]")
         if not 1 <= self.repeats <= 100:
@@ -148,7 +173,14 @@ class Plan:
 #: The default plan (about 3 s per cell and repeat).
 STANDARD: Final = Plan()
 #: ``--quick``: one short repeat of each cell.
-QUICK: Final = Plan(duration=0.5, warmup=0.1, latency_samples=50, repeats=1, floor_round_trips=200)
+QUICK: Final = Plan(
+    duration=0.5,
+    warmup=0.1,
+    latency_samples=50,
+    latency_seconds=0.4,
+    repeats=1,
+    floor_round_trips=200,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from .._core._exceptions import ConfigurationError
-from ._spec import END, LATENCY, RATE, Plan, UnitSpec, pacing
+from ._spec import END, LATENCY, RATE, Plan, UnitSpec, latency_count, pacing
 
 __all__ = ["EzflowFramework", "Framework", "SinkState", "main", "payload_for"]
 
@@ -43,9 +43,8 @@ T = TypeVar("T")
 
 #: Loaded-latency samples a sink keeps (one int each): a bound on its memory.
 MAX_LOADED_SAMPLES = 500_000
-#: Pause between the RATE and LATENCY phases, so that the backlog of the RATE phase
-#: has drained before paced messages are timed.
-DRAIN_SECONDS = 0.1
+#: A source yields to the event loop at least once every this many RATE messages.
+YIELD_EVERY = 256
 #: Exit status of a worker whose parent went away (stdin closed early).
 EXIT_ABANDONED = 3
 
@@ -186,6 +185,7 @@ class SinkState:
     rate_messages: int = 0
     measured: int = 0
     warm_end_ns: int = 0
+    rate_first_ns: int = 0
     first_ns: int = 0
     last_ns: int = 0
     loaded_ns: list[int] = field(default_factory=list)
@@ -211,13 +211,14 @@ class SinkState:
         self.next_seq[source] = seq + 1
         if phase == RATE:
             if not self.rate_messages:
+                self.rate_first_ns = now
                 self.warm_end_ns = now + self.warmup_ns
             self.rate_messages += 1
+            self.last_ns = now
             if now >= self.warm_end_ns:
                 if not self.measured:
                     self.first_ns = now
                 self.measured += 1
-                self.last_ns = now
                 if len(self.loaded_ns) < MAX_LOADED_SAMPLES:
                     self.loaded_ns.append(now - stamp)
             return False
@@ -232,7 +233,11 @@ class SinkState:
         return False
 
     def result(self, latency_warmup: int) -> dict[str, Any]:
-        """Raw figures of this sink (the runner aggregates the sinks of a cell)."""
+        """Raw figures of this sink (the runner aggregates the sinks of a cell). msgs/s
+        is measured after the warm-up; when fewer than 10 messages came after it (a
+        very slow cell), over the whole RATE phase instead."""
+        if self.measured < 10:
+            self.measured, self.first_ns = self.rate_messages, self.rate_first_ns
         seconds = (self.last_ns - self.first_ns) / 1e9
         loaded = np.asarray(self.loaded_ns, dtype=np.float64)
         return {
@@ -251,41 +256,67 @@ class SinkState:
         }
 
 
+class _Barrier:
+    """Releases every waiter once *parties* have arrived (asyncio.Barrier is 3.11+)."""
+
+    def __init__(self, parties: int) -> None:
+        self._missing = parties
+        self._open = asyncio.Event()
+
+    async def wait(self) -> None:
+        self._missing -= 1
+        if self._missing <= 0:
+            self._open.set()
+        await self._open.wait()
+
+
 async def _source(
-    framework: Framework, pub: Any, unit: UnitSpec, spec: dict[str, Any], plan: Plan
+    framework: Framework,
+    pub: Any,
+    unit: UnitSpec,
+    spec: dict[str, Any],
+    plan: Plan,
+    *,
+    paced_done: _Barrier,
 ) -> dict[str, Any]:
-    """Publish the RATE, LATENCY and END phases of one source."""
+    """Publish the LATENCY, RATE and END phases of one source (see :mod:`._spec`)."""
     size: int = spec["size"]
     payload = payload_for(spec["seed"], unit.index, size)
     publish = framework.publish_function(pub)
     clock = time.perf_counter_ns
     index = unit.index
+    seq = 0
+    period = pacing(size, plan.period)
+    # Together the sources publish one message per period: each every period x sources,
+    # staggered by their index.
+    own_period = period * unit.sources
+    await asyncio.sleep(period * index)
+    due = time.monotonic()
+    for _ in range(latency_count(plan, size, unit.sources)):
+        await publish((clock(), seq, index, LATENCY, payload))
+        seq += 1
+        due += own_period
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+    await paced_done.wait()  # no source floods the graph while another one is paced
     started = clock()
     stop_ns = started + int(plan.duration * 1e9)
-    limit = plan.count if plan.count is not None else sys.maxsize
-    seq = 0
+    limit = seq + (plan.count if plan.count is not None else sys.maxsize)
     while seq < limit:
         now = clock()
         if now >= stop_ns:
             break
         await publish((now, seq, index, RATE, payload))
         seq += 1
+        if not seq % YIELD_EVERY:
+            # publish() need not suspend (no subscriber left, room in every window):
+            # let the other tasks of this process run, e.g. the one that notices the
+            # parent has gone.
+            await asyncio.sleep(0)
     rate_seconds = (clock() - started) / 1e9
-    rate_messages = seq
-    period = pacing(size, plan.period)
-    # Sources of one cell stagger their paced messages instead of colliding.
-    await asyncio.sleep(DRAIN_SECONDS + period * index / max(1, unit.sources))
-    due = time.monotonic()
-    for _ in range(plan.latency_samples):
-        await publish((clock(), seq, index, LATENCY, payload))
-        seq += 1
-        due += period
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
     await publish((clock(), seq, index, END, payload))
     return {
         "kind": "source",
         "index": index,
-        "rate_messages": rate_messages,
         "rate_seconds": rate_seconds,
         "published": seq + 1,
     }
@@ -298,7 +329,7 @@ async def _sink(
     expected = [payload_for(spec["seed"], index, spec["size"]) for index in range(sources)]
     state = SinkState(sources=sources, warmup_ns=int(plan.warmup * 1e9), expected=expected)
     await framework.consume(sub, state.handle)
-    result = state.result(latency_warmup=plan.latency_samples // 10)
+    result = state.result(latency_warmup=state.latency_messages // 10)
     result.update(kind="sink", index=unit.index)
     return result
 
@@ -373,9 +404,11 @@ async def _run_units(framework: Framework, spec: dict[str, Any]) -> None:
             await commands.expect("go")
             cpu_started, wall_started = _cpu_seconds(), time.perf_counter()
             work: list[Coroutine[Any, Any, dict[str, Any]]] = []
+            paced_done = _Barrier(sum(1 for unit in units if unit.kind == "source"))
             for unit in units:
                 if unit.kind == "source":
-                    work.append(_source(framework, pubs["source", unit.index], unit, spec, plan))
+                    pub = pubs["source", unit.index]
+                    work.append(_source(framework, pub, unit, spec, plan, paced_done=paced_done))
                 elif unit.kind == "sink":
                     work.append(_sink(framework, subs["sink", unit.index], unit, spec, plan))
                 else:
