@@ -183,6 +183,13 @@ class Window(Marked):
             time.sleep(0.01)
 
 
+class DiesInInitialize(ezflow.Unit):
+    """Its process exits abruptly (no cleanup, no report) while initializing."""
+
+    def initialize(self) -> None:
+        os._exit(3)
+
+
 def forever(args: dict[str, Any]) -> None:
     """TICKER (this process) -> SINK (own process) and MONITOR (this process)."""
     markers = args["markers"]

@@ -19,6 +19,7 @@ from _unit_graphs import (
     Checker,
     Counter,
     CountSettings,
+    DiesInInitialize,
     Gain,
     GainSettings,
     Relay,
@@ -147,6 +148,16 @@ async def test_initialize_failure_stops_before_start(server: ezflow.GraphServer)
     with pytest.raises(ezflow.UnitError, match=r"unit BROKEN failed in initialize\(\)") as info:
         await runner.start()
     assert "OSError: no such device" in str(info.value)
+
+
+async def test_a_process_dying_while_starting_is_reported(server: ezflow.GraphServer) -> None:
+    doomed, relay = DiesInInitialize(), Relay()
+    runner = ezflow.GraphRunner(
+        DOOMED=doomed, RELAY=relay, process_components=[doomed], graph_address=server.address
+    )
+    with pytest.raises(ezflow.ProcessDiedError, match=r"process DOOMED \(pid \d+.*code 3") as info:
+        await runner.start()
+    assert info.value.returncode == 3
 
 
 async def test_task_thread_and_publish(server: ezflow.GraphServer) -> None:

@@ -276,24 +276,27 @@ class UnitHost:
     @staticmethod
     async def _pump(subscriber: Subscriber, handlers: list[_Handler]) -> None:
         # The hot loop: take a message (without awaiting when one is queued), hand it
-        # to each subscriber method in turn.
+        # to each subscriber method in turn. The loop ends when the subscriber is closed
+        # and empty; an exception from a method ends it too (and fails the unit).
         recv_nowait = subscriber.recv_nowait
         recv = subscriber.recv
-        try:
-            if len(handlers) == 1 and handlers[0].is_async:
-                call = handlers[0].call
-                while True:
-                    message = recv_nowait() if subscriber.queued else await recv()
-                    await call(message)
-            while True:
-                message = recv_nowait() if subscriber.queued else await recv()
-                for handler in handlers:
-                    if handler.is_async:
-                        await handler.call(message)
-                    else:
-                        handler.call(message)
-        except ClosedResourceError:
-            return
+        single = handlers[0].call if len(handlers) == 1 and handlers[0].is_async else None
+        while True:
+            if subscriber.queued:
+                message = recv_nowait()
+            else:
+                try:
+                    message = await recv()
+                except ClosedResourceError:
+                    return
+            if single is not None:
+                await single(message)
+                continue
+            for handler in handlers:
+                if handler.is_async:
+                    await handler.call(message)
+                else:
+                    handler.call(message)
 
     # -- stopping ------------------------------------------------------------------------
 

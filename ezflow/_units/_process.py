@@ -99,7 +99,7 @@ class ChildProcess:
         self.process = process
         self._reader = reader
         self._writer = writer
-        self.ready = asyncio.get_running_loop().create_future()
+        self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.stop_requested = False
         self.done = False
         self._listener: asyncio.Task[None] | None = None
@@ -147,7 +147,7 @@ class ChildProcess:
                     break
                 op = message.get("op")
                 if op == "ready" and not self.ready.done():
-                    self.ready.set_result(None)
+                    self.ready.set_result(True)
                 elif op == "failed":
                     on_failed(self, str(message.get("component")), str(message.get("details")))
                 elif op == "complete":
@@ -155,7 +155,7 @@ class ChildProcess:
                 elif op == "done":
                     self.done = True
             if not self.ready.done():
-                self.ready.set_result(None)  # the exit watcher reports why
+                self.ready.set_result(False)  # gone before it was ready
 
         self._listener = asyncio.ensure_future(listen())
 

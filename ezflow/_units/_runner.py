@@ -310,6 +310,22 @@ class GraphRunner:
                     )
                 )
             raise self._error()
+        for child in self._children:
+            if not child.ready.result():
+                # Gone before it was ready: let its exit (and report) be recorded.
+                with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(child.process.wait()), 5)
+                await asyncio.sleep(0)
+                if not any(f.process == child.name for f in self._failures):
+                    self._failures.append(
+                        _Failure(
+                            child.name,
+                            child.name,
+                            f"process {child.name} (pid {child.pid}) ended before it was "
+                            f"ready ({_signal_name(child.process.returncode or 0)})",
+                            returncode=child.process.returncode or 0,
+                        )
+                    )
         if setup.exception() is not None or self._failures:
             raise self._error()
         await asyncio.gather(*(context.connect(src, dst) for src, dst in self.plan.edges))
@@ -456,7 +472,7 @@ class GraphRunner:
             raise self._error()
 
 
-async def _shielded(future: asyncio.Future[None]) -> None:
+async def _shielded(future: asyncio.Future[bool]) -> None:
     await asyncio.shield(future)
 
 
