@@ -37,6 +37,40 @@ def check(message: Any, i: int, size: int) -> bool:
     )
 
 
+# Bytes 0, 1, ..., 255, 0, 1, ...: mixed-size payloads are slices of it (no per-message
+# generation cost, even at 4 MiB).
+_PATTERN = np.arange(4 * 1024 * 1024 + 256, dtype=np.uint8)
+
+
+def mixed_payload(i: int, sizes: list[int]) -> np.ndarray:
+    """Message *i* of a mixed-size stream: ``sizes[i % len(sizes)]`` bytes of the pattern,
+    starting at ``i % 251`` (so that neighbouring messages differ)."""
+    start = i % 251
+    return _PATTERN[start : start + sizes[i % len(sizes)]]
+
+
+def check_mixed(message: Any, i: int, sizes: list[int]) -> bool:
+    return isinstance(message, np.ndarray) and bool(
+        np.array_equal(message, mixed_payload(i, sizes))
+    )
+
+
+def shm_location(array: np.ndarray) -> list[Any] | None:
+    """Where *array*'s data lives in this process: ``[file, offset in that file]`` from
+    /proc/self/maps, or None for anonymous memory."""
+    address = array.__array_interface__["data"][0]
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                path = fields[5].strip() if len(fields) > 5 else ""
+                if not path.startswith("/"):  # anonymous, [heap], [stack], ...
+                    return None
+                return [path, int(fields[2], 16) + address - start]
+    return None
+
+
 async def subscribers(args: dict[str, Any]) -> None:
     """K subscribers on one topic in this process; each expects `count` messages
     0..count-1 (of `size` elements) from one publisher, in order."""
@@ -46,14 +80,14 @@ async def subscribers(args: dict[str, Any]) -> None:
             for _ in range(args["subs"])
         ]
         report("ready")
-        count, size = args["count"], args["size"]
+        count, size, sizes = args["count"], args.get("size", 0), args.get("sizes")
         errors: list[str] = []
         same_object = True
 
         async def consume(index: int, sub: ezflow.Subscriber, seen: list[Any]) -> None:
             for i in range(count):
                 message = await sub.recv()
-                if not check(message, i, size):
+                if not (check_mixed(message, i, sizes) if sizes else check(message, i, size)):
                     errors.append(f"subscriber {index} message {i}: got {message!r:.80}")
                     return
                 if message.flags.writeable:
@@ -76,6 +110,21 @@ async def subscribers(args: dict[str, Any]) -> None:
             channels=len(channels),
             decoded=[c.stats.decoded for c in channels],
             transports=[c.transport for c in channels],
+        )
+        await wait_for_stdin_close()
+
+
+async def locate(args: dict[str, Any]) -> None:
+    """Receive one array; report where its data lives (see shm_location) and its sum."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        sub = await ctx.subscriber(args["topic"], transport=args.get("transport"))
+        report("ready")
+        message = await sub.recv()
+        report(
+            "located",
+            where=shm_location(message),
+            total=int(message.sum(dtype=np.uint64)),
+            transports=[c.transport for c in ctx.channels],
         )
         await wait_for_stdin_close()
 
@@ -118,8 +167,9 @@ async def publish_forever(args: dict[str, Any]) -> None:
         pub = await ctx.publisher(args["topic"], transport=args.get("transport"))
         report("ready", publisher_id=pub.id)
         i = 0
+        size = args.get("size", 1)
         while True:
-            await pub.publish(np.array([i], dtype=np.int64))
+            await pub.publish(np.full(size, i, dtype=np.int64))
             i += 1
             await asyncio.sleep(args.get("pace", 0.001))
 
@@ -150,6 +200,7 @@ async def wait_for_stdin_close() -> None:
 ROLES = {
     "subscribers": subscribers,
     "collect": collect,
+    "locate": locate,
     "publish": publish,
     "publish_forever": publish_forever,
     "subscribe_forever": subscribe_forever,

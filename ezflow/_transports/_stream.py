@@ -15,11 +15,11 @@ subscriber starts working while the publisher is still encoding. On uvloop (and 
 >= 3.12's loop) the array buffers are not copied on the way out; Python 3.11's stock
 loop joins the parts of a ``writelines`` call into one buffer.
 
-Channels acknowledge releases as soon as a quarter of the publisher's window (sent in
-``WELCOME``) has been released, else at the end of the event-loop iteration, so a
-publisher rarely stalls on a full window while its subscriber is busy. Receiving uses
-:class:`~ezflow._core._framing.FramedProtocol`: large frames are read straight into
-their own buffer, and arrays are decoded as views into it.
+Channels acknowledge releases as soon as a quarter of the publisher's window (messages
+or bytes, both sent in ``WELCOME``) has been released, else at the end of the event-loop
+iteration, so a publisher rarely stalls on a full window while its subscriber is busy.
+Receiving uses :class:`~ezflow._core._framing.FramedProtocol`: large frames are read
+straight into their own buffer, and arrays are decoded as views into it.
 
 Subclasses (:mod:`._tcp`, :mod:`._shm`) say how to listen and connect, and may handle
 further frame kinds through the ``*_frame`` hooks.
@@ -232,7 +232,13 @@ class PublisherConnection(FramedProtocol):
         self.outlet = outlet
         outlet.add_link(link)
         assert self.transport is not None
-        welcome = {"op": "welcome", "ok": True, "max_in_flight": outlet.max_in_flight, **extra}
+        welcome = {
+            "op": "welcome",
+            "ok": True,
+            "max_in_flight": outlet.max_in_flight,
+            "max_in_flight_bytes": outlet.max_in_flight_bytes,
+            **extra,
+        }
         self.transport.write(control(WELCOME, welcome))
 
     def _refuse(self, reason: str) -> None:
@@ -278,8 +284,9 @@ class ChannelConnection(FramedProtocol):
         self._on_lost: Callable[[], None] | None = on_lost
         self._ack_scheduled = False
         self._released = (0, 0)
-        self._acked_count = 0
+        self._acked = (0, 0)
         self._ack_every = 1
+        self._ack_bytes = 1
         self.ended = False
 
     def hello(self) -> dict[str, Any]:
@@ -320,6 +327,9 @@ class ChannelConnection(FramedProtocol):
                 window = reply.get("max_in_flight")
                 if isinstance(window, int) and window > 0:
                     self._ack_every = max(1, window // 4)
+                window = reply.get("max_in_flight_bytes")
+                if isinstance(window, int) and window > 0:
+                    self._ack_bytes = max(1, window // 4)
                 self.channel.on_release = self._on_release
                 self.channel.on_mode_change = self._on_mode_change
                 self.welcome.set_result(None)
@@ -349,7 +359,8 @@ class ChannelConnection(FramedProtocol):
 
     def _on_release(self, count: int, nbytes: int) -> None:
         self._released = (count, nbytes)
-        if count - self._acked_count >= self._ack_every:
+        acked_count, acked_bytes = self._acked
+        if count - acked_count >= self._ack_every or nbytes - acked_bytes >= self._ack_bytes:
             self._send_ack()
         elif not self._ack_scheduled:
             self._ack_scheduled = True
@@ -357,14 +368,13 @@ class ChannelConnection(FramedProtocol):
 
     def _scheduled_ack(self) -> None:
         self._ack_scheduled = False
-        if self._released[0] > self._acked_count:
+        if self._released[0] > self._acked[0]:
             self._send_ack()
 
     def _send_ack(self) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            count, nbytes = self._released
-            self._acked_count = count
+            count, nbytes = self._acked = self._released
             transport.write(frame(ACK_BODY.pack(ACK, count, nbytes)))
 
     def _on_mode_change(self, lossless: bool) -> None:
@@ -388,7 +398,9 @@ class ChannelConnection(FramedProtocol):
                 )
             )
         on_lost, self._on_lost = self._on_lost, None
-        if on_lost is not None:
+        # Before a successful handshake there is no channel to lose: open_channel
+        # raises instead.
+        if on_lost is not None and self.channel.on_release == self._on_release:
             if self.ended:
                 log.debug("publisher %s ended cleanly", self.publisher.publisher_id)
             else:

@@ -1,0 +1,696 @@
+"""The shared-memory transport with real processes, segments and sockets.
+
+Covers the acceptance list of the shm issue: fan-out to 4 subscribers of another process
+(mixed sizes, one read and decode per message there), kept messages that never change,
+loans that copy nothing, every size boundary, backpressure and leaky edges, crashes of
+either side, sweeping of dead processes' segments, fallback to tcp, and hostile peers.
+Every test leaves /dev/shm clean (the autouse ``no_leaks`` fixture checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import os
+import secrets
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from _children import mixed_payload, payload, shm_location
+from _proc import Child
+from conftest import loop_kind
+
+import ezflow
+from ezflow._core._channel import Channel, Inbox
+from ezflow._core._codec import Codec
+from ezflow._core._framing import (
+    FREE,
+    FREE_HEADER,
+    HELLO,
+    SHM_DATA,
+    SHM_HEADER,
+    SHM_PREFIX,
+    WELCOME,
+)
+from ezflow._core._protocol import PROTOCOL, PublisherInfo
+from ezflow._transports._segment import ShmSegment
+from ezflow._transports._shm import ShmTransport
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not ShmTransport.available(), reason="needs Linux shared memory"),
+]
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]], timeout: float) -> float:
+    """Poll *condition* until true; return the seconds it took."""
+    started = time.monotonic()
+    while not await condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+def segments_of(pid: int) -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith(f"ezflow-{pid}-")]
+
+
+def prefix_size(nbytes: int) -> int:
+    """Bytes the codec puts before the data of a 1-D uint8 array of *nbytes*."""
+    prefix, total = Codec().array_prefix((nbytes,), np.dtype(np.uint8))
+    assert total == len(prefix) + nbytes
+    return len(prefix)
+
+
+def array_of_encoded_size(total: int, fill: int) -> np.ndarray:
+    """A uint8 array whose encoded body is exactly *total* bytes."""
+    nbytes = total - prefix_size(total)
+    assert prefix_size(nbytes) + nbytes == total
+    return np.full(nbytes, fill % 256, dtype=np.uint8)
+
+
+# -- fan-out to another process --------------------------------------------------------------
+
+
+async def test_four_subscribers_in_another_process_get_mixed_sizes_zero_copy(
+    ctx: ezflow.GraphContext,
+) -> None:
+    """10,000 arrays of 64 B to 4 MiB to 4 subscribers of one other process over shm:
+    content and order verified; one channel, one shm read and one decode per message."""
+    count = 10_000
+    # Inline (64 B, 1 KiB), ring slots (100 KiB), out-of-line (300 KiB), and 4 MiB.
+    sizes = [64, 1 * KiB, 100 * KiB, 64, 300 * KiB, 1 * KiB] * 8 + [4 * MiB]
+    child = await Child.start(
+        "subscribers",
+        loop_kind(),
+        address=list(ctx.address),
+        topic="/shm/fanout",
+        subs=4,
+        count=count,
+        sizes=sizes,
+    )
+    try:
+        await child.event("ready")
+        pub = await ctx.publisher("/shm/fanout")
+        await pub.wait_for_channels(1)
+        for i in range(count):
+            await pub.publish(mixed_payload(i, sizes))
+        done = await child.event("done", timeout=90)
+        assert done["errors"] == []
+        assert done["received"] == [count] * 4
+        assert done["channels"] == 1 and done["transports"] == ["shm"]
+        assert done["decoded"] == [count]
+        assert done["same_object"]
+        stats = pub.shm_stats
+        assert stats is not None
+        limit = ezflow.ShmOptions().inline_limit
+        large = sum(1 for i in range(count) if sizes[i % len(sizes)] + 64 > limit)
+        # One hand-over per message to the one channel: through shm when large - or
+        # inline when the child's kept samples (for the identity check) hold the slots.
+        assert stats.zero_copy + stats.no_block == large
+        assert stats.inline == count - large
+        assert stats.zero_copy > large // 2
+        assert pub.stats.encodes == count
+        assert await child.stop() == 0
+    finally:
+        await child.aclose()
+
+
+# -- keeping messages --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def shm_pair(
+    ctx: ezflow.GraphContext,
+) -> Callable[..., Awaitable[tuple[ezflow.Publisher, ezflow.Subscriber]]]:
+    """Make a publisher and a subscriber joined by a real shm edge (in this process:
+    both ends map the segments separately and talk over the Unix socket)."""
+
+    async def make(
+        topic: str, options: ezflow.ShmOptions | None = None, **sub_options: Any
+    ) -> tuple[ezflow.Publisher, ezflow.Subscriber]:
+        pub = await ctx.publisher(topic, shm=options)
+        sub = await ctx.subscriber(topic, transport="shm", **sub_options)
+        assert [c.transport for c in ctx.channels if c.topic == topic] == ["shm"]
+        return pub, sub
+
+    return make
+
+
+async def test_a_kept_message_never_changes(shm_pair: Any) -> None:
+    options = ezflow.ShmOptions(slot_count=4, slot_size=64 * KiB, inline_limit=1 * KiB)
+    pub, sub = await shm_pair("/shm/keep", options)
+    for size in (32 * KiB, 200 * KiB):  # a ring slot, an out-of-line block
+        await pub.publish(np.full(size, 7, dtype=np.uint8))
+        kept = await sub.recv()
+        view = kept[100:200]  # a view keeps it just as well
+        del kept
+        # 10x the ring, all consumed and dropped at once: blocks are reused around it
+        for i in range(10 * options.slot_count):
+            await pub.publish(np.full(size, i % 200 + 10, dtype=np.uint8))
+            assert (await sub.recv())[0] == i % 200 + 10
+        assert np.all(view == 7)
+        assert not view.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            view[0] = 1
+    stats = pub.shm_stats
+    assert stats is not None and stats.zero_copy == 2 * 41
+
+
+async def test_keeping_every_message_never_blocks_the_publisher(shm_pair: Any) -> None:
+    """Held blocks make messages travel inline; nothing waits, nothing is lost."""
+    options = ezflow.ShmOptions(slot_count=2, slot_size=16 * KiB, max_bytes=64 * KiB)
+    pub, sub = await shm_pair("/shm/hoard", dataclasses.replace(options, inline_limit=0))
+    kept = []
+    for i in range(40):
+        await asyncio.wait_for(pub.publish(np.full(8 * KiB, i, dtype=np.uint8)), 2)
+        kept.append(await sub.recv())
+    assert [int(m[0]) for m in kept] == list(range(40))
+    assert all(np.all(m == i) for i, m in enumerate(kept))
+    stats = pub.shm_stats
+    assert stats is not None and stats.zero_copy == 2 and stats.no_block == 38
+    del kept
+    gc.collect()
+
+    async def all_free() -> bool:
+        stats = pub.shm_stats
+        return stats is not None and stats.in_use == 0
+
+    await wait_until(all_free, 2)
+
+
+async def test_release_from_another_thread_frees_the_block(shm_pair: Any) -> None:
+    options = ezflow.ShmOptions(slot_count=2, slot_size=16 * KiB, inline_limit=0)
+    pub, sub = await shm_pair("/shm/thread", options)
+    await pub.publish(np.zeros(1000, dtype=np.uint8))
+    holder = [await sub.recv()]
+    stats = pub.shm_stats
+    assert stats is not None and stats.in_use == 1
+    thread = threading.Thread(target=holder.clear)  # the last reference dies over there
+    thread.start()
+    thread.join()
+
+    async def freed() -> bool:
+        stats = pub.shm_stats
+        return stats is not None and stats.in_use == 0
+
+    await wait_until(freed, 2)
+
+
+# -- sizes around every boundary ---------------------------------------------------------------
+
+
+async def test_sizes_at_every_boundary(shm_pair: Any) -> None:
+    slot, inline = 16 * KiB, 2 * KiB
+    options = ezflow.ShmOptions(slot_count=4, slot_size=slot, inline_limit=inline)
+    pub, sub = await shm_pair("/shm/sizes", options)
+    header = prefix_size(slot)
+    cases = [
+        # (encoded size, expected path)
+        (inline - 1, "inline"),
+        (inline, "inline"),
+        (inline + 1, "slot"),
+        (slot - 1, "slot"),
+        (slot, "slot"),  # payload of exactly slot - header bytes
+        (slot + 1, "out-of-line"),
+        (4 * slot, "out-of-line"),
+    ]
+    ring = pub._context._shm._shm[pub.id].ring  # type: ignore[union-attr]
+    for index, (total, path) in enumerate(cases):
+        message = array_of_encoded_size(total, index)
+        if total == slot:
+            assert message.nbytes == slot - header
+        before = pub.shm_stats
+        created = ring.stats.blocks_created
+        await pub.publish(message)
+        got = await sub.recv()
+        assert np.array_equal(got, message), total
+        after = pub.shm_stats
+        assert before is not None and after is not None
+        if path == "inline":
+            assert after.inline == before.inline + 1, total
+        else:
+            assert after.zero_copy == before.zero_copy + 1, total
+            assert (ring.stats.blocks_created > created) == (path == "out-of-line"), total
+        del got
+
+
+# -- loans -------------------------------------------------------------------------------------
+
+
+async def test_a_loaned_frame_crosses_to_another_process_without_a_copy(
+    ctx: ezflow.GraphContext,
+) -> None:
+    child = await Child.start("locate", loop_kind(), address=list(ctx.address), topic="/shm/loan")
+    try:
+        await child.event("ready")
+        pub = await ctx.publisher("/shm/loan")
+        await pub.wait_for_channels(1)
+        frame = await pub.loan((2160, 3840, 3))  # a 4K RGB frame, 24.9 MB
+        assert frame.flags.writeable and frame.dtype == np.uint8
+        frame[:] = 3
+        frame[0, 0, 0] = 250
+        where = shm_location(frame)
+        assert where is not None and where[0].startswith("/dev/shm/ezflow-")
+        await pub.publish(frame)
+        assert not frame.flags.writeable  # published: ezflow's now
+        located = await child.event("located", timeout=30)
+        assert located["transports"] == ["shm"]
+        assert located["where"] == where  # same file, same offset: the very same bytes
+        assert located["total"] == 3 * (frame.size - 1) + 250
+        stats = pub.shm_stats
+        assert stats is not None and stats.loans == 1 and stats.loans_published == 1
+        assert stats.zero_copy == 1 and stats.inline == 0
+        assert await child.stop() == 0
+    finally:
+        await child.aclose()
+
+
+async def test_loan_edge_cases(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
+    pub, sub = await shm_pair("/shm/loans")
+    # never published: its block comes back once the array is gone
+    spare = await pub.loan(100_000)
+    stats = pub.shm_stats
+    assert stats is not None and stats.in_use == 1
+    del spare
+    await asyncio.sleep(0.01)  # the release runs on the loop
+    stats = pub.shm_stats
+    assert stats is not None and stats.in_use == 0
+    # changed in place after the loan (reshaped): still delivered, copied
+    reshaped = await pub.loan(100_000)
+    reshaped[:] = 1
+    reshaped.shape = (1000, 100)
+    await pub.publish(reshaped)
+    got = await sub.recv()
+    assert got.shape == (1000, 100) and np.all(got == 1)
+    # errors are the codec's
+    with pytest.raises(ezflow.UnregisteredTypeError, match="object"):
+        await pub.loan(3, dtype=object)
+    with pytest.raises(ValueError, match="shape"):
+        await pub.loan((-1,))
+    with pytest.raises(ezflow.MessageTooLargeError):
+        await pub.loan(ezflow.DEFAULT_MAX_MESSAGE_SIZE + 1)
+    # no block free: a private array, published with a copy
+    tiny = await ctx.publisher("/shm/tiny", shm=ezflow.ShmOptions(max_bytes=8 * MiB))
+    private = await tiny.loan(9 * MiB)
+    assert shm_location(private) is None
+    stats = tiny.shm_stats
+    assert stats is not None and stats.loan_fallbacks == 1
+    await pub.aclose()
+    with pytest.raises(ezflow.ClosedResourceError):
+        await pub.loan(10)
+
+
+# -- flow control ------------------------------------------------------------------------------
+
+
+async def test_a_leaky_shm_subscriber_never_holds_the_publisher_back(shm_pair: Any) -> None:
+    pub, sub = await shm_pair("/shm/leaky", leaky=True, queue=2)
+    pub_lossless = pub
+    for i in range(300):
+        await asyncio.wait_for(pub_lossless.publish(np.full(200 * KiB, i % 256, np.uint8)), 1)
+    await asyncio.sleep(0.1)
+    taken = 0
+    while sub.queued:
+        last = sub.recv_nowait()
+        taken += 1
+    assert int(last[0]) == 299 % 256  # the newest one is there
+    assert taken + sub.stats.dropped == 300
+
+
+async def test_a_lossless_shm_subscriber_gets_everything_in_order(shm_pair: Any) -> None:
+    pub, sub = await shm_pair("/shm/lossless")
+    sizes = [100, 70 * KiB, 300 * KiB]
+
+    async def produce() -> None:
+        for i in range(600):
+            await pub.publish(mixed_payload(i, sizes))
+
+    producing = asyncio.ensure_future(produce())
+    for i in range(600):
+        message = await asyncio.wait_for(sub.recv(), 5)
+        assert np.array_equal(message, mixed_payload(i, sizes)), i
+        if i % 50 == 0:
+            await asyncio.sleep(0.01)  # a slow moment: the publisher must wait, not drop
+    await producing
+    assert pub.stats.waits > 0 and pub.stats.drops == 0
+
+
+# -- crashes -----------------------------------------------------------------------------------
+
+
+async def test_killed_publisher_ends_cleanly_and_its_segments_are_reclaimed(
+    ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    sub = await ctx.subscriber("/shm/pubkill")
+    healthy = await ctx.publisher("/shm/pubkill")
+    child = await Child.start(
+        "publish_forever",
+        loop_kind(),
+        address=list(ctx.address),
+        topic="/shm/pubkill",
+        size=100_000,  # 800 kB: out-of-line blocks
+        pace=0.001,
+    )
+    try:
+        await child.event("ready")
+        held = await asyncio.wait_for(sub.recv(), 5)  # keep one: its mapping outlives it
+        assert held.nbytes == 800_000
+        assert sorted(c.transport for c in ctx.channels) == ["local", "shm"]
+        assert segments_of(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        killed = time.monotonic()
+
+        async def publisher_gone() -> bool:
+            graph = await ctx.graph()
+            return len(graph["publishers"]) == 1
+
+        assert await wait_until(publisher_gone, 2.0) < 2.0
+
+        async def reclaimed() -> bool:
+            return not segments_of(child.pid)
+
+        await wait_until(reclaimed, 3.0)
+        assert time.monotonic() - killed < 3.0
+        assert np.all(held == held[0])  # still readable, unchanged
+        while sub.queued:
+            sub.recv_nowait()
+        await healthy.publish(np.array([-1]))
+        assert (await asyncio.wait_for(sub.recv(), 2)).tolist() == [-1]
+        assert "Traceback" not in caplog.text
+    finally:
+        await child.aclose()
+
+
+async def test_killed_subscriber_holding_blocks_releases_the_publisher(
+    ctx: ezflow.GraphContext,
+) -> None:
+    pub = await ctx.publisher("/shm/subkill", max_in_flight=8)
+    child = await Child.start(
+        "subscribe_forever",
+        loop_kind(),
+        address=list(ctx.address),
+        topic="/shm/subkill",
+        stall=True,
+    )
+    try:
+        await child.event("ready")
+        await pub.wait_for_channels(1)
+
+        async def publish_many() -> None:
+            for i in range(100):
+                await pub.publish(np.full(100 * KiB, i % 256, dtype=np.uint8))
+
+        publishing = asyncio.ensure_future(publish_many())
+        await asyncio.sleep(0.3)
+        assert not publishing.done()  # the stalled child holds the window and its blocks
+        stats = pub.shm_stats
+        assert stats is not None and stats.in_use >= 1
+        os.kill(child.pid, signal.SIGKILL)
+        started = time.monotonic()
+        await asyncio.wait_for(publishing, 2.0)
+        assert time.monotonic() - started < 2.0
+        stats = pub.shm_stats
+        assert stats is not None and stats.in_use == 0  # its leases went with it
+    finally:
+        await child.aclose()
+
+
+def leave_a_stale_segment() -> str:
+    """A child process creates a segment and dies without unlinking it."""
+    script = (
+        "import os; from ezflow._transports._segment import ShmSegment\n"
+        "s = ShmSegment.create(4096, tag='ring'); print(s.name, flush=True); os._exit(0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    name = done.stdout.strip()
+    assert segment_exists(name)
+    return name
+
+
+def segment_exists(name: str) -> bool:
+    return os.path.exists(f"/dev/shm/{name}")
+
+
+async def test_segments_of_dead_processes_are_swept_when_a_server_starts() -> None:
+    name = leave_a_stale_segment()
+    async with ezflow.GraphServer(("127.0.0.1", 0)):
+        assert not segment_exists(name)
+
+
+async def test_segments_of_dead_processes_are_swept_when_a_publisher_starts() -> None:
+    name = leave_a_stale_segment()
+    transport = ShmTransport(max_message_size=1 << 20, codec=Codec())
+    try:
+        await transport.start()  # what the first publisher of a process does
+        assert not segment_exists(name)
+    finally:
+        await transport.aclose()
+
+
+# -- choice and fallback -----------------------------------------------------------------------
+
+
+async def test_shm_is_chosen_for_other_processes_and_can_be_forced_or_refused(
+    ctx: ezflow.GraphContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pub = await ctx.publisher("/shm/choice")
+    local = await ctx.subscriber("/shm/choice")
+    forced = await ctx.subscriber("/shm/choice", transport="shm")
+    tcp = await ctx.subscriber("/shm/choice", transport="tcp")
+    assert sorted(c.transport for c in ctx.channels) == ["local", "shm", "tcp"]
+    await pub.publish(np.arange(100_000))
+    for sub in (local, forced, tcp):
+        assert np.array_equal(await sub.recv(), np.arange(100_000))
+    monkeypatch.setenv("EZFLOW_TRANSPORT", "shm")
+    async with ezflow.GraphContext(ctx.address, auto_start=False) as other:
+        via_env = await other.subscriber("/shm/choice")
+        assert [c.transport for c in other.channels] == ["shm"]
+        await pub.publish(np.arange(3))
+        assert (await via_env.recv()).tolist() == [0, 1, 2]
+
+
+async def test_shm_that_cannot_be_created_falls_back_to_tcp_once(
+    ctx: ezflow.GraphContext, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # /dev/shm full or missing: creating the publisher's ring fails.
+    def refuse(size: int, *, tag: str = "") -> ShmSegment:
+        raise ezflow.BrokenResourceError("shared memory is unavailable: no space left")
+
+    pub = await ctx.publisher("/shm/fallback")
+    monkeypatch.setattr(ShmSegment, "create", staticmethod(refuse))
+    # Another process: its edge falls back to tcp, and everything arrives.
+    child = await Child.start(
+        "subscribers",
+        loop_kind(),
+        address=list(ctx.address),
+        topic="/shm/fallback",
+        subs=1,
+        count=100,
+        size=16,
+        transport="shm",
+    )
+    try:
+        await child.event("ready")
+        await pub.wait_for_channels(1)
+        for i in range(100):
+            await pub.publish(payload(i, 16))
+        done = await child.event("done", timeout=30)
+        assert done["errors"] == [] and done["transports"] == ["tcp"]
+        assert await child.stop() == 0
+    finally:
+        await child.aclose()
+    # This process: said once, however many edges and route changes follow.
+    with caplog.at_level(logging.WARNING, logger="ezflow"):
+        first = await ctx.subscriber("/shm/fallback", transport="shm")
+        assert [c.transport for c in ctx.channels] == ["tcp"]
+        await pub.publish(np.arange(10))
+        assert (await first.recv()).tolist() == list(range(10))
+        # Later edges from that publisher skip shm: here the automatic choice, local.
+        second = await ctx.subscriber("/shm/fallback", transport="shm")
+        await pub.publish(np.arange(3))
+        assert (await first.recv()).tolist() == (await second.recv()).tolist() == [0, 1, 2]
+    said = [r.getMessage() for r in caplog.records if "cannot use shared memory" in r.getMessage()]
+    assert len(said) == 1 and "no space left" in said[0] and "use tcp" in said[0]
+
+
+async def test_forcing_shm_to_a_publisher_on_another_host_uses_tcp(
+    ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    remote = PublisherInfo(
+        publisher_id="p-remote",
+        topic="/shm/remote",
+        client_id="c9",
+        host_id="another-host/0",
+        pid=1,
+        address=("192.0.2.1", 4000),
+        shm_address=f"ezflow-1-{'0' * 16}",
+    )
+    sub = await ctx.subscriber("/shm/remote", transport="shm")
+    with caplog.at_level(logging.WARNING, logger="ezflow"):
+        assert ctx._choose_transport(remote, sub) == "tcp"
+        assert ctx._choose_transport(remote, sub) == "tcp"
+    said = [r.getMessage() for r in caplog.records if "transport 'shm' asked for" in r.getMessage()]
+    assert len(said) == 1 and "using tcp" in said[0]
+    same_host = dataclasses.replace(remote, host_id=ctx._host_id)
+    assert ctx._choose_transport(same_host, sub) == "shm"
+
+
+# -- hostile peers -----------------------------------------------------------------------------
+
+
+def control(kind: int, message: dict[str, Any]) -> bytes:
+    body = bytes([kind]) + msgpack.packb(message)
+    return struct.pack("<I", len(body)) + body
+
+
+async def test_garbage_free_records_close_only_that_channel(ctx: ezflow.GraphContext) -> None:
+    pub = await ctx.publisher("/shm/free")
+    sub = await ctx.subscriber("/shm/free", transport="shm")
+    assert ctx._shm is not None and ctx._shm.address is not None
+    loop = asyncio.get_running_loop()
+    for garbage in (
+        struct.pack("<I", 5) + bytes([FREE]) + b"\x00" * 4,  # truncated header
+        struct.pack("<I", 8) + FREE_HEADER.pack(FREE, 1000),  # claims 1000 records
+    ):
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.setblocking(False)
+        await loop.sock_connect(raw, "\0" + ctx._shm.address)
+        hello = {
+            "op": "hello",
+            "protocol": PROTOCOL,
+            "publisher_id": pub.id,
+            "lossless": False,
+            "max_message_size": 1 << 20,
+        }
+        await loop.sock_sendall(raw, control(HELLO, hello))
+        welcome = await asyncio.wait_for(loop.sock_recv(raw, 65536), 5)
+        assert welcome[4] == WELCOME
+        await loop.sock_sendall(raw, garbage)
+        closed = False
+        for _ in range(50):
+            try:
+                data = await asyncio.wait_for(loop.sock_recv(raw, 65536), 2)
+            except ConnectionResetError:
+                closed = True
+                break
+            if not data:
+                closed = True
+                break
+        raw.close()
+        assert closed
+    await pub.publish(np.arange(100_000))
+    assert np.array_equal(await sub.recv(), np.arange(100_000))
+    assert pub.channels == 1
+
+
+async def test_a_hostile_publisher_loses_its_channel_only(caplog: pytest.LogCaptureFixture) -> None:
+    """A "publisher" whose notifications point outside its segment, at a segment that is
+    not there, or at a bad name: the channel closes with a clear error, nothing else."""
+    codec = Codec()
+    name = f"ezflow-{os.getpid()}-{secrets.token_hex(8)}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(4)
+    listener.setblocking(False)
+    loop = asyncio.get_running_loop()
+    transport = ShmTransport(max_message_size=1 << 20, codec=codec)
+    info = PublisherInfo(
+        publisher_id="p-hostile",
+        topic="/hostile",
+        client_id="c0",
+        host_id="h",
+        pid=os.getpid(),
+        address=("127.0.0.1", 1),
+        shm_address=name,
+    )
+    with ShmSegment.create(4096, tag="ring") as ring:
+
+        def note(segment: str, offset: int, length: int) -> bytes:
+            name = segment.encode()
+            return (
+                SHM_PREFIX.pack(
+                    SHM_HEADER.size + len(name), SHM_DATA, 0, 1, 0, 0, 0, 1, offset, length
+                )
+                + name
+            )
+
+        notes = [
+            note(ring.name, 4000, 200),  # runs past the end of the segment
+            note(f"ezflow-1-1-{'0' * 16}-gone", 0, 10),  # no such segment
+            note("../../etc/passwd", 0, 10),  # not a segment name at all
+        ]
+        try:
+            for data in notes:
+                lost = asyncio.Event()
+                channel = Channel("p-hostile", "/hostile", codec)
+                inbox = Inbox()
+                channel.attach(inbox)
+                opening = asyncio.ensure_future(
+                    transport.open_channel(channel, info, on_lost=lost.set)
+                )
+                peer, _ = await asyncio.wait_for(loop.sock_accept(listener), 5)
+                await asyncio.wait_for(loop.sock_recv(peer, 65536), 5)  # HELLO
+                welcome = {"op": "welcome", "ok": True, "max_in_flight": 8, "ring": ring.name}
+                await loop.sock_sendall(peer, control(WELCOME, welcome))
+                inbound = await asyncio.wait_for(opening, 5)
+                await loop.sock_sendall(peer, data)
+                await asyncio.wait_for(lost.wait(), 5)
+                assert len(inbox) == 0
+                inbound.close()
+                peer.close()
+        finally:
+            listener.close()
+            await transport.aclose()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 3
+    assert all("unusable shared-memory notification" in e for e in errors)
+    assert "Traceback" not in caplog.text
+
+
+# -- closing -----------------------------------------------------------------------------------
+
+
+async def test_closing_right_after_publishing_delivers_everything_over_shm(
+    server: ezflow.GraphServer,
+) -> None:
+    count, sizes = 200, [300 * KiB, 100 * KiB, 64]
+    child = await Child.start(
+        "subscribers",
+        loop_kind(),
+        address=list(server.address),
+        topic="/shm/tail",
+        subs=1,
+        count=count,
+        sizes=sizes,
+    )
+    try:
+        await child.event("ready")
+        async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+            pub = await ctx.publisher("/shm/tail")
+            await pub.wait_for_channels(1)
+            for i in range(count):
+                await pub.publish(mixed_payload(i, sizes))
+        # the publisher's segments are gone already; the child read everything first
+        done = await child.event("done", timeout=30)
+        assert done["errors"] == [] and done["received"] == [count]
+    finally:
+        await child.aclose()
