@@ -7,11 +7,12 @@ pair can hope for on this machine:
 * :func:`pingpong_rtt` — round trips of a fixed-size message over ``socket.socketpair()``
   (or TCP loopback); the child echoes each *complete* message back (store and forward,
   as a pub/sub hop would), so ``RTT / 2`` is the one-way floor for that size;
-* :func:`paced_one_way` — one-way latency over TCP loopback of messages sent every
-  1 ms, timestamped by the sender (both processes idle in between, as in a paced
-  pub/sub benchmark);
-* :func:`stream_rate` — one-way TCP loopback throughput with one ``transport.write`` per
-  message and the transport's own flow control (``pause_writing``/``resume_writing``).
+* :func:`paced_one_way` — one-way latency over TCP loopback (or a Unix stream socket)
+  of messages sent every 1 ms, timestamped by the sender (both processes idle in
+  between, as in a paced pub/sub benchmark);
+* :func:`stream_rate` — one-way throughput over TCP loopback (or a Unix stream socket)
+  with one ``transport.write`` per message and the transport's own flow control
+  (``pause_writing``/``resume_writing``).
 
 Run ``python perf/_floor.py [--loop asyncio]`` for a standalone measurement. The
 ``echo``, ``send`` and ``pace`` sub-commands are the roles of the child processes; a
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import secrets
 import socket
 import statistics
 import struct
@@ -327,15 +329,31 @@ class _Sender(asyncio.Protocol):
 
 
 async def _from_sender(
-    receiver: asyncio.BaseProtocol, done: asyncio.Future[T], loop: str, *args: str, timeout: float
+    receiver: asyncio.BaseProtocol,
+    done: asyncio.Future[T],
+    loop: str,
+    *args: str,
+    timeout: float,
+    over: str = "tcp",
 ) -> T:
-    """Serve *receiver* on a TCP loopback port, start a child sending to it (``ARGS
-    --port PORT``) and return what *done* resolves to."""
-    server = await asyncio.get_running_loop().create_server(lambda: receiver, "127.0.0.1", 0)
+    """Serve *receiver* on a TCP loopback port (``over="tcp"``) or an abstract Unix
+    socket (``"unix"``), start a child sending to it (``ARGS --port PORT`` or ``ARGS
+    --unix NAME``) and return what *done* resolves to."""
+    event_loop = asyncio.get_running_loop()
+    if over == "unix":
+        name = f"ezflow-floor-{secrets.token_hex(8)}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind("\0" + name)
+        sock.listen(1)
+        sock.setblocking(False)
+        server = await event_loop.create_unix_server(lambda: receiver, sock=sock)
+        where = ("--unix", name)
+    else:
+        server = await event_loop.create_server(lambda: receiver, "127.0.0.1", 0)
+        where = ("--port", str(server.sockets[0].getsockname()[1]))
     process: asyncio.subprocess.Process | None = None
     try:
-        port = str(server.sockets[0].getsockname()[1])
-        process = await _spawn(loop, *args, "--port", port)
+        process = await _spawn(loop, *args, *where)
         return await asyncio.wait_for(done, timeout)
     finally:
         server.close()
@@ -344,16 +362,17 @@ async def _from_sender(
 
 
 async def stream_rate(
-    size: int, count: int, *, max_seconds: float = 5.0, loop: str = "uvloop"
+    size: int, count: int, *, max_seconds: float = 5.0, loop: str = "uvloop", over: str = "tcp"
 ) -> Rate:
-    """TCP loopback throughput of *count* messages of *size* bytes, written by a child
-    process one ``transport.write`` each as fast as flow control allows, measured at the
-    receiving end (this process) from the first read to the last, or until *max_seconds*.
+    """Throughput over TCP loopback (``over="unix"``: a Unix stream socket) of *count*
+    messages of *size* bytes, written by a child process one ``transport.write`` each as
+    fast as flow control allows, measured at the receiving end (this process) from the
+    first read to the last, or until *max_seconds*.
     """
     counter = _Counter(size * count, max_seconds)
     args = ("send", "--size", str(size), "--count", str(count))
     nbytes, elapsed_ns = await _from_sender(
-        counter, counter.result, loop, *args, timeout=max_seconds + _CHILD_TIMEOUT
+        counter, counter.result, loop, *args, timeout=max_seconds + _CHILD_TIMEOUT, over=over
     )
     return Rate(size=size, messages=nbytes / size, seconds=elapsed_ns / 1e9)
 
@@ -395,9 +414,11 @@ async def paced_one_way(
     *,
     period: float = 0.001,
     loop: str = "uvloop",
+    over: str = "tcp",
 ) -> list[int]:
-    """One-way times (ns) of *count* messages of *size* bytes sent over TCP loopback by
-    a child process every *period* seconds, after *warmup* unrecorded ones.
+    """One-way times (ns) of *count* messages of *size* bytes sent over TCP loopback
+    (``over="unix"``: a Unix stream socket) by a child process every *period* seconds,
+    after *warmup* unrecorded ones.
 
     The child writes ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, shared by the
     processes of one host) into the first 8 bytes; this process subtracts it from its
@@ -407,7 +428,7 @@ async def paced_one_way(
     receiver = _StampReceiver(size, warmup + count)
     args = ("pace", "--size", str(size), "--count", str(warmup + count), "--period", str(period))
     timeout = (warmup + count) * period * 3 + _CHILD_TIMEOUT
-    samples = await _from_sender(receiver, receiver.done, loop, *args, timeout=timeout)
+    samples = await _from_sender(receiver, receiver.done, loop, *args, timeout=timeout, over=over)
     return samples[warmup:]
 
 
@@ -426,12 +447,26 @@ async def _echo_child(fd: int | None, port: int | None, size: int) -> None:
     await echo.closed
 
 
-async def _send_child(port: int, size: int, count: int) -> None:
-    """Child of :func:`stream_rate`: write *count* messages as fast as allowed."""
-    transport, sender = await asyncio.get_running_loop().create_connection(
-        _Sender, "127.0.0.1", port
-    )
+async def _connect(where: int | str) -> tuple[asyncio.Transport, _Sender]:
+    """Connect a :class:`_Sender` to 127.0.0.1:*where* (a port) or the abstract Unix
+    socket *where* (a name)."""
+    event_loop = asyncio.get_running_loop()
+    if isinstance(where, str):
+        # uvloop takes an abstract address only through a connected socket.
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        await event_loop.sock_connect(sock, "\0" + where)
+        connected = await event_loop.create_unix_connection(_Sender, sock=sock)
+    else:
+        connected = await event_loop.create_connection(_Sender, "127.0.0.1", where)
+    transport, sender = connected
     _set_nodelay(transport)
+    return transport, sender
+
+
+async def _send_child(where: int | str, size: int, count: int) -> None:
+    """Child of :func:`stream_rate`: write *count* messages as fast as allowed."""
+    transport, sender = await _connect(where)
     payload = os.urandom(size)
     for _ in range(count):
         await sender.room()
@@ -442,12 +477,9 @@ async def _send_child(port: int, size: int, count: int) -> None:
     await sender.closed
 
 
-async def _pace_child(port: int, size: int, count: int, period: float) -> None:
+async def _pace_child(where: int | str, size: int, count: int, period: float) -> None:
     """Child of :func:`paced_one_way`: send a timestamped message every *period*."""
-    transport, sender = await asyncio.get_running_loop().create_connection(
-        _Sender, "127.0.0.1", port
-    )
-    _set_nodelay(transport)
+    transport, sender = await _connect(where)
     tail = os.urandom(size - _STAMP.size)  # immutable: safe to hand over without a copy
     for _ in range(count):
         if sender.closed.done():
@@ -472,15 +504,17 @@ async def _measure(loop: str) -> None:
         for size, count in sizes:
             rtt = await pingpong_rtt(size, count, over=over, loop=loop)
             print(f"{over:>10} ping-pong RTT     {size:>8} B: {_p50_p99_us(rtt)}")
-    for size, count in sizes:
-        one_way = await paced_one_way(size, count // 2, loop=loop)
-        print(f"       tcp one-way, 1 ms pacing {size:>8} B: {_p50_p99_us(one_way)}")
-    for size, count in ((64, 200_000), (1 << 20, 2000)):
-        rate = await stream_rate(size, count, loop=loop)
-        print(
-            f"       tcp stream            {size:>8} B: {rate.msgs_per_s:11,.0f} msgs/s, "
-            f"{rate.mb_per_s:,.1f} MB/s"
-        )
+    for over in ("unix", "tcp"):
+        for size, count in sizes:
+            one_way = await paced_one_way(size, count // 2, loop=loop, over=over)
+            print(f"{over:>10} one-way, 1 ms pacing {size:>8} B: {_p50_p99_us(one_way)}")
+    for over in ("unix", "tcp"):
+        for size, count in ((64, 200_000), (1 << 20, 2000)):
+            rate = await stream_rate(size, count, loop=loop, over=over)
+            print(
+                f"{over:>10} stream            {size:>8} B: {rate.msgs_per_s:11,.0f} msgs/s, "
+                f"{rate.mb_per_s:,.1f} MB/s"
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -493,12 +527,16 @@ def main(argv: list[str] | None = None) -> None:
     where.add_argument("--fd", type=int, help="an inherited socketpair end")
     where.add_argument("--port", type=int, help="connect to 127.0.0.1:PORT")
     echo.add_argument("--size", type=int, required=True)
-    send = roles.add_parser("send", help="(child) stream messages to 127.0.0.1:PORT")
-    send.add_argument("--port", type=int, required=True)
+    send = roles.add_parser("send", help="(child) stream messages to the parent")
+    to = send.add_mutually_exclusive_group(required=True)
+    to.add_argument("--port", type=int, help="connect to 127.0.0.1:PORT")
+    to.add_argument("--unix", help="connect to the abstract Unix socket NAME")
     send.add_argument("--size", type=int, required=True)
     send.add_argument("--count", type=int, required=True)
-    pace = roles.add_parser("pace", help="(child) send timestamped messages to 127.0.0.1:PORT")
-    pace.add_argument("--port", type=int, required=True)
+    pace = roles.add_parser("pace", help="(child) send timestamped messages to the parent")
+    to = pace.add_mutually_exclusive_group(required=True)
+    to.add_argument("--port", type=int, help="connect to 127.0.0.1:PORT")
+    to.add_argument("--unix", help="connect to the abstract Unix socket NAME")
     pace.add_argument("--size", type=int, required=True)
     pace.add_argument("--count", type=int, required=True)
     pace.add_argument("--period", type=float, required=True)
@@ -506,9 +544,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.role == "echo":
         run(_echo_child(args.fd, args.port, args.size), args.loop)
     elif args.role == "send":
-        run(_send_child(args.port, args.size, args.count), args.loop)
+        run(_send_child(args.unix or args.port, args.size, args.count), args.loop)
     elif args.role == "pace":
-        run(_pace_child(args.port, args.size, args.count, args.period), args.loop)
+        run(_pace_child(args.unix or args.port, args.size, args.count, args.period), args.loop)
     else:
         run(_measure(args.loop), args.loop)
 

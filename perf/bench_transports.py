@@ -1,19 +1,23 @@
-"""TCP benchmark of ezflow: one publisher -> one subscriber, in two processes.
+"""Transport benchmark of ezflow: one publisher -> one subscriber, in two processes,
+over shared memory (shm) and tcp.
 
 Everything is measured in one run, repeat after repeat, so that the ratios between
 ezflow and the raw socket floor (:mod:`_floor`) are meaningful on a noisy machine:
 
 * raw floor: a uvloop/asyncio-Protocol ping-pong between two processes over a
-  ``socket.socketpair()`` (one-way floor = RTT / 2; the floor of the latency rows), the
-  same over TCP loopback, a paced (1 ms) one-way send over TCP loopback, and the TCP
-  loopback throughput with one ``transport.write`` per message;
-* ezflow tcp one-way latency p50/p99, paced at one message every 1 ms: the publisher
-  writes ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, shared by the processes of one
-  host) into the first 8 bytes of a random payload and the subscriber subtracts it from
-  its own clock on receipt;
-* ezflow tcp back-to-back throughput: the publisher publishes as fast as lossless flow
-  control lets it, the subscriber counts from the end of the warm-up to the last message
-  (and reports its CPU time and page faults, the publisher its CPU time and waits).
+  ``socket.socketpair()`` (a Unix socket) and over TCP loopback (one-way = RTT / 2), a
+  paced (1 ms) one-way send over a Unix socket and over TCP loopback, and the
+  throughput of each with one ``transport.write`` per message;
+* ezflow one-way latency p50/p99 per transport, paced at one message every 1 ms: the
+  publisher writes ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, shared by the processes
+  of one host) into the first 8 bytes of a random payload and the subscriber subtracts
+  it from its own clock on receipt;
+* ezflow back-to-back throughput per transport: the publisher publishes as fast as
+  lossless flow control lets it, the subscriber counts from the end of the warm-up to
+  the last message (and reports its CPU time and page faults, the publisher its CPU
+  time and waits); over shm also with loaned buffers (``Publisher.loan``: no copy);
+* a 3840x2160x3 uint8 video frame (24.9 MB) over shm, paced at 10 ms: loaned (filled
+  in place, published with no copy) and published as a plain array (copied once).
 
 The parent process hosts the graph server; the publisher and the subscriber are child
 processes running this script (``child pub|sub``). Children never outlive the parent: they
@@ -22,8 +26,9 @@ closes, and the subscriber gives up after a deadline.
 
 Usage::
 
-    python perf/bench_tcp.py [--quick] [--repeats N] [--loop uvloop|asyncio]
-                             [--json PATH] [--profile DIR] [--max-in-flight N]
+    python perf/bench_transports.py [--quick] [--repeats N] [--transports shm,tcp]
+                                    [--loop uvloop|asyncio] [--json PATH]
+                                    [--profile DIR] [--max-in-flight N]
 """
 
 from __future__ import annotations
@@ -62,21 +67,29 @@ _SCRIPT = str(Path(__file__).resolve())
 _SMALL = 64
 _LARGE = 1 << 20
 _SIZES = (_SMALL, _LARGE)
+_FRAME_SHAPE = (2160, 3840, 3)  # one 4K RGB video frame
+_FRAME = 2160 * 3840 * 3
 _PERIOD = 0.001  # latency pacing: one message every 1 ms
+_FRAME_PERIOD = 0.01  # ... and one video frame every 10 ms
+_TRANSPORTS = ("shm", "tcp")
+#: The raw socket kind each transport is compared with.
+_SOCKET = {"shm": "unix", "tcp": "tcp"}
 _STAMP = np.dtype(np.int64)
 #: Extra time a child gets beyond its expected run time before it counts as hung.
 _GRACE = 60.0
 
 #: ezmsg 3.9.0 on this machine, from DESIGN.md ("Performance, as users will measure it").
 REFERENCE = {
-    ("latency_p50_us", _SMALL): 293.0,
-    ("latency_p50_us", _LARGE): 863.0,
-    ("msgs_per_s", _SMALL): 15_000.0,
-    ("msgs_per_s", _LARGE): 560.0,
+    ("latency_p50_us/shm", _SMALL): 205.0,
+    ("latency_p50_us/shm", _LARGE): 270.0,
+    ("msgs_per_s/shm", _SMALL): 27_000.0,
+    ("msgs_per_s/shm", _LARGE): 9_000.0,
+    ("latency_p50_us/tcp", _SMALL): 293.0,
+    ("latency_p50_us/tcp", _LARGE): 863.0,
+    ("msgs_per_s/tcp", _SMALL): 15_000.0,
+    ("msgs_per_s/tcp", _LARGE): 560.0,
     ("floor_socketpair_rtt_p50_us", _SMALL): 66.0,
 }
-#: The bar from the issue: tcp back-to-back msgs/s.
-BARS = {_SMALL: 100_000.0, _LARGE: 1_500.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +103,8 @@ class Plan:
     latency_warmup: dict[int, int]
     throughput_count: dict[int, int]
     throughput_warmup: dict[int, int]
+    frame_samples: int
+    frame_warmup: int
     max_seconds: float
 
 
@@ -99,8 +114,10 @@ FULL = Plan(
     floor_stream_count={_SMALL: 300_000, _LARGE: 3000},
     latency_samples={_SMALL: 1000, _LARGE: 300},
     latency_warmup={_SMALL: 200, _LARGE: 50},
-    throughput_count={_SMALL: 200_000, _LARGE: 3000},
+    throughput_count={_SMALL: 200_000, _LARGE: 20_000},
     throughput_warmup={_SMALL: 2000, _LARGE: 100},
+    frame_samples=200,
+    frame_warmup=20,
     max_seconds=3.0,
 )
 QUICK = Plan(
@@ -109,13 +126,17 @@ QUICK = Plan(
     floor_stream_count={_SMALL: 100_000, _LARGE: 1000},
     latency_samples={_SMALL: 300, _LARGE: 100},
     latency_warmup={_SMALL: 50, _LARGE: 20},
-    throughput_count={_SMALL: 50_000, _LARGE: 600},
+    throughput_count={_SMALL: 50_000, _LARGE: 5000},
     throughput_warmup={_SMALL: 1000, _LARGE: 30},
+    frame_samples=50,
+    frame_warmup=10,
     max_seconds=1.5,
 )
 
 
 def _size_label(size: int) -> str:
+    if size == _FRAME:
+        return "24.9 MB"
     return "1 MiB" if size == _LARGE else f"{size} B"
 
 
@@ -163,20 +184,39 @@ async def _unless(work: Coroutine[Any, Any, T], stop: asyncio.Future[None]) -> T
         task.cancel()
 
 
+def _stamp(message: np.ndarray[Any, Any]) -> None:
+    message.reshape(-1)[:8].view(_STAMP)[0] = time.perf_counter_ns()
+
+
+#: Bytes of a loaned buffer the publisher fills (and the subscriber checks): filling the
+#: whole buffer would measure memory bandwidth, not the transport.
+_LOAN_FILLED = 4096
+
+
 async def _publish(pub: ezflow.Publisher, args: argparse.Namespace) -> dict[str, float]:
     """Publish every message; return the wall and CPU seconds spent doing so."""
     payload = _payload(args.seed, args.size)
+    shape = _FRAME_SHAPE if args.size == _FRAME else (args.size,)
     await pub.wait_for_channels(1)
     started, cpu_started = time.perf_counter(), time.process_time()
+    mode = args.mode
     for _ in range(args.warmup + args.count):
-        if args.mode == "throughput":
+        if mode == "throughput":
             # The same array every time: never modified, so it may still be in flight.
             await pub.publish(payload)
-        else:
-            message = payload.copy()  # a fresh array: tcp may still reference the last one
-            message[:8].view(_STAMP)[0] = time.perf_counter_ns()
+        elif mode == "loan-throughput":
+            message = await pub.loan(shape)
+            message.reshape(-1)[:_LOAN_FILLED] = payload[:_LOAN_FILLED]
             await pub.publish(message)
-            await asyncio.sleep(_PERIOD)
+        else:
+            if mode == "loan-latency":
+                message = await pub.loan(shape)
+                message.reshape(-1)[:_LOAN_FILLED] = payload[:_LOAN_FILLED]
+            else:
+                message = payload.reshape(shape).copy()  # tcp may still send the last one
+            _stamp(message)
+            await pub.publish(message)
+            await asyncio.sleep(args.period)
     return {
         "publisher_seconds": time.perf_counter() - started,
         "publisher_cpu_seconds": time.process_time() - cpu_started,
@@ -191,23 +231,32 @@ async def _publisher_child(args: argparse.Namespace) -> dict[str, Any]:
     released = asyncio.ensure_future(_stdin_closed())
     try:
         async with ezflow.GraphContext(args.graph, auto_start=False) as ctx:
-            pub = await ctx.publisher(args.topic, transport="tcp", **options)
+            pub = await ctx.publisher(args.topic, transport=args.transport, **options)
             result: dict[str, Any] = {}
             timing = await _unless(_publish(pub, args), released)
             if timing is not None:
                 result.update(timing)
                 await released
             result["publisher_stats"] = dataclasses.asdict(pub.stats)
+            shm_stats = pub.shm_stats
+            if shm_stats is not None:
+                result["shm_stats"] = dataclasses.asdict(shm_stats)
             return result
     finally:
         released.cancel()
 
 
-def _check_message(message: Any, expected: np.ndarray[Any, Any]) -> None:
-    """Raise AssertionError unless *message* is the payload (bar its timestamp)."""
-    if not isinstance(message, np.ndarray) or message.shape != expected.shape:
+def _check_message(message: Any, expected: np.ndarray[Any, Any], loaned: bool) -> None:
+    """Raise AssertionError unless *message* is the payload (bar its timestamp; of a
+    loaned buffer, only the part the publisher filled)."""
+    if not isinstance(message, np.ndarray) or message.size != expected.size:
         raise AssertionError(f"unexpected message {type(message).__name__}")
-    if not np.array_equal(message[8:], expected[8:]):
+    flat = message.reshape(-1)
+    end = _LOAN_FILLED if loaned else 1 << 16
+    if not np.array_equal(flat[8:end], expected[8:end]):
+        raise AssertionError("payload corrupted in transit")
+    tail = max(8, flat.size - (1 << 16))
+    if not loaned and not np.array_equal(flat[tail:], expected[tail:]):
         raise AssertionError("payload corrupted in transit")
 
 
@@ -216,12 +265,13 @@ async def _receive_latency(
 ) -> dict[str, Any]:
     """Record the one-way latency of every message after the warm-up."""
     latencies: list[int] = []
+    loaned = args.mode.startswith("loan")
     for index in range(args.warmup + args.count):
         message = await sub.recv()
         now = time.perf_counter_ns()
         if index >= args.warmup:
-            latencies.append(now - int(message[:8].view(_STAMP)[0]))
-        _check_message(message, expected)  # after taking the time
+            latencies.append(now - int(message.reshape(-1)[:8].view(_STAMP)[0]))
+        _check_message(message, expected, loaned)  # after taking the time
     return {"latency_ns": latencies}
 
 
@@ -245,7 +295,7 @@ async def _receive_throughput(
     elapsed = (clock() - started) / 1e9
     cpu = time.process_time() - cpu_started
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_started
-    _check_message(message, expected)
+    _check_message(message, expected, args.mode.startswith("loan"))
     return {
         "messages": received,
         "seconds": elapsed,
@@ -260,14 +310,15 @@ async def _subscriber_child(args: argparse.Namespace) -> dict[str, Any]:
     parent_gone = asyncio.ensure_future(_stdin_closed())
     try:
         async with ezflow.GraphContext(args.graph, auto_start=False) as ctx:
-            sub = await ctx.subscriber(args.topic, transport="tcp")
+            sub = await ctx.subscriber(args.topic, transport=args.transport)
             expected = _payload(args.seed, args.size)
-            receive = _receive_latency if args.mode == "latency" else _receive_throughput
+            receive = _receive_throughput if args.mode.endswith("throughput") else _receive_latency
             work = asyncio.wait_for(receive(sub, args, expected), args.timeout)
             result = await _unless(work, parent_gone)
             if result is None:
                 raise RuntimeError("the parent process went away")
             result["subscriber_stats"] = dataclasses.asdict(sub.stats)
+            result["transports"] = sorted({c.transport for c in ctx.channels})
             return result
     finally:
         parent_gone.cancel()
@@ -369,18 +420,31 @@ def _log(message: str) -> None:
 
 
 async def _ezflow_run(
-    graph: str, mode: str, size: int, *, plan: Plan, options: argparse.Namespace, tag: str
+    graph: str,
+    transport: str,
+    mode: str,
+    size: int,
+    *,
+    plan: Plan,
+    options: argparse.Namespace,
+    tag: str,
 ) -> dict[str, Any]:
     """One publisher child and one subscriber child streaming one topic."""
-    if mode == "latency":
+    period = _PERIOD
+    if size == _FRAME:
+        count, warmup, period = plan.frame_samples, plan.frame_warmup, _FRAME_PERIOD
+        expected_s = (count + warmup) * period * 3
+    elif mode.endswith("latency"):
         count, warmup = plan.latency_samples[size], plan.latency_warmup[size]
-        expected_s = (count + warmup) * _PERIOD * 3
+        expected_s = (count + warmup) * period * 3
     else:
         count, warmup = plan.throughput_count[size], plan.throughput_warmup[size]
         expected_s = plan.max_seconds * 2
     common = [
         "--graph", graph,
         "--topic", f"/bench/{mode}/{size}/{uuid.uuid4().hex[:8]}",
+        "--transport", transport,
+        "--period", str(period),
         "--mode", mode,
         "--size", str(size),
         "--count", str(count),
@@ -395,7 +459,8 @@ async def _ezflow_run(
         for role in ("sub", "pub"):
             extra = []
             if options.profile is not None:
-                extra += ["--profile", str(options.profile / f"{role}-{mode}-{size}-{tag}.prof")]
+                name = f"{role}-{transport}-{mode}-{size}-{tag}.prof"
+                extra += ["--profile", str(options.profile / name)]
             if options.max_in_flight is not None:
                 extra += ["--max-in-flight", str(options.max_in_flight)]
             child = await _Child.start(role, [role, *common, *extra])
@@ -416,6 +481,8 @@ async def _ezflow_run(
             publisher_exit.cancel()
         publisher.release()
         received.update(await publisher.result(_GRACE))
+        if received["transports"] != [transport]:
+            raise RuntimeError(f"asked for {transport}, the edge used {received['transports']}")
         return received
     finally:
         for child in children:
@@ -427,46 +494,71 @@ async def _repeat(graph: str, plan: Plan, options: argparse.Namespace, tag: str)
     metrics: dict[str, float] = {}
     details: dict[str, Any] = {}
     loop = options.loop
+    transports: tuple[str, ...] = options.transports
+
+    async def ezflow_run(transport: str, mode: str, size: int) -> dict[str, Any]:
+        _log(f"  ezflow: {transport} {mode} {_size_label(size)}")
+        run = await _ezflow_run(graph, transport, mode, size, plan=plan, options=options, tag=tag)
+        details[f"{mode}/{transport}/{size}"] = run
+        return run
+
+    def latency(key: str, samples: list[int]) -> None:
+        p50, p99 = _percentiles_us(samples)
+        metrics[key.format(pct="p50")] = p50
+        metrics[key.format(pct="p99")] = p99
+
     for size in _SIZES:
         label = _size_label(size)
         trips, warmup = plan.floor_round_trips[size], plan.floor_warmup[size]
         for over in ("socketpair", "tcp"):
             _log(f"  floor: {over} ping-pong {label}")
             rtt = await pingpong_rtt(size, trips, warmup, over=over, loop=loop)
-            p50, p99 = _percentiles_us(rtt)
-            metrics[f"floor_{over}_rtt_p50_us/{size}"] = p50
-            metrics[f"floor_{over}_rtt_p99_us/{size}"] = p99
-        _log(f"  floor: tcp one-way, 1 ms pacing {label}")
-        one_way = await paced_one_way(
-            size, plan.latency_samples[size], plan.latency_warmup[size], period=_PERIOD, loop=loop
-        )
-        p50, p99 = _percentiles_us(one_way)
-        metrics[f"floor_paced_p50_us/{size}"] = p50
-        metrics[f"floor_paced_p99_us/{size}"] = p99
-        _log(f"  ezflow: tcp latency {label}")
-        run = await _ezflow_run(graph, "latency", size, plan=plan, options=options, tag=tag)
-        p50, p99 = _percentiles_us(run.pop("latency_ns"))
-        metrics[f"latency_p50_us/{size}"] = p50
-        metrics[f"latency_p99_us/{size}"] = p99
-        details[f"latency/{size}"] = run
+            latency(f"floor_{over}_rtt_{{pct}}_us/{size}", rtt)
+        for over in sorted({_SOCKET[t] for t in transports}):
+            _log(f"  floor: {over} one-way, 1 ms pacing {label}")
+            one_way = await paced_one_way(
+                size,
+                plan.latency_samples[size],
+                plan.latency_warmup[size],
+                period=_PERIOD,
+                loop=loop,
+                over=over,
+            )
+            latency(f"floor_{over}_paced_{{pct}}_us/{size}", one_way)
+        for transport in transports:
+            run = await ezflow_run(transport, "latency", size)
+            latency(f"latency_{{pct}}_us/{transport}/{size}", run.pop("latency_ns"))
     for size in _SIZES:
         label = _size_label(size)
-        _log(f"  floor: tcp stream {label}")
-        rate = await stream_rate(
-            size, plan.floor_stream_count[size], max_seconds=plan.max_seconds, loop=loop
-        )
-        metrics[f"floor_msgs_per_s/{size}"] = rate.msgs_per_s
-        metrics[f"floor_mb_per_s/{size}"] = rate.mb_per_s
-        _log(f"  ezflow: tcp back-to-back {label}")
-        run = await _ezflow_run(graph, "throughput", size, plan=plan, options=options, tag=tag)
-        msgs_per_s = run["messages"] / run["seconds"]
-        metrics[f"msgs_per_s/{size}"] = msgs_per_s
-        metrics[f"mb_per_s/{size}"] = msgs_per_s * size / 1e6
-        metrics[f"subscriber_cpu_share/{size}"] = run["subscriber_cpu_seconds"] / run["seconds"]
-        if "publisher_seconds" in run:  # absent when the subscriber stopped at its deadline
-            share = run["publisher_cpu_seconds"] / run["publisher_seconds"]
-            metrics[f"publisher_cpu_share/{size}"] = share
-        details[f"throughput/{size}"] = run
+        for over in sorted({_SOCKET[t] for t in transports}):
+            _log(f"  floor: {over} stream {label}")
+            rate = await stream_rate(
+                size,
+                plan.floor_stream_count[size],
+                max_seconds=plan.max_seconds,
+                loop=loop,
+                over=over,
+            )
+            metrics[f"floor_{over}_msgs_per_s/{size}"] = rate.msgs_per_s
+            metrics[f"floor_{over}_mb_per_s/{size}"] = rate.mb_per_s
+        modes = [(t, "throughput") for t in transports]
+        if "shm" in transports:
+            modes.append(("shm", "loan-throughput"))
+        for transport, mode in modes:
+            run = await ezflow_run(transport, mode, size)
+            name = "msgs_per_s" if mode == "throughput" else "loan_msgs_per_s"
+            msgs_per_s = run["messages"] / run["seconds"]
+            metrics[f"{name}/{transport}/{size}"] = msgs_per_s
+            cpu = run["subscriber_cpu_seconds"] / run["seconds"]
+            metrics[f"subscriber_cpu_share/{mode}/{transport}/{size}"] = cpu
+            if "publisher_seconds" in run:  # absent when the subscriber stopped at its deadline
+                share = run["publisher_cpu_seconds"] / run["publisher_seconds"]
+                metrics[f"publisher_cpu_share/{mode}/{transport}/{size}"] = share
+    if "shm" in transports:
+        for mode in ("loan-latency", "latency"):
+            run = await ezflow_run("shm", mode, _FRAME)
+            name = "loan_latency" if mode == "loan-latency" else "latency"
+            latency(f"{name}_{{pct}}_us/shm/{_FRAME}", run.pop("latency_ns"))
     return {"metrics": metrics, "details": details}
 
 
@@ -512,74 +604,121 @@ def _fmt_mb(value: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Row:
-    """One line of the table: metric keys (without the ``/size`` suffix)."""
+    """One line of the table: metric keys (without the ``/transport/size`` suffix)."""
 
     metric: str
     size: int
+    transport: str  # "" for a raw-floor line
     fmt: Callable[[float], str]
     ezflow: str | None  # None: a floor-only line
-    floor: str
+    floor: str | None  # None: no floor to compare with
     floor_scale: float = 1.0  # 0.5 turns a round trip into a one-way floor
 
 
-def _rows() -> list[_Row]:
+def _rows(transports: tuple[str, ...]) -> list[_Row]:
     """The lines of the table, in order."""
     rows = []
     for size in _SIZES:
+        for transport in transports:
+            paced = f"floor_{_SOCKET[transport]}_paced"
+            for pct in ("p50", "p99"):
+                rows.append(
+                    _Row(
+                        f"one-way latency {pct}",
+                        size,
+                        transport,
+                        _fmt_us,
+                        f"latency_{pct}_us",
+                        f"{paced}_{pct}_us",
+                    )
+                )
+    for size in _SIZES:
+        for transport in transports:
+            sock = _SOCKET[transport]
+            rows.append(
+                _Row(
+                    "back-to-back msgs/s",
+                    size,
+                    transport,
+                    _fmt_rate,
+                    "msgs_per_s",
+                    f"floor_{sock}_msgs_per_s",
+                )
+            )
+            if transport == "shm":
+                rows.append(
+                    _Row(
+                        "back-to-back msgs/s, loaned",
+                        size,
+                        transport,
+                        _fmt_rate,
+                        "loan_msgs_per_s",
+                        f"floor_{sock}_msgs_per_s",
+                    )
+                )
+    if "shm" in transports:
+        for name, key in (("frame one-way, loaned", "loan_latency"), ("frame one-way", "latency")):
+            for pct in ("p50", "p99"):
+                rows.append(_Row(f"{name} {pct}", _FRAME, "shm", _fmt_us, f"{key}_{pct}_us", None))
+    for size in _SIZES:
         for pct in ("p50", "p99"):
-            latency = f"latency_{pct}_us"
-            floor = f"floor_socketpair_rtt_{pct}_us"
-            rows.append(_Row(f"one-way latency {pct}", size, _fmt_us, latency, floor, 0.5))
-    for size in _SIZES:
-        rows.append(_Row("back-to-back msgs/s", size, _fmt_rate, "msgs_per_s", "floor_msgs_per_s"))
-        rows.append(_Row("back-to-back MB/s", size, _fmt_mb, "mb_per_s", "floor_mb_per_s"))
-    for size in _SIZES:
-        for name, floor in (
-            ("raw RTT p50, socketpair", "floor_socketpair_rtt_p50_us"),
-            ("raw RTT p50, tcp loopback", "floor_tcp_rtt_p50_us"),
-            ("raw one-way p50, tcp, 1 ms pacing", "floor_paced_p50_us"),
-            ("raw one-way p99, tcp, 1 ms pacing", "floor_paced_p99_us"),
-        ):
-            rows.append(_Row(name, size, _fmt_us, None, floor))
+            rows.append(
+                _Row(
+                    f"raw one-way {pct}: socketpair RTT/2",
+                    size,
+                    "",
+                    _fmt_us,
+                    None,
+                    f"floor_socketpair_rtt_{pct}_us",
+                    0.5,
+                )
+            )
+        rows.append(
+            _Row("raw one-way p50: tcp RTT/2", size, "", _fmt_us, None, "floor_tcp_rtt_p50_us", 0.5)
+        )
     return rows
 
 
 def _table(medians: dict[str, float], options: argparse.Namespace) -> Table:
-    """The results table: ezflow, floor, ratio, reference and bar per metric."""
+    """The results table: ezflow, floor, ratio, reference per metric."""
     repeats = f"median of {options.repeats} repeat{'s' if options.repeats > 1 else ''}"
     table = Table(
-        title=f"ezflow tcp: 1 publisher -> 1 subscriber, two processes ({options.loop}, {repeats})",
-        caption="floor: latency = socketpair ping-pong RTT/2 of the same size; throughput = TCP "
-        "loopback, one transport.write per message. ratio = ezflow/floor (latency: lower is "
-        "better, 1.00x = at the floor; throughput: higher is better). Rows without an ezflow "
-        "figure are raw floors only; 'raw one-way, 1 ms pacing' is paced like the ezflow "
-        "latency rows (both processes idle between messages).",
+        title=f"ezflow: 1 publisher -> 1 subscriber, two processes ({options.loop}, {repeats})",
+        caption="floor: raw sockets between two Python processes, same run: latency = a "
+        "timestamped message every 1 ms over the same kind of socket (Unix for shm, TCP "
+        "loopback for tcp); throughput = one transport.write per message. ratio = "
+        "ezflow/floor (latency: lower is better, 1.00x = at the floor; throughput: higher "
+        "is better). 'loaned': Publisher.loan, filled in place, published with no copy.",
     )
     table.add_column("metric", no_wrap=True)
-    for column in ("size", "ezflow", "floor", "ratio"):
+    for column in ("size", "transport", "ezflow", "floor", "ratio"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("ezmsg 3.9.0 reference\n(DESIGN.md)", justify="right", style="dim")
-    table.add_column("bar (issue)", justify="right", no_wrap=True)
-    for row in _rows():
-        floor = medians[f"{row.floor}/{row.size}"] * row.floor_scale
-        ezflow_text = ratio_text = bar_text = ""
+    for row in _rows(options.transports):
+        suffix = f"/{row.transport}/{row.size}" if row.transport else f"/{row.size}"
+        floor = None
+        if row.floor is not None:
+            floor = medians.get(f"{row.floor}/{row.size}")
+            floor = None if floor is None else floor * row.floor_scale
+        ezflow_text = ratio_text = ""
         if row.ezflow is not None:
-            value = medians[f"{row.ezflow}/{row.size}"]
+            value = medians.get(f"{row.ezflow}{suffix}")
+            if value is None:
+                continue
             ezflow_text = row.fmt(value)
-            ratio_text = f"{value / floor:.2f}x" if floor else "-"
-            bar = BARS.get(row.size) if row.ezflow == "msgs_per_s" else None
-            if bar is not None:
-                verdict = "[green]PASS[/]" if value >= bar else "[red]MISS[/]"
-                bar_text = f">= {bar:,.0f} {verdict}"
-        reference = REFERENCE.get((row.ezflow or row.floor, row.size))
+            ratio_text = f"{value / floor:.2f}x" if floor else ""
+        reference = REFERENCE.get((f"{row.ezflow}/{row.transport}", row.size))
+        if row.ezflow is None:
+            reference = REFERENCE.get((row.floor or "", row.size))
+            reference = None if reference is None else reference * row.floor_scale
         table.add_row(
             row.metric,
             _size_label(row.size),
+            row.transport,
             ezflow_text,
-            row.fmt(floor),
+            "" if floor is None else row.fmt(floor),
             ratio_text,
             "" if reference is None else row.fmt(reference),
-            bar_text,
         )
     return table
 
@@ -599,16 +738,40 @@ def _diagnosis(sub_cpu: float, pub_cpu: float | None) -> str:
     return "neither saturated: waiting on the wire or on wake-ups"
 
 
-def _bars(medians: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """Each bar of the issue, the measured figure and whether it passes."""
-    return {
-        _size_label(size): {
-            "msgs_per_s": medians[f"msgs_per_s/{size}"],
-            "bar": bar,
-            "pass": medians[f"msgs_per_s/{size}"] >= bar,
-        }
-        for size, bar in BARS.items()
-    }
+def _bars(medians: dict[str, float]) -> list[dict[str, Any]]:
+    """The bars of the issues that these figures can check: what, measured, limit."""
+    bars: list[dict[str, Any]] = []
+
+    def bar(name: str, key: str, limit: float, *, at_most: bool = False) -> None:
+        value = medians.get(key)
+        if value is not None:
+            passed = value <= limit if at_most else value >= limit
+            bars.append({"bar": name, "value": value, "limit": limit, "pass": passed})
+
+    floor = medians.get(f"floor_unix_paced_p50_us/{_SMALL}")
+    if floor is not None:
+        bar(
+            "shm 64 B one-way p50 <= 2x raw one-way (Unix socket, 1 ms pacing) [us]",
+            f"latency_p50_us/shm/{_SMALL}",
+            2 * floor,
+            at_most=True,
+        )
+    bar("shm 64 B back-to-back >= 5x ezmsg [msgs/s]", f"msgs_per_s/shm/{_SMALL}", 5 * 27_000.0)
+    bar("shm 1 MiB back-to-back >= 2x ezmsg [msgs/s]", f"msgs_per_s/shm/{_LARGE}", 2 * 9_000.0)
+    bar(
+        "shm 1 MiB back-to-back, loaned >= 2x ezmsg [msgs/s]",
+        f"loan_msgs_per_s/shm/{_LARGE}",
+        2 * 9_000.0,
+    )
+    bar(
+        "loaned 24.9 MB frame one-way p50 < 200 us [us]",
+        f"loan_latency_p50_us/shm/{_FRAME}",
+        200.0,
+        at_most=True,
+    )
+    bar("tcp 64 B back-to-back >= 100k [msgs/s]", f"msgs_per_s/tcp/{_SMALL}", 100_000.0)
+    bar("tcp 1 MiB back-to-back >= 1.5k [msgs/s]", f"msgs_per_s/tcp/{_LARGE}", 1_500.0)
+    return bars
 
 
 def _git_revision() -> str | None:
@@ -658,6 +821,7 @@ def _write_json(
         "options": {
             "quick": options.quick,
             "repeats": options.repeats,
+            "transports": list(options.transports),
             "loop": options.loop,
             "max_in_flight": options.max_in_flight,
             "profiled": options.profile is not None,
@@ -682,6 +846,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer samples, 1 repeat (< 60 s)")
     parser.add_argument("--repeats", type=int, help="repeats of every measurement (default 3)")
     parser.add_argument("--loop", choices=LOOPS, default="uvloop", help="event loop everywhere")
+    parser.add_argument(
+        "--transports",
+        default=",".join(_TRANSPORTS),
+        help="comma-separated transports to measure (default: shm,tcp)",
+    )
     parser.add_argument("--json", type=Path, help="write results and environment here")
     parser.add_argument(
         "--profile", type=Path, help="run the children under cProfile, writing DIR/*.prof"
@@ -694,7 +863,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     child.add_argument("role", choices=("pub", "sub"))
     child.add_argument("--graph", required=True)
     child.add_argument("--topic", required=True)
-    child.add_argument("--mode", choices=("latency", "throughput"), required=True)
+    child.add_argument("--transport", choices=_TRANSPORTS, required=True)
+    child.add_argument("--period", type=float, required=True)
+    child.add_argument(
+        "--mode",
+        choices=("latency", "throughput", "loan-latency", "loan-throughput"),
+        required=True,
+    )
     child.add_argument("--size", type=int, required=True)
     child.add_argument("--count", type=int, required=True)
     child.add_argument("--warmup", type=int, required=True)
@@ -710,6 +885,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
             options.repeats = 1 if options.quick else 3
         if options.repeats < 1:
             parser.error("--repeats must be at least 1")
+        transports = tuple(t.strip() for t in options.transports.split(",") if t.strip())
+        unknown = [t for t in transports if t not in _TRANSPORTS]
+        if unknown or not transports:
+            parser.error(f"--transports: use a subset of {','.join(_TRANSPORTS)}")
+        options.transports = transports
     return options
 
 
@@ -737,19 +917,18 @@ def main(argv: list[str] | None = None) -> None:
     if not console.is_terminal:
         console.width = max(console.width, 132)
     console.print(_table(medians, options))
-    for label, bar in _bars(medians).items():
+    for bar in _bars(medians):
         verdict = "[green]PASS[/]" if bar["pass"] else "[red]MISS[/]"
-        console.print(
-            f"bar: tcp back-to-back {label} >= {bar['bar']:,.0f} msgs/s: {verdict} "
-            f"({bar['msgs_per_s']:,.0f} msgs/s)"
-        )
-    for size in _SIZES:
-        sub_cpu = medians[f"subscriber_cpu_share/{size}"]
-        pub_cpu = medians.get(f"publisher_cpu_share/{size}")
+        console.print(f"bar: {bar['bar']}: {verdict} ({bar['value']:,.1f} vs {bar['limit']:,.1f})")
+    for key, sub_cpu in sorted(medians.items()):
+        if not key.startswith("subscriber_cpu_share/"):
+            continue
+        run = key.removeprefix("subscriber_cpu_share/")
+        pub_cpu = medians.get(f"publisher_cpu_share/{run}")
         pub_text = "n/a" if pub_cpu is None else f"{pub_cpu:.0%}"
         console.print(
-            f"[dim]back-to-back {_size_label(size)}: subscriber CPU {sub_cpu:.0%}, publisher "
-            f"CPU {pub_text} of their busy time: {_diagnosis(sub_cpu, pub_cpu)}[/]"
+            f"[dim]{run}: subscriber CPU {sub_cpu:.0%}, publisher CPU {pub_text} of their "
+            f"busy time: {_diagnosis(sub_cpu, pub_cpu)}[/]"
         )
     if options.profile is not None:
         console.print("[yellow]children ran under cProfile: figures are not representative[/]")
