@@ -281,6 +281,10 @@ async def _run_cell(framework: FrameworkInfo, cell: Cell, plan: Plan, record: Ce
                     return
             for worker in workers:
                 worker.send(command)
+        warm = (worker.event({"warm"}, SETUP_TIMEOUT) for worker in workers)
+        await asyncio.gather(*warm)
+        for worker in workers:
+            worker.send("measure")
         timeout = expected_seconds(cell, plan) + GRACE
         results = await asyncio.gather(*(worker.event({"result"}, timeout) for worker in workers))
         record.repeats.append(_aggregate(cell, list(results)))

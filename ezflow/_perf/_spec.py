@@ -26,8 +26,11 @@ a per-source sequence number, the source index, the phase (below) and a random
 ``uint8`` array of the cell's size, the same array for every message of a source (never
 modified, so safe to publish again while earlier messages are in flight).
 
-Each source runs three phases:
+Each source runs four phases:
 
+0. ``WARMUP``: one message every :func:`pacing` seconds until every sink has received
+   a few from every source and the runner says ``measure`` (connections, buffers and
+   shared memory of every framework are then set up: none of that is measured);
 1. ``LATENCY``, on an idle graph: the sources of a cell together publish one message
    every :func:`pacing` seconds (each source every ``pacing x sources``, staggered),
    :func:`latency_count` messages in all; the sinks record publish -> receive times.
@@ -53,6 +56,7 @@ __all__ = [
     "STANDARD",
     "SUITES",
     "TRANSPORTS",
+    "WARMUP",
     "Cell",
     "Plan",
     "ProcessSpec",
@@ -71,6 +75,7 @@ TRANSPORTS: Final = ("local", "shm", "tcp")
 RATE: Final = 0
 LATENCY: Final = 1
 END: Final = 2
+WARMUP: Final = 3
 
 #: Largest message size a run accepts: a bound on what each process holds.
 MAX_SIZE: Final = 64 * 1024 * 1024

@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from .._core._exceptions import ConfigurationError
-from ._spec import END, LATENCY, RATE, Plan, UnitSpec, latency_count, pacing
+from ._spec import END, LATENCY, RATE, WARMUP, Plan, UnitSpec, latency_count, pacing
 
 __all__ = ["EzflowFramework", "Framework", "SinkState", "main", "payload_for"]
 
@@ -43,6 +43,8 @@ T = TypeVar("T")
 
 #: Loaded-latency samples a sink keeps (one int each): a bound on its memory.
 MAX_LOADED_SAMPLES = 500_000
+#: WARMUP messages a sink needs from each of its sources before it is warm.
+WARM_MESSAGES = 3
 #: A source yields to the event loop at least once every this many RATE messages.
 YIELD_EVERY = 256
 #: Exit status of a worker whose parent went away (stdin closed early).
@@ -180,7 +182,9 @@ class SinkState:
     sources: int
     warmup_ns: int
     expected: list[np.ndarray[Any, np.dtype[np.uint8]]]
+    on_warm: Callable[[], None] = lambda: None
     next_seq: list[int] = field(default_factory=list)
+    warm: list[int] = field(default_factory=list)
     ends: int = 0
     rate_messages: int = 0
     measured: int = 0
@@ -197,6 +201,7 @@ class SinkState:
 
     def __post_init__(self) -> None:
         self.next_seq = [0] * self.sources
+        self.warm = [0] * self.sources
 
     def handle(self, message: Any) -> bool:
         """Account one message; True once every source has ended."""
@@ -209,6 +214,11 @@ class SinkState:
             else:
                 self.disorder += 1
         self.next_seq[source] = seq + 1
+        if phase == WARMUP:
+            self.warm[source] += 1
+            if self.warm[source] == WARM_MESSAGES and min(self.warm) >= WARM_MESSAGES:
+                self.on_warm()
+            return False
         if phase == RATE:
             if not self.rate_messages:
                 self.rate_first_ns = now
@@ -277,9 +287,10 @@ async def _source(
     spec: dict[str, Any],
     plan: Plan,
     *,
+    measure: asyncio.Event,
     paced_done: _Barrier,
 ) -> dict[str, Any]:
-    """Publish the LATENCY, RATE and END phases of one source (see :mod:`._spec`)."""
+    """Publish the phases of one source (see :mod:`._spec`)."""
     size: int = spec["size"]
     payload = payload_for(spec["seed"], unit.index, size)
     publish = framework.publish_function(pub)
@@ -287,6 +298,11 @@ async def _source(
     index = unit.index
     seq = 0
     period = pacing(size, plan.period)
+    while not measure.is_set():
+        await publish((clock(), seq, index, WARMUP, payload))
+        seq += 1
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(measure.wait(), period)
     # Together the sources publish one message per period: each every period x sources,
     # staggered by their index.
     own_period = period * unit.sources
@@ -323,11 +339,19 @@ async def _source(
 
 
 async def _sink(
-    framework: Framework, sub: Any, unit: UnitSpec, spec: dict[str, Any], plan: Plan
+    framework: Framework,
+    sub: Any,
+    unit: UnitSpec,
+    spec: dict[str, Any],
+    plan: Plan,
+    *,
+    on_warm: Callable[[], None],
 ) -> dict[str, Any]:
     sources = unit.sources
     expected = [payload_for(spec["seed"], index, spec["size"]) for index in range(sources)]
-    state = SinkState(sources=sources, warmup_ns=int(plan.warmup * 1e9), expected=expected)
+    state = SinkState(
+        sources=sources, warmup_ns=int(plan.warmup * 1e9), expected=expected, on_warm=on_warm
+    )
     await framework.consume(sub, state.handle)
     result = state.result(latency_warmup=state.latency_messages // 10)
     result.update(kind="sink", index=unit.index)
@@ -403,43 +427,73 @@ async def _run_units(framework: Framework, spec: dict[str, Any]) -> None:
             _emit("published")
             await commands.expect("go")
             cpu_started, wall_started = _cpu_seconds(), time.perf_counter()
+            measure, gone = asyncio.Event(), asyncio.Event()
+            listener = asyncio.ensure_future(_listen(commands, measure, gone))
+            cold = [sum(1 for unit in units if unit.kind == "sink")]
+
+            def on_warm() -> None:
+                cold[0] -= 1
+                if not cold[0]:
+                    _emit("warm")
+
+            if not cold[0]:
+                _emit("warm")
             work: list[Coroutine[Any, Any, dict[str, Any]]] = []
             paced_done = _Barrier(sum(1 for unit in units if unit.kind == "source"))
             for unit in units:
+                key = (unit.kind, unit.index)
                 if unit.kind == "source":
-                    pub = pubs["source", unit.index]
-                    work.append(_source(framework, pub, unit, spec, plan, paced_done=paced_done))
+                    work.append(
+                        _source(
+                            framework,
+                            pubs[key],
+                            unit,
+                            spec,
+                            plan,
+                            measure=measure,
+                            paced_done=paced_done,
+                        )
+                    )
                 elif unit.kind == "sink":
-                    work.append(_sink(framework, subs["sink", unit.index], unit, spec, plan))
+                    work.append(_sink(framework, subs[key], unit, spec, plan, on_warm=on_warm))
                 else:
-                    key = ("relay", unit.index)
                     work.append(_relay(framework, subs[key], pubs[key], unit))
-            results = await _unless_eof(asyncio.gather(*work), commands)
-            _emit(
-                "result",
-                cpu_seconds=_cpu_seconds() - cpu_started,
-                wall_seconds=time.perf_counter() - wall_started,
-                units=results,
-            )
-            # Stay connected until the parent has every result: a publisher that left
-            # early could take in-flight messages (or shared memory) with it.
-            while await commands.next() is not None:
-                pass
+            try:
+                results = await _unless_gone(asyncio.gather(*work), gone)
+                _emit(
+                    "result",
+                    cpu_seconds=_cpu_seconds() - cpu_started,
+                    wall_seconds=time.perf_counter() - wall_started,
+                    units=results,
+                )
+                # Stay connected until the parent has every result: a publisher that
+                # left early could take in-flight messages (or shared memory) with it.
+                await gone.wait()
+            finally:
+                listener.cancel()
     finally:
         commands.close()
 
 
-async def _unless_eof(work: Awaitable[T], commands: _Commands) -> T:
-    """*work*'s result, or exit the process if stdin closes first."""
+async def _listen(commands: _Commands, measure: asyncio.Event, gone: asyncio.Event) -> None:
+    """Serve the commands of the running stage: ``measure``, then end of file."""
+    while (command := await commands.next()) is not None:
+        if command == "measure":
+            measure.set()
+    gone.set()
+
+
+async def _unless_gone(work: Awaitable[T], gone: asyncio.Event) -> T:
+    """*work*'s result, or exit the process if the parent goes away (*gone*) first."""
     task = asyncio.ensure_future(work)
-    eof = asyncio.ensure_future(commands.next())
+    waiter = asyncio.ensure_future(gone.wait())
     try:
-        await asyncio.wait((task, eof), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             return task.result()
         raise SystemExit(EXIT_ABANDONED)
     finally:
-        for future in (task, eof):
+        for future in (task, waiter):
             future.cancel()
 
 
