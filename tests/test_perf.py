@@ -5,15 +5,35 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ezflow._perf._spec import END, LATENCY, RATE, Cell, Plan, SpecError, layout, parse_size
-from ezflow._perf._worker import SinkState, payload_for
+from ezflow._perf._spec import (
+    END,
+    LATENCY,
+    RATE,
+    WARMUP,
+    Cell,
+    Plan,
+    SpecError,
+    latency_count,
+    layout,
+    parse_size,
+)
+from ezflow._perf._worker import WARM_MESSAGES, SinkState, payload_for
 
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("64", 64), ("64B", 64), ("1KiB", 1024), ("1kib", 1024), ("4K", 4096), ("1KB", 1000),
-     ("1MiB", 1 << 20), (" 2 MiB ", 2 << 20), ("64MiB", 64 << 20)],
-)  # fmt: skip
+    [
+        ("64", 64),
+        ("64B", 64),
+        ("1KiB", 1024),
+        ("1kib", 1024),
+        ("4K", 4096),
+        ("1KB", 1000),
+        ("1MiB", 1 << 20),
+        (" 2 MiB ", 2 << 20),
+        ("64MiB", 64 << 20),
+    ],
+)
 def test_sizes_parse(text: str, size: int) -> None:
     assert parse_size(text) == size
 
@@ -97,3 +117,24 @@ def test_sink_counts_drops_corruption_and_phases() -> None:
 def test_payloads_differ_per_source_and_repeat_per_seed() -> None:
     assert np.array_equal(payload_for(1, 0, 64), payload_for(1, 0, 64))
     assert not np.array_equal(payload_for(1, 0, 64), payload_for(1, 1, 64))
+
+
+def test_sink_is_warm_once_every_source_sent_enough() -> None:
+    payloads = [payload_for(1, source, 8) for source in range(2)]
+    warm: list[int] = []
+    sink = SinkState(sources=2, warmup_ns=0, expected=payloads, on_warm=lambda: warm.append(1))
+    for seq in range(WARM_MESSAGES + 2):
+        sink.handle((0, seq, 0, WARMUP, payloads[0]))
+    assert not warm  # nothing from source 1 yet
+    for seq in range(WARM_MESSAGES + 2):
+        sink.handle((0, seq, 1, WARMUP, payloads[1]))
+    assert warm == [1]
+    assert sink.result(latency_warmup=0)["rate_messages"] == 0
+
+
+def test_latency_phase_is_bounded_in_time_and_split_between_sources() -> None:
+    plan = Plan(latency_samples=300, latency_seconds=1.5, period=0.001)
+    assert latency_count(plan, 1024, 1) == 300
+    assert latency_count(plan, 1024, 4) == 75
+    assert latency_count(plan, 1 << 20, 1) == 71  # 1 MiB paced every 21 ms
+    assert latency_count(Plan(latency_samples=3), 64, 1) == 10  # never fewer than 10
