@@ -164,6 +164,33 @@ async def test_a_process_dying_while_starting_is_reported(server: ezflow.GraphSe
     assert info.value.returncode == 3
 
 
+async def test_shutdown_that_hangs_or_raises_is_reported(
+    server: ezflow.GraphServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ezflow._units import _host  # noqa: PLC0415
+
+    monkeypatch.setattr(_host, "SHUTDOWN_TIMEOUT", 0.2)
+
+    class Hangs(ezflow.Unit):
+        async def shutdown(self) -> None:
+            await asyncio.sleep(3600)
+
+    class Raises(ezflow.Unit):
+        def shutdown(self) -> None:
+            raise RuntimeError("cannot close the device")
+
+    runner = ezflow.GraphRunner(HANGS=Hangs(), RAISES=Raises(), graph_address=server.address)
+    await runner.start()
+    started = time.monotonic()
+    with pytest.raises(ezflow.UnitError) as info:
+        await runner.stop()
+    assert time.monotonic() - started < 3
+    message = str(info.value)
+    assert "unit RAISES failed in shutdown()" in message
+    assert "RuntimeError: cannot close the device" in message
+    assert "unit HANGS failed in shutdown(): did not return within 0.2 s" in message
+
+
 async def test_task_thread_and_publish(server: ezflow.GraphServer) -> None:
     class Worker(ezflow.Unit):
         OUTPUT = ezflow.OutputStream(str)

@@ -28,7 +28,13 @@ from ._errors import Complete
 from ._plan import stream_topic
 from ._streams import InputStream, OutputStream
 
-__all__ = ["DRAIN_TIMEOUT", "THREAD_JOIN_TIMEOUT", "UnitHost", "format_failure"]
+__all__ = [
+    "DRAIN_TIMEOUT",
+    "SHUTDOWN_TIMEOUT",
+    "THREAD_JOIN_TIMEOUT",
+    "UnitHost",
+    "format_failure",
+]
 
 log = logging.getLogger("ezflow.units")
 
@@ -36,6 +42,8 @@ log = logging.getLogger("ezflow.units")
 DRAIN_TIMEOUT = 1.0
 #: Seconds a stopping process waits for its ``@thread`` methods to return.
 THREAD_JOIN_TIMEOUT = 2.0
+#: Seconds an ``async`` ``shutdown()`` may take before it is cancelled and reported.
+SHUTDOWN_TIMEOUT = 5.0
 
 FailureCallback = Callable[[str, str], None]  # (component path, formatted details)
 CompleteCallback = Callable[[str], None]  # (component path)
@@ -335,7 +343,11 @@ class UnitHost:
                     )
             for unit in reversed(self._initialized):
                 try:
-                    await _call(unit.shutdown())
+                    await asyncio.wait_for(_call(unit.shutdown()), SHUTDOWN_TIMEOUT)
+                except (TimeoutError, asyncio.TimeoutError):
+                    self._on_failure(
+                        unit.path, f"in shutdown(): did not return within {SHUTDOWN_TIMEOUT:g} s"
+                    )
                 except Exception as exc:
                     self._fail(unit.path, "shutdown()", exc)
             for unit in self.units:

@@ -31,7 +31,7 @@ log = logging.getLogger("ezflow.units")
 #: Seconds every unit process has to load, initialize and register its streams.
 START_TIMEOUT = 30.0
 #: Seconds a unit process has to stop after being told to, before it is killed.
-CHILD_STOP_TIMEOUT = 8.0
+CHILD_STOP_TIMEOUT = 12.0
 
 
 @dataclass
