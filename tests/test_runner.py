@@ -332,7 +332,9 @@ def finish(process: subprocess.Popen[str], timeout: float = 5) -> tuple[int, str
     return process.returncode, out, err, time.monotonic() - started
 
 
-@pytest.mark.parametrize("how", ["SIGINT to the process group", "SIGTERM to the runner"])
+@pytest.mark.parametrize(
+    "how", ["SIGINT to the process group", "SIGINT to the runner", "SIGTERM to the runner"]
+)
 def test_signal_stops_everything_with_exit_code_0(
     how: str, markers: Path, running: list[subprocess.Popen[str]]
 ) -> None:
@@ -340,8 +342,10 @@ def test_signal_stops_everything_with_exit_code_0(
     running.append(process)
     wait_for(markers / "running-SINK", process)
     wait_for(markers / "running-MONITOR", process)
-    if how.startswith("SIGINT"):
+    if how == "SIGINT to the process group":
         os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    elif how == "SIGINT to the runner":
+        os.kill(process.pid, signal.SIGINT)
     else:
         os.kill(process.pid, signal.SIGTERM)
     code, out, err, elapsed = finish(process)
