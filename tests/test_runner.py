@@ -191,6 +191,18 @@ async def test_shutdown_that_hangs_or_raises_is_reported(
     assert "unit HANGS failed in shutdown(): did not return within 0.2 s" in message
 
 
+async def test_units_that_cannot_be_pickled_are_refused(server: ezflow.GraphServer) -> None:
+    relay = Relay()
+    relay.callback = lambda: None  # type: ignore[attr-defined]  # a lambda cannot be pickled
+    runner = ezflow.GraphRunner(
+        RELAY=relay, process_components=[relay], graph_address=server.address
+    )
+    with pytest.raises(
+        ezflow.GraphDefinitionError, match="process RELAY: its units cannot be sent"
+    ):
+        await runner.start()
+
+
 async def test_task_thread_and_publish(server: ezflow.GraphServer) -> None:
     class Worker(ezflow.Unit):
         OUTPUT = ezflow.OutputStream(str)
