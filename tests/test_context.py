@@ -247,7 +247,7 @@ async def test_bad_options_are_clear_errors(ctx: ezflow.GraphContext) -> None:
         await ctx.publisher("/o", max_in_flight=0)
     with pytest.raises(ValueError, match="whitespace"):
         await ctx.publisher("bad topic")
-    with pytest.raises(ezflow.ConfigurationError, match="must be an ezflow.ShmOptions"):
+    with pytest.raises(ezflow.ConfigurationError, match=r"must be an ezflow\.ShmOptions"):
         await ctx.publisher("/o", shm={"slot_count": 4})  # type: ignore[arg-type]
     with pytest.raises(ezflow.ConfigurationError, match="slot_count=0 must be a positive"):
         ezflow.ShmOptions(slot_count=0)

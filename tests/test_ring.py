@@ -11,10 +11,12 @@ import gc
 import json
 import logging
 import mmap
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -211,6 +213,8 @@ def test_max_bytes_unlinks_the_oldest_free_pooled_blocks_first() -> None:
         assert not (SHM / b.segment).exists() and not (SHM / a.segment).exists()
         assert (SHM / c.segment).exists() and (SHM / d.segment).exists()
         assert ring.stats.blocks_unlinked == 2
+        assert ring.take_retired() == [b.segment, a.segment]  # for channels to forget
+        assert ring.take_retired() == []
         assert ring.stats.shm_bytes == ring_bytes + 10 * PAGE <= ring.max_bytes
         assert ring.release("x", d)
 
@@ -234,6 +238,50 @@ def test_max_bytes_held_by_leased_blocks_makes_acquire_return_none() -> None:
         assert ring.release("x", b) and ring.release("x", small)
         assert ring.acquire(16 * PAGE) is not None  # both pooled blocks unlinked
         assert ring.stats.shm_bytes == ring.max_bytes
+
+
+def test_add_lease_shares_a_published_block_until_it_is_freed(ring: ShmRing) -> None:
+    d = send(ring, 100, ["a"])
+    assert ring.add_lease(d, "b")
+    assert not ring.add_lease(d, "b")  # holds it already
+    assert ring.release_block("a", d.block, d.generation)
+    assert ring.in_use == 1  # b still holds it
+    assert not ring.release_block("a", d.block, d.generation)
+    assert not ring.release_block("b", d.block, d.generation + 1)  # another generation
+    assert ring.release_block("b", d.block, d.generation)
+    assert ring.in_use == 0
+    assert not ring.add_lease(d, "c")  # freed: a sender must acquire anew
+    again = send(ring, 100, ["a"])
+    assert not ring.add_lease(d, "c")  # reused for a later message: still refused
+    assert ring.add_lease(again, "c") and ring.drop_channel("c") == 1
+
+
+def test_the_most_recently_freed_slot_is_reused_first(ring: ShmRing) -> None:
+    a, b, c = (send(ring, 10, ["x"]) for _ in range(3))
+    for d in (b, c, a):
+        assert ring.release("x", d)
+    assert take(ring, 10).descriptor.block == a.block  # cache-warm: just read by a channel
+    assert take(ring, 10).descriptor.block == c.block
+
+
+def test_a_forked_child_closing_the_ring_unlinks_nothing() -> None:
+    with ShmRing(slot_count=2, slot_size=4096) as ring:
+        d = send(ring, 10, ["a"])
+        with warnings.catch_warnings():
+            # Python >= 3.12 warns about fork() in a process with threads; the child
+            # only closes the ring and exits.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                ring.close()
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert (SHM / d.segment).exists()  # the parent still owns and uses it
+        assert ring.release("a", d)
 
 
 def test_close_unlinks_everything_and_is_idempotent() -> None:

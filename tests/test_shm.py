@@ -251,6 +251,27 @@ async def test_sizes_at_every_boundary(shm_pair: Any) -> None:
         del got
 
 
+async def test_channels_drop_the_mappings_of_retired_blocks(
+    ctx: ezflow.GraphContext, shm_pair: Any
+) -> None:
+    """Out-of-line blocks unlinked to stay within max_bytes are announced (RETIRE), so
+    the channel unmaps them: the memory really goes."""
+    options = ezflow.ShmOptions(slot_count=2, slot_size=4 * KiB, max_bytes=8 * KiB + 1 * MiB)
+    pub, sub = await shm_pair("/shm/retire", options)
+    for size in (600 * KiB, 200 * KiB, 900 * KiB, 100 * KiB):  # no pooled block fits the next
+        await pub.publish(np.zeros(size, dtype=np.uint8))
+        del size
+        await sub.recv()
+        await asyncio.sleep(0.02)  # FREE reaches the publisher
+    (record,) = ctx._channels.values()
+    assert record.inbound is not None
+    reader = record.inbound._connection.reader  # type: ignore[attr-defined]
+    ring = pub._context._shm._shm[pub.id].ring  # type: ignore[union-attr]
+    assert ring.stats.blocks_unlinked >= 2
+    on_disk = {n for n in os.listdir("/dev/shm") if n.startswith(f"ezflow-{os.getpid()}-")}
+    assert set(reader.attached) <= on_disk  # nothing mapped that was unlinked
+
+
 # -- loans -------------------------------------------------------------------------------------
 
 
