@@ -971,9 +971,7 @@ class Codec:
         cannot travel, ``ValueError`` for a negative or too large dimension, and
         :class:`MessageTooLargeError` when the body would exceed ``max_message_size``.
         """
-        if len(shape) > _MAX_NDIM or not all(
-            type(d) is int and 0 <= d <= _MAX_DIM for d in shape
-        ):
+        if len(shape) > _MAX_NDIM or not all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape):
             raise ValueError(
                 f"shape {shape!r} is not a tuple of at most {_MAX_NDIM} ints in [0, {_MAX_DIM}]"
             )
