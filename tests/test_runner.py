@@ -191,6 +191,28 @@ async def test_shutdown_that_hangs_or_raises_is_reported(
     assert "unit HANGS failed in shutdown(): did not return within 0.2 s" in message
 
 
+async def test_thread_complete_and_thread_failure(server: ezflow.GraphServer) -> None:
+    class Finisher(ezflow.Unit):
+        @ezflow.thread
+        def work(self) -> None:
+            time.sleep(0.05)
+            raise ezflow.Complete
+
+    class Crasher(ezflow.Unit):
+        @ezflow.thread
+        def work(self) -> None:
+            raise KeyError("missing calibration")
+
+    async with ezflow.GraphRunner(DONE=Finisher(), graph_address=server.address) as runner:
+        await asyncio.wait_for(runner.wait(), 10)
+    assert runner.completed_by == "DONE"
+    runner = ezflow.GraphRunner(CRASH=Crasher(), graph_address=server.address)
+    await runner.start()
+    with pytest.raises(ezflow.UnitError, match=r"unit CRASH failed in work") as info:
+        await asyncio.wait_for(runner.wait(), 10)
+    assert "KeyError: 'missing calibration'" in info.value.details
+
+
 async def test_units_that_cannot_be_pickled_are_refused(server: ezflow.GraphServer) -> None:
     relay = Relay()
     relay.callback = lambda: None  # type: ignore[attr-defined]  # a lambda cannot be pickled

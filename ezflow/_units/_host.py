@@ -109,7 +109,14 @@ class UnitHost:
                 self._fail(unit.path, "initialize()", exc)
                 raise
             self._initialized.append(unit)
-        await asyncio.gather(*(self._register(unit) for unit in self.units))
+        await asyncio.gather(*(self._register_reporting(unit) for unit in self.units))
+
+    async def _register_reporting(self, unit: Unit) -> None:
+        try:
+            await self._register(unit)
+        except Exception as exc:
+            self._fail(unit.path, "registering its streams", exc)
+            raise
 
     async def _register(self, unit: Unit) -> None:
         cls = type(unit)

@@ -326,8 +326,11 @@ class GraphRunner:
                             returncode=child.process.returncode or 0,
                         )
                     )
-        if setup.exception() is not None or self._failures:
+        if self._failures:
             raise self._error()
+        error = setup.exception()
+        if error is not None:
+            raise error
         await asyncio.gather(*(context.connect(src, dst) for src, dst in self.plan.edges))
         if self._end.is_set():
             return
