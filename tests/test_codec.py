@@ -1171,3 +1171,37 @@ def test_array_caches_are_bounded() -> None:
     # Still correct for shapes evicted long ago.
     arr = np.arange(1, dtype=np.uint8)
     assert np.array_equal(codec.decode(codec.encode(arr).to_bytes()), arr)  # type: ignore[arg-type]
+
+
+# -- laying out an array's body ahead of time (loans) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((0,), "u1"), ((5,), "<f8"), ((2, 3, 4), ">i4"), ((), "f4"), ((7, 1), "c16")],
+)
+def test_array_prefix_is_exactly_what_encode_puts_before_the_data(
+    shape: tuple[int, ...], dtype: str
+) -> None:
+    codec = Codec()
+    arr = np.arange(math.prod(shape)).astype(dtype).reshape(shape)
+    prefix, total = codec.array_prefix(shape, np.dtype(dtype))
+    assert prefix + arr.tobytes() == codec.encode(arr).to_bytes()
+    assert total == len(prefix) + arr.nbytes
+    assert len(prefix) % BUFFER_ALIGNMENT == 0  # the data starts aligned
+    decoded = codec.decode(prefix + arr.tobytes())
+    assert decoded.shape == shape and np.array_equal(decoded, arr)
+
+
+def test_array_prefix_refuses_what_encode_refuses() -> None:
+    codec = Codec(max_message_size=1024)
+    with pytest.raises(UnregisteredTypeError, match="object"):
+        codec.array_prefix((3,), np.dtype(object))
+    with pytest.raises(ValueError, match="shape"):
+        codec.array_prefix((-1,), np.dtype("u1"))
+    with pytest.raises(ValueError, match="shape"):
+        codec.array_prefix((1,) * 65, np.dtype("u1"))
+    with pytest.raises(MessageTooLargeError):
+        codec.array_prefix((2000,), np.dtype("u1"))
+    with pytest.raises(MessageTooLargeError):
+        codec.array_prefix((1000,), np.dtype("u1"))  # the data fits, the body does not

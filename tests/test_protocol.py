@@ -51,8 +51,12 @@ def test_field_checks_name_the_field() -> None:
 def test_publisher_info_round_trip() -> None:
     info = PublisherInfo("p", "/t", "c1", "host/boot", 42, ("127.0.0.1", 9), "tcp")
     assert PublisherInfo.from_wire(info.to_wire()) == info
+    with_shm = PublisherInfo("p", "/t", "c1", "h", 42, ("::1", 9), None, "ezflow-42-" + "a" * 16)
+    assert PublisherInfo.from_wire(with_shm.to_wire()) == with_shm
     with pytest.raises(ProtocolError):
         PublisherInfo.from_wire({"publisher_id": "p"})
+    with pytest.raises(ProtocolError, match="'shm'"):
+        PublisherInfo.from_wire({**info.to_wire(), "shm": 5})
 
 
 @pytest.mark.parametrize(
