@@ -136,6 +136,9 @@ class Component:
         bound = cache.get(stream.name)
         if bound is None or bound.stream is not stream:
             bound = cache[stream.name] = BoundStream(self, stream)
+            # Streams are non-data descriptors: from now on `self.OUTPUT` is a plain
+            # instance-dict lookup (it is read on every yield of a publisher).
+            self.__dict__[stream.name] = bound
         return bound
 
     def __repr__(self) -> str:
