@@ -116,6 +116,10 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Results file [ezflow-perf-TIME.json].")
     ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="Directory for the cProfile statistics of every worker process."),
+    ] = None,
 ) -> None:
     """Run the suites and save the results as JSON (see `ezflow perf schema`)."""
     base = QUICK if quick else STANDARD
@@ -148,7 +152,11 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         output = Path(f"ezflow-perf-{stamp}.json")
     if output.parent and not output.parent.is_dir():
         _fail(f"cannot write {output}: {output.parent} is not a directory")
-    document = _run_live(cells, plan, peers)
+    if profile is not None:
+        if not profile.is_dir():
+            _fail(f"--profile {profile}: not a directory")
+        profile = profile.resolve()
+    document = _run_live(cells, plan, peers, None if profile is None else str(profile))
     errors = _schema.validate(document)
     output.write_text(json.dumps(document, indent=1) + "\n")
     _console.print(_tables.results_table(document["cells"], title="ezflow perf: medians"))
@@ -174,7 +182,9 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         _fail(f"{len(failed)} cell(s) failed; see the table above", code=1)
 
 
-def _run_live(cells: list[Cell], plan: Plan, peers: list[list[str]]) -> dict[str, Any]:
+def _run_live(
+    cells: list[Cell], plan: Plan, peers: list[list[str]], profile: str | None
+) -> dict[str, Any]:
     """Run with a progress bar and a live table of the cells measured so far."""
     progress = Progress(
         TextColumn("{task.description}"),
@@ -206,7 +216,9 @@ def _run_live(cells: list[Cell], plan: Plan, peers: list[list[str]]) -> dict[str
     try:
         with live:
             return run_coroutine(
-                _runner.run(cells, plan, peers=peers, progress=callbacks, command=command)
+                _runner.run(
+                    cells, plan, peers=peers, progress=callbacks, command=command, profile=profile
+                )
             )
     except KeyboardInterrupt:
         _fail("interrupted: every worker was stopped, no results written", code=130)

@@ -252,7 +252,9 @@ def expected_seconds(cell: Cell, plan: Plan) -> float:
     return plan.duration + paced * 1.5
 
 
-async def _run_cell(framework: FrameworkInfo, cell: Cell, plan: Plan, record: CellRecord) -> None:
+async def _run_cell(
+    framework: FrameworkInfo, cell: Cell, plan: Plan, record: CellRecord, profile: str | None
+) -> None:
     """One repeat of *cell* on *framework*; updates *record* (status, repeats)."""
     groups = layout(cell, f"/perf/{uuid.uuid4().hex[:12]}")
     record.processes = len(groups)
@@ -262,6 +264,8 @@ async def _run_cell(framework: FrameworkInfo, cell: Cell, plan: Plan, record: Ce
         "size": cell.size,
         "seed": int.from_bytes(os.urandom(4), "little"),
         "plan": plan.to_json(),
+        "label": f"{cell.suite}-{cell.transport}-{cell.size}-{cell.clients}",
+        "profile": profile,
     }
     workers: list[Worker] = []
     try:
@@ -330,11 +334,13 @@ async def run(
     peers: Sequence[Sequence[str]] = (),
     progress: Progress | None = None,
     command: Sequence[str] = (),
+    profile: str | None = None,
 ) -> dict[str, Any]:
     """Measure the floor, then every cell on ezflow and on each peer (a worker command,
     e.g. ``["python", "perf/peers/ezmsg_peer.py"]``); return the results document (see
     :mod:`._schema`). A cell that fails is recorded with status ``error`` and the run
-    goes on; cancelling the calling task ends every worker first."""
+    goes on; cancelling the calling task ends every worker first. With *profile* (a
+    directory), every units worker leaves its cProfile statistics there."""
     progress = progress or Progress()
     main_task = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -366,7 +372,7 @@ async def run(
                     if record.status != "ok":
                         continue
                     try:
-                        await _run_cell(framework, cell, plan, record)
+                        await _run_cell(framework, cell, plan, record, profile)
                     except WorkerError as exc:
                         record.status, record.reason = "error", str(exc)
                         progress.log(f"[red]{label}: {exc}[/]")

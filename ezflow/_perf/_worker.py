@@ -14,6 +14,9 @@ Protocol with the runner (the parent):
   once (the parent went away or gave up); after its result it closes its publishers
   and subscribers and exits. So a worker never outlives its parent.
 
+With ``"profile": DIR`` in its spec, a units worker writes its cProfile statistics to
+``DIR/FRAMEWORK-CELL-PID.prof`` when it ends.
+
 A units worker goes ``subscribed`` -> ``published`` -> ``result``; a graph worker
 prints ``ready`` with its address and serves until end of file.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import cProfile
 import json
 import os
 import sys
@@ -517,7 +521,18 @@ def main(framework: Framework, argv: list[str] | None = None) -> None:
         if args[:1] == ["graph"]:
             framework.run(_run_graph(framework))
         elif args[:1] == ["units"] and len(args) == 2:
-            framework.run(_run_units(framework, json.loads(args[1])))
+            spec = json.loads(args[1])
+            profile = spec.get("profile")
+            profiler = cProfile.Profile() if profile else None
+            if profiler is not None:
+                profiler.enable()
+            try:
+                framework.run(_run_units(framework, spec))
+            finally:
+                if profiler is not None:
+                    profiler.disable()
+                    name = f"{framework.name}-{spec['label']}-{os.getpid()}.prof"
+                    profiler.dump_stats(os.path.join(profile, name.replace("/", "-")))
         elif args[:1] == ["info"]:
             _emit(
                 "info",
