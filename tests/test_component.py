@@ -70,6 +70,16 @@ def test_settings_travel_through_the_codec() -> None:
     assert codec.decode(codec.encode(settings).to_bytes()) == settings
 
 
+def test_a_settings_class_can_be_defined_again() -> None:
+    # A notebook cell run twice defines the class again under the same name.
+    for gain in (1.0, 2.0):
+
+        class Redefined(ezflow.Settings):
+            value: float = gain
+
+        assert Redefined().value == gain
+
+
 def test_state_fields_default_factory_and_unset() -> None:
     first, second = CounterState(), CounterState()
     first.seen.append(1)

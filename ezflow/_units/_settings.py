@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import sys
 import types
 import typing
@@ -24,6 +25,8 @@ else:  # pragma: no cover - Python 3.10: mypy targets 3.11, runtime needs no mar
 __all__ = ["Settings", "State", "check_field_types", "message_name"]
 
 _T = TypeVar("_T")
+
+log = logging.getLogger("ezflow.units")
 
 
 def message_name(cls: type[Any]) -> str:
@@ -51,6 +54,9 @@ class Settings:
     checked; a value of the wrong type raises :class:`~ezflow.ConfigurationError`
     naming the field, the value and the expected type (an ``int`` is accepted for a
     ``float`` field). Change settings with ``dataclasses.replace(settings, rate=2.0)``.
+
+    A class defined again under the same name (a notebook cell run twice) works within
+    its process, but only the first definition can travel to other processes.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -65,7 +71,13 @@ class Settings:
                 check_field_types(self)
 
         cls.__init__ = __init__  # type: ignore[method-assign,assignment]
-        register_message(cls, name=message_name(cls))
+        try:
+            register_message(cls, name=message_name(cls))
+        except ConfigurationError:
+            # The same name is registered for an earlier class object: this one was
+            # redefined (a notebook cell run twice, a reloaded module). It works within
+            # this process (local edges never encode); the codec keeps the first.
+            log.debug("settings class %s redefined; not registered again", message_name(cls))
 
 
 class State:
