@@ -233,7 +233,11 @@ async def _publisher_child(args: argparse.Namespace) -> dict[str, Any]:
     """Publish until done, then hold the connection until the parent releases us by
     closing our stdin (leaving the context earlier could cut off what is still in
     flight); stop publishing early if released before."""
-    options = {} if args.max_in_flight is None else {"max_in_flight": args.max_in_flight}
+    options: dict[str, Any] = {}
+    if args.max_in_flight is not None:
+        options["max_in_flight"] = args.max_in_flight
+    if args.inline_limit is not None:
+        options["shm"] = ezflow.ShmOptions(inline_limit=args.inline_limit)
     released = asyncio.ensure_future(_stdin_closed())
     try:
         async with ezflow.GraphContext(args.graph, auto_start=False) as ctx:
@@ -436,11 +440,20 @@ async def _ezflow_run(
     options: argparse.Namespace,
     tag: str,
     python: str | None = None,
+    inline_limit: int | None = None,
 ) -> dict[str, Any]:
     """One publisher child and one subscriber child streaming one topic (ezmsg's when
-    *python* is given: its interpreter)."""
+    *python* is given: its interpreter; *inline_limit* sets the publisher's
+    ``ShmOptions.inline_limit``)."""
     period = _PERIOD
-    if size == _FRAME:
+    if size not in _SIZES and size != _FRAME:  # the crossover sweep
+        if mode.endswith("latency"):
+            count, warmup = plan.latency_samples[_LARGE], plan.latency_warmup[_LARGE]
+            expected_s = (count + warmup) * period * 3
+        else:
+            count, warmup = 1_000_000, plan.throughput_warmup[_LARGE]
+            expected_s = plan.max_seconds * 2
+    elif size == _FRAME:
         count, warmup, period = plan.frame_samples, plan.frame_warmup, _FRAME_PERIOD
         expected_s = (count + warmup) * period * 3
     elif mode.endswith("latency"):
@@ -472,6 +485,8 @@ async def _ezflow_run(
                 extra += ["--profile", str(options.profile / name)]
             if options.max_in_flight is not None:
                 extra += ["--max-in-flight", str(options.max_in_flight)]
+            if inline_limit is not None:
+                extra += ["--inline-limit", str(inline_limit)]
             child = await _Child.start(role, [role, *common, *extra], python=python)
             children.append(child)
         subscriber, publisher = children
@@ -613,8 +628,63 @@ async def _bench(plan: Plan, options: argparse.Namespace) -> list[dict[str, Any]
             ezmsg_graph = await stack.enter_async_context(_ezmsg_server(options.ezmsg))
         for index in range(options.repeats):
             _log(f"[bold]repeat {index + 1}/{options.repeats}[/]")
-            runs.append(await _repeat(graph, ezmsg_graph, plan, options, f"r{index + 1}"))
+            tag = f"r{index + 1}"
+            if options.crossover:
+                runs.append(await _crossover(graph, plan, options, tag))
+            else:
+                runs.append(await _repeat(graph, ezmsg_graph, plan, options, tag))
     return runs
+
+
+#: Message sizes of the crossover sweep, and the two inline limits compared there.
+_CROSSOVER_SIZES = tuple(1 << k for k in range(12, 21))  # 4 KiB .. 1 MiB
+_ALL_INLINE = 1 << 40
+_NONE_INLINE = 0
+
+
+async def _crossover(
+    graph: str, plan: Plan, options: argparse.Namespace, tag: str
+) -> dict[str, Any]:
+    """Each crossover size over shm with every message inline, then with every message
+    through shared memory: back-to-back msgs/s and paced one-way p50."""
+    metrics: dict[str, float] = {}
+    for size in _CROSSOVER_SIZES:
+        for path, limit in (("inline", _ALL_INLINE), ("zero_copy", _NONE_INLINE)):
+            _log(f"  crossover: {path} {size} B")
+            run = await _ezflow_run(
+                graph, "shm", "throughput", size, plan=plan, options=options, tag=tag,
+                inline_limit=limit,
+            )  # fmt: skip
+            metrics[f"crossover_msgs_per_s/{path}/{size}"] = run["messages"] / run["seconds"]
+            run = await _ezflow_run(
+                graph, "shm", "latency", size, plan=plan, options=options, tag=tag,
+                inline_limit=limit,
+            )  # fmt: skip
+            p50, _ = _percentiles_us(run["latency_ns"])
+            metrics[f"crossover_latency_p50_us/{path}/{size}"] = p50
+    return {"metrics": metrics, "details": {}}
+
+
+def _crossover_table(medians: dict[str, float], options: argparse.Namespace) -> Table:
+    table = Table(
+        title=f"shm: inline vs zero-copy by message size ({options.loop}, median of "
+        f"{options.repeats})",
+        caption="inline: the message bytes go through the Unix socket (copied in and out); "
+        "zero-copy: written once into shared memory, received as a view, released by FREE. "
+        "The smallest size from which zero-copy wins both is the inline_limit to use.",
+    )
+    for column in ("size", "inline msgs/s", "zero-copy msgs/s", "inline p50", "zero-copy p50"):
+        table.add_column(column, justify="right")
+    for size in _CROSSOVER_SIZES:
+        cells = [f"{size // 1024} KiB"]
+        for metric, fmt in (
+            ("crossover_msgs_per_s", _fmt_rate),
+            ("crossover_latency_p50_us", _fmt_us),
+        ):
+            for path in ("inline", "zero_copy"):
+                cells.append(fmt(medians[f"{metric}/{path}/{size}"]))
+        table.add_row(*cells)
+    return table
 
 
 @contextlib.asynccontextmanager
@@ -931,6 +1001,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ezmsg.add_argument("--no-ezmsg", action="store_true", help="do not measure ezmsg")
     parser.add_argument(
+        "--crossover",
+        action="store_true",
+        help="instead: measure shm inline vs zero-copy across sizes (the inline_limit)",
+    )
+    parser.add_argument(
         "--transports",
         default=",".join(_TRANSPORTS),
         help="comma-separated transports to measure (default: shm,tcp)",
@@ -962,6 +1037,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     child.add_argument("--timeout", type=float, required=True)
     child.add_argument("--loop", choices=LOOPS, required=True)
     child.add_argument("--max-in-flight", type=int)
+    child.add_argument("--inline-limit", type=int)
     child.add_argument("--profile", help="write a cProfile dump here")
     options = parser.parse_args(argv)
     if options.command is None:
@@ -1004,6 +1080,11 @@ def main(argv: list[str] | None = None) -> None:
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 132)
+    if options.crossover:
+        console.print(_crossover_table(medians, options))
+        if options.json is not None:
+            _write_json(options.json, runs, medians, plan=plan, options=options)
+        return
     console.print(_table(medians, options))
     for bar in _bars(medians):
         verdict = "[green]PASS[/]" if bar["pass"] else "[red]MISS[/]"
