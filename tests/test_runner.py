@@ -58,6 +58,21 @@ async def test_10000_messages_in_order_across_two_processes(server: ezflow.Graph
     assert checker.STATE.out_of_order == 0
 
 
+async def test_complete_raised_in_another_process_ends_the_graph(
+    server: ezflow.GraphServer,
+) -> None:
+    counter, checker = Counter(count=100), Checker(count=100)
+    async with ezflow.GraphRunner(
+        COUNT=counter,
+        CHECK=checker,
+        connections=[(counter.OUTPUT, checker.INPUT)],
+        process_components=[checker],
+        graph_address=server.address,
+    ) as runner:
+        await asyncio.wait_for(runner.wait(), 20)
+    assert runner.completed_by == "CHECK"
+
+
 async def test_start_barrier_loses_nothing_published_at_start(server: ezflow.GraphServer) -> None:
     # The counter (own process) publishes from its first moment; the checker here takes
     # half a second to initialize. Without the barrier the first messages would be lost.
