@@ -1205,3 +1205,26 @@ def test_array_prefix_refuses_what_encode_refuses() -> None:
         codec.array_prefix((2000,), np.dtype("u1"))
     with pytest.raises(MessageTooLargeError):
         codec.array_prefix((1000,), np.dtype("u1"))  # the data fits, the body does not
+
+
+def test_a_class_of_the_main_script_has_one_name_in_every_process() -> None:
+    """A script's classes are ``__main__.X`` where it runs and ``__mp_main__.X`` where a
+    spawned child imports it: both register under ``__main__.X``."""
+    codec = Codec()
+    made = {}
+    for module in ("__main__", "__mp_main__"):
+
+        @dataclasses.dataclass
+        class Reading:
+            value: int
+
+        Reading.__module__ = module
+        Reading.__qualname__ = f"Reading_{id(made)}"
+        made[module] = Reading
+    _codec.register_message(made["__main__"])
+    body = codec.encode(made["__main__"](3)).to_bytes()
+    # The child's class registers under the same name: here it collides with the parent's
+    # (one process), which proves the names are equal.
+    with pytest.raises(ConfigurationError, match=r"already registered|cannot register"):
+        _codec.register_message(made["__mp_main__"])
+    assert codec.decode(body) == made["__main__"](3)

@@ -239,11 +239,23 @@ _TYPES_BY_CLASS: dict[type[Any], _MessageType] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
+def _default_name(cls: type) -> str:
+    module = cls.__module__
+    # A script is ``__main__`` where it runs and ``__mp_main__`` where a process started
+    # from it (multiprocessing's spawn, ezflow's unit processes) imports it: one script,
+    # one name on the wire.
+    if module == "__mp_main__":
+        module = "__main__"
+    return f"{module}.{cls.__qualname__}"
+
+
 def register_message(cls: type[_T], *, name: str | None = None) -> type[_T]:
     """Make the dataclass *cls* encodable, under *name* on the wire, and return *cls*.
 
-    *name* defaults to ``f"{cls.__module__}.{cls.__qualname__}"``; sender and receiver
-    must register the class under the same name. The registry is process-global.
+    *name* defaults to ``f"{cls.__module__}.{cls.__qualname__}"`` (a script's module
+    counting as ``__main__`` also where a child process imports it as ``__mp_main__``);
+    sender and receiver must register the class under the same name. The registry is
+    process-global.
     Registering a class again under the same name (or with no name) is a no-op.
 
     Raises :class:`TypeError` if *cls* is not a dataclass or *name* is not a str, and
@@ -269,7 +281,7 @@ def register_message(cls: type[_T], *, name: str | None = None) -> type[_T]:
                 f"{_qualname(cls)} is already registered as message type "
                 f"{existing.name!r}; it cannot also be registered as {name!r}"
             )
-        wire_name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
+        wire_name = name if name is not None else _default_name(cls)
         other = _TYPES_BY_NAME.get(wire_name)
         if other is not None:
             hint = (
