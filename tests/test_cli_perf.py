@@ -214,7 +214,7 @@ def test_report_and_peers_commands(
         ),
         (["run", "-t", "udp"], "error: unknown transport 'udp'; use one of local, shm, tcp"),
         (["run", "--size", "1XiB"], "error: size '1XiB' is not a byte count"),
-        (["run", "--size", "128MiB"], "error: size '128MiB' must be between 1 B and 64 MiB"),
+        (["run", "--size", "128MiB"], "error: size '128MiB' must be between 32 B and 64 MiB"),
         (["run", "--duration", "0"], "error: duration 0.0 s must be in (0, 600]"),
         (["compare", "missing.json", "missing.json"], "error: cannot read missing.json"),
         (["report", "pyproject.toml"], "error: pyproject.toml is not a JSON document"),

@@ -17,7 +17,7 @@ from ezflow._perf._spec import (
     layout,
     parse_size,
 )
-from ezflow._perf._worker import WARM_MESSAGES, SinkState, payload_for
+from ezflow._perf._worker import HEADER, WARM_MESSAGES, SinkState, is_end, payload_for
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ def test_sizes_parse(text: str, size: int) -> None:
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "1XiB", "KiB", "1.5KiB", "-1", "0", "65MiB", "1 Ki B"])
+@pytest.mark.parametrize("text", ["", "1XiB", "KiB", "1.5KiB", "-1", "0", "31", "65MiB", "1 Ki B"])
 def test_bad_sizes_are_refused_with_one_line(text: str) -> None:
     with pytest.raises(SpecError) as caught:
         parse_size(text)
@@ -92,19 +92,26 @@ def test_layouts(suite: str, n: int) -> None:
         assert Cell(suite, "local", 64, n).applicable is not None
 
 
+def _frame(payload: np.ndarray, seq: int, source: int, phase: int) -> np.ndarray:
+    frame = payload.copy()
+    HEADER.pack_into(frame, 0, 0, seq, source, phase)
+    return frame
+
+
 def test_sink_counts_drops_corruption_and_phases() -> None:
-    payload = payload_for(7, 0, 32)
-    assert payload.any(), "payloads are random, not zeros"
+    payload = payload_for(7, 0, 64)
+    assert payload[HEADER.size :].any(), "payloads are random, not zeros"
     sink = SinkState(sources=1, warmup_ns=0, expected=[payload])
-    stamp = 0
-    assert not sink.handle((stamp, 0, 0, RATE, payload))
-    assert not sink.handle((stamp, 1, 0, RATE, payload))
-    assert not sink.handle((stamp, 3, 0, RATE, payload))  # seq 2 lost
-    bad = payload.copy()
-    bad[5] ^= 1
-    assert not sink.handle((stamp, 4, 0, LATENCY, bad))
-    assert not sink.handle((stamp, 5, 0, LATENCY, payload))
-    assert sink.handle((stamp, 6, 0, END, payload))
+    assert not sink.handle(_frame(payload, 0, 0, RATE))
+    assert not sink.handle(_frame(payload, 1, 0, RATE))
+    assert not sink.handle(_frame(payload, 3, 0, RATE))  # seq 2 lost
+    bad = _frame(payload, 4, 0, LATENCY)
+    bad[HEADER.size + 5] ^= 1
+    assert not sink.handle(bad)
+    assert not sink.handle(_frame(payload, 5, 0, LATENCY))
+    end = _frame(payload, 6, 0, END)
+    assert is_end(end)
+    assert sink.handle(end)
     result = sink.result(latency_warmup=0)
     assert result["rate_messages"] == 3
     assert result["latency_messages"] == 2
@@ -120,14 +127,14 @@ def test_payloads_differ_per_source_and_repeat_per_seed() -> None:
 
 
 def test_sink_is_warm_once_every_source_sent_enough() -> None:
-    payloads = [payload_for(1, source, 8) for source in range(2)]
+    payloads = [payload_for(1, source, 40) for source in range(2)]
     warm: list[int] = []
     sink = SinkState(sources=2, warmup_ns=0, expected=payloads, on_warm=lambda: warm.append(1))
     for seq in range(WARM_MESSAGES + 2):
-        sink.handle((0, seq, 0, WARMUP, payloads[0]))
+        sink.handle(_frame(payloads[0], seq, 0, WARMUP))
     assert not warm  # nothing from source 1 yet
     for seq in range(WARM_MESSAGES + 2):
-        sink.handle((0, seq, 1, WARMUP, payloads[1]))
+        sink.handle(_frame(payloads[1], seq, 1, WARMUP))
     assert warm == [1]
     assert sink.result(latency_warmup=0)["rate_messages"] == 0
 

@@ -116,6 +116,14 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Results file [ezflow-perf-TIME.json].")
     ] = None,
+    loan: Annotated[
+        bool,
+        typer.Option(
+            "--loan/--no-loan",
+            help="Sources fill buffers the framework lends (ezflow: shared memory, 64 KiB "
+            "and up) instead of private arrays.",
+        ),
+    ] = True,
     profile: Annotated[
         Path | None,
         typer.Option(help="Directory for the cProfile statistics of every worker process."),
@@ -133,6 +141,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             period=base.period if period is None else period,
             repeats=base.repeats if repeats is None else repeats,
             floor_round_trips=base.floor_round_trips,
+            loan=loan,
         )
         texts = size or (QUICK_SIZES if quick else DEFAULT_SIZES)
         sizes = [parse_size(text) for value in texts for text in value.split(",")]

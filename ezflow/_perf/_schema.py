@@ -131,8 +131,7 @@ SCHEMA: Final[dict[str, Any]] = {
             "type": "object",
             "required": [
                 "duration", "count", "warmup", "latency_samples", "latency_seconds", "period",
-                "repeats",
-                "floor_round_trips",
+                "repeats", "floor_round_trips", "loan",
             ],
             "additionalProperties": False,
             "properties": {
@@ -141,6 +140,7 @@ SCHEMA: Final[dict[str, Any]] = {
                 "warmup": _NUMBER,
                 "latency_samples": {"type": "integer", "minimum": 1},
                 "latency_seconds": _NUMBER,
+                "loan": {"type": "boolean"},
                 "period": _NUMBER,
                 "repeats": {"type": "integer", "minimum": 1},
                 "floor_round_trips": {"type": "integer", "minimum": 1},

@@ -20,11 +20,13 @@ Where the units run (the *layout*):
 * ``spread``: N+2 processes (``spread`` over ``local`` is refused: one process cannot
   hold units that each have their own process).
 
-Every message is the tuple ``(stamp_ns, seq, source, phase, payload)``: the publish
-time (``time.perf_counter_ns()``, CLOCK_MONOTONIC, shared by the processes of a host),
-a per-source sequence number, the source index, the phase (below) and a random
-``uint8`` array of the cell's size, the same array for every message of a source (never
-modified, so safe to publish again while earlier messages are in flight).
+Every message is a fresh ``uint8`` array of the cell's size, filled by its source the
+way a producer fills a new frame: a 32-byte header (four little-endian int64: the
+publish time ``time.perf_counter_ns()`` — CLOCK_MONOTONIC, shared by the processes of a
+host —, a per-source sequence number, the source index, the phase below) and then the
+source's random payload (never zeros). Where a framework can hand out its own buffer to
+fill (ezflow's ``Publisher.loan`` for shared memory), the source fills that instead of
+a private array (``Plan.loan``; ``--no-loan`` to measure the copying publish).
 
 Each source runs four phases:
 
@@ -79,6 +81,8 @@ WARMUP: Final = 3
 
 #: Largest message size a run accepts: a bound on what each process holds.
 MAX_SIZE: Final = 64 * 1024 * 1024
+#: Smallest message size: every message starts with a 32-byte header.
+MIN_SIZE: Final = 32
 #: Largest N: every unit may be a process, and the machine has few cores.
 MAX_CLIENTS: Final = 64
 #: The latency phase moves at most this many bytes/s in all (50 MB/s: 1 MiB every
@@ -97,7 +101,8 @@ class SpecError(ValueError):
 
 def parse_size(text: str) -> int:
     """Bytes in *text*: ``64``, ``64B``, ``1KiB``, ``1MiB``, ``4K`` (= KiB), ``1KB``
-    (= 1000 B), ... Raises :class:`SpecError` for anything else, zero or above 64 MiB."""
+    (= 1000 B), ... Raises :class:`SpecError` for anything else, below 32 B or above
+    64 MiB."""
     match = _SIZE.match(text)
     unit = match.group(2).upper() if match else ""
     if match is None or unit not in _UNITS:
@@ -105,8 +110,8 @@ def parse_size(text: str) -> int:
             f"size {text!r} is not a byte count; write e.g. 64, 64B, 1KiB, 64KiB or 1MiB"
         )
     size = int(match.group(1)) * _UNITS[unit]
-    if not 0 < size <= MAX_SIZE:
-        raise SpecError(f"size {text!r} must be between 1 B and {format_size(MAX_SIZE)}")
+    if not MIN_SIZE <= size <= MAX_SIZE:
+        raise SpecError(f"size {text!r} must be between {MIN_SIZE} B and {format_size(MAX_SIZE)}")
     return size
 
 
@@ -152,6 +157,7 @@ class Plan:
     period: float = 0.001
     repeats: int = 3
     floor_round_trips: int = 1000
+    loan: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.duration <= 600:
@@ -204,8 +210,10 @@ class Cell:
             raise SpecError(
                 f"unknown transport {self.transport!r}; use one of {', '.join(TRANSPORTS)}"
             )
-        if not 0 < self.size <= MAX_SIZE:
-            raise SpecError(f"size {self.size} must be between 1 B and {format_size(MAX_SIZE)}")
+        if not MIN_SIZE <= self.size <= MAX_SIZE:
+            raise SpecError(
+                f"size {self.size} must be between {MIN_SIZE} B and {format_size(MAX_SIZE)}"
+            )
         if not 1 <= self.clients <= MAX_CLIENTS:
             raise SpecError(f"clients {self.clients} must be between 1 and {MAX_CLIENTS}")
 

@@ -34,8 +34,7 @@ from typing import Any, TypeVar
 
 import ezmsg.core as ez  # type: ignore[import-not-found]
 
-from ezflow._perf._spec import END
-from ezflow._perf._worker import main
+from ezflow._perf._worker import NewFrame, is_end, main, private_frame
 
 T = TypeVar("T")
 
@@ -80,6 +79,10 @@ class EzmsgFramework:
         broadcast: Callable[[Any], Awaitable[None]] = pub.broadcast
         return broadcast
 
+    def frame_function(self, pub: Any, transport: str, size: int, loan: bool) -> NewFrame:
+        # ezmsg has no buffer to lend: broadcast copies the array into its shared memory.
+        return private_frame(size)
+
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         receive = sub.recv_zero_copy
         while True:
@@ -94,7 +97,7 @@ class EzmsgFramework:
             async with receive() as message:
                 await broadcast(message)
                 forwarded += 1
-                if message[3] == END:
+                if is_end(message):
                     return forwarded
 
 
