@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
@@ -44,7 +46,8 @@ def perf_peers(session: nox.Session) -> None:
     dependency of ezflow). Extra arguments go to `ezflow perf run` after the defaults,
     e.g. `nox -s perf_peers -- --repeats 5 -o peers.json`."""
     session.install("-e", ".", "ezmsg==3.9.0")
-    output = "perf-peers.json"
+    Path("perf/results").mkdir(parents=True, exist_ok=True)  # git ignores it
+    output = "perf/results/peers.json"
     if "-o" in session.posargs or "--output" in session.posargs:
         flag = "-o" if "-o" in session.posargs else "--output"
         output = session.posargs[session.posargs.index(flag) + 1]
