@@ -362,8 +362,6 @@ class _OutletShm:
         release = self.ring.release_block
         for block, generation in FREE_ENTRY.iter_unpack(memoryview(body)[FREE_HEADER.size :]):
             release(link, block, generation)
-        if self.closing:
-            self._maybe_close()
 
     def link_lost(self, link: _ShmLink) -> None:
         self.links.discard(link)
