@@ -155,6 +155,7 @@ class SegmentSweeper:
     def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
         self._again = False
+        self._closed = False
 
     @staticmethod
     def sweep_now() -> list[str]:
@@ -162,7 +163,11 @@ class SegmentSweeper:
         return sweep_stale_segments()
 
     def sweep_soon(self) -> None:
-        """Sweep at ``_SWEEP_DELAYS`` from now (restarting the delays if one is pending)."""
+        """Sweep at ``_SWEEP_DELAYS`` from now (restarting the delays if one is pending);
+        after :meth:`aclose`, once at once."""
+        if self._closed:
+            sweep_stale_segments()
+            return
         if self._task is not None and not self._task.done():
             self._again = True
             return
@@ -179,6 +184,7 @@ class SegmentSweeper:
 
     async def aclose(self) -> None:
         """Cancel the pending sweeps and, if one was pending, sweep once more now."""
+        self._closed = True
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
@@ -446,6 +452,7 @@ class _ShmChannelConnection(ChannelConnection):
         self._call = transport.call
         self.reader = RingReader(on_release=self._block_released)
         self._free_scheduled = False
+        self._closed_here = False
 
     def welcomed(self, reply: dict[str, Any]) -> None:
         # Mapping the ring now proves that /dev/shm is shared with the publisher (a
@@ -503,11 +510,17 @@ class _ShmChannelConnection(ChannelConnection):
             )
         transport.writelines(frames)
 
+    def close(self) -> None:
+        self._closed_here = True
+        super().close()
+
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         # Views handed out stay valid (they keep their mappings); only the cache goes.
         self.reader.close()
-        if not self.ended:
+        if not (self.ended or self._closed_here):
+            # The publisher went away without END: it may have crashed and left its
+            # segments behind.
             self._shm.sweeper.sweep_soon()
 
 
