@@ -715,3 +715,26 @@ async def test_closing_right_after_publishing_delivers_everything_over_shm(
         assert done["errors"] == [] and done["received"] == [count]
     finally:
         await child.aclose()
+
+
+async def test_a_loan_waits_while_the_window_is_full(shm_pair: Any) -> None:
+    pub, sub = await shm_pair("/shm/loanwait")
+    pub._outlet.max_in_flight = 2  # a small window, to fill it quickly
+    for _ in range(2):
+        await pub.publish(await pub.loan(100_000))
+    loaning = asyncio.ensure_future(pub.loan(100_000))
+    await asyncio.sleep(0.1)
+    assert not loaning.done()  # nothing taken while publish would have to wait
+    stats = pub.shm_stats
+    assert stats is not None and stats.loans == 2
+    await sub.recv()  # room again
+    frame = await asyncio.wait_for(loaning, 2)
+    assert frame.flags.writeable
+    await pub.publish(frame)  # the window is full again
+    loaning = asyncio.ensure_future(pub.loan(100_000))
+    await asyncio.sleep(0.05)
+    loaning.cancel()  # a cancelled loan takes nothing
+    with pytest.raises(asyncio.CancelledError):
+        await loaning
+    stats = pub.shm_stats
+    assert stats is not None and stats.loans == 3

@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ._codec import Codec, EncodedMessage
 from ._exceptions import ClosedResourceError, MessageTooLargeError
+from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 
 __all__ = ["Link", "Outlet", "PublisherStats"]
 
@@ -42,6 +43,8 @@ class PublisherStats:
     drops: int = 0  #: messages dropped on this side for leaky links that had no room
     wait_seconds: float = 0.0  #: time publish spent waiting for lossless consumers
     waits: int = 0  #: publishes that had to wait
+    #: each wait for lossless consumers (backpressure), ns
+    wait: Histogram = field(default_factory=Histogram)
 
 
 class Link(ABC):
@@ -147,6 +150,7 @@ class Outlet:
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._links_changed: asyncio.Event | None = None
+        self._publish_hooks = PUBLISH_HOOKS
 
     @property
     def links(self) -> tuple[Link, ...]:
@@ -217,8 +221,17 @@ class Outlet:
             await self._wait_for_room()
         self.send_now(message)
 
+    async def wait_for_room(self) -> None:
+        """Return once no lossless channel is full (at once if none is): what
+        :meth:`publish` waits for. Raises :class:`ClosedResourceError` after
+        :meth:`close`; cancellation-safe."""
+        if self._closed:
+            raise ClosedResourceError("publisher is closed")
+        if self._blocked():
+            await self._wait_for_room()
+
     async def _wait_for_room(self) -> None:
-        started = time.perf_counter()
+        started = time.perf_counter_ns()
         self.stats.waits += 1
         loop = asyncio.get_running_loop()
         try:
@@ -230,7 +243,9 @@ class Outlet:
                     waiter = self._waiter = loop.create_future()
                 await waiter
         finally:
-            self.stats.wait_seconds += time.perf_counter() - started
+            waited = time.perf_counter_ns() - started
+            self.stats.wait.record(waited)
+            self.stats.wait_seconds += waited / 1e9
 
     def send_now(self, message: Any) -> None:
         """Send without waiting for room (used after the room check)."""
@@ -276,6 +291,11 @@ class Outlet:
                 drops = link.drops
                 link.park(seq, now, link_message, encoded)
                 stats.drops += link.drops - drops
+        if self._publish_hooks:
+            emit(
+                self._publish_hooks,
+                PublishEvent(self.topic, self.publisher_id, seq, nbytes, len(links), now),
+            )
 
     def close(self) -> None:
         """Close every link (each channel sees a clean end) and refuse further publishes."""

@@ -151,6 +151,10 @@ class Publisher:
         """A writable, uninitialised C-contiguous array of *shape* and *dtype* that lives
         in this publisher's shared memory; fill it in place, then :meth:`publish` it.
 
+        Waits first, as :meth:`publish` would, while a lossless subscriber's window is
+        full, so that a buffer is taken (and filled) only once it can be sent; a
+        cancelled ``loan`` has taken nothing.
+
         Publishing that very array copies nothing for shm subscribers: its block goes
         to them as it is, and they receive read-only views of the same memory (tcp and
         local subscribers get it as any array). After ``publish`` the array is
@@ -170,6 +174,7 @@ class Publisher:
             raise ClosedResourceError("publisher is closed")
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dt = np.dtype(dtype)
+        await self._outlet.wait_for_room()
         shm = self._context._shm
         array = None
         if shm is not None:
