@@ -11,6 +11,12 @@ of its inbox; the channel reports the cumulative count and bytes it has released
 publisher uses those figures to keep at most ``max_in_flight`` messages (and
 ``max_in_flight_bytes`` bytes) unreleased per channel. Leaky subscribers never hold
 anything back: their inbox keeps the newest ``queue`` messages and counts every drop.
+
+Telemetry (docs/telemetry.md): counters and histograms live in :class:`ChannelStats` and
+:class:`SubscriberStats`. Per message, a channel reads the wall clock twice around a
+decode (decode time, and publish -> deliver latency from the publish time the transport
+passes in) or once for the local transport; an inbox reads ``perf_counter_ns`` once per
+message taken (handler time). Hook events are built only while a hook is registered.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._codec import Codec
 from ._exceptions import ClosedResourceError, ProtocolError
+from ._telemetry import DELIVER_HOOKS, DROP_HOOKS, DeliverEvent, DropEvent, Histogram, emit
 
 __all__ = ["Attachment", "Channel", "ChannelStats", "Inbox", "SubscriberStats"]
 
@@ -42,9 +49,17 @@ class ChannelStats:
     bytes: int = 0  #: encoded bytes received (0 for the local transport)
     decoded: int = 0  #: messages decoded (exactly one per received encoded message)
     decode_errors: int = 0  #: messages that could not be decoded (logged, released)
-    decode_seconds: float = 0.0  #: time spent decoding
     deliveries: int = 0  #: message x subscriber hand-overs
     upstream_drops: int = 0  #: messages the publisher dropped for this (leaky) channel
+    #: publish -> deliver time per message, ns (when the transport carries publish time)
+    latency: Histogram = field(default_factory=Histogram)
+    #: decode time per encoded message, ns
+    decode: Histogram = field(default_factory=Histogram)
+
+    @property
+    def decode_seconds(self) -> float:
+        """Time spent decoding, in seconds."""
+        return self.decode.total / 1e9
 
 
 @dataclass(slots=True)
@@ -53,7 +68,12 @@ class SubscriberStats:
 
     received: int = 0  #: messages put into the inbox
     taken: int = 0  #: messages handed to the subscriber
-    dropped: int = 0  #: messages a leaky inbox discarded to keep only the newest
+    #: messages this (leaky) subscriber missed: ``dropped_overflow + dropped_upstream``
+    dropped: int = 0
+    dropped_overflow: int = 0  #: discarded by the inbox to keep only the newest ``queue``
+    dropped_upstream: int = 0  #: dropped by a publisher that had no room for this inbox
+    #: time from a message being taken until the subscriber asks for the next one, ns
+    handler: Histogram = field(default_factory=Histogram)
 
 
 class Attachment:
@@ -75,14 +95,28 @@ class Inbox:
 
     Lossless inboxes are bounded by the publishers' ``max_in_flight`` windows (a channel
     cannot deliver more than that many unreleased messages). Leaky inboxes hold at most
-    ``maxlen`` messages and discard the oldest, counting each drop.
+    ``maxlen`` messages and discard the oldest, counting each drop. *name* (the
+    subscriber id) labels drop events.
     """
 
-    __slots__ = ("_closed", "_items", "_waiter", "leaky", "maxlen", "stats")
+    __slots__ = (
+        "_closed",
+        "_drop_hooks",
+        "_handed_ns",
+        "_items",
+        "_waiter",
+        "leaky",
+        "maxlen",
+        "name",
+        "stats",
+    )
 
-    def __init__(self, *, leaky: bool = False, maxlen: int | None = None) -> None:
+    def __init__(self, *, leaky: bool = False, maxlen: int | None = None, name: str = "") -> None:
         if leaky and (maxlen is None or maxlen < 1):
             raise ValueError("a leaky inbox needs maxlen >= 1")
+        self.name = name
+        self._drop_hooks = DROP_HOOKS
+        self._handed_ns = 0  # perf_counter_ns when the last message was taken, 0: none
         self.leaky = leaky
         self.maxlen = maxlen if leaky else None
         self._items: deque[tuple[Attachment, int, Any]] = deque()
@@ -103,7 +137,20 @@ class Inbox:
         items = self._items
         if self.maxlen is not None and len(items) >= self.maxlen:
             items.popleft()
-            self.stats.dropped += 1
+            stats = self.stats
+            stats.dropped += 1
+            stats.dropped_overflow += 1
+            if self._drop_hooks:
+                emit(
+                    self._drop_hooks,
+                    DropEvent(
+                        attachment.channel.topic,
+                        attachment.channel.publisher_id,
+                        self.name,
+                        "overflow",
+                        1,
+                    ),
+                )
         items.append((attachment, seq, message))
         self.stats.received += 1
         waiter = self._waiter
@@ -115,7 +162,12 @@ class Inbox:
     def get_nowait(self) -> Any:
         """Take the oldest message; ``IndexError`` when empty."""
         attachment, seq, message = self._items.popleft()
-        self.stats.taken += 1
+        stats = self.stats
+        stats.taken += 1
+        now = time.perf_counter_ns()
+        if self._handed_ns:
+            stats.handler.record(now - self._handed_ns)
+        self._handed_ns = now
         if attachment.lossless and attachment.active:
             attachment.channel.release(attachment, seq)
         return message
@@ -126,6 +178,11 @@ class Inbox:
         Raises :class:`ClosedResourceError` once the inbox is closed and empty.
         Cancellation-safe: a cancelled ``get`` takes nothing.
         """
+        if not self._items and self._handed_ns:
+            # The subscriber is done with the previous message: its handler time ends
+            # here, not when the next message arrives.
+            self.stats.handler.record(time.perf_counter_ns() - self._handed_ns)
+            self._handed_ns = 0
         while not self._items:
             if self._closed:
                 raise ClosedResourceError("this subscriber is closed")
@@ -160,10 +217,14 @@ class Channel:
         *,
         on_release: ReleaseCallback | None = None,
         on_mode_change: Callable[[bool], None] | None = None,
+        transport: str = "",
     ) -> None:
         self.publisher_id = publisher_id
         self.topic = topic
         self.codec = codec
+        self.transport = transport  # for telemetry: "local", "shm", "tcp"
+        self._deliver_hooks = DELIVER_HOOKS
+        self._drop_hooks = DROP_HOOKS
         self.stats = ChannelStats()
         self.on_release = on_release
         self.on_mode_change = on_mode_change
@@ -232,11 +293,14 @@ class Channel:
 
     # -- delivery ------------------------------------------------------------------------
 
-    def deliver_body(self, seq: int, body: bytes | memoryview, upstream_drops: int = 0) -> None:
+    def deliver_body(
+        self, seq: int, body: bytes | memoryview, upstream_drops: int = 0, sent_ns: int = 0
+    ) -> None:
         """Decode an encoded message once and deliver it. A body that cannot be decoded
-        is counted, logged and released; it never raises."""
+        is counted, logged and released; it never raises. *sent_ns* is the publish time
+        (``time.time_ns()`` of the publisher, 0 when unknown) for the latency histogram."""
         stats = self.stats
-        started = time.perf_counter()
+        started = time.time_ns()
         try:
             message = self.codec.decode(body)
         except ProtocolError as exc:
@@ -258,24 +322,41 @@ class Channel:
                     exc,
                 )
             return
-        stats.decode_seconds += time.perf_counter() - started
+        now = time.time_ns()
+        stats.decode.record(now - started)
         stats.decoded += 1
-        self.deliver(seq, message, len(body), upstream_drops)
+        self._deliver(seq, message, len(body), upstream_drops, sent_ns, now, now - started)
 
-    def deliver(self, seq: int, message: Any, nbytes: int = 0, upstream_drops: int = 0) -> None:
+    def deliver(
+        self, seq: int, message: Any, nbytes: int = 0, upstream_drops: int = 0, sent_ns: int = 0
+    ) -> None:
         """Hand *message* (already decoded) to every attached inbox.
 
         *upstream_drops* is the publisher's cumulative count of messages it dropped for
         this channel; the increase is added to the drop count of every attached leaky
-        inbox, so subscriber statistics show every message they missed.
+        inbox, so subscriber statistics show every message they missed. *sent_ns* is the
+        publish time (``time.time_ns()`` at the publisher; 0 when unknown).
         """
+        self._deliver(
+            seq, message, nbytes, upstream_drops, sent_ns, time.time_ns() if sent_ns else 0, 0
+        )
+
+    def _deliver(  # noqa: PLR0917 - the hot path: positional arguments are cheapest
+        self,
+        seq: int,
+        message: Any,
+        nbytes: int,
+        upstream_drops: int,
+        sent_ns: int,
+        now_ns: int,
+        decode_ns: int,
+    ) -> None:
         stats = self.stats
         if upstream_drops > stats.upstream_drops:
-            missed = upstream_drops - stats.upstream_drops
+            self._upstream_dropped(upstream_drops - stats.upstream_drops)
             stats.upstream_drops = upstream_drops
-            for attachment in self._attachments:
-                if not attachment.lossless:
-                    attachment.inbox.stats.dropped += missed
+        if sent_ns:
+            stats.latency.record(now_ns - sent_ns)
         stats.messages += 1
         stats.bytes += nbytes
         self._last_seq = seq
@@ -292,6 +373,38 @@ class Channel:
         stats.deliveries += len(self._attachments)
         if not self._lossless:
             self._notify_release()
+        if self._deliver_hooks:
+            emit(
+                self._deliver_hooks,
+                DeliverEvent(
+                    self.topic,
+                    self.publisher_id,
+                    self.transport,
+                    seq,
+                    nbytes,
+                    len(self._attachments),
+                    now_ns - sent_ns if sent_ns else None,
+                    decode_ns,
+                ),
+            )
+
+    def _upstream_dropped(self, missed: int) -> None:
+        for attachment in self._attachments:
+            if not attachment.lossless:
+                inbox_stats = attachment.inbox.stats
+                inbox_stats.dropped += missed
+                inbox_stats.dropped_upstream += missed
+                if self._drop_hooks:
+                    emit(
+                        self._drop_hooks,
+                        DropEvent(
+                            self.topic,
+                            self.publisher_id,
+                            attachment.inbox.name,
+                            "upstream",
+                            missed,
+                        ),
+                    )
 
     def release(self, attachment: Attachment, seq: int) -> None:
         """Called by an inbox when a lossless subscriber takes message *seq*."""

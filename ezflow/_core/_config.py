@@ -7,6 +7,7 @@ that depends on them is created (not at import time), so tests can set them per 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -24,28 +25,39 @@ __all__ = [
     "DEFAULT_SHM_MAX_BYTES",
     "DEFAULT_SHM_SLOT_COUNT",
     "DEFAULT_SHM_SLOT_SIZE",
+    "DEFAULT_TELEMETRY_INTERVAL",
     "ENV_EVENT_LOOP",
     "ENV_GRAPH_ADDRESS",
     "ENV_MAX_MESSAGE_SIZE",
+    "ENV_TELEMETRY_INTERVAL",
     "ENV_TRANSPORT",
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
     "MAX_CHANNELS_PER_PUBLISHER",
+    "MAX_METRICS_CONNECTIONS",
+    "MAX_METRICS_REQUEST_SIZE",
     "MAX_SERVER_CONNECTIONS",
+    "MAX_TELEMETRY_ENTRIES",
+    "MAX_TELEMETRY_REPORT_SIZE",
     "MAX_TOPIC_LENGTH",
+    "METRICS_REQUEST_TIMEOUT",
+    "MIN_TELEMETRY_INTERVAL",
     "REQUEST_TIMEOUT",
     "ROUTE_APPLY_TIMEOUT",
+    "TELEMETRY_MAX_WRITE_BUFFER",
     "TRANSPORTS",
     "Address",
     "ShmOptions",
     "TransportName",
     "check_positive",
+    "check_telemetry_interval",
     "check_transport",
     "format_address",
     "graph_address_from_env",
     "max_message_size_from_env",
     "parse_address",
     "parse_size",
+    "telemetry_interval_from_env",
     "transport_from_env",
 ]
 
@@ -240,3 +252,55 @@ def check_positive(value: int, *, setting: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigurationError(f"{setting}={value!r} must be a positive integer")
     return value
+
+
+# -- telemetry (see docs/telemetry.md) ------------------------------------------------------
+
+ENV_TELEMETRY_INTERVAL: Final = "EZFLOW_TELEMETRY_INTERVAL"
+#: Seconds between two telemetry snapshots of a GraphContext (reported to the graph
+#: server and handed to ``on_snapshot`` hooks); 0 turns the periodic snapshot off.
+DEFAULT_TELEMETRY_INTERVAL: Final = 1.0
+#: Shortest accepted interval; the server ignores reports arriving faster than half of it.
+MIN_TELEMETRY_INTERVAL: Final = 0.05
+#: Channels plus publishers in one report; the rest are counted as ``truncated``.
+MAX_TELEMETRY_ENTRIES: Final = 512
+#: Largest encoded report a client sends and the server accepts (bytes).
+MAX_TELEMETRY_REPORT_SIZE: Final = 1024 * 1024
+#: A report is skipped (not queued) while the connection to the server has this many
+#: bytes waiting to be written: telemetry never piles up behind a slow server.
+TELEMETRY_MAX_WRITE_BUFFER: Final = 256 * 1024
+#: Prometheus endpoint of the graph server: connections served at once ...
+MAX_METRICS_CONNECTIONS: Final = 16
+#: ... bytes of request line and headers accepted ...
+MAX_METRICS_REQUEST_SIZE: Final = 8 * 1024
+#: ... and seconds a client has to send its request.
+METRICS_REQUEST_TIMEOUT: Final = 5.0
+
+
+def telemetry_interval_from_env() -> float:
+    """``EZFLOW_TELEMETRY_INTERVAL`` in seconds (0 turns snapshots off), else the default."""
+    text = os.environ.get(ENV_TELEMETRY_INTERVAL, "").strip()
+    if not text:
+        return DEFAULT_TELEMETRY_INTERVAL
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"{ENV_TELEMETRY_INTERVAL}={text!r} is not a number of seconds"
+        ) from None
+    return check_telemetry_interval(value, setting=ENV_TELEMETRY_INTERVAL)
+
+
+def check_telemetry_interval(value: float, *, setting: str = "telemetry_interval") -> float:
+    """0 (off) or a number of seconds >= ``MIN_TELEMETRY_INTERVAL``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or (value != 0 and not MIN_TELEMETRY_INTERVAL <= value <= 3600)
+    ):
+        raise ConfigurationError(
+            f"{setting}={value!r} must be 0 (off) or between {MIN_TELEMETRY_INTERVAL} and "
+            "3600 seconds"
+        )
+    return float(value)
