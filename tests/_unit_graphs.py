@@ -44,6 +44,24 @@ class Marked(ezflow.Unit):
         self.mark("shutdown")
 
 
+class FrameSource(ezflow.Unit):
+    """Publishes 640x480 RGB frames filled with their index, from loaned shared memory."""
+
+    OUTPUT = ezflow.OutputStream(
+        object, shm=ezflow.ShmOptions(slot_count=4, slot_size=64 * 1024, max_bytes=64 << 20)
+    )
+
+    @ezflow.publisher(OUTPUT)
+    async def frames(self) -> AsyncIterator[tuple[Any, Any]]:
+        index = 0
+        while True:
+            frame = await self.loan(self.OUTPUT, (480, 640, 3))
+            frame[...] = index % 256
+            yield self.OUTPUT, frame
+            index += 1
+            await asyncio.sleep(0.002)
+
+
 class Ticker(Marked):
     """Publishes 0, 1, 2, ... every 5 ms, forever."""
 

@@ -14,12 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from _children import shm_location
 from _unit_graphs import (
     Checker,
     Counter,
     CountSettings,
     DiesInInitialize,
+    FrameSource,
     Gain,
     GainSettings,
     Relay,
@@ -35,6 +38,27 @@ HAVE_DEV_SHM = Path("/dev/shm").is_dir()
 
 
 # -- in the test process (both event loops), children spawned by the runner ------------
+
+
+@pytest.mark.skipif(not HAVE_DEV_SHM, reason="needs /dev/shm")
+async def test_a_unit_publishes_loaned_frames_without_a_copy(server: ezflow.GraphServer) -> None:
+    source = FrameSource()
+    runner = ezflow.GraphRunner(
+        SOURCE=source, process_components=[source], graph_address=server.address
+    )
+    async with runner:
+        frames = await runner.context.subscriber("SOURCE/OUTPUT", transport="shm")
+        first = await asyncio.wait_for(frames.recv(), 10)
+        for _ in range(5):
+            frame = await asyncio.wait_for(frames.recv(), 10)
+            assert frame.shape == (480, 640, 3) and not frame.flags.writeable
+            assert np.all(frame == (int(first[0, 0, 0]) + 1) % 256)
+            first = frame
+        # the very bytes the unit filled, in an out-of-line block of its ring
+        where = shm_location(frame)
+        pid = runner.processes["SOURCE"]
+        assert where is not None and where[0].startswith(f"/dev/shm/ezflow-{pid}-")
+        assert where[0].endswith("-block")
 
 
 async def test_10000_messages_in_order_across_two_processes(server: ezflow.GraphServer) -> None:

@@ -8,6 +8,9 @@ import typing
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
+import numpy as np
+from numpy.typing import DTypeLike
+
 from .._core._exceptions import ClosedResourceError
 from ._decorators import FunctionRole, role_of
 from ._errors import GraphDefinitionError
@@ -233,6 +236,27 @@ class Unit(Component):
                 )
             raise ValueError(f"{self._label()}: {stream!r} is not an output stream of this unit")
         await outlet.publish(message)
+
+    async def loan(
+        self,
+        stream: BoundStream[OutputStream] | OutputStream,
+        shape: int | tuple[int, ...],
+        dtype: DTypeLike = np.uint8,
+    ) -> np.ndarray[Any, Any]:
+        """A writable array in the shared memory of one of this unit's outputs (see
+        :meth:`ezflow.Publisher.loan`): fill it, then yield or :meth:`publish` it on
+        that stream, and shm subscribers get it without any copy. Raises like
+        :meth:`publish` when the graph is not running or *stream* is not an output of
+        this unit."""
+        outlet = self._ezflow_outlets.get(stream)
+        if outlet is None:
+            if not self._ezflow_outlets:
+                raise ClosedResourceError(
+                    f"{self._label()}: loan() works only while the graph runs"
+                )
+            raise ValueError(f"{self._label()}: {stream!r} is not an output stream of this unit")
+        array: np.ndarray[Any, Any] = await outlet.loan(shape, dtype)
+        return array
 
 
 def _check_role(cls: type[Unit], name: str, fn: Any, role: FunctionRole) -> None:

@@ -130,6 +130,7 @@ class UnitHost:
                     max_in_flight=stream.max_in_flight,
                     max_in_flight_bytes=stream.max_in_flight_bytes,
                     transport=stream.transport,
+                    shm=stream.shm,
                 )
         by_key: dict[object, Publisher] = {}
         for name, publisher in outlets.items():

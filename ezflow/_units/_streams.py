@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 from .._core._config import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
+    ShmOptions,
     check_positive,
     check_transport,
 )
@@ -97,7 +98,8 @@ class OutputStream(Stream):
 
     *max_in_flight* / *max_in_flight_bytes* bound what each lossless subscribing
     process may hold unreleased before publishing waits; *transport* forces a
-    transport for this output's edges (an input's own choice wins).
+    transport for this output's edges (an input's own choice wins); *shm* sizes its
+    shared-memory ring (:class:`~ezflow.ShmOptions`).
     """
 
     direction = "output"
@@ -109,12 +111,16 @@ class OutputStream(Stream):
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
         transport: str | None = None,
+        shm: ShmOptions | None = None,
     ) -> None:
         super().__init__(message_type, transport=transport)
         self.max_in_flight = check_positive(max_in_flight, setting="max_in_flight")
         self.max_in_flight_bytes = check_positive(
             max_in_flight_bytes, setting="max_in_flight_bytes"
         )
+        if shm is not None and not isinstance(shm, ShmOptions):
+            raise ConfigurationError(f"shm={shm!r} must be an ezflow.ShmOptions")
+        self.shm = shm
 
 
 class BoundStream(Generic[_S]):
