@@ -51,6 +51,7 @@ class ChannelStats:
     decode_errors: int = 0  #: messages that could not be decoded (logged, released)
     deliveries: int = 0  #: message x subscriber hand-overs
     upstream_drops: int = 0  #: messages the publisher dropped for this (leaky) channel
+    overflow_drops: int = 0  #: its messages that leaky inboxes discarded (message x inbox)
     #: publish -> deliver time per message, ns (when the transport carries publish time)
     latency: Histogram = field(default_factory=Histogram)
     #: decode time per encoded message, ns
@@ -136,7 +137,9 @@ class Inbox:
             return
         items = self._items
         if self.maxlen is not None and len(items) >= self.maxlen:
-            items.popleft()
+            # The oldest message goes; it is counted against the channel it came from.
+            dropped_from = items.popleft()[0].channel
+            dropped_from.stats.overflow_drops += 1
             stats = self.stats
             stats.dropped += 1
             stats.dropped_overflow += 1
@@ -144,11 +147,7 @@ class Inbox:
                 emit(
                     self._drop_hooks,
                     DropEvent(
-                        attachment.channel.topic,
-                        attachment.channel.publisher_id,
-                        self.name,
-                        "overflow",
-                        1,
+                        dropped_from.topic, dropped_from.publisher_id, self.name, "overflow", 1
                     ),
                 )
         items.append((attachment, seq, message))

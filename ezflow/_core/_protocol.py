@@ -9,6 +9,11 @@ feed one of the client's subscribers changes; the client answers ``routes_applie
 its channels match, which is what lets a request such as ``connect`` return only when
 data already flows along the new edge.
 
+Telemetry: a client sends ``{"op": "report", "snapshot": {...}}`` (one-way, no reply)
+about once a second; the server keeps the latest per client and answers the
+``telemetry`` request with ``{"processes": {client_id: snapshot}}`` (see
+:mod:`ezflow._core._telemetry`).
+
 The data plane (publisher <-> channel) uses the same framing with a kind byte in front
 of each body; see :mod:`ezflow._core._framing`.
 """
@@ -24,6 +29,7 @@ from ._config import MAX_TOPIC_LENGTH
 from ._exceptions import ProtocolError
 
 __all__ = [
+    "NOTICE_OPS",
     "PROTOCOL",
     "REQUEST_OPS",
     "PublisherInfo",
@@ -50,8 +56,12 @@ REQUEST_OPS: Final = frozenset(
         "graph",
         "ping",
         "shutdown",
+        "telemetry",
     }
 )
+
+#: One-way messages a client may send after the handshake (no reply).
+NOTICE_OPS: Final = frozenset({"routes_applied", "report"})
 
 
 def pack_message(message: dict[str, Any]) -> bytes:

@@ -13,7 +13,9 @@ from .._core._config import (
     CONNECT_TIMEOUT,
     CONTROL_MAX_FRAME_SIZE,
     HANDSHAKE_TIMEOUT,
+    MAX_TELEMETRY_REPORT_SIZE,
     REQUEST_TIMEOUT,
+    TELEMETRY_MAX_WRITE_BUFFER,
     Address,
     format_address,
 )
@@ -118,6 +120,27 @@ class GraphClient:
 
     def routes_applied(self, version: int) -> None:
         self._protocol.send_message({"op": "routes_applied", "version": version})
+
+    def send_report(self, snapshot: dict[str, Any]) -> bool:
+        """Send a telemetry snapshot (one-way ``report`` message) unless that would
+        queue data: returns False, sending nothing, when the connection is gone, still
+        has ``TELEMETRY_MAX_WRITE_BUFFER`` bytes unsent, or the report exceeds
+        ``MAX_TELEMETRY_REPORT_SIZE``. Never blocks."""
+        protocol = self._protocol
+        transport = protocol.transport
+        if protocol.lost or transport is None or transport.is_closing():
+            return False
+        if transport.get_write_buffer_size() > TELEMETRY_MAX_WRITE_BUFFER:
+            return False
+        body = pack_message({"op": "report", "snapshot": snapshot})
+        if len(body) > MAX_TELEMETRY_REPORT_SIZE:
+            log.warning(
+                "telemetry report of %d bytes exceeds MAX_TELEMETRY_REPORT_SIZE; not sent",
+                len(body),
+            )
+            return False
+        protocol.send_frame(body)
+        return True
 
     @property
     def connected(self) -> bool:

@@ -34,11 +34,13 @@ from .._core._config import (
     Address,
     ShmOptions,
     check_positive,
+    check_telemetry_interval,
     check_transport,
     format_address,
     graph_address_from_env,
     max_message_size_from_env,
     parse_address,
+    telemetry_interval_from_env,
     transport_from_env,
 )
 from .._core._exceptions import (
@@ -49,11 +51,13 @@ from .._core._exceptions import (
 )
 from .._core._outlet import Outlet, PublisherStats
 from .._core._protocol import PublisherInfo, check_topic
+from .._core._telemetry import ProcessSnapshot
 from .._transports._base import Inbound, Transport
 from .._transports._local import LocalTransport
 from .._transports._shm import ShmStats, ShmTransport
 from .._transports._tcp import TcpTransport
 from ._client import GraphClient, host_id
+from ._reporter import TelemetryReporter
 from ._server import GraphServer
 
 __all__ = ["ChannelInfo", "GraphContext", "Publisher", "Subscriber"]
@@ -298,7 +302,9 @@ class GraphContext:
     context starts an embedded graph server at that address (port 0: any free port),
     which lives as long as this context. *max_message_size* (default
     ``EZFLOW_MAX_MESSAGE_SIZE``, else 128 MiB) bounds what this process sends and
-    accepts.
+    accepts. Every *telemetry_interval* seconds (default ``EZFLOW_TELEMETRY_INTERVAL``,
+    else 1; 0: never) the context snapshots its telemetry, hands it to the
+    ``on_snapshot`` hooks and reports it to the graph server (docs/telemetry.md).
     """
 
     def __init__(
@@ -308,6 +314,7 @@ class GraphContext:
         auto_start: bool = True,
         name: str | None = None,
         max_message_size: int | None = None,
+        telemetry_interval: float | None = None,
     ) -> None:
         if address is None:
             address = graph_address_from_env()
@@ -337,6 +344,13 @@ class GraphContext:
         self._routes: tuple[int, dict[str, Any]] | None = None
         self._routes_ready = asyncio.Event()
         self._route_worker: asyncio.Task[None] | None = None
+        self._reporter = TelemetryReporter(
+            self,
+            telemetry_interval_from_env()
+            if telemetry_interval is None
+            else check_telemetry_interval(telemetry_interval),
+        )
+        self._report_task: asyncio.Task[None] | None = None
         self._warned: set[tuple[str, str]] = set()
         self._state = "new"
 
@@ -375,6 +389,8 @@ class GraphContext:
             if ShmTransport.available():
                 self._shm = ShmTransport(max_message_size=self._max_message_size, codec=self._codec)
             self._route_worker = asyncio.ensure_future(self._apply_routes_forever())
+            if self._reporter.interval > 0:
+                self._report_task = asyncio.ensure_future(self._reporter.run())
         except BaseException:
             await self.aclose()
             raise
@@ -426,6 +442,8 @@ class GraphContext:
         self._state = "closed"
         if self._route_worker is not None:
             self._route_worker.cancel()
+        if self._report_task is not None:
+            self._report_task.cancel()
         for subscriber in list(self._subscribers.values()):
             subscriber._closed = True
             subscriber._inbox.close()
@@ -540,7 +558,9 @@ class GraphContext:
             queue = check_positive(1 if queue is None else queue, setting="queue")
         transport = check_transport(transport, setting="transport")
         sub_id = f"s-{uuid.uuid4().hex[:16]}"
-        subscriber = Subscriber(self, sub_id, topic, Inbox(leaky=leaky, maxlen=queue), transport)
+        subscriber = Subscriber(
+            self, sub_id, topic, Inbox(leaky=leaky, maxlen=queue, name=sub_id), transport
+        )
         self._subscribers[sub_id] = subscriber
         try:
             await client.request(
@@ -580,6 +600,31 @@ class GraphContext:
         reply.pop("id", None)
         reply.pop("ok", None)
         return reply
+
+    def telemetry(self) -> ProcessSnapshot:
+        """A telemetry snapshot of this context now: every channel (counters, latency,
+        decode and handler histograms, drops by reason, queue depth, buffers in use) and
+        every publisher (counters, backpressure wait). Rates cover the time since the
+        last periodic snapshot."""
+        return self._reporter.snapshot()
+
+    async def graph_telemetry(self) -> dict[str, ProcessSnapshot]:
+        """The latest snapshot every client of the graph server reported, by client id
+        (what ``ezflow top`` shows). Raises :class:`~ezflow.GraphError` when the server
+        refuses, :class:`~ezflow.BrokenResourceError` when it is gone."""
+        client = self._check_open()
+        reply = await client.request("telemetry")
+        processes = reply.get("processes")
+        if not isinstance(processes, dict):
+            raise BrokenResourceError("the graph server sent a malformed telemetry reply")
+        return {
+            str(client_id): ProcessSnapshot.from_wire(data) for client_id, data in processes.items()
+        }
+
+    def _shm_in_use(self, outlet: Outlet) -> int:
+        """Shared-memory blocks of *outlet* leased or being written (0 without shm)."""
+        stats = None if self._shm is None else self._shm.stats(outlet)
+        return 0 if stats is None else stats.in_use
 
     @property
     def channels(self) -> list[ChannelInfo]:
@@ -744,7 +789,7 @@ class GraphContext:
     async def _open_record(
         self, key: tuple[str, str], info: PublisherInfo, subscribers: list[Subscriber]
     ) -> None:
-        channel = Channel(info.publisher_id, info.topic, self._codec)
+        channel = Channel(info.publisher_id, info.topic, self._codec, transport=key[1])
         record = _ChannelRecord(key, channel)
         self._channels[key] = record
         for subscriber in subscribers:
@@ -779,6 +824,7 @@ class GraphContext:
             )
         del self._channels[record.key]
         record.key = (info.publisher_id, "tcp")
+        record.channel.transport = "tcp"
         existing = self._channels.get(record.key)
         if existing is not None:
             # Another channel to it over tcp exists already: join it.

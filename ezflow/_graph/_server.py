@@ -36,6 +36,9 @@ from .._core._config import (
     HANDSHAKE_MAX_FRAME_SIZE,
     HANDSHAKE_TIMEOUT,
     MAX_SERVER_CONNECTIONS,
+    MAX_TELEMETRY_ENTRIES,
+    MAX_TELEMETRY_REPORT_SIZE,
+    MIN_TELEMETRY_INTERVAL,
     ROUTE_APPLY_TIMEOUT,
     Address,
     format_address,
@@ -45,6 +48,7 @@ from .._core._config import (
 from .._core._exceptions import ProtocolError
 from .._core._framing import FramedProtocol
 from .._core._protocol import (
+    NOTICE_OPS,
     PROTOCOL,
     REQUEST_OPS,
     PublisherInfo,
@@ -57,8 +61,10 @@ from .._core._protocol import (
 from .._core._protocol import (
     field as message_field,
 )
+from .._core._telemetry import ProcessSnapshot
 from .._transports._shm import SegmentSweeper
 from ._client import host_id
+from ._metrics import MetricsServer
 
 __all__ = ["GraphServer"]
 
@@ -85,6 +91,8 @@ class _Client:
     pushed_version: int = 0
     applied_version: int = 0
     applied: asyncio.Event = field(default_factory=asyncio.Event)
+    telemetry: ProcessSnapshot | None = None  # latest report
+    reported_at: float = float("-inf")  # loop time of the latest report
 
 
 @dataclass(eq=False)
@@ -113,9 +121,16 @@ class GraphServer:
     *address* is ``(host, port)`` or ``"host:port"``; ``None`` reads
     ``EZFLOW_GRAPH_ADDRESS`` (default ``127.0.0.1:25990``). Port 0 picks a free port;
     :attr:`address` tells which.
+
+    Telemetry: the server keeps the latest snapshot each client reports (dropped with
+    the client) and serves them to ``telemetry`` requests (``ezflow top``). With
+    *metrics_port* (0: any free port) it also serves them in the Prometheus text format
+    at ``http://HOST:PORT/metrics``, on the host of *address*; see :attr:`metrics_address`.
     """
 
-    def __init__(self, address: Address | str | None = None) -> None:
+    def __init__(
+        self, address: Address | str | None = None, *, metrics_port: int | None = None
+    ) -> None:
         if address is None:
             address = graph_address_from_env()
         elif isinstance(address, str):
@@ -140,6 +155,14 @@ class GraphServer:
         self.rejected_connections = 0
         self._shutdown: asyncio.Handle | None = None
         self._shutdown_task: asyncio.Task[None] | None = None
+        self._metrics: MetricsServer | None = None
+        if metrics_port is not None:
+            if isinstance(metrics_port, bool) or not 0 <= metrics_port <= 65535:
+                raise ValueError(f"metrics_port={metrics_port!r} is outside 0..65535")
+            self._metrics = MetricsServer(
+                (address[0], metrics_port), lambda: self.telemetry().items()
+            )
+        self.ignored_reports = 0
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -161,7 +184,19 @@ class GraphServer:
         sockname = self._server.sockets[0].getsockname()
         self._address = (sockname[0], sockname[1])
         self._sweeper.sweep_now()
+        if self._metrics is not None:
+            try:
+                await self._metrics.start()
+            except OSError:
+                self._server.close()
+                self._server = None
+                raise
         log.info("graph server %s listening on %s", self.server_id, format_address(self._address))
+
+    @property
+    def metrics_address(self) -> Address | None:
+        """Where the Prometheus endpoint listens (``None`` without *metrics_port*)."""
+        return None if self._metrics is None else self._metrics.address
 
     async def __aenter__(self) -> GraphServer:
         await self.start()
@@ -183,6 +218,8 @@ class GraphServer:
             connection.abort()
         self._closed.set()
         try:
+            if self._metrics is not None:
+                await self._metrics.aclose()
             if self._server is not None:
                 server, self._server = self._server, None
                 try:
@@ -275,6 +312,13 @@ class GraphServer:
             return {}
         if op == "graph":
             return self.snapshot()
+        if op == "telemetry":
+            return {
+                "processes": {
+                    client_id: snapshot.to_wire()
+                    for client_id, snapshot in self.telemetry().items()
+                }
+            }
         if op == "shutdown":
             log.info("graph server: shutdown requested by client %s (%s)", client.id, client.name)
             # After this reply is written; keep a reference, the loop only holds tasks weakly.
@@ -496,6 +540,46 @@ class GraphServer:
     def clients(self) -> Iterable[str]:
         return tuple(self._clients)
 
+    # -- telemetry -------------------------------------------------------------------------
+
+    def telemetry(self) -> dict[str, ProcessSnapshot]:
+        """The latest telemetry snapshot of every connected client that reported, by
+        client id."""
+        return {
+            client.id: client.telemetry
+            for client in self._clients.values()
+            if client.telemetry is not None
+        }
+
+    def _report(self, client: _Client, message: dict[str, Any], size: int) -> None:
+        """Keep *client*'s latest snapshot. A report that is too large, too early
+        (faster than half of ``MIN_TELEMETRY_INTERVAL``) or malformed is ignored and
+        logged (rate-limited): telemetry never costs a client its connection."""
+        now = asyncio.get_running_loop().time()
+        reason = None
+        if size > MAX_TELEMETRY_REPORT_SIZE:
+            reason = f"{size} bytes exceeds MAX_TELEMETRY_REPORT_SIZE"
+        elif now - client.reported_at < MIN_TELEMETRY_INTERVAL / 2:
+            reason = "reports arrive faster than MIN_TELEMETRY_INTERVAL"
+        else:
+            try:
+                client.telemetry = ProcessSnapshot.from_wire(
+                    message.get("snapshot"), limit=MAX_TELEMETRY_ENTRIES
+                )
+                client.reported_at = now
+                return
+            except ProtocolError as exc:
+                reason = str(exc)
+        self.ignored_reports += 1
+        if self.ignored_reports <= 5 or self.ignored_reports % 1000 == 0:
+            log.warning(
+                "graph server: ignoring a telemetry report of client %s (%s, pid %d): %s",
+                client.id,
+                client.name,
+                client.pid,
+                reason,
+            )
+
 
 class _ServerConnection(FramedProtocol):
     """One client's control connection, as seen by the server."""
@@ -571,8 +655,11 @@ class _ServerConnection(FramedProtocol):
             )
             self._worker = asyncio.ensure_future(self._serve_requests(client))
             return
-        if op == "routes_applied":
-            self.server._routes_applied(client, message_field(message, "version", int))
+        if op in NOTICE_OPS:
+            if op == "routes_applied":
+                self.server._routes_applied(client, message_field(message, "version", int))
+            else:
+                self.server._report(client, message, len(body))
             return
         if op not in REQUEST_OPS:
             raise ProtocolError(f"unknown command {op!r}")
