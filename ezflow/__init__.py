@@ -6,7 +6,7 @@ private and may change without notice.
 
 from __future__ import annotations
 
-from . import units  # the stock units, always available as ezflow.units
+from . import telemetry, units  # always available as ezflow.telemetry, ezflow.units
 from ._core._channel import ChannelStats, SubscriberStats
 from ._core._codec import Codec, message, register_message
 from ._core._config import DEFAULT_GRAPH_ADDRESS, DEFAULT_MAX_MESSAGE_SIZE, ShmOptions
@@ -80,6 +80,7 @@ __all__ = [
     "run_coroutine",
     "subscriber",
     "task",
+    "telemetry",
     "thread",
     "units",
 ]
