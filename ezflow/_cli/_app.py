@@ -10,7 +10,7 @@ from __future__ import annotations
 import typer
 
 from .._core._exceptions import EzflowError
-from . import _perf
+from . import _echo, _inspect, _perf, _run, _serve, _top
 
 __all__ = ["app", "main"]
 
@@ -29,6 +29,14 @@ def _root() -> None:
 
 
 app.add_typer(_perf.app, name="perf")
+app.command()(_serve.serve)
+app.command()(_serve.shutdown)
+app.command()(_run.run)
+app.command()(_inspect.graph)
+app.command()(_inspect.topics)
+app.command()(_echo.echo)
+app.command()(_echo.hz)
+app.command()(_top.top)
 
 
 def main() -> None:

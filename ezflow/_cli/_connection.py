@@ -1,0 +1,140 @@
+"""What every graph command shares: the ``--address`` option, one-line errors, and
+connecting to the graph server (never starting one).
+
+Errors are one line on stderr and a non-zero exit, never a traceback: exit 1 when the
+server is unreachable, a topic does not exist or the graph fails; exit 2 for a bad
+option value (typer's own usage errors use 2 as well).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .._core._config import (
+    ENV_GRAPH_ADDRESS,
+    Address,
+    format_address,
+    graph_address_from_env,
+    parse_address,
+)
+from .._core._exceptions import (
+    BrokenResourceError,
+    ClosedResourceError,
+    ConfigurationError,
+    EzflowError,
+)
+from .._core._loop import run_coroutine
+from .._graph._client import GraphClient
+from .._graph._context import GraphContext
+
+__all__ = [
+    "AddressOption",
+    "console",
+    "errors",
+    "fail",
+    "graph_client",
+    "graph_context",
+    "resolve_address",
+    "run_async",
+    "unreachable",
+]
+
+T = TypeVar("T")
+
+#: stdout; wide when captured so that tables stay readable in files and tests.
+console = Console() if sys.stdout.isatty() else Console(width=160)
+#: stderr: one error, one line.
+errors = Console(stderr=True, soft_wrap=True)
+
+AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        "-a",
+        envvar=ENV_GRAPH_ADDRESS,
+        show_envvar=True,
+        help="Graph server HOST:PORT (default 127.0.0.1:25990).",
+        show_default=False,
+    ),
+]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with *code* (no traceback)."""
+    errors.print(f"[red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def resolve_address(text: str | None) -> Address:
+    """``--address`` (or ``EZFLOW_GRAPH_ADDRESS``, which typer already applied), else
+    the default; a malformed value exits with status 2."""
+    try:
+        return graph_address_from_env() if text is None else parse_address(text)
+    except ConfigurationError as exc:
+        fail(str(exc), 2)
+
+
+def unreachable(address: Address, exc: BaseException) -> NoReturn:
+    """Exit 1 saying that no graph server answers at *address*."""
+    detail = "" if isinstance(exc, ConnectionRefusedError) else f" ({exc})"
+    fail(
+        f"no graph server answers at {format_address(address)}{detail}; start one with "
+        f"`ezflow serve`, or point --address / {ENV_GRAPH_ADDRESS} at a running one"
+    )
+
+
+@contextlib.asynccontextmanager
+async def graph_client(
+    address: Address, name: str, on_lost: Callable[[BaseException | None], None] | None = None
+) -> AsyncIterator[GraphClient]:
+    """A bare graph-protocol client (no transports): for commands that only inspect.
+    *on_lost* is called if the server closes the connection."""
+    try:
+        client = await GraphClient.connect(
+            address,
+            name=name,
+            on_routes=lambda version, routes: None,
+            on_lost=on_lost or (lambda exc: None),
+        )
+    except (OSError, EzflowError) as exc:
+        unreachable(address, exc)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextlib.asynccontextmanager
+async def graph_context(address: Address, name: str) -> AsyncIterator[GraphContext]:
+    """A GraphContext on a running server (never an embedded one), reporting no
+    telemetry of its own."""
+    context = GraphContext(address, auto_start=False, name=name, telemetry_interval=0)
+    try:
+        await context.start()
+    except (OSError, BrokenResourceError, ClosedResourceError) as exc:
+        unreachable(address, exc.__cause__ or exc)
+    try:
+        yield context
+    finally:
+        await context.aclose()
+
+
+def run_async(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a command's coroutine: Ctrl-C ends it quietly (exit 0), an ezflow error is
+    one line and exit 1."""
+    try:
+        return run_coroutine(main())
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+    except (EzflowError, OSError) as exc:
+        fail(str(exc))
+    except asyncio.CancelledError:
+        raise typer.Exit(0) from None

@@ -1,0 +1,151 @@
+"""``ezflow run MODULE_OR_FILE:OBJECT``: run a graph of units with :func:`ezflow.run`.
+
+*OBJECT* may be
+
+* a :class:`~ezflow.Collection` or :class:`~ezflow.Unit` instance, or a class of one
+  (created with no arguments) — run as the one component named *OBJECT*;
+* a mapping of names to components;
+* a function called with no arguments that returns one of the above, a
+  ``(components, connections)`` or ``(components, connections, process_components)``
+  tuple, or a dict with the keys ``components``, ``connections``, ``process_components``
+  (the keyword arguments of :func:`ezflow.run`).
+
+A ``path/to/file.py`` is imported as the module named after the file (its directory
+first on ``sys.path``), so unit processes can import the classes it defines.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .._core._exceptions import EzflowError
+from .._units._component import Component
+from .._units._errors import GraphDefinitionError, ProcessDiedError, UnitError
+from .._units._runner import run as run_graph
+from ._connection import AddressOption, fail, resolve_address
+
+__all__ = ["load_graph", "load_object", "run"]
+
+_KEYS = ("components", "connections", "process_components")
+
+
+def load_object(target: str) -> tuple[str, Any]:
+    """Import ``MODULE_OR_FILE:OBJECT`` and return ``(OBJECT, the object)``; exits with
+    status 2 and one line when it cannot."""
+    where, sep, name = target.rpartition(":")
+    if not sep or not where or not name:
+        fail(f"{target!r} is not MODULE_OR_FILE:OBJECT (e.g. mypkg.graphs:SYSTEM)", 2)
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where).resolve()
+        if not path.is_file():
+            fail(f"no such file: {where}", 2)
+        module_name = path.stem
+        if not module_name.isidentifier():
+            fail(f"{path.name}: the file name must be a valid module name", 2)
+        sys.path.insert(0, str(path.parent))
+    else:
+        module_name = where
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # as `python -m` does
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        fail(f"cannot import {where}: {type(exc).__name__}: {exc}", 2)
+    if where.endswith(".py") and Path(getattr(module, "__file__", "") or "").resolve() != path:
+        fail(
+            f"{where} is shadowed by another module named {module_name!r} "
+            f"({getattr(module, '__file__', '?')}); rename the file",
+            2,
+        )
+    try:
+        return name, getattr(module, name)
+    except AttributeError:
+        fail(f"{where} has no attribute {name!r}", 2)
+
+
+def _component(obj: Any) -> Component | None:
+    if isinstance(obj, type) and issubclass(obj, Component):
+        return obj()
+    return obj if isinstance(obj, Component) else None
+
+
+def load_graph(name: str, obj: Any) -> dict[str, Any]:
+    """The keyword arguments of :func:`ezflow.run` for *obj* (see the module doc);
+    ``GraphDefinitionError`` for anything else."""
+    component = _component(obj)
+    if component is not None:
+        return {"components": {name: component}}
+    if callable(obj) and not isinstance(obj, type):
+        obj = obj()
+        component = _component(obj)
+        if component is not None:
+            return {"components": {name: component}}
+    if isinstance(obj, Mapping):
+        if set(obj) and set(obj) <= set(_KEYS) and "components" in obj:
+            return dict(obj)
+        return {"components": dict(obj)}
+    if isinstance(obj, tuple) and 2 <= len(obj) <= 3:
+        return dict(zip(_KEYS, obj, strict=False))
+    raise GraphDefinitionError(
+        f"{name} is a {type(obj).__name__}; ezflow run needs a Collection or Unit (or its "
+        "class), a mapping of names to components, or a function returning one of those, "
+        "(components, connections[, process_components]) or a dict of ezflow.run arguments"
+    )
+
+
+def run(
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODULE_OR_FILE:OBJECT",
+            help="What to run, e.g. mypkg.graphs:SYSTEM or graphs/demo.py:make_graph.",
+        ),
+    ],
+    address: AddressOption = None,
+    single_process: Annotated[
+        bool,
+        typer.Option("--single-process", help="Run every unit in this process (ignore placement)."),
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
+) -> None:
+    """Run a graph of units (a Collection, or a function returning components).
+
+    It runs until a unit raises Complete, a @main returns, or Ctrl-C / SIGTERM (exit 0).
+    A unit that fails or a unit process that dies stops the graph and exits 1; an
+    invalid graph exits 2.
+
+    Uses the graph server at --address / EZFLOW_GRAPH_ADDRESS, starting one in this
+    process when none answers there.
+
+    Examples:
+
+        ezflow run mypkg.pipelines:SYSTEM
+
+        ezflow run examples/sine.py:build --single-process
+
+        EZFLOW_GRAPH_ADDRESS=10.0.0.5:25990 ezflow run mypkg.pipelines:ACQUISITION
+    """
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    where = resolve_address(address) if address is not None else None
+    name, obj = load_object(target)
+    try:
+        arguments = load_graph(name, obj)
+        run_graph(**arguments, graph_address=where, force_single_process=single_process)
+    except GraphDefinitionError as exc:
+        fail(str(exc), 2)
+    except (UnitError, ProcessDiedError) as exc:
+        fail(str(exc), 1)
+    except EzflowError as exc:
+        fail(str(exc), 1)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None

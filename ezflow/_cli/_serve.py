@@ -1,0 +1,112 @@
+"""``ezflow serve`` (a standalone graph server in the foreground) and ``ezflow shutdown``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import signal
+from typing import Annotated
+
+import typer
+
+from .._core._config import format_address
+from .._core._exceptions import BrokenResourceError, ClosedResourceError, EzflowTimeoutError
+from .._graph._server import GraphServer
+from ._connection import AddressOption, console, fail, graph_client, resolve_address, run_async
+
+__all__ = ["serve", "shutdown"]
+
+#: Seconds ``ezflow shutdown`` waits for the server to close the connection.
+SHUTDOWN_WAIT = 5.0
+
+
+def serve(
+    address: AddressOption = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Also serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
+            min=0,
+            max=65535,
+        ),
+    ] = None,
+) -> None:
+    """Run a standalone graph server in the foreground.
+
+    It runs until Ctrl-C, SIGTERM or `ezflow shutdown`. Processes on any host reach it
+    with --address / EZFLOW_GRAPH_ADDRESS; it keeps the latest telemetry of each and
+    serves it to `ezflow top` (and to Prometheus with --metrics-port).
+
+    Examples:
+
+        ezflow serve
+
+        ezflow serve --address 0.0.0.0:25990 --metrics-port 9464
+    """
+    where = resolve_address(address)
+
+    async def main() -> None:
+        server = GraphServer(where, metrics_port=metrics_port)
+        try:
+            await server.start()
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                fail(
+                    f"cannot listen on {format_address(where)} or metrics port {metrics_port}:"
+                    " address in use (a graph server running there already? `ezflow "
+                    "shutdown` stops it)"
+                )
+            fail(f"cannot listen on {format_address(where)}: {exc}")
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        metrics = server.metrics_address
+        console.print(
+            f"graph server {server.server_id} listening on {format_address(server.address)}"
+            + (f", metrics at http://{format_address(metrics)}/metrics" if metrics else "")
+            + "; Ctrl-C stops it",
+            highlight=False,
+        )
+        stopper = asyncio.ensure_future(stop.wait())
+        serving = asyncio.ensure_future(server.serve_forever())
+        try:
+            await asyncio.wait({stopper, serving}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            serving.cancel()
+            await server.aclose()
+        console.print("graph server stopped", highlight=False)
+
+    run_async(main)
+
+
+def shutdown(address: AddressOption = None) -> None:
+    """Stop a graph server (every client is disconnected).
+
+    Examples:
+
+        ezflow shutdown
+
+        ezflow shutdown --address 10.0.0.5:25990
+    """
+    where = resolve_address(address)
+
+    async def main() -> None:
+        lost = asyncio.Event()
+        async with graph_client(where, "ezflow shutdown", lambda exc: lost.set()) as client:
+            with contextlib.suppress(BrokenResourceError, ClosedResourceError):
+                await client.request("shutdown")  # it may go before answering: all the same
+            try:
+                await asyncio.wait_for(lost.wait(), SHUTDOWN_WAIT)
+            except (TimeoutError, asyncio.TimeoutError):
+                raise EzflowTimeoutError(
+                    f"the graph server at {format_address(where)} accepted the shutdown "
+                    f"but was still connected after {SHUTDOWN_WAIT:.0f} s"
+                ) from None
+        console.print(f"graph server at {format_address(where)} stopped", highlight=False)
+
+    run_async(main)
