@@ -90,6 +90,8 @@ _SOCKET_NAME = re.compile(r"ezflow-[0-9]{1,10}-[0-9a-f]{16}")
 # FREE records per frame: 16 bytes each keeps a frame well under the publisher's
 # handshake-time frame limit (64 KiB).
 _FREE_PER_FRAME = 2048
+# Encoded segment names kept per publisher (emptied when full).
+_NAME_CACHE_SIZE = 256
 # Seconds after a peer's crash at which its segments are swept: its flock is dropped a
 # few milliseconds after death, or later while the kernel tears down a big process.
 _SWEEP_DELAYS = (0.05, 0.5, 2.0)
@@ -232,6 +234,7 @@ class _OutletShm:
         self._seq = 0
         self._descriptor: Descriptor | None = None
         self._name = b""
+        self._names: dict[str, bytes] = {}  # segment name -> its ASCII bytes
 
     # -- placing messages ---------------------------------------------------------
 
@@ -267,8 +270,13 @@ class _OutletShm:
 
     def _current(self, descriptor: Descriptor) -> tuple[Descriptor, bytes]:
         self._descriptor = descriptor
-        self._name = descriptor.segment.encode("ascii")
-        return descriptor, self._name
+        name = self._names.get(descriptor.segment)
+        if name is None:
+            if len(self._names) >= _NAME_CACHE_SIZE:
+                self._names.clear()
+            name = self._names[descriptor.segment] = descriptor.segment.encode("ascii")
+        self._name = name
+        return descriptor, name
 
     def _acquire(self, nbytes: int) -> Block | None:
         if not self.usable:
