@@ -774,8 +774,7 @@ async def test_random_sizes_and_kept_messages_never_corrupt(
                     late = leaky.recv_nowait()
                     assert np.all(late == late[0])
                     del late
-        for i in kept:
-            assert np.all(kept[i] == i % 251), i
+        assert all(np.all(message == i % 251) for i, message in kept.items())
         kept.clear()
         stats = pub.shm_stats
         assert stats is not None and stats.zero_copy > 0 and stats.inline > 0
@@ -788,3 +787,35 @@ async def test_random_sizes_and_kept_messages_never_corrupt(
         return stats is not None and stats.in_use == 0
 
     await wait_until(all_free, 2)
+
+
+def test_no_resource_tracker_and_nothing_on_stderr() -> None:
+    """Shared memory is handled without multiprocessing's resource_tracker (which would
+    unlink segments other processes still use and warn about "leaks" at exit)."""
+    script = """if True:
+        import sys, numpy as np, ezflow
+
+        async def main():
+            async with ezflow.GraphContext(("127.0.0.1", 0)) as ctx:
+                pub = await ctx.publisher("/rt")
+                sub = await ctx.subscriber("/rt", transport="shm")
+                frame = await pub.loan(1 << 20)
+                frame[:] = 1
+                await pub.publish(frame)
+                await pub.publish(np.ones(1 << 20, np.uint8))
+                assert (await sub.recv()).sum() == (await sub.recv()).sum() == 1 << 20
+                print(sorted(c.transport for c in ctx.channels))
+
+        ezflow.run_coroutine(main())
+        print(sorted(m for m in sys.modules if "resource_tracker" in m or "shared_memory" in m))
+    """
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['shm']", "[]"]
+    assert done.stderr == ""
