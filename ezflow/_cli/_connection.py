@@ -77,7 +77,9 @@ def resolve_address(text: str | None) -> Address:
     """``--address`` (or ``EZFLOW_GRAPH_ADDRESS``, which typer already applied), else
     the default; a malformed value exits with status 2."""
     try:
-        return graph_address_from_env() if text is None else parse_address(text)
+        return (
+            graph_address_from_env() if text is None else parse_address(text, setting="--address")
+        )
     except ConfigurationError as exc:
         fail(str(exc), 2)
 

@@ -1,0 +1,401 @@
+"""The graph commands end to end: ``ezflow serve`` and ``ezflow run`` as real processes
+(the known graph of tests/_cli_graphs.py), the inspection commands as subprocesses (and
+through typer's runner where speed matters), checking what they print."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _prometheus import http_get, parse_exposition
+from typer.testing import CliRunner
+
+from ezflow._cli._app import app
+
+GRAPHS = str(Path(__file__).with_name("_cli_graphs.py"))
+CHILDREN = str(Path(__file__).with_name("_children.py"))
+RATE = 50.0  # _cli_graphs.RATE
+EDGES = {
+    ("TICKER/SOURCE/OUTPUT", "TICKER/RELAY/INPUT"),
+    ("TICKER/RELAY/OUTPUT", "TICKER/SINK/INPUT"),
+}
+COMMANDS = ["serve", "shutdown", "run", "graph", "topics", "echo", "hz", "top"]
+
+
+def ezflow_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ezflow", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> Any:
+    """typer's runner: the command in this process (fast)."""
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+@dataclass
+class Graph:
+    address: str
+    metrics_url: str
+    env: dict[str, str]
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def graph() -> Iterator[Graph]:
+    """`ezflow serve` (with metrics) and `ezflow run` of TICKER on it."""
+    env = dict(os.environ, EZFLOW_TELEMETRY_INTERVAL="0.2", PYTHONUNBUFFERED="1")
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ezflow",
+            "serve",
+            "--address",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    run = None
+    try:
+        assert serve.stdout is not None
+        banner = serve.stdout.readline()
+        found = re.search(r"listening on (\S+), metrics at (http://\S+/metrics)", banner)
+        assert found, banner
+        address, metrics_url = found.group(1), found.group(2)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "ezflow", "run", f"{GRAPHS}:TICKER", "--address", address],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+        def ready() -> bool:
+            result = invoke("graph", "--json", "--address", address)
+            if result.exit_code != 0:
+                return False
+            edges = {tuple(e) for e in json.loads(result.stdout)["edges"]}
+            return edges == EDGES
+
+        _wait_for(ready, 30, "the TICKER graph to start")
+        yield Graph(address, metrics_url, env)
+        # SIGINT ends `ezflow run` normally: exit 0.
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=20)
+        assert run.returncode == 0, err
+        result = ezflow_cli("shutdown", "--address", address)
+        assert result.returncode == 0, result.stderr
+        assert f"graph server at {address} stopped" in result.stdout
+        serve.communicate(timeout=10)
+        assert serve.returncode == 0
+    finally:
+        for process in (run, serve):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
+# -- help and errors (typer's runner) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_examples_and_the_address_option(command: str) -> None:
+    result = invoke(command, "--help")
+    assert result.exit_code == 0
+    assert "Examples" in result.stdout
+    assert "ezflow " + command in result.stdout
+    assert "--address" in result.stdout
+    assert "EZFLOW_GRAPH_ADDRESS" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["graph"],
+        ["graph", "--mermaid"],
+        ["topics"],
+        ["echo", "/x"],
+        ["hz", "/x"],
+        ["top", "--once"],
+        ["shutdown"],
+    ],
+)
+def test_an_unreachable_server_is_one_line_and_exit_1(args: list[str]) -> None:
+    result = invoke(*args, "--address", "127.0.0.1:1")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: no graph server answers at 127.0.0.1:1")
+    assert result.stderr.count("\n") == 1
+    assert result.stdout == ""
+
+
+def test_the_address_comes_from_the_environment_too() -> None:
+    result = invoke("topics", env={"EZFLOW_GRAPH_ADDRESS": "127.0.0.1:2"})
+    assert result.exit_code == 1
+    assert "no graph server answers at 127.0.0.1:2" in result.stderr
+    result = invoke("topics", env={"EZFLOW_GRAPH_ADDRESS": "nowhere"})
+    assert result.exit_code == 2
+    assert "is not HOST:PORT" in result.stderr
+
+
+def test_an_unreachable_server_as_a_real_process() -> None:
+    result = ezflow_cli("top", "--once", "--address", "127.0.0.1:1")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: no graph server answers")
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_refuses_a_port_in_use(graph: Graph) -> None:
+    result = invoke("serve", "--address", graph.address)
+    assert result.exit_code == 1
+    assert "address in use" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+# -- the known graph -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["echo", "hz"])
+def test_a_topic_that_does_not_exist_is_one_line_and_exit_1(graph: Graph, command: str) -> None:
+    result = invoke(command, "/no/such/topic", "--address", graph.address)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: topic '/no/such/topic' does not exist on the graph server at "
+        f"{graph.address} (`ezflow topics` lists them)\n"
+    )
+
+
+def _mermaid_edges(text: str) -> set[tuple[str, str]]:
+    labels = dict(re.findall(r'^\s+(t\d+)\["([^"]+)"\]$', text, re.MULTILINE))
+    return {
+        (labels[a], labels[b]) for a, b in re.findall(r"^\s+(t\d+) --> (t\d+)$", text, re.MULTILINE)
+    }
+
+
+def test_graph_mermaid_has_the_edges_of_the_graph(graph: Graph) -> None:
+    result = ezflow_cli("graph", "--mermaid", "--address", graph.address)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("flowchart LR\n")
+    assert _mermaid_edges(result.stdout) == EDGES
+    # Processes: the runner and RELAY's own process, with what they publish.
+    assert re.search(r'\(\["ezflow:TICKER/RELAY \(pid \d+\)"\]\)', result.stdout)
+    assert " -. publishes .-> " in result.stdout
+
+
+def test_graph_dot_and_tree(graph: Graph) -> None:
+    result = invoke("graph", "--dot", "--address", graph.address)
+    assert result.exit_code == 0
+    for src, dst in EDGES:
+        assert f'"{src}" -> "{dst}";' in result.stdout
+    assert result.stdout.startswith("digraph ezflow {") and result.stdout.endswith("}\n")
+    tree = invoke("graph", "--address", graph.address)
+    assert tree.exit_code == 0
+    assert "TICKER/SOURCE/OUTPUT -> TICKER/RELAY/INPUT" in tree.stdout
+    assert "processes (2)" in tree.stdout  # the runner and RELAY's process, not us
+    assert "publisher p-" in tree.stdout
+    assert invoke("graph", "--dot", "--mermaid", "--address", graph.address).exit_code == 2
+
+
+def test_topics(graph: Graph) -> None:
+    result = invoke("topics", "--json", "--address", graph.address)
+    assert result.exit_code == 0
+    rows = {row["topic"]: row for row in json.loads(result.stdout)}
+    assert rows["TICKER/SOURCE/OUTPUT"]["publishers"] == 1
+    assert rows["TICKER/SOURCE/OUTPUT"]["to"] == ["TICKER/RELAY/INPUT"]
+    assert rows["TICKER/RELAY/INPUT"]["subscribers"] == 1
+    table = invoke("topics", "--address", graph.address)
+    assert "TICKER/SINK/INPUT" in table.stdout
+
+
+def test_echo_count_3_prints_3_messages(graph: Graph) -> None:
+    result = ezflow_cli("echo", "TICKER/RELAY/OUTPUT", "--count", "3", "--address", graph.address)
+    assert result.returncode == 0, result.stderr
+    assert re.findall(r"^#(\d+)", result.stdout, re.MULTILINE) == ["1", "2", "3"]
+    summaries = re.findall(
+        r"^ndarray shape=\(4,\) dtype=float64 min=(\S+) max=(\S+)$", result.stdout, re.MULTILINE
+    )
+    assert len(summaries) == 3
+    for low, high in summaries:  # RELAY doubles [i, i+1, i+2, i+3]
+        assert float(high) - float(low) == 6.0
+
+
+def test_hz_reports_the_publisher_rate(graph: Graph) -> None:
+    result = ezflow_cli(
+        "hz", "TICKER/SOURCE/OUTPUT", "--duration", "3", "--json", "--address", graph.address
+    )
+    assert result.returncode == 0, result.stderr
+    last = json.loads(result.stdout.splitlines()[-1])
+    assert last["rate"] == pytest.approx(RATE, rel=0.2)
+    assert last["window"] >= 100
+    assert last["min_interval"] <= 1 / RATE <= last["max_interval"]
+
+
+def test_top_once_shows_every_channel(graph: Graph) -> None:
+    def channels() -> list[dict[str, Any]]:
+        result = invoke("top", "--once", "--json", "--address", graph.address)
+        assert result.exit_code == 0, result.stderr
+        found = json.loads(result.stdout)["channels"]
+        return found if len(found) >= 2 and all(c["msgs_per_s"] > 0 for c in found) else []
+
+    rows = {row["topic"]: row for row in _wait_for(channels, 10, "both channels reported")}
+    relay_in = rows["TICKER/SOURCE/OUTPUT"]  # received in RELAY's process, over shm
+    assert relay_in["transport"] == "shm"
+    assert relay_in["process"] == "ezflow:TICKER/RELAY"
+    assert relay_in["msgs_per_s"] == pytest.approx(RATE, rel=0.3)
+    assert relay_in["drops"] == 0
+    table = ezflow_cli("top", "--once", "--address", graph.address)
+    assert table.returncode == 0, table.stderr
+    assert "TICKER/RELAY/OUTPUT" in table.stdout and "msgs/s" in table.stdout
+
+
+def _child(role: str, env: dict[str, str], **args: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, CHILDREN, role, json.dumps(args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _event(child: subprocess.Popen[str], name: str) -> dict[str, Any]:
+    assert child.stdout is not None
+    while True:
+        line = child.stdout.readline()
+        assert line, f"child exited before {name!r}"
+        event: dict[str, Any] = json.loads(line)
+        if event["event"] == name:
+            return event
+
+
+def test_top_once_json_counts_match_what_was_published(graph: Graph) -> None:
+    """Two processes, exact counts: 120 messages published, 120 received by a channel
+    of another process, as reported through the graph server."""
+    topic = "/cli/exact"
+    env = dict(graph.env, EZFLOW_EVENT_LOOP="asyncio")
+    collector = _child("collect", env, address=graph.address, topic=topic, count=120)
+    publisher = None
+    try:
+        _event(collector, "ready")
+        publisher = _child("publish", env, address=graph.address, topic=topic, count=120, size=8)
+        publisher_id = _event(publisher, "ready")["publisher_id"]
+        _event(publisher, "done")
+        _event(collector, "done")
+
+        def reported() -> dict[str, Any] | None:
+            result = invoke("top", "--once", "--json", "--address", graph.address)
+            data = json.loads(result.stdout)
+            channels = [c for c in data["channels"] if c["publisher_id"] == publisher_id]
+            publishers = [p for p in data["publishers"] if p["publisher_id"] == publisher_id]
+            if channels and publishers and channels[0]["messages"] == 120:
+                return {"channel": channels[0], "publisher": publishers[0]}
+            return None
+
+        found = _wait_for(reported, 10, "the counts of /cli/exact")
+        assert found["publisher"]["messages"] == 120
+        assert found["publisher"]["bytes"] > 120 * 64  # 8 float64 and the header each
+        channel = found["channel"]
+        assert (channel["messages"], channel["deliveries"], channel["drops"]) == (120, 120, 0)
+        assert channel["bytes"] == found["publisher"]["bytes"]
+        assert channel["subscriber_stats"][0]["taken"] == 120
+        assert channel["latency_p50_us"] is None or channel["latency_p50_us"] > 0
+    finally:
+        for child in (publisher, collector):
+            if child is not None:
+                assert child.stdin is not None
+                child.stdin.close()
+                try:
+                    child.wait(10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+                assert child.stdout is not None
+                child.stdout.close()
+
+
+def test_prometheus_endpoint_of_ezflow_serve(graph: Graph) -> None:
+    def scraped() -> dict[str, Any] | None:
+        status, body = http_get(graph.metrics_url)
+        assert status == 200
+        families = parse_exposition(body)
+        samples = families.get("ezflow_channel_messages_total", {}).get("samples", [])
+        topics = {labels["topic"] for _, labels, _ in samples}
+        return families if {"TICKER/SOURCE/OUTPUT", "TICKER/RELAY/OUTPUT"} <= topics else None
+
+    families = _wait_for(scraped, 10, "both channels in the metrics")
+    assert families["ezflow_channel_latency_seconds"]["type"] == "histogram"
+    assert families["ezflow_publisher_messages_total"]["type"] == "counter"
+
+
+# -- ezflow run --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "code", "message"),
+    [
+        ("complete", 0, None),
+        ("failing", 1, "the unit failed on purpose"),
+        ("dying", 1, "DIES"),
+        ("NOT_A_GRAPH", 2, "NOT_A_GRAPH is a int"),
+        ("missing", 2, "has no attribute 'missing'"),
+    ],
+)
+def test_run_exit_codes(target: str, code: int, message: str | None) -> None:
+    result = ezflow_cli("run", f"{GRAPHS}:{target}", "--address", "127.0.0.1:0")
+    assert result.returncode == code, result.stderr
+    if message is None:
+        assert result.stderr == ""
+    else:
+        assert result.stderr.startswith("error: ")
+        assert message in result.stderr
+
+
+def test_run_a_module_single_process() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ezflow", "run", "_cli_graphs:complete", "--single-process"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=Path(GRAPHS).parent,
+        env=dict(os.environ, EZFLOW_GRAPH_ADDRESS="127.0.0.1:0"),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_run_refuses_what_is_not_a_target() -> None:
+    assert "is not MODULE_OR_FILE:OBJECT" in invoke("run", "nothing").stderr
+    assert "no such file" in invoke("run", "nope/graph.py:X").stderr
+    assert invoke("run", "nope/graph.py:X").exit_code == 2
