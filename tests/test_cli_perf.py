@@ -19,9 +19,10 @@ import pytest
 from ezflow._perf import _compare, _report, _schema
 
 PEER = f"{sys.executable} {Path(__file__).with_name('_perfpeer.py')}"
-#: The tiny configuration: 4 cells (one of them not applicable), ezflow and a peer.
+#: The tiny configuration: 6 cells (one of them not applicable), ezflow and a peer;
+#: 100 KiB so that shm messages go through shared-memory blocks and loans.
 TINY = [
-    "-s", "relay,spread", "-t", "local,tcp", "--size", "1KiB", "-n", "1",
+    "-s", "relay,spread", "-t", "local,shm,tcp", "--size", "100KiB", "-n", "1",
     "--duration", "0.3", "--latency-samples", "10", "--repeats", "1",
 ]  # fmt: skip
 
@@ -41,7 +42,18 @@ def perf_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     path = tmp_path_factory.mktemp("perf") / "tiny.json"
-    return ezflow_cli("perf", "run", *TINY, "--peer", PEER, "-o", str(path)), path
+    before = _shm_segments()
+    result = ezflow_cli("perf", "run", *TINY, "--peer", PEER, "-o", str(path))
+    # The autouse leak check cannot see a module fixture: check /dev/shm here.
+    assert _shm_segments() <= before, "the run left shared-memory segments behind"
+    return result, path
+
+
+def _shm_segments() -> set[str]:
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith("ezflow")}
+    except FileNotFoundError:  # pragma: no cover - no /dev/shm on this OS
+        return set()
 
 
 @pytest.fixture
@@ -68,8 +80,9 @@ def test_tiny_run_measures_every_cell(
     assert f"wrote {path}" in result.stdout.replace("\n", "")
     assert "ezflow against its peers" in result.stdout
     assert [fw["name"] for fw in perf_results["frameworks"]] == ["ezflow", "standin"]
-    assert len(perf_results["cells"]) == 8
-    for framework, transport in (("ezflow", "local"), ("ezflow", "tcp"), ("standin", "local")):
+    assert len(perf_results["cells"]) == 12
+    measured = [("ezflow", "local"), ("ezflow", "shm"), ("ezflow", "tcp"), ("standin", "local")]
+    for framework, transport in measured:
         cell = _cell(perf_results, framework, "relay", transport)
         assert cell["status"] == "ok", cell["reason"]
         assert cell["processes"] == (1 if transport == "local" else 2)
@@ -92,7 +105,7 @@ def test_tiny_run_measures_every_cell(
     assert refused["metrics"] is None
     floor = perf_results["floor"]
     assert floor["memcpy_gb_per_s"] > 0
-    assert [entry["size"] for entry in floor["socketpair_rtt_us"]] == [1024]
+    assert [entry["size"] for entry in floor["socketpair_rtt_us"]] == [100 * 1024]
     env = perf_results["environment"]
     assert env["packages"]["ezflow"] and env["packages"]["numpy"]
     assert env["event_loop"] in ("uvloop", "asyncio") and env["cores"] >= 1
@@ -184,7 +197,7 @@ def test_compare_exit_status(
     assert failed.returncode == 1
     assert "regression" in failed.stdout
     assert failed.stderr.strip().splitlines() == [
-        "error: 1 regression(s) beyond 25% (first: ezflow/relay/tcp/1024/1 msgs_per_s)"
+        "error: 1 regression(s) beyond 25% (first: ezflow/relay/tcp/102400/1 msgs_per_s)"
     ]
     lenient = ezflow_cli("perf", "compare", str(path), str(slower), "--fail", "0.7")
     assert lenient.returncode == 0, lenient.stderr
@@ -202,7 +215,7 @@ def test_report_and_peers_commands(
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].startswith("| suite | transport | size | N | peer |")
-    assert any(line.startswith("| relay | local | 1 KiB | 1 | standin |") for line in lines)
+    assert any(line.startswith("| relay | local | 100 KiB | 1 | standin |") for line in lines)
 
 
 @pytest.mark.parametrize(
