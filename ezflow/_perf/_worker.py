@@ -9,7 +9,8 @@ Protocol with the runner (the parent):
 
 * the worker writes one JSON object per line on stdout (``{"event": ...}``);
 * the parent writes commands, one per line, on the worker's stdin: ``publish`` (create
-  the publishers: every subscriber of the cell exists by then), ``go`` (start);
+  the publishers: every subscriber of the cell exists by then), ``go`` (start the
+  warm-up), ``measure`` (every sink of the cell is warm: start the measured phases);
 * end of file on stdin means "leave": a worker that sees it before it is done stops at
   once (the parent went away or gave up); after its result it closes its publishers
   and subscribers and exits. So a worker never outlives its parent.
@@ -17,8 +18,9 @@ Protocol with the runner (the parent):
 With ``"profile": DIR`` in its spec, a units worker writes its cProfile statistics to
 ``DIR/FRAMEWORK-CELL-PID.prof`` when it ends.
 
-A units worker goes ``subscribed`` -> ``published`` -> ``result``; a graph worker
-prints ``ready`` with its address and serves until end of file.
+A units worker goes ``subscribed`` -> ``published`` -> ``warm`` -> ``result`` (or
+``unavailable`` with a reason, when the framework refuses the transport); a graph
+worker prints ``ready`` with its address and serves until end of file.
 """
 
 from __future__ import annotations
