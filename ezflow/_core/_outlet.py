@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,8 +43,6 @@ class PublisherStats:
     drops: int = 0  #: messages dropped on this side for leaky links that had no room
     wait_seconds: float = 0.0  #: time publish spent waiting for lossless consumers
     waits: int = 0  #: publishes that had to wait
-    #: each wait for lossless consumers (backpressure), ns
-    wait: Histogram = field(default_factory=Histogram)
 
 
 class Link(ABC):
@@ -145,6 +143,8 @@ class Outlet:
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
         self.stats = PublisherStats()
+        #: each wait of ``publish`` for lossless consumers (backpressure), ns
+        self.wait_time = Histogram()
         self._links: list[Link] = []
         self._seq = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -244,7 +244,7 @@ class Outlet:
                 await waiter
         finally:
             waited = time.perf_counter_ns() - started
-            self.stats.wait.record(waited)
+            self.wait_time.record(waited)
             self.stats.wait_seconds += waited / 1e9
 
     def send_now(self, message: Any) -> None:

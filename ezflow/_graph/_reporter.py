@@ -127,8 +127,8 @@ class TelemetryReporter:
             dropped_upstream=stats.upstream_drops,
             queue_depth=sum(len(a.inbox) for a in attachments.values()),
             buffers_in_use=channel.pending,
-            latency=stats.latency.snapshot(),
-            decode=stats.decode.snapshot(),
+            latency=channel.latency.snapshot(),
+            decode=channel.decode_time.snapshot(),
             msgs_per_s=msgs_per_s,
             bytes_per_s=bytes_per_s,
             subscribers=tuple(
@@ -140,7 +140,7 @@ class TelemetryReporter:
                     taken=attachment.inbox.stats.taken,
                     dropped_overflow=attachment.inbox.stats.dropped_overflow,
                     dropped_upstream=attachment.inbox.stats.dropped_upstream,
-                    handler=attachment.inbox.stats.handler.snapshot(),
+                    handler=attachment.inbox.handler_time.snapshot(),
                 )
                 for sub_id, attachment in subscribers
             ),
@@ -158,7 +158,7 @@ class TelemetryReporter:
             bytes=stats.bytes,
             drops=stats.drops,
             waits=stats.waits,
-            wait=stats.wait.snapshot(),
+            wait=outlet.wait_time.snapshot(),
             shm_in_use=shm_in_use,
             msgs_per_s=msgs_per_s,
             bytes_per_s=bytes_per_s,
