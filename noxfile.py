@@ -47,12 +47,13 @@ def perf_peers(session: nox.Session) -> None:
     e.g. `nox -s perf_peers -- --repeats 5 -o peers.json`."""
     session.install("-e", ".", "ezmsg==3.9.0")
     Path("perf/results").mkdir(parents=True, exist_ok=True)  # git ignores it
-    output = "perf/results/peers.json"
-    if "-o" in session.posargs or "--output" in session.posargs:
-        flag = "-o" if "-o" in session.posargs else "--output"
-        output = session.posargs[session.posargs.index(flag) + 1]
+    args = list(session.posargs)
+    flags = [flag for flag in ("-o", "--output") if flag in args]
+    if flags:
+        output = args[args.index(flags[0]) + 1]
+    else:
+        output = "perf/results/peers.json"
+        args += ["-o", output]
     peer = f"{session.bin}/python perf/peers/ezmsg_peer.py"
-    session.run(
-        "ezflow", "perf", "run", *PEER_CELLS, "--peer", peer, "-o", output, *session.posargs
-    )
+    session.run("ezflow", "perf", "run", *PEER_CELLS, "--peer", peer, *args)
     session.run("ezflow", "perf", "peers", output, "--markdown")
