@@ -44,12 +44,13 @@ def test_buckets_tile_the_integers() -> None:
         assert low == previous_high and high > low
         previous_high = high
         assert bucket_index(low) == index and bucket_index(high - 1) == index
-        assert (high - low) * 4 <= max(low, 4)  # at most a quarter wide
+        assert high <= 2 * max(low, 1)  # log2: a bucket spans at most a factor of two
+        assert bucket_index(high - 1) == (high - 1).bit_length()  # what the hot path uses
     assert previous_high == 2**64
     assert bucket_index(2**70) == HISTOGRAM_BUCKETS - 1
 
 
-def test_histogram_quantiles_are_within_an_eighth() -> None:
+def test_histogram_quantiles() -> None:
     rng = random.Random(5)
     values = sorted(int(rng.lognormvariate(10, 1.5)) for _ in range(20_000))
     histogram = telemetry.Histogram()
@@ -59,7 +60,17 @@ def test_histogram_quantiles_are_within_an_eighth() -> None:
     assert (snap.count, snap.total, snap.max) == (len(values), sum(values), values[-1])
     for q in (0.01, 0.5, 0.9, 0.99):
         true = values[round(q * len(values)) - 1]
-        assert snap.quantile(q) == pytest.approx(true, rel=0.125)
+        assert true / 2 <= snap.quantile(q) <= true * 2  # within its log2 bucket
+    # Interpolation within a bucket: close for values spread evenly.
+    even = telemetry.Histogram()
+    for value in range(1000, 3000):
+        even.record(value)
+    assert even.snapshot().p50 == pytest.approx(2000, rel=0.1)
+    assert even.snapshot().p99 == pytest.approx(2980, rel=0.1)
+    # Inline recording keeps no maximum: the top of the highest bucket stands for it.
+    inline = telemetry.Histogram()
+    inline.buckets[(1500).bit_length()] += 1
+    assert inline.snapshot().max == 2047
     assert telemetry.HistogramSnapshot().p50 is None
     histogram.record(-5)  # a clock step counts as 0
     assert histogram.snapshot().buckets[0] == (0, 1)
@@ -74,7 +85,7 @@ def test_histogram_interval_and_wire_round_trip() -> None:
         histogram.record(value)
     recent = histogram.snapshot().since(first)
     assert (recent.count, recent.total) == (2, 30_000)
-    assert recent.p50 == pytest.approx(10_000, rel=0.125)
+    assert 8192 <= recent.p50 < 16384  # the bucket of 10_000
     wire = json.loads(json.dumps(histogram.snapshot().to_wire()))
     assert telemetry.HistogramSnapshot.from_wire(wire) == histogram.snapshot()
     for bad in (None, {"count": 1}, {**wire, "buckets": [[999, 1]]}, {**wire, "max": True}):
@@ -223,9 +234,10 @@ def test_latency_and_decode_times_come_from_the_publish_time() -> None:
     sent = time.time_ns() - 5_000_000  # published 5 ms ago
     channel.deliver_body(1, body, 0, sent)
     channel.deliver_body(2, body)  # publish time unknown: no latency sample
-    assert channel.latency.count == 1
-    assert 5_000_000 <= channel.latency.max < 5_000_000 + 1_000_000_000
-    assert channel.decode_time.count == 2 and channel.stats.decode_seconds > 0
+    latency, decode = channel.latency.snapshot(), channel.decode_time.snapshot()
+    assert latency.count == 1
+    assert 5_000_000 <= latency.max < 5_000_000 + 1_000_000_000
+    assert decode.count == 2 and channel.stats.decode_seconds > 0
 
 
 async def test_upstream_drops_reach_the_subscriber_counters(

@@ -12,11 +12,13 @@ publisher uses those figures to keep at most ``max_in_flight`` messages (and
 ``max_in_flight_bytes`` bytes) unreleased per channel. Leaky subscribers never hold
 anything back: their inbox keeps the newest ``queue`` messages and counts every drop.
 
-Telemetry (docs/telemetry.md): counters and histograms live in :class:`ChannelStats` and
-:class:`SubscriberStats`. Per message, a channel reads the wall clock twice around a
-decode (decode time, and publish -> deliver latency from the publish time the transport
-passes in) or once for the local transport; an inbox reads ``perf_counter_ns`` once per
-message taken (handler time). Hook events are built only while a hook is registered.
+Telemetry (docs/telemetry.md): counters live in :class:`ChannelStats` and
+:class:`SubscriberStats`, log2 histograms on the channel (``latency``, ``decode_time``)
+and the inbox (``handler_time``), recorded inline (a ``bit_length`` and a list index).
+Per message, a channel reads the wall clock twice around a decode (decode time, and
+publish -> deliver latency from the publish time the transport passes in) or once for
+the local transport; an inbox reads ``perf_counter_ns`` once per message taken (handler
+time). Hook events are built only while a hook is registered.
 """
 
 from __future__ import annotations
@@ -158,7 +160,11 @@ class Inbox:
         stats.taken += 1
         now = time.perf_counter_ns()
         if self._handed_ns:
-            self.handler_time.record(now - self._handed_ns)
+            # Histogram.record, inlined (no maximum kept): the message path.
+            handler = self.handler_time
+            spent = now - self._handed_ns
+            handler.buckets[spent.bit_length()] += 1
+            handler.total += spent
         self._handed_ns = now
         if attachment.lossless and attachment.active:
             attachment.channel.release(attachment, seq)
@@ -173,7 +179,9 @@ class Inbox:
         if not self._items and self._handed_ns:
             # The subscriber is done with the previous message: its handler time ends
             # here, not when the next message arrives.
-            self.handler_time.record(time.perf_counter_ns() - self._handed_ns)
+            spent = time.perf_counter_ns() - self._handed_ns
+            self.handler_time.buckets[spent.bit_length()] += 1
+            self.handler_time.total += spent
             self._handed_ns = 0
         while not self._items:
             if self._closed:
@@ -319,41 +327,48 @@ class Channel:
                 )
             return
         now = time.time_ns()
-        self.decode_time.record(now - started)
-        stats.decode_seconds += (now - started) * 1e-9
+        decode_ns = now - started
+        if decode_ns < 0:  # noqa: PLR1730 - a clock step; a branch is cheaper than max()
+            decode_ns = 0
+        self.decode_time.buckets[decode_ns.bit_length()] += 1  # Histogram.record, inlined
+        stats.decode_seconds += decode_ns * 1e-9
         stats.decoded += 1
-        self._deliver(seq, message, len(body), upstream_drops, sent_ns, now, now - started)
+        self.deliver(seq, message, len(body), upstream_drops, sent_ns, now, decode_ns)
 
-    def deliver(
-        self, seq: int, message: Any, nbytes: int = 0, upstream_drops: int = 0, sent_ns: int = 0
+    def deliver(  # noqa: PLR0917 - the message path: positional arguments are cheapest
+        self,
+        seq: int,
+        message: Any,
+        nbytes: int = 0,
+        upstream_drops: int = 0,
+        sent_ns: int = 0,
+        now_ns: int = 0,
+        decode_ns: int = 0,
     ) -> None:
         """Hand *message* (already decoded) to every attached inbox.
 
         *upstream_drops* is the publisher's cumulative count of messages it dropped for
         this channel; the increase is added to the drop count of every attached leaky
         inbox, so subscriber statistics show every message they missed. *sent_ns* is the
-        publish time (``time.time_ns()`` at the publisher; 0 when unknown).
+        publish time (``time.time_ns()`` at the publisher; 0 when unknown), *now_ns* the
+        time of delivery when the caller has it already (else it is read here), and
+        *decode_ns* the decode time (for hooks).
         """
-        self._deliver(
-            seq, message, nbytes, upstream_drops, sent_ns, time.time_ns() if sent_ns else 0, 0
-        )
-
-    def _deliver(  # noqa: PLR0917 - the hot path: positional arguments are cheapest
-        self,
-        seq: int,
-        message: Any,
-        nbytes: int,
-        upstream_drops: int,
-        sent_ns: int,
-        now_ns: int,
-        decode_ns: int,
-    ) -> None:
         stats = self.stats
         if upstream_drops > stats.upstream_drops:
             self._upstream_dropped(upstream_drops - stats.upstream_drops)
             stats.upstream_drops = upstream_drops
         if sent_ns:
-            self.latency.record(now_ns - sent_ns)
+            if not now_ns:
+                now_ns = time.time_ns()
+            latency_ns = now_ns - sent_ns
+            if latency_ns < 0:  # noqa: PLR1730 - clocks of two hosts; cheaper than max()
+                latency_ns = 0
+            latency = self.latency  # Histogram.record, inlined: the message path
+            latency.buckets[latency_ns.bit_length()] += 1
+            latency.total += latency_ns
+            if latency_ns > latency.max:  # noqa: PLR1730
+                latency.max = latency_ns
         stats.messages += 1
         stats.bytes += nbytes
         self._last_seq = seq

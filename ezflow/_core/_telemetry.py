@@ -57,68 +57,65 @@ __all__ = [
 
 log = logging.getLogger("ezflow.telemetry")
 
-#: Buckets of a :class:`Histogram`: values 0..7 get one each, then four per power of two
-#: (so a bucket spans at most 1/4 of its lower bound) up to 2**64.
-HISTOGRAM_BUCKETS: Final = 8 + 61 * 4
+#: Buckets of a :class:`Histogram`: bucket ``i`` holds the values whose ``bit_length()``
+#: is ``i`` (0; 1; 2..3; 4..7; ... up to 2**64 - 1): log2 buckets.
+HISTOGRAM_BUCKETS: Final = 65
 
 DropReason = Literal["overflow", "upstream"]
 
 
 def bucket_index(value: int) -> int:
-    """The bucket of a non-negative integer *value* (values above 2**64 share the last)."""
-    if value < 8:
-        return value if value > 0 else 0
-    bits = value.bit_length()
-    if bits > 64:
-        return HISTOGRAM_BUCKETS - 1
-    return 4 * bits - 8 + ((value >> (bits - 3)) & 3)
+    """The bucket of *value*: its ``bit_length()``, 0 for values below 1, the last bucket
+    for values of 2**64 and above."""
+    if value < 1:
+        return 0
+    return min(value.bit_length(), HISTOGRAM_BUCKETS - 1)
 
 
 def bucket_bounds(index: int) -> tuple[int, int]:
     """``(low, high)``: bucket *index* holds the values ``low <= v < high``."""
-    if index < 8:
-        return index, index + 1
-    bits, sub = divmod(index + 8, 4)
-    shift = bits - 3
-    return (4 + sub) << shift, (5 + sub) << shift
+    if index == 0:
+        return 0, 1
+    return 1 << (index - 1), 1 << index
 
 
 class Histogram:
-    """A histogram of non-negative integers (nanoseconds, in ezflow): count, total, max
-    and log-linear buckets. :meth:`record` costs a few integer operations; percentiles
-    come from :meth:`snapshot` and are within 12.5% of the true value."""
+    """A histogram of non-negative integers (nanoseconds, in ezflow) in log2 buckets,
+    with their total and maximum.
 
-    __slots__ = ("buckets", "count", "max", "total")
+    Recording costs an ``int.bit_length()`` and a list index, so the message path does
+    it inline (``h.buckets[v.bit_length()] += 1; h.total += v``, and ``h.max`` where
+    the maximum is kept); :meth:`record` is the same as a method, for cold paths. The
+    count is the sum of the buckets. A histogram whose ``max`` is never set reports the
+    top of its highest bucket instead. Percentiles come from :meth:`snapshot`,
+    interpolated within a bucket (a bucket spans a factor of two).
+    """
+
+    __slots__ = ("buckets", "max", "total")
 
     def __init__(self) -> None:
         self.buckets = [0] * HISTOGRAM_BUCKETS
-        self.count = 0
         self.total = 0
         self.max = 0
 
     def record(self, value: int) -> None:
-        """Add one value; a negative value (a clock step) counts as 0."""
-        if value < 8:
-            if value < 0:  # noqa: PLR1730 - a branch is cheaper than a max() call
-                value = 0
-            self.buckets[value] += 1
-        else:
-            bits = value.bit_length()
-            self.buckets[
-                4 * bits - 8 + ((value >> (bits - 3)) & 3) if bits <= 64 else HISTOGRAM_BUCKETS - 1
-            ] += 1
-        self.count += 1
+        """Add one value; a negative value (a clock step) counts as 0, values of 2**64
+        and above go to the last bucket."""
+        if value < 0:  # noqa: PLR1730 - a branch is cheaper than a max() call
+            value = 0
+        self.buckets[min(value.bit_length(), HISTOGRAM_BUCKETS - 1)] += 1
         self.total += value
         if value > self.max:  # noqa: PLR1730 - a branch is cheaper than a max() call
             self.max = value
 
     def snapshot(self) -> HistogramSnapshot:
         """The figures now, as an immutable value."""
+        buckets = tuple((i, n) for i, n in enumerate(self.buckets) if n)
+        top = self.max
+        if not top and buckets:
+            top = bucket_bounds(buckets[-1][0])[1] - 1
         return HistogramSnapshot(
-            count=self.count,
-            total=self.total,
-            max=self.max,
-            buckets=tuple((i, n) for i, n in enumerate(self.buckets) if n),
+            count=sum(n for _, n in buckets), total=self.total, max=top, buckets=buckets
         )
 
     def __repr__(self) -> str:
@@ -164,8 +161,8 @@ def _list(data: dict[str, Any], name: str, limit: int) -> list[Any]:
 @dataclass(frozen=True, slots=True)
 class HistogramSnapshot:
     """An immutable histogram: ``count`` values summing to ``total``, the largest
-    ``max``, and ``buckets`` as ``(index, count)`` pairs of the non-empty buckets (see
-    :func:`bucket_bounds`). Values are nanoseconds in every ezflow snapshot."""
+    ``max``, and ``buckets`` as ``(index, count)`` pairs of the non-empty log2 buckets
+    (see :func:`bucket_bounds`). Values are nanoseconds in every ezflow snapshot."""
 
     count: int = 0
     total: int = 0
@@ -173,17 +170,18 @@ class HistogramSnapshot:
     buckets: tuple[tuple[int, int], ...] = ()
 
     def quantile(self, q: float) -> int | None:
-        """An estimate of the *q*-quantile (0 <= q <= 1): the middle of the bucket that
-        holds it, never above :attr:`max`; ``None`` when empty."""
+        """An estimate of the *q*-quantile (0 <= q <= 1), interpolated linearly within
+        the log2 bucket that holds it and never above :attr:`max`; ``None`` when empty."""
         if not self.count:
             return None
-        rank = max(1, round(q * self.count))
+        rank = min(max(1.0, q * self.count), float(self.count))
         seen = 0
         for index, n in self.buckets:
-            seen += n
-            if seen >= rank:
+            if seen + n >= rank:
                 low, high = bucket_bounds(index)
-                return min((low + high - 1) // 2, self.max)
+                estimate = low + (high - low) * (rank - seen - 0.5) / n
+                return min(max(low, round(estimate)), self.max)
+            seen += n
         return self.max
 
     @property
@@ -202,8 +200,8 @@ class HistogramSnapshot:
         return self.total / self.count if self.count else None
 
     def count_below(self, bound: int) -> int:
-        """Values below *bound*, exact when *bound* is a bucket boundary (powers of two
-        are), else counted by bucket lower bound."""
+        """Values below *bound*: exact when *bound* is a power of two (a bucket
+        boundary), else counted by bucket lower bound."""
         return sum(n for index, n in self.buckets if bucket_bounds(index)[0] < bound)
 
     def since(self, earlier: HistogramSnapshot) -> HistogramSnapshot:
