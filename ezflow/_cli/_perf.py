@@ -168,7 +168,9 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     document = _run_live(cells, plan, peers, None if profile is None else str(profile))
     errors = _schema.validate(document)
     output.write_text(json.dumps(document, indent=1) + "\n")
-    _console.print(_tables.results_table(document["cells"], title="ezflow perf: medians"))
+    compact = _console.width < 150
+    title = "ezflow perf: medians"
+    _console.print(_tables.results_table(document["cells"], title=title, compact=compact))
     for line in _tables.reasons(document["cells"]):
         _console.print(f"  {line}", highlight=False, markup=False)
     rows = _compare.peer_rows(document)
@@ -215,7 +217,8 @@ def _run_live(
 
     def cell_done(record: _runner.CellRecord) -> None:
         done.append(record.to_json())
-        live.update(Group(_tables.results_table(done[-12:], title="latest cells"), progress))
+        latest = _tables.results_table(done[-12:], title="latest cells", compact=True)
+        live.update(Group(latest, progress))
 
     def log(message: str) -> None:
         progress.update(task, description=message)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich.table import Table
@@ -39,39 +39,49 @@ def _fmt_ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}x"
 
 
-def results_table(cells: Iterable[dict[str, Any]], title: str = "ezflow perf") -> Table:
+#: (header, metric, format, shown in a compact table)
+_COLUMNS: tuple[tuple[str, str, Callable[[Any], str], bool], ...] = (
+    ("msgs/s", "msgs_per_s", fmt_rate, True),
+    ("MB/s", "mb_per_s", lambda value: f"{value:,.1f}", False),
+    ("p50 µs", "latency_p50_us", fmt_us, True),
+    ("p99 µs", "latency_p99_us", fmt_us, True),
+    ("max µs", "latency_max_us", fmt_us, False),
+    ("loaded p50 µs", "loaded_latency_p50_us", fmt_us, False),
+    ("CPU µs/msg", "cpu_s_per_msg", fmt_cpu, True),
+    ("drops", "drops", lambda value: f"[red]{value}[/]" if value else "0", True),
+)
+
+
+def results_table(
+    cells: Iterable[dict[str, Any]], title: str = "ezflow perf", *, compact: bool = False
+) -> Table:
     """One row per (framework, cell): the median figures, or its status (the reasons
-    are in :func:`reasons`)."""
+    are in :func:`reasons`). *compact* keeps the columns an 80-column terminal holds."""
+    columns = [column for column in _COLUMNS if column[3] or not compact]
     table = Table(title=title, title_justify="left")
-    for name in ("framework", "suite", "transport", "size", "N"):
-        table.add_column(name, no_wrap=True)
-    for name in ("msgs/s", "MB/s", "p50 µs", "p99 µs", "max µs", "loaded p50 µs", "CPU µs/msg"):
-        table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("drops", justify="right", no_wrap=True)
+    if compact:
+        table.add_column("cell")
+    else:
+        for name in ("framework", "suite", "transport", "size", "N"):
+            table.add_column(name, no_wrap=True)
+    for header, *_ in columns:
+        table.add_column(header, justify="right", no_wrap=True)
     table.add_column("status", no_wrap=True)
     for cell in cells:
+        size, n = format_size(cell["size"]), str(cell["clients"])
         head = (
-            cell["framework"], cell["suite"], cell["transport"], format_size(cell["size"]),
-            str(cell["clients"]),
-        )  # fmt: skip
+            (f"{cell['framework']} {cell['suite']}/{cell['transport']} {size} N={n}",)
+            if compact
+            else (cell["framework"], cell["suite"], cell["transport"], size, n)
+        )
         metrics = cell["metrics"]
         if cell["status"] != "ok" or metrics is None:
             style = "red" if cell["status"] == "error" else "dim"
-            table.add_row(*head, *("" for _ in range(8)), f"[{style}]{cell['status']}[/]")
+            blanks = ("" for _ in columns)
+            table.add_row(*head, *blanks, f"[{style}]{cell['status']}[/]")
             continue
-        drops = metrics["drops"]
-        table.add_row(
-            *head,
-            fmt_rate(metrics["msgs_per_s"]),
-            f"{metrics['mb_per_s']:,.1f}",
-            fmt_us(metrics["latency_p50_us"]),
-            fmt_us(metrics["latency_p99_us"]),
-            fmt_us(metrics["latency_max_us"]),
-            fmt_us(metrics["loaded_latency_p50_us"]),
-            fmt_cpu(metrics["cpu_s_per_msg"]),
-            f"[red]{drops}[/]" if drops else "0",
-            "ok",
-        )
+        figures = (fmt(metrics[metric]) for _, metric, fmt, _ in columns)
+        table.add_row(*head, *figures, "ok")
     return table
 
 
