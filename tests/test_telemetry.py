@@ -178,7 +178,7 @@ async def test_events_and_counters_on_a_local_channel(
     assert {s.subscriber_id for s in channel.subscribers} == {s.id for s in subs}
     for sub_snap in channel.subscribers:
         assert (sub_snap.received, sub_snap.taken) == (20, 20)
-        assert sub_snap.handler.count == 19  # the time between takes, not the first wait
+        assert sub_snap.handler.count == 1  # sampled: message 16's handler time
     (publisher,) = snap.publishers
     assert (publisher.messages, publisher.channels, publisher.drops) == (20, 1, 0)
     assert snap.pid == os.getpid() and snap.name == ctx.name
@@ -233,11 +233,13 @@ def test_latency_and_decode_times_come_from_the_publish_time() -> None:
     body = codec.encode(np.arange(4.0)).to_bytes()
     sent = time.time_ns() - 5_000_000  # published 5 ms ago
     channel.deliver_body(1, body, 0, sent)
-    channel.deliver_body(2, body)  # publish time unknown: no latency sample
+    for seq in range(2, 33):
+        channel.deliver_body(seq, body)  # publish time unknown: no latency sample
     latency, decode = channel.latency.snapshot(), channel.decode_time.snapshot()
     assert latency.count == 1
     assert 5_000_000 <= latency.max < 5_000_000 + 1_000_000_000
-    assert decode.count == 2 and channel.stats.decode_seconds > 0
+    assert decode.count == 2  # sampled: one in 16
+    assert channel.stats.decoded == 32 and channel.stats.decode_seconds > 0
 
 
 async def test_upstream_drops_reach_the_subscriber_counters(
@@ -454,7 +456,7 @@ async def test_counters_match_exact_counts_across_processes(
             (channel,) = [c for s in found.values() for c in s.channels]
             assert publisher.publisher_id == channel.publisher_id == publisher_id
             assert (channel.deliveries, channel.drops, channel.decode_errors) == (400, 0, 0)
-            assert channel.transport == "shm" and channel.decode.count == 200
+            assert channel.transport == "shm" and channel.decode.count == 200 // 16
             assert channel.bytes == publisher.bytes
             assert [s.taken for s in channel.subscribers] == [200, 200]
         finally:

@@ -269,9 +269,10 @@ class SubscriberSnapshot:
     """One subscriber's share of a channel: its inbox and how fast it consumes.
 
     ``handler`` is the time from a message being handed to the subscriber until it asks
-    for the next one (its callback time, in a unit). ``dropped_overflow`` counts what a
-    leaky inbox discarded to keep the newest ``queue`` messages, ``dropped_upstream``
-    what the publisher dropped for it (parked and replaced: the subscriber had no room).
+    for the next one (its callback time, in a unit), sampled: one message in 16.
+    ``dropped_overflow`` counts what a leaky inbox discarded to keep the newest
+    ``queue`` messages, ``dropped_upstream`` what the publisher dropped for it (parked
+    and replaced: the subscriber had no room).
     """
 
     subscriber_id: str
@@ -317,7 +318,8 @@ class ChannelSnapshot:
     inboxes; meaningful across hosts only as far as their clocks agree). ``queue_depth``
     is the messages waiting in the inboxes, ``buffers_in_use`` the messages the channel
     still holds against the publisher's window (delivered, not yet taken by every
-    lossless subscriber).
+    lossless subscriber). ``decode`` is a histogram of decode times sampled one message
+    in 16; ``decode_seconds`` is the exact total.
     """
 
     publisher_id: str
@@ -334,6 +336,7 @@ class ChannelSnapshot:
     buffers_in_use: int
     latency: HistogramSnapshot
     decode: HistogramSnapshot
+    decode_seconds: float
     msgs_per_s: float
     bytes_per_s: float
     subscribers: tuple[SubscriberSnapshot, ...] = ()
@@ -370,6 +373,7 @@ class ChannelSnapshot:
             buffers_in_use=_int(data, "buffers_in_use"),
             latency=HistogramSnapshot.from_wire(data.get("latency")),
             decode=HistogramSnapshot.from_wire(data.get("decode")),
+            decode_seconds=_float(data, "decode_seconds"),
             msgs_per_s=_float(data, "msgs_per_s"),
             bytes_per_s=_float(data, "bytes_per_s"),
             subscribers=tuple(

@@ -131,7 +131,7 @@ def render(processes: Iterable[tuple[str, ProcessSnapshot]], *, now: float | Non
                 "Messages held against the publisher's window.",
             ).add(labels, ch.buffers_in_use)
             family("ezflow_channel_decode_seconds_total", "counter", "Time spent decoding.").add(
-                labels, ch.decode.total / 1e9
+                labels, ch.decode_seconds
             )
             family(
                 "ezflow_channel_latency_seconds",
@@ -154,10 +154,11 @@ def render(processes: Iterable[tuple[str, ProcessSnapshot]], *, now: float | Non
                 sub_drops.add({**sub_labels, "reason": "overflow"}, sub.dropped_overflow)
                 sub_drops.add({**sub_labels, "reason": "upstream"}, sub.dropped_upstream)
                 family(
-                    "ezflow_subscriber_handler_seconds_total",
-                    "counter",
-                    "Time from taking a message until asking for the next one.",
-                ).add(sub_labels, sub.handler.total / 1e9)
+                    "ezflow_subscriber_handler_mean_seconds",
+                    "gauge",
+                    "Mean time from taking a message until asking for the next one "
+                    "(sampled: one message in 16).",
+                ).add(sub_labels, (sub.handler.mean or 0.0) / 1e9)
         for pub in snap.publishers:
             labels = {**process, "topic": pub.topic, "publisher": pub.publisher_id}
             family("ezflow_publisher_messages_total", "counter", "Messages published.").add(

@@ -129,6 +129,7 @@ class TelemetryReporter:
             buffers_in_use=channel.pending,
             latency=channel.latency.snapshot(),
             decode=channel.decode_time.snapshot(),
+            decode_seconds=stats.decode_seconds,
             msgs_per_s=msgs_per_s,
             bytes_per_s=bytes_per_s,
             subscribers=tuple(
