@@ -240,6 +240,10 @@ def test_report_and_peers_commands(
         (["run", "--duration", "0"], "error: duration 0.0 s must be in (0, 600]"),
         (["compare", "missing.json", "missing.json"], "error: cannot read missing.json"),
         (["report", "pyproject.toml"], "error: pyproject.toml is not a JSON document"),
+        (
+            ["run", "--quick", "--peer", "/nonexistent/python peer.py"],
+            "error: cannot start framework info (/nonexistent/python): No such file",
+        ),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None:

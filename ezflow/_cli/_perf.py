@@ -236,8 +236,8 @@ def _run_live(
         _fail("interrupted: every worker was stopped, no results written", code=130)
     except asyncio.CancelledError:  # SIGTERM cancels the run the same way
         _fail("terminated: every worker was stopped, no results written", code=143)
-    except _runner.WorkerError as exc:
-        _fail(str(exc), code=1)
+    except _runner.WorkerError as exc:  # a framework (--peer) that cannot even start
+        _fail(str(exc))
 
 
 def _load(path: Path) -> dict[str, Any]:

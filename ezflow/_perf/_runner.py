@@ -68,14 +68,19 @@ class Worker:
     @classmethod
     async def start(cls, name: str, command: Sequence[str]) -> Worker:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        process = await asyncio.create_subprocess_exec(
-            *command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            env=env,
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                env=env,
+            )
+        except OSError as exc:
+            raise WorkerError(
+                f"cannot start {name} ({command[0]}): {exc.strerror or exc}"
+            ) from None
         return cls(name, process)
 
     async def _read_stderr(self) -> None:
