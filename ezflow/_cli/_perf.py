@@ -84,11 +84,12 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(
             "--size",
             help="Message sizes (repeat or comma-separate) such as 64B, 1KiB, 1MiB "
-            f"[default: {', '.join(DEFAULT_SIZES)}; --quick: {', '.join(QUICK_SIZES)}].",
+            f"(default: {', '.join(DEFAULT_SIZES)}; --quick: {', '.join(QUICK_SIZES)}).",
         ),
     ] = None,
     clients: Annotated[
-        list[int] | None, typer.Option("--clients", "-n", help="N: sinks, sources or relays [4].")
+        list[int] | None,
+        typer.Option("--clients", "-n", help="N: sinks, sources or relays (default 4)."),
     ] = None,
     duration: Annotated[
         float | None, typer.Option(help="Seconds of back-to-back publishing per cell.")
@@ -100,11 +101,11 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         int | None, typer.Option(help="Paced messages per source for the latency figures.")
     ] = None,
     period: Annotated[
-        float | None, typer.Option(help="Pacing of the latency phase, in seconds [0.001].")
+        float | None, typer.Option(help="Pacing of the latency phase, in seconds (default 0.001).")
     ] = None,
     repeats: Annotated[int | None, typer.Option(help="Repeats of every cell (medians).")] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="One short repeat, two sizes: about a minute.")
+        bool, typer.Option("--quick", help="One short repeat, two sizes: about 30 s on 2 cores.")
     ] = False,
     peer: Annotated[
         list[str] | None,
@@ -114,7 +115,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         ),
     ] = None,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Results file [ezflow-perf-TIME.json].")
+        Path | None,
+        typer.Option("--output", "-o", help="Results file (default ezflow-perf-TIME.json)."),
     ] = None,
     loan: Annotated[
         bool,
@@ -276,7 +278,7 @@ def compare(
 def report(
     results: Annotated[Path, typer.Argument(help="A results file of `ezflow perf run`.")],
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="HTML file [RESULTS with .html].")
+        Path | None, typer.Option("--output", "-o", help="HTML file (default: RESULTS with .html).")
     ] = None,
 ) -> None:
     """Write a self-contained HTML report (tables and plots, no external files)."""
