@@ -983,6 +983,9 @@ class Codec:
         cannot travel, ``ValueError`` for a negative or too large dimension, and
         :class:`MessageTooLargeError` when the body would exceed ``max_message_size``.
         """
+        hit = _ENC_ARRAYS.get((dtype, shape))
+        if hit is not None and hit[1] <= self._limit:
+            return hit
         if len(shape) > _MAX_NDIM or not all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape):
             raise ValueError(
                 f"shape {shape!r} is not a tuple of at most {_MAX_NDIM} ints in [0, {_MAX_DIM}]"
@@ -998,7 +1001,12 @@ class Codec:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self._limit:
             raise _too_large(nbytes, self._limit, at_least=True)
-        return self._array_prefix(shape, info[0], nbytes)
+        layout = self._array_prefix(shape, info[0], nbytes)
+        if nbytes:  # the same entries encode() makes: encoding a loan finds it cached
+            if len(_ENC_ARRAYS) >= _ARRAY_CACHE_SIZE:
+                _ENC_ARRAYS.clear()
+            _ENC_ARRAYS[dtype, shape] = layout
+        return layout
 
     def _assemble(self, meta: bytes, bufs: list[memoryview]) -> EncodedMessage:
         nbuf = len(bufs)

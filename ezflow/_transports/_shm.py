@@ -227,6 +227,9 @@ class _OutletShm:
         self.stats = ShmStats()
         self.links: set[_ShmLink] = set()
         self.loans: dict[int, _Loan] = {}
+        # id(weak reference) -> (it, the loan's lease key, its block): the arrays whose
+        # death gives a loaned block back
+        self._holders: dict[int, tuple[weakref.ref[Any], Hashable, Descriptor]] = {}
         self.usable = True
         self.closing = False
         self._call = call
@@ -321,8 +324,8 @@ class _OutletShm:
         # The uint8 array over the whole block is what dies last: the loaned array and
         # every view of it hold it through the buffer protocol (see RingReader.view).
         holder = np.frombuffer(buffer, dtype=np.uint8)
-        finalizer = weakref.finalize(holder, self._call, self._loan_gone, key, descriptor)
-        finalizer.atexit = False
+        ref = weakref.ref(holder, self._holder_died)
+        self._holders[id(ref)] = (ref, key, descriptor)
         array = np.frombuffer(
             holder.data, dtype=dtype, count=math.prod(shape), offset=len(prefix)
         ).reshape(shape)
@@ -361,6 +364,12 @@ class _OutletShm:
             if entry is not None and entry.array() is message:
                 del self.loans[id(message)]
                 message.flags.writeable = False
+
+    def _holder_died(self, ref: weakref.ref[Any]) -> None:
+        # A weak-reference callback: any thread, any moment. Only schedule the release.
+        entry = self._holders.pop(id(ref), None)
+        if entry is not None:
+            self._call(self._loan_gone, entry[1], entry[2])
 
     def _loan_gone(self, key: Hashable, descriptor: Descriptor) -> None:
         self.ring.release(key, descriptor)
