@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import numpy as np
 import pytest
@@ -340,3 +341,27 @@ async def test_cancelled_close_leaves_nothing_open(server: ezflow.GraphServer) -
             await closing
         assert sender._tcp is not None and not sender._tcp.connections
         assert sub.stats.received < 200  # it really was stuck
+
+
+async def test_a_tight_publishing_loop_does_not_starve_a_leaky_subscriber(
+    ctx: ezflow.GraphContext,
+) -> None:
+    """publish never waits for a leaky subscriber, yet the subscriber's task gets to run
+    while a loop publishes without pause."""
+    pub = await ctx.publisher("/starve")
+    sub = await ctx.subscriber("/starve", leaky=True, queue=1)
+    seen: list[int] = []
+
+    async def watch() -> None:
+        async for message in sub:
+            seen.append(message)
+
+    watcher = asyncio.ensure_future(watch())
+    await asyncio.sleep(0)
+    for i in range(1000):
+        await pub.publish(i)
+    assert seen, "the subscriber's task never ran during 1000 publishes"
+    assert seen == sorted(seen) and len(seen) < 1000
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher

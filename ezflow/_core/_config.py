@@ -42,6 +42,7 @@ __all__ = [
     "MAX_TOPIC_LENGTH",
     "METRICS_REQUEST_TIMEOUT",
     "MIN_TELEMETRY_INTERVAL",
+    "PUBLISH_YIELD_EVERY",
     "REQUEST_TIMEOUT",
     "ROUTE_APPLY_TIMEOUT",
     "TELEMETRY_MAX_WRITE_BUFFER",
@@ -81,6 +82,10 @@ DEFAULT_MAX_IN_FLIGHT: Final = 64
 #: ... or this many unreleased encoded bytes (whichever comes first; one message is
 #: always allowed, however large).
 DEFAULT_MAX_IN_FLIGHT_BYTES: Final = 32 * 1024 * 1024
+
+#: A publish that did not have to wait yields to the event loop once per this many
+#: messages, so that a tight publishing loop never starves its loop's other tasks.
+PUBLISH_YIELD_EVERY: Final = 64
 
 #: Largest frame accepted before a peer has completed the handshake.
 HANDSHAKE_MAX_FRAME_SIZE: Final = 64 * 1024

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._codec import Codec, EncodedMessage
+from ._config import PUBLISH_YIELD_EVERY
 from ._exceptions import ClosedResourceError, MessageTooLargeError
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 
@@ -148,6 +149,7 @@ class Outlet:
         self._links: list[Link] = []
         self._seq = 0
         self._waiter: asyncio.Future[None] | None = None
+        self._unyielded = 0  # publishes in a row that did not yield to the loop
         self._closed = False
         self._links_changed: asyncio.Event | None = None
         self._publish_hooks = PUBLISH_HOOKS
@@ -214,11 +216,24 @@ class Outlet:
         a message the codec cannot encode, and :class:`MessageTooLargeError` when the
         encoded message exceeds this publisher's or a receiving channel's limit — in each
         case before anything was sent. Cancellation while waiting sends nothing.
+
+        A publish that did not have to wait yields to the event loop once every
+        ``PUBLISH_YIELD_EVERY`` messages, so that a tight publishing loop cannot starve
+        the other tasks of its loop (a leaky subscriber in the same process would never
+        run otherwise).
         """
         if self._closed:
             raise ClosedResourceError("publisher is closed")
         if self._blocked():
+            self._unyielded = 0
             await self._wait_for_room()
+        else:
+            self._unyielded += 1
+            if self._unyielded >= PUBLISH_YIELD_EVERY:
+                self._unyielded = 0
+                await asyncio.sleep(0)
+                if self._blocked():  # things may have changed meanwhile
+                    await self._wait_for_room()
         self.send_now(message)
 
     async def wait_for_room(self) -> None:
