@@ -152,7 +152,6 @@ class Outlet:
         self._unyielded = 0  # publishes in a row that did not yield to the loop
         self._closed = False
         self._links_changed: asyncio.Event | None = None
-        self._publish_hooks = PUBLISH_HOOKS
 
     @property
     def links(self) -> tuple[Link, ...]:
@@ -306,9 +305,9 @@ class Outlet:
                 drops = link.drops
                 link.park(seq, now, link_message, encoded)
                 stats.drops += link.drops - drops
-        if self._publish_hooks:
+        if PUBLISH_HOOKS:
             emit(
-                self._publish_hooks,
+                PUBLISH_HOOKS,
                 PublishEvent(self.topic, self.publisher_id, seq, nbytes, len(links), now),
             )
 
