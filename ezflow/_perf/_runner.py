@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .._transports._segment import sweep_stale_segments
 from . import _environment, _floor
 from ._schema import SCHEMA_ID
 from ._spec import Cell, Plan, latency_count, layout, pacing
@@ -135,10 +136,14 @@ class Worker:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self.process.wait()), timeout)
         finally:
-            if self.process.returncode is None:
+            killed = self.process.returncode is None
+            if killed:
                 with contextlib.suppress(ProcessLookupError):
                     self.process.kill()
             await self.process.wait()
+            if killed:
+                # A killed worker cannot remove its shared memory: do it for it.
+                sweep_stale_segments()
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._drain, 2.0)
 
