@@ -319,7 +319,7 @@ class ChannelSnapshot:
     is the messages waiting in the inboxes, ``buffers_in_use`` the messages the channel
     still holds against the publisher's window (delivered, not yet taken by every
     lossless subscriber). ``decode`` is a histogram of decode times sampled one message
-    in 16; ``decode_seconds`` is the exact total.
+    in 16; ``decode_seconds`` is the total estimated from those samples.
     """
 
     publisher_id: str
@@ -498,7 +498,8 @@ class PublishEvent:
 class DeliverEvent:
     """A channel delivered a message to *subscribers* local subscribers. *latency_ns* is
     publish -> deliver (``None`` when the transport did not carry the publish time),
-    *decode_ns* the decode time (0 for the local transport)."""
+    *decode_ns* the decode time when this message was one of the sampled ones (one in
+    16), else 0 (always 0 for the local transport)."""
 
     topic: str
     publisher_id: str
