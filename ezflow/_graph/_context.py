@@ -458,10 +458,17 @@ class GraphContext:
             # Remote channels read up to END before this process leaves the graph (and
             # its registrations vanish), so nothing already published is lost.
             await self._local.aclose()
-            await asyncio.gather(
+            # Both at once (each may wait up to 5 s for slow channels); an error in one
+            # must not keep the other open.
+            results = await asyncio.gather(
                 *(t.aclose() for t in (self._tcp, self._shm) if t is not None),
                 return_exceptions=True,
             )
+            for result in results:
+                if isinstance(result, BaseException):
+                    if not isinstance(result, Exception):
+                        raise result  # cancellation and the like: not ours to swallow
+                    log.error("closing a transport failed", exc_info=result)
         finally:
             if self._client is not None:
                 self._client.close()
