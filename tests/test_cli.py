@@ -399,3 +399,22 @@ def test_run_refuses_what_is_not_a_target() -> None:
     assert "is not MODULE_OR_FILE:OBJECT" in invoke("run", "nothing").stderr
     assert "no such file" in invoke("run", "nope/graph.py:X").stderr
     assert invoke("run", "nope/graph.py:X").exit_code == 2
+
+
+def test_echo_summarises_arrays_inside_other_messages() -> None:
+    import dataclasses  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    from ezflow._cli._echo import summarize  # noqa: PLC0415
+
+    @dataclasses.dataclass
+    class Frame:
+        name: str
+        pixels: np.ndarray
+
+    shown = repr(summarize({"a": [np.arange(6).reshape(2, 3)], "f": Frame("x", np.ones(3))}))
+    assert "ndarray shape=(2, 3) dtype=int64 min=0 max=5" in shown
+    assert "Frame(name='x', pixels=ndarray shape=(3,) dtype=float64 min=1.0 max=1.0)" in shown
+    assert repr(summarize(np.array([1 + 2j]))) == "ndarray shape=(1,) dtype=complex128"
+    assert summarize("text") == "text"

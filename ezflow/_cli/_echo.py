@@ -255,6 +255,7 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
             next_print = started + 1.0
             end = None if duration is None else started + duration
             received = 0
+            shown: tuple[int, float] | None = None  # (received, last arrival) last shown
             while True:
                 now = time.monotonic()
                 if end is not None and now >= end:
@@ -265,7 +266,9 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
                 if time.monotonic() >= next_print:
                     next_print += 1.0
                     _show_rate(_rate_line(times, received, sub.stats.dropped), as_json)
-            _show_rate(_rate_line(times, received, sub.stats.dropped), as_json)
+                    shown = (received, times[-1] if times else 0.0)
+            if shown != (received, times[-1] if times else 0.0):  # what is new since
+                _show_rate(_rate_line(times, received, sub.stats.dropped), as_json)
 
     run_async(main)
 
