@@ -177,6 +177,26 @@ def test_an_unreachable_server_as_a_real_process() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_serve_stops_cleanly_on_ctrl_c() -> None:
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "ezflow", "serve", "--address", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert serve.stdout is not None
+        assert "listening on 127.0.0.1:" in serve.stdout.readline()
+        serve.send_signal(signal.SIGINT)
+        out, err = serve.communicate(timeout=10)
+        assert serve.returncode == 0, err
+        assert out == "graph server stopped\n" and err == ""
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.communicate()
+
+
 def test_serve_refuses_a_port_in_use(graph: Graph) -> None:
     result = invoke("serve", "--address", graph.address)
     assert result.exit_code == 1
