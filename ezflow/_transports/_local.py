@@ -37,7 +37,7 @@ class _LocalLink(Link):
 
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
         self.sent_count += 1
-        self.channel.deliver(seq, message, 0, self.drops)
+        self.channel.deliver(seq, message, 0, self.drops, time_ns)
 
     def close(self) -> None:
         on_lost, self.on_lost = self.on_lost, None

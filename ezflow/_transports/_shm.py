@@ -486,13 +486,15 @@ class _ShmChannelConnection(ChannelConnection):
         if kind == SHM_DATA:
             if len(body) <= SHM_HEADER.size:
                 raise ProtocolError(f"SHM_DATA frame of {len(body)} bytes")
-            _, _, seq, _, drops, block, generation, offset, length = SHM_HEADER.unpack_from(body)
+            _, _, seq, sent_ns, drops, block, generation, offset, length = SHM_HEADER.unpack_from(
+                body
+            )
             try:
                 name = bytes(body[SHM_HEADER.size :]).decode("ascii")
                 view = self.reader.view(Descriptor(name, offset, length, block, generation))
             except (UnicodeDecodeError, ValueError, BrokenResourceError) as exc:
                 raise ProtocolError(f"unusable shared-memory notification: {exc}") from exc
-            self.channel.deliver_body(seq, view, drops)
+            self.channel.deliver_body(seq, view, drops, sent_ns)
         elif kind == RETIRE:
             try:
                 self.reader.forget(bytes(body[1:]).decode("ascii"))

@@ -308,8 +308,8 @@ class ChannelConnection(FramedProtocol):
         if kind == DATA:
             if len(body) < HEADER_SIZE:
                 raise ProtocolError(f"DATA frame of {len(body)} bytes")
-            _, _, seq, _, drops = DATA_HEADER.unpack_from(body)
-            self.channel.deliver_body(seq, memoryview(body)[HEADER_SIZE:], drops)
+            _, _, seq, sent_ns, drops = DATA_HEADER.unpack_from(body)
+            self.channel.deliver_body(seq, memoryview(body)[HEADER_SIZE:], drops, sent_ns)
         elif kind == END:
             # Everything the publisher sent came before END: close our side now, which
             # also tells the publisher its last messages arrived.
