@@ -503,3 +503,20 @@ async def test_leaky_drop_counts_match_the_real_drops(
             assert subscriber.leaky and not channel.lossless
         finally:
             await child.aclose()
+
+
+@pytest.mark.parametrize("transport", ["local", "shm", "tcp"])
+async def test_every_transport_hands_the_publish_time_to_the_channel(
+    ctx: ezflow.GraphContext, transport: str
+) -> None:
+    """Latency needs the publish time each transport carries: local in the call, shm and
+    tcp in every DATA / SHM_DATA header (inline and zero-copy alike)."""
+    pub = await ctx.publisher(f"/lat/{transport}")
+    sub = await ctx.subscriber(f"/lat/{transport}", transport=transport)
+    for size in (16, 200_000):  # shm: inline, then through shared memory
+        await pub.publish(np.zeros(size, np.uint8))
+        await sub.recv()
+    (channel,) = [c for c in ctx.telemetry().channels if c.topic == f"/lat/{transport}"]
+    assert channel.transport == transport
+    assert channel.latency.count == 2
+    assert 0 < channel.latency.max < 10_000_000_000
