@@ -450,12 +450,22 @@ class ShmRing:
         slot.leases = leases
         slot.state = _LEASED
         for channel in leases:
-            held = self._by_channel.get(channel)
-            if held is None:
-                self._by_channel[channel] = {slot.id}
-            else:
-                held.add(slot.id)
+            self._note_lease(channel, slot)
         return descriptor
+
+    def _note_lease(self, channel: Hashable, slot: _Slot) -> None:
+        held = self._by_channel.get(channel)
+        if held is None:
+            self._by_channel[channel] = {slot.id}
+        else:
+            held.add(slot.id)
+
+    def _leased(self, block: int, generation: int) -> _Slot | None:
+        """The slot of *block* if it is leased in that *generation*, else None."""
+        slot = self._blocks.get(block)
+        if slot is None or slot.state != _LEASED or slot.generation != generation:
+            return None
+        return slot
 
     def add_lease(self, descriptor: Descriptor, channel: Hashable) -> bool:
         """Lease the published block of *descriptor* to one more *channel*; true if done.
@@ -464,21 +474,11 @@ class ShmRing:
         (nothing changed) when the block has been freed or reused since - acquire a new
         one then - or when *channel* holds it already.
         """
-        slot = self._blocks.get(descriptor.block)
-        if (
-            slot is None
-            or slot.state != _LEASED
-            or slot.generation != descriptor.generation
-            or slot.segment.name != descriptor.segment
-            or channel in slot.leases
-        ):
+        slot = self._leased(descriptor.block, descriptor.generation)
+        if slot is None or slot.segment.name != descriptor.segment or channel in slot.leases:
             return False
         slot.leases.add(channel)
-        held = self._by_channel.get(channel)
-        if held is None:
-            self._by_channel[channel] = {slot.id}
-        else:
-            held.add(slot.id)
+        self._note_lease(channel, slot)
         return True
 
     def release(self, channel: Hashable, descriptor: Descriptor) -> bool:
@@ -498,13 +498,8 @@ class ShmRing:
     def release_block(self, channel: Hashable, block: int, generation: int) -> bool:
         """:meth:`release` by block id and generation (what a channel sends back);
         the same guarantees, since a block id names one segment for the ring's life."""
-        slot = self._blocks.get(block)
-        if (
-            slot is None
-            or slot.state != _LEASED
-            or slot.generation != generation
-            or channel not in slot.leases
-        ):
+        slot = self._leased(block, generation)
+        if slot is None or channel not in slot.leases:
             return False
         slot.leases.discard(channel)
         held = self._by_channel[channel]
