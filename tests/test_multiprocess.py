@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from _children import payload
+from _children import mixed_payload, payload
 from _proc import Child
 from conftest import loop_kind
 
@@ -212,10 +212,20 @@ async def test_restart_after_a_crash_works(ctx: ezflow.GraphContext) -> None:
             await child.aclose()
 
 
+@pytest.mark.parametrize(
+    ("transport", "sizes"),
+    [
+        # 64 KiB messages: more than the socket buffers hold
+        ("tcp", [64 * 1024]),
+        # inline, ring slots and out-of-line blocks: the publisher's segments go away
+        # right after, yet the subscriber reads everything first
+        ("shm", [300 * 1024, 100 * 1024, 64]),
+    ],
+)
 async def test_closing_right_after_publishing_delivers_everything(
-    server: ezflow.GraphServer,
+    server: ezflow.GraphServer, transport: str, sizes: list[int]
 ) -> None:
-    count, size = 200, 8192  # 64 KiB messages: more than the socket buffers hold
+    count = 200
     child = await Child.start(
         "subscribers",
         loop_kind(),
@@ -223,14 +233,16 @@ async def test_closing_right_after_publishing_delivers_everything(
         topic="/mp/tail",
         subs=1,
         count=count,
-        size=size,
+        sizes=sizes,
+        transport=transport,
     )
     try:
         await child.event("ready")
         async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
             pub = await ctx.publisher("/mp/tail")
+            await pub.wait_for_channels(1)
             for i in range(count):
-                await pub.publish(payload(i, size))
+                await pub.publish(mixed_payload(i, sizes))
         done = await child.event("done", timeout=30)
         assert done["errors"] == [] and done["received"] == [count]
     finally:

@@ -687,36 +687,6 @@ async def test_a_hostile_publisher_loses_its_channel_only(caplog: pytest.LogCapt
     assert "Traceback" not in caplog.text
 
 
-# -- closing -----------------------------------------------------------------------------------
-
-
-async def test_closing_right_after_publishing_delivers_everything_over_shm(
-    server: ezflow.GraphServer,
-) -> None:
-    count, sizes = 200, [300 * KiB, 100 * KiB, 64]
-    child = await Child.start(
-        "subscribers",
-        loop_kind(),
-        address=list(server.address),
-        topic="/shm/tail",
-        subs=1,
-        count=count,
-        sizes=sizes,
-    )
-    try:
-        await child.event("ready")
-        async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
-            pub = await ctx.publisher("/shm/tail")
-            await pub.wait_for_channels(1)
-            for i in range(count):
-                await pub.publish(mixed_payload(i, sizes))
-        # the publisher's segments are gone already; the child read everything first
-        done = await child.event("done", timeout=30)
-        assert done["errors"] == [] and done["received"] == [count]
-    finally:
-        await child.aclose()
-
-
 async def test_a_loan_waits_while_the_window_is_full(shm_pair: Any) -> None:
     pub, sub = await shm_pair("/shm/loanwait")
     pub._outlet.max_in_flight = 2  # a small window, to fill it quickly
