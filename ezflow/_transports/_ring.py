@@ -590,8 +590,8 @@ class _Released:
             try:
                 callback(descriptor)
             except Exception:
-                # Raised from a finalizer, it would only be printed to stderr somewhere
-                # unrelated; the descriptor is queued anyway.
+                # Raised from a weak-reference callback, it would only be printed to
+                # stderr somewhere unrelated; the descriptor is queued anyway.
                 log.exception("on_release callback failed for %s", descriptor)
 
 
@@ -604,9 +604,9 @@ class RingReader:
     exactly the block. When the last object built on it is gone - the view itself,
     ``np.frombuffer`` arrays, slices, reshapes, further memoryviews - its descriptor is
     queued for :meth:`take_released` and *on_release* is called with it. *on_release*
-    runs inside a finalizer, possibly on another thread or inside unrelated code: it
-    must be cheap and thread-safe (e.g. ``loop.call_soon_threadsafe``); its exceptions
-    are logged.
+    runs inside a weak-reference callback, possibly on another thread or inside
+    unrelated code: it must be cheap and thread-safe (e.g.
+    ``loop.call_soon_threadsafe``); its exceptions are logged.
 
     Each :meth:`view` call is one reference: a descriptor viewed twice is reported
     released twice. Not thread-safe except for the release path.
@@ -625,7 +625,8 @@ class RingReader:
 
     @property
     def on_release(self) -> Callable[[Descriptor], object] | None:
-        """Called with each descriptor as it is released (from the finalizer)."""
+        """Called with each descriptor as it is released (from a weak-reference
+        callback)."""
         return self._released.callback
 
     @on_release.setter
@@ -659,7 +660,8 @@ class RingReader:
             )
         # The numpy array is the object whose death means "released": every memoryview
         # or array derived from the view below holds it through the buffer protocol, and
-        # CPython frees it (running the finalizer) as soon as the last one goes.
+        # CPython frees it (calling the weak reference's callback) as soon as the last
+        # one goes.
         array = np.frombuffer(segment.buffer, dtype=np.uint8, count=length, offset=offset)
         self._released.watch(array, descriptor)
         # ndarray.data is memoryview(array): a new view whose .obj is the array.
@@ -691,7 +693,7 @@ class RingReader:
         (each once per :meth:`view`)."""
         pending = self._released.pending
         taken: list[Descriptor] = []
-        # popleft until empty rather than copy-and-clear: a finalizer on another thread
+        # popleft until empty rather than copy-and-clear: a callback on another thread
         # may append in between, and must not be lost.
         while pending:
             taken.append(pending.popleft())

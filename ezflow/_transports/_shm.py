@@ -17,8 +17,8 @@ of :mod:`._stream`); what differs is where message bytes travel:
 
 Leases and releases
     A block stays leased to a channel while anything in that process still refers to the
-    message: the :class:`RingReader` learns from a finalizer when the last view is gone,
-    and the channel sends ``FREE`` (block, generation) records back, batched per
+    message: the :class:`RingReader` learns from a weak reference when the last view is
+    gone, and the channel sends ``FREE`` (block, generation) records back, batched per
     event-loop iteration. A subscriber that keeps a message therefore sees it unchanged
     for as long as it keeps it. This is separate from flow control: the ``max_in_flight``
     window (``ACK``) counts messages not yet *taken* by every subscriber, and is what
@@ -128,8 +128,8 @@ class ShmStats:
 
 
 class _LoopCall:
-    """Schedules a callback on the loop's thread from anywhere - finalizers included,
-    which may run on another thread or in the middle of unrelated code."""
+    """Schedules a callback on the loop's thread from anywhere - weak-reference callbacks
+    included, which may run on another thread or in the middle of unrelated code."""
 
     __slots__ = ("_loop", "_thread")
 
@@ -504,7 +504,7 @@ class _ShmChannelConnection(ChannelConnection):
             super().publisher_frame(kind, body)
 
     def _block_released(self, descriptor: Descriptor) -> None:
-        # From a finalizer (any thread, any moment): only schedule the send.
+        # From a weak-reference callback (any thread, any moment): only schedule the send.
         if not self._free_scheduled:
             self._free_scheduled = True
             self._call(self._send_free)
