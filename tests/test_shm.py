@@ -553,6 +553,37 @@ async def test_shm_that_cannot_be_created_falls_back_to_tcp_once(
     assert len(said) == 1 and "no space left" in said[0] and "use tcp" in said[0]
 
 
+async def test_a_ring_that_cannot_be_created_later_sends_inline_and_says_so_once(
+    shm_pair: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rings are created at their first large message: if /dev/shm is full by then, the
+    messages travel inline on the same socket - nothing lost, one warning."""
+    pub, sub = await shm_pair("/shm/late")
+
+    def refuse(size: int, *, tag: str = "") -> ShmSegment:
+        raise ezflow.BrokenResourceError("shared memory is unavailable: no space left")
+
+    monkeypatch.setattr(ShmSegment, "create", staticmethod(refuse))
+    with caplog.at_level(logging.WARNING, logger="ezflow"):
+        for i in range(3):
+            await pub.publish(np.full(200_000, i, np.uint8))
+            got = await sub.recv()
+            assert got.shape == (200_000,) and np.all(got == i)
+    stats = pub.shm_stats
+    assert stats is not None and stats.zero_copy == 0 and stats.no_block == 3
+    said = [r.getMessage() for r in caplog.records if "shared memory failed" in r.getMessage()]
+    assert len(said) == 1 and "inline" in said[0]
+
+
+async def test_a_publisher_of_small_messages_creates_no_ring(shm_pair: Any) -> None:
+    pub, sub = await shm_pair("/shm/small")
+    for i in range(100):
+        await pub.publish(i)
+        assert await sub.recv() == i
+    stats = pub.shm_stats
+    assert stats is not None and stats.shm_bytes == 0 and stats.inline == 100
+
+
 async def test_forcing_shm_to_a_publisher_on_another_host_uses_tcp(
     ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -670,7 +701,7 @@ async def test_a_hostile_publisher_loses_its_channel_only(caplog: pytest.LogCapt
                 )
                 peer, _ = await asyncio.wait_for(loop.sock_accept(listener), 5)
                 await asyncio.wait_for(loop.sock_recv(peer, 65536), 5)  # HELLO
-                welcome = {"op": "welcome", "ok": True, "max_in_flight": 8, "ring": ring.name}
+                welcome = {"op": "welcome", "ok": True, "max_in_flight": 8, "segment": ring.name}
                 await loop.sock_sendall(peer, control(WELCOME, welcome))
                 inbound = await asyncio.wait_for(opening, 5)
                 await loop.sock_sendall(peer, data)

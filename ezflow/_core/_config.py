@@ -125,7 +125,8 @@ class ShmOptions:
     """How a publisher uses shared memory for its same-host edges.
 
     * *slot_count* slots of *slot_size* bytes form the publisher's ring segment, created
-      when the first shm channel connects (or at the first loan);
+      at its first message that goes through shared memory (or its first loan): a
+      publisher of small messages never has one;
     * messages larger than a slot get an *out-of-line* segment of their own, pooled and
       reused after release; the ring and every out-of-line block together never exceed
       *max_bytes* of ``/dev/shm``;

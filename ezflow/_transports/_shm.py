@@ -50,6 +50,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import mmap
 import os
 import re
 import secrets
@@ -79,7 +80,7 @@ from .._core._framing import (
 from .._core._outlet import Outlet
 from .._core._protocol import PublisherInfo, field
 from ._ring import Block, Descriptor, RingReader, ShmRing
-from ._segment import shm_available, sweep_stale_segments
+from ._segment import ShmSegment, shm_available, sweep_stale_segments
 from ._stream import ChannelConnection, PublisherConnection, StreamLink, StreamTransport
 
 __all__ = ["SegmentSweeper", "ShmStats", "ShmTransport", "valid_socket_name"]
@@ -472,11 +473,12 @@ class _ShmChannelConnection(ChannelConnection):
         self._closed_here = False
 
     def welcomed(self, reply: dict[str, Any]) -> None:
-        # Mapping the ring now proves that /dev/shm is shared with the publisher (a
-        # container may have its own); if not, the caller falls back to tcp.
-        ring = field(reply, "ring", str)
+        # Mapping the publisher process's probe segment now proves that /dev/shm is
+        # shared with it (a container may have its own); if not, the caller falls back
+        # to tcp.
+        probe = field(reply, "segment", str)
         try:
-            self.reader.attach(ring)
+            self.reader.attach(probe)
         except (BrokenResourceError, ValueError) as exc:
             raise BrokenResourceError(
                 f"cannot map the shared memory of publisher {self.publisher.publisher_id}: {exc}"
@@ -557,6 +559,8 @@ class ShmTransport(StreamTransport[str]):
         self._codec = codec
         self._shm: dict[str, _OutletShm] = {}
         self._call: _LoopCall | None = None
+        self._probe: ShmSegment | None = None
+        self._probe_error: str | None = None
         self.sweeper = SegmentSweeper()
 
     @staticmethod
@@ -630,9 +634,9 @@ class ShmTransport(StreamTransport[str]):
         self, connection: PublisherConnection, outlet: Outlet, hello: dict[str, Any]
     ) -> tuple[StreamLink, dict[str, Any]]:
         shm = self._shm[outlet.publisher_id]
+        probe = self._probe_segment()
         if not shm.usable:
             raise BrokenResourceError("shared memory failed for this publisher earlier")
-        shm.ring.open()  # BrokenResourceError: no shared memory -> the channel uses tcp
         link = _ShmLink(
             connection,
             lossless=bool(hello.get("lossless")),
@@ -640,8 +644,28 @@ class ShmTransport(StreamTransport[str]):
             shm=shm,
         )
         shm.links.add(link)
-        assert shm.ring.name is not None
-        return link, {"ring": shm.ring.name}
+        return link, {"segment": probe.name}
+
+    def _probe_segment(self) -> ShmSegment:
+        """One page of this process that every channel maps at its handshake, to prove
+        it shares /dev/shm with us; created with the first shm channel. (Rings are
+        created at their first large message, so a publisher of small messages costs
+        nothing more.) Raises :class:`BrokenResourceError` when shared memory cannot be
+        created here, logged once."""
+        if self._probe is None:
+            if self._probe_error is not None:
+                raise BrokenResourceError(self._probe_error)
+            try:
+                self._probe = ShmSegment.create(mmap.PAGESIZE, tag="probe")
+            except BrokenResourceError as exc:
+                self._probe_error = f"the publisher's process cannot create shared memory: {exc}"
+                log.warning(
+                    "cannot create shared memory (%s); channels to this process's "
+                    "publishers use tcp",
+                    exc,
+                )
+                raise BrokenResourceError(self._probe_error) from exc
+        return self._probe
 
     def channel_frame(
         self, connection: PublisherConnection, link: StreamLink, kind: int, body: bytes | memoryview
@@ -683,4 +707,11 @@ class ShmTransport(StreamTransport[str]):
                 shm.links.clear()
                 shm.close()
             self._shm.clear()
+            probe, self._probe = self._probe, None
+            if probe is not None:
+                try:
+                    if probe.owner:  # not in a forked child
+                        probe.unlink()
+                finally:
+                    probe.close()
             await self.sweeper.aclose()
