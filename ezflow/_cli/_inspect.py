@@ -47,19 +47,19 @@ def mermaid(snapshot: dict[str, Any]) -> str:
         lines.append(f'    {client["client_id"]}(["{_mermaid_text(_process_label(client))}"])')
     for src, dst in snapshot["edges"]:
         lines.append(f"    {topic_ids[src]} --> {topic_ids[dst]}")
-    clients = {c["client_id"] for c in snapshot["clients"]}
-    seen: set[str] = set()
-    for pub in snapshot["publishers"]:
-        line = f"    {pub['client_id']} -. publishes .-> {topic_ids[pub['topic']]}"
-        if pub["client_id"] in clients and line not in seen:
-            seen.add(line)
-            lines.append(line)
-    for sub in snapshot["subscribers"]:
-        line = f"    {topic_ids[sub['topic']]} -. subscribes .-> {sub['client_id']}"
-        if sub["client_id"] in clients and line not in seen:
-            seen.add(line)
-            lines.append(line)
+    for client_id, topic in _memberships(snapshot, "publishers"):
+        lines.append(f"    {client_id} -. publishes .-> {topic_ids[topic]}")
+    for client_id, topic in _memberships(snapshot, "subscribers"):
+        lines.append(f"    {topic_ids[topic]} -. subscribes .-> {client_id}")
     return "\n".join(lines) + "\n"
+
+
+def _memberships(snapshot: dict[str, Any], kind: str) -> list[tuple[str, str]]:
+    """(client id, topic) of every publisher or subscriber (*kind*) of a known client,
+    once per pair, in the snapshot's order."""
+    clients = {c["client_id"] for c in snapshot["clients"]}
+    pairs = ((entry["client_id"], entry["topic"]) for entry in snapshot[kind])
+    return list(dict.fromkeys(pair for pair in pairs if pair[0] in clients))
 
 
 def _dot_text(text: str) -> str:
@@ -78,18 +78,10 @@ def dot(snapshot: dict[str, Any]) -> str:
         )
     for src, dst in snapshot["edges"]:
         lines.append(f"    {_dot_text(src)} -> {_dot_text(dst)};")
-    clients = {c["client_id"] for c in snapshot["clients"]}
-    seen: set[str] = set()
-    for pub in snapshot["publishers"]:
-        line = f"    {_dot_text(pub['client_id'])} -> {_dot_text(pub['topic'])} [style=dotted];"
-        if pub["client_id"] in clients and line not in seen:
-            seen.add(line)
-            lines.append(line)
-    for sub in snapshot["subscribers"]:
-        line = f"    {_dot_text(sub['topic'])} -> {_dot_text(sub['client_id'])} [style=dotted];"
-        if sub["client_id"] in clients and line not in seen:
-            seen.add(line)
-            lines.append(line)
+    for client_id, topic in _memberships(snapshot, "publishers"):
+        lines.append(f"    {_dot_text(client_id)} -> {_dot_text(topic)} [style=dotted];")
+    for client_id, topic in _memberships(snapshot, "subscribers"):
+        lines.append(f"    {_dot_text(topic)} -> {_dot_text(client_id)} [style=dotted];")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
