@@ -801,25 +801,30 @@ class GraphContext:
         self._channels[key] = record
         for subscriber in subscribers:
             record.attachments[subscriber.id] = channel.attach(subscriber._inbox)
-        try:
-            record.inbound = await self._transport(key[1]).open_channel(
-                channel, info, on_lost=lambda: self._lost_record(record)
-            )
-        except EzflowError as exc:
-            if key[1] == "shm" and self._channels.get(key) is record:
-                await self._fall_back_to_tcp(record, info, exc)
+        while True:
+            try:
+                record.inbound = await self._transport(record.key[1]).open_channel(
+                    channel, info, on_lost=lambda: self._lost_record(record)
+                )
+            except EzflowError as exc:
+                if record.key[1] == "shm" and self._channels.get(record.key) is record:
+                    if self._fall_back_to_tcp(record, info, exc):
+                        continue  # the same record, now over tcp
+                    return  # joined the tcp channel this process has to it already
+                log.warning("cannot open a channel to %s: %s", info.publisher_id, exc)
+                self._close_record(record)
                 return
-            log.warning("cannot open a channel to %s: %s", info.publisher_id, exc)
-            self._close_record(record)
-            return
-        if self._channels.get(key) is not record:
+            break
+        if self._channels.get(record.key) is not record:
             # Closed (context closing, subscribers gone) while we were connecting.
             record.inbound.close()
 
-    async def _fall_back_to_tcp(
+    def _fall_back_to_tcp(
         self, record: _ChannelRecord, info: PublisherInfo, error: EzflowError
-    ) -> None:
-        """The shm channel to *info* could not open: say so once, use tcp instead."""
+    ) -> bool:
+        """The shm channel to *info* could not open: say so once, and turn *record* into
+        a tcp one; true if it is to be opened over tcp, false if it joined an existing
+        tcp channel to the same publisher instead."""
         if info.publisher_id not in self._shm_refused:
             self._shm_refused.add(info.publisher_id)
             log.warning(
@@ -833,27 +838,18 @@ class GraphContext:
         record.key = (info.publisher_id, "tcp")
         record.channel.transport = "tcp"
         existing = self._channels.get(record.key)
-        if existing is not None:
-            # Another channel to it over tcp exists already: join it.
-            for sub_id, attachment in list(record.attachments.items()):
-                record.channel.detach(attachment)
-                subscriber = self._subscribers.get(sub_id)
-                if subscriber is not None and sub_id not in existing.attachments:
-                    existing.attachments[sub_id] = existing.channel.attach(subscriber._inbox)
-            record.attachments.clear()
-            record.channel.close()
-            return
-        self._channels[record.key] = record
-        try:
-            record.inbound = await self._transport("tcp").open_channel(
-                record.channel, info, on_lost=lambda: self._lost_record(record)
-            )
-        except EzflowError as exc:
-            log.warning("cannot open a channel to %s: %s", info.publisher_id, exc)
-            self._close_record(record)
-            return
-        if self._channels.get(record.key) is not record:
-            record.inbound.close()
+        if existing is None:
+            self._channels[record.key] = record
+            return True
+        # Another channel to it over tcp exists already: join it.
+        for sub_id, attachment in list(record.attachments.items()):
+            record.channel.detach(attachment)
+            subscriber = self._subscribers.get(sub_id)
+            if subscriber is not None and sub_id not in existing.attachments:
+                existing.attachments[sub_id] = existing.channel.attach(subscriber._inbox)
+        record.attachments.clear()
+        record.channel.close()
+        return False
 
     def _lost_record(self, record: _ChannelRecord) -> None:
         record.inbound = None
