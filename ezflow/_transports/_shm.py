@@ -348,11 +348,9 @@ class _OutletShm:
         self, message: np.ndarray[Any, Any], encoded: EncodedMessage
     ) -> Descriptor | None:
         """If *message* is a loaned array laid out as *encoded* says, its block."""
-        entry = self.loans.get(id(message))
-        if entry is None or entry.array() is not message:
+        entry = self._take_loan(message)
+        if entry is None:
             return None
-        del self.loans[id(message)]
-        message.flags.writeable = False
         descriptor = entry.descriptor
         if encoded.nbytes != descriptor.length or encoded.parts[0] != entry.prefix:
             return None  # reshaped or retyped in place since the loan: copy it
@@ -361,10 +359,17 @@ class _OutletShm:
     def spend(self, message: Any) -> None:
         """*message* was published: if it is a loaned array, it is read-only now."""
         if type(message) is np.ndarray:
-            entry = self.loans.get(id(message))
-            if entry is not None and entry.array() is message:
-                del self.loans[id(message)]
-                message.flags.writeable = False
+            self._take_loan(message)
+
+    def _take_loan(self, message: np.ndarray[Any, Any]) -> _Loan | None:
+        """The loan of *message* if it is a loaned array, spent: forgotten, and the
+        array made read-only."""
+        entry = self.loans.get(id(message))
+        if entry is None or entry.array() is not message:
+            return None
+        del self.loans[id(message)]
+        message.flags.writeable = False
+        return entry
 
     def _holder_died(self, ref: weakref.ref[Any]) -> None:
         # A weak-reference callback: any thread, any moment. Only schedule the release.
