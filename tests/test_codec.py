@@ -1160,6 +1160,22 @@ def test_cached_encode_respects_each_codecs_limit() -> None:
         Codec(max_message_size=1000).decode(DEFAULT_CODEC.encode(arr).to_bytes())
 
 
+def test_small_arrays_are_copied_into_one_part_large_ones_referenced() -> None:
+    codec = Codec()
+    small = np.arange(16, dtype=np.int64)  # a 176-byte body
+    large = np.arange(1024, dtype=np.int64)  # 8 KiB of data: above _SMALL_ARRAY_BODY
+    for arr in (small, large):
+        codec.encode(arr)  # fills the cache
+    encoded = codec.encode(small)
+    assert len(encoded.parts) == 1 and type(encoded.parts[0]) is bytes
+    small[0] = 99  # the message was taken at encode time
+    assert codec.decode(encoded.to_bytes())[0] == 0  # type: ignore[index]
+    encoded = codec.encode(large)
+    assert len(encoded.parts) == 2
+    assert np.shares_memory(np.frombuffer(encoded.parts[1], np.uint8), large)
+    assert encoded.nbytes > _codec._SMALL_ARRAY_BODY
+
+
 def test_array_caches_are_bounded() -> None:
     codec = Codec()
     for n in range(3 * _codec._ARRAY_CACHE_SIZE):

@@ -10,11 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ezflow._core._exceptions import ProtocolError
-from ezflow._core._framing import FrameReader, frame
+from ezflow._core._framing import LENGTH, FrameReader, frame
 
 
-def feed(reader: FrameReader, data: bytes, chunks: list[int]) -> list[bytes]:
-    """Push *data* through the reader in pieces no larger than each chunk size."""
+def feed(reader: FrameReader, data: bytes, chunks: list[int], *, sole: bool = False) -> list[bytes]:
+    """Push *data* through the reader in pieces no larger than each chunk size (with
+    *sole*: taking a fresh read that is exactly one whole frame in one step, as the
+    channels do)."""
     out: list[bytes] = []
     pos = 0
     sizes = iter(chunks)
@@ -23,6 +25,12 @@ def feed(reader: FrameReader, data: bytes, chunks: list[int]) -> list[bytes]:
         n = min(len(buffer), next(sizes, 65536), len(data) - pos)
         buffer[:n] = data[pos : pos + n]
         pos += n
+        fresh = reader.fresh_read(n) if sole and n >= 4 else None
+        if fresh is not None:
+            (size,) = LENGTH.unpack_from(fresh)
+            if size + 4 == n and size <= reader.max_frame_size:
+                out.append(bytes(fresh[4:]))
+                continue
         out.extend(bytes(f) for f in reader.buffer_updated(n))
     return out
 
@@ -39,9 +47,30 @@ def feed(reader: FrameReader, data: bytes, chunks: list[int]) -> list[bytes]:
     chunks=st.lists(st.integers(1, 100_000), min_size=1, max_size=50),
 )
 def test_any_split_yields_the_same_frames(bodies: list[bytes], chunks: list[int]) -> None:
-    reader = FrameReader(max_frame_size=1 << 20)
     data = b"".join(frame(b) for b in bodies)
-    assert feed(reader, data, chunks) == bodies
+    assert feed(FrameReader(max_frame_size=1 << 20), data, chunks) == bodies
+    assert feed(FrameReader(max_frame_size=1 << 20), data, chunks, sole=True) == bodies
+
+
+def test_fresh_read_is_offered_only_when_the_reader_held_nothing() -> None:
+    reader = FrameReader(max_frame_size=100)
+    one = frame(b"hello")
+    buffer = reader.get_buffer()
+    buffer[: len(one) + 3] = one + one[:3]
+    fresh = reader.fresh_read(len(one) + 3)
+    assert fresh is not None and bytes(fresh) == one + one[:3]
+    assert [bytes(f) for f in reader.buffer_updated(len(one) + 3)] == [b"hello"]
+    # Three bytes of the next frame are held: the rest of it is not a fresh read.
+    buffer = reader.get_buffer()
+    buffer[: len(one) - 3] = one[3:]
+    assert reader.fresh_read(len(one) - 3) is None
+    assert [bytes(f) for f in reader.buffer_updated(len(one) - 3)] == [b"hello"]
+    buffer = reader.get_buffer()
+    buffer[: len(one)] = one
+    fresh = reader.fresh_read(len(one))
+    assert fresh is not None and bytes(fresh) == one
+    # Taken whole (not passed on): the reader is empty again.
+    assert feed(reader, one, [len(one)]) == [b"hello"]
 
 
 def test_large_frame_is_read_in_place() -> None:

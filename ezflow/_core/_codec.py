@@ -61,7 +61,8 @@ Type mapping (encode -> decode):
   fields are recomputed by the constructor).
 
 Buffers are referenced, not copied, by :meth:`Codec.encode`: do not modify an array or
-bytearray until its message has been written.
+bytearray until its message has been written. (A message that is one small array, whose
+body is at most 4 KiB, is copied: that costs less than referencing it.)
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ EXT_BUFFER: Final = 5
 EXT_DATACLASS: Final = 6
 
 _HEADER_1BUF: Final = struct.Struct("<BBHIQ")
+_NBUF_META: Final = struct.Struct("<2xHI")  # HEADER's nbuf and meta_len alone
 _U32: Final = struct.Struct("<I")
 _ARRAY_PREFIX: Final = struct.Struct("<IB")
 _MAX_NDIM: Final = 64
@@ -135,6 +137,10 @@ _MAX_EMPTY_ITEMS: Final = DEFAULT_MAX_MESSAGE_SIZE
 _DTYPE_CACHE_SIZE: Final = 512
 # Entries of each top-level array cache (see ``_ENC_ARRAYS``); a full cache is emptied.
 _ARRAY_CACHE_SIZE: Final = 256
+# A top-level array whose whole body is at most this many bytes is copied into one bytes
+# part instead of being referenced: cheaper than exporting its buffer, and the sender
+# then writes one object.
+_SMALL_ARRAY_BODY: Final = 4096
 _PLAIN_KINDS: Final = frozenset("biufcmMSUV")
 # A descr string exactly as numpy's ``dtype.str`` writes it (byte order, kind, size,
 # datetime unit). Anything else is refused before numpy parses it: np.dtype() accepts
@@ -882,7 +888,7 @@ class Codec:
     tasks and threads. The dataclass registry it uses is process-global.
     """
 
-    __slots__ = ("_limit",)
+    __slots__ = ("_last_array", "_limit")
 
     def __init__(self, *, max_message_size: int | None = None) -> None:
         """*max_message_size*: largest body in bytes that :meth:`encode` produces and
@@ -894,6 +900,10 @@ class Codec:
             self._limit: int = DEFAULT_MAX_MESSAGE_SIZE
         else:
             self._limit = check_positive(max_message_size, setting="max_message_size")
+        # The last top-level array decoded from a bytes body: (body length, prefix,
+        # data offset, shape, dtype). A stream of one kind of array (the usual case)
+        # skips even the _DEC_ARRAYS lookup. Replaced whole, so threads may share it.
+        self._last_array: tuple[int, bytes, int, tuple[int, ...], np.dtype[Any]] | None = None
 
     @property
     def max_message_size(self) -> int:
@@ -909,7 +919,9 @@ class Codec:
         """Encode *obj* (see the module docstring for the supported types).
 
         Returns the body as parts; arrays and byte buffers are referenced, not copied
-        (except non-contiguous ones, which are copied after the size check).
+        (except non-contiguous ones, which are copied after the size check, and a
+        message that is one array with a body of at most 4 KiB, which is one ``bytes``
+        part).
 
         Raises :class:`UnregisteredTypeError` (a TypeError) naming the first object of
         an unsupported type, :class:`MessageTooLargeError` if the body would exceed
@@ -920,13 +932,18 @@ class Codec:
         """
         tp = type(obj)
         if tp is np.ndarray:
-            arr = cast("np.ndarray[Any, Any]", obj)
+            arr: np.ndarray[Any, Any] = obj  # type: ignore[assignment]  # (cast() is a call)
             hit = _ENC_ARRAYS.get((arr.dtype, arr.shape))
-            if hit is not None and hit[1] <= self._limit and arr.flags.c_contiguous:
-                try:
-                    return EncodedMessage([hit[0], arr.data.cast("B")], hit[1])
-                except (TypeError, ValueError, NotImplementedError):  # pragma: no cover
-                    pass
+            if hit is not None and hit[1] <= self._limit:
+                if hit[1] <= _SMALL_ARRAY_BODY:
+                    # Small: one bytes part. Copying these few bytes costs less than
+                    # exporting the array's buffer, and a sender writes one object.
+                    return EncodedMessage([hit[0] + arr.tobytes()], hit[1])
+                if arr.flags.c_contiguous:
+                    try:
+                        return EncodedMessage([hit[0], arr.data.cast("B")], hit[1])
+                    except (TypeError, ValueError, NotImplementedError):  # pragma: no cover
+                        pass
             return self._encode_array(arr)
         if tp in _LEAVES:
             return self._assemble(msgpack.packb(obj), [])
@@ -1081,6 +1098,22 @@ class Codec:
         whose constructor fails (the original exception is the ``__cause__``). No
         memory is allocated for sizes the body claims but does not contain.
         """
+        if type(body) is bytes:
+            # A top-level array whose prefix was seen before, in a bytes body (what the
+            # stream transports hand over for small messages): no memoryview needed.
+            n = len(body)
+            last = self._last_array
+            if last is not None and n == last[0] and body.startswith(last[1]):
+                return np.ndarray(last[3], last[4], body, last[2])
+            if HEADER.size <= n <= self._limit:
+                nbuf, meta_len = _NBUF_META.unpack_from(body)
+                if nbuf == 1:
+                    start = (HEADER.size + 8 + meta_len + BUFFER_ALIGNMENT - 1) & -BUFFER_ALIGNMENT
+                    prefix = body[:start]
+                    hit = _DEC_ARRAYS.get(prefix)
+                    if hit is not None and hit[0] == n:
+                        self._last_array = (n, prefix, start, hit[1], hit[2])
+                        return np.ndarray(hit[1], hit[2], body, start)
         try:
             return self._decode(body)
         except ProtocolError:

@@ -235,6 +235,30 @@ class Outlet:
                     await self._wait_for_room()
         self.send_now(message)
 
+    def publish_nowait(self, message: Any) -> bool:
+        """Send *message* now and return True when :meth:`publish` would neither wait
+        nor yield; else send nothing and return False (then await :meth:`publish`).
+
+        The same checks and errors as :meth:`publish`, without creating a coroutine:
+        the latency of a paced publisher.
+        """
+        if self._closed:
+            raise ClosedResourceError("publisher is closed")
+        if self._unyielded >= PUBLISH_YIELD_EVERY - 1:
+            return False
+        max_count = self.max_in_flight
+        max_bytes = self.max_in_flight_bytes
+        for link in self._links:  # _blocked and has_room, inlined
+            if link.lossless:
+                count = link.sent_count - link.released_count
+                if count >= max_count or (
+                    count and link.sent_bytes - link.released_bytes >= max_bytes
+                ):
+                    return False
+        self._unyielded += 1
+        self.send_now(message)
+        return True
+
     async def wait_for_room(self) -> None:
         """Return once no lossless channel is full (at once if none is): what
         :meth:`publish` waits for. Raises :class:`ClosedResourceError` after

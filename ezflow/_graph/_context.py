@@ -143,7 +143,9 @@ class Publisher:
         A loaned array (:meth:`loan`) is sent to shm subscribers without being copied,
         and is read-only from then on.
         """
-        await self._outlet.publish(message)
+        outlet = self._outlet
+        if not outlet.publish_nowait(message):
+            await outlet.publish(message)
         if self._loaned:
             shm = self._context._shm
             if shm is not None:
