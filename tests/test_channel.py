@@ -137,3 +137,42 @@ async def test_cancelled_get_takes_nothing() -> None:
 def test_leaky_inbox_needs_a_bound() -> None:
     with pytest.raises(ValueError, match="maxlen"):
         Inbox(leaky=True)
+
+
+def test_callback_inbox_takes_and_releases_each_message_as_it_returns() -> None:
+    channel, releases, _ = make_channel()
+    seen: list[tuple[object, int]] = []
+    queued = Inbox()
+
+    def on_message(message: object) -> None:
+        # Called during delivery: this message is still pending for the other inbox.
+        seen.append((message, channel.pending))
+        if message == "m2":
+            raise RuntimeError("boom")
+
+    calls = Inbox(callback=on_message, name="s-cb")
+    channel.attach(calls)
+    channel.attach(queued)
+    for seq in (1, 2, 3):
+        channel.deliver(seq, f"m{seq}", nbytes=10)
+    assert seen == [("m1", 1), ("m2", 2), ("m3", 3)]
+    assert len(calls) == 0 and calls.stats.taken == 3 and calls.stats.callback_errors == 1
+    assert releases == []  # the queueing inbox still holds all three
+    assert [queued.get_nowait() for _ in range(3)] == ["m1", "m2", "m3"]
+    assert releases[-1] == (3, 30)
+    assert channel.pending == 0
+
+
+def test_callback_that_detaches_during_delivery_does_not_skip_others() -> None:
+    channel, _, _ = make_channel()
+    others = Inbox()
+
+    def on_message(message: object) -> None:
+        channel.detach(attachment)
+
+    attachment = channel.attach(Inbox(callback=on_message))
+    channel.attach(others)
+    channel.deliver(1, "m1", nbytes=1)
+    channel.deliver(2, "m2", nbytes=1)
+    assert [others.get_nowait(), others.get_nowait()] == ["m1", "m2"]
+    assert channel.pending == 0

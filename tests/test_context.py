@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -365,3 +366,113 @@ async def test_a_tight_publishing_loop_does_not_starve_a_leaky_subscriber(
     watcher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await watcher
+
+
+@pytest.mark.parametrize("transport", ["local", "tcp", "shm"])
+async def test_on_message_gets_every_message_in_order(
+    ctx: ezflow.GraphContext, transport: str
+) -> None:
+    got: list[int] = []
+    done = asyncio.get_running_loop().create_future()
+    count = 3000
+
+    def on_message(message: np.ndarray) -> None:
+        got.append(int(message[0]))
+        assert not message.flags.writeable
+        if len(got) == count:
+            done.set_result(None)
+
+    sub = await ctx.subscriber("/cb", transport=transport, on_message=on_message)
+    queued = await ctx.subscriber("/cb", transport=transport)  # shares the channel
+    pub = await ctx.publisher("/cb", max_in_flight=8)
+
+    async def produce() -> None:
+        for i in range(count):
+            await pub.publish(np.full(4, i, dtype=np.int64))
+
+    producer = asyncio.ensure_future(produce())
+    async with asyncio.timeout(20):
+        assert [int((await queued.recv())[0]) for _ in range(count)] == list(range(count))
+        await done
+        await producer
+    assert got == list(range(count))
+    assert sub.stats.received == sub.stats.taken == count
+    assert sub.queued == 0
+    assert [c.transport for c in ctx.channels] == [transport]
+    [channel] = ctx.channels
+    assert channel.subscribers == 2
+    # Lossless: the callback returning released each message; nothing is pending.
+    await asyncio.sleep(0.05)
+    [channel] = ctx.channels
+    assert channel.pending == 0
+
+
+async def test_on_message_errors_are_logged_counted_and_delivery_goes_on(
+    ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    got: list[int] = []
+    all_in = asyncio.Event()
+
+    def on_message(message: int) -> None:
+        got.append(message)
+        if len(got) == 30:
+            all_in.set()
+        if message % 3 == 0:
+            raise KeyError(f"bad {message}")
+
+    sub = await ctx.subscriber("/cberr", on_message=on_message, transport="tcp")
+    other = await ctx.subscriber("/cberr", transport="tcp")
+    pub = await ctx.publisher("/cberr")
+    for i in range(30):
+        await pub.publish(i)
+    assert [await other.recv() for _ in range(30)] == list(range(30))
+    await asyncio.wait_for(all_in.wait(), 5)
+    assert got == list(range(30))
+    assert sub.stats.callback_errors == 10
+    logged = [r for r in caplog.records if "on_message of subscriber" in r.getMessage()]
+    assert len(logged) == 5  # the first five, then one in a thousand
+    assert "KeyError: 'bad 0'" in caplog.text  # with the traceback
+    assert sub.id in logged[0].getMessage() and "/cberr" in logged[0].getMessage()
+
+
+async def test_on_message_subscriber_refuses_recv_and_bad_options(
+    ctx: ezflow.GraphContext,
+) -> None:
+    sub = await ctx.subscriber("/cbr", on_message=lambda message: None)
+    with pytest.raises(ezflow.ConfigurationError, match="on_message callback"):
+        await sub.recv()
+    with pytest.raises(ezflow.ConfigurationError, match="on_message callback"):
+        sub.recv_nowait()
+
+    async def handler(message: object) -> None:
+        pass
+
+    with pytest.raises(ezflow.ConfigurationError, match="plain"):
+        await ctx.subscriber("/cbr", on_message=handler)  # type: ignore[arg-type]
+    with pytest.raises(ezflow.ConfigurationError, match="plain"):
+        await ctx.subscriber("/cbr", on_message=42)  # type: ignore[arg-type]
+    with pytest.raises(ezflow.ConfigurationError, match="queue= does not apply"):
+        await ctx.subscriber("/cbr", on_message=print, leaky=True, queue=3)
+
+
+async def test_leaky_on_message_never_holds_the_publisher(ctx: ezflow.GraphContext) -> None:
+    """A leaky callback subscriber slower than its publisher: the publisher drops for it
+    instead of waiting, counts every drop, and the newest message still arrives."""
+    got: list[int] = []
+    newest = asyncio.Event()
+
+    def slow(message: int) -> None:
+        time.sleep(0.002)  # blocks the loop (a callback must not; this one is slow)
+        got.append(message)
+        if message == 299:
+            newest.set()
+
+    sub = await ctx.subscriber("/cbleaky", on_message=slow, leaky=True, transport="tcp")
+    pub = await ctx.publisher("/cbleaky", max_in_flight=4)
+    async with asyncio.timeout(5):
+        for i in range(300):
+            await pub.publish(i)
+    await asyncio.wait_for(newest.wait(), 5)
+    assert got == sorted(got)
+    assert pub.stats.drops > 0
+    assert len(got) + sub.stats.dropped == 300

@@ -247,3 +247,41 @@ async def test_closing_right_after_publishing_delivers_everything(
         assert done["errors"] == [] and done["received"] == [count]
     finally:
         await child.aclose()
+
+
+async def test_on_message_subscriber_over_shm_from_another_process(
+    ctx: ezflow.GraphContext,
+) -> None:
+    """A callback subscriber fed by another process over shm, with zero-copy (128 KiB)
+    messages: every message in order, and the ones it keeps never change afterwards."""
+    count, size = 1000, 16 * 1024  # float64: 128 KiB, above the inline limit
+    got: list[int] = []
+    bad: list[int] = []
+    kept: dict[int, np.ndarray] = {}
+    done = asyncio.get_running_loop().create_future()
+
+    def on_message(message: np.ndarray) -> None:
+        i = len(got)
+        got.append(int(message[0]))
+        if not np.array_equal(message, payload(i, size)):
+            bad.append(i)
+        if i % 100 == 0:
+            kept[i] = message  # kept past the callback: its block stays leased
+        if len(got) == count:
+            done.set_result(None)
+
+    await ctx.subscriber("/mp/cb", on_message=on_message)
+    child = await Child.start(
+        "publish", loop_kind(), address=list(ctx.address), topic="/mp/cb", count=count, size=size
+    )
+    try:
+        await child.event("ready")
+        await asyncio.wait_for(done, 60)
+        assert got == list(range(count))
+        assert bad == []
+        assert [c.transport for c in ctx.channels] == ["shm"]
+        for i, message in kept.items():
+            assert np.array_equal(message, payload(i, size)), f"kept message {i} changed"
+        assert await child.stop() == 0
+    finally:
+        await child.aclose()

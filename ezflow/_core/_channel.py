@@ -83,6 +83,8 @@ class SubscriberStats:
     dropped: int = 0
     dropped_overflow: int = 0  #: discarded by the inbox to keep only the newest ``queue``
     dropped_upstream: int = 0  #: dropped by a publisher that had no room for this inbox
+    #: exceptions raised by the subscriber's ``on_message`` callback (each one logged)
+    callback_errors: int = 0
 
 
 class Attachment:
@@ -108,9 +110,16 @@ class Inbox:
     subscriber id) labels drop events. :attr:`handler_time` is a histogram (ns) of the
     time from a message being taken until the subscriber asks for the next one, sampled
     (one message in 16).
+
+    With a *callback*, the inbox queues nothing: each message is passed to
+    ``callback(message)`` as it is delivered, synchronously, and counts as taken (and
+    released) when the callback returns. An exception from the callback is logged with
+    its traceback and counted in ``stats.callback_errors``; delivery goes on with the
+    next message. :attr:`handler_time` then times the callback itself (sampled).
     """
 
     __slots__ = (
+        "_callback",
         "_closed",
         "_drop_hooks",
         "_handed_ns",
@@ -123,15 +132,23 @@ class Inbox:
         "stats",
     )
 
-    def __init__(self, *, leaky: bool = False, maxlen: int | None = None, name: str = "") -> None:
-        if leaky and (maxlen is None or maxlen < 1):
+    def __init__(
+        self,
+        *,
+        leaky: bool = False,
+        maxlen: int | None = None,
+        name: str = "",
+        callback: Callable[[Any], object] | None = None,
+    ) -> None:
+        if leaky and callback is None and (maxlen is None or maxlen < 1):
             raise ValueError("a leaky inbox needs maxlen >= 1")
         self.name = name
+        self._callback = callback
         self._drop_hooks = DROP_HOOKS
         self._handed_ns = 0  # perf_counter_ns when the last message was taken, 0: none
         self.handler_time = Histogram()
         self.leaky = leaky
-        self.maxlen = maxlen if leaky else None
+        self.maxlen = maxlen if leaky and callback is None else None
         self._items: deque[tuple[Attachment, int, Any]] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
@@ -144,8 +161,30 @@ class Inbox:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def callback(self) -> Callable[[Any], object] | None:
+        """The callback messages are handed to, or None for a queueing inbox."""
+        return self._callback
+
     def put(self, attachment: Attachment, seq: int, message: Any) -> None:
         if self._closed:
+            return
+        callback = self._callback
+        if callback is not None:
+            stats = self.stats
+            stats.received += 1
+            stats.taken += 1
+            started = 0 if seq & 15 else perf_counter_ns()  # HANDLER_SAMPLE_MASK
+            try:
+                callback(message)
+            except Exception:
+                self._callback_failed(attachment.channel)
+            if started:
+                spent = perf_counter_ns() - started
+                self.handler_time.buckets[spent.bit_length()] += 1  # Histogram.record
+                self.handler_time.total += spent
+            if attachment.lossless and attachment.active:
+                attachment.channel.release(attachment, seq)
             return
         items = self._items
         if self.maxlen is not None and len(items) >= self.maxlen:
@@ -169,6 +208,21 @@ class Inbox:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _callback_failed(self, channel: Channel) -> None:
+        """Log the exception being handled (from the callback) and count it."""
+        stats = self.stats
+        stats.callback_errors += 1
+        count = stats.callback_errors
+        if count <= 5 or count % 1000 == 0:
+            log.exception(
+                "on_message of subscriber %s raised on a message of topic %r from publisher "
+                "%s (%d so far; delivery goes on)",
+                self.name,
+                channel.topic,
+                channel.publisher_id,
+                count,
+            )
 
     def get_nowait(self) -> Any:
         """Take the oldest message; ``IndexError`` when empty."""
@@ -250,7 +304,9 @@ class Channel:
         self.decode_time = Histogram()
         self.on_release = on_release
         self.on_mode_change = on_mode_change
-        self._attachments: list[Attachment] = []
+        # A tuple, replaced on attach and detach: delivery iterates it while a callback
+        # may (indirectly) change it.
+        self._attachments: tuple[Attachment, ...] = ()
         self._lossless = 0
         # Pending entries [seq, remaining_holders, nbytes], in seq order, plus an index.
         self._pending: deque[list[int]] = deque()
@@ -271,7 +327,7 @@ class Channel:
 
     @property
     def attachments(self) -> tuple[Attachment, ...]:
-        return tuple(self._attachments)
+        return self._attachments
 
     @property
     def released(self) -> tuple[int, int]:
@@ -289,7 +345,7 @@ class Channel:
             raise ClosedResourceError("channel is closed")
         attachment = Attachment(self, inbox, self._last_seq + 1)
         was_lossless = self.lossless
-        self._attachments.append(attachment)
+        self._attachments = (*self._attachments, attachment)
         if attachment.lossless:
             self._lossless += 1
         if self.lossless != was_lossless and self.on_mode_change is not None:
@@ -302,7 +358,7 @@ class Channel:
         if not attachment.active:
             return
         attachment.active = False
-        self._attachments.remove(attachment)
+        self._attachments = tuple(a for a in self._attachments if a is not attachment)
         if not attachment.lossless:
             return
         self._lossless -= 1
@@ -401,9 +457,10 @@ class Channel:
         else:
             self._released_count += 1
             self._released_bytes += nbytes
-        for attachment in self._attachments:
+        attachments = self._attachments
+        for attachment in attachments:
             attachment.inbox.put(attachment, seq, message)
-        stats.deliveries += len(self._attachments)
+        stats.deliveries += len(attachments)
         if not self._lossless:
             self._notify_release()
         if DELIVER_HOOKS:
@@ -415,7 +472,7 @@ class Channel:
                     self.transport,
                     seq,
                     nbytes,
-                    len(self._attachments),
+                    len(attachments),
                     now_ns - sent_ns if sent_ns else None,
                     decode_ns,
                 ),
@@ -471,7 +528,7 @@ class Channel:
         """Detach every inbox; the inboxes themselves stay open (they may be fed by
         other channels)."""
         self._closed = True
-        for attachment in list(self._attachments):
+        for attachment in self._attachments:
             self.detach(attachment)
         self._pending.clear()
         self._pending_by_seq.clear()

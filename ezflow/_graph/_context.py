@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,6 +222,9 @@ class Subscriber:
     ``GraphContext.subscriber`` returns, for publishers that already exist); nothing
     older is replayed. Per publisher, messages arrive in publish order; a lossless
     subscriber gets every one of them exactly once, a leaky one the newest ``queue``.
+
+    A subscriber created with ``on_message`` queues nothing: its callback gets each
+    message as it is delivered, and :meth:`recv` is refused.
     """
 
     def __init__(
@@ -261,6 +265,7 @@ class Subscriber:
         inbox = self._inbox
         if inbox._items:  # the common case: no coroutine to create and await
             return inbox.get_nowait()
+        self._check_queueing()
         return await inbox.get()
 
     def recv_nowait(self) -> Any:
@@ -268,9 +273,18 @@ class Subscriber:
         try:
             return self._inbox.get_nowait()
         except IndexError:
+            self._check_queueing()
             if self._closed:
                 raise ClosedResourceError("this subscriber is closed") from None
             raise asyncio.QueueEmpty from None
+
+    def _check_queueing(self) -> None:
+        if self._inbox.callback is not None:
+            raise ConfigurationError(
+                f"subscriber {self.id} on topic {self.topic!r} hands every message to its "
+                "on_message callback, so there is nothing to recv(); create it without "
+                "on_message to receive with recv() or async for"
+            )
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
@@ -547,6 +561,7 @@ class GraphContext:
         leaky: bool = False,
         queue: int | None = None,
         transport: str | None = None,
+        on_message: Callable[[Any], object] | None = None,
     ) -> Subscriber:
         """Register a subscriber on *topic*.
 
@@ -555,21 +570,41 @@ class GraphContext:
         counting drops, and never hold publishers back; lossless subscribers (default)
         are bounded by each publisher's ``max_in_flight`` instead, so *queue* is only
         accepted with ``leaky=True``. *transport* forces ``"local"``, ``"shm"`` or ``"tcp"``.
+
+        *on_message*: a plain function called with each message as it is delivered,
+        instead of queueing it for :meth:`Subscriber.recv` - the lowest latency, since no
+        task has to wake up. It runs synchronously on the event loop (for a ``local``
+        edge, inside the publisher's ``publish``), so it must not block; a message
+        counts as taken when it returns. An exception it raises is logged and counted
+        (``stats.callback_errors``), and delivery goes on. With ``leaky=True`` the
+        publisher drops messages for this subscriber instead of waiting when its
+        process falls behind. Raises :class:`~ezflow.ConfigurationError` for a
+        coroutine function or with *queue*.
         """
         client = self._check_open()
         check_topic(topic)
-        if queue is not None and not leaky:
+        if on_message is not None:
+            if not callable(on_message) or inspect.iscoroutinefunction(on_message):
+                raise ConfigurationError(
+                    f"on_message={on_message!r} must be a plain (not async) function: it is "
+                    "called synchronously with each message; for async handling, create "
+                    "the subscriber without on_message and use recv() or async for"
+                )
+            if queue is not None:
+                raise ConfigurationError(
+                    "queue= does not apply with on_message: a callback subscriber queues nothing"
+                )
+        elif queue is not None and not leaky:
             raise ConfigurationError(
                 "queue= only applies to leaky subscribers (leaky=True); a lossless "
                 "subscriber is bounded by each publisher's max_in_flight"
             )
-        if leaky:
+        if leaky and on_message is None:
             queue = check_positive(1 if queue is None else queue, setting="queue")
         transport = check_transport(transport, setting="transport")
         sub_id = f"s-{uuid.uuid4().hex[:16]}"
-        subscriber = Subscriber(
-            self, sub_id, topic, Inbox(leaky=leaky, maxlen=queue, name=sub_id), transport
-        )
+        inbox = Inbox(leaky=leaky, maxlen=queue, name=sub_id, callback=on_message)
+        subscriber = Subscriber(self, sub_id, topic, inbox, transport)
         self._subscribers[sub_id] = subscriber
         try:
             await client.request(
