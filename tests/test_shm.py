@@ -584,6 +584,24 @@ async def test_a_publisher_of_small_messages_creates_no_ring(shm_pair: Any) -> N
     assert stats is not None and stats.shm_bytes == 0 and stats.inline == 100
 
 
+async def test_shm_stats_keep_the_counts_of_channels_gone_by(
+    shm_pair: Any, ctx: ezflow.GraphContext
+) -> None:
+    options = ezflow.ShmOptions(inline_limit=1 * KiB)
+    pub, sub = await shm_pair("/shm/gone", options)
+    for i in range(10):
+        await pub.publish(np.full(100 if i % 2 else 4 * KiB, i, dtype=np.uint8))
+        await sub.recv()
+    await sub.aclose()
+
+    async def channel_gone() -> bool:
+        return pub.channels == 0
+
+    await wait_until(channel_gone, 5)
+    stats = pub.shm_stats
+    assert stats is not None and (stats.inline, stats.zero_copy, stats.no_block) == (5, 5, 0)
+
+
 async def test_forcing_shm_to_a_publisher_on_another_host_uses_tcp(
     ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -894,7 +894,7 @@ class Codec:
     tasks and threads. The dataclass registry it uses is process-global.
     """
 
-    __slots__ = ("_last_array", "_limit")
+    __slots__ = ("_last_array", "_last_encoded", "_limit")
 
     def __init__(self, *, max_message_size: int | None = None) -> None:
         """*max_message_size*: largest body in bytes that :meth:`encode` produces and
@@ -906,6 +906,9 @@ class Codec:
             self._limit: int = DEFAULT_MAX_MESSAGE_SIZE
         else:
             self._limit = check_positive(max_message_size, setting="max_message_size")
+        # The cache entry of the last top-level array encoded (prefix, body length,
+        # dtype, shape), checked by identity first. Replaced whole, like _last_array.
+        self._last_encoded: tuple[bytes, int, np.dtype[Any], tuple[int, ...]] | None = None
         # The last top-level array decoded from a bytes body: (body length, prefix,
         # data offset, shape, dtype, item count if 1-D else -1). A stream of one kind of
         # array (the usual case) skips even the _DEC_ARRAYS lookup. Replaced whole, so
@@ -940,8 +943,16 @@ class Codec:
         tp = type(obj)
         if tp is np.ndarray:
             arr: np.ndarray[Any, Any] = obj  # type: ignore[assignment]  # (cast() is a call)
-            hit = _ENC_ARRAYS.get((arr.dtype, arr.shape))
-            if hit is not None and hit[1] <= self._limit:
+            dtype, shape = arr.dtype, arr.shape
+            hit = self._last_encoded
+            if hit is None or dtype is not hit[2] or shape != hit[3]:
+                # Not the same kind of array as last time: the shared cache (whose key
+                # costs numpy's dtype hash), remembered for next time.
+                found = _ENC_ARRAYS.get((dtype, shape))
+                hit = None
+                if found is not None and found[1] <= self._limit:
+                    hit = self._last_encoded = (found[0], found[1], dtype, shape)
+            if hit is not None:
                 if hit[1] <= _SMALL_ARRAY_BODY:
                     # Small: one bytes part. Copying these few bytes costs less than
                     # exporting the array's buffer, and a sender writes one object.

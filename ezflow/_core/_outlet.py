@@ -21,6 +21,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from time import time_ns
 from typing import Any
 
 import numpy as np
@@ -297,7 +298,6 @@ class Outlet:
             if link.needs_encoding:
                 if encoded is None:
                     encoded = self.codec.encode(message)
-                    self.stats.encodes += 1
                 if encoded.nbytes > link.max_message_size:
                     raise MessageTooLargeError(
                         f"message of {encoded.nbytes} bytes is larger than the "
@@ -315,20 +315,27 @@ class Outlet:
             local_message = message.view()
             local_message.flags.writeable = False
         self._seq = seq = self._seq + 1
-        now = time.time_ns()
-        stats = self.stats
-        stats.messages += 1
-        nbytes = encoded.nbytes if encoded is not None else 0
-        stats.bytes += nbytes
+        now = time_ns()
+        sends = drops = 0
         for link in links:
             link_message = message if link.needs_encoding else local_message
             if link.lossless or link.has_room(self):
                 link.send(seq, now, link_message, encoded)
-                stats.sends += 1
+                sends += 1
             else:
-                drops = link.drops
+                before = link.drops
                 link.park(seq, now, link_message, encoded)
-                stats.drops += link.drops - drops
+                drops += link.drops - before
+        # Counted once the message is on its way (the first write is latency).
+        stats = self.stats
+        stats.messages += 1
+        nbytes = 0
+        if encoded is not None:
+            nbytes = encoded.nbytes
+            stats.encodes += 1
+        stats.bytes += nbytes
+        stats.sends += sends
+        stats.drops += drops
         if PUBLISH_HOOKS:
             emit(
                 PUBLISH_HOOKS,

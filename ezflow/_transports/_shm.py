@@ -227,6 +227,7 @@ class _OutletShm:
         self.ring = ShmRing(options.slot_count, options.slot_size, max_bytes=options.max_bytes)
         self.stats = ShmStats()
         self.links: set[_ShmLink] = set()
+        self.lost_inline = 0  # inline sends of links gone by
         self.loans: dict[int, _Loan] = {}
         # id(weak reference) -> (it, the loan's lease key, its block): the arrays whose
         # death gives a loaned block back
@@ -393,7 +394,9 @@ class _OutletShm:
             release(link, block, generation)
 
     def link_lost(self, link: _ShmLink) -> None:
-        self.links.discard(link)
+        if link in self.links:
+            self.links.discard(link)
+            self.lost_inline += link.inline_sends
         self.ring.drop_channel(link)
         self._maybe_close()
 
@@ -409,6 +412,9 @@ class _OutletShm:
 
     def snapshot(self) -> ShmStats:
         stats = self.stats
+        # Counted by each link (no_block ones included); lost links left theirs behind.
+        stats.inline = self.lost_inline + sum(link.inline_sends for link in self.links)
+        stats.inline -= stats.no_block
         ring = self.ring
         stats.shm_bytes = 0 if ring.closed else ring.stats.shm_bytes
         stats.in_use = ring.in_use
@@ -423,39 +429,33 @@ class _ShmLink(StreamLink):
     ) -> None:
         super().__init__(connection, lossless=lossless, max_size=max_size)
         self.shm = shm
-        self._inline_limit = shm.options.inline_limit
+        self.out_of_line_above = shm.options.inline_limit
 
-    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
-        assert encoded is not None
-        size = encoded.nbytes
-        self.sent_count += 1
-        self.sent_bytes += size
-        stats = self.shm.stats
-        if size > self._inline_limit:
-            placed = self.shm.place(seq, message, encoded, self)
-            if placed is not None:
-                d, name = placed
-                stats.zero_copy += 1
-                self.queue_frame(
-                    SHM_PREFIX.pack(
-                        SHM_HEADER.size + len(name),
-                        SHM_DATA,
-                        0,
-                        seq,
-                        time_ns,
-                        self.drops,
-                        d.block,
-                        d.generation,
-                        d.offset,
-                        d.length,
-                    )
-                    + name
-                )
-                return
-            stats.no_block += 1
-        else:
-            stats.inline += 1
-        self.queue_inline(seq, time_ns, encoded)
+    def send_out_of_line(
+        self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage
+    ) -> bool:
+        placed = self.shm.place(seq, message, encoded, self)
+        if placed is None:
+            self.shm.stats.no_block += 1
+            return False
+        d, name = placed
+        self.shm.stats.zero_copy += 1
+        self.queue_frame(
+            SHM_PREFIX.pack(
+                SHM_HEADER.size + len(name),
+                SHM_DATA,
+                0,
+                seq,
+                time_ns,
+                self.drops,
+                d.block,
+                d.generation,
+                d.offset,
+                d.length,
+            )
+            + name
+        )
+        return True
 
 
 # -- subscriber side -----------------------------------------------------------------------

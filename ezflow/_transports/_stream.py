@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar, cast
@@ -94,9 +95,16 @@ def unpack_control(body: bytes | memoryview) -> dict[str, Any]:
 
 
 class StreamLink(Link):
-    """Sends one outlet's messages to one channel over a stream, batched."""
+    """Sends one outlet's messages to one channel over a stream, batched.
+
+    A message larger than :attr:`out_of_line_above` is first offered to
+    :meth:`send_out_of_line` (the shm transport's shared memory); every other message,
+    and one that hook declines, goes inline as a ``DATA`` frame.
+    """
 
     needs_encoding = True
+    #: Messages (encoded bytes) above this size are offered to :meth:`send_out_of_line`.
+    out_of_line_above: int = sys.maxsize
 
     def __init__(self, connection: PublisherConnection, *, lossless: bool, max_size: int) -> None:
         super().__init__(lossless=lossless, max_message_size=max_size)
@@ -107,16 +115,17 @@ class StreamLink(Link):
         self._queued_bytes = 0
         self._flush_scheduled = False
         self._written_ns = 0  # publish time (time.time_ns) of the last paced write
+        self.inline_sends = 0  #: messages sent as DATA frames
 
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        # One function down to the write: this is the per-message path of a publisher.
         assert encoded is not None
-        self.sent_count += 1
-        self.sent_bytes += encoded.nbytes
-        self.queue_inline(seq, time_ns, encoded)
-
-    def queue_inline(self, seq: int, time_ns: int, encoded: EncodedMessage) -> None:
-        """Queue *encoded* as a ``DATA`` frame (the message bytes themselves)."""
         size = encoded.nbytes
+        self.sent_count += 1
+        self.sent_bytes += size
+        if size > self.out_of_line_above and self.send_out_of_line(seq, time_ns, message, encoded):
+            return
+        self.inline_sends += 1
         head = DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops)
         parts = encoded.parts
         if not self._flush_scheduled and time_ns - self._written_ns >= _PACED_GAP_NS:
@@ -135,6 +144,13 @@ class StreamLink(Link):
         queued.append(head)
         queued.extend(parts)
         self._queued_one(size)
+
+    def send_out_of_line(
+        self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage
+    ) -> bool:
+        """Send a message above :attr:`out_of_line_above` some other way than inline,
+        and return True; return False (having sent nothing) to send it inline."""
+        return False
 
     def queue_frame(self, data: bytes) -> None:
         """Queue one complete frame (length prefix included) as one message."""
