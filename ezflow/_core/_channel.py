@@ -171,14 +171,14 @@ class Inbox:
             return
         callback = self._callback
         if callback is not None:
-            stats = self.stats
-            stats.received += 1
-            stats.taken += 1
             started = 0 if seq & 15 else perf_counter_ns()  # HANDLER_SAMPLE_MASK
             try:
                 callback(message)
             except Exception:
                 self._callback_failed(attachment.channel)
+            stats = self.stats  # counted when the callback returns: it is called sooner
+            stats.received += 1
+            stats.taken += 1
             if started:
                 spent = perf_counter_ns() - started
                 self.handler_time.buckets[spent.bit_length()] += 1  # Histogram.record

@@ -147,18 +147,19 @@ class FrameReader:
             end = self._end
         return self._view[end:]
 
-    def fresh_read(self, nbytes: int) -> memoryview | None:
-        """The *nbytes* just read, if the reader held nothing before them (else None).
+    def fresh_read(self) -> memoryview | None:
+        """The read buffer, if the reader held nothing before the bytes just read into
+        it (else None): those bytes are at its start.
 
-        They are not accounted for: pass *nbytes* to :meth:`buffer_updated` to parse
-        them as usual, or take them whole (the caller checks they are exactly one
-        frame within :attr:`max_frame_size`), which leaves the reader empty. The view
-        is valid only until the next :meth:`get_buffer`. This lets a consumer handle
-        the usual read of a paced stream - one whole small frame - in one step.
+        They are not accounted for: pass their count to :meth:`buffer_updated` to parse
+        them as usual, or take them whole (the caller checks they are exactly one frame
+        within :attr:`max_frame_size`), which leaves the reader empty. The view is
+        valid only until the next :meth:`get_buffer`. This lets a consumer handle the
+        usual read of a paced stream - one whole small frame - in one step.
         """
         if self._end or self._big is not None:
             return None
-        return self._view[:nbytes]
+        return self._view
 
     def buffer_updated(self, nbytes: int) -> Iterator[bytes | memoryview]:
         """Account for *nbytes* read into the last buffer; yield each completed frame.

@@ -33,6 +33,9 @@ from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 
 __all__ = ["Link", "Outlet", "PublisherStats"]
 
+# publish_nowait declines (so that publish yields) once this many went without a yield.
+_YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
+
 
 @dataclass(slots=True)
 class PublisherStats:
@@ -245,7 +248,7 @@ class Outlet:
         """
         if self._closed:
             raise ClosedResourceError("publisher is closed")
-        if self._unyielded >= PUBLISH_YIELD_EVERY - 1:
+        if self._unyielded >= _YIELD_AFTER:
             return False
         max_count = self.max_in_flight
         max_bytes = self.max_in_flight_bytes

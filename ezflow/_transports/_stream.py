@@ -67,6 +67,7 @@ __all__ = ["ChannelConnection", "PublisherConnection", "StreamLink", "StreamTran
 log = logging.getLogger("ezflow.stream")
 
 HEADER_SIZE = DATA_HEADER.size
+_DATA_PREFIX_SIZE = DATA_PREFIX.size
 # Flush a batch early once this much is queued (see the module docstring).
 _FLUSH_MESSAGES = 16
 _FLUSH_BYTES = 256 * 1024
@@ -346,11 +347,13 @@ class ChannelConnection(FramedProtocol):
         # delivered straight from the read buffer, with one copy; anything else takes
         # the general path.
         reader = self._reader
-        data = reader.fresh_read(nbytes) if nbytes >= DATA_PREFIX.size else None
+        data = reader.fresh_read() if nbytes >= _DATA_PREFIX_SIZE else None
         if data is not None and not self._broken:
             size, kind, _, seq, sent_ns, drops = DATA_PREFIX.unpack_from(data)
             if kind == DATA and size + 4 == nbytes and size <= reader.max_frame_size:
-                self.channel.deliver_body(seq, data[DATA_PREFIX.size :].tobytes(), drops, sent_ns)
+                self.channel.deliver_body(
+                    seq, data[_DATA_PREFIX_SIZE:nbytes].tobytes(), drops, sent_ns
+                )
                 return
         super().buffer_updated(nbytes)
 
