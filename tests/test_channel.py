@@ -176,3 +176,36 @@ def test_callback_that_detaches_during_delivery_does_not_skip_others() -> None:
     channel.deliver(2, "m2", nbytes=1)
     assert [others.get_nowait(), others.get_nowait()] == ["m1", "m2"]
     assert channel.pending == 0
+
+
+async def test_a_waiting_get_releases_its_message_once_it_yields() -> None:
+    channel, releases, _ = make_channel()
+    a, b = Inbox(), Inbox()
+    taker = channel.attach(a)
+    channel.attach(b)
+
+    async def take_then_detach() -> object:
+        message = await a.get()
+        # Same task step, before the deferred release runs: detaching already stops
+        # this inbox holding anything, so the release must not count twice.
+        channel.detach(taker)
+        return message
+
+    waiting = asyncio.ensure_future(take_then_detach())
+    await asyncio.sleep(0)
+    channel.deliver(1, "m1", nbytes=10)
+    assert await waiting == "m1"
+    await asyncio.sleep(0)
+    assert releases == [] and channel.pending == 1  # b still holds m1
+    assert b.get_nowait() == "m1"
+    assert releases == [(1, 10)]
+
+    # Without a detach, the waiting get's release lands as soon as it yields.
+    c = Inbox()
+    channel.attach(c)
+    waiting = asyncio.ensure_future(c.get())
+    await asyncio.sleep(0)
+    channel.deliver(2, "m2", nbytes=10)
+    assert b.get_nowait() == "m2"
+    assert await waiting == "m2"
+    assert releases[-1] == (2, 20) and channel.pending == 0

@@ -101,6 +101,13 @@ class Attachment:
         self.consumed_seq = first_seq - 1
 
 
+def _release_taken(attachment: Attachment, seq: int) -> None:
+    """Release message *seq*, taken from *attachment*'s inbox, unless the attachment was
+    detached meanwhile (detaching already stopped it holding anything)."""
+    if attachment.active:
+        attachment.channel.release(attachment, seq)
+
+
 class Inbox:
     """A subscriber's queue of messages, fed by one or more channels.
 
@@ -224,8 +231,13 @@ class Inbox:
                 count,
             )
 
-    def get_nowait(self) -> Any:
-        """Take the oldest message; ``IndexError`` when empty."""
+    def get_nowait(self, loop: asyncio.AbstractEventLoop | None = None) -> Any:
+        """Take the oldest message; ``IndexError`` when empty.
+
+        A lossless subscriber's message is released at once, or - given the running
+        *loop* - as soon as the caller yields to it (the same loop iteration), so that
+        the release bookkeeping does not delay the caller.
+        """
         attachment, seq, message = self._items.popleft()
         stats = self.stats
         stats.taken += 1
@@ -239,7 +251,10 @@ class Inbox:
         elif not seq & 15:  # HANDLER_SAMPLE_MASK, a literal: the message path
             self._handed_ns = perf_counter_ns()  # time this one's handler
         if attachment.lossless and attachment.active:
-            attachment.channel.release(attachment, seq)
+            if loop is None:
+                attachment.channel.release(attachment, seq)
+            else:
+                loop.call_soon(_release_taken, attachment, seq)
         return message
 
     async def get(self) -> Any:
@@ -255,14 +270,17 @@ class Inbox:
             self.handler_time.buckets[spent.bit_length()] += 1
             self.handler_time.total += spent
             self._handed_ns = 0
+        loop = None
         while not self._items:
             if self._closed:
                 raise ClosedResourceError("this subscriber is closed")
+            loop = asyncio.get_running_loop()
             waiter = self._waiter
             if waiter is None or waiter.done():
-                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                waiter = self._waiter = loop.create_future()
             await waiter
-        return self.get_nowait()
+        # Woken by a delivery (a paced stream): hand the message over first.
+        return self.get_nowait(loop)
 
     def close(self) -> None:
         """Stop accepting messages and wake a waiting :meth:`get`. Messages already
