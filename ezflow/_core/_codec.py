@@ -1128,20 +1128,32 @@ class Codec:
             if HEADER.size <= n <= self._limit:
                 nbuf, meta_len = _NBUF_META.unpack_from(body)
                 if nbuf == 1:
-                    start = (HEADER.size + 8 + meta_len + BUFFER_ALIGNMENT - 1) & -BUFFER_ALIGNMENT
-                    prefix = body[:start]
-                    hit = _DEC_ARRAYS.get(prefix)
-                    if hit is not None and hit[0] == n:
-                        shape, dtype = hit[1], hit[2]
-                        count = shape[0] if len(shape) == 1 and dtype.itemsize else -1
-                        self._last_array = (n, prefix, start, shape, dtype, count)
-                        return np.ndarray(shape, dtype, body, start)
+                    array = self._cached_array(body, n, meta_len)
+                    if array is not None:
+                        return array
         try:
             return self._decode(body)
         except ProtocolError:
             raise
         except Exception as exc:
             raise ProtocolError(f"malformed message body ({type(exc).__name__}: {exc})") from exc
+
+    def _cached_array(
+        self, body: bytes | memoryview, n: int, meta_len: int
+    ) -> np.ndarray[Any, Any] | None:
+        """The top-level array that the *n*-byte *body* (one buffer, *meta_len* bytes of
+        meta) holds, as a read-only view into it, if its prefix was seen before (see
+        ``_DEC_ARRAYS``); else None. The cached body length also rules out truncated
+        bodies and trailing bytes. A hit is remembered for :meth:`decode`'s shortcut."""
+        start = (HEADER.size + 8 + meta_len + BUFFER_ALIGNMENT - 1) & -BUFFER_ALIGNMENT
+        prefix = bytes(body[:start])
+        hit = _DEC_ARRAYS.get(prefix)
+        if hit is None or hit[0] != n:
+            return None
+        shape, dtype = hit[1], hit[2]
+        count = shape[0] if len(shape) == 1 and dtype.itemsize else -1
+        self._last_array = (n, prefix, start, shape, dtype, count)
+        return np.ndarray(shape, dtype, body, start)
 
     def _decode(self, body: object) -> object:
         try:
@@ -1165,12 +1177,9 @@ class Codec:
             raise ProtocolError(f"message body of {n} bytes is shorter than its header")
         version, flags, nbuf, meta_len = HEADER.unpack_from(mv)
         if nbuf == 1:
-            # A top-level array whose prefix was seen before (see _DEC_ARRAYS); the
-            # cached body length also rules out truncated bodies and trailing bytes.
-            data_start = (HEADER.size + 8 + meta_len + BUFFER_ALIGNMENT - 1) & -BUFFER_ALIGNMENT
-            hit = _DEC_ARRAYS.get(mv[:data_start].tobytes())
-            if hit is not None and hit[0] == n:
-                return np.ndarray(hit[1], hit[2], mv, data_start)
+            array = self._cached_array(mv, n, meta_len)
+            if array is not None:
+                return array
         if version != FORMAT_VERSION:
             raise ProtocolError(
                 f"message body version {version} is not supported (this build reads "
