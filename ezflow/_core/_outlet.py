@@ -248,17 +248,8 @@ class Outlet:
         """
         if self._closed:
             raise ClosedResourceError("publisher is closed")
-        if self._unyielded >= _YIELD_AFTER:
+        if self._unyielded >= _YIELD_AFTER or self._blocked():
             return False
-        max_count = self.max_in_flight
-        max_bytes = self.max_in_flight_bytes
-        for link in self._links:  # _blocked and has_room, inlined
-            if link.lossless:
-                count = link.sent_count - link.released_count
-                if count >= max_count or (
-                    count and link.sent_bytes - link.released_bytes >= max_bytes
-                ):
-                    return False
         self._unyielded += 1
         self.send_now(message)
         return True

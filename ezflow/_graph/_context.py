@@ -266,7 +266,7 @@ class Subscriber:
         # resumes through one frame fewer for every message.
         inbox = self._inbox
         if inbox._callback is not None:
-            self._check_queueing()
+            raise self._nothing_to_recv()
         return inbox.get()
 
     def recv_nowait(self) -> Any:
@@ -274,18 +274,19 @@ class Subscriber:
         try:
             return self._inbox.get_nowait()
         except IndexError:
-            self._check_queueing()
+            if self._inbox.callback is not None:
+                raise self._nothing_to_recv() from None
             if self._closed:
                 raise ClosedResourceError("this subscriber is closed") from None
             raise asyncio.QueueEmpty from None
 
-    def _check_queueing(self) -> None:
-        if self._inbox.callback is not None:
-            raise ConfigurationError(
-                f"subscriber {self.id} on topic {self.topic!r} hands every message to its "
-                "on_message callback, so there is nothing to recv(); create it without "
-                "on_message to receive with recv() or async for"
-            )
+    def _nothing_to_recv(self) -> ConfigurationError:
+        """The error of recv() on a callback (``on_message``) subscriber."""
+        return ConfigurationError(
+            f"subscriber {self.id} on topic {self.topic!r} hands every message to its "
+            "on_message callback, so there is nothing to recv(); create it without "
+            "on_message to receive with recv() or async for"
+        )
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self

@@ -7,13 +7,14 @@ back ``ACK`` frames with its cumulative release figures (coalesced) and ``MODE``
 it turns lossless or leaky. A publisher that closes on purpose sends ``END`` and
 half-closes; the channel closes once it has read up to there.
 
-Sending is batched without delaying a lone message: a message published at least
-``_PACED_GAP_NS`` after the last one written at once is written at once (lowest latency
-for paced publishers, nothing scheduled), and so is the first message of an event-loop
-iteration; later ones are queued and handed to ``transport.writelines`` (one vectored
-write) at the end of the iteration, or as soon as ``_FLUSH_MESSAGES`` / ``_FLUSH_BYTES``
-are queued, so that the subscriber starts working while the publisher is still
-encoding. Small messages go out as one joined ``bytes`` object. On uvloop (and Python
+Sending is batched without delaying a lone message: the first message of an event-loop
+iteration is written at once (lowest latency for paced publishers). Unless it came
+``_PACED_GAP_NS`` or more after the previous one written at once (a paced publisher,
+which then schedules nothing), later ones are queued and handed to
+``transport.writelines`` (one vectored write) at the end of the iteration, or as soon as
+``_FLUSH_MESSAGES`` / ``_FLUSH_BYTES`` are queued, so that the subscriber starts working
+while the publisher is still encoding. Small messages go out as one joined ``bytes``
+object. On uvloop (and Python
 >= 3.12's loop) the array buffers are not copied on the way out; Python 3.11's stock
 loop joins the parts of a ``writelines`` call into one buffer.
 
@@ -73,8 +74,8 @@ _FLUSH_MESSAGES = 16
 _FLUSH_BYTES = 256 * 1024
 # A one-part message this small is joined to its header and written as one object.
 _JOIN_BELOW = 4096
-# A message published at least this long (ns) after the last one written that way is
-# "paced": written at once, with no end-of-iteration flush scheduled.
+# A message written at once this long (ns) or more after the previous one is "paced":
+# no end-of-iteration flush is scheduled behind it.
 _PACED_GAP_NS = 50_000
 # Seconds a closing data connection may take to hand its last bytes to the kernel.
 CLOSE_TIMEOUT = 5.0
@@ -115,7 +116,7 @@ class StreamLink(Link):
         self._queued_messages = 0
         self._queued_bytes = 0
         self._flush_scheduled = False
-        self._written_ns = 0  # publish time (time.time_ns) of the last paced write
+        self._written_ns = 0  # publish time (time.time_ns) of the last message written at once
         self.inline_sends = 0  #: messages sent as DATA frames
 
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
@@ -129,17 +130,21 @@ class StreamLink(Link):
         self.inline_sends += 1
         head = DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops)
         parts = encoded.parts
-        if not self._flush_scheduled and time_ns - self._written_ns >= _PACED_GAP_NS:
-            # A paced publisher: out now, in as few calls as possible, and with nothing
-            # scheduled (whatever runs before the loop sleeps again delays a subscriber
-            # that shares this CPU).
-            self._written_ns = time_ns
+        if not self._flush_scheduled:
+            # First message of this loop iteration: out now, in as few calls as possible.
             transport = self.connection.transport
             if transport is not None and not transport.is_closing():
                 if len(parts) == 1 and size <= _JOIN_BELOW:
                     transport.write(head + parts[0])
                 else:
                     transport.writelines([head, *parts])
+            if time_ns - self._written_ns < _PACED_GAP_NS:
+                # A burst: collect the rest of this iteration's messages and write them
+                # together at its end. A paced publisher schedules nothing (whatever
+                # runs before its loop sleeps again delays a subscriber on this CPU).
+                self._flush_scheduled = True
+                self._loop.call_soon(self._end_of_iteration)
+            self._written_ns = time_ns
             return
         queued = self._queued
         queued.append(head)
@@ -160,8 +165,8 @@ class StreamLink(Link):
 
     def _queued_one(self, size: int) -> None:
         if not self._flush_scheduled:
-            # First message of this loop iteration: out now. The rest of the iteration's
-            # messages are collected and flushed together by the callback.
+            # First frame of this loop iteration (queue_frame): out now. The rest of the
+            # iteration's messages are collected and flushed together by the callback.
             self._flush_scheduled = True
             self._loop.call_soon(self._end_of_iteration)
             self.flush()
