@@ -1176,6 +1176,47 @@ def test_small_arrays_are_copied_into_one_part_large_ones_referenced() -> None:
     assert encoded.nbytes > _codec._SMALL_ARRAY_BODY
 
 
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.arange(16, dtype=np.int64),
+        np.full((2, 3), 1.5, dtype=">f4"),
+        np.arange(24, dtype=np.uint16).reshape(4, 6).T,  # not contiguous
+        np.array(7, dtype=np.int32),  # 0-d
+    ],
+    ids=["1-D", "2-D big-endian", "transposed", "0-d"],
+)
+def test_small_array_body_is_what_encode_gives_for_the_kind_encoded_last(
+    arr: np.ndarray,
+) -> None:
+    codec = Codec()
+    assert codec.small_array_body(arr) is None  # this codec has encoded nothing yet
+    codec.encode(arr)
+    codec.encode(arr)  # (the first may have filled the shared cache only)
+    body = codec.small_array_body(arr)
+    assert type(body) is bytes
+    assert body == codec.encode(arr).to_bytes()
+    decoded = codec.decode(body)
+    assert isinstance(decoded, np.ndarray)
+    assert decoded.dtype == arr.dtype and decoded.shape == arr.shape
+    assert np.array_equal(decoded, arr)
+
+
+def test_small_array_body_declines_other_kinds_and_large_bodies() -> None:
+    codec = Codec()
+    arr = np.arange(16, dtype=np.int64)
+    codec.encode(arr)
+    codec.encode(arr)
+    assert codec.small_array_body(arr) is not None
+    assert codec.small_array_body(arr.astype(np.int32)) is None
+    assert codec.small_array_body(np.arange(17, dtype=np.int64)) is None
+    assert codec.small_array_body(arr.reshape(4, 4)) is None
+    large = np.arange(1024, dtype=np.int64)  # 8 KiB of data: above _SMALL_ARRAY_BODY
+    codec.encode(large)
+    codec.encode(large)
+    assert codec.small_array_body(large) is None
+
+
 def test_array_caches_are_bounded() -> None:
     codec = Codec()
     for n in range(3 * _codec._ARRAY_CACHE_SIZE):

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from time import perf_counter_ns, time_ns
 from typing import Any, Final
 
+import numpy as np
+
 from ._codec import Codec
 from ._exceptions import ClosedResourceError, ProtocolError
 from ._telemetry import DELIVER_HOOKS, DROP_HOOKS, DeliverEvent, DropEvent, Histogram, emit
@@ -395,6 +397,18 @@ class Channel:
         """Decode an encoded message once and deliver it. A body that cannot be decoded
         is counted, logged and released; it never raises. *sent_ns* is the publish time
         (``time.time_ns()`` of the publisher, 0 when unknown) for the latency histogram."""
+        if seq & 15 and type(body) is bytes:  # (not sampled: DECODE_SAMPLE_MASK)
+            # An array of the kind decoded last (a paced stream of small arrays): the
+            # codec's shortcut, inlined - with caches cold, a call costs a microsecond.
+            hint = self.codec.last_array
+            if hint is not None and len(body) == hint[0] and body.startswith(hint[1]):
+                if hint[5] >= 0:
+                    message: Any = np.frombuffer(body, hint[4], hint[5], hint[2])
+                else:
+                    message = np.ndarray(hint[3], hint[4], body, hint[2])
+                self.stats.decoded += 1
+                self.deliver(seq, message, hint[0], upstream_drops, sent_ns)
+                return
         stats = self.stats
         # Decode time is sampled (DECODE_SAMPLE_MASK, a literal: the message path): one
         # clock read before decoding one message in 16; the one after serves latency too.

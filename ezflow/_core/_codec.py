@@ -894,7 +894,7 @@ class Codec:
     tasks and threads. The dataclass registry it uses is process-global.
     """
 
-    __slots__ = ("_last_array", "_last_encoded", "_limit")
+    __slots__ = ("_last_encoded", "_limit", "last_array")
 
     def __init__(self, *, max_message_size: int | None = None) -> None:
         """*max_message_size*: largest body in bytes that :meth:`encode` produces and
@@ -909,11 +909,13 @@ class Codec:
         # The cache entry of the last top-level array encoded (prefix, body length,
         # dtype, shape), checked by identity first. Replaced whole, like _last_array.
         self._last_encoded: tuple[bytes, int, np.dtype[Any], tuple[int, ...]] | None = None
-        # The last top-level array decoded from a bytes body: (body length, prefix,
-        # data offset, shape, dtype, item count if 1-D else -1). A stream of one kind of
-        # array (the usual case) skips even the _DEC_ARRAYS lookup. Replaced whole, so
-        # threads may share it.
-        self._last_array: tuple[int, bytes, int, tuple[int, ...], np.dtype[Any], int] | None = None
+        #: The layout of the last top-level array decoded: (body length, prefix, data
+        #: offset, shape, dtype, item count if 1-D else -1). A ``bytes`` body of that
+        #: length that starts with that prefix holds such an array at that offset, so a
+        #: stream of one kind of array (the usual case) skips even the _DEC_ARRAYS
+        #: lookup; :meth:`Channel.deliver_body` reads it too. Read-only outside this
+        #: class; replaced whole, so threads may share it.
+        self.last_array: tuple[int, bytes, int, tuple[int, ...], np.dtype[Any], int] | None = None
 
     @property
     def max_message_size(self) -> int:
@@ -974,6 +976,26 @@ class Codec:
                 raise _too_deep() from exc
             raise
         return self._assemble(meta, encoder.bufs)
+
+    def small_array_body(self, arr: np.ndarray[Any, Any]) -> bytes | None:
+        """The whole body of *arr* as a top-level message, as one ``bytes`` object, when
+        *arr* is of the kind (dtype object and shape) this codec encoded last and that
+        body is at most 4 KiB; else None (call :meth:`encode`, which remembers the kind
+        for next time).
+
+        The body is exactly what :meth:`encode` would produce. This is the paced small
+        message path: one check and one copy, no ``EncodedMessage``. *arr* must be a
+        ``numpy.ndarray`` (the caller checks its type).
+        """
+        hit = self._last_encoded
+        if (
+            hit is not None
+            and arr.dtype is hit[2]
+            and arr.shape == hit[3]
+            and hit[1] <= _SMALL_ARRAY_BODY
+        ):
+            return hit[0] + arr.tobytes()
+        return None
 
     def _encode_array(self, arr: np.ndarray[Any, Any]) -> EncodedMessage:
         # Same bytes as the general path, built without msgpack or an _Encoder.
@@ -1120,7 +1142,7 @@ class Codec:
             # A top-level array whose prefix was seen before, in a bytes body (what the
             # stream transports hand over for small messages): no memoryview needed.
             n = len(body)
-            last = self._last_array
+            last = self.last_array
             if last is not None and n == last[0] and body.startswith(last[1]):
                 if last[5] >= 0:  # 1-D: np.frombuffer costs about half as much, cold
                     return np.frombuffer(body, last[4], last[5], last[2])
@@ -1152,7 +1174,7 @@ class Codec:
             return None
         shape, dtype = hit[1], hit[2]
         count = shape[0] if len(shape) == 1 and dtype.itemsize else -1
-        self._last_array = (n, prefix, start, shape, dtype, count)
+        self.last_array = (n, prefix, start, shape, dtype, count)
         return np.ndarray(shape, dtype, body, start)
 
     def _decode(self, body: object) -> object:

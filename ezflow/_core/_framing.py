@@ -111,41 +111,46 @@ class FrameReader:
     Iterating :meth:`buffer_updated` raises :class:`ProtocolError` when a header claims
     more than ``max_frame_size`` (after yielding every complete frame before it); the
     reader is unusable afterwards (close the connection).
+
+    ``view`` (the read buffer), ``end`` (bytes in it not yet consumed, counted from its
+    start) and ``big`` (the buffer of a large frame being read, or None) are public for
+    :meth:`fresh_read`'s callers on a message path, who may test ``not end and big is
+    None`` themselves (one call fewer); they are read-only outside this class.
     """
 
     __slots__ = (
-        "_big",
         "_big_filled",
-        "_end",
         "_pool",
         "_scratch",
         "_start",
-        "_view",
+        "big",
+        "end",
         "max_frame_size",
+        "view",
     )
 
     def __init__(self, max_frame_size: int) -> None:
         self.max_frame_size = max_frame_size
         self._scratch = bytearray(_SCRATCH_SIZE)
-        self._view = memoryview(self._scratch)
+        self.view = memoryview(self._scratch)
         self._start = 0  # first unparsed byte in scratch
-        self._end = 0  # one past the last byte read into scratch
-        self._big: memoryview | None = None
+        self.end = 0  # one past the last byte read into scratch
+        self.big: memoryview | None = None
         self._big_filled = 0
         self._pool: list[np.ndarray] = []
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Where the next read goes (*sizehint*, from the event loop, is ignored)."""
-        big = self._big
+        big = self.big
         if big is not None:
             return big[self._big_filled :]
-        end = self._end
+        end = self.end
         if not end:
-            return self._view  # the usual case: everything before was consumed
+            return self.view  # the usual case: everything before was consumed
         if end == len(self._scratch):
             self._compact()
-            end = self._end
-        return self._view[end:]
+            end = self.end
+        return self.view[end:]
 
     def fresh_read(self) -> memoryview | None:
         """The read buffer, if the reader held nothing before the bytes just read into
@@ -157,9 +162,9 @@ class FrameReader:
         valid only until the next :meth:`get_buffer`. This lets a consumer handle the
         usual read of a paced stream - one whole small frame - in one step.
         """
-        if self._end or self._big is not None:
+        if self.end or self.big is not None:
             return None
-        return self._view
+        return self.view
 
     def buffer_updated(self, nbytes: int) -> Iterator[bytes | memoryview]:
         """Account for *nbytes* read into the last buffer; yield each completed frame.
@@ -169,19 +174,19 @@ class FrameReader:
         frame. A header above the limit raises :class:`ProtocolError` after every frame
         before it has been yielded: nothing that arrived intact is lost.
         """
-        big = self._big
+        big = self.big
         if big is not None:
             self._big_filled += nbytes
             if self._big_filled == len(big):
-                self._big = None
+                self.big = None
                 self._big_filled = 0
                 yield big
             return
-        self._end += nbytes
-        view = self._view
+        self.end += nbytes
+        view = self.view
         unpack = LENGTH.unpack_from
-        while self._end - self._start >= 4:
-            start, end = self._start, self._end
+        while self.end - self._start >= 4:
+            start, end = self._start, self.end
             (size,) = unpack(view, start)
             if size > self.max_frame_size:
                 raise ProtocolError(
@@ -197,13 +202,13 @@ class FrameReader:
                 buffer = self._large_buffer(size)
                 have = end - start - 4
                 buffer[:have] = view[start + 4 : end]
-                self._big = buffer
+                self.big = buffer
                 self._big_filled = have
                 self._start = end
             break
-        if self._start == self._end:
-            self._start = self._end = 0
-        elif self._big is None and self._end - self._start >= 4:
+        if self._start == self.end:
+            self._start = self.end = 0
+        elif self.big is None and self.end - self._start >= 4:
             # An incomplete small frame must fit in the space left after compaction.
             (size,) = unpack(view, self._start)
             if self._start + 4 + size > len(self._scratch):
@@ -227,10 +232,10 @@ class FrameReader:
         return memoryview(array)  # type: ignore[arg-type]
 
     def _compact(self) -> None:
-        start, end = self._start, self._end
+        start, end = self._start, self.end
         if start:
-            self._view[: end - start] = self._view[start:end]
-            self._start, self._end = 0, end - start
+            self.view[: end - start] = self.view[start:end]
+            self._start, self.end = 0, end - start
 
 
 def frame(body: bytes) -> bytes:

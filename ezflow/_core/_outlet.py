@@ -125,6 +125,13 @@ class Link(ABC):
         """Send one message, carrying ``self.drops`` along. Never blocks; the outlet has
         already checked for room."""
 
+    def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
+        """:meth:`send` for a message whose whole encoded body is *body* (one small
+        ``bytes``; see :meth:`Codec.small_array_body`). Only called on links that
+        :attr:`needs_encoding`. Transports override it with a shorter path; this one
+        wraps *body* and calls :meth:`send`."""
+        self.send(seq, time_ns, message, EncodedMessage([body], len(body)))
+
     @abstractmethod
     def close(self) -> None:
         """Close the link (idempotent); the channel sees a clean end."""
@@ -156,6 +163,9 @@ class Outlet:
         self._unyielded = 0  # publishes in a row that did not yield to the loop
         self._closed = False
         self._links_changed: asyncio.Event | None = None
+        # Largest body that every link takes, or -1 when some link does not encode (a
+        # local one): what publish_nowait's small-array path checks. See _links_updated.
+        self._small_limit = -1
 
     @property
     def links(self) -> tuple[Link, ...]:
@@ -171,14 +181,23 @@ class Outlet:
             raise ClosedResourceError("publisher is closed")
         link.outlet = self
         self._links.append(link)
+        self._links_updated()
         self._notify_links_changed()
 
     def remove_link(self, link: Link) -> None:
         if link in self._links:
             self._links.remove(link)
             link.outlet = None
+            self._links_updated()
             self.wake()
             self._notify_links_changed()
+
+    def _links_updated(self) -> None:
+        links = self._links
+        if all(link.needs_encoding for link in links):
+            self._small_limit = min((link.max_message_size for link in links), default=0)
+        else:
+            self._small_limit = -1
 
     def _notify_links_changed(self) -> None:
         event = self._links_changed
@@ -248,11 +267,51 @@ class Outlet:
         """
         if self._closed:
             raise ClosedResourceError("publisher is closed")
-        if self._unyielded >= _YIELD_AFTER or self._blocked():
+        if self._unyielded >= _YIELD_AFTER:
             return False
+        links = self._links
+        # _blocked() and Link.has_room, inlined: with caches cold (a paced publisher),
+        # every call on this path costs a microsecond or so.
+        for link in links:
+            if link.lossless:
+                count = link.sent_count - link.released_count
+                if count >= self.max_in_flight or (
+                    count and link.sent_bytes - link.released_bytes >= self.max_in_flight_bytes
+                ):
+                    return False
         self._unyielded += 1
+        if type(message) is np.ndarray and self._small_limit >= 0:
+            body = self.codec.small_array_body(message)
+            if body is not None and len(body) <= self._small_limit:
+                self._send_small(links, message, body)
+                return True
         self.send_now(message)
         return True
+
+    def _send_small(self, links: list[Link], message: Any, body: bytes) -> None:
+        # send_now for a small array that every link (none local) takes as *body*.
+        self._seq = seq = self._seq + 1
+        now = time_ns()
+        sends = drops = 0
+        for link in links:
+            if link.lossless or link.has_room(self):
+                link.send_small(seq, now, message, body)
+                sends += 1
+            else:
+                before = link.drops
+                link.park(seq, now, message, EncodedMessage([body], len(body)))
+                drops += link.drops - before
+        stats = self.stats
+        stats.messages += 1
+        stats.encodes += 1
+        stats.bytes += len(body)
+        stats.sends += sends
+        stats.drops += drops
+        if PUBLISH_HOOKS:
+            emit(
+                PUBLISH_HOOKS,
+                PublishEvent(self.topic, self.publisher_id, seq, len(body), len(links), now),
+            )
 
     async def wait_for_room(self) -> None:
         """Return once no lossless channel is full (at once if none is): what

@@ -1,0 +1,99 @@
+"""The outlet's paths through real edges: the small-array path (one bytes body written
+at once) against the general one, its limits and parking."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ezflow
+from ezflow._core._codec import Codec
+from ezflow._transports._shm import ShmTransport
+
+needs_shm = pytest.mark.skipif(not ShmTransport.available(), reason="needs Linux shared memory")
+
+
+def _arrays() -> list[np.ndarray[Any, Any]]:
+    """A stream in which one kind repeats (the small path) and other kinds cut in."""
+    out: list[np.ndarray[Any, Any]] = []
+    for i in range(40):
+        out.append(np.arange(i, i + 16, dtype=np.int64))
+        if i % 7 == 3:
+            out.append(np.full((2, 3), i, dtype=">f4"))
+        if i % 11 == 5:
+            out.append(np.arange(24, dtype=np.uint16).reshape(4, 6).T)  # not contiguous
+        if i % 13 == 6:
+            out.append(np.arange(1024, dtype=np.int64))  # above the small-body limit
+    return out
+
+
+@pytest.mark.parametrize("transport", ["tcp", pytest.param("shm", marks=needs_shm)])
+async def test_small_arrays_arrive_whole_and_in_order_on_either_path(
+    ctx: ezflow.GraphContext, transport: str
+) -> None:
+    pub = await ctx.publisher("/outlet/small")
+    sub = await ctx.subscriber("/outlet/small", transport=transport)
+    sent = _arrays()
+    for arr in sent:
+        await pub.publish(arr)
+        got = await sub.recv()
+        assert got.dtype == arr.dtype and got.shape == arr.shape
+        assert np.array_equal(got, arr)
+        assert not got.flags.writeable
+    codec = Codec()
+    assert pub.stats.messages == pub.stats.encodes == len(sent)
+    assert pub.stats.bytes == sum(codec.encode(arr).nbytes for arr in sent)
+    assert sub.stats.received == len(sent)
+
+
+async def test_a_local_subscriber_beside_a_remote_one_gets_its_read_only_view(
+    ctx: ezflow.GraphContext,
+) -> None:
+    pub = await ctx.publisher("/outlet/mixed")
+    local = await ctx.subscriber("/outlet/mixed", transport="local")
+    remote = await ctx.subscriber("/outlet/mixed", transport="tcp")
+    for i in range(20):
+        arr = np.arange(i, i + 8, dtype=np.int32)
+        await pub.publish(arr)
+        mine, theirs = await local.recv(), await remote.recv()
+        assert np.shares_memory(mine, arr) and not mine.flags.writeable
+        assert np.array_equal(theirs, arr) and not np.shares_memory(theirs, arr)
+    assert arr.flags.writeable  # the publisher's own array is left as it was
+
+
+async def test_a_cached_kind_too_large_for_a_subscriber_is_refused_before_sending(
+    ctx: ezflow.GraphContext,
+) -> None:
+    small = ezflow.GraphContext(ctx.address, auto_start=False, max_message_size=256)
+    async with small:
+        sub = await small.subscriber("/outlet/limit", transport="tcp")
+        pub = await ctx.publisher("/outlet/limit")
+        await pub.wait_for_channels(1)
+        big = np.zeros(64, dtype=np.int64)  # a 512-byte array, over 256 with its header
+        for _ in range(3):  # the third encode of this kind takes the small path
+            with pytest.raises(ezflow.MessageTooLargeError, match="max_message_size"):
+                await pub.publish(big)
+        await pub.publish(np.arange(4, dtype=np.int64))
+        assert (await sub.recv()).tolist() == [0, 1, 2, 3]
+        assert pub.stats.messages == 1
+
+
+async def test_a_small_array_parked_for_a_full_leaky_channel_is_sent_when_room_frees(
+    ctx: ezflow.GraphContext,
+) -> None:
+    pub = await ctx.publisher("/outlet/park", max_in_flight=1)
+    sub = await ctx.subscriber("/outlet/park", transport="tcp", leaky=True)
+    await pub.wait_for_channels(1)
+    last = 0
+    for i in range(1, 200):
+        last = i
+        await pub.publish(np.full(16, i, dtype=np.int64))
+    assert pub.stats.drops > 0  # parked messages replaced by newer ones
+    newest = None
+    async with asyncio.timeout(5):
+        while newest is None or newest[0] != last:
+            newest = await sub.recv()
+    assert np.array_equal(newest, np.full(16, last, dtype=np.int64))
