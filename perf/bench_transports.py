@@ -246,8 +246,13 @@ async def _publisher_child(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if args.max_in_flight is not None:
         options["max_in_flight"] = args.max_in_flight
+    shm_options: dict[str, Any] = {}
     if args.inline_limit is not None:
-        options["shm"] = ezflow.ShmOptions(inline_limit=args.inline_limit)
+        shm_options["inline_limit"] = args.inline_limit
+    if args.no_handoff:
+        shm_options["handoff"] = False
+    if shm_options:
+        options["shm"] = ezflow.ShmOptions(**shm_options)
     released = asyncio.ensure_future(_stdin_closed())
     try:
         async with ezflow.GraphContext(args.graph, auto_start=False) as ctx:
@@ -540,6 +545,8 @@ async def _ezflow_run(
                 extra += ["--max-in-flight", str(options.max_in_flight)]
             if inline_limit is not None:
                 extra += ["--inline-limit", str(inline_limit)]
+            if options.no_handoff and python is None:
+                extra += ["--no-handoff"]
             child = await _Child.start(role, [role, *common, *extra], python=python)
             children.append(child)
         subscriber, publisher = children
@@ -891,6 +898,8 @@ def _rows(transports: tuple[str, ...]) -> list[_Row]:
 def _table(medians: dict[str, float], options: argparse.Namespace) -> Table:
     """The results table: ezflow, floor, ratio, reference per metric."""
     repeats = f"median of {options.repeats} repeat{'s' if options.repeats > 1 else ''}"
+    if options.no_handoff:
+        repeats += ", shm handoff off"
     table = Table(
         title=f"ezflow: 1 publisher -> 1 subscriber, two processes ({options.loop}, {repeats})",
         caption="floor: raw sockets between two Python processes, same run: latency = a "
@@ -1062,6 +1071,7 @@ def _write_json(
             "ezmsg_python": options.ezmsg,
             "loop": options.loop,
             "max_in_flight": options.max_in_flight,
+            "shm_handoff": not options.no_handoff,
             "profiled": options.profile is not None,
         },
         "plan": {
@@ -1109,6 +1119,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-in-flight", type=int, help="the publisher's max_in_flight (default: ezflow's)"
     )
+    parser.add_argument(
+        "--no-handoff",
+        action="store_true",
+        help="publish with ShmOptions(handoff=False): no CPU yield after a paced message",
+    )
     roles = parser.add_subparsers(dest="command")
     child = roles.add_parser("child", help="(internal) one child process")
     child.add_argument("role", choices=("pub", "sub"))
@@ -1130,6 +1145,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     child.add_argument("--loop", choices=LOOPS, required=True)
     child.add_argument("--max-in-flight", type=int)
     child.add_argument("--inline-limit", type=int)
+    child.add_argument("--no-handoff", action="store_true")
     child.add_argument("--profile", help="write a cProfile dump here")
     options = parser.parse_args(argv)
     if options.command is None:

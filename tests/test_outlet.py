@@ -1,5 +1,6 @@
 """The outlet's paths through real edges: the small-array path (one bytes body written
-at once) against the general one, its limits and parking."""
+at once) against the general one, its limits and parking, and the CPU handoff after a
+paced publish to shm subscribers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import ezflow
+from ezflow._core import _outlet
 from ezflow._core._codec import Codec
 from ezflow._transports._shm import ShmTransport
 
@@ -97,3 +99,45 @@ async def test_a_small_array_parked_for_a_full_leaky_channel_is_sent_when_room_f
         while newest is None or newest[0] != last:
             newest = await sub.recv()
     assert np.array_equal(newest, np.full(16, last, dtype=np.int64))
+
+
+@needs_shm
+@pytest.mark.parametrize(
+    ("transport", "options", "handoff"),
+    [
+        ("shm", None, True),
+        ("shm", ezflow.ShmOptions(handoff=False), False),
+        ("tcp", None, False),
+    ],
+)
+async def test_a_paced_publish_to_shm_subscribers_yields_the_cpu_once(
+    ctx: ezflow.GraphContext,
+    monkeypatch: pytest.MonkeyPatch,
+    transport: str,
+    options: ezflow.ShmOptions | None,
+    handoff: bool,
+) -> None:
+    yields: list[int] = []
+    monkeypatch.setattr(_outlet, "_sched_yield", lambda: yields.append(1))
+    topic = f"/outlet/handoff/{transport}/{handoff}"
+    pub = await ctx.publisher(topic, shm=options)
+    subs = [await ctx.subscriber(topic, transport=transport) for _ in range(2)]
+    await pub.wait_for_channels(1)
+    for i in range(5):  # paced: one yield each, after the message went to every link
+        await asyncio.sleep(0.002)
+        await pub.publish(np.full(8, i, dtype=np.uint8))
+        assert [(await sub.recv())[0] for sub in subs] == [i, i]
+    assert len(yields) == (5 if handoff else 0)
+    del yields[:]
+    await asyncio.sleep(0.002)
+    for i in range(50):  # back to back: only the first of the burst is paced
+        await pub.publish(np.full(8 * 1024, i % 256, dtype=np.uint8))
+    for sub in subs:
+        for i in range(50):
+            assert (await sub.recv())[0] == i % 256
+    assert len(yields) == (1 if handoff else 0)
+
+
+def test_handoff_must_be_a_bool() -> None:
+    with pytest.raises(ezflow.ConfigurationError, match="handoff"):
+        ezflow.ShmOptions(handoff="yes")  # type: ignore[arg-type]

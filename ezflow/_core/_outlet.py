@@ -18,6 +18,7 @@ feeds, and enforces flow control per :class:`Link` (one link per subscribing cha
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -35,6 +36,10 @@ __all__ = ["Link", "Outlet", "PublisherStats"]
 
 # publish_nowait declines (so that publish yields) once this many went without a yield.
 _YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
+# A publish this long (ns) or more after the previous one is paced: a handoff link makes
+# the outlet yield the CPU after it (see Link.handoff).
+_HANDOFF_GAP_NS = 50_000
+_sched_yield = getattr(os, "sched_yield", None)  # (not on Windows)
 
 
 @dataclass(slots=True)
@@ -57,6 +62,10 @@ class Link(ABC):
     transport: str = ""
     #: True when the link carries encoded bytes (and so needs ``EncodedMessage``)
     needs_encoding: bool = True
+    #: True when the channel is another process on this host that a paced message may
+    #: have woken on this very CPU: the outlet then yields the CPU once the message is
+    #: written to every link (``ShmOptions.handoff``)
+    handoff: bool = False
 
     def __init__(self, *, lossless: bool, max_message_size: int) -> None:
         self.lossless = lossless
@@ -166,6 +175,8 @@ class Outlet:
         # Largest body that every link takes, or -1 when some link does not encode (a
         # local one): what publish_nowait's small-array path checks. See _links_updated.
         self._small_limit = -1
+        self._handoff = False  # some link is a handoff link (and the OS can yield)
+        self._sent_ns = 0  # time_ns() once the last message was sent (for handoffs)
 
     @property
     def links(self) -> tuple[Link, ...]:
@@ -198,6 +209,7 @@ class Outlet:
             self._small_limit = min((link.max_message_size for link in links), default=0)
         else:
             self._small_limit = -1
+        self._handoff = _sched_yield is not None and any(link.handoff for link in links)
 
     def _notify_links_changed(self) -> None:
         event = self._links_changed
@@ -301,6 +313,10 @@ class Outlet:
                 before = link.drops
                 link.park(seq, now, message, EncodedMessage([body], len(body)))
                 drops += link.drops - before
+        if self._handoff:
+            # (now, not the time after the writes: a small message is written in a few
+            # microseconds, and this path reads the clock once)
+            self._hand_off(now, now)
         stats = self.stats
         stats.messages += 1
         stats.encodes += 1
@@ -338,6 +354,9 @@ class Outlet:
             waited = time.perf_counter_ns() - started
             self.wait_time.record(waited)
             self.stats.wait_seconds += waited / 1e9
+            # Waiting for room is not idling: the message sent next is not paced, and
+            # its subscribers, being behind, need no handoff.
+            self._sent_ns = time_ns()
 
     def send_now(self, message: Any) -> None:
         """Send without waiting for room (used after the room check)."""
@@ -379,6 +398,8 @@ class Outlet:
                 before = link.drops
                 link.park(seq, now, link_message, encoded)
                 drops += link.drops - before
+        if self._handoff:
+            self._hand_off(now, time_ns())
         # Counted once the message is on its way (the first write is latency).
         stats = self.stats
         stats.messages += 1
@@ -394,6 +415,15 @@ class Outlet:
                 PUBLISH_HOOKS,
                 PublishEvent(self.topic, self.publisher_id, seq, nbytes, len(links), now),
             )
+
+    def _hand_off(self, started: int, sent: int) -> None:
+        # A publish that *started* a while after the previous one was *sent* (the
+        # publisher was idle, not busy sending large messages back to back) is paced:
+        # the subscriber it woke may be waiting for this CPU. Let it run now, not after
+        # the rest of our event-loop turn (ShmOptions.handoff).
+        if started - self._sent_ns >= _HANDOFF_GAP_NS:
+            _sched_yield()  # type: ignore[misc]
+        self._sent_ns = sent
 
     def close(self) -> None:
         """Close every link (each channel sees a clean end) and refuse further publishes."""
