@@ -246,6 +246,8 @@ async def _publisher_child(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if args.max_in_flight is not None:
         options["max_in_flight"] = args.max_in_flight
+    if args.max_in_flight_bytes is not None:
+        options["max_in_flight_bytes"] = args.max_in_flight_bytes
     shm_options: dict[str, Any] = {}
     if args.inline_limit is not None:
         shm_options["inline_limit"] = args.inline_limit
@@ -543,6 +545,8 @@ async def _ezflow_run(
                 extra += ["--profile", str(options.profile / name)]
             if options.max_in_flight is not None:
                 extra += ["--max-in-flight", str(options.max_in_flight)]
+            if options.max_in_flight_bytes is not None:
+                extra += ["--max-in-flight-bytes", str(options.max_in_flight_bytes)]
             if inline_limit is not None:
                 extra += ["--inline-limit", str(inline_limit)]
             if options.no_handoff and python is None:
@@ -1071,6 +1075,7 @@ def _write_json(
             "ezmsg_python": options.ezmsg,
             "loop": options.loop,
             "max_in_flight": options.max_in_flight,
+            "max_in_flight_bytes": options.max_in_flight_bytes,
             "shm_handoff": not options.no_handoff,
             "profiled": options.profile is not None,
         },
@@ -1120,6 +1125,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--max-in-flight", type=int, help="the publisher's max_in_flight (default: ezflow's)"
     )
     parser.add_argument(
+        "--max-in-flight-bytes",
+        type=int,
+        help="the publisher's max_in_flight_bytes (default: ezflow's)",
+    )
+    parser.add_argument(
         "--no-handoff",
         action="store_true",
         help="publish with ShmOptions(handoff=False): no CPU yield after a paced message",
@@ -1144,6 +1154,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     child.add_argument("--timeout", type=float, required=True)
     child.add_argument("--loop", choices=LOOPS, required=True)
     child.add_argument("--max-in-flight", type=int)
+    child.add_argument("--max-in-flight-bytes", type=int)
     child.add_argument("--inline-limit", type=int)
     child.add_argument("--no-handoff", action="store_true")
     child.add_argument("--profile", help="write a cProfile dump here")

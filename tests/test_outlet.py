@@ -13,6 +13,7 @@ import pytest
 import ezflow
 from ezflow._core import _outlet
 from ezflow._core._codec import Codec
+from ezflow._core._config import PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
 from ezflow._transports._shm import ShmTransport
 
 needs_shm = pytest.mark.skipif(not ShmTransport.available(), reason="needs Linux shared memory")
@@ -99,6 +100,38 @@ async def test_a_small_array_parked_for_a_full_leaky_channel_is_sent_when_room_f
         while newest is None or newest[0] != last:
             newest = await sub.recv()
     assert np.array_equal(newest, np.full(16, last, dtype=np.int64))
+
+
+async def test_a_publisher_of_large_messages_yields_to_its_loop_every_few_mib(
+    ctx: ezflow.GraphContext,
+) -> None:
+    """Besides every PUBLISH_YIELD_EVERY messages, publish yields once per
+    PUBLISH_YIELD_BYTES encoded: the loop then reads the channels' releases (for shm:
+    blocks come back while still in cache) and runs its other tasks."""
+    pub = await ctx.publisher("/outlet/yield-bytes")
+    sub = await ctx.subscriber("/outlet/yield-bytes", transport="tcp")
+    await pub.wait_for_channels(1)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.ensure_future(tick())
+    await asyncio.sleep(0)
+    payload = np.ones(1024 * 1024, dtype=np.uint8)
+    count = 4 * PUBLISH_YIELD_BYTES // payload.nbytes  # fewer than PUBLISH_YIELD_EVERY
+    assert count < PUBLISH_YIELD_EVERY
+    ticks = 0
+    for _ in range(count):
+        await pub.publish(payload)
+    assert pub.stats.waits == 0  # (so each tick came from a yield, not a wait)
+    assert ticks >= 3
+    ticker.cancel()
+    for _ in range(count):
+        assert (await sub.recv()).nbytes == payload.nbytes
 
 
 @needs_shm

@@ -42,6 +42,7 @@ __all__ = [
     "MAX_TOPIC_LENGTH",
     "METRICS_REQUEST_TIMEOUT",
     "MIN_TELEMETRY_INTERVAL",
+    "PUBLISH_YIELD_BYTES",
     "PUBLISH_YIELD_EVERY",
     "REQUEST_TIMEOUT",
     "ROUTE_APPLY_TIMEOUT",
@@ -86,6 +87,10 @@ DEFAULT_MAX_IN_FLIGHT_BYTES: Final = 32 * 1024 * 1024
 #: A publish that did not have to wait yields to the event loop once per this many
 #: messages, so that a tight publishing loop never starves its loop's other tasks.
 PUBLISH_YIELD_EVERY: Final = 64
+#: ... or once per this many encoded bytes, so that a publisher of large messages also
+#: reads its channels' releases often: the shared-memory blocks they free are reused
+#: while still in the CPU's cache, instead of a window's worth of cold ones.
+PUBLISH_YIELD_BYTES: Final = 4 * 1024 * 1024
 
 #: Largest frame accepted before a peer has completed the handshake.
 HANDSHAKE_MAX_FRAME_SIZE: Final = 64 * 1024

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ._codec import Codec, EncodedMessage
-from ._config import PUBLISH_YIELD_EVERY
+from ._config import PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
 from ._exceptions import ClosedResourceError, MessageTooLargeError
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 
@@ -170,6 +170,7 @@ class Outlet:
         self._seq = 0
         self._waiter: asyncio.Future[None] | None = None
         self._unyielded = 0  # publishes in a row that did not yield to the loop
+        self._unyielded_bytes = 0  # bytes they encoded
         self._closed = False
         self._links_changed: asyncio.Event | None = None
         # Largest body that every link takes, or -1 when some link does not encode (a
@@ -252,19 +253,23 @@ class Outlet:
         case before anything was sent. Cancellation while waiting sends nothing.
 
         A publish that did not have to wait yields to the event loop once every
-        ``PUBLISH_YIELD_EVERY`` messages, so that a tight publishing loop cannot starve
-        the other tasks of its loop (a leaky subscriber in the same process would never
-        run otherwise).
+        ``PUBLISH_YIELD_EVERY`` messages or ``PUBLISH_YIELD_BYTES`` encoded bytes, so
+        that a tight publishing loop cannot starve the other tasks of its loop (a leaky
+        subscriber in the same process would never run otherwise) and reads its
+        channels' releases often.
         """
         if self._closed:
             raise ClosedResourceError("publisher is closed")
         if self._blocked():
-            self._unyielded = 0
+            self._unyielded = self._unyielded_bytes = 0
             await self._wait_for_room()
         else:
             self._unyielded += 1
-            if self._unyielded >= PUBLISH_YIELD_EVERY:
-                self._unyielded = 0
+            if (
+                self._unyielded >= PUBLISH_YIELD_EVERY
+                or self._unyielded_bytes >= PUBLISH_YIELD_BYTES
+            ):
+                self._unyielded = self._unyielded_bytes = 0
                 await asyncio.sleep(0)
                 if self._blocked():  # things may have changed meanwhile
                     await self._wait_for_room()
@@ -279,7 +284,7 @@ class Outlet:
         """
         if self._closed:
             raise ClosedResourceError("publisher is closed")
-        if self._unyielded >= _YIELD_AFTER:
+        if self._unyielded >= _YIELD_AFTER or self._unyielded_bytes >= PUBLISH_YIELD_BYTES:
             return False
         links = self._links
         # _blocked() and Link.has_room, inlined: with caches cold (a paced publisher),
@@ -317,6 +322,7 @@ class Outlet:
             # (now, not the time after the writes: a small message is written in a few
             # microseconds, and this path reads the clock once)
             self._hand_off(now, now)
+        self._unyielded_bytes += len(body)
         stats = self.stats
         stats.messages += 1
         stats.encodes += 1
@@ -408,6 +414,7 @@ class Outlet:
             nbytes = encoded.nbytes
             stats.encodes += 1
         stats.bytes += nbytes
+        self._unyielded_bytes += nbytes
         stats.sends += sends
         stats.drops += drops
         if PUBLISH_HOOKS:
