@@ -350,6 +350,7 @@ def test_top_once_json_counts_match_what_was_published(graph: Graph) -> None:
         assert (channel["messages"], channel["deliveries"], channel["drops"]) == (120, 120, 0)
         assert channel["bytes"] == found["publisher"]["bytes"]
         assert channel["subscriber_stats"][0]["taken"] == 120
+        assert channel["subscriber_stats"][0]["callback_errors"] == channel["callback_errors"] == 0
         assert channel["latency_p50_us"] is None or channel["latency_p50_us"] > 0
     finally:
         for child in (publisher, collector):

@@ -28,6 +28,7 @@ from ezflow._core._config import MAX_TELEMETRY_REPORT_SIZE
 from ezflow._core._exceptions import ProtocolError
 from ezflow._core._telemetry import (
     HISTOGRAM_BUCKETS,
+    Histogram,
     bucket_bounds,
     bucket_index,
 )
@@ -311,6 +312,55 @@ async def test_the_server_keeps_the_latest_snapshot_per_client(
     families = parse_exposition(text)
     (sample,) = families["ezflow_channel_messages_total"]["samples"]
     assert sample[1]["topic"] == "/t/report" and sample[2] == 30
+
+
+async def test_on_message_exceptions_are_reported_per_subscriber(
+    server: ezflow.GraphServer, reporting: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[int] = []
+
+    def on_message(message: int) -> None:
+        seen.append(message)
+        if message % 3 == 0:
+            raise ValueError(f"cannot handle {message}")
+
+    pub = await reporting.publisher("/t/errors")
+    sub = await reporting.subscriber("/t/errors", on_message=on_message)
+    quiet = await reporting.subscriber("/t/errors")
+    for i in range(30):
+        await pub.publish(i)
+        await quiet.recv()
+    assert sub.stats.callback_errors == 10 and len(seen) == 30
+
+    def reported(found: dict[str, telemetry.ProcessSnapshot]) -> bool:
+        return any(
+            s.callback_errors == 10
+            for p in found.values()
+            for c in p.channels
+            for s in c.subscribers
+        )
+
+    found = await _wait_reported(reporting, reported)
+    (channel,) = next(iter(found.values())).channels
+    assert sorted(s.callback_errors for s in channel.subscribers) == [0, 10]
+    samples = parse_exposition(render(server.telemetry().items()))[
+        "ezflow_subscriber_callback_errors_total"
+    ]["samples"]
+    assert sorted(value for _, _, value in samples) == [0.0, 10.0]
+    assert "cannot handle 0" in caplog.text
+
+
+def test_a_report_without_callback_errors_reads_as_zero() -> None:
+    """Reports of versions that did not send the field still parse; a wrong type does not."""
+    snapshot = telemetry.SubscriberSnapshot(
+        "s-1", False, 0, 5, 5, 0, 0, Histogram().snapshot(), callback_errors=2
+    )
+    wire = snapshot.to_wire()
+    assert telemetry.SubscriberSnapshot.from_wire(wire) == snapshot
+    del wire["callback_errors"]
+    assert telemetry.SubscriberSnapshot.from_wire(wire).callback_errors == 0
+    with pytest.raises(ProtocolError, match="callback_errors"):
+        telemetry.SubscriberSnapshot.from_wire({**wire, "callback_errors": "2"})
 
 
 async def test_reporting_survives_the_server_going_away(server: ezflow.GraphServer) -> None:

@@ -73,6 +73,7 @@ def rows(processes: dict[str, ProcessSnapshot], now: float) -> dict[str, list[di
                     "dropped_overflow": ch.dropped_overflow,
                     "dropped_upstream": ch.dropped_upstream,
                     "decode_errors": ch.decode_errors,
+                    "callback_errors": sum(s.callback_errors for s in ch.subscribers),
                     "queue_depth": ch.queue_depth,
                     "buffers_in_use": ch.buffers_in_use,
                     "subscriber_stats": [
@@ -84,6 +85,7 @@ def rows(processes: dict[str, ProcessSnapshot], now: float) -> dict[str, list[di
                             "taken": s.taken,
                             "dropped_overflow": s.dropped_overflow,
                             "dropped_upstream": s.dropped_upstream,
+                            "callback_errors": s.callback_errors,
                             "handler_p50_us": _us(s.handler.p50),
                             "handler_p99_us": _us(s.handler.p99),
                         }
@@ -114,6 +116,11 @@ def rows(processes: dict[str, ProcessSnapshot], now: float) -> dict[str, list[di
     return {"channels": channels, "publishers": publishers}
 
 
+def _errors(count: int) -> str:
+    # Decode errors and on_message exceptions: each one lost a message for someone.
+    return str(count) if not count else f"[red]{count}[/]"
+
+
 def _lat(value_us: float | None) -> str:
     return format_ns(None if value_us is None else value_us * 1e3)
 
@@ -129,6 +136,7 @@ def _tables(data: dict[str, list[dict[str, Any]]], where: str) -> Group:
         "lat p50",
         "lat p99",
         "drops",
+        "errors",
         "queue",
         "in use",
         "messages",
@@ -146,6 +154,7 @@ def _tables(data: dict[str, list[dict[str, Any]]], where: str) -> Group:
             _lat(row["latency_p50_us"]),
             _lat(row["latency_p99_us"]),
             str(row["drops"]) if not row["drops"] else f"[red]{row['drops']}[/]",
+            _errors(row["decode_errors"] + row["callback_errors"]),
             str(row["queue_depth"]),
             str(row["buffers_in_use"]),
             str(row["messages"]),

@@ -272,7 +272,9 @@ class SubscriberSnapshot:
     for the next one (its callback time, in a unit), sampled: one message in 16.
     ``dropped_overflow`` counts what a leaky inbox discarded to keep the newest
     ``queue`` messages, ``dropped_upstream`` what the publisher dropped for it (parked
-    and replaced: the subscriber had no room).
+    and replaced: the subscriber had no room). ``callback_errors`` counts the exceptions
+    an ``on_message`` callback raised (0 for a queueing subscriber, and in reports of
+    versions that did not send it).
     """
 
     subscriber_id: str
@@ -283,6 +285,7 @@ class SubscriberSnapshot:
     dropped_overflow: int
     dropped_upstream: int
     handler: HistogramSnapshot
+    callback_errors: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         data = asdict(self)
@@ -301,6 +304,7 @@ class SubscriberSnapshot:
             dropped_overflow=_int(data, "dropped_overflow"),
             dropped_upstream=_int(data, "dropped_upstream"),
             handler=HistogramSnapshot.from_wire(data.get("handler")),
+            callback_errors=_int(data, "callback_errors") if "callback_errors" in data else 0,
         )
 
 

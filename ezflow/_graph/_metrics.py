@@ -154,6 +154,11 @@ def render(processes: Iterable[tuple[str, ProcessSnapshot]], *, now: float | Non
                 sub_drops.add({**sub_labels, "reason": "overflow"}, sub.dropped_overflow)
                 sub_drops.add({**sub_labels, "reason": "upstream"}, sub.dropped_upstream)
                 family(
+                    "ezflow_subscriber_callback_errors_total",
+                    "counter",
+                    "Exceptions raised by the subscriber's on_message callback.",
+                ).add(sub_labels, sub.callback_errors)
+                family(
                     "ezflow_subscriber_handler_mean_seconds",
                     "gauge",
                     "Mean time from taking a message until asking for the next one "

@@ -142,6 +142,7 @@ class TelemetryReporter:
                     dropped_overflow=attachment.inbox.stats.dropped_overflow,
                     dropped_upstream=attachment.inbox.stats.dropped_upstream,
                     handler=attachment.inbox.handler_time.snapshot(),
+                    callback_errors=attachment.inbox.stats.callback_errors,
                 )
                 for sub_id, attachment in subscribers
             ),
