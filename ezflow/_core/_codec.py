@@ -907,7 +907,7 @@ class Codec:
         else:
             self._limit = check_positive(max_message_size, setting="max_message_size")
         # The cache entry of the last top-level array encoded (prefix, body length,
-        # dtype, shape), checked by identity first. Replaced whole, like _last_array.
+        # dtype, shape), checked by identity first. Replaced whole, like last_array.
         self._last_encoded: tuple[bytes, int, np.dtype[Any], tuple[int, ...]] | None = None
         #: The layout of the last top-level array decoded: (body length, prefix, data
         #: offset, shape, dtype, item count if 1-D else -1). A ``bytes`` body of that

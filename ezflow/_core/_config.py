@@ -139,12 +139,13 @@ class ShmOptions:
       inline through the notification socket: copying a small message is cheaper than
       leasing a block for it.
 
-    With *handoff* (the default), a paced publish - the first message in 50 µs - that
-    went to at least one shm subscriber ends with the publisher yielding its CPU
-    (``sched_yield``) once every subscriber's copy is written. A subscriber process that
-    the message woke on the same CPU then runs at once, instead of after the rest of the
-    publisher's event-loop turn; on a machine where it was woken on another, idle CPU
-    the yield costs one system call. Back-to-back publishing never yields.
+    With *handoff* (the default), a paced publish - one that starts 50 µs or more after
+    the previous one was sent, time spent waiting for room not counted - that went to at
+    least one shm subscriber ends with the publisher yielding its CPU (``sched_yield``)
+    once every subscriber's copy is written. A subscriber process that the message woke
+    on the same CPU then runs at once, instead of after the rest of the publisher's
+    event-loop turn; where it was woken on another, idle CPU the yield costs one system
+    call. Back-to-back publishing yields at most for the first message of a burst.
 
     When every usable block is still leased (subscribers keep old messages alive), a
     message travels inline instead: leases never block a publisher, only the
