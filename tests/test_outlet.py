@@ -5,6 +5,7 @@ paced publish to shm subscribers."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import numpy as np
@@ -152,17 +153,30 @@ async def test_a_paced_publish_to_shm_subscribers_yields_the_cpu_once(
 ) -> None:
     yields: list[int] = []
     monkeypatch.setattr(_outlet, "_sched_yield", lambda: yields.append(1))
+    # The outlet's clock, made deterministic: a busy CI machine can stall a real burst
+    # for more than the 50 us that make a publish count as paced. Each read advances
+    # it by 1 us; the test adds idle time explicitly.
+    clock = [time.time_ns()]
+
+    def time_ns() -> int:
+        clock[0] += 1_000
+        return clock[0]
+
+    def idle(seconds: float) -> None:
+        clock[0] += int(seconds * 1e9)
+
+    monkeypatch.setattr(_outlet, "time_ns", time_ns)
     topic = f"/outlet/handoff/{transport}/{handoff}"
     pub = await ctx.publisher(topic, shm=options)
     subs = [await ctx.subscriber(topic, transport=transport) for _ in range(2)]
     await pub.wait_for_channels(1)
     for i in range(5):  # paced: one yield each, after the message went to every link
-        await asyncio.sleep(0.002)
+        idle(0.002)
         await pub.publish(np.full(8, i, dtype=np.uint8))
         assert [(await sub.recv())[0] for sub in subs] == [i, i]
     assert len(yields) == (5 if handoff else 0)
     del yields[:]
-    await asyncio.sleep(0.002)
+    idle(0.002)
     for i in range(50):  # back to back: only the first of the burst is paced
         await pub.publish(np.full(8 * 1024, i % 256, dtype=np.uint8))
     for sub in subs:
