@@ -135,6 +135,37 @@ async def test_a_publisher_of_large_messages_yields_to_its_loop_every_few_mib(
         assert (await sub.recv()).nbytes == payload.nbytes
 
 
+class _OutletClocks:
+    """The outlet's wall and CPU clocks, made deterministic: a busy CI machine can stall
+    a real burst for more than the 50 us that make a publish count as paced. Each wall
+    read advances the wall clock by 1 us; tests add idle or busy time explicitly."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.wall = time.time_ns()
+        self.cpu = 0
+        self.yields = 0
+        #: wall time one sched_yield gives away (a busy machine runs others meanwhile)
+        self.yield_ns = 0
+        monkeypatch.setattr(_outlet, "time_ns", self.time_ns)
+        monkeypatch.setattr(_outlet, "thread_time_ns", lambda: self.cpu)
+        monkeypatch.setattr(_outlet, "_sched_yield", self.sched_yield)
+
+    def time_ns(self) -> int:
+        self.wall += 1_000
+        return self.wall
+
+    def sched_yield(self) -> None:
+        self.yields += 1
+        self.wall += self.yield_ns
+
+    def idle(self, seconds: float) -> None:
+        self.wall += int(seconds * 1e9)
+
+    def busy(self, seconds: float) -> None:
+        self.wall += int(seconds * 1e9)
+        self.cpu += int(seconds * 1e9)
+
+
 @needs_shm
 @pytest.mark.parametrize(
     ("transport", "options", "handoff"),
@@ -151,38 +182,74 @@ async def test_a_paced_publish_to_shm_subscribers_yields_the_cpu_once(
     options: ezflow.ShmOptions | None,
     handoff: bool,
 ) -> None:
-    yields: list[int] = []
-    monkeypatch.setattr(_outlet, "_sched_yield", lambda: yields.append(1))
-    # The outlet's clock, made deterministic: a busy CI machine can stall a real burst
-    # for more than the 50 us that make a publish count as paced. Each read advances
-    # it by 1 us; the test adds idle time explicitly.
-    clock = [time.time_ns()]
-
-    def time_ns() -> int:
-        clock[0] += 1_000
-        return clock[0]
-
-    def idle(seconds: float) -> None:
-        clock[0] += int(seconds * 1e9)
-
-    monkeypatch.setattr(_outlet, "time_ns", time_ns)
+    clocks = _OutletClocks(monkeypatch)
     topic = f"/outlet/handoff/{transport}/{handoff}"
     pub = await ctx.publisher(topic, shm=options)
     subs = [await ctx.subscriber(topic, transport=transport) for _ in range(2)]
     await pub.wait_for_channels(1)
     for i in range(5):  # paced: one yield each, after the message went to every link
-        idle(0.002)
+        clocks.idle(0.002)
         await pub.publish(np.full(8, i, dtype=np.uint8))
         assert [(await sub.recv())[0] for sub in subs] == [i, i]
-    assert len(yields) == (5 if handoff else 0)
-    del yields[:]
-    idle(0.002)
+    assert clocks.yields == (5 if handoff else 0)
+    clocks.yields = 0
+    clocks.idle(0.002)
     for i in range(50):  # back to back: only the first of the burst is paced
         await pub.publish(np.full(8 * 1024, i % 256, dtype=np.uint8))
     for sub in subs:
         for i in range(50):
             assert (await sub.recv())[0] == i % 256
-    assert len(yields) == (1 if handoff else 0)
+    assert clocks.yields == (1 if handoff else 0)
+
+
+@needs_shm
+@pytest.mark.parametrize("size", [8, 8 * 1024, 256 * 1024])
+async def test_time_given_away_by_a_handoff_does_not_make_the_next_publish_paced(
+    ctx: ezflow.GraphContext, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    # On a loaded machine sched_yield can give the CPU away for milliseconds. The next
+    # publish of a burst must not count that as idle time, or every message of the
+    # burst yields (and wakes its subscriber) once more: the handoff cascade.
+    clocks = _OutletClocks(monkeypatch)
+    clocks.yield_ns = 2_000_000
+    topic = f"/outlet/handoff/cascade/{size}"
+    pub = await ctx.publisher(topic)
+    sub = await ctx.subscriber(topic, transport="shm")
+    await pub.wait_for_channels(1)
+    clocks.idle(0.002)
+    for i in range(50):  # (fewer than max_in_flight: nothing is received meanwhile)
+        await pub.publish(np.full(size, i, dtype=np.uint8))
+    for i in range(50):
+        assert (await sub.recv())[0] == i
+    assert clocks.yields == 1
+
+
+@needs_shm
+async def test_a_busy_publisher_with_gaps_between_publishes_does_not_yield(
+    ctx: ezflow.GraphContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A producer that spends 200 us of CPU filling each frame publishes 200 us apart:
+    # that gap is work, not idleness, and its subscriber is behind, not waiting for
+    # this CPU. Only the first publish (nothing to compare with yet) may yield.
+    clocks = _OutletClocks(monkeypatch)
+    topic = "/outlet/handoff/busy"
+    pub = await ctx.publisher(topic)
+    sub = await ctx.subscriber(topic, transport="shm")
+    await pub.wait_for_channels(1)
+    for i in range(30):
+        clocks.busy(200e-6)
+        await pub.publish(np.full(64 * 1024, i, dtype=np.uint8))
+    assert clocks.yields == 1
+    for i in range(30):
+        assert (await sub.recv())[0] == i
+    # Idle again (paced, mostly asleep): every publish yields once more.
+    clocks.yields = 0
+    for i in range(5):
+        clocks.busy(20e-6)
+        clocks.idle(0.001)
+        await pub.publish(np.full(8, i, dtype=np.uint8))
+        assert (await sub.recv())[0] == i
+    assert clocks.yields == 5
 
 
 def test_handoff_must_be_a_bool() -> None:

@@ -22,7 +22,7 @@ import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from time import time_ns
+from time import thread_time_ns, time_ns
 from typing import Any
 
 import numpy as np
@@ -37,8 +37,13 @@ __all__ = ["Link", "Outlet", "PublisherStats"]
 # publish_nowait declines (so that publish yields) once this many went without a yield.
 _YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
 # A publish this long (ns) or more after the previous one is paced: a handoff link makes
-# the outlet yield the CPU after it (see Link.handoff).
+# the outlet yield the CPU after it (see Link.handoff) - unless the publisher was busy.
 _HANDOFF_GAP_NS = 50_000
+# ...busy meaning: between the previous paced-looking publish and this one, the
+# publisher's thread ran (CPU time) for at least this fraction of the wall time, as a
+# producer that fills large frames back to back does. Its subscriber is behind, not
+# waiting for this CPU.
+_HANDOFF_BUSY_FRACTION = 0.5
 _sched_yield = getattr(os, "sched_yield", None)  # (not on Windows)
 
 
@@ -177,7 +182,11 @@ class Outlet:
         # local one): what publish_nowait's small-array path checks. See _links_updated.
         self._small_limit = -1
         self._handoff = False  # some link is a handoff link (and the OS can yield)
-        self._sent_ns = 0  # time_ns() once the last message was sent (for handoffs)
+        # time_ns() once the last message was sent, after any handoff (for handoffs)
+        self._sent_ns = 0
+        # (time_ns(), thread_time_ns()) at the start of the last paced-looking publish:
+        # tells idle gaps from busy ones (see _hand_off); (0, 0) while there is none.
+        self._paced_at = (0, 0)
 
     @property
     def links(self) -> tuple[Link, ...]:
@@ -319,9 +328,7 @@ class Outlet:
                 link.park(seq, now, message, EncodedMessage([body], len(body)))
                 drops += link.drops - before
         if self._handoff:
-            # (now, not the time after the writes: a small message is written in a few
-            # microseconds, and this path reads the clock once)
-            self._hand_off(now, now)
+            self._hand_off(now)
         self._unyielded_bytes += len(body)
         stats = self.stats
         stats.messages += 1
@@ -405,7 +412,7 @@ class Outlet:
                 link.park(seq, now, link_message, encoded)
                 drops += link.drops - before
         if self._handoff:
-            self._hand_off(now, time_ns())
+            self._hand_off(now)
         # Counted once the message is on its way (the first write is latency).
         stats = self.stats
         stats.messages += 1
@@ -423,14 +430,26 @@ class Outlet:
                 PublishEvent(self.topic, self.publisher_id, seq, nbytes, len(links), now),
             )
 
-    def _hand_off(self, started: int, sent: int) -> None:
-        # A publish that *started* a while after the previous one was *sent* (the
-        # publisher was idle, not busy sending large messages back to back) is paced:
-        # the subscriber it woke may be waiting for this CPU. Let it run now, not after
-        # the rest of our event-loop turn (ShmOptions.handoff).
+    def _hand_off(self, started: int) -> None:
+        """After a message that started at *started* (``time_ns``) went to every link:
+        yield the CPU if the publish was paced (``ShmOptions.handoff``).
+
+        Paced: it started ``_HANDOFF_GAP_NS`` or more after the previous message was
+        sent, and the publisher was idle, not busy, in between: its thread used less
+        than ``_HANDOFF_BUSY_FRACTION`` of the wall time since the last paced-looking
+        publish (the CPU clock costs a system call, so it is read only for publishes
+        that pass the first test). The subscriber such a message woke may be waiting
+        for this very CPU: let it run now, not after the rest of our event-loop turn.
+        The send time is read *after* the yield, so the time given away never makes the
+        next publish look paced: a burst yields at most once, at its first message.
+        """
         if started - self._sent_ns >= _HANDOFF_GAP_NS:
-            _sched_yield()  # type: ignore[misc]
-        self._sent_ns = sent
+            cpu = thread_time_ns()
+            last_wall, last_cpu = self._paced_at
+            self._paced_at = (started, cpu)
+            if not last_wall or cpu - last_cpu < (started - last_wall) * _HANDOFF_BUSY_FRACTION:
+                _sched_yield()  # type: ignore[misc]
+        self._sent_ns = time_ns()
 
     def close(self) -> None:
         """Close every link (each channel sees a clean end) and refuse further publishes."""
