@@ -141,9 +141,8 @@ class ShmOptions:
 
     With *handoff* (the default), a paced publish - one that starts 50 µs or more after
     the previous one was sent (and after any yield), time spent waiting for room not
-    counted, by a publisher that was mostly idle meanwhile (its thread used less than
-    half the wall time since the previous such publish) - that went to at least one shm
-    subscriber ends with the publisher yielding its CPU (``sched_yield``)
+    counted, by a publisher whose thread slept meanwhile (its event loop was idle; not
+    busy, not preempted) - that went to at least one shm subscriber ends with the publisher yielding its CPU (``sched_yield``)
     once every subscriber's copy is written. A subscriber process that the message woke
     on the same CPU then runs at once, instead of after the rest of the publisher's
     event-loop turn; where it was woken on another, idle CPU the yield costs one system

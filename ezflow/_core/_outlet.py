@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from time import thread_time_ns, time_ns
+from time import time_ns
 from typing import Any
 
 import numpy as np
@@ -36,15 +37,20 @@ __all__ = ["Link", "Outlet", "PublisherStats"]
 
 # publish_nowait declines (so that publish yields) once this many went without a yield.
 _YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
-# A publish this long (ns) or more after the previous one is paced: a handoff link makes
-# the outlet yield the CPU after it (see Link.handoff) - unless the publisher was busy.
+# A publish this long (ns) or more after the previous one is paced, if the publisher
+# slept meanwhile: a handoff link makes the outlet yield the CPU after it (Link.handoff).
 _HANDOFF_GAP_NS = 50_000
-# ...busy meaning: between the previous paced-looking publish and this one, the
-# publisher's thread ran (CPU time) for at least this fraction of the wall time, as a
-# producer that fills large frames back to back does. Its subscriber is behind, not
-# waiting for this CPU.
-_HANDOFF_BUSY_FRACTION = 0.5
 _sched_yield = getattr(os, "sched_yield", None)  # (not on Windows)
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # (Linux only)
+
+
+def _voluntary_switches() -> int:
+    """Times this thread has blocked (slept) so far: its voluntary context switches.
+
+    An event loop waiting for its next timer or I/O blocks in the kernel and counts one;
+    a thread that is preempted, or that yields with ``sched_yield``, counts an
+    involuntary one instead. One system call (~1 µs)."""
+    return resource.getrusage(_RUSAGE_THREAD).ru_nvcsw  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
@@ -184,9 +190,9 @@ class Outlet:
         self._handoff = False  # some link is a handoff link (and the OS can yield)
         # time_ns() once the last message was sent, after any handoff (for handoffs)
         self._sent_ns = 0
-        # (time_ns(), thread_time_ns()) at the start of the last paced-looking publish:
-        # tells idle gaps from busy ones (see _hand_off); (0, 0) while there is none.
-        self._paced_at = (0, 0)
+        # _voluntary_switches() at the last paced-looking publish or wait for room: tells
+        # a publisher that slept from one that was busy or preempted (see _hand_off).
+        self._slept = -1
 
     @property
     def links(self) -> tuple[Link, ...]:
@@ -219,7 +225,11 @@ class Outlet:
             self._small_limit = min((link.max_message_size for link in links), default=0)
         else:
             self._small_limit = -1
-        self._handoff = _sched_yield is not None and any(link.handoff for link in links)
+        self._handoff = (
+            _sched_yield is not None
+            and _RUSAGE_THREAD is not None
+            and any(link.handoff for link in links)
+        )
 
     def _notify_links_changed(self) -> None:
         event = self._links_changed
@@ -370,6 +380,8 @@ class Outlet:
             # Waiting for room is not idling: the message sent next is not paced, and
             # its subscribers, being behind, need no handoff.
             self._sent_ns = time_ns()
+            if self._handoff:
+                self._slept = _voluntary_switches()
 
     def send_now(self, message: Any) -> None:
         """Send without waiting for room (used after the room check)."""
@@ -435,20 +447,22 @@ class Outlet:
         yield the CPU if the publish was paced (``ShmOptions.handoff``).
 
         Paced: it started ``_HANDOFF_GAP_NS`` or more after the previous message was
-        sent, and the publisher was idle, not busy, in between: its thread used less
-        than ``_HANDOFF_BUSY_FRACTION`` of the wall time since the last paced-looking
-        publish (the CPU clock costs a system call, so it is read only for publishes
-        that pass the first test). The subscriber such a message woke may be waiting
-        for this very CPU: let it run now, not after the rest of our event-loop turn.
-        The send time is read *after* the yield, so the time given away never makes the
-        next publish look paced: a burst yields at most once, at its first message.
+        sent, and the publisher's thread slept (blocked: its event loop was idle) since
+        the last paced-looking publish or wait for room. A gap that was work (a producer
+        filling large frames back to back) or preemption on a loaded machine is not
+        idleness: that publisher's subscriber is behind, not waiting for this CPU. The
+        context-switch count costs a system call, so it is read only for publishes that
+        pass the gap test. The subscriber a paced message woke may be waiting for this
+        very CPU: let it run now, not after the rest of our event-loop turn. The send
+        time is read *after* the yield, so the time given away never makes the next
+        publish look paced: a burst yields at most once, at its first message.
         """
         if started - self._sent_ns >= _HANDOFF_GAP_NS:
-            cpu = thread_time_ns()
-            last_wall, last_cpu = self._paced_at
-            self._paced_at = (started, cpu)
-            if not last_wall or cpu - last_cpu < (started - last_wall) * _HANDOFF_BUSY_FRACTION:
+            slept = _voluntary_switches()
+            if slept != self._slept:
                 _sched_yield()  # type: ignore[misc]
+                # (sched_yield counts as an involuntary switch: no need to read again)
+            self._slept = slept
         self._sent_ns = time_ns()
 
     def close(self) -> None:
