@@ -934,7 +934,9 @@ def _assemble(
     if pos > limit:
         raise _too_large(pos, limit)
     packed_lengths = (
-        _LENGTHS[nbuf].pack(*lengths) if nbuf < len(_LENGTHS) else struct.pack(f"<{nbuf}Q", *lengths)
+        _LENGTHS[nbuf].pack(*lengths)
+        if nbuf < len(_LENGTHS)
+        else struct.pack(f"<{nbuf}Q", *lengths)
     )
     parts: list[bytes | memoryview] = [
         HEADER.pack(FORMAT_VERSION, 0, nbuf, len(meta)) + packed_lengths + meta + _PADDING[pads[0]]
@@ -1025,9 +1027,7 @@ class _Template:
 
     __slots__ = ("arrays", "entry", "getter", "kind", "long_bytes", "names", "scalars", "types")
 
-    def __init__(
-        self, kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]
-    ) -> None:
+    def __init__(self, kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> None:
         self.kind = kind
         self.names = names
         self.types = tuple(map(type, values))
@@ -1050,6 +1050,7 @@ class _Template:
     def values_of(self, obj: Any) -> tuple[Any, ...] | list[Any] | None:
         """*obj*'s items in order, or None if *obj* is not of this template's shape."""
         kind = self.kind
+        values: tuple[Any, ...] | list[Any]
         if kind is tuple or kind is list:
             values = obj
         elif kind is dict:
@@ -1217,6 +1218,7 @@ class _Layout:
 
     def __init__(
         self,
+        *,
         size: int,
         mask: bytes,
         fixed: bytes,
@@ -1358,9 +1360,9 @@ class _LayoutWalker:
             self.mask[pos], self.fixed[pos] = 0xFE, 0xC2
             return f"({self.value_hole('B', 1)} == 0xC3)"
         if marker in _NUMBER_CODES:
-            code = _NUMBER_CODES[marker]
+            fmt = _NUMBER_CODES[marker]
             self.skip_fixed(1)
-            return self.value_hole(code, struct.calcsize(code))
+            return self.value_hole(fmt, struct.calcsize(fmt))
         if 0xA0 <= marker <= 0xBF or marker in _STR_LENGTHS:
             if marker <= 0xBF:
                 self.skip_fixed(1)
@@ -1454,7 +1456,7 @@ def _learn_layout(
     # The padding up to the first buffer stays free (the general decoder ignores it).
     check_len = len(walker.mask.rstrip(b"\0"))
     fmt = [">"]
-    at = walker.codes[0][0] if walker.codes else 0
+    at = at_first = walker.codes[0][0] if walker.codes else 0
     for offset, code, size in walker.codes:
         if offset > at:
             fmt.append(f"{offset - at}x")
@@ -1462,14 +1464,14 @@ def _learn_layout(
         at = offset + size
     source = f"def build(body, v):\n    return {expr}\n"
     namespace = walker.namespace
-    exec(source, namespace)  # noqa: S102 - only names and ints are in the source
+    exec(source, namespace)
     return _Layout(
-        len(body),
-        bytes(walker.mask[:check_len]),
-        bytes(walker.fixed[:check_len]),
-        struct.Struct("".join(fmt)),
-        walker.codes[0][0] if walker.codes else 0,
-        cast(Callable[[Any, tuple[Any, ...]], object], namespace["build"]),
+        size=len(body),
+        mask=bytes(walker.mask[:check_len]),
+        fixed=bytes(walker.fixed[:check_len]),
+        values=struct.Struct("".join(fmt)),
+        values_at=at_first,
+        build=cast(Callable[[Any, tuple[Any, ...]], object], namespace["build"]),
     )
 
 
@@ -1614,12 +1616,7 @@ class Codec:
         ``numpy.ndarray`` (the caller checks its type).
         """
         hit = self._last_encoded
-        if (
-            hit is not None
-            and arr.dtype is hit[2]
-            and arr.shape == hit[3]
-            and hit[1] <= SMALL_BODY
-        ):
+        if hit is not None and arr.dtype is hit[2] and arr.shape == hit[3] and hit[1] <= SMALL_BODY:
             return hit[0] + arr.tobytes()
         return None
 
@@ -1906,7 +1903,7 @@ def _decode_general(codec: Codec, body: object) -> object:
     """*body* decoded by the general decoder alone (no cache read or filled): the
     reference every decode fast path is tested against. Raises like :meth:`Codec.decode`."""
     try:
-        return codec._decode(body, fast=False)  # noqa: SLF001
+        return codec._decode(body, fast=False)
     except ProtocolError:
         raise
     except Exception as exc:
