@@ -61,8 +61,31 @@ Type mapping (encode -> decode):
   fields are recomputed by the constructor).
 
 Buffers are referenced, not copied, by :meth:`Codec.encode`: do not modify an array or
-bytearray until its message has been written. (A message that is one small array, whose
-body is at most 4 KiB, is copied: that costs less than referencing it.)
+bytearray until its message has been written. (A message that takes a fast path and
+whose body is at most ``SMALL_BODY``, 4 KiB, is copied into one ``bytes`` part: that
+costs less than referencing it, and the sender writes one object.)
+
+Fast paths. The general encoder (``_Encoder``, forced by ``_encode_general``) and the
+general decoder (``_Decoder``, forced by ``_decode_general``) are the reference; every
+fast path below produces exactly their bytes and objects, or hands the message to them
+(which raise what there is to raise), and tests/test_codec_fastpaths.py checks that:
+
+- a top-level array: the body prefix cached per (dtype, shape) on both sides
+  (``_ENC_ARRAYS``, ``_DEC_ARRAYS``, ``Codec.last_array``), ``small_array_body``,
+  ``array_prefix``;
+- a *shape*: a tuple, list, dict with str keys or registered dataclass of at most
+  ``_TEMPLATE_MAX_ITEMS`` items, each None, bool, int, float, str, bytes shorter than
+  ``INLINE_BYTES_LIMIT``, a numpy array or a numeric numpy scalar (no nesting). Encoding
+  uses a ``_Template`` cached per shape key (container type, keys or fields, item types,
+  each array's dtype and ndim): the items are packed by one reused per-thread packer,
+  each array's ext payload is cached for its last shape. Decoding uses a ``_Layout``
+  learned from a body the general decoder accepted (the second time a body of that
+  length and header comes): a body of the same length whose header and meta bytes equal
+  it except in the value bytes of ints, floats, bools, strs, bytes and numpy scalars
+  (fixint and bool bytes only in the bits that make them one; padding is free) is
+  decoded with one ``struct`` unpack, its arrays being read-only views at known offsets;
+  a str that is not UTF-8 or a constructor that raises sends the body to the general
+  decoder. Both caches are bounded (``_TEMPLATE_CACHE_SIZE`` entries, emptied when full).
 """
 
 from __future__ import annotations
@@ -1047,29 +1070,16 @@ class _Template:
         # bytes this long or longer travel out-of-band: the general path's business.
         self.long_bytes = tuple(i for i, tp in enumerate(self.types) if tp is bytes)
 
-    def values_of(self, obj: Any) -> tuple[Any, ...] | list[Any] | None:
-        """*obj*'s items in order, or None if *obj* is not of this template's shape."""
-        kind = self.kind
-        values: tuple[Any, ...] | list[Any]
-        if kind is tuple or kind is list:
-            values = obj
-        elif kind is dict:
+    def values_of(self, obj: Any) -> tuple[Any, ...] | None:
+        """The items of *obj*, a dict or dataclass, in order; None if a dict has other
+        keys (a container's shape is checked by :meth:`encode`)."""
+        if self.entry is None:  # a dict
             if len(obj) != len(self.types) or tuple(obj) != self.names:
                 return None
-            values = tuple(obj.values())
-        elif self.getter is None:  # a dataclass without init fields
-            values = ()
-        else:
-            values = self.getter(obj)
-        if tuple(map(type, values)) != self.types:
-            return None
-        for slot in self.arrays:
-            arr = values[slot.index]
-            if (arr.dtype is not slot.dtype and arr.dtype != slot.dtype) or arr.ndim != slot.ndim:
-                return None
-        for i in self.long_bytes:
-            if len(values[i]) >= INLINE_BYTES_LIMIT:
-                return None
+            return tuple(obj.values())
+        if self.getter is None:  # a dataclass without init fields
+            return ()
+        values: tuple[Any, ...] = self.getter(obj)
         return values
 
     def encode(self, obj: Any, limit: int) -> EncodedMessage | None:
@@ -1078,9 +1088,13 @@ class _Template:
         the general path must decide (an int out of range, a str that is not Unicode,
         a size over *limit*, ...: it raises what there is to raise). With *limit* at
         most ``SMALL_BODY``, a large message gives up before anything is packed."""
-        values = self.values_of(obj)
-        if values is None:
+        kind = self.kind
+        values: Any = obj if kind is tuple or kind is list else self.values_of(obj)
+        if values is None or tuple(map(type, values)) != self.types:
             return None
+        for i in self.long_bytes:
+            if len(values[i]) >= INLINE_BYTES_LIMIT:
+                return None
         items: Any = values
         arrays: list[tuple[np.ndarray[Any, Any], bool]] = []
         if self.arrays or self.scalars:
@@ -1088,6 +1102,9 @@ class _Template:
             oob = 0
             for slot in self.arrays:
                 arr = items[slot.index]
+                dtype = arr.dtype
+                if (dtype is not slot.dtype and dtype != slot.dtype) or arr.ndim != slot.ndim:
+                    return None
                 oob += arr.nbytes
                 if oob > limit:
                     return None
@@ -1097,8 +1114,10 @@ class _Template:
                 items[scalar.index] = _ext(
                     EXT_NPSCALAR, scalar.prefix + items[scalar.index].tobytes()
                 )
-        kind = self.kind
-        packer = _thread_packer()
+        try:
+            packer = _PACKERS.packer
+        except AttributeError:
+            packer = _thread_packer()
         try:
             if kind is tuple:
                 inner = packer.pack(items if type(items) is list else list(items))
@@ -1109,13 +1128,18 @@ class _Template:
                 meta = packer.pack(items)
             else:
                 assert self.names is not None
-                fields = packer.pack(dict(zip(self.names, items, strict=True)))
+                # (zip without strict=: a keyword argument costs a microsecond here;
+                # items has one value per name by construction)
+                fields = packer.pack(dict(zip(self.names, items)))  # noqa: B905
                 entry = self.entry
                 if entry is None:  # a dict
                     meta = fields
                 else:
                     size = len(entry.prefix) + len(fields)
-                    meta = _ext_header(EXT_DATACLASS, size) + entry.prefix + fields
+                    head = (
+                        _DATACLASS_HEADS[size] if size < 0x100 else _ext_header(EXT_DATACLASS, size)
+                    )
+                    meta = head + entry.prefix + fields
         except Exception:  # (OverflowError, UnicodeEncodeError, ...): the general path
             return None
         meta_len = len(meta)
@@ -1150,7 +1174,9 @@ class _Template:
         return _new_encoded(EncodedMessage, ([first, _array_bytes(arr, exports, nbytes)], total))
 
 
+# The ext headers of tuple and dataclass payloads shorter than 256 bytes.
 _TUPLE_HEADS: Final = tuple(_ext_header(EXT_TUPLE, size) for size in range(0x100))
+_DATACLASS_HEADS: Final = tuple(_ext_header(EXT_DATACLASS, size) for size in range(0x100))
 
 
 def _one_field(name: str) -> Callable[[Any], tuple[Any]]:
