@@ -1503,9 +1503,10 @@ def _learn_layout(
 
 # (body length, first HEADER.size bytes) -> layouts of bodies with that length and header.
 _DEC_LAYOUTS: dict[tuple[int, bytes], list[_Layout]] = {}
-# Keys of bodies decoded once by the general path: a layout is learned when a key comes
-# again, so that a stream whose bodies never repeat a layout does not pay for learning.
-_DEC_SEEN: set[tuple[int, bytes]] = set()
+# The same keys -> how many bodies with that key the general decoder decoded. A layout is
+# learned the 2nd, 4th, 8th... time: a stream whose bodies never repeat a key pays nothing
+# for learning, and one whose bodies fit no layout (nesting) pays for a few attempts.
+_DEC_SEEN: dict[tuple[int, bytes], int] = {}
 
 
 # --------------------------------------------------------------------------- codec
@@ -1887,12 +1888,13 @@ class Codec:
         meta_end: int,
         spans: list[tuple[int, int]],
     ) -> None:
-        """After the general decoder accepted *body*: learn its layout if a body with the
-        same *key* was decoded before (see ``_DEC_SEEN``)."""
-        if key not in _DEC_SEEN:
-            if len(_DEC_SEEN) >= _TEMPLATE_CACHE_SIZE:
-                _DEC_SEEN.clear()
-            _DEC_SEEN.add(key)
+        """After the general decoder accepted *body*: learn its layout on the 2nd, 4th,
+        8th... time a body with this *key* comes (see ``_DEC_SEEN``)."""
+        seen = _DEC_SEEN.get(key, 0) + 1
+        if seen == 1 and len(_DEC_SEEN) >= _TEMPLATE_CACHE_SIZE:
+            _DEC_SEEN.clear()
+        _DEC_SEEN[key] = seen
+        if seen < 2 or seen & (seen - 1):
             return
         layout = _learn_layout(body, meta_start, meta_end, spans)
         if layout is None:
