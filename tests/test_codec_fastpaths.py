@@ -204,7 +204,7 @@ def mutations(draw: st.DrawFn, body: bytes) -> bytes:
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(messages(), st.data())
+@given(messages() | arrays(max_side=20), st.data())
 def test_mutated_bodies_are_judged_alike(obj: object, data: st.DataObject) -> None:
     codec = Codec()
     body = check_repeated(codec, obj)  # every cache warm for this shape

@@ -925,8 +925,9 @@ def _refuse_timestamps(meta: memoryview) -> None:
 def _assemble(
     meta: bytes, bufs: list[memoryview], limit: int, *, join_small: bool = False
 ) -> EncodedMessage:
-    """The body of *meta* and *bufs* as parts; one ``bytes`` part when *join_small* and
-    the body is at most ``SMALL_BODY`` bytes. Raises MessageTooLargeError over *limit*."""
+    """The body of *meta* and *bufs* as parts; one ``bytes`` part when *join_small*, the
+    body is at most ``SMALL_BODY`` bytes and holds two buffers or more (templates join
+    one buffer themselves). Raises MessageTooLargeError over *limit*."""
     nbuf = len(bufs)
     if nbuf == 0:
         total = HEADER.size + len(meta)
@@ -944,8 +945,6 @@ def _assemble(
         first = _HEADER_1BUF.pack(FORMAT_VERSION, 0, 1, len(meta), length) + meta
         if length == 0:
             return EncodedMessage([first + _PADDING[pad]], total)
-        if join_small and total <= SMALL_BODY:
-            return EncodedMessage([first + _PADDING[pad] + buf], total)
         return EncodedMessage([first + _PADDING[pad], buf], total)
     lengths = [b.nbytes for b in bufs]
     pos = HEADER.size + 8 * nbuf + len(meta)
@@ -989,7 +988,8 @@ def _assemble(
 _TEMPLATE_LEAVES: Final = frozenset((type(None), bool, int, float, str, bytes))
 _NP_SCALAR_TYPES: Final = frozenset(np.dtype(code).type for code in "?bBhHiIlLqQefdFD")
 _TEMPLATE_TYPES: Final = _TEMPLATE_LEAVES | _NP_SCALAR_TYPES | {np.ndarray}
-# Each thread reuses one packer (msgpack.Packer.pack is not reentrant).
+# Each thread reuses one packer: a packer is not safe to share between threads, and
+# making one per message costs a microsecond (the general encoder does).
 _PACKERS = threading.local()
 
 
@@ -1030,11 +1030,10 @@ class _ArraySlot:
 class _ScalarSlot:
     """Where a template's item *index* is a numpy scalar of type *tp*."""
 
-    __slots__ = ("index", "prefix", "tp")
+    __slots__ = ("index", "prefix")
 
     def __init__(self, index: int, tp: type) -> None:
         self.index = index
-        self.tp = tp
         descr = _encode_dtype(np.dtype(tp))[0]
         self.prefix = _U32.pack(len(descr)) + descr  # EXT_NPSCALAR payload before the value
 
@@ -1194,6 +1193,9 @@ _ENC_TEMPLATES: dict[tuple[Any, ...], _Template] = {}
 def _template_for(obj: Any, tp: type) -> _Template | None:
     """The (cached) template of *obj*'s shape, or None if no template covers it."""
     names: tuple[str, ...] | None = None
+    if tp is tuple or tp is list or tp is dict:
+        if len(obj) > _TEMPLATE_MAX_ITEMS:  # (before anything is copied)
+            return None
     if tp is tuple or tp is list:
         values = tuple(obj)
     elif tp is dict:
