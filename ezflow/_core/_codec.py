@@ -1193,9 +1193,8 @@ _ENC_TEMPLATES: dict[tuple[Any, ...], _Template] = {}
 def _template_for(obj: Any, tp: type) -> _Template | None:
     """The (cached) template of *obj*'s shape, or None if no template covers it."""
     names: tuple[str, ...] | None = None
-    if tp is tuple or tp is list or tp is dict:
-        if len(obj) > _TEMPLATE_MAX_ITEMS:  # (before anything is copied)
-            return None
+    if (tp is tuple or tp is list or tp is dict) and len(obj) > _TEMPLATE_MAX_ITEMS:
+        return None  # (before anything is copied)
     if tp is tuple or tp is list:
         values = tuple(obj)
     elif tp is dict:
