@@ -1002,13 +1002,12 @@ def _thread_packer() -> msgpack.Packer:
 
 
 class _ArraySlot:
-    """Where a template's item *index* is an array of *dtype* and *ndim* dimensions,
-    whose data is out-of-band buffer *buffer*."""
+    """An item of a template that is an array of *dtype* and *ndim* dimensions, whose
+    data is out-of-band buffer *buffer*."""
 
-    __slots__ = ("buffer", "descr", "dtype", "exports", "index", "last", "ndim")
+    __slots__ = ("buffer", "descr", "dtype", "exports", "last", "ndim")
 
-    def __init__(self, index: int, buffer: int, dtype: np.dtype[Any], ndim: int) -> None:
-        self.index = index
+    def __init__(self, buffer: int, dtype: np.dtype[Any], ndim: int) -> None:
         self.buffer = buffer
         self.dtype = dtype
         self.ndim = ndim
@@ -1027,59 +1026,45 @@ class _ArraySlot:
         return value
 
 
-class _ScalarSlot:
-    """Where a template's item *index* is a numpy scalar of type *tp*."""
-
-    __slots__ = ("index", "prefix")
-
-    def __init__(self, index: int, tp: type) -> None:
-        self.index = index
-        descr = _encode_dtype(np.dtype(tp))[0]
-        self.prefix = _U32.pack(len(descr)) + descr  # EXT_NPSCALAR payload before the value
-
-
 class _Template:
     """How to encode one message shape: the same meta and buffers as ``_Encoder``,
     with one reused packer and no per-item dispatch.
 
     *kind* is the container type (tuple, list, dict or a registered dataclass),
     *names* the dict keys or dataclass init fields in order (None for sequences),
-    *types* the exact type of each item.
+    *values* the items of a message of this shape. :attr:`prepare` is a function
+    generated for the shape (see :func:`_prepare_source`): ``prepare(obj, limit)``
+    checks that *obj* has this shape and returns the object to pack (items, with the
+    arrays and numpy scalars as ext values) and the arrays, or None.
     """
 
-    __slots__ = ("arrays", "entry", "getter", "kind", "long_bytes", "names", "scalars", "types")
+    __slots__ = ("entry", "exports", "kind", "prepare")
 
     def __init__(self, kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> None:
         self.kind = kind
-        self.names = names
-        self.types = tuple(map(type, values))
         self.entry = _TYPES_BY_CLASS.get(kind)
-        self.getter: Callable[[Any], Any] | None = None
-        if self.entry is not None and names:
-            # attrgetter of two or more names returns a tuple; of one, the value.
-            self.getter = operator.attrgetter(*names) if len(names) > 1 else _one_field(names[0])
-        indices = [i for i, v in enumerate(values) if type(v) is np.ndarray]
-        self.arrays = tuple(
-            _ArraySlot(i, buffer, values[i].dtype, values[i].ndim)
-            for buffer, i in enumerate(indices)
-        )
-        self.scalars = tuple(
-            _ScalarSlot(i, type(v)) for i, v in enumerate(values) if type(v) in _NP_SCALAR_TYPES
-        )
-        # bytes this long or longer travel out-of-band: the general path's business.
-        self.long_bytes = tuple(i for i, tp in enumerate(self.types) if tp is bytes)
-
-    def values_of(self, obj: Any) -> tuple[Any, ...] | None:
-        """The items of *obj*, a dict or dataclass, in order; None if a dict has other
-        keys (a container's shape is checked by :meth:`encode`)."""
-        if self.entry is None:  # a dict
-            if len(obj) != len(self.types) or tuple(obj) != self.names:
-                return None
-            return tuple(obj.values())
-        if self.getter is None:  # a dataclass without init fields
-            return ()
-        values: tuple[Any, ...] = self.getter(obj)
-        return values
+        namespace: dict[str, Any] = {
+            "EXT": _ext,
+            "EXT_NPSCALAR": EXT_NPSCALAR,
+            "INLINE": INLINE_BYTES_LIMIT,
+            "NAMES": names,
+            "GET": operator.attrgetter(*names) if names else None,
+        }
+        arrays: list[_ArraySlot] = []
+        for i, value in enumerate(values):
+            namespace[f"T{i}"] = type(value)
+            if type(value) is np.ndarray:
+                namespace[f"A{i}"] = slot = _ArraySlot(len(arrays), value.dtype, value.ndim)
+                arrays.append(slot)
+            elif type(value) in _NP_SCALAR_TYPES:
+                descr = _encode_dtype(np.dtype(type(value)))[0]
+                namespace[f"P{i}"] = _U32.pack(len(descr)) + descr  # the payload's start
+        self.exports = tuple(slot.exports for slot in arrays)
+        source = _prepare_source(kind, names, values)
+        exec(source, namespace)  # (only names and ints are in the source)
+        self.prepare: Callable[[Any, int], tuple[Any, tuple[Any, ...]] | None] = namespace[
+            "prepare"
+        ]
 
     def encode(self, obj: Any, limit: int) -> EncodedMessage | None:
         """*obj* encoded exactly as the general encoder does it (a body of at most
@@ -1087,77 +1072,48 @@ class _Template:
         the general path must decide (an int out of range, a str that is not Unicode,
         a size over *limit*, ...: it raises what there is to raise). With *limit* at
         most ``SMALL_BODY``, a large message gives up before anything is packed."""
-        kind = self.kind
-        values: Any = obj if kind is tuple or kind is list else self.values_of(obj)
-        if values is None or tuple(map(type, values)) != self.types:
+        prepared = self.prepare(obj, limit)
+        if prepared is None:
             return None
-        for i in self.long_bytes:
-            if len(values[i]) >= INLINE_BYTES_LIMIT:
-                return None
-        items: Any = values
-        arrays: list[tuple[np.ndarray[Any, Any], bool]] = []
-        if self.arrays or self.scalars:
-            items = list(values)
-            oob = 0
-            for slot in self.arrays:
-                arr = items[slot.index]
-                dtype = arr.dtype
-                if (dtype is not slot.dtype and dtype != slot.dtype) or arr.ndim != slot.ndim:
-                    return None
-                oob += arr.nbytes
-                if oob > limit:
-                    return None
-                items[slot.index] = slot.ext(arr.shape)
-                arrays.append((arr, slot.exports))
-            for scalar in self.scalars:
-                items[scalar.index] = _ext(
-                    EXT_NPSCALAR, scalar.prefix + items[scalar.index].tobytes()
-                )
+        items, arrays = prepared
         try:
             packer = _PACKERS.packer
         except AttributeError:
             packer = _thread_packer()
         try:
-            if kind is tuple:
-                inner = packer.pack(items if type(items) is list else list(items))
-                size = len(inner)
-                head = _TUPLE_HEADS[size] if size < 0x100 else _ext_header(EXT_TUPLE, size)
-                meta = head + inner
-            elif kind is list:
-                meta = packer.pack(items)
-            else:
-                assert self.names is not None
-                # (zip without strict=: a keyword argument costs a microsecond here;
-                # items has one value per name by construction)
-                fields = packer.pack(dict(zip(self.names, items)))  # noqa: B905
-                entry = self.entry
-                if entry is None:  # a dict
-                    meta = fields
-                else:
-                    size = len(entry.prefix) + len(fields)
-                    head = (
-                        _DATACLASS_HEADS[size] if size < 0x100 else _ext_header(EXT_DATACLASS, size)
-                    )
-                    meta = head + entry.prefix + fields
+            inner = packer.pack(items)
         except Exception:  # (OverflowError, UnicodeEncodeError, ...): the general path
             return None
-        meta_len = len(meta)
+        # meta = head + inner, joined once with the rest of the body
+        entry = self.entry
+        size = len(inner)
+        if self.kind is tuple:
+            head = _TUPLE_HEADS[size] if size < 0x100 else _ext_header(EXT_TUPLE, size)
+        elif entry is not None:
+            size += len(entry.prefix)
+            head = _DATACLASS_HEADS[size] if size < 0x100 else _ext_header(EXT_DATACLASS, size)
+            head += entry.prefix
+        else:
+            head = b""
+        meta_len = len(head) + len(inner)
         if meta_len > _TEMPLATE_MAX_META:
             del _PACKERS.packer
         if not arrays:
             total = HEADER.size + meta_len
             if total > limit:
                 return None
-            return _new_encoded(
-                EncodedMessage, ([HEADER.pack(FORMAT_VERSION, 0, 0, meta_len) + meta], total)
-            )
+            body = b"".join((HEADER.pack(FORMAT_VERSION, 0, 0, meta_len), head, inner))
+            return _new_encoded(EncodedMessage, ([body], total))
         if len(arrays) > 1:
-            bufs = [_array_bytes(arr, exports, arr.nbytes) for arr, exports in arrays]
+            bufs = [
+                _array_bytes(arr, exports, arr.nbytes)
+                for arr, exports in zip(arrays, self.exports, strict=True)
+            ]
             pos = HEADER.size + 8 * len(bufs) + meta_len
             for buf in bufs:
                 pos += (-pos & (BUFFER_ALIGNMENT - 1)) + buf.nbytes
-            return None if pos > limit else _assemble(meta, bufs, limit, join_small=True)
-        arr, exports = arrays[0]
+            return None if pos > limit else _assemble(head + inner, bufs, limit, join_small=True)
+        arr = arrays[0]
         nbytes = arr.nbytes
         pos = _HEADER_1BUF.size + meta_len
         pad = -pos & (BUFFER_ALIGNMENT - 1)
@@ -1167,22 +1123,82 @@ class _Template:
         header = _HEADER_1BUF.pack(FORMAT_VERSION, 0, 1, meta_len, nbytes)
         if total <= SMALL_BODY:
             # arr.tobytes() is the C-ordered copy the general path's buffer holds.
-            body = b"".join((header, meta, _PADDING[pad], arr.tobytes()))
+            body = b"".join((header, head, inner, _PADDING[pad], arr.tobytes()))
             return _new_encoded(EncodedMessage, ([body], total))
-        first = header + meta + _PADDING[pad]
-        return _new_encoded(EncodedMessage, ([first, _array_bytes(arr, exports, nbytes)], total))
+        first = b"".join((header, head, inner, _PADDING[pad]))
+        data = _array_bytes(arr, self.exports[0], nbytes)
+        return _new_encoded(EncodedMessage, ([first, data], total))
+
+
+def _prepare_source(kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> str:
+    """The source of ``prepare(obj, limit)`` for one shape (see :class:`_Template`).
+
+    For ``(1, 2, array)`` it reads::
+
+        def prepare(obj, limit):
+            if len(obj) != 3:
+                return None
+            v0, v1, v2 = obj
+            if type(v0) is not T0 or type(v1) is not T1 or type(v2) is not T2:
+                return None
+            d = v2.dtype
+            if (d is not A2.dtype and d != A2.dtype) or v2.ndim != A2.ndim:
+                return None
+            oob = v2.nbytes
+            if oob > limit:
+                return None
+            return [v0, v1, A2.ext(v2.shape)], (v2,)
+
+    Constants (types, slots, names) come from the namespace, never from the source.
+    """
+    count = len(values)
+    var = [f"v{i}" for i in range(count)]
+    lines = ["def prepare(obj, limit):"]
+    if kind is tuple or kind is list:
+        lines += [f"    if len(obj) != {count}:", "        return None"]
+        source = "obj"
+    elif kind is dict:
+        lines += [f"    if len(obj) != {count} or tuple(obj) != NAMES:", "        return None"]
+        source = "obj.values()"
+    else:
+        source = "GET(obj)" if count > 1 else "(GET(obj),)"
+    if count:
+        lines.append(f"    {', '.join(var)}, = {source}")
+        checks = " or ".join(f"type({v}) is not T{i}" for i, v in enumerate(var))
+        lines += [f"    if {checks}:", "        return None"]
+    items = list(var)
+    arrays = []
+    for i, value in enumerate(values):
+        v = var[i]
+        if type(value) is bytes:  # long bytes travel out-of-band: the general path's
+            lines += [f"    if len({v}) >= INLINE:", "        return None"]
+        elif type(value) is np.ndarray:
+            lines += [
+                f"    d = {v}.dtype",
+                f"    if (d is not A{i}.dtype and d != A{i}.dtype) or {v}.ndim != A{i}.ndim:",
+                "        return None",
+            ]
+            arrays.append(v)
+            items[i] = f"A{i}.ext({v}.shape)"
+        elif type(value) in _NP_SCALAR_TYPES:
+            items[i] = f"EXT(EXT_NPSCALAR, P{i} + {v}.tobytes())"
+    if arrays:
+        lines += [
+            f"    oob = {' + '.join(f'{v}.nbytes' for v in arrays)}",
+            "    if oob > limit:",
+            "        return None",
+        ]
+    if kind is tuple or kind is list:
+        packed = f"[{', '.join(items)}]"
+    else:
+        packed = "{" + ", ".join(f"NAMES[{i}]: {item}" for i, item in enumerate(items)) + "}"
+    lines.append(f"    return {packed}, ({''.join(f'{v}, ' for v in arrays)})")
+    return "\n".join(lines) + "\n"
 
 
 # The ext headers of tuple and dataclass payloads shorter than 256 bytes.
 _TUPLE_HEADS: Final = tuple(_ext_header(EXT_TUPLE, size) for size in range(0x100))
 _DATACLASS_HEADS: Final = tuple(_ext_header(EXT_DATACLASS, size) for size in range(0x100))
-
-
-def _one_field(name: str) -> Callable[[Any], tuple[Any]]:
-    def get(obj: Any) -> tuple[Any]:
-        return (getattr(obj, name),)
-
-    return get
 
 
 # shape key -> template. The key holds the container type, names, item types and each
