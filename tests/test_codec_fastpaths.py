@@ -345,3 +345,21 @@ def test_templates_copy_any_array_layout_to_the_general_paths_bytes(
         check_repeated(Codec(), obj)
         big = (1, np.repeat(arr[np.newaxis], 300, axis=0) if arr.size else arr)
         check_repeated(Codec(), big)
+
+
+def test_one_container_shape_with_arrays_of_other_ndims_and_dtypes_gets_new_templates() -> None:
+    codec = Codec()
+    variants = [
+        np.zeros(3),
+        np.zeros((2, 3)),
+        np.zeros(()),
+        np.zeros(3, dtype=">f8"),
+        np.zeros(3, dtype=np.float32),
+        np.zeros((0,)),
+    ]
+    for _ in range(2):
+        for arr in variants:
+            for obj in [(1, arr), [arr], {"a": arr}, Sample(1, 2, 3, arr)]:
+                check_encode(codec, obj)
+                check_encode(codec, obj)
+                check_decode(codec, codec.encode(obj).to_bytes())
