@@ -1827,6 +1827,12 @@ class Codec:
             raise ProtocolError(f"message body of {n} bytes is shorter than its header")
         version, flags, nbuf, meta_len = HEADER.unpack_from(mv)
         if fast:
+            # (a memoryview body: frames batched in one read, shared memory)
+            layout = self.last_layout
+            if layout is not None and n == layout.size:
+                message = layout.decode(mv)
+                if message is not None:
+                    return message
             if nbuf == 1:
                 array = self._cached_array(mv, n, meta_len)
                 if array is not None:
