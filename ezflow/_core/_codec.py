@@ -1492,7 +1492,7 @@ def _learn_layout(
     try:
         walker.skip_fixed(meta_start)  # version, flags, counts, buffer lengths
         expr = walker.message()
-    except (_NotFlat, ProtocolError, UnicodeDecodeError):
+    except Exception:  # (_NotFlat, mostly) learning is an optimisation: never an error
         return None
     if walker.pos != meta_end:
         return None
