@@ -1236,7 +1236,7 @@ def _template_for(obj: Any, tp: type) -> _Template | None:
     if template is None:
         try:
             template = _Template(tp, names, values)
-        except UnregisteredTypeError:  # a dtype that cannot travel: the general path says so
+        except Exception:  # (a dtype that cannot travel...): the general path says what
             return None
         if len(_ENC_TEMPLATES) >= _TEMPLATE_CACHE_SIZE:
             _ENC_TEMPLATES.clear()
