@@ -77,10 +77,11 @@ fast path below produces exactly their bytes and objects, or hands the message t
   ``_TEMPLATE_MAX_ITEMS`` items, each None, bool, int, float, str, bytes shorter than
   ``INLINE_BYTES_LIMIT``, a numpy array or a numeric numpy scalar (no nesting). Encoding
   uses a ``_Template`` cached per shape key (container type, keys or fields, item types,
-  each array's dtype and ndim): the items are packed by one reused per-thread packer,
-  each array's ext payload is cached for its last shape. Decoding uses a ``_Layout``
-  learned from a body the general decoder accepted (the second time a body of that
-  length and header comes): a body of the same length whose header and meta bytes equal
+  each array's dtype and ndim): a ``prepare`` function generated for the shape checks
+  a message and lays out its items, one reused per-thread packer packs them, each
+  array's ext payload is cached for its last shape. Decoding uses a ``_Layout``
+  learned from a body the general decoder accepted (the 2nd, 4th, 8th... time a body
+  of that length and header comes): a body of the same length whose header and meta bytes equal
   it except in the value bytes of ints, floats, bools, strs, bytes and numpy scalars
   (fixint and bool bytes only in the bits that make them one; padding is free) is
   decoded with one ``struct`` unpack, its arrays being read-only views at known offsets;
