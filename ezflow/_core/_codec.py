@@ -1054,6 +1054,8 @@ class _Template:
         arrays: list[_ArraySlot] = []
         for i, value in enumerate(values):
             namespace[f"T{i}"] = type(value)
+            if names:
+                namespace[f"K{i}"] = names[i]
             if type(value) is np.ndarray:
                 namespace[f"A{i}"] = slot = _ArraySlot(len(arrays), value.dtype, value.ndim)
                 arrays.append(slot)
@@ -1150,7 +1152,8 @@ def _prepare_source(kind: type, names: tuple[str, ...] | None, values: tuple[Any
                 return None
             return [v0, v1, A2.ext(v2.shape)], (v2,)
 
-    Constants (types, slots, names) come from the namespace, never from the source.
+    Constants (types T*, array slots A*, keys K*, ...) come from the namespace, never
+    from the source.
     """
     count = len(values)
     var = [f"v{i}" for i in range(count)]
@@ -1192,7 +1195,7 @@ def _prepare_source(kind: type, names: tuple[str, ...] | None, values: tuple[Any
     if kind is tuple or kind is list:
         packed = f"[{', '.join(items)}]"
     else:
-        packed = "{" + ", ".join(f"NAMES[{i}]: {item}" for i, item in enumerate(items)) + "}"
+        packed = "{" + ", ".join(f"K{i}: {item}" for i, item in enumerate(items)) + "}"
     lines.append(f"    return {packed}, ({''.join(f'{v}, ' for v in arrays)})")
     return "\n".join(lines) + "\n"
 
