@@ -6,10 +6,13 @@ import asyncio
 
 import numpy as np
 import pytest
+from _messages import arrays, assert_same_decoded, messages, outcome
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ezflow import ClosedResourceError
 from ezflow._core._channel import Channel, Inbox
-from ezflow._core._codec import Codec
+from ezflow._core._codec import HEADER, Codec, _decode_general
 
 
 def make_channel() -> tuple[Channel, list[tuple[int, int]], list[bool]]:
@@ -235,3 +238,106 @@ async def test_a_waiting_get_releases_its_message_once_it_yields() -> None:
     assert b.get_nowait() == "m2"
     assert await waiting == "m2"
     assert releases[-1] == (2, 20) and channel.pending == 0
+
+
+# --------------------------------------------------------------------------- differential
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages(), min_size=1, max_size=3), st.data())
+def test_deliver_body_gives_what_the_general_decoder_gives(
+    objs: list[object], data: st.DataObject
+) -> None:
+    """Channel.deliver_body inlines Codec.decode's shortcuts (last_array, last_layout)
+    for bytes bodies of unsampled messages: whatever the body - repeated, interleaved,
+    bytes or memoryview, mutated - an inbox gets what the general decoder gives, and a
+    body it refuses is counted as a decode error."""
+    codec = Codec()
+    channel = Channel("p-1", "/t", codec)
+    inbox = Inbox()
+    channel.attach(inbox)
+    bodies = [b for b in (_encoded(codec, obj) for obj in objs) if b is not None]
+    if not bodies:
+        return
+    order = data.draw(st.lists(st.integers(0, len(bodies) - 1), min_size=3, max_size=12))
+    seq = 0
+    for i in [*order, 0, 0, 0]:
+        body = bodies[i]
+        if data.draw(st.booleans()):  # a mutated body now and then
+            cut = data.draw(st.integers(0, len(body) - 1))
+            body = data.draw(
+                st.sampled_from(
+                    [
+                        body[:cut],
+                        body + b"\0",
+                        body[:cut] + bytes([body[cut] ^ 0x41]) + body[cut + 1 :],
+                    ]
+                )
+            )
+        seq += 1
+        as_view = data.draw(st.booleans())
+        expected = outcome(lambda b=body: _decode_general(codec, b))  # type: ignore[misc]
+        errors = channel.stats.decode_errors
+        channel.deliver_body(seq, memoryview(body) if as_view else body)
+        if expected[0] == "ok":
+            assert channel.stats.decode_errors == errors
+            assert_same_decoded(expected[1], inbox.get_nowait())
+        else:
+            assert channel.stats.decode_errors == errors + 1
+            assert len(inbox) == 0
+    assert channel.stats.messages == seq
+
+
+def _encoded(codec: Codec, obj: object) -> bytes | None:
+    try:
+        return codec.encode(obj).to_bytes()
+    except (TypeError, ValueError):
+        return None
+
+
+def test_deliver_body_takes_the_layout_shortcut_for_a_stream_of_tuples() -> None:
+    codec = Codec()
+    channel = Channel("p-1", "/t", codec)
+    inbox = Inbox()
+    channel.attach(inbox)
+    for seq in range(1, 40):
+        message = (1, seq, 1_000_000 + seq, np.arange(16, dtype=np.float32) + seq)
+        channel.deliver_body(seq, codec.encode(message).to_bytes())
+        got = inbox.get_nowait()
+        assert type(got) is tuple and got[:3] == message[:3]
+        assert np.array_equal(got[3], message[3]) and not got[3].flags.writeable
+    layout = codec.last_layout
+    assert layout is not None
+    assert channel.stats.decoded == 39 and channel.stats.decode_errors == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrays(max_side=20), st.data())
+def test_deliver_body_array_shortcut_gives_what_the_general_decoder_gives(
+    arr: np.ndarray, data: st.DataObject
+) -> None:
+    """The inlined last_array shortcut: a stream of one array kind, then bodies of the
+    same length that differ in the prefix (header, meta) or data."""
+    codec = Codec()
+    channel = Channel("p-1", "/t", codec)
+    inbox = Inbox()
+    channel.attach(inbox)
+    body = _encoded(codec, arr)
+    if body is None:
+        return
+    head = HEADER.size + 8 + HEADER.unpack_from(body)[3]
+    bodies = [body] * 3
+    for _ in range(4):
+        at = data.draw(st.integers(0, min(head, len(body)) - 1) | st.integers(0, len(body) - 1))
+        bodies.append(
+            body[:at] + bytes([body[at] ^ data.draw(st.integers(1, 255))]) + body[at + 1 :]
+        )
+        bodies.append(body)
+    for seq, each in enumerate(bodies, 1):
+        expected = outcome(lambda b=each: _decode_general(codec, b))  # type: ignore[misc]
+        errors = channel.stats.decode_errors
+        channel.deliver_body(seq, each)
+        if expected[0] == "ok":
+            assert_same_decoded(expected[1], inbox.get_nowait())
+        else:
+            assert channel.stats.decode_errors == errors + 1

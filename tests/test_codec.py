@@ -1163,7 +1163,7 @@ def test_cached_encode_respects_each_codecs_limit() -> None:
 def test_small_arrays_are_copied_into_one_part_large_ones_referenced() -> None:
     codec = Codec()
     small = np.arange(16, dtype=np.int64)  # a 176-byte body
-    large = np.arange(1024, dtype=np.int64)  # 8 KiB of data: above _SMALL_ARRAY_BODY
+    large = np.arange(1024, dtype=np.int64)  # 8 KiB of data: above SMALL_BODY
     for arr in (small, large):
         codec.encode(arr)  # fills the cache
     encoded = codec.encode(small)
@@ -1173,7 +1173,7 @@ def test_small_arrays_are_copied_into_one_part_large_ones_referenced() -> None:
     encoded = codec.encode(large)
     assert len(encoded.parts) == 2
     assert np.shares_memory(np.frombuffer(encoded.parts[1], np.uint8), large)
-    assert encoded.nbytes > _codec._SMALL_ARRAY_BODY
+    assert encoded.nbytes > _codec.SMALL_BODY
 
 
 @pytest.mark.parametrize(
@@ -1211,7 +1211,7 @@ def test_small_array_body_declines_other_kinds_and_large_bodies() -> None:
     assert codec.small_array_body(arr.astype(np.int32)) is None
     assert codec.small_array_body(np.arange(17, dtype=np.int64)) is None
     assert codec.small_array_body(arr.reshape(4, 4)) is None
-    large = np.arange(1024, dtype=np.int64)  # 8 KiB of data: above _SMALL_ARRAY_BODY
+    large = np.arange(1024, dtype=np.int64)  # 8 KiB of data: above SMALL_BODY
     codec.encode(large)
     codec.encode(large)
     assert codec.small_array_body(large) is None

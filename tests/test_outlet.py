@@ -10,10 +10,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _messages import messages, outcome, templated
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ezflow
 from ezflow._core import _outlet
-from ezflow._core._codec import Codec
+from ezflow._core._codec import SMALL_BODY, Codec, EncodedMessage, _encode_general
 from ezflow._core._config import PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
 from ezflow._transports._shm import ShmTransport
 
@@ -259,3 +262,76 @@ async def test_a_busy_or_preempted_publisher_with_gaps_between_publishes_does_no
 def test_handoff_must_be_a_bool() -> None:
     with pytest.raises(ezflow.ConfigurationError, match="handoff"):
         ezflow.ShmOptions(handoff="yes")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- differential
+
+
+class _RecordingLink(_outlet.Link):
+    """A link that keeps the body of every message handed to it (our own ABC, no
+    transport): what publish_nowait's small path and send_now give a transport."""
+
+    def __init__(self, *, lossless: bool = True, max_message_size: int = 1 << 27) -> None:
+        super().__init__(lossless=lossless, max_message_size=max_message_size)
+        self.bodies: list[tuple[str, int, bytes]] = []
+
+    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        assert encoded is not None
+        self.sent_count += 1
+        self.bodies.append(("send", seq, b"".join(encoded.parts)))
+
+    def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
+        assert type(body) is bytes
+        self.sent_count += 1
+        self.bodies.append(("small", seq, body))
+
+    def close(self) -> None:
+        pass
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages(), min_size=1, max_size=3), st.data())
+def test_publish_nowait_hands_links_the_general_encoders_bytes(
+    objs: list[object], data: st.DataObject
+) -> None:
+    """_send_small (one bytes body) and send_now give every link exactly the body the
+    general encoder makes, for repeated and interleaved shapes; a message that cannot be
+    encoded raises what the general encoder raises and sends nothing."""
+    outlet = _outlet.Outlet(
+        "p-1", "/t", Codec(), max_in_flight=1 << 20, max_in_flight_bytes=1 << 40
+    )
+    links = [_RecordingLink(), _RecordingLink()]
+    for link in links:
+        outlet.add_link(link)
+    order = data.draw(st.lists(st.integers(0, len(objs) - 1), min_size=2, max_size=10))
+    expected: list[bytes] = []
+    for i in [*order, 0, 0, 0]:
+        obj = objs[i]
+        ref = outcome(lambda o=obj: _encode_general(outlet.codec, o).to_bytes())  # type: ignore[misc]
+        outlet._unyielded = 0  # never decline for yielding: this test is about bytes
+        got = outcome(lambda o=obj: outlet.publish_nowait(o))  # type: ignore[misc]
+        if ref[0] == "raised":
+            assert got == ref
+            continue
+        assert got == ("ok", True)
+        expected.append(ref[1])  # type: ignore[arg-type]
+    for link in links:
+        assert [body for _, _, body in link.bodies] == expected
+        assert [seq for _, seq, _ in link.bodies] == list(range(1, len(expected) + 1))
+    # A repeated small message of a templated shape (or a bare array) takes the small
+    # path: one bytes object for the link, one write for a stream transport.
+    last = objs[0]
+    if templated(last) and len(expected[-1]) <= SMALL_BODY:
+        assert links[0].bodies[-1][0] == "small"
+
+
+def test_a_paced_tuple_is_handed_over_as_one_bytes_body() -> None:
+    outlet = _outlet.Outlet("p-1", "/t", Codec(), max_in_flight=64, max_in_flight_bytes=1 << 30)
+    link = _RecordingLink()
+    outlet.add_link(link)
+    payload = np.arange(16, dtype=np.float32)
+    for seq in range(5):
+        assert outlet.publish_nowait((1, seq, time.perf_counter_ns(), payload))
+    kinds = [kind for kind, _, _ in link.bodies]
+    assert kinds == ["send"] + ["small"] * 4  # the first one makes the template
+    assert outlet.stats.encodes == outlet.stats.messages == 5

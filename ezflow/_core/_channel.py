@@ -398,9 +398,11 @@ class Channel:
         is counted, logged and released; it never raises. *sent_ns* is the publish time
         (``time.time_ns()`` of the publisher, 0 when unknown) for the latency histogram."""
         if seq & 15 and type(body) is bytes:  # (not sampled: DECODE_SAMPLE_MASK)
-            # An array of the kind decoded last (a paced stream of small arrays): the
-            # codec's shortcut, inlined - with caches cold, a call costs a microsecond.
-            hint = self.codec.last_array
+            # A message of the kind decoded last (a paced stream): the codec's shortcuts
+            # (Codec.decode's first lines), inlined - with caches cold, a call costs a
+            # microsecond. Pinned to Codec.decode by tests/test_channel.py.
+            codec = self.codec
+            hint = codec.last_array
             if hint is not None and len(body) == hint[0] and body.startswith(hint[1]):
                 if hint[5] >= 0:
                     message: Any = np.frombuffer(body, hint[4], hint[5], hint[2])
@@ -409,6 +411,13 @@ class Channel:
                 self.stats.decoded += 1
                 self.deliver(seq, message, hint[0], upstream_drops, sent_ns)
                 return
+            layout = codec.last_layout
+            if layout is not None and len(body) == layout.size:
+                message = layout.decode(body)
+                if message is not None:
+                    self.stats.decoded += 1
+                    self.deliver(seq, message, layout.size, upstream_drops, sent_ns)
+                    return
         stats = self.stats
         # Decode time is sampled (DECODE_SAMPLE_MASK, a literal: the message path): one
         # clock read before decoding one message in 16; the one after serves latency too.

@@ -61,14 +61,39 @@ Type mapping (encode -> decode):
   fields are recomputed by the constructor).
 
 Buffers are referenced, not copied, by :meth:`Codec.encode`: do not modify an array or
-bytearray until its message has been written. (A message that is one small array, whose
-body is at most 4 KiB, is copied: that costs less than referencing it.)
+bytearray until its message has been written. (A message that takes a fast path and
+whose body is at most ``SMALL_BODY``, 4 KiB, is copied into one ``bytes`` part: that
+costs less than referencing it, and the sender writes one object.)
+
+Fast paths. The general encoder (``_Encoder``, forced by ``_encode_general``) and the
+general decoder (``_Decoder``, forced by ``_decode_general``) are the reference; every
+fast path below produces exactly their bytes and objects, or hands the message to them
+(which raise what there is to raise), and tests/test_codec_fastpaths.py checks that:
+
+- a top-level array: the body prefix cached per (dtype, shape) on both sides
+  (``_ENC_ARRAYS``, ``_DEC_ARRAYS``, ``Codec.last_array``), ``small_array_body``,
+  ``array_prefix``;
+- a *shape*: a tuple, list, dict with str keys or registered dataclass of at most
+  ``_TEMPLATE_MAX_ITEMS`` items, each None, bool, int, float, str, bytes shorter than
+  ``INLINE_BYTES_LIMIT``, a numpy array or a numeric numpy scalar (no nesting). Encoding
+  uses a ``_Template`` cached per shape key (container type, keys or fields, item types,
+  each array's dtype and ndim): a ``prepare`` function generated for the shape checks
+  a message and lays out its items, one reused per-thread packer packs them, each
+  array's ext payload is cached for its last shape. Decoding uses a ``_Layout``
+  learned from a body the general decoder accepted (the 2nd, 4th, 8th... time a body
+  of that length and header comes): a body of the same length whose header and meta bytes equal
+  it except in the value bytes of ints, floats, bools, strs, bytes and numpy scalars
+  (fixint and bool bytes only in the bits that make them one; padding is free) is
+  decoded with one ``struct`` unpack, its arrays being read-only views at known offsets;
+  a str that is not UTF-8 or a constructor that raises sends the body to the general
+  decoder. Both caches are bounded (``_TEMPLATE_CACHE_SIZE`` entries, emptied when full).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
 import struct
 import threading
@@ -137,10 +162,24 @@ _MAX_EMPTY_ITEMS: Final = DEFAULT_MAX_MESSAGE_SIZE
 _DTYPE_CACHE_SIZE: Final = 512
 # Entries of each top-level array cache (see ``_ENC_ARRAYS``); a full cache is emptied.
 _ARRAY_CACHE_SIZE: Final = 256
-# A top-level array whose whole body is at most this many bytes is copied into one bytes
-# part instead of being referenced: cheaper than exporting its buffer, and the sender
-# then writes one object.
-_SMALL_ARRAY_BODY: Final = 4096
+#: A message whose whole body is at most this many bytes, and that takes a fast path (a
+#: top-level array, or a shape template), is encoded as one ``bytes`` part: copying its
+#: arrays costs less than exporting their buffers, and the sender writes one object.
+SMALL_BODY: Final = 4096
+# Shape templates (see "templates" below). Entries of the encode cache (shape key ->
+# _Template) and of the decode cache ((body length, header) -> layouts); a full cache is
+# emptied, like the array caches.
+_TEMPLATE_CACHE_SIZE: Final = 256
+# Layouts kept per (body length, header) key: shapes whose bodies have the same length
+# and header differ only in where their variable-width values sit.
+_LAYOUTS_PER_KEY: Final = 4
+# Containers with more items than this, and bodies whose head (header, meta, padding
+# before the first buffer) is longer than this, take the general path.
+_TEMPLATE_MAX_ITEMS: Final = 64
+_LAYOUT_MAX_HEAD: Final = 2048
+# A thread's reusable packer is dropped after packing a meta this large: a msgpack
+# packer keeps its largest buffer for ever.
+_TEMPLATE_MAX_META: Final = 64 * 1024
 _PLAIN_KINDS: Final = frozenset("biufcmMSUV")
 # A descr string exactly as numpy's ``dtype.str`` writes it (byte order, kind, size,
 # datetime unit). Anything else is refused before numpy parses it: np.dtype() accepts
@@ -884,6 +923,613 @@ def _refuse_timestamps(meta: memoryview) -> None:
         raise ProtocolError("msgpack timestamp (ext type -1) in message")
 
 
+def _assemble(
+    meta: bytes, bufs: list[memoryview], limit: int, *, join_small: bool = False
+) -> EncodedMessage:
+    """The body of *meta* and *bufs* as parts; one ``bytes`` part when *join_small*, the
+    body is at most ``SMALL_BODY`` bytes and holds two buffers or more (templates join
+    one buffer themselves). Raises MessageTooLargeError over *limit*."""
+    nbuf = len(bufs)
+    if nbuf == 0:
+        total = HEADER.size + len(meta)
+        if total > limit:
+            raise _too_large(total, limit)
+        return EncodedMessage([HEADER.pack(FORMAT_VERSION, 0, 0, len(meta)) + meta], total)
+    if nbuf == 1:
+        buf = bufs[0]
+        length = buf.nbytes
+        pos = _HEADER_1BUF.size + len(meta)
+        pad = -pos & (BUFFER_ALIGNMENT - 1)
+        total = pos + pad + length
+        if total > limit:
+            raise _too_large(total, limit)
+        first = _HEADER_1BUF.pack(FORMAT_VERSION, 0, 1, len(meta), length) + meta
+        if length == 0:
+            return EncodedMessage([first + _PADDING[pad]], total)
+        return EncodedMessage([first + _PADDING[pad], buf], total)
+    lengths = [b.nbytes for b in bufs]
+    pos = HEADER.size + 8 * nbuf + len(meta)
+    pads = []
+    for length in lengths:
+        pad = -pos & (BUFFER_ALIGNMENT - 1)
+        pads.append(pad)
+        pos += pad + length
+    if pos > limit:
+        raise _too_large(pos, limit)
+    packed_lengths = (
+        _LENGTHS[nbuf].pack(*lengths)
+        if nbuf < len(_LENGTHS)
+        else struct.pack(f"<{nbuf}Q", *lengths)
+    )
+    parts: list[bytes | memoryview] = [
+        HEADER.pack(FORMAT_VERSION, 0, nbuf, len(meta)) + packed_lengths + meta + _PADDING[pads[0]]
+    ]
+    for i, buf in enumerate(bufs):
+        if i and pads[i]:
+            parts.append(_PADDING[pads[i]])
+        if lengths[i]:
+            parts.append(buf)
+    if join_small and pos <= SMALL_BODY:
+        return EncodedMessage([b"".join(parts)], pos)
+    return EncodedMessage(parts, pos)
+
+
+# --------------------------------------------------------------------------- templates
+#
+# Messages of one *shape* - a tuple, list, dict with str keys or registered dataclass,
+# whose items are None, bool, int, float, str, bytes, numpy arrays or numeric numpy
+# scalars, with the same container type, length, keys or field names, item types and,
+# for arrays, dtype and ndim - are encoded through a cached _Template and decoded through
+# a cached _Layout. Both produce exactly what the general path produces (the general
+# path is the reference, and tests/test_codec_fastpaths.py checks every fast path
+# against it); anything a template does not cover, or any error, goes to the general
+# path, which raises what it raises.
+
+# Item types a template encodes: msgpack-native leaves, arrays, numeric numpy scalars.
+_TEMPLATE_LEAVES: Final = frozenset((type(None), bool, int, float, str, bytes))
+_NP_SCALAR_TYPES: Final = frozenset(np.dtype(code).type for code in "?bBhHiIlLqQefdFD")
+_TEMPLATE_TYPES: Final = _TEMPLATE_LEAVES | _NP_SCALAR_TYPES | {np.ndarray}
+# Each thread reuses one packer: a packer is not safe to share between threads, and
+# making one per message costs a microsecond (the general encoder does).
+_PACKERS = threading.local()
+
+
+def _thread_packer() -> msgpack.Packer:
+    try:
+        packer: msgpack.Packer = _PACKERS.packer
+    except AttributeError:
+        packer = _PACKERS.packer = msgpack.Packer(strict_types=True, use_bin_type=True)
+    return packer
+
+
+class _ArraySlot:
+    """An item of a template that is an array of *dtype* and *ndim* dimensions, whose
+    data is out-of-band buffer *buffer*."""
+
+    __slots__ = ("buffer", "descr", "dtype", "exports", "last", "ndim")
+
+    def __init__(self, buffer: int, dtype: np.dtype[Any], ndim: int) -> None:
+        self.buffer = buffer
+        self.dtype = dtype
+        self.ndim = ndim
+        self.descr, self.exports = _ENC_DTYPES.get(dtype) or _encode_dtype(dtype)
+        # (shape, EXT_NDARRAY value) of the last array seen here: arrays of a stream
+        # keep their shape. One tuple, replaced whole, so threads may share it.
+        self.last: tuple[tuple[int, ...], object] = ((-1,), None)
+
+    def ext(self, shape: tuple[int, ...]) -> object:
+        """The EXT_NDARRAY value (``u32 buffer | u8 ndim | shape | descr``) for *shape*."""
+        last_shape, value = self.last
+        if shape != last_shape:
+            payload = _ARRAY_HEADS[self.ndim].pack(self.buffer, self.ndim, *shape) + self.descr
+            value = _ext(EXT_NDARRAY, payload)
+            self.last = (shape, value)
+        return value
+
+
+class _Template:
+    """How to encode one message shape: the same meta and buffers as ``_Encoder``,
+    with one reused packer and no per-item dispatch.
+
+    *kind* is the container type (tuple, list, dict or a registered dataclass),
+    *names* the dict keys or dataclass init fields in order (None for sequences),
+    *values* the items of a message of this shape. :attr:`prepare` is a function
+    generated for the shape (see :func:`_prepare_source`): ``prepare(obj, limit)``
+    checks that *obj* has this shape and returns the object to pack (items, with the
+    arrays and numpy scalars as ext values) and the arrays, or None.
+    """
+
+    __slots__ = ("entry", "exports", "kind", "prepare")
+
+    def __init__(self, kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> None:
+        self.kind = kind
+        self.entry = _TYPES_BY_CLASS.get(kind)
+        namespace: dict[str, Any] = {
+            "EXT": _ext,
+            "EXT_NPSCALAR": EXT_NPSCALAR,
+            "INLINE": INLINE_BYTES_LIMIT,
+            "NAMES": names,
+            "GET": operator.attrgetter(*names) if names else None,
+        }
+        arrays: list[_ArraySlot] = []
+        for i, value in enumerate(values):
+            namespace[f"T{i}"] = type(value)
+            if names:
+                namespace[f"K{i}"] = names[i]
+            if type(value) is np.ndarray:
+                namespace[f"A{i}"] = slot = _ArraySlot(len(arrays), value.dtype, value.ndim)
+                arrays.append(slot)
+            elif type(value) in _NP_SCALAR_TYPES:
+                descr = _encode_dtype(np.dtype(type(value)))[0]
+                namespace[f"P{i}"] = _U32.pack(len(descr)) + descr  # the payload's start
+        self.exports = tuple(slot.exports for slot in arrays)
+        source = _prepare_source(kind, names, values)
+        exec(source, namespace)  # (only names and ints are in the source)
+        self.prepare: Callable[[Any, int], tuple[Any, tuple[Any, ...]] | None] = namespace[
+            "prepare"
+        ]
+
+    def encode(self, obj: Any, limit: int) -> EncodedMessage | None:
+        """*obj* encoded exactly as the general encoder does it (a body of at most
+        ``SMALL_BODY`` as one ``bytes`` part), or None if *obj* is not of this shape or
+        the general path must decide (an int out of range, a str that is not Unicode,
+        a size over *limit*, ...: it raises what there is to raise). With *limit* at
+        most ``SMALL_BODY``, a large message gives up before anything is packed."""
+        prepared = self.prepare(obj, limit)
+        if prepared is None:
+            return None
+        items, arrays = prepared
+        try:
+            packer = _PACKERS.packer
+        except AttributeError:
+            packer = _thread_packer()
+        try:
+            inner = packer.pack(items)
+        except Exception:  # (OverflowError, UnicodeEncodeError, ...): the general path
+            return None
+        # meta = head + inner, joined once with the rest of the body
+        entry = self.entry
+        size = len(inner)
+        if self.kind is tuple:
+            head = _TUPLE_HEADS[size] if size < 0x100 else _ext_header(EXT_TUPLE, size)
+        elif entry is not None:
+            size += len(entry.prefix)
+            head = _DATACLASS_HEADS[size] if size < 0x100 else _ext_header(EXT_DATACLASS, size)
+            head += entry.prefix
+        else:
+            head = b""
+        meta_len = len(head) + len(inner)
+        if meta_len > _TEMPLATE_MAX_META:
+            del _PACKERS.packer
+        if not arrays:
+            total = HEADER.size + meta_len
+            if total > limit:
+                return None
+            body = b"".join((HEADER.pack(FORMAT_VERSION, 0, 0, meta_len), head, inner))
+            return _new_encoded(EncodedMessage, ([body], total))
+        if len(arrays) > 1:
+            bufs = [
+                _array_bytes(arr, exports, arr.nbytes)
+                for arr, exports in zip(arrays, self.exports, strict=True)
+            ]
+            pos = HEADER.size + 8 * len(bufs) + meta_len
+            for buf in bufs:
+                pos += (-pos & (BUFFER_ALIGNMENT - 1)) + buf.nbytes
+            return None if pos > limit else _assemble(head + inner, bufs, limit, join_small=True)
+        arr = arrays[0]
+        nbytes = arr.nbytes
+        pos = _HEADER_1BUF.size + meta_len
+        pad = -pos & (BUFFER_ALIGNMENT - 1)
+        total = pos + pad + nbytes
+        if total > limit or (nbytes == 0 and arr.size > _MAX_EMPTY_ITEMS):
+            return None
+        header = _HEADER_1BUF.pack(FORMAT_VERSION, 0, 1, meta_len, nbytes)
+        if total <= SMALL_BODY:
+            # arr.tobytes() is the C-ordered copy the general path's buffer holds.
+            body = b"".join((header, head, inner, _PADDING[pad], arr.tobytes()))
+            return _new_encoded(EncodedMessage, ([body], total))
+        first = b"".join((header, head, inner, _PADDING[pad]))
+        data = _array_bytes(arr, self.exports[0], nbytes)
+        return _new_encoded(EncodedMessage, ([first, data], total))
+
+
+def _prepare_source(kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> str:
+    """The source of ``prepare(obj, limit)`` for one shape (see :class:`_Template`).
+
+    For ``(1, 2, array)`` it reads::
+
+        def prepare(obj, limit):
+            if len(obj) != 3:
+                return None
+            v0, v1, v2 = obj
+            if type(v0) is not T0 or type(v1) is not T1 or type(v2) is not T2:
+                return None
+            d = v2.dtype
+            if (d is not A2.dtype and d != A2.dtype) or v2.ndim != A2.ndim:
+                return None
+            oob = v2.nbytes
+            if oob > limit:
+                return None
+            return [v0, v1, A2.ext(v2.shape)], (v2,)
+
+    Constants (types T*, array slots A*, keys K*, ...) come from the namespace, never
+    from the source.
+    """
+    count = len(values)
+    var = [f"v{i}" for i in range(count)]
+    lines = ["def prepare(obj, limit):"]
+    if kind is tuple or kind is list:
+        lines += [f"    if len(obj) != {count}:", "        return None"]
+        source = "obj"
+    elif kind is dict:
+        lines += [f"    if len(obj) != {count} or tuple(obj) != NAMES:", "        return None"]
+        source = "obj.values()"
+    else:
+        source = "GET(obj)" if count > 1 else "(GET(obj),)"
+    if count:
+        lines.append(f"    {', '.join(var)}, = {source}")
+        checks = " or ".join(f"type({v}) is not T{i}" for i, v in enumerate(var))
+        lines += [f"    if {checks}:", "        return None"]
+    items = list(var)
+    arrays = []
+    for i, value in enumerate(values):
+        v = var[i]
+        if type(value) is bytes:  # long bytes travel out-of-band: the general path's
+            lines += [f"    if len({v}) >= INLINE:", "        return None"]
+        elif type(value) is np.ndarray:
+            lines += [
+                f"    d = {v}.dtype",
+                f"    if (d is not A{i}.dtype and d != A{i}.dtype) or {v}.ndim != A{i}.ndim:",
+                "        return None",
+            ]
+            arrays.append(v)
+            items[i] = f"A{i}.ext({v}.shape)"
+        elif type(value) in _NP_SCALAR_TYPES:
+            items[i] = f"EXT(EXT_NPSCALAR, P{i} + {v}.tobytes())"
+    if arrays:
+        lines += [
+            f"    oob = {' + '.join(f'{v}.nbytes' for v in arrays)}",
+            "    if oob > limit:",
+            "        return None",
+        ]
+    if kind is tuple or kind is list:
+        packed = f"[{', '.join(items)}]"
+    else:
+        packed = "{" + ", ".join(f"K{i}: {item}" for i, item in enumerate(items)) + "}"
+    lines.append(f"    return {packed}, ({''.join(f'{v}, ' for v in arrays)})")
+    return "\n".join(lines) + "\n"
+
+
+# The ext headers of tuple and dataclass payloads shorter than 256 bytes.
+_TUPLE_HEADS: Final = tuple(_ext_header(EXT_TUPLE, size) for size in range(0x100))
+_DATACLASS_HEADS: Final = tuple(_ext_header(EXT_DATACLASS, size) for size in range(0x100))
+
+
+# shape key -> template. The key holds the container type, names, item types and each
+# array's (dtype, ndim); bounded like the array caches.
+_ENC_TEMPLATES: dict[tuple[Any, ...], _Template] = {}
+
+
+def _template_for(obj: Any, tp: type) -> _Template | None:
+    """The (cached) template of *obj*'s shape, or None if no template covers it."""
+    names: tuple[str, ...] | None = None
+    if (tp is tuple or tp is list or tp is dict) and len(obj) > _TEMPLATE_MAX_ITEMS:
+        return None  # (before anything is copied)
+    if tp is tuple or tp is list:
+        values = tuple(obj)
+    elif tp is dict:
+        names = tuple(obj)
+        if not all(type(k) is str for k in names):
+            return None
+        values = tuple(obj.values())
+    else:
+        entry = _TYPES_BY_CLASS.get(tp)
+        if entry is None:
+            return None
+        names = entry.fields
+        values = tuple(getattr(obj, name) for name in names)
+    if len(values) > _TEMPLATE_MAX_ITEMS or not _TEMPLATE_TYPES.issuperset(map(type, values)):
+        return None
+    key = (
+        tp,
+        names,
+        tuple(map(type, values)),
+        tuple((v.dtype, v.ndim) for v in values if type(v) is np.ndarray),
+    )
+    template = _ENC_TEMPLATES.get(key)
+    if template is None:
+        try:
+            template = _Template(tp, names, values)
+        except Exception:  # (a dtype that cannot travel...): the general path says what
+            return None
+        if len(_ENC_TEMPLATES) >= _TEMPLATE_CACHE_SIZE:
+            _ENC_TEMPLATES.clear()
+        _ENC_TEMPLATES[key] = template
+    return template
+
+
+class _Layout:
+    """How to decode bodies that differ from one the general decoder accepted only in
+    the bytes of their scalar values (a decode template).
+
+    A body matches when it has :attr:`size` bytes and its first :attr:`check_len` bytes,
+    masked with :attr:`mask`, equal :attr:`fixed` (both little-endian ints of those
+    bytes): every header, msgpack marker, length, key, name and array description byte
+    is fixed; a fixint or bool byte is fixed in the bits that make it one; padding and
+    value bytes are free. :attr:`values` unpacks the value bytes (big-endian, as msgpack
+    writes them) from :attr:`values_at`, and :attr:`build` makes the message of them and
+    views into the body, exactly as the general decoder does.
+    """
+
+    __slots__ = ("build", "check_len", "fixed", "mask", "size", "values", "values_at")
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        mask: bytes,
+        fixed: bytes,
+        values: struct.Struct,
+        values_at: int,
+        build: Callable[[Any, tuple[Any, ...]], object],
+    ) -> None:
+        self.size = size
+        self.check_len = len(mask)
+        self.mask = int.from_bytes(mask, "little")
+        self.fixed = int.from_bytes(fixed, "little")
+        self.values = values
+        self.values_at = values_at
+        self.build = build
+
+    def decode(self, body: bytes | memoryview) -> object:
+        """The message in *body* (bytes or a read-only byte memoryview of :attr:`size`
+        bytes; the caller checks the length), or None if *body* does not match this
+        layout or a value is invalid (the general decoder then raises)."""
+        if int.from_bytes(body[: self.check_len], "little") & self.mask != self.fixed:
+            return None
+        try:
+            return self.build(body, self.values.unpack_from(body, self.values_at))
+        except Exception:  # (a str that is not UTF-8, a constructor that raises)
+            return None
+
+
+# msgpack markers of fixed-width numbers -> struct code of the value after the marker.
+_NUMBER_CODES: Final = {
+    0xCC: "B", 0xCD: "H", 0xCE: "I", 0xCF: "Q",
+    0xD0: "b", 0xD1: "h", 0xD2: "i", 0xD3: "q",
+    0xCA: "f", 0xCB: "d",
+}  # fmt: skip
+# msgpack str and bin markers with a length field -> size of that field.
+_STR_LENGTHS: Final = {0xD9: 1, 0xDA: 2, 0xDB: 4}
+_BIN_LENGTHS: Final = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+
+
+class _NotFlat(Exception):
+    """The body is not one a layout covers (nesting, ext kinds, ...)."""
+
+
+class _LayoutWalker:
+    """Walks the meta of a body the general decoder accepted and records, byte by byte,
+    what is fixed and what is a value: the making of a :class:`_Layout`."""
+
+    def __init__(self, body: memoryview, head: int, spans: list[tuple[int, int]]) -> None:
+        self.body = body
+        self.spans = spans
+        self.pos = 0
+        self.mask = bytearray(head)  # 0 (free) unless set
+        self.fixed = bytearray(head)
+        self.codes: list[tuple[int, str, int]] = []  # (offset, struct code, size)
+        self.namespace: dict[str, object] = {"frombuffer": np.frombuffer, "ndarray": np.ndarray}
+
+    def skip_fixed(self, count: int) -> None:
+        end = self.pos + count
+        if end > len(self.mask):
+            raise _NotFlat
+        self.mask[self.pos : end] = b"\xff" * count
+        self.fixed[self.pos : end] = self.body[self.pos : end]
+        self.pos = end
+
+    def value_hole(self, code: str, size: int) -> str:
+        """A free span of *size* bytes unpacked with *code*; the expression reading it."""
+        if self.pos + size > len(self.mask):
+            raise _NotFlat
+        self.codes.append((self.pos, code, size))
+        self.pos += size
+        return f"v[{len(self.codes) - 1}]"
+
+    def constant(self, value: object) -> str:
+        name = f"c{len(self.namespace)}"
+        self.namespace[name] = value
+        return name
+
+    def byte(self) -> int:
+        if self.pos >= len(self.body):
+            raise _NotFlat
+        return self.body[self.pos]
+
+    def length(self, size: int) -> int:
+        """Read a big-endian length field of *size* bytes, fixed."""
+        value = int.from_bytes(self.body[self.pos + 1 : self.pos + 1 + size], "big")
+        self.skip_fixed(1 + size)
+        return value
+
+    def ext_header(self) -> tuple[int, int]:
+        """Fix an ext header; return (code, payload length)."""
+        marker = self.byte()
+        if 0xD4 <= marker <= 0xD8:
+            size, header = 1 << (marker - 0xD4), 2
+        elif marker in (0xC7, 0xC8, 0xC9):
+            width = 1 << (marker - 0xC7)
+            size = int.from_bytes(self.body[self.pos + 1 : self.pos + 1 + width], "big")
+            header = 2 + width
+        else:
+            raise _NotFlat
+        code = self.body[self.pos + header - 1]
+        self.skip_fixed(header)
+        return code, size
+
+    def count(self, fix: int, fix_top: int, wide: dict[int, int]) -> int:
+        """Fix a msgpack array or map header (fixarray/fixmap or the 16/32-bit forms)."""
+        marker = self.byte()
+        if fix <= marker <= fix_top:
+            self.skip_fixed(1)
+            return marker - fix
+        if marker in wide:
+            return self.length(wide[marker])
+        raise _NotFlat
+
+    def fixed_str(self) -> str:
+        """Fix a str (a dict key, a dataclass name) and return it."""
+        marker = self.byte()
+        if 0xA0 <= marker <= 0xBF:
+            self.skip_fixed(1)
+            size = marker & 0x1F
+        elif marker in _STR_LENGTHS:
+            size = self.length(_STR_LENGTHS[marker])
+        else:
+            raise _NotFlat
+        start = self.pos
+        self.skip_fixed(size)
+        return bytes(self.body[start : self.pos]).decode()
+
+    def item(self) -> str:
+        """Walk one item; return the expression that rebuilds it from ``body`` and ``v``."""
+        marker = self.byte()
+        pos = self.pos
+        if marker <= 0x7F or marker >= 0xE0:  # fixint: the marker is the value
+            self.mask[pos] = 0x80 if marker <= 0x7F else 0xE0
+            self.fixed[pos] = 0x00 if marker <= 0x7F else 0xE0
+            return self.value_hole("B" if marker <= 0x7F else "b", 1)
+        if marker == 0xC0:
+            self.skip_fixed(1)
+            return "None"
+        if marker in (0xC2, 0xC3):
+            self.mask[pos], self.fixed[pos] = 0xFE, 0xC2
+            return f"({self.value_hole('B', 1)} == 0xC3)"
+        if marker in _NUMBER_CODES:
+            fmt = _NUMBER_CODES[marker]
+            self.skip_fixed(1)
+            return self.value_hole(fmt, struct.calcsize(fmt))
+        if 0xA0 <= marker <= 0xBF or marker in _STR_LENGTHS:
+            if marker <= 0xBF:
+                self.skip_fixed(1)
+                size = marker & 0x1F
+            else:
+                size = self.length(_STR_LENGTHS[marker])
+            return f"str({self.value_hole(f'{size}s', size)}, 'utf-8')"
+        if marker in _BIN_LENGTHS:
+            size = self.length(_BIN_LENGTHS[marker])
+            return self.value_hole(f"{size}s", size)
+        code, size = self.ext_header()
+        start = self.pos
+        if code == EXT_NDARRAY:
+            array = _array_from_payload(self.body, start, start + size, self.body, self.spans)
+            self.skip_fixed(size)
+            offset = self.spans[_U32.unpack_from(self.body, start)[0]][0]
+            dtype = self.constant(array.dtype)
+            if array.ndim == 1 and array.dtype.itemsize:
+                return f"frombuffer(body, {dtype}, {array.shape[0]}, {offset})"
+            return f"ndarray({self.constant(array.shape)}, {dtype}, body, {offset})"
+        if code == EXT_NPSCALAR and size >= 4:
+            descr_len = _U32.unpack_from(self.body, start)[0]
+            dt = _dtype_from(bytes(self.body[start + 4 : start + 4 + descr_len]))
+            if dt.kind not in "biufc" or dt.itemsize != size - 4 - descr_len:
+                raise _NotFlat
+            self.skip_fixed(4 + descr_len)
+            offset = self.pos
+            self.pos += dt.itemsize  # the value's bytes are free, read in place
+            return f"ndarray((), {self.constant(dt)}, body, {offset})[()]"
+        raise _NotFlat
+
+    def items(self, count: int) -> list[str]:
+        if count > _TEMPLATE_MAX_ITEMS:
+            raise _NotFlat
+        return [self.item() for _ in range(count)]
+
+    def fields(self) -> str:
+        """Walk a map of str keys to items; return a dict display expression."""
+        count = self.count(0x80, 0x8F, {0xDE: 2, 0xDF: 4})
+        if count > _TEMPLATE_MAX_ITEMS:
+            raise _NotFlat
+        pairs = []
+        for _ in range(count):
+            key = self.constant(self.fixed_str())
+            pairs.append(f"{key}: {self.item()}")
+        return "{" + ", ".join(pairs) + "}"
+
+    def message(self) -> str:
+        """Walk the top-level container; return the expression that rebuilds it."""
+        marker = self.byte()
+        if 0x90 <= marker <= 0x9F or marker in (0xDC, 0xDD):
+            return "[" + ", ".join(self.items(self.count(0x90, 0x9F, {0xDC: 2, 0xDD: 4}))) + "]"
+        if 0x80 <= marker <= 0x8F or marker in (0xDE, 0xDF):
+            return self.fields()
+        code, size = self.ext_header()
+        end = self.pos + size
+        if code == EXT_TUPLE:
+            items = self.items(self.count(0x90, 0x9F, {0xDC: 2, 0xDD: 4}))
+            expr = "(" + "".join(f"{item}, " for item in items) + ")"
+        elif code == EXT_DATACLASS:
+            if self.byte() != 0x92:
+                raise _NotFlat
+            self.skip_fixed(1)
+            entry = _TYPES_BY_NAME.get(self.fixed_str())
+            if entry is None:
+                raise _NotFlat
+            expr = f"{self.constant(entry.cls)}(**{self.fields()})"
+        else:
+            raise _NotFlat
+        if self.pos != end:
+            raise _NotFlat
+        return expr
+
+
+def _learn_layout(
+    body: memoryview, meta_start: int, meta_end: int, spans: list[tuple[int, int]]
+) -> _Layout | None:
+    """The layout of *body*, which the general decoder has just accepted (its meta at
+    *meta_start*..*meta_end*, its buffers at *spans*); None if no layout covers it."""
+    head = spans[0][0] if spans else meta_end
+    if head > _LAYOUT_MAX_HEAD:
+        return None
+    walker = _LayoutWalker(body, head, spans)
+    try:
+        walker.skip_fixed(meta_start)  # version, flags, counts, buffer lengths
+        expr = walker.message()
+    except Exception:  # (_NotFlat, mostly) learning is an optimisation: never an error
+        return None
+    if walker.pos != meta_end:
+        return None
+    # The padding up to the first buffer stays free (the general decoder ignores it).
+    check_len = len(walker.mask.rstrip(b"\0"))
+    fmt = [">"]
+    at = at_first = walker.codes[0][0] if walker.codes else 0
+    for offset, code, size in walker.codes:
+        if offset > at:
+            fmt.append(f"{offset - at}x")
+        fmt.append(code)
+        at = offset + size
+    source = f"def build(body, v):\n    return {expr}\n"
+    namespace = walker.namespace
+    exec(source, namespace)
+    return _Layout(
+        size=len(body),
+        mask=bytes(walker.mask[:check_len]),
+        fixed=bytes(walker.fixed[:check_len]),
+        values=struct.Struct("".join(fmt)),
+        values_at=at_first,
+        build=cast(Callable[[Any, tuple[Any, ...]], object], namespace["build"]),
+    )
+
+
+# (body length, first HEADER.size bytes) -> layouts of bodies with that length and header.
+_DEC_LAYOUTS: dict[tuple[int, bytes], list[_Layout]] = {}
+# The same keys -> how many bodies with that key the general decoder decoded. A layout is
+# learned the 2nd, 4th, 8th... time: a stream whose bodies never repeat a key pays nothing
+# for learning, and one whose bodies fit no layout (nesting) pays for a few attempts.
+_DEC_SEEN: dict[tuple[int, bytes], int] = {}
+
+
 # --------------------------------------------------------------------------- codec
 
 
@@ -894,7 +1540,7 @@ class Codec:
     tasks and threads. The dataclass registry it uses is process-global.
     """
 
-    __slots__ = ("_last_encoded", "_limit", "last_array")
+    __slots__ = ("_last_encoded", "_last_template", "_limit", "last_array", "last_layout")
 
     def __init__(self, *, max_message_size: int | None = None) -> None:
         """*max_message_size*: largest body in bytes that :meth:`encode` produces and
@@ -916,6 +1562,12 @@ class Codec:
         #: lookup; :meth:`Channel.deliver_body` reads it too. Read-only outside this
         #: class; replaced whole, so threads may share it.
         self.last_array: tuple[int, bytes, int, tuple[int, ...], np.dtype[Any], int] | None = None
+        # The shape template of the last container encoded through one, tried first.
+        self._last_template: _Template | None = None
+        #: The decode template (layout) that decoded the last container: a ``bytes``
+        #: body of its ``size`` is first offered to its ``decode`` (None on no match).
+        #: :meth:`Channel.deliver_body` reads it too. Replaced whole, like last_array.
+        self.last_layout: _Layout | None = None
 
     @property
     def max_message_size(self) -> int:
@@ -955,7 +1607,7 @@ class Codec:
                 if found is not None and found[1] <= self._limit:
                     hit = self._last_encoded = (found[0], found[1], dtype, shape)
             if hit is not None:
-                if hit[1] <= _SMALL_ARRAY_BODY:
+                if hit[1] <= SMALL_BODY:
                     # Small: one bytes part. Copying these few bytes costs less than
                     # exporting the array's buffer, and a sender writes one object.
                     return _new_encoded(EncodedMessage, ([hit[0] + arr.tobytes()], hit[1]))
@@ -966,16 +1618,40 @@ class Codec:
                         pass
             return self._encode_array(arr)
         if tp in _LEAVES:
-            return self._assemble(msgpack.packb(obj), [])
-        encoder = _Encoder(self._limit)
-        tree = encoder.prepare(obj, 0)
-        try:
-            meta = encoder.packer.pack(tree)
-        except ValueError as exc:
-            if "recursion limit" in str(exc):
-                raise _too_deep() from exc
-            raise
-        return self._assemble(meta, encoder.bufs)
+            return _assemble(msgpack.packb(obj), [], self._limit)
+        template = self._last_template
+        if template is not None and template.kind is tp:
+            encoded = template.encode(obj, self._limit)
+            if encoded is not None:
+                return encoded
+        # Not the shape encoded last: the shared cache (or a new template).
+        template = _template_for(obj, tp)
+        if template is not None:
+            encoded = template.encode(obj, self._limit)
+            if encoded is not None:
+                self._last_template = template
+                return encoded
+        return _encode_general(self, obj)
+
+    def encode_small(self, obj: object) -> bytes | None:
+        """The whole body of *obj* as one ``bytes`` object when a fast path encodes it
+        (a top-level array of the kind encoded last, see :meth:`small_array_body`, or a
+        container of a cached shape) and the body is at most ``SMALL_BODY`` (4 KiB);
+        else None (call :meth:`encode`, which raises what there is to raise).
+
+        The body is exactly ``b"".join(encode(obj).parts)``: the paced small-message
+        path of a publisher, one object for one write.
+        """
+        tp = type(obj)
+        if tp is np.ndarray:
+            return self.small_array_body(obj)  # type: ignore[arg-type]
+        template = self._last_template
+        if template is None or template.kind is not tp:
+            return None
+        encoded = template.encode(obj, min(self._limit, SMALL_BODY))
+        if encoded is None:
+            return None
+        return encoded.parts[0]  # type: ignore[return-value]  # (one bytes part when small)
 
     def small_array_body(self, arr: np.ndarray[Any, Any]) -> bytes | None:
         """The whole body of *arr* as a top-level message, as one ``bytes`` object, when
@@ -988,12 +1664,7 @@ class Codec:
         ``numpy.ndarray`` (the caller checks its type).
         """
         hit = self._last_encoded
-        if (
-            hit is not None
-            and arr.dtype is hit[2]
-            and arr.shape == hit[3]
-            and hit[1] <= _SMALL_ARRAY_BODY
-        ):
+        if hit is not None and arr.dtype is hit[2] and arr.shape == hit[3] and hit[1] <= SMALL_BODY:
             return hit[0] + arr.tobytes()
         return None
 
@@ -1065,52 +1736,6 @@ class Codec:
             _ENC_ARRAYS[dtype, shape] = layout
         return layout
 
-    def _assemble(self, meta: bytes, bufs: list[memoryview]) -> EncodedMessage:
-        nbuf = len(bufs)
-        if nbuf == 0:
-            total = HEADER.size + len(meta)
-            if total > self._limit:
-                raise _too_large(total, self._limit)
-            return EncodedMessage([HEADER.pack(FORMAT_VERSION, 0, 0, len(meta)) + meta], total)
-        if nbuf == 1:
-            buf = bufs[0]
-            length = buf.nbytes
-            pos = _HEADER_1BUF.size + len(meta)
-            pad = -pos & (BUFFER_ALIGNMENT - 1)
-            total = pos + pad + length
-            if total > self._limit:
-                raise _too_large(total, self._limit)
-            first = _HEADER_1BUF.pack(FORMAT_VERSION, 0, 1, len(meta), length) + meta
-            if length == 0:
-                return EncodedMessage([first + _PADDING[pad]], total)
-            return EncodedMessage([first + _PADDING[pad], buf], total)
-        lengths = [b.nbytes for b in bufs]
-        pos = HEADER.size + 8 * nbuf + len(meta)
-        pads = []
-        for length in lengths:
-            pad = -pos & (BUFFER_ALIGNMENT - 1)
-            pads.append(pad)
-            pos += pad + length
-        if pos > self._limit:
-            raise _too_large(pos, self._limit)
-        packed_lengths = (
-            _LENGTHS[nbuf].pack(*lengths)
-            if nbuf < len(_LENGTHS)
-            else struct.pack(f"<{nbuf}Q", *lengths)
-        )
-        parts: list[bytes | memoryview] = [
-            HEADER.pack(FORMAT_VERSION, 0, nbuf, len(meta))
-            + packed_lengths
-            + meta
-            + _PADDING[pads[0]]
-        ]
-        for i, buf in enumerate(bufs):
-            if i and pads[i]:
-                parts.append(_PADDING[pads[i]])
-            if lengths[i]:
-                parts.append(buf)
-        return EncodedMessage(parts, pos)
-
     def validate(self, obj: object) -> None:
         """Raise what :meth:`encode` would raise for *obj*'s types, without encoding.
 
@@ -1147,6 +1772,11 @@ class Codec:
                 if last[5] >= 0:  # 1-D: np.frombuffer costs about half as much, cold
                     return np.frombuffer(body, last[4], last[5], last[2])
                 return np.ndarray(last[3], last[4], body, last[2])
+            layout = self.last_layout
+            if layout is not None and n == layout.size:
+                message = layout.decode(body)
+                if message is not None:
+                    return message
             if HEADER.size <= n <= self._limit:
                 nbuf, meta_len = _NBUF_META.unpack_from(body)
                 if nbuf == 1:
@@ -1177,7 +1807,9 @@ class Codec:
         self.last_array = (n, prefix, start, shape, dtype, count)
         return np.ndarray(shape, dtype, body, start)
 
-    def _decode(self, body: object) -> object:
+    def _decode(self, body: object, *, fast: bool = True) -> object:
+        # fast=False: the general decoder alone, no cache read or filled (the reference
+        # the fast paths are tested against; see _decode_general).
         try:
             mv = memoryview(body)  # type: ignore[arg-type]
         except TypeError as exc:
@@ -1198,10 +1830,23 @@ class Codec:
         if n < HEADER.size:
             raise ProtocolError(f"message body of {n} bytes is shorter than its header")
         version, flags, nbuf, meta_len = HEADER.unpack_from(mv)
-        if nbuf == 1:
-            array = self._cached_array(mv, n, meta_len)
-            if array is not None:
-                return array
+        if fast:
+            # (a memoryview body: frames batched in one read, shared memory)
+            layout = self.last_layout
+            if layout is not None and n == layout.size:
+                message = layout.decode(mv)
+                if message is not None:
+                    return message
+            if nbuf == 1:
+                array = self._cached_array(mv, n, meta_len)
+                if array is not None:
+                    return array
+            key = (n, mv[: HEADER.size].tobytes())
+            for layout in _DEC_LAYOUTS.get(key, ()):
+                message = layout.decode(mv)
+                if message is not None:
+                    self.last_layout = layout
+                    return message
         if version != FORMAT_VERSION:
             raise ProtocolError(
                 f"message body version {version} is not supported (this build reads "
@@ -1239,7 +1884,7 @@ class Codec:
                 if pos < n
                 else f"message body is {pos - n} bytes short"
             )
-        if nbuf == 1 and meta_len >= 3:
+        if fast and nbuf == 1 and meta_len >= 3:
             # Fast path for a top-level array: parse its one ext header by hand.
             marker = mv[meta_start]
             if 0xD4 <= marker <= 0xD8:
@@ -1257,7 +1902,67 @@ class Codec:
                 return array
         meta = mv[meta_start:meta_end]
         _refuse_timestamps(meta)
-        return _Decoder(mv, spans).unpack(meta)
+        message = _Decoder(mv, spans).unpack(meta)
+        if fast and (type(message) in _LAYOUT_KINDS or type(message) in _TYPES_BY_CLASS):
+            self._learn(key, mv, meta_start, meta_end, spans)
+        return message
+
+    def _learn(
+        self,
+        key: tuple[int, bytes],
+        body: memoryview,
+        meta_start: int,
+        meta_end: int,
+        spans: list[tuple[int, int]],
+    ) -> None:
+        """After the general decoder accepted *body*: learn its layout on the 2nd, 4th,
+        8th... time a body with this *key* comes (see ``_DEC_SEEN``)."""
+        seen = _DEC_SEEN.get(key, 0) + 1
+        if seen == 1 and len(_DEC_SEEN) >= _TEMPLATE_CACHE_SIZE:
+            _DEC_SEEN.clear()
+        _DEC_SEEN[key] = seen
+        if seen < 2 or seen & (seen - 1):
+            return
+        layout = _learn_layout(body, meta_start, meta_end, spans)
+        if layout is None:
+            return
+        layouts = _DEC_LAYOUTS.get(key)
+        if layouts is None:
+            if len(_DEC_LAYOUTS) >= _TEMPLATE_CACHE_SIZE:
+                _DEC_LAYOUTS.clear()
+            layouts = _DEC_LAYOUTS[key] = []
+        if len(layouts) >= _LAYOUTS_PER_KEY:
+            del layouts[0]
+        layouts.append(layout)
+        self.last_layout = layout
+
+
+_LAYOUT_KINDS: Final = frozenset((tuple, list, dict))
+
+
+def _encode_general(codec: Codec, obj: object) -> EncodedMessage:
+    """*obj* encoded by the general encoder alone (no cache, no template): the reference
+    every encode fast path is tested against. Raises like :meth:`Codec.encode`."""
+    encoder = _Encoder(codec.max_message_size)
+    tree = encoder.prepare(obj, 0)
+    try:
+        meta = encoder.packer.pack(tree)
+    except ValueError as exc:
+        if "recursion limit" in str(exc):
+            raise _too_deep() from exc
+        raise
+    return _assemble(meta, encoder.bufs, codec.max_message_size)
+
+
+def _decode_general(codec: Codec, body: object) -> object:
+    """*body* decoded by the general decoder alone (no cache read or filled): the
+    reference every decode fast path is tested against. Raises like :meth:`Codec.decode`."""
+    try:
+        return codec._decode(body, fast=False)
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"malformed message body ({type(exc).__name__}: {exc})") from exc
 
 
 #: A codec with the default limits.

@@ -147,7 +147,7 @@ class Link(ABC):
 
     def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
         """:meth:`send` for a message whose whole encoded body is *body* (one small
-        ``bytes``; see :meth:`Codec.small_array_body`). Only called on links that
+        ``bytes``; see :meth:`Codec.encode_small`). Only called on links that
         :attr:`needs_encoding`. Transports override it with a shorter path; this one
         wraps *body* and calls :meth:`send`."""
         self.send(seq, time_ns, message, EncodedMessage([body], len(body)))
@@ -185,7 +185,7 @@ class Outlet:
         self._closed = False
         self._links_changed: asyncio.Event | None = None
         # Largest body that every link takes, or -1 when some link does not encode (a
-        # local one): what publish_nowait's small-array path checks. See _links_updated.
+        # local one): what publish_nowait's small-message path checks. See _links_updated.
         self._small_limit = -1
         self._handoff = False  # some link is a handoff link (and the OS can yield)
         # time_ns() once the last message was sent, after any handoff (for handoffs)
@@ -316,8 +316,13 @@ class Outlet:
                 ):
                     return False
         self._unyielded += 1
-        if type(message) is np.ndarray and self._small_limit >= 0:
-            body = self.codec.small_array_body(message)
+        if self._small_limit >= 0:
+            # A small array, or container of a cached shape: one bytes body. (Arrays
+            # call small_array_body directly: one call less on a paced array's path.)
+            if type(message) is np.ndarray:
+                body = self.codec.small_array_body(message)
+            else:
+                body = self.codec.encode_small(message)
             if body is not None and len(body) <= self._small_limit:
                 self._send_small(links, message, body)
                 return True
@@ -325,7 +330,7 @@ class Outlet:
         return True
 
     def _send_small(self, links: list[Link], message: Any, body: bytes) -> None:
-        # send_now for a small array that every link (none local) takes as *body*.
+        # send_now for a small message that every link (none local) takes as *body*.
         self._seq = seq = self._seq + 1
         now = time_ns()
         sends = drops = 0

@@ -1,0 +1,369 @@
+"""Differential tests of every codec fast path against the general path (the reference).
+
+Encode side: ``Codec.encode`` (the top-level array cache, the shape templates),
+``Codec.encode_small``, ``Codec.small_array_body`` and ``Codec.array_prefix`` must give
+exactly the bytes of ``_encode_general``, or raise what it raises. Decode side:
+``Codec.decode`` (``last_array``, ``_cached_array``, the top-level array shortcut, the
+shape layouts) must give what ``_decode_general`` gives - same types, values, dtypes,
+shapes, read-only views - or raise ProtocolError where it does, also for mutated bodies.
+Messages repeat (cache hits) and interleave (misses), with caches shrunk (evictions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from _messages import (
+    Sample,
+    arrays,
+    assert_same_decoded,
+    assert_same_outcome,
+    build,
+    messages,
+    outcome,
+    shapes,
+    templated,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ezflow._core import _codec
+from ezflow._core._codec import (
+    HEADER,
+    SMALL_BODY,
+    Codec,
+    EncodedMessage,
+    _decode_general,
+    _encode_general,
+)
+from ezflow._core._exceptions import ProtocolError
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def joined(encoded: EncodedMessage) -> bytes:
+    body = b"".join(encoded.parts)
+    assert len(body) == encoded.nbytes
+    for part in encoded.parts:
+        assert type(part) is bytes or (
+            type(part) is memoryview and part.format == "B" and part.ndim == 1
+        )
+    return body
+
+
+def check_encode(codec: Codec, obj: object) -> bytes | None:
+    """Encode *obj* through every fast path and the general path: identical bytes or
+    the same exception. Returns the body (None if encoding raised)."""
+    ref = outcome(lambda: joined(_encode_general(codec, obj)))
+    got = outcome(lambda: joined(codec.encode(obj)))
+    assert ref[0] == got[0], (ref, got)
+    assert ref[1] == got[1]  # the bytes, or the exception type
+    small = codec.encode_small(obj)
+    if small is not None:
+        assert ref[0] == "ok" and small == ref[1]
+        assert len(small) <= SMALL_BODY
+    if type(obj) is np.ndarray:
+        array_small = codec.small_array_body(obj)
+        assert array_small is None or array_small == ref[1]
+    return ref[1] if ref[0] == "ok" else None  # type: ignore[return-value]
+
+
+def check_decode(codec: Codec, body: bytes) -> tuple[str, object]:
+    """Decode *body* (as bytes and as a memoryview) through the fast paths and through
+    the general decoder alone: the same outcome."""
+    ref = outcome(lambda: _decode_general(codec, body))
+    assert ref[0] == "ok" or ref[1] is ProtocolError
+    for variant in (body, memoryview(body)):
+        assert_same_outcome(ref, outcome(lambda v=variant: codec.decode(v)))  # type: ignore[misc]
+    return ref
+
+
+def head_size(body: bytes) -> int:
+    _, _, nbuf, meta_len = HEADER.unpack_from(body)
+    return HEADER.size + 8 * nbuf + meta_len
+
+
+def check_repeated(codec: Codec, obj: object) -> bytes | None:
+    """Encode and decode *obj* three times in a row: the second and third take the
+    cached paths, which must be taken where the documented rule says so."""
+    body = None
+    for _ in range(3):
+        body = check_encode(codec, obj)
+    if body is None:
+        return None
+    if templated(obj) and len(body) <= SMALL_BODY:
+        # The template path was taken: one bytes part, and the small-body path.
+        assert len(codec.encode(obj).parts) == 1
+        assert codec.encode_small(obj) == body
+    # From a fresh state for this body's key: the second decode learns its layout, the
+    # third uses it.
+    forget_layouts(body)
+    for _ in range(3):
+        ref = check_decode(codec, body)
+    if templated(obj) and head_size(body) <= _codec._LAYOUT_MAX_HEAD and ref[0] == "ok":
+        layout = codec.last_layout  # learned on the second decode, used on the third
+        assert layout is not None and layout.size == len(body)
+        assert_same_decoded(ref[1], layout.decode(body))
+    return body
+
+
+def forget_layouts(body: bytes) -> None:
+    """Forget what the shared decode caches know of bodies like *body* (other tests
+    fill them too)."""
+    key = (len(body), body[: HEADER.size])
+    _codec._DEC_SEEN.pop(key, None)
+    _codec._DEC_LAYOUTS.pop(key, None)
+
+
+@contextlib.contextmanager
+def small_caches() -> Iterator[None]:
+    """Shrink every fast-path cache so that interleaved shapes evict each other."""
+    names = {
+        "_TEMPLATE_CACHE_SIZE": 2,
+        "_LAYOUTS_PER_KEY": 1,
+        "_ARRAY_CACHE_SIZE": 2,
+        "_DTYPE_CACHE_SIZE": 2,
+    }
+    saved = {name: getattr(_codec, name) for name in names}
+    try:
+        for name, value in names.items():
+            setattr(_codec, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(_codec, name, value)
+
+
+# --------------------------------------------------------------------------- encode + decode
+
+
+@FAST
+@given(messages())
+def test_every_fast_path_matches_the_general_path_on_repeats(obj: object) -> None:
+    check_repeated(Codec(), obj)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages(), min_size=2, max_size=4), st.data(), st.booleans())
+def test_interleaved_shapes_hit_miss_and_evict_alike(
+    objs: list[object], data: st.DataObject, shrink: bool
+) -> None:
+    order = data.draw(st.lists(st.integers(0, len(objs) - 1), min_size=4, max_size=16))
+    codec = Codec()
+    with small_caches() if shrink else contextlib.nullcontext():
+        for i in order + list(range(len(objs))) * 2:
+            body = check_encode(codec, objs[i])
+            if body is not None:
+                check_decode(codec, body)
+
+
+@FAST
+@given(shapes(other=False), st.data())
+def test_one_shape_with_new_values_each_time(shape: Any, data: st.DataObject) -> None:
+    # One shape, different values: templates and layouts hit (or must miss, when a
+    # value changes its encoded width) and always agree with the general path.
+    codec = Codec()
+    for _ in range(4):
+        obj = build(shape, data.draw)
+        body = check_encode(codec, obj)
+        if body is not None:
+            check_decode(codec, body)
+            check_decode(codec, body)
+
+
+# --------------------------------------------------------------------------- mutated bodies
+
+
+@st.composite
+def mutations(draw: st.DrawFn, body: bytes) -> bytes:
+    kind = draw(st.sampled_from(["truncate", "extend", "flip_head", "flip_any", "length"]))
+    if kind == "truncate":
+        return body[: draw(st.integers(0, len(body) - 1))]
+    if kind == "extend":
+        return body + bytes([draw(st.integers(0, 255))])
+    if kind == "length":
+        # meta_len or a buffer length off by a little
+        _, _, nbuf, _ = HEADER.unpack_from(body)
+        field = draw(st.integers(0, nbuf))
+        at, size = (4, 4) if field == 0 else (HEADER.size + 8 * (field - 1), 8)
+        value = int.from_bytes(body[at : at + size], "little") + draw(
+            st.sampled_from([-16, -1, 1, 8])
+        )
+        value %= 1 << (8 * size)
+        return body[:at] + value.to_bytes(size, "little") + body[at + size :]
+    end = head_size(body) if kind == "flip_head" else len(body)
+    at = draw(st.integers(0, max(0, min(end, len(body)) - 1)))
+    flipped = body[at] ^ draw(st.integers(1, 255))
+    return body[:at] + bytes([flipped]) + body[at + 1 :]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages() | arrays(max_side=20), st.data())
+def test_mutated_bodies_are_judged_alike(obj: object, data: st.DataObject) -> None:
+    codec = Codec()
+    body = check_repeated(codec, obj)  # every cache warm for this shape
+    if body is None:
+        return
+    for _ in range(6):
+        mutated = data.draw(mutations(body))
+        check_decode(codec, mutated)
+        check_decode(codec, mutated)  # (a second time: learned, if it was valid)
+        check_decode(codec, body)  # the original still decodes, from the caches
+
+
+# --------------------------------------------------------------------------- bare arrays
+
+
+@FAST
+@given(arrays(max_side=40))
+def test_bare_array_fast_paths_match_the_general_path(arr: np.ndarray[Any, Any]) -> None:
+    codec = Codec()
+    body = check_repeated(codec, arr)
+    if body is None:
+        return
+    small = codec.small_array_body(arr)
+    if len(body) <= SMALL_BODY and arr.nbytes and small is None:
+        # small_array_body declines only kinds without a cached prefix
+        assert (arr.dtype, arr.shape) not in _codec._ENC_ARRAYS
+    if arr.nbytes and arr.dtype.kind not in "mMV" and not arr.dtype.names:
+        prefix, total = codec.array_prefix(arr.shape, arr.dtype)
+        assert prefix + np.ascontiguousarray(arr).tobytes() == body
+        assert total == len(body)
+
+
+def test_the_paced_tuple_is_one_bytes_body_from_the_second_message_on() -> None:
+    codec = Codec()
+    payload = np.random.default_rng(1).random(16).astype(np.float32)
+    forget_layouts(codec.encode((1, 0, time.perf_counter_ns(), payload)).to_bytes())
+    for seq in range(3):
+        message = (1, seq, time.perf_counter_ns(), payload)
+        encoded = codec.encode(message)
+        assert encoded.to_bytes() == _encode_general(codec, message).to_bytes()
+        assert len(encoded.parts) == 1 and type(encoded.parts[0]) is bytes
+        assert codec.encode_small(message) == encoded.parts[0]
+        decoded = codec.decode(encoded.parts[0])
+        assert_same_decoded(_decode_general(codec, encoded.parts[0]), decoded)
+    assert codec.last_layout is not None  # the third decode took the layout
+    large = (1, 2, 3, np.zeros(2048, np.float32))  # 8 KiB: referenced, not copied
+    encoded = codec.encode(large)
+    assert len(encoded.parts) == 2 and np.shares_memory(
+        np.frombuffer(encoded.parts[1], np.uint8), large[3]
+    )
+    assert codec.encode_small(large) is None
+
+
+def test_templates_stand_aside_for_what_the_general_path_refuses() -> None:
+    codec = Codec(max_message_size=4096)
+    codec.encode((1, "a", np.zeros(4)))
+    for obj in [
+        (2**64, "a", np.zeros(4)),  # int out of range
+        (1, "\ud800", np.zeros(4)),  # a lone surrogate
+        (1, "a", np.zeros(4096)),  # over max_message_size
+        (1, "a", np.zeros(4, dtype=object)),  # a dtype that cannot travel
+    ]:
+        ref = outcome(lambda o=obj: _encode_general(codec, o))  # type: ignore[misc]
+        got = outcome(lambda o=obj: codec.encode(o))  # type: ignore[misc]
+        assert ref[0] == got[0] == "raised" and ref[1] is got[1]
+        assert codec.encode_small(obj) is None
+
+
+def test_a_huge_str_gets_the_same_bytes_and_leaves_no_huge_packer() -> None:
+    codec = Codec()
+    small = {"text": "y" * 10, "n": 1}
+    assert codec.encode(small).to_bytes() == _encode_general(codec, small).to_bytes()
+    before = _codec._thread_packer()
+    huge = {"text": "x" * 200_000, "n": 1}
+    assert codec.encode(huge).to_bytes() == _encode_general(codec, huge).to_bytes()
+    after = _codec._thread_packer()
+    assert after is not before  # the packer that grew to 200 KB was dropped
+    assert codec.encode(small).to_bytes() == _encode_general(codec, small).to_bytes()
+    assert _codec._thread_packer() is after  # small messages keep the packer
+
+
+def test_dataclass_templates_send_init_fields_and_rebuild_by_the_constructor() -> None:
+    @_codec.message(name="tests.fastpaths.Derived")
+    @dataclasses.dataclass
+    class Derived:
+        a: int
+        b: np.ndarray[Any, Any]
+        total: float = dataclasses.field(init=False)
+
+        def __post_init__(self) -> None:
+            self.total = float(self.b.sum()) + self.a
+
+    codec = Codec()
+    obj = Derived(2, np.arange(3.0))
+    forget_layouts(codec.encode(obj).to_bytes())
+    for _ in range(3):
+        body = codec.encode(obj).to_bytes()
+        assert body == _encode_general(codec, obj).to_bytes()
+        got = codec.decode(body)
+        assert type(got) is Derived and got.total == 5.0  # type: ignore[attr-defined]
+    assert codec.last_layout is not None
+
+
+def test_a_failing_constructor_is_a_protocol_error_on_the_layout_path_too() -> None:
+    codec = Codec()
+    good = Sample(1, 2, 3, 4)
+    body = codec.encode(good).to_bytes()
+    forget_layouts(body)
+    for _ in range(3):
+        codec.decode(body)
+    assert codec.last_layout is not None
+
+    original = Sample.__init__
+
+    def refuse(self: Sample, *args: Any, **kwargs: Any) -> None:
+        raise ValueError("no")
+
+    Sample.__init__ = refuse  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ProtocolError, match="could not build"):
+            codec.decode(body)
+    finally:
+        Sample.__init__ = original  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.asfortranarray(np.arange(12, dtype=">i4").reshape(3, 4)),
+        np.arange(10.0)[::-2],
+        np.arange(24, dtype=np.uint8).reshape(2, 3, 4).transpose(2, 0, 1),
+        np.zeros((0, 3), dtype="S3"),
+        np.array(7, dtype="<M8[s]"),
+        np.zeros(3, dtype=[("a", "<i2"), ("b", ">f8", (2,))]),
+    ],
+    ids=["fortran", "negative", "transposed", "empty", "0-d", "structured"],
+)
+def test_templates_copy_any_array_layout_to_the_general_paths_bytes(
+    arr: np.ndarray[Any, Any],
+) -> None:
+    for obj in [(1, arr), [arr, "x", arr], {"a": arr}, Sample(arr, 1, 2.0, arr)]:
+        check_repeated(Codec(), obj)
+        big = (1, np.repeat(arr[np.newaxis], 300, axis=0) if arr.size else arr)
+        check_repeated(Codec(), big)
+
+
+def test_one_container_shape_with_arrays_of_other_ndims_and_dtypes_gets_new_templates() -> None:
+    codec = Codec()
+    variants = [
+        np.zeros(3),
+        np.zeros((2, 3)),
+        np.zeros(()),
+        np.zeros(3, dtype=">f8"),
+        np.zeros(3, dtype=np.float32),
+        np.zeros((0,)),
+    ]
+    for _ in range(2):
+        for arr in variants:
+            for obj in [(1, arr), [arr], {"a": arr}, Sample(1, 2, 3, arr)]:
+                check_encode(codec, obj)
+                check_encode(codec, obj)
+                check_decode(codec, codec.encode(obj).to_bytes())
