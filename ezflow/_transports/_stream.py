@@ -14,9 +14,11 @@ which then schedules nothing), later ones are queued and handed to
 ``transport.writelines`` (one vectored write) at the end of the iteration, or as soon as
 ``_FLUSH_MESSAGES`` / ``_FLUSH_BYTES`` are queued, so that the subscriber starts working
 while the publisher is still encoding. Small messages go out as one joined ``bytes``
-object. On uvloop (and Python
->= 3.12's loop) the array buffers are not copied on the way out; Python 3.11's stock
-loop joins the parts of a ``writelines`` call into one buffer.
+object. Array buffers are never copied on the way out: uvloop's ``writelines`` is
+vectored, and on the stock asyncio loop (whose ``writelines`` joins the parts) a
+:class:`~._writer.VectoredWriter` writes the connection instead, from the handshake on.
+On both, a connection's unsent backlog is bounded by ``DATA_WRITE_BUFFER_LIMIT``: above
+it the link has no room (:meth:`PublisherConnection.pause_writing`).
 
 Channels acknowledge releases as soon as a quarter of the publisher's window (messages
 or bytes, both sent in ``WELCOME``) has been released, else at the end of the event-loop
@@ -381,6 +383,13 @@ class PublisherConnection(FramedProtocol):
             exc,
         )
         self.abort()
+
+    def send_frame(self, body: bytes) -> None:
+        """Write one frame through :attr:`out` (after the handshake, never the
+        transport: bytes must not interleave with the writer's)."""
+        out = self.out
+        if out is not None and not out.is_closing():
+            out.write(frame(body))
 
     def abort(self) -> None:
         """Close at once, dropping unsent data (``connection_lost`` follows)."""
