@@ -24,6 +24,7 @@ import os
 import socket
 from collections import deque
 from collections.abc import Callable
+from itertools import islice
 from typing import Protocol
 
 __all__ = ["IOV_MAX", "VectoredWriter", "WriteHalf", "vectored_writes_pay"]
@@ -251,7 +252,7 @@ class VectoredWriter:
         # from the head of the buffer until the kernel takes less than offered.
         buffer = self._buffer
         while buffer:
-            chunk = list(buffer) if len(buffer) <= IOV_MAX else [buffer[i] for i in range(IOV_MAX)]
+            chunk = list(buffer) if len(buffer) <= IOV_MAX else list(islice(buffer, IOV_MAX))
             try:
                 sent = self._sock.sendmsg(chunk)
             except (BlockingIOError, InterruptedError):
