@@ -9,14 +9,19 @@ channel only; the subscriber keeps its other publishers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import struct
 from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
+from _proc import Child
 from _rawpeer import closed_by_peer
+from conftest import loop_kind
 
 import ezflow
 from ezflow._core._channel import Channel, Inbox
@@ -189,3 +194,33 @@ async def test_undecodable_message_is_dropped_and_the_stream_goes_on(
     assert channel.stats.decode_errors == 1
     assert "cannot be decoded" in caplog.text
     await transport.aclose()
+
+
+async def test_closing_after_the_subscriber_process_exited_unnoticed(
+    ctx: ezflow.GraphContext,
+) -> None:
+    """The subscriber's process is gone (its socket closed cleanly) before this loop
+    read the EOF: closing the publisher sends END into a dead connection and must not
+    raise (the stock loop's ``write_eof`` raised ``ENOTCONN`` here)."""
+    pub = await ctx.publisher("/gone", transport="tcp")
+    child = await Child.start(
+        "collect", loop_kind(), address=list(ctx.address), topic="/gone", count=1
+    )
+    try:
+        await child.event("ready")
+        await pub.wait_for_channels(1)
+        await pub.publish(1)
+        assert (await child.event("done"))["values"] == [1]
+        os.kill(child.pid, signal.SIGKILL)
+        # Block the loop until the process is gone, so that the publisher has not seen
+        # its connection close (ChildProcessError: asyncio's watcher thread reaped it).
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222
+        pub._outlet.close()  # END and half-close, at once, on the dead connection
+        for _ in range(200):
+            if not ctx._tcp or not ctx._tcp.connections:
+                break
+            await asyncio.sleep(0.01)
+        assert ctx._tcp is not None and not ctx._tcp.connections
+    finally:
+        await child.aclose()

@@ -17,6 +17,7 @@ from ._exceptions import ConfigurationError
 __all__ = [
     "CONNECT_TIMEOUT",
     "CONTROL_MAX_FRAME_SIZE",
+    "DATA_WRITE_BUFFER_LIMIT",
     "DEFAULT_GRAPH_ADDRESS",
     "DEFAULT_MAX_IN_FLIGHT",
     "DEFAULT_MAX_IN_FLIGHT_BYTES",
@@ -91,6 +92,14 @@ PUBLISH_YIELD_EVERY: Final = 64
 #: reads its channels' releases often: the shared-memory blocks they free are reused
 #: while still in the CPU's cache, instead of a window's worth of cold ones.
 PUBLISH_YIELD_BYTES: Final = 4 * 1024 * 1024
+
+#: Unsent bytes a publisher's data connection (tcp or shm socket) may hold beyond what
+#: the kernel took. Above it the link counts as full, like a full in-flight window: a
+#: lossless publish waits, a leaky link parks (newest message kept, older ones counted as
+#: drops) until the backlog has drained to a quarter of it. The in-flight window bounds
+#: the backlog too; this bound also holds for a subscriber that stops reading under a
+#: larger window or after a mode change (which forgives what was in flight).
+DATA_WRITE_BUFFER_LIMIT: Final = 16 * 1024 * 1024
 
 #: Largest frame accepted before a peer has completed the handshake.
 HANDSHAKE_MAX_FRAME_SIZE: Final = 64 * 1024

@@ -14,9 +14,11 @@ which then schedules nothing), later ones are queued and handed to
 ``transport.writelines`` (one vectored write) at the end of the iteration, or as soon as
 ``_FLUSH_MESSAGES`` / ``_FLUSH_BYTES`` are queued, so that the subscriber starts working
 while the publisher is still encoding. Small messages go out as one joined ``bytes``
-object. On uvloop (and Python
->= 3.12's loop) the array buffers are not copied on the way out; Python 3.11's stock
-loop joins the parts of a ``writelines`` call into one buffer.
+object. Array buffers are never copied on the way out: uvloop's ``writelines`` is
+vectored, and on the stock asyncio loop (whose ``writelines`` joins the parts) a
+:class:`~._writer.VectoredWriter` writes the connection instead, from the handshake on.
+On both, a connection's unsent backlog is bounded by ``DATA_WRITE_BUFFER_LIMIT``: above
+it the link has no room (:meth:`PublisherConnection.pause_writing`).
 
 Channels acknowledge releases as soon as a quarter of the publisher's window (messages
 or bytes, both sent in ``WELCOME``) has been released, else at the end of the event-loop
@@ -41,6 +43,7 @@ from .._core._channel import Channel
 from .._core._codec import EncodedMessage
 from .._core._config import (
     CONNECT_TIMEOUT,
+    DATA_WRITE_BUFFER_LIMIT,
     HANDSHAKE_MAX_FRAME_SIZE,
     HANDSHAKE_TIMEOUT,
     MAX_CHANNELS_PER_PUBLISHER,
@@ -62,6 +65,7 @@ from .._core._framing import (
 from .._core._outlet import Link, Outlet
 from .._core._protocol import PROTOCOL, PublisherInfo, field, pack_message, unpack_message
 from ._base import Inbound, Transport
+from ._writer import VectoredWriter, WriteHalf, vectored_writes_pay
 
 __all__ = ["ChannelConnection", "PublisherConnection", "StreamLink", "StreamTransport"]
 
@@ -132,12 +136,12 @@ class StreamLink(Link):
         parts = encoded.parts
         if not self._flush_scheduled:
             # First message of this loop iteration: out now, in as few calls as possible.
-            transport = self.connection.transport
-            if transport is not None and not transport.is_closing():
+            out = self.connection.out
+            if out is not None and not out.is_closing():
                 if len(parts) == 1 and size <= _JOIN_BELOW:
-                    transport.write(head + parts[0])
+                    out.write(head + parts[0])
                 else:
-                    transport.writelines([head, *parts])
+                    out.writelines([head, *parts])
             if time_ns - self._written_ns < _PACED_GAP_NS:
                 # A burst: collect the rest of this iteration's messages and write them
                 # together at its end. A paced publisher schedules nothing (whatever
@@ -155,25 +159,28 @@ class StreamLink(Link):
         # send(), for one small bytes body written at once: the paced publisher's path,
         # where every attribute and call counts (caches are cold after each sleep).
         size = len(body)
-        transport = self.connection.transport
+        out = self.connection.out
         if (
             self._flush_scheduled
             or size > self.out_of_line_above
-            or transport is None
-            or transport.is_closing()
+            or out is None
+            or out.is_closing()
         ):
             self.send(seq, time_ns, message, EncodedMessage([body], size))
             return
         self.sent_count += 1
         self.sent_bytes += size
         self.inline_sends += 1
-        transport.write(
-            DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body
-        )
+        out.write(DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body)
         if time_ns - self._written_ns < _PACED_GAP_NS:
             self._flush_scheduled = True
             self._loop.call_soon(self._end_of_iteration)
         self._written_ns = time_ns
+
+    def has_room(self, outlet: Outlet) -> bool:
+        """:meth:`Link.has_room`, and False while the connection's unsent backlog is
+        above ``DATA_WRITE_BUFFER_LIMIT`` (see :meth:`PublisherConnection.pause_writing`)."""
+        return not self.connection.paused and Link.has_room(self, outlet)
 
     def send_out_of_line(
         self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage
@@ -207,9 +214,9 @@ class StreamLink(Link):
     def flush(self) -> None:
         queued, self._queued = self._queued, []
         self._queued_messages = self._queued_bytes = 0
-        transport = self.connection.transport
-        if queued and transport is not None and not transport.is_closing():
-            transport.writelines(queued)
+        out = self.connection.out
+        if queued and out is not None and not out.is_closing():
+            out.writelines(queued)
 
     def close(self) -> None:
         """Flush what is queued, then tell the channel this is a clean end.
@@ -220,23 +227,36 @@ class StreamLink(Link):
         channel had not read yet.
         """
         self.flush()
-        transport = self.connection.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(_END_FRAME)
-            if transport.can_write_eof():
-                transport.write_eof()
-            else:  # pragma: no cover - stream sockets can always half-close
-                transport.close()
+        out = self.connection.out
+        if out is not None and not out.is_closing():
+            out.write(_END_FRAME)
+            if out.can_write_eof():
+                out.write_eof()
+            elif self.connection.transport is not None:  # pragma: no cover - stream
+                self.connection.transport.close()  # sockets can always half-close
 
 
 class PublisherConnection(FramedProtocol):
-    """A channel connected to one of this process's publishers."""
+    """A channel connected to one of this process's publishers.
+
+    Until the handshake is done, the transport writes (``WELCOME`` or a refusal). From
+    ``WELCOME`` on, everything goes through :attr:`out`: on the stock asyncio loop a
+    :class:`~._writer.VectoredWriter` (zero-copy ``sendmsg``; the transport only reads),
+    elsewhere the transport itself, whose ``writelines`` copies nothing there. Either way
+    the unsent backlog is bounded the same way (:meth:`pause_writing`).
+    """
 
     def __init__(self, server: StreamTransport[Any]) -> None:
         super().__init__(HANDSHAKE_MAX_FRAME_SIZE)
         self.server = server
         self.link: StreamLink | None = None
         self.outlet: Outlet | None = None
+        #: where the link writes, from the handshake on (None before)
+        self.out: WriteHalf | None = None
+        #: the zero-copy writer, when :attr:`out` is one
+        self.writer: VectoredWriter | None = None
+        #: the unsent backlog is above DATA_WRITE_BUFFER_LIMIT: the link counts as full
+        self.paused = False
         self._timer: asyncio.TimerHandle | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -296,10 +316,10 @@ class PublisherConnection(FramedProtocol):
             return
         if self._timer is not None:
             self._timer.cancel()
+        out = self.out = self._open_write_half()
         self.link = link
         self.outlet = outlet
         outlet.add_link(link)
-        assert self.transport is not None
         welcome = {
             "op": "welcome",
             "ok": True,
@@ -307,7 +327,75 @@ class PublisherConnection(FramedProtocol):
             "max_in_flight_bytes": outlet.max_in_flight_bytes,
             **extra,
         }
-        self.transport.write(control(WELCOME, welcome))
+        out.write(control(WELCOME, welcome))
+
+    def _open_write_half(self) -> WriteHalf:
+        """What writes from the handshake on (see the class docstring)."""
+        transport = self.transport
+        assert transport is not None
+        loop = asyncio.get_running_loop()
+        sock = transport.get_extra_info("socket")
+        if sock is not None and vectored_writes_pay(loop) and not transport.get_write_buffer_size():
+            try:
+                self.writer = VectoredWriter(
+                    loop,
+                    sock,
+                    high=DATA_WRITE_BUFFER_LIMIT,
+                    pause=self.pause_writing,
+                    resume=self.resume_writing,
+                    failed=self._write_failed,
+                )
+            except OSError as exc:  # (no descriptor left: EMFILE)
+                log.warning(
+                    "%s data server: writing to %s through the event loop's transport "
+                    "(copies large messages): %s",
+                    self.server.name,
+                    self.peer_name(),
+                    exc,
+                )
+            else:
+                return self.writer
+        transport.set_write_buffer_limits(high=DATA_WRITE_BUFFER_LIMIT)
+        return transport
+
+    def pause_writing(self) -> None:
+        """The unsent backlog went above ``DATA_WRITE_BUFFER_LIMIT``: the link has no
+        room until it drains (a lossless publish waits, a leaky link parks)."""
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        """The backlog drained to a quarter of the limit: send what a leaky link
+        parked, and wake a waiting publish."""
+        self.paused = False
+        link, outlet = self.link, self.outlet
+        if link is not None and outlet is not None and link.outlet is outlet:
+            if link.has_room(outlet):
+                link.flush_parked()
+            outlet.wake()
+
+    def _write_failed(self, exc: OSError) -> None:
+        # As the transport does on a send error: only this connection goes, and
+        # connection_lost removes the link.
+        log.info(
+            "%s data server: connection to %s failed while sending: %s",
+            self.server.name,
+            self.peer_name(),
+            exc,
+        )
+        self.abort()
+
+    def send_frame(self, body: bytes) -> None:
+        """Write one frame through :attr:`out` (after the handshake, never the
+        transport: bytes must not interleave with the writer's)."""
+        out = self.out
+        if out is not None and not out.is_closing():
+            out.write(frame(body))
+
+    def abort(self) -> None:
+        """Close at once, dropping unsent data (``connection_lost`` follows)."""
+        if self.writer is not None:
+            self.writer.close()  # the transport's abort leaves our descriptor open
+        super().abort()
 
     def _refuse(self, reason: str) -> None:
         log.warning(
@@ -321,6 +409,8 @@ class PublisherConnection(FramedProtocol):
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.writer is not None:
+            self.writer.close()
         if self._timer is not None:
             self._timer.cancel()
         if not self.closed.done():
