@@ -110,6 +110,9 @@ _SWEEP_DELAYS = (0.05, 0.5, 2.0)
 _LOAN_ALIGNMENT = 64
 # Leaf types of a message, skipped when looking for loaned arrays in it.
 _LEAF_TYPES = frozenset((str, int, float, bool, bytes, bytearray, memoryview, type(None)))
+# Builds a Descriptor from a tuple of its fields without the named tuple's Python-level
+# __new__ (a loan placed on a paced publisher's path, with caches cold).
+_new_descriptor = tuple.__new__
 # Dataclass -> the names of its init fields (the fields the codec sends). Only classes
 # registered with the codec reach it (a message holding another was refused).
 _INIT_FIELDS: dict[type, tuple[str, ...]] = {}
@@ -225,7 +228,7 @@ class SegmentSweeper:
 class _Loan:
     """A loaned array not yet published: its block, and where its data lies in it."""
 
-    __slots__ = ("array", "buffer", "data_start", "descriptor", "key", "nbytes")
+    __slots__ = ("array", "bare", "buffer", "data_start", "descriptor", "key", "nbytes", "prefix")
 
     def __init__(
         self,
@@ -235,6 +238,7 @@ class _Loan:
         key: Hashable,
         buffer: memoryview,
         data_start: int,
+        prefix: bytes,
         nbytes: int,
     ) -> None:
         self.array = array
@@ -243,6 +247,19 @@ class _Loan:
         self.buffer = buffer  # the whole block, writable
         self.data_start = data_start  # of the array's data, in the block
         self.nbytes = nbytes  # of the array's data
+        # The array alone as a message: its body, written at loan time, is the prefix
+        # (just before the data) and the data.
+        self.prefix = prefix
+        self.bare = _new_descriptor(
+            Descriptor,
+            (
+                descriptor.segment,
+                descriptor.offset + data_start - len(prefix),
+                len(prefix) + nbytes,
+                descriptor.block,
+                descriptor.generation,
+            ),
+        )
 
 
 class _OutletShm:
@@ -285,7 +302,7 @@ class _OutletShm:
         self._seq = seq
         self._descriptor = None
         if self.loans:
-            descriptor = self._place_in_loan(encoded)
+            descriptor = self._place_in_loan(message, encoded)
             if descriptor is not None and self.ring.add_lease(descriptor, link):
                 self.stats.loans_published += 1
                 return self._current(descriptor)
@@ -353,6 +370,7 @@ class _OutletShm:
         descriptor = block.descriptor
         buffer = block.buffer
         data_start = self._loan_data_start(descriptor, len(prefix), nbytes)
+        buffer[data_start - len(prefix) : data_start] = prefix
         key = ("loan", descriptor.block, descriptor.generation)
         self.ring.publish(block, (key,))
         # The uint8 array over the whole block is what dies last: the loaned array and
@@ -379,6 +397,7 @@ class _OutletShm:
             key=key,
             buffer=buffer,
             data_start=data_start,
+            prefix=prefix,
             nbytes=nbytes,
         )
         self.stats.loans += 1
@@ -415,10 +434,11 @@ class _OutletShm:
         assert prefix <= start and start + nbytes <= size
         return start
 
-    def _place_in_loan(self, encoded: EncodedMessage) -> Descriptor | None:
-        """Spend every loaned array whose data *encoded* refers to; when the rest of the
-        message fits around the largest one's data, write it there and return the
-        descriptor of the body in that block (to lease and send). ``None``: copy it.
+    def _place_in_loan(self, message: Any, encoded: EncodedMessage) -> Descriptor | None:
+        """Spend every loaned array whose data *encoded* (the encoding of *message*)
+        refers to; when the rest of the message fits around the largest one's data,
+        write it there and return the descriptor of the body in that block (to lease
+        and send). ``None``: copy the message.
 
         A loaned array's part is the codec's memoryview of that very array (its
         ``.obj``), covering all its data; a view of a loaned array is another object
@@ -427,10 +447,24 @@ class _OutletShm:
         (small) copy too, and a shape or dtype set in place since the loan is simply
         what the meta says: the array's bytes are the same bytes either way.
         """
-        loans = self.loans
         parts = encoded.parts
+        if type(message) is np.ndarray:
+            # The array alone, laid out as loaned: its body is in the block already.
+            entry = self._take_loan(message)
+            if entry is None:
+                return None
+            data = parts[-1]
+            exporter: object = data.obj if type(data) is memoryview else None
+            if exporter is not message or len(data) != entry.nbytes:
+                # Its data was copied by the codec (strides set in place since the loan).
+                self.stats.loans_copied += 1
+                return None
+            if len(parts) == 2 and parts[0] == entry.prefix:
+                return entry.bare
+            return self._lay_out(entry, parts, len(parts) - 1, encoded.nbytes, 1)
+        loans = self.loans
         host: _Loan | None = None
-        host_index = -1
+        host_index = 0
         taken = 0
         for index, part in enumerate(parts):
             if type(part) is not memoryview:
@@ -442,40 +476,52 @@ class _OutletShm:
             array = entry.array()
             if array is None or array is not owner:
                 continue
-            self._take_loan(array)
+            del loans[id(owner)]
+            array.setflags(write=False)
             taken += 1
             if len(part) == entry.nbytes and (host is None or entry.nbytes > host.nbytes):
                 host, host_index = entry, index
         if host is None:
             self.stats.loans_copied += taken
             return None
+        return self._lay_out(host, parts, host_index, encoded.nbytes, taken)
+
+    def _lay_out(
+        self, host: _Loan, parts: list[bytes | memoryview], index: int, nbytes: int, taken: int
+    ) -> Descriptor | None:
+        """Write the *nbytes*-byte body whose part *index* is *host*'s data around it,
+        and return its descriptor; ``None`` if the other parts do not fit the room.
+        *taken* loans were spent for this message: all but the host count as copied."""
         data_start = host.data_start
         before = 0
-        for part in parts[:host_index]:
+        for part in parts[:index]:
             before += len(part)
-        after = encoded.nbytes - before - host.nbytes
         buffer = host.buffer
-        if before > data_start or data_start + host.nbytes + after > len(buffer):
+        if before > data_start or data_start + nbytes - before > len(buffer):
             self.stats.loans_copied += taken
             return None
-        self.stats.loans_copied += taken - 1
+        if taken > 1:
+            self.stats.loans_copied += taken - 1
         position = data_start - before
-        for part in parts[:host_index]:
+        for part in parts[:index]:
             end = position + len(part)
             buffer[position:end] = part
             position = end
-        position = data_start + host.nbytes
-        for part in parts[host_index + 1 :]:
+        position += host.nbytes
+        for part in parts[index + 1 :]:
             end = position + len(part)
             buffer[position:end] = part
             position = end
         block = host.descriptor
-        return Descriptor(
-            block.segment,
-            block.offset + data_start - before,
-            encoded.nbytes,
-            block.block,
-            block.generation,
+        return _new_descriptor(
+            Descriptor,
+            (
+                block.segment,
+                block.offset + data_start - before,
+                nbytes,
+                block.block,
+                block.generation,
+            ),
         )
 
     def spend(self, message: Any) -> None:
@@ -532,7 +578,7 @@ class _OutletShm:
         if entry is None or entry.array() is not message:
             return None
         del self.loans[id(message)]
-        message.flags.writeable = False
+        message.setflags(write=False)
         return entry
 
     def _holder_died(self, ref: weakref.ref[Any]) -> None:
