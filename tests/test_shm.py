@@ -340,6 +340,19 @@ async def test_loan_edge_cases(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
         await pub.loan((-1,))
     with pytest.raises(ezflow.MessageTooLargeError):
         await pub.loan(ezflow.DEFAULT_MAX_MESSAGE_SIZE + 1)
+    # room around the data would not fit the ring: a loan without it, still no copy
+    # when published alone
+    snug = ezflow.ShmOptions(slot_count=1, slot_size=64 * KiB, max_bytes=1 * MiB)
+    pub2, sub2 = await shm_pair("/shm/snug", snug)
+    largest = 1 * MiB - 64 * KiB - prefix_size(1 * MiB) - 128
+    alone = await pub2.loan(largest)
+    assert shm_location(alone) is not None
+    alone[:] = 5
+    await pub2.publish(alone)
+    assert np.array_equal(await sub2.recv(), alone)
+    stats = pub2.shm_stats
+    assert stats is not None and stats.loans_published == 1 and stats.loan_fallbacks == 0
+    del alone
     # no block free: a private array, published with a copy
     tiny = await ctx.publisher("/shm/tiny", shm=ezflow.ShmOptions(max_bytes=8 * MiB))
     private = await tiny.loan(9 * MiB)
