@@ -135,10 +135,10 @@ class ShmStats:
       array because no block was free or shared memory is unavailable;
     * ``loans_published`` - loaned arrays published to shm channels without any copy
       (alone, or anywhere inside a tuple, list, dict or dataclass);
-    * ``loans_copied`` - loaned arrays published to shm channels in a copied message:
-      the rest of the message did not fit the room around the array
-      (``SHM_LOAN_ROOM``), or another loaned array of the same message went without a
-      copy, or the array was no longer laid out as loaned (a view of it was sent);
+    * ``loans_copied`` - loaned arrays published to shm channels with a copy: the rest
+      of the message did not fit the room around the array (``SHM_LOAN_ROOM``), or
+      another, larger loaned array of the same message went without a copy, or the
+      codec copied the array's data (strides set in place since the loan);
     * ``shm_bytes`` - bytes of ``/dev/shm`` the ring holds now; ``in_use`` - its blocks
       leased or being written.
     """
