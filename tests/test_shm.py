@@ -374,6 +374,9 @@ def fill(frame: np.ndarray, seed: int) -> None:
     frame.reshape(-1)[:] = (np.arange(frame.size) * 7 + seed) % 256
 
 
+LOANED_FIELDS = ("head", "frame", "tail")
+
+
 def private_copy(message: Any, frame: np.ndarray) -> Any:
     """*message* with *frame* replaced by a private copy (what a copying publish sends)."""
     if message is frame:
@@ -387,9 +390,6 @@ def private_copy(message: Any, frame: np.ndarray) -> Any:
     if isinstance(message, LoanedFrame):
         return LoanedFrame(*(private_copy(getattr(message, f), frame) for f in LOANED_FIELDS))
     return message
-
-
-LOANED_FIELDS = ("head", "frame", "tail")
 
 
 def index_of(message: Any, frame: np.ndarray) -> int:
@@ -422,7 +422,7 @@ MESSAGES: dict[str, Callable[[np.ndarray], Any]] = {
     "dict": lambda f: {"t": np.arange(5.0), "frame": f, "tags": ["a", "b"], "z": np.ones(3)},
     "dataclass": lambda f: LoanedFrame(head=np.int32(3), frame=f, tail=np.zeros((2, 2))),
     "nested": lambda f: [{"k": (1.5, LoanedFrame(head=b"x" * 1500, frame=[None, f], tail=()))}],
-    "small and large arrays beside it": lambda f: (
+    "small arrays and buffers beside it": lambda f: (
         np.arange(100, dtype=np.float32),
         f,
         bytearray(b"y" * 2000),
