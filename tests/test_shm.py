@@ -715,6 +715,31 @@ async def test_the_block_of_a_loan_in_a_message_lives_while_either_side_holds_it
     assert stats is not None and stats.loans_published == 2
 
 
+async def test_a_loan_in_a_message_to_two_channels_is_laid_out_once(
+    ctx: ezflow.GraphContext, shm_pair: Any
+) -> None:
+    pub, sub = await shm_pair("/shm/twice")
+    async with ezflow.GraphContext(ctx.address, auto_start=False) as other:
+        sub2 = await other.subscriber("/shm/twice", transport="shm")
+        await pub.wait_for_channels(2)
+        frame = await pub.loan(FRAME_SHAPE)
+        fill(frame, 11)
+        await pub.publish(("both", frame))
+        first, second = await sub.recv(), await sub2.recv()
+        assert first[0] == second[0] == "both"
+        assert np.array_equal(first[1], frame) and np.array_equal(second[1], frame)
+        stats = pub.shm_stats
+        assert stats is not None
+        assert (stats.loans_published, stats.zero_copy, stats.in_use) == (1, 2, 1)
+        del first, second, frame
+
+        async def all_free() -> bool:
+            stats = pub.shm_stats
+            return stats is not None and stats.in_use == 0
+
+        await wait_until(all_free, 2)
+
+
 async def test_a_killed_publisher_leaves_a_loaned_view_valid(ctx: ezflow.GraphContext) -> None:
     sub = await ctx.subscriber("/shm/loankill", transport="shm")
     child = await Child.start(
