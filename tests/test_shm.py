@@ -631,6 +631,8 @@ async def test_a_loan_in_a_random_message_arrives_as_a_copied_one_would(
         if other > 2 * room + 256:
             assert not published
         assert not frame.flags.writeable
+        # the copying publish of the same content, through the same hop
+        assert (await hop(pub, describer, copied))["digest"] == got["digest"]
     finally:
         await pub.aclose()
 
