@@ -8,6 +8,8 @@ object per line (``{"event": ...}``); the parent drives it with :class:`Child` f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import ezflow
+from ezflow._core._codec import Codec
 
 
 def report(event: str, **fields: Any) -> None:
@@ -69,6 +72,44 @@ def shm_location(array: np.ndarray) -> list[Any] | None:
                     return None
                 return [path, int(fields[2], 16) + address - start]
     return None
+
+
+@ezflow.message(name="tests.LoanedFrame")
+@dataclasses.dataclass
+class LoanedFrame:
+    """A registered message class for the loan tests (same wire name in every process)."""
+
+    head: Any
+    frame: Any
+    tail: Any
+
+
+def arrays_in(message: Any) -> list[np.ndarray]:
+    """Every numpy array in *message* (tuples, lists, dict keys and values, dataclass
+    fields), depth first in encoding order: the same order on both sides of a hop."""
+    found: list[np.ndarray] = []
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, np.ndarray):
+            found.append(obj)
+        elif isinstance(obj, (tuple, list)):
+            for item in obj:
+                walk(item)
+        elif isinstance(obj, dict):
+            for key, value in obj.items():
+                walk(key)
+                walk(value)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            for field in dataclasses.fields(obj):
+                walk(getattr(obj, field.name))
+
+    walk(message)
+    return found
+
+
+def digest(message: Any) -> str:
+    """Hash of *message*'s encoding: equal for messages that decode alike."""
+    return hashlib.sha256(Codec().encode(message).to_bytes()).hexdigest()
 
 
 async def subscribers(args: dict[str, Any]) -> None:
@@ -125,6 +166,55 @@ async def locate(args: dict[str, Any]) -> None:
             where=shm_location(message),
             total=int(message.sum(dtype=np.uint64)),
             transports=[c.transport for c in ctx.channels],
+        )
+        await wait_for_stdin_close()
+
+
+async def describe(args: dict[str, Any]) -> None:
+    """Receive messages until stdin closes; report each one's digest and, for each of
+    its arrays (see arrays_in), where its data lives, whether it is writeable and its
+    address modulo 16. Keeps the last `keep` messages (default 0)."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        sub = await ctx.subscriber(args["topic"], transport=args.get("transport"))
+        report("ready")
+        kept: list[Any] = []
+
+        async def receive() -> None:
+            while True:
+                message = await sub.recv()
+                arrays = arrays_in(message)
+                report(
+                    "message",
+                    digest=digest(message),
+                    where=[shm_location(a) for a in arrays],
+                    writeable=[bool(a.flags.writeable) for a in arrays],
+                    misaligned=[a.__array_interface__["data"][0] % 16 for a in arrays],
+                    transports=[c.transport for c in ctx.channels],
+                )
+                kept.append(message)
+                del kept[: len(kept) - args.get("keep", 0)]
+                del message, arrays
+
+        receiving = asyncio.ensure_future(receive())
+        await wait_for_stdin_close()
+        receiving.cancel()
+
+
+async def publish_loaned(args: dict[str, Any]) -> None:
+    """Publish one `(phase, seq, t_ns, frame)` tuple whose frame is loaned (filled with
+    i % 251 at flat index i); report where the frame lives; idle until killed."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        pub = await ctx.publisher(args["topic"])
+        report("ready", publisher_id=pub.id)
+        await pub.wait_for_channels(1)
+        frame = await pub.loan(tuple(args["shape"]))
+        frame.reshape(-1)[:] = np.arange(frame.size) % 251
+        await pub.publish(("phase", 1, 2, frame))
+        stats = pub.shm_stats
+        report(
+            "published",
+            where=shm_location(frame),
+            loans_published=None if stats is None else stats.loans_published,
         )
         await wait_for_stdin_close()
 
@@ -201,6 +291,8 @@ ROLES = {
     "subscribers": subscribers,
     "collect": collect,
     "locate": locate,
+    "describe": describe,
+    "publish_loaned": publish_loaned,
     "publish": publish,
     "publish_forever": publish_forever,
     "subscribe_forever": subscribe_forever,

@@ -28,9 +28,12 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from _children import mixed_payload, payload, shm_location
+from _children import LoanedFrame, arrays_in, digest, mixed_payload, payload, shm_location
 from _proc import Child
 from conftest import loop_kind
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import ezflow
 from ezflow._core._channel import Channel, Inbox
@@ -313,13 +316,23 @@ async def test_loan_edge_cases(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
     await asyncio.sleep(0.01)  # the release runs on the loop
     stats = pub.shm_stats
     assert stats is not None and stats.in_use == 0
-    # changed in place after the loan (reshaped): still delivered, copied
-    reshaped = await pub.loan(100_000)
-    reshaped[:] = 1
-    reshaped.shape = (1000, 100)
-    await pub.publish(reshaped)
-    got = await sub.recv()
-    assert got.shape == (1000, 100) and np.all(got == 1)
+    # reshaped and retyped in place after the loan: its bytes are where they were, and
+    # the header and meta are written at publish time, so still no copy
+    for change in ({"shape": (1000, 100)}, {"dtype": np.uint16}):
+        changed = await pub.loan(100_000)
+        changed[:] = 1
+        for name, value in change.items():
+            setattr(changed, name, value)
+        before = pub.shm_stats
+        await pub.publish(changed)
+        got = await sub.recv()
+        assert got.shape == changed.shape and got.dtype == changed.dtype
+        assert np.array_equal(got, changed)
+        after = pub.shm_stats
+        assert before is not None and after is not None
+        assert after.loans_published == before.loans_published + 1
+        assert after.loans_copied == 0
+        del got, changed
     # errors are the codec's
     with pytest.raises(ezflow.UnregisteredTypeError, match="object"):
         await pub.loan(3, dtype=object)
@@ -327,6 +340,19 @@ async def test_loan_edge_cases(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
         await pub.loan((-1,))
     with pytest.raises(ezflow.MessageTooLargeError):
         await pub.loan(ezflow.DEFAULT_MAX_MESSAGE_SIZE + 1)
+    # room around the data would not fit the ring: a loan without it, still no copy
+    # when published alone
+    snug = ezflow.ShmOptions(slot_count=1, slot_size=64 * KiB, max_bytes=1 * MiB)
+    pub2, sub2 = await shm_pair("/shm/snug", snug)
+    largest = 1 * MiB - 64 * KiB - prefix_size(1 * MiB) - 128
+    alone = await pub2.loan(largest)
+    assert shm_location(alone) is not None
+    alone[:] = 5
+    await pub2.publish(alone)
+    assert np.array_equal(await sub2.recv(), alone)
+    stats = pub2.shm_stats
+    assert stats is not None and stats.loans_published == 1 and stats.loan_fallbacks == 0
+    del alone
     # no block free: a private array, published with a copy
     tiny = await ctx.publisher("/shm/tiny", shm=ezflow.ShmOptions(max_bytes=8 * MiB))
     private = await tiny.loan(9 * MiB)
@@ -336,6 +362,413 @@ async def test_loan_edge_cases(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
     await pub.aclose()
     with pytest.raises(ezflow.ClosedResourceError):
         await pub.loan(10)
+
+
+# -- loans inside messages --------------------------------------------------------------------
+
+# A 640x480 RGB frame: above every inline limit, out of line (more than a 256 KiB slot).
+FRAME_SHAPE = (480, 640, 3)
+
+
+def fill(frame: np.ndarray, seed: int) -> None:
+    frame.reshape(-1)[:] = (np.arange(frame.size) * 7 + seed) % 256
+
+
+LOANED_FIELDS = ("head", "frame", "tail")
+
+
+def private_copy(message: Any, frame: np.ndarray) -> Any:
+    """*message* with *frame* replaced by a private copy (what a copying publish sends)."""
+    if message is frame:
+        return frame.copy()
+    if isinstance(message, tuple):
+        return tuple(private_copy(x, frame) for x in message)
+    if isinstance(message, list):
+        return [private_copy(x, frame) for x in message]
+    if isinstance(message, dict):
+        return {k: private_copy(v, frame) for k, v in message.items()}
+    if isinstance(message, LoanedFrame):
+        return LoanedFrame(*(private_copy(getattr(message, f), frame) for f in LOANED_FIELDS))
+    return message
+
+
+def index_of(message: Any, frame: np.ndarray) -> int:
+    """Position of *frame* among the arrays of *message* (see arrays_in)."""
+    return next(i for i, a in enumerate(arrays_in(message)) if a is frame)
+
+
+@pytest.fixture
+async def describer(ctx: ezflow.GraphContext) -> Any:
+    """A subscriber in another process that reports every message it gets (the
+    ``describe`` role), on topic /shm/described; yields the child once connected."""
+    child = await Child.start(
+        "describe", loop_kind(), address=list(ctx.address), topic="/shm/described"
+    )
+    try:
+        await child.event("ready")
+        yield child
+        assert await child.stop() == 0
+    finally:
+        await child.aclose()
+
+
+async def hop(pub: ezflow.Publisher, child: Child, message: Any) -> dict[str, Any]:
+    await pub.publish(message)
+    return await child.event("message")
+
+
+MESSAGES: dict[str, Callable[[np.ndarray], Any]] = {
+    "tuple": lambda f: ("phase", 7, 1_234_567_890_123, f),
+    "dict": lambda f: {"t": np.arange(5.0), "frame": f, "tags": ["a", "b"], "z": np.ones(3)},
+    "dataclass": lambda f: LoanedFrame(head=np.int32(3), frame=f, tail=np.zeros((2, 2))),
+    "nested": lambda f: [{"k": (1.5, LoanedFrame(head=b"x" * 1500, frame=[None, f], tail=()))}],
+    "small arrays and buffers beside it": lambda f: (
+        np.arange(100, dtype=np.float32),
+        f,
+        bytearray(b"y" * 2000),
+        np.full(700, 9, np.int16),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(MESSAGES))
+async def test_a_loaned_frame_inside_a_message_crosses_without_a_copy(
+    ctx: ezflow.GraphContext, describer: Child, kind: str
+) -> None:
+    """The subscriber in another process gets exactly what a copying publish gives it,
+    and the frame it gets lies at the very file offset of the publisher's loan."""
+    pub = await ctx.publisher("/shm/described")
+    await pub.wait_for_channels(1)
+    frame = await pub.loan(FRAME_SHAPE)
+    fill(frame, 1)
+    message = MESSAGES[kind](frame)
+    copied = private_copy(message, frame)
+    where = shm_location(frame)
+    assert where is not None and where[0].startswith("/dev/shm/ezflow-")
+    got = await hop(pub, describer, message)
+    assert not frame.flags.writeable
+    stats = pub.shm_stats
+    assert stats is not None and stats.loans_published == 1 and stats.loans_copied == 0
+    assert got["transports"] == ["shm"]
+    position = index_of(message, frame)
+    assert got["where"][position] == where  # the loan's own bytes
+    assert not any(got["writeable"]) and not any(got["misaligned"])
+    assert got["digest"] == digest(copied)
+    # The same content copied: the same message on the other side.
+    same = await hop(pub, describer, copied)
+    assert same["digest"] == got["digest"]
+    assert same["where"][position] != where
+    stats = pub.shm_stats
+    assert stats is not None and stats.loans_published == 1 and stats.zero_copy == 2
+
+
+async def test_the_4k_frame_tuple_and_a_bare_loan_side_by_side(
+    ctx: ezflow.GraphContext, describer: Child
+) -> None:
+    """The benchmark's message (a 3840x2160x3 frame in a tuple) and the bare loaned
+    frame of before: both without a copy, the bare one laid out as it always was."""
+    pub = await ctx.publisher("/shm/described")
+    await pub.wait_for_channels(1)
+    for i, wrap in enumerate((lambda f: ("phase", 1, time.perf_counter_ns(), f), lambda f: f)):
+        frame = await pub.loan((2160, 3840, 3))
+        frame[:] = i
+        frame[-1, -1, -1] = 200
+        where = shm_location(frame)
+        message = wrap(frame)
+        got = await hop(pub, describer, message)
+        assert got["where"][index_of(message, frame)] == where
+        assert got["digest"] == digest(private_copy(message, frame))
+        del frame, message
+    stats = pub.shm_stats
+    assert stats is not None and stats.loans_published == 2 and stats.loans_copied == 0
+
+
+async def test_loans_that_cannot_go_without_a_copy_are_copied_and_counted(
+    ctx: ezflow.GraphContext, describer: Child
+) -> None:
+    pub = await ctx.publisher("/shm/described")
+    await pub.wait_for_channels(1)
+    room = ezflow._core._config.SHM_LOAN_ROOM
+
+    async def check(message: Any, frame: np.ndarray, *, published: int, copied: int) -> None:
+        before = pub.shm_stats
+        where = shm_location(frame)
+        expected = digest(private_copy(message, frame))
+        got = await hop(pub, describer, message)
+        after = pub.shm_stats
+        assert before is not None and after is not None
+        assert after.loans_published - before.loans_published == published
+        assert after.loans_copied - before.loans_copied == copied
+        assert got["digest"] == expected
+        assert (got["where"][index_of(message, frame)] == where) == bool(published)
+        assert not frame.flags.writeable
+
+    # more bytes before the frame than the room holds, and after it
+    frame = await pub.loan(FRAME_SHAPE)
+    fill(frame, 2)
+    await check((np.ones(room, np.uint8), frame), frame, published=0, copied=1)
+    frame = await pub.loan(FRAME_SHAPE)
+    fill(frame, 3)
+    await check({"f": frame, "big": b"z" * 2 * room}, frame, published=0, copied=1)
+    # just within the room on both sides
+    frame = await pub.loan(FRAME_SHAPE)
+    fill(frame, 4)
+    within = np.ones(room - 512, np.uint8)
+    await check((within, frame, within), frame, published=1, copied=0)
+    # the same frame twice: its second reference does not fit the room
+    frame = await pub.loan(FRAME_SHAPE)
+    fill(frame, 5)
+    await check((frame, 1, frame), frame, published=0, copied=1)
+    # two loans in one message: the larger goes as it is, the other is copied beside it
+    small = await pub.loan(1000, np.float32)  # 4000 bytes: fits the room
+    small[:] = 0.5
+    frame = await pub.loan(FRAME_SHAPE)
+    fill(frame, 6)
+    await check((small, frame), frame, published=1, copied=1)
+    assert not small.flags.writeable
+    # a view of a loan is an array like any other: copied; the loan stays the caller's
+    frame = await pub.loan(FRAME_SHAPE)
+    fill(frame, 7)
+    view = frame[1:]
+    before = pub.shm_stats
+    got = await hop(pub, describer, ("view", view))
+    assert got["digest"] == digest(("view", view.copy()))
+    after = pub.shm_stats
+    assert before is not None and after is not None
+    assert (after.loans_published, after.loans_copied) == (
+        before.loans_published,
+        before.loans_copied,
+    )
+    assert frame.flags.writeable
+    await check(("then", frame), frame, published=1, copied=0)
+
+
+def container_with_loan(depth: int) -> Any:
+    """Strategy: a function from a frame to a message holding it at *depth* levels
+    of random tuples, lists, dicts and LoanedFrames, with random values beside it."""
+    small_arrays = hnp.arrays(
+        st.sampled_from([np.uint8, np.int16, np.float32, np.float64, np.complex64]),
+        hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6),
+    )
+    values = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**63), 2**63 - 1),
+        st.floats(),
+        st.text(max_size=12),
+        st.binary(max_size=40),
+        st.binary(min_size=1024, max_size=1200),  # out of band, copied on decode
+        small_arrays,
+        st.sampled_from([512, 3000, 6000]).map(lambda n: np.full(n, n % 251, np.uint8)),
+    )
+    siblings = st.lists(values, max_size=3)
+    kinds = st.lists(st.sampled_from(["tuple", "list", "dict", "dataclass"]), max_size=depth)
+
+    @st.composite
+    def build(draw: Any) -> Callable[[np.ndarray], Any]:
+        layers = [(kind, draw(siblings), draw(siblings)) for kind in draw(kinds)]
+
+        def wrap(frame: np.ndarray) -> Any:
+            node: Any = frame
+            for kind, before, after in layers:
+                if kind == "tuple":
+                    node = (*before, node, *after)
+                elif kind == "list":
+                    node = [*before, node, *after]
+                elif kind == "dict":
+                    node = {
+                        **{f"b{i}": v for i, v in enumerate(before)},
+                        "frame": node,
+                        **{f"a{i}": v for i, v in enumerate(after)},
+                    }
+                else:
+                    node = LoanedFrame(head=before, frame=node, tail=after)
+            return node
+
+        return wrap
+
+    return build()
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    wrap=container_with_loan(4),
+    nbytes=st.sampled_from([70_000, 255_000, 400_000]),  # a slot, a whole slot, out of line
+    dtype=st.sampled_from([np.uint8, np.float32]),
+)
+async def test_a_loan_in_a_random_message_arrives_as_a_copied_one_would(
+    ctx: ezflow.GraphContext, describer: Child, wrap: Any, nbytes: int, dtype: Any
+) -> None:
+    """Differential: a loan inside a random container against the same content with a
+    private array. Counted once either way; when counted as published, the subscriber's
+    array is the loan's own bytes; and the room rule holds at its two ends."""
+    pub = await ctx.publisher("/shm/described")
+    await pub.wait_for_channels(1)
+    try:
+        frame = await pub.loan(nbytes // np.dtype(dtype).itemsize, dtype)
+        fill(frame.view(np.uint8), nbytes)
+        message = wrap(frame)
+        copied = private_copy(message, frame)
+        where = shm_location(frame)
+        other = Codec().encode(copied).nbytes - frame.nbytes
+        before = pub.shm_stats
+        got = await hop(pub, describer, message)
+        after = pub.shm_stats
+        assert before is not None and after is not None
+        assert got["digest"] == digest(copied)
+        published = after.loans_published - before.loans_published
+        event("published" if published else "copied")
+        assert published + after.loans_copied - before.loans_copied == 1
+        assert (got["where"][index_of(message, frame)] == where) == bool(published)
+        assert not any(got["misaligned"])
+        room = ezflow._core._config.SHM_LOAN_ROOM
+        if other <= 1024:
+            assert published
+        if other > 2 * room + 256:
+            assert not published
+        assert not frame.flags.writeable
+        # the copying publish of the same content, through the same hop
+        assert (await hop(pub, describer, copied))["digest"] == got["digest"]
+    finally:
+        await pub.aclose()
+
+
+@pytest.mark.parametrize("transport", ["local", "tcp", None])
+async def test_a_loan_inside_a_message_is_spent_on_every_transport(
+    ctx: ezflow.GraphContext, transport: str | None
+) -> None:
+    """Read-only after publish, its loan spent (the block comes back once the array is
+    gone) with a local or tcp subscriber only, or none; another loan outstanding stays
+    the caller's."""
+    pub = await ctx.publisher(f"/shm/spent/{transport}")
+    sub = None
+    if transport is not None:
+        sub = await ctx.subscriber(f"/shm/spent/{transport}", transport=transport)
+    spare = await pub.loan(1000)  # outstanding throughout: publish has to look
+    frame = await pub.loan(FRAME_SHAPE)
+    fill(frame, 8)
+    message = {"meta": [1, 2], "frames": (LoanedFrame(head=0, frame=frame, tail=None),)}
+    await pub.publish(message)
+    assert not frame.flags.writeable and spare.flags.writeable
+    if sub is not None:
+        got = await sub.recv()
+        assert np.array_equal(got["frames"][0].frame, frame)
+        assert not got["frames"][0].frame.flags.writeable
+        del got
+    stats = pub.shm_stats
+    assert stats is not None and stats.loans_published == 0 and stats.in_use == 2
+    del frame, message
+    gc.collect()
+
+    async def one_left() -> bool:
+        stats = pub.shm_stats
+        return stats is not None and stats.in_use == 1
+
+    await wait_until(one_left, 2)
+    assert spare.flags.writeable
+
+
+async def test_the_block_of_a_loan_in_a_message_lives_while_either_side_holds_it(
+    shm_pair: Any,
+) -> None:
+    pub, sub = await shm_pair("/shm/held")
+
+    async def in_use() -> int:
+        await asyncio.sleep(0.02)  # releases run on the loop
+        stats = pub.shm_stats
+        assert stats is not None
+        return stats.in_use
+
+    # the subscriber keeps its message after the publisher let go of the frame
+    frame = await pub.loan(FRAME_SHAPE)
+    fill(frame, 9)
+    await pub.publish(("a", frame))
+    got = await sub.recv()
+    assert np.array_equal(got[1], frame)
+    del frame
+    assert await in_use() == 1
+    kept = got[1][100:200]  # a slice of the message keeps it too
+    del got
+    assert await in_use() == 1
+    assert np.all(kept.reshape(-1)[:3] == kept.reshape(-1)[:3])
+    del kept
+    assert await in_use() == 0
+    # the publisher keeps the frame after the subscriber let go of the message
+    frame = await pub.loan(FRAME_SHAPE)
+    fill(frame, 10)
+    await pub.publish({"f": frame})
+    got = await sub.recv()
+    del got
+    assert await in_use() == 1
+    expected = frame.copy()
+    for _ in range(3):  # other messages take other blocks
+        await pub.publish(np.zeros(FRAME_SHAPE, np.uint8))
+        del _
+        assert not np.any(await sub.recv())
+    assert await in_use() == 1
+    assert np.array_equal(frame, expected)
+    del frame
+    assert await in_use() == 0
+    stats = pub.shm_stats
+    assert stats is not None and stats.loans_published == 2
+
+
+async def test_a_loan_in_a_message_to_two_channels_is_laid_out_once(
+    ctx: ezflow.GraphContext, shm_pair: Any
+) -> None:
+    pub, sub = await shm_pair("/shm/twice")
+    async with ezflow.GraphContext(ctx.address, auto_start=False) as other:
+        sub2 = await other.subscriber("/shm/twice", transport="shm")
+        await pub.wait_for_channels(2)
+        frame = await pub.loan(FRAME_SHAPE)
+        fill(frame, 11)
+        await pub.publish(("both", frame))
+        first, second = await sub.recv(), await sub2.recv()
+        assert first[0] == second[0] == "both"
+        assert np.array_equal(first[1], frame) and np.array_equal(second[1], frame)
+        stats = pub.shm_stats
+        assert stats is not None
+        assert (stats.loans_published, stats.zero_copy, stats.in_use) == (1, 2, 1)
+        del first, second, frame
+
+        async def all_free() -> bool:
+            stats = pub.shm_stats
+            return stats is not None and stats.in_use == 0
+
+        await wait_until(all_free, 2)
+
+
+async def test_a_killed_publisher_leaves_a_loaned_view_valid(ctx: ezflow.GraphContext) -> None:
+    sub = await ctx.subscriber("/shm/loankill", transport="shm")
+    child = await Child.start(
+        "publish_loaned",
+        loop_kind(),
+        address=list(ctx.address),
+        topic="/shm/loankill",
+        shape=list(FRAME_SHAPE),
+    )
+    try:
+        await child.event("ready")
+        published = await child.event("published")
+        assert published["loans_published"] == 1
+        phase, seq, t_ns, frame = await asyncio.wait_for(sub.recv(), 5)
+        assert (phase, seq, t_ns) == ("phase", 1, 2)
+        assert shm_location(frame) == published["where"]  # the child's loan, mapped here
+        expected = np.arange(frame.size) % 251
+        os.kill(child.pid, signal.SIGKILL)
+        await child.process.wait()
+
+        async def swept() -> bool:
+            return not segments_of(child.pid)
+
+        await wait_until(swept, 3.0)
+        assert np.array_equal(frame.reshape(-1), expected)  # mapped still, unchanged
+    finally:
+        await child.aclose()
 
 
 # -- flow control ------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ __all__ = [
     "PUBLISH_YIELD_EVERY",
     "REQUEST_TIMEOUT",
     "ROUTE_APPLY_TIMEOUT",
+    "SHM_LOAN_ROOM",
     "TELEMETRY_MAX_WRITE_BUFFER",
     "TRANSPORTS",
     "Address",
@@ -132,6 +133,14 @@ DEFAULT_SHM_MAX_BYTES: Final = 256 * 1024 * 1024
 #: (copied); larger ones are written to shared memory once and received zero-copy. The
 #: crossover measured on the reference machine (docs/perf.md).
 DEFAULT_SHM_INLINE_LIMIT: Final = 64 * 1024
+#: Bytes a shared-memory loan (``Publisher.loan``) keeps free in its block on each side
+#: of the array's data: room for the rest of a message around the array - its header
+#: and msgpack meta before, small buffers before or after - so that a loaned array
+#: published inside a tuple, list, dict or dataclass is not copied. A message whose
+#: other encoded bytes do not fit is copied whole (``ShmStats.loans_copied``). One page:
+#: a ``(phase, seq, t_ns, frame)`` tuple needs under 100 bytes, and the array's data
+#: then starts on a page boundary of an out-of-line block.
+SHM_LOAN_ROOM: Final = 4 * 1024
 
 
 @dataclass(frozen=True, slots=True)

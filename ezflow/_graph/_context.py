@@ -141,8 +141,10 @@ class Publisher:
         :class:`~ezflow.ClosedResourceError` after :meth:`aclose` — each before anything
         was sent. When cancelled while waiting, nothing was sent.
 
-        A loaned array (:meth:`loan`) is sent to shm subscribers without being copied,
-        and is read-only from then on.
+        A loaned array (:meth:`loan`) - the message itself, or anywhere inside its
+        tuples, lists, dicts and dataclasses - is sent to shm subscribers without being
+        copied (see :meth:`loan` for when it is), and is read-only from then on, whoever
+        the message went to.
         """
         outlet = self._outlet
         if not outlet.publish_nowait(message):
@@ -162,9 +164,15 @@ class Publisher:
         full, so that a buffer is taken (and filled) only once it can be sent; a
         cancelled ``loan`` has taken nothing.
 
-        Publishing that very array copies nothing for shm subscribers: its block goes
-        to them as it is, and they receive read-only views of the same memory (tcp and
-        local subscribers get it as any array). After ``publish`` the array is
+        Publishing that very array, or a message holding it anywhere in its tuples,
+        lists, dicts and registered dataclasses (``("frame", seq, t_ns, array)``),
+        copies none of its bytes for shm subscribers: the rest of the encoded message is
+        written into room kept free around the array's data (``SHM_LOAN_ROOM`` bytes on
+        each side), the block goes to them as it is, and they receive read-only views of
+        the same memory (tcp and local subscribers get it as any array). When the rest
+        of the message does not fit that room (other large buffers), or the message
+        holds a view of the array rather than the array, it is copied as any message
+        (counted in ``shm_stats.loans_copied``). After ``publish`` the array is
         read-only; the memory stays valid (and unchanged) for as long as the array or
         any view of it - here or in a subscriber - is alive. An array never published is
         simply dropped.

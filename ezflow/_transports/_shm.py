@@ -27,11 +27,19 @@ Leases and releases
     publisher, and never make it drop anything.
 
 Loans
-    :meth:`ShmTransport.loan` hands out a writable array that already sits in a block,
-    after the bytes the codec puts before an array's data. Publishing that very array
-    writes nothing: the block is leased to the channels as it is. The loan holds its own
+    :meth:`ShmTransport.loan` hands out a writable array that sits in a block with
+    ``SHM_LOAN_ROOM`` bytes free on each side of its data (64-byte aligned in the
+    segment). A message holding that array - the array itself, or a tuple, list, dict
+    or dataclass with it at any depth - is laid out *around* it at publish time: the
+    encoded parts before the array's data are written into the room just before it, the
+    parts after it just after, and the ``SHM_DATA`` notification names that span of the
+    block. The array's bytes are never copied or moved. The codec places every buffer at
+    a body offset that is a multiple of 16, so the body starts 16-byte aligned too and
+    every array a channel decodes from it is an aligned view. When the other parts do
+    not fit the room (large buffers beside the array), the message is copied into a
+    block of its own as any message (``ShmStats.loans_copied``). The loan holds its own
     lease until the array (and every view of it) is gone, so the publisher's copy never
-    changes either; once published the array is made read-only.
+    changes either; once published - whatever it went to - the array is made read-only.
 
 Crashes and cleanup
     A channel whose publisher dies sees its socket close without ``END``: it ends like a
@@ -48,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import mmap
@@ -58,14 +67,14 @@ import socket
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from .._core._channel import Channel
-from .._core._codec import Codec, EncodedMessage
-from .._core._config import ShmOptions
+from .._core._codec import MAX_DEPTH, Codec, EncodedMessage
+from .._core._config import SHM_LOAN_ROOM, ShmOptions
 from .._core._exceptions import BrokenResourceError, MessageTooLargeError, ProtocolError
 from .._core._framing import (
     FREE,
@@ -96,6 +105,17 @@ _NAME_CACHE_SIZE = 256
 # Seconds after a peer's crash at which its segments are swept: its flock is dropped a
 # few milliseconds after death, or later while the kernel tears down a big process.
 _SWEEP_DELAYS = (0.05, 0.5, 2.0)
+# Where a loaned array's data starts in its segment: a multiple of this. The codec needs
+# 16 (its buffer alignment); a cache line costs nothing more and suits wide copies.
+_LOAN_ALIGNMENT = 64
+# Leaf types of a message, skipped when looking for loaned arrays in it.
+_LEAF_TYPES = frozenset((str, int, float, bool, bytes, bytearray, memoryview, type(None)))
+# Builds a Descriptor from a tuple of its fields without the named tuple's Python-level
+# __new__ (a loan placed on a paced publisher's path, with caches cold).
+_new_descriptor = tuple.__new__
+# Dataclass -> the names of its init fields (the fields the codec sends). Only classes
+# registered with the codec reach it (a message holding another was refused).
+_INIT_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def valid_socket_name(name: str) -> bool:
@@ -113,7 +133,12 @@ class ShmStats:
       messages alive) or the message could never fit the ring's ``max_bytes``;
     * ``loans`` / ``loan_fallbacks`` - loans served from shared memory / as a private
       array because no block was free or shared memory is unavailable;
-    * ``loans_published`` - loaned arrays published without any copy;
+    * ``loans_published`` - loaned arrays published to shm channels without any copy
+      (alone, or anywhere inside a tuple, list, dict or dataclass);
+    * ``loans_copied`` - loaned arrays published to shm channels with a copy: the rest
+      of the message did not fit the room around the array (``SHM_LOAN_ROOM``), or
+      another, larger loaned array of the same message went without a copy, or the
+      codec copied the array's data (strides set in place since the loan);
     * ``shm_bytes`` - bytes of ``/dev/shm`` the ring holds now; ``in_use`` - its blocks
       leased or being written.
     """
@@ -124,6 +149,7 @@ class ShmStats:
     loans: int = 0
     loan_fallbacks: int = 0
     loans_published: int = 0
+    loans_copied: int = 0
     shm_bytes: int = 0
     in_use: int = 0
 
@@ -200,21 +226,40 @@ class SegmentSweeper:
 
 
 class _Loan:
-    """A loaned array not yet published: its block, and the bytes before its data."""
+    """A loaned array not yet published: its block, and where its data lies in it."""
 
-    __slots__ = ("array", "descriptor", "key", "prefix")
+    __slots__ = ("array", "bare", "buffer", "data_start", "descriptor", "key", "nbytes", "prefix")
 
     def __init__(
         self,
         array: weakref.ref[np.ndarray[Any, Any]],
+        *,
         descriptor: Descriptor,
         key: Hashable,
+        buffer: memoryview,
+        data_start: int,
         prefix: bytes,
+        nbytes: int,
     ) -> None:
         self.array = array
-        self.descriptor = descriptor
-        self.key = key
+        self.descriptor = descriptor  # the whole block
+        self.key = key  # the loan's own lease on it
+        self.buffer = buffer  # the whole block, writable
+        self.data_start = data_start  # of the array's data, in the block
+        self.nbytes = nbytes  # of the array's data
+        # The array alone as a message: its body, written at loan time, is the prefix
+        # (just before the data) and the data.
         self.prefix = prefix
+        self.bare = _new_descriptor(
+            Descriptor,
+            (
+                descriptor.segment,
+                descriptor.offset + data_start - len(prefix),
+                len(prefix) + nbytes,
+                descriptor.block,
+                descriptor.generation,
+            ),
+        )
 
 
 class _OutletShm:
@@ -256,8 +301,8 @@ class _OutletShm:
             return descriptor, self._name
         self._seq = seq
         self._descriptor = None
-        if self.loans and type(message) is np.ndarray:
-            descriptor = self._spend_loan(message, encoded)
+        if self.loans:
+            descriptor = self._place_in_loan(message, encoded)
             if descriptor is not None and self.ring.add_lease(descriptor, link):
                 self.stats.loans_published += 1
                 return self._current(descriptor)
@@ -311,16 +356,21 @@ class _OutletShm:
     # -- loans --------------------------------------------------------------------
 
     def loan(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any] | None:
+        """A writable array of *shape* and *dtype* in a block of this ring, with room
+        around its data for the rest of a message; ``None`` when no block can be had.
+        Raises like :meth:`Codec.array_prefix`."""
         prefix, total = self.codec.array_prefix(shape, dtype)
         if self.closing:
             return None
-        block = self._acquire(total)
+        nbytes = total - len(prefix)
+        block = self._acquire(self._loan_size(len(prefix), nbytes))
         if block is None:
             self.stats.loan_fallbacks += 1
             return None
         descriptor = block.descriptor
         buffer = block.buffer
-        buffer[: len(prefix)] = prefix
+        data_start = self._loan_data_start(descriptor, len(prefix), nbytes)
+        buffer[data_start - len(prefix) : data_start] = prefix
         key = ("loan", descriptor.block, descriptor.generation)
         self.ring.publish(block, (key,))
         # The uint8 array over the whole block is what dies last: the loaned array and
@@ -329,7 +379,7 @@ class _OutletShm:
         ref = weakref.ref(holder, self._holder_died)
         self._holders[id(ref)] = (ref, key, descriptor)
         array = np.frombuffer(
-            holder.data, dtype=dtype, count=math.prod(shape), offset=len(prefix)
+            holder.data, dtype=dtype, count=math.prod(shape), offset=data_start
         ).reshape(shape)
         del holder
         loans = self.loans
@@ -341,26 +391,185 @@ class _OutletShm:
             if entry is not None and entry.array is ref:
                 del loans[array_id]
 
-        loans[array_id] = _Loan(weakref.ref(array, forget), descriptor, key, prefix)
+        loans[array_id] = _Loan(
+            weakref.ref(array, forget),
+            descriptor=descriptor,
+            key=key,
+            buffer=buffer,
+            data_start=data_start,
+            prefix=prefix,
+            nbytes=nbytes,
+        )
         self.stats.loans += 1
         return array
 
-    def _spend_loan(
-        self, message: np.ndarray[Any, Any], encoded: EncodedMessage
-    ) -> Descriptor | None:
-        """If *message* is a loaned array laid out as *encoded* says, its block."""
-        entry = self._take_loan(message)
-        if entry is None:
+    def _loan_size(self, prefix: int, nbytes: int) -> int:
+        """Bytes to acquire for a loan of *nbytes* whose bare-array prefix is *prefix*
+        bytes: ``SHM_LOAN_ROOM`` on each side of the data, unless that would take the
+        loan out of a ring slot its bare body fits (then the whole slot), or out of the
+        ring's reach (then just the bare body); plus slack for the alignment."""
+        slack = 2 * _LOAN_ALIGNMENT
+        bare = prefix + nbytes + slack
+        size = max(prefix, SHM_LOAN_ROOM) + nbytes + SHM_LOAN_ROOM + slack
+        slot = self.ring.slot_size
+        if bare <= slot < size:
+            size = slot
+        if size > self.ring.max_message_size:
+            size = bare
+        return size
+
+    @staticmethod
+    def _loan_data_start(descriptor: Descriptor, prefix: int, nbytes: int) -> int:
+        """Where a loan's data starts in its block (of ``descriptor.length`` bytes, as
+        :meth:`_loan_size` chose): at least *prefix* bytes in, ``SHM_LOAN_ROOM`` if the
+        block leaves that much on both sides (else half of what it leaves), at an offset
+        in the segment that is a multiple of ``_LOAN_ALIGNMENT``."""
+        offset, size = descriptor.offset, descriptor.length
+        align = _LOAN_ALIGNMENT
+        lowest = -(-(offset + prefix) // align) * align - offset
+        highest = (offset + size - nbytes) // align * align - offset
+        wanted = max(prefix, min(SHM_LOAN_ROOM, (size - nbytes) // 2))
+        start = min(max(-(-(offset + wanted) // align) * align - offset, lowest), highest)
+        # _loan_size's slack guarantees lowest <= highest.
+        assert prefix <= start and start + nbytes <= size
+        return start
+
+    def _place_in_loan(self, message: Any, encoded: EncodedMessage) -> Descriptor | None:
+        """Spend every loaned array whose data *encoded* (the encoding of *message*)
+        refers to; when the rest of the message fits around the largest one's data,
+        write it there and return the descriptor of the body in that block (to lease
+        and send). ``None``: copy the message.
+
+        A loaned array's part is the codec's memoryview of that very array (its
+        ``.obj``), covering all its data; a view of a loaned array is another object
+        and is copied like any buffer. Every other part is written into the room around
+        the host's data, so a second reference to the same array in the message is a
+        (small) copy too, and a shape or dtype set in place since the loan is simply
+        what the meta says: the array's bytes are the same bytes either way.
+        """
+        parts = encoded.parts
+        if type(message) is np.ndarray:
+            # The array alone, laid out as loaned: its body is in the block already.
+            entry = self._take_loan(message)
+            if entry is None:
+                return None
+            data = parts[-1]
+            exporter: object = data.obj if type(data) is memoryview else None
+            if exporter is not message or len(data) != entry.nbytes:
+                # Its data was copied by the codec (strides set in place since the loan).
+                self.stats.loans_copied += 1
+                return None
+            if len(parts) == 2 and parts[0] == entry.prefix:
+                return entry.bare
+            return self._lay_out(entry, parts, len(parts) - 1, encoded.nbytes, 1)
+        loans = self.loans
+        host: _Loan | None = None
+        host_index = 0
+        taken = 0
+        for index, part in enumerate(parts):
+            if type(part) is not memoryview:
+                continue
+            owner: object = part.obj
+            entry = loans.get(id(owner))
+            if entry is None:
+                continue
+            array = entry.array()
+            if array is None or array is not owner:
+                continue
+            del loans[id(owner)]
+            array.setflags(write=False)
+            taken += 1
+            if len(part) == entry.nbytes and (host is None or entry.nbytes > host.nbytes):
+                host, host_index = entry, index
+        if host is None:
+            self.stats.loans_copied += taken
             return None
-        descriptor = entry.descriptor
-        if encoded.nbytes != descriptor.length or encoded.parts[0] != entry.prefix:
-            return None  # reshaped or retyped in place since the loan: copy it
-        return descriptor
+        return self._lay_out(host, parts, host_index, encoded.nbytes, taken)
+
+    def _lay_out(
+        self, host: _Loan, parts: list[bytes | memoryview], index: int, nbytes: int, taken: int
+    ) -> Descriptor | None:
+        """Write the *nbytes*-byte body whose part *index* is *host*'s data around it,
+        and return its descriptor; ``None`` if the other parts do not fit the room.
+        *taken* loans were spent for this message: all but the host count as copied."""
+        data_start = host.data_start
+        before = 0
+        for part in parts[:index]:
+            before += len(part)
+        buffer = host.buffer
+        if before > data_start or data_start + nbytes - before > len(buffer):
+            self.stats.loans_copied += taken
+            return None
+        if taken > 1:
+            self.stats.loans_copied += taken - 1
+        position = data_start - before
+        for part in parts[:index]:
+            end = position + len(part)
+            buffer[position:end] = part
+            position = end
+        position += host.nbytes
+        for part in parts[index + 1 :]:
+            end = position + len(part)
+            buffer[position:end] = part
+            position = end
+        block = host.descriptor
+        return _new_descriptor(
+            Descriptor,
+            (
+                block.segment,
+                block.offset + data_start - before,
+                nbytes,
+                block.block,
+                block.generation,
+            ),
+        )
 
     def spend(self, message: Any) -> None:
-        """*message* was published: if it is a loaned array, it is read-only now."""
+        """*message* was published: every loaned array in it - itself, or at any depth
+        of its tuples, lists, dicts and dataclasses - is spent (read-only, forgotten).
+
+        Costs one visit per container element while loans are outstanding (the caller
+        skips the call when none is), and stops as soon as none is left.
+        """
         if type(message) is np.ndarray:
             self._take_loan(message)
+        else:
+            self._spend_in(message, 0)
+
+    def _spend_in(self, obj: Any, depth: int) -> None:
+        # Mirrors what the codec encodes (it refused deeper or cyclic messages).
+        if depth > MAX_DEPTH:
+            return
+        loans = self.loans
+        depth += 1
+        tp = type(obj)
+        items: Iterable[Any]
+        if tp is tuple or tp is list:
+            items = obj
+        elif tp is dict:
+            items = itertools.chain.from_iterable(obj.items())
+        elif isinstance(obj, (tuple, list)):
+            items = obj
+        elif isinstance(obj, dict):
+            items = itertools.chain.from_iterable(dict.items(obj))
+        else:
+            names = _INIT_FIELDS.get(tp)
+            if names is None:
+                if not dataclasses.is_dataclass(tp):
+                    return
+                names = _INIT_FIELDS[tp] = tuple(f.name for f in dataclasses.fields(tp) if f.init)
+            items = [getattr(obj, name, None) for name in names]
+        for item in items:
+            kind = type(item)
+            if kind is np.ndarray:
+                if id(item) in loans:
+                    self._take_loan(item)
+                    if not loans:
+                        return
+            elif kind not in _LEAF_TYPES:
+                self._spend_in(item, depth)
+                if not loans:
+                    return
 
     def _take_loan(self, message: np.ndarray[Any, Any]) -> _Loan | None:
         """The loan of *message* if it is a loaned array, spent: forgotten, and the
@@ -369,7 +578,7 @@ class _OutletShm:
         if entry is None or entry.array() is not message:
             return None
         del self.loans[id(message)]
-        message.flags.writeable = False
+        message.setflags(write=False)
         return entry
 
     def _holder_died(self, ref: weakref.ref[Any]) -> None:
@@ -689,14 +898,18 @@ class ShmTransport(StreamTransport[str]):
         self, outlet: Outlet, shape: tuple[int, ...], dtype: np.dtype[Any]
     ) -> np.ndarray[Any, Any] | None:
         """A writable array of *shape* and *dtype* in *outlet*'s shared memory, laid out
-        so that publishing it copies nothing; ``None`` when no block can be had (use a
-        private array then). Raises like :meth:`Codec.array_prefix`."""
+        so that publishing it - alone or inside a message - copies nothing (see the
+        module docstring, Loans); ``None`` when no block can be had (use a private array
+        then). Raises like :meth:`Codec.array_prefix`."""
         shm = self._shm.get(outlet.publisher_id)
         if shm is None:
             return None
         return shm.loan(shape, dtype)
 
     def spend(self, outlet: Outlet, message: Any) -> None:
+        """*message* was published by *outlet*: every loaned array in it, at any depth,
+        is read-only and spent now. Costs nothing while *outlet* has no loan
+        outstanding."""
         shm = self._shm.get(outlet.publisher_id)
         if shm is not None and shm.loans:
             shm.spend(message)
