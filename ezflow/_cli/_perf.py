@@ -238,13 +238,19 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     if rows:
         _console.print(_tables.peer_table(rows))
     floor = document["floor"]
+    p2p_floor = _tables.floor_table(floor)
+    if p2p_floor is not None:
+        _console.print(p2p_floor)
     rtts = ", ".join(
         f"{format_size(entry['size'])} {entry['p50']:.1f} µs"
         for entry in floor["socketpair_rtt_us"]
     )
+    copies = ", ".join(
+        f"{format_size(entry['size'])} {entry['us']:.2f} µs" for entry in floor.get("memcpy_us", ())
+    )
     _console.print(
-        f"floor: memcpy {floor['memcpy_gb_per_s']:.1f} GB/s; socketpair round trip p50 {rtts} "
-        f"(one-way floor = half)",
+        f"floor: socketpair round trip p50 {rtts} (one-way floor = half); one copy {copies}; "
+        f"memcpy {floor['memcpy_gb_per_s']:.1f} GB/s",
         highlight=False,
     )
     _console.print(f"wrote {output} in {document['wall_seconds']:.1f} s", highlight=False)
