@@ -71,6 +71,13 @@ def _choose(values: list[str] | None, allowed: tuple[str, ...], what: str) -> li
     return chosen
 
 
+def _inline_limit(text: str | None) -> int | None:
+    """``--shm-inline-limit``: 0, or a size :func:`parse_size` reads; raises SpecError."""
+    if text is None:
+        return None
+    return 0 if text.strip() == "0" else parse_size(text)
+
+
 def _variants(values: list[str] | None) -> list[Variant]:
     """The p2p variants of ``--variant`` (comma-separated or repeated; ``all`` for
     :data:`ALL_VARIANTS`), the ordinary program when none; raises SpecError."""
@@ -185,6 +192,14 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         Path | None,
         typer.Option(help="Directory for the cProfile statistics of every worker process."),
     ] = None,
+    shm_inline_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="ezflow's ShmOptions.inline_limit for every shm publisher, e.g. 0 (every "
+            "message through shared memory) or 64MiB (every message inline): run both "
+            "across sizes and `compare` them to find the crossover.",
+        ),
+    ] = None,
 ) -> None:
     """Run the suites and save the results as JSON (see `ezflow perf schema`)."""
     base = QUICK if quick else STANDARD
@@ -202,6 +217,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             loan=loan,
             min_messages=base.min_messages if min_messages is None else min_messages,
             max_duration=max(base.max_duration, seconds),
+            shm_inline_limit=_inline_limit(shm_inline_limit),
         )
         texts = size or (QUICK_SIZES if quick else DEFAULT_SIZES)
         sizes = [parse_size(text) for value in texts for text in value.split(",")]

@@ -8,10 +8,10 @@ against it without any dependency, implementing exactly the keywords the schema 
 
 The version is in ``schema`` (``ezflow-perf/1``): a change that could break a reader
 bumps it; adding an optional field does not. Optional so far (absent in files written
-before the p2p suite): a cell's ``variant``, ``loop``, ``crashes`` and
-``crash_reasons``, the plan's ``min_messages`` and ``max_duration``, the floor's
-``memcpy_us``, ``paced_one_way_us`` and ``stream_msgs_per_s``; a reader
-takes an absent ``variant`` as null and absent ``crashes`` as 0.
+before the p2p suite): a cell's ``variant``, ``loop``, ``crashes`` and ``crash_reasons``;
+the plan's ``min_messages``, ``max_duration`` and ``shm_inline_limit``; the floor's
+``memcpy_us``, ``paced_one_way_us`` and ``stream_msgs_per_s``. A reader takes an absent
+``variant`` as null and an absent ``crashes`` as 0.
 """
 
 from __future__ import annotations
@@ -171,6 +171,7 @@ SCHEMA: Final[dict[str, Any]] = {
                 "floor_round_trips": {"type": "integer", "minimum": 1},
                 "min_messages": {"type": "integer", "minimum": 0},
                 "max_duration": _NUMBER,
+                "shm_inline_limit": {"type": ["integer", "null"], "minimum": 0},
             },
         },
         "frameworks": {
