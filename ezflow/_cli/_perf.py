@@ -166,7 +166,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     ] = None,
     repeats: Annotated[int | None, typer.Option(help="Repeats of every cell (medians).")] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="One short repeat, two sizes: about 30 s on 2 cores.")
+        bool, typer.Option("--quick", help="One short repeat (0.5 s; p2p 5,000 messages), 2 sizes.")
     ] = False,
     peer: Annotated[
         list[str] | None,
