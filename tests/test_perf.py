@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
+import ezflow
 from ezflow._perf._floor import memcpy_seconds
 from ezflow._perf._spec import (
     END,
@@ -286,3 +287,21 @@ def test_memcpy_floor_grows_with_size() -> None:
     small = memcpy_seconds(64, budget=1 << 20)
     large = memcpy_seconds(1 << 20, budget=8 << 20)
     assert 0 < small < large
+
+
+@pytest.mark.parametrize(("inline_limit", "lent"), [(None, 0), (0, 1)])
+async def test_shm_inline_limit_decides_what_a_small_loan_is(
+    ctx: ezflow.GraphContext, inline_limit: int | None, lent: int
+) -> None:
+    """64 B: a private array at the default inline limit, a shared-memory loan once
+    ``--shm-inline-limit 0`` sends every message through shared memory."""
+    framework = EzflowFramework()
+    framework.configure({"variant": None, "plan": {"shm_inline_limit": inline_limit}})
+    pub = await framework.publisher(ctx, "/perf/inline", "shm")
+    sub = await framework.subscriber(ctx, "/perf/inline", "shm")
+    payload = await framework.payload_function(pub, "shm", (16,), "float32", True)()
+    payload[...] = 1.0
+    await pub.publish((0, 0, 0, payload))
+    message = await asyncio.wait_for(sub.recv(), 5)
+    assert np.array_equal(message[3], payload)
+    assert pub.shm_stats.loans == lent
