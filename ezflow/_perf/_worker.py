@@ -1,8 +1,8 @@
 """The worker processes of a perf run, framework-neutral.
 
 ``python -m ezflow._perf._worker graph`` runs a graph server; ``... units SPEC_JSON``
-hosts the units of one process of a cell (see :mod:`._spec`). ``perf/peers/`` runs
-the same code on another framework by passing its own :class:`Framework` to
+hosts the units of one process of a cell (see :mod:`._spec`). A peer framework's
+worker runs the same code on that framework by passing its own :class:`Framework` to
 :func:`main`, so both are measured by identical sources, relays and sinks.
 
 Protocol with the runner (the parent):
