@@ -603,8 +603,9 @@ async def _p2p_source(
     seq = 0
 
     if array or loan:
-        # A bare array carries its own header, so it cannot be the same array each
-        # time (a transport may still hold the previous one): a new one, filled.
+        # A loan is new for every message, and a bare array carries its own header,
+        # so it cannot be the same array each time (a transport may still hold the
+        # previous one): a new payload per message, filled as a producer fills it.
         new_payload = framework.payload_function(pub, spec["transport"], shape, dtype, loan)
 
         async def send(phase: int) -> None:
