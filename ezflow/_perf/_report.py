@@ -1,7 +1,8 @@
 """A self-contained HTML report of one results file: inline SVG plots, no dependency.
 
 For each suite and transport two plots against message size (log-log): msgs/s and
-paced one-way latency p50, one line per framework and N, the latency plot with the
+paced one-way latency p50, one line per framework and N (p2p: per framework and
+variant, ``ordinary`` being the program users write), the latency plot with the
 socketpair floor (RTT/2) of each size as a dashed line. Then the tables: every cell,
 the peer ratios when the run had a peer, the floor and the environment.
 """
@@ -14,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ._compare import PEER_BAR, peer_rows
+from ._compare import PEER_BAR, peer_rows, variant_label
 from ._spec import SUITES, TRANSPORTS, format_size
 
 __all__ = ["render"]
@@ -24,6 +25,10 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 28, 40
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
 
 Series = tuple[str, list[tuple[float, float]], bool]  # label, points, dashed
+
+
+def _us(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.2f}"
 
 
 def _esc(value: object) -> str:
@@ -115,7 +120,8 @@ def _series(cells: list[dict[str, Any]], metric: str) -> list[Series]:
     for cell in cells:
         value = cell["metrics"][metric] if cell["status"] == "ok" else None
         if value:
-            label = f"{cell['framework']} N={cell['clients']}"
+            variant = variant_label(cell) or f"N={cell['clients']}"
+            label = f"{cell['framework']} {variant}"
             lines.setdefault(label, []).append((float(cell["size"]), float(value)))
     return [(label, points, False) for label, points in sorted(lines.items())]
 
@@ -126,7 +132,9 @@ def _cell_rows(cells: list[dict[str, Any]]) -> str:
         head = "".join(
             f"<td>{_esc(value)}</td>"
             for value in (cell["framework"], cell["suite"], cell["transport"],
-                          format_size(cell["size"]), cell["clients"], cell["processes"])
+                          format_size(cell["size"]), cell["clients"],
+                          variant_label(cell) or "—", cell.get("loop") or "—",
+                          cell["processes"], cell.get("crashes", 0))
         )  # fmt: skip
         metrics = cell["metrics"]
         if cell["status"] != "ok" or metrics is None:
@@ -215,10 +223,26 @@ def render(document: dict[str, Any], *, title: str = "results") -> str:
     frameworks = ", ".join(
         f"{fw['name']} {fw['version']} ({fw['event_loop']})" for fw in document["frameworks"]
     )
+    copies = {entry["size"]: entry["us"] for entry in floor.get("memcpy_us", ())}
     rtts = "".join(
         f"<tr><td>{_esc(format_size(entry['size']))}</td><td class=n>{entry['p50']:.1f}</td>"
-        f"<td class=n>{entry['p99']:.1f}</td><td class=n>{entry['p50'] / 2:.1f}</td></tr>"
+        f"<td class=n>{entry['p99']:.1f}</td><td class=n>{entry['p50'] / 2:.1f}</td>"
+        f"<td class=n>{_us(copies.get(entry['size']))}</td></tr>"
         for entry in floor["socketpair_rtt_us"]
+    )
+    rates = {(e["over"], e["size"]): e["msgs_per_s"] for e in floor.get("stream_msgs_per_s", ())}
+    paced = "".join(
+        f"<tr><td>{_esc(entry['over'])}</td><td>{_esc(format_size(entry['size']))}</td>"
+        f"<td class=n>{rates.get((entry['over'], entry['size']), 0):,.0f}</td>"
+        f"<td class=n>{entry['p50']:.1f}</td><td class=n>{entry['p99']:.1f}</td></tr>"
+        for entry in floor.get("paced_one_way_us", ())
+    )
+    p2p_floor = (
+        "<h3>p2p floor: one raw socket between two processes</h3><table><tr><th>socket</th>"
+        "<th>size</th><th>msgs/s</th><th>paced p50 µs</th><th>paced p99 µs</th></tr>"
+        f"{paced}</table>"
+        if paced
+        else ""
     )
     memcpy = floor["memcpy_gb_per_s"]
     revision = (env["git_revision"] or "unknown") + (" (dirty)" if env["git_dirty"] else "")
@@ -235,7 +259,8 @@ the raw socketpair floor (round trip / 2) of the same size.</p>
 {"".join(sections) or "<p>No cell was measured.</p>"}
 {_peer_section(document)}
 <h2>Every cell</h2>
-<table><tr><th>framework</th><th>suite</th><th>transport</th><th>size</th><th>N</th><th>processes</th>
+<table><tr><th>framework</th><th>suite</th><th>transport</th><th>size</th><th>N</th>
+<th>variant</th><th>loop</th><th>processes</th><th>crashes</th>
 <th>msgs/s</th><th>MB/s</th><th>p50 µs</th><th>p99 µs</th><th>max µs</th><th>loaded p50 µs</th>
 <th>CPU µs/msg</th><th>drops</th></tr>
 {_cell_rows(cells)}
@@ -243,7 +268,8 @@ the raw socketpair floor (round trip / 2) of the same size.</p>
 <h2>Raw floor (same run)</h2>
 <p>memcpy: {"—" if memcpy is None else f"{memcpy:.1f} GB/s"}</p>
 <table><tr><th>size</th><th>socketpair RTT p50 µs</th><th>p99 µs</th>
-<th>one-way floor µs</th></tr>{rtts}</table>
+<th>one-way floor µs</th><th>one copy µs</th></tr>{rtts}</table>
+{p2p_floor}
 <h2>Environment</h2>
 <pre>{_esc(json.dumps(env, indent=1))}</pre>
 </body></html>

@@ -5,6 +5,14 @@ for the whole run, then, cell by cell and repeat by repeat, the units workers of
 cell's layout (:func:`._spec.layout`), frameworks back to back within each repeat so
 that their figures are measured under the same conditions.
 
+A worker that crashes (exits with a non-zero status, hangs, or sends figures the
+runner rejects: any :class:`WorkerError`) makes the runner start that repeat of the
+cell again, up to :data:`CRASH_RETRIES` times; every crash is counted in the cell's
+record (``crashes``, ``crash_reasons``) and shown in the tables, never hidden. A
+worker that exits with a non-zero status *after* its figures (or must be killed)
+counts as a crash too, but its figures are kept. Variant cells of the p2p suite run on
+ezflow only (peers run the ordinary program).
+
 Every worker is started in its own session (a Ctrl-C in the terminal reaches only the
 runner), with its stdin a pipe from the runner: closing it makes the worker leave, and
 :meth:`Worker.close` kills whatever has not left within a few seconds. All of that
@@ -33,9 +41,10 @@ import numpy as np
 from .._transports._segment import sweep_stale_segments
 from . import _environment, _floor
 from ._schema import SCHEMA_ID
-from ._spec import Cell, Plan, latency_count, layout, pacing
+from ._spec import Cell, Plan, latency_count, layout, suite_pacing
 
 __all__ = [
+    "CRASH_RETRIES",
     "EZFLOW_WORKER",
     "CellRecord",
     "FrameworkInfo",
@@ -51,6 +60,11 @@ SETUP_TIMEOUT = 60.0
 GRACE = 30.0
 #: Bytes of a worker's stderr kept for error messages.
 STDERR_TAIL = 64 * 1024
+#: Times a repeat of a cell is started again after a crash (so at most 1 + this many
+#: attempts per repeat); each crash is counted in the results.
+CRASH_RETRIES = 2
+#: Crash reasons kept per cell (the count is always exact).
+MAX_CRASH_REASONS = 5
 
 
 class WorkerError(RuntimeError):
@@ -65,6 +79,8 @@ class Worker:
         self.process = process
         self._stderr = bytearray()
         self._drain = asyncio.ensure_future(self._read_stderr())
+        #: Whether :meth:`close` had to kill the process (it did not leave in time).
+        self.killed = False
 
     @classmethod
     async def start(cls, name: str, command: Sequence[str]) -> Worker:
@@ -91,7 +107,7 @@ class Worker:
             self._stderr += chunk
             del self._stderr[:-STDERR_TAIL]
 
-    def _why(self) -> str:
+    def why(self) -> str:
         """The last meaningful stderr line of the worker, for error messages."""
         lines = [line.strip() for line in self._stderr.decode(errors="replace").splitlines()]
         lines = [line for line in lines if line]
@@ -115,7 +131,7 @@ class Worker:
                 code = await self.process.wait()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(self._drain), 2.0)
-                raise WorkerError(f"{self.name} exited with status {code}: {self._why()}")
+                raise WorkerError(f"{self.name} exited with status {code}: {self.why()}")
             if not line.startswith(b"{"):
                 continue  # stray output (a library printing): not part of the protocol
             event: dict[str, Any] = json.loads(line)
@@ -137,6 +153,7 @@ class Worker:
                 await asyncio.wait_for(asyncio.shield(self.process.wait()), timeout)
         finally:
             killed = self.process.returncode is None
+            self.killed = self.killed or killed
             if killed:
                 with contextlib.suppress(ProcessLookupError):
                     self.process.kill()
@@ -192,6 +209,16 @@ class CellRecord:
     reason: str | None = None
     processes: int = 0
     repeats: list[dict[str, Any]] = field(default_factory=list)
+    #: The event loop the workers reported (None until a repeat has run).
+    loop: str | None = None
+    crashes: int = 0
+    crash_reasons: list[str] = field(default_factory=list)
+
+    def crashed(self, reason: str) -> None:
+        """Count one crash of a worker of this cell."""
+        self.crashes += 1
+        if len(self.crash_reasons) < MAX_CRASH_REASONS:
+            self.crash_reasons.append(reason)
 
     @property
     def metrics(self) -> dict[str, Any] | None:
@@ -216,9 +243,13 @@ class CellRecord:
             "transport": self.cell.transport,
             "size": self.cell.size,
             "clients": self.cell.clients,
+            "variant": None if self.cell.variant is None else self.cell.variant.to_json(),
+            "loop": self.loop,
             "status": self.status,
             "reason": self.reason,
             "processes": self.processes,
+            "crashes": self.crashes,
+            "crash_reasons": self.crash_reasons,
             "repeats": self.repeats,
             "metrics": self.metrics,
         }
@@ -256,10 +287,12 @@ def _aggregate(cell: Cell, results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def expected_seconds(cell: Cell, plan: Plan) -> float:
-    """How long the streaming part of one repeat of *cell* should take."""
+    """How long the streaming part of one repeat of *cell* should take (at most)."""
     sources = cell.clients if cell.suite == "fanin" else 1
-    paced = latency_count(plan, cell.size, sources) * sources * pacing(cell.size, plan.period)
-    return plan.duration + paced * 1.5
+    count = latency_count(plan, cell.size, sources, cell.suite)
+    paced = count * sources * suite_pacing(cell.suite, cell.size, plan.period)
+    rate = plan.max_duration if cell.suite == "p2p" else plan.duration
+    return rate + paced * 1.5
 
 
 async def _run_cell(
@@ -270,6 +303,8 @@ async def _run_cell(
     record.processes = len(groups)
     base = {
         "graph": list(framework.address),
+        "suite": cell.suite,
+        "variant": None if cell.variant is None else cell.variant.to_json(),
         "transport": cell.transport,
         "size": cell.size,
         "seed": int.from_bytes(os.urandom(4), "little"),
@@ -301,10 +336,53 @@ async def _run_cell(
             worker.send("measure")
         timeout = expected_seconds(cell, plan) + GRACE
         results = await asyncio.gather(*(worker.event({"result"}, timeout) for worker in workers))
-        record.repeats.append(_aggregate(cell, list(results)))
+        metrics = _aggregate(cell, list(results))
     finally:
         # Concurrently: each close may wait a few seconds for a worker to leave.
         await asyncio.gather(*(worker.close() for worker in workers), return_exceptions=True)
+    record.repeats.append(metrics)
+    record.loop = results[0].get("loop", framework.event_loop)
+    for worker in workers:
+        # Figures came, but a worker that then fails to leave cleanly still crashed.
+        if worker.killed:
+            record.crashed(f"{worker.name} did not leave after its result and was killed")
+        elif worker.process.returncode:
+            record.crashed(
+                f"{worker.name} exited with status {worker.process.returncode} after its "
+                f"result: {worker.why()}"
+            )
+
+
+def _runs_on(cell: Cell, frameworks: list[FrameworkInfo]) -> list[FrameworkInfo]:
+    """The frameworks that measure *cell*: all of them, ezflow alone for a variant."""
+    if cell.variant is not None and not cell.variant.is_default:
+        return frameworks[:1]
+    return frameworks
+
+
+async def _attempt(  # noqa: PLR0917 - one repeat's whole context
+    framework: FrameworkInfo,
+    cell: Cell,
+    plan: Plan,
+    record: CellRecord,
+    profile: str | None,
+    progress: Progress,
+    label: str,
+) -> None:
+    """One repeat of *cell* on *framework*, started again after each crash (up to
+    :data:`CRASH_RETRIES` times); the cell is an error once every attempt crashed."""
+    for attempt in range(CRASH_RETRIES + 1):
+        try:
+            await _run_cell(framework, cell, plan, record, profile)
+        except WorkerError as exc:
+            record.crashed(str(exc))
+            if attempt == CRASH_RETRIES:
+                record.status, record.reason = "error", str(exc)
+                progress.log(f"[red]{label}: {exc}[/]")
+            else:
+                progress.log(f"[yellow]{label}: {exc}; starting it again[/]")
+        else:
+            return
 
 
 @dataclass(slots=True)
@@ -317,7 +395,17 @@ class Progress:
     log: Callable[[str], None] = lambda message: None
 
 
-async def _measure_floor(plan: Plan, sizes: Sequence[int], progress: Progress) -> dict[str, Any]:
+#: The raw socket each p2p transport is set against in the floor.
+P2P_FLOOR_SOCKET = {"local": "unix", "shm": "unix", "tcp": "tcp"}
+#: Longest back-to-back stream of the p2p floor, in seconds.
+MAX_FLOOR_STREAM = 1.0
+
+
+async def _measure_floor(
+    plan: Plan, sizes: Sequence[int], p2p: Sequence[tuple[str, int]], progress: Progress
+) -> dict[str, Any]:
+    """The floor of the run: socketpair round trips and one copy of each size; for
+    each (socket, size) of *p2p*, the paced one-way time and the stream rate."""
     progress.log("floor: memcpy bandwidth")
     memcpy = _floor.memcpy_bandwidth()
     rtts = []
@@ -334,7 +422,39 @@ async def _measure_floor(plan: Plan, sizes: Sequence[int], progress: Progress) -
                 "p99": float(np.percentile(samples, 99)) / 1e3,
             }
         )
-    return {"memcpy_gb_per_s": memcpy / 1e9, "socketpair_rtt_us": rtts}
+    copies = [{"size": size, "us": _floor.memcpy_seconds(size) * 1e6} for size in sizes]
+    paced, streams = [], []
+    for over, size in p2p:
+        progress.log(f"floor: paced one-way and stream over {over}, {size} B")
+        one_way = np.asarray(
+            await _floor.paced_one_way(
+                size,
+                latency_count(plan, size, 1, "p2p"),
+                10,
+                period=suite_pacing("p2p", size, plan.period),
+                over=over,
+            ),
+            dtype=np.float64,
+        )
+        paced.append(
+            {
+                "over": over,
+                "size": size,
+                "p50": float(np.percentile(one_way, 50)) / 1e3,
+                "p99": float(np.percentile(one_way, 99)) / 1e3,
+            }
+        )
+        seconds = min(plan.duration, MAX_FLOOR_STREAM)
+        rate = await _floor.stream_rate(size, seconds, over=over)
+        streams.append({"over": over, "size": size, "msgs_per_s": rate})
+    floor: dict[str, Any] = {
+        "memcpy_gb_per_s": memcpy / 1e9,
+        "socketpair_rtt_us": rtts,
+        "memcpy_us": copies,
+    }
+    if p2p:
+        floor |= {"paced_one_way_us": paced, "stream_msgs_per_s": streams}
+    return floor
 
 
 async def run(
@@ -347,9 +467,11 @@ async def run(
     profile: str | None = None,
 ) -> dict[str, Any]:
     """Measure the floor, then every cell on ezflow and on each peer (a worker command,
-    e.g. ``["python", "perf/peers/ezmsg_peer.py"]``); return the results document (see
-    :mod:`._schema`). A cell that fails is recorded with status ``error`` and the run
-    goes on; cancelling the calling task ends every worker first. With *profile* (a
+    e.g. ``["VENV/bin/python", "-m", "ezflow._perf._peers._ezmsg"]``; variant cells on
+    ezflow only); return the results document (see :mod:`._schema`). A worker that
+    crashes is started again (:data:`CRASH_RETRIES`) and counted; a cell whose every
+    attempt crashed is recorded with status ``error`` and the run goes on; cancelling
+    the calling task ends every worker first. With *profile* (a
     directory), every units worker leaves its cProfile statistics there."""
     progress = progress or Progress()
     main_task = asyncio.current_task()
@@ -366,27 +488,26 @@ async def run(
             progress.log(f"starting {' '.join(framework.command)}")
             await framework.start()
         sizes = sorted({cell.size for cell in cells})
-        floor = await _measure_floor(plan, sizes, progress)
-        progress.started(len(cells) * plan.repeats * len(frameworks))
+        p2p = sorted(
+            {(P2P_FLOOR_SOCKET[cell.transport], cell.size) for cell in cells if cell.suite == "p2p"}
+        )
+        floor = await _measure_floor(plan, sizes, p2p, progress)
+        progress.started(sum(len(_runs_on(cell, frameworks)) for cell in cells) * plan.repeats)
         for cell in cells:
-            for framework in frameworks:
+            chosen = _runs_on(cell, frameworks)
+            for framework in chosen:
                 record = CellRecord(framework.name, cell)
                 records[framework.name, cell] = record
                 if cell.applicable is not None:
                     record.status, record.reason = "unavailable", cell.applicable
             for repeat in range(plan.repeats):
-                for framework in frameworks:
+                for framework in chosen:
                     record = records[framework.name, cell]
                     label = f"{framework.name} {cell.label} repeat {repeat + 1}/{plan.repeats}"
                     progress.step(label)
-                    if record.status != "ok":
-                        continue
-                    try:
-                        await _run_cell(framework, cell, plan, record, profile)
-                    except WorkerError as exc:
-                        record.status, record.reason = "error", str(exc)
-                        progress.log(f"[red]{label}: {exc}[/]")
-            for framework in frameworks:
+                    if record.status == "ok":
+                        await _attempt(framework, cell, plan, record, profile, progress, label)
+            for framework in chosen:
                 progress.cell_done(records[framework.name, cell])
     finally:
         await asyncio.gather(*(fw.aclose() for fw in frameworks), return_exceptions=True)

@@ -7,7 +7,11 @@ against it without any dependency, implementing exactly the keywords the schema 
 ``enum``, ``const``, ``minimum``, ``$ref`` to ``#/$defs/...``).
 
 The version is in ``schema`` (``ezflow-perf/1``): a change that could break a reader
-bumps it; adding an optional field does not.
+bumps it; adding an optional field does not. Optional so far (absent in files written
+before the p2p suite): a cell's ``variant``, ``loop``, ``crashes`` and ``crash_reasons``;
+the plan's ``min_messages``, ``max_duration`` and ``shm_inline_limit``; the floor's
+``memcpy_us``, ``paced_one_way_us`` and ``stream_msgs_per_s``. A reader takes an absent
+``variant`` as null and an absent ``crashes`` as 0.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, Final
 
-from ._spec import SUITES, TRANSPORTS
+from ._spec import LOOPS, MESSAGES, RECEIVES, SUITES, TRANSPORTS
 
 __all__ = ["SCHEMA", "SCHEMA_ID", "ResultsError", "load", "validate"]
 
@@ -56,6 +60,19 @@ _METRICS = {
     },
 }
 
+_VARIANT = {
+    "type": "object",
+    "description": "How the p2p program is written (null for the other suites).",
+    "required": ["message", "loop", "receive", "loan"],
+    "additionalProperties": False,
+    "properties": {
+        "message": {"enum": list(MESSAGES)},
+        "loop": {"enum": list(LOOPS)},
+        "receive": {"enum": list(RECEIVES)},
+        "loan": {"type": "boolean"},
+    },
+}
+
 _CELL = {
     "type": "object",
     "required": [
@@ -77,9 +94,17 @@ _CELL = {
         "transport": {"enum": list(TRANSPORTS)},
         "size": {"type": "integer", "minimum": 1},
         "clients": {"type": "integer", "minimum": 1},
+        "variant": {"anyOf": [{"$ref": "#/$defs/variant"}, {"type": "null"}]},
+        "loop": {
+            "anyOf": [{"enum": ["uvloop", "asyncio"]}, {"type": "null"}],
+            "description": "the event loop the workers of this cell reported",
+        },
         "status": {"enum": ["ok", "unavailable", "error"]},
         "reason": {"type": ["string", "null"]},
         "processes": {"type": "integer", "minimum": 0},
+        "crashes": _COUNT
+        | {"description": "worker crashes in this cell, every attempt (retried ones too)"},
+        "crash_reasons": {"type": "array", "items": {"type": "string"}},
         "repeats": {"type": "array", "items": {"$ref": "#/$defs/metrics"}},
         "metrics": {"anyOf": [{"$ref": "#/$defs/metrics"}, {"type": "null"}]},
     },
@@ -144,6 +169,9 @@ SCHEMA: Final[dict[str, Any]] = {
                 "period": _NUMBER,
                 "repeats": {"type": "integer", "minimum": 1},
                 "floor_round_trips": {"type": "integer", "minimum": 1},
+                "min_messages": {"type": "integer", "minimum": 0},
+                "max_duration": _NUMBER,
+                "shm_inline_limit": {"type": ["integer", "null"], "minimum": 0},
             },
         },
         "frameworks": {
@@ -178,11 +206,54 @@ SCHEMA: Final[dict[str, Any]] = {
                         },
                     },
                 },
+                "paced_one_way_us": {
+                    "type": "array",
+                    "description": "p2p only: one-way time of paced messages over a raw "
+                    "socket (unix next to shm, tcp next to tcp), at the p2p pacing",
+                    "items": {
+                        "type": "object",
+                        "required": ["over", "size", "p50", "p99"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "over": {"enum": ["unix", "tcp"]},
+                            "size": {"type": "integer", "minimum": 1},
+                            "p50": _NUMBER,
+                            "p99": _NUMBER,
+                        },
+                    },
+                },
+                "stream_msgs_per_s": {
+                    "type": "array",
+                    "description": "p2p only: messages/s written back to back on a raw socket",
+                    "items": {
+                        "type": "object",
+                        "required": ["over", "size", "msgs_per_s"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "over": {"enum": ["unix", "tcp"]},
+                            "size": {"type": "integer", "minimum": 1},
+                            "msgs_per_s": _NUMBER,
+                        },
+                    },
+                },
+                "memcpy_us": {
+                    "type": "array",
+                    "description": "one numpy copy of a message of each size (optional)",
+                    "items": {
+                        "type": "object",
+                        "required": ["size", "us"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "size": {"type": "integer", "minimum": 1},
+                            "us": _NUMBER,
+                        },
+                    },
+                },
             },
         },
         "cells": {"type": "array", "items": {"$ref": "#/$defs/cell"}},
     },
-    "$defs": {"metrics": _METRICS, "cell": _CELL},
+    "$defs": {"metrics": _METRICS, "cell": _CELL, "variant": _VARIANT},
 }  # fmt: skip
 
 _TYPES: dict[str, tuple[type, ...]] = {

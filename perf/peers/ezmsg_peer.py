@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import ezmsg.core as ez  # type: ignore[import-not-found]
 
-from ezflow._perf._worker import NewFrame, is_end, main, private_frame
+from ezflow._perf._worker import NewPayload, is_end, main, private_payload
 
 T = TypeVar("T")
 
@@ -79,9 +79,11 @@ class EzmsgFramework:
         broadcast: Callable[[Any], Awaitable[None]] = pub.broadcast
         return broadcast
 
-    def frame_function(self, pub: Any, transport: str, size: int, loan: bool) -> NewFrame:
+    def payload_function(
+        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: str, loan: bool
+    ) -> NewPayload:
         # ezmsg has no buffer to lend: broadcast copies the array into its shared memory.
-        return private_frame(size)
+        return private_payload(shape, dtype)
 
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         receive = sub.recv_zero_copy
