@@ -33,7 +33,7 @@ import numpy as np
 from .._transports._segment import sweep_stale_segments
 from . import _environment, _floor
 from ._schema import SCHEMA_ID
-from ._spec import Cell, Plan, latency_count, layout, pacing
+from ._spec import Cell, Plan, latency_count, layout, suite_pacing
 
 __all__ = [
     "EZFLOW_WORKER",
@@ -256,10 +256,12 @@ def _aggregate(cell: Cell, results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def expected_seconds(cell: Cell, plan: Plan) -> float:
-    """How long the streaming part of one repeat of *cell* should take."""
+    """How long the streaming part of one repeat of *cell* should take (at most)."""
     sources = cell.clients if cell.suite == "fanin" else 1
-    paced = latency_count(plan, cell.size, sources) * sources * pacing(cell.size, plan.period)
-    return plan.duration + paced * 1.5
+    count = latency_count(plan, cell.size, sources, cell.suite)
+    paced = count * sources * suite_pacing(cell.suite, cell.size, plan.period)
+    rate = plan.max_duration if cell.suite == "p2p" else plan.duration
+    return rate + paced * 1.5
 
 
 async def _run_cell(
@@ -270,6 +272,8 @@ async def _run_cell(
     record.processes = len(groups)
     base = {
         "graph": list(framework.address),
+        "suite": cell.suite,
+        "variant": None if cell.variant is None else cell.variant.to_json(),
         "transport": cell.transport,
         "size": cell.size,
         "seed": int.from_bytes(os.urandom(4), "little"),

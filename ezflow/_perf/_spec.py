@@ -6,7 +6,9 @@ A *cell* is one (suite, transport, message size, clients N) combination. Its uni
 * ``fanin`` — N sources publish on one topic, one sink subscribes;
 * ``relay`` — source -> relay 1 -> ... -> relay N -> sink, each relay a subscriber whose
   messages are republished by a publisher on the next topic;
-* ``spread`` — the relay chain again, with every unit in its own process.
+* ``spread`` — the relay chain again, with every unit in its own process;
+* ``p2p`` — one source, one sink (N is always 1): the program users write, measured
+  in the variants of :class:`Variant` (the default one is the ordinary program).
 
 Where the units run (the *layout*):
 
@@ -18,7 +20,8 @@ Where the units run (the *layout*):
   relay 2, relay 4, ... in one; relay 1, relay 3, ..., in the other, the sink with the
   other parity), so every one of the N+1 edges crosses a process boundary, on 2 cores;
 * ``spread``: N+2 processes (``spread`` over ``local`` is refused: one process cannot
-  hold units that each have their own process).
+  hold units that each have their own process);
+* ``p2p`` over ``shm``/``tcp``: the source in one process, the sink in another.
 
 Every message is a fresh ``uint8`` array of the cell's size, filled by its source the
 way a producer fills a new frame: a 32-byte header (four little-endian int64: the
@@ -42,6 +45,18 @@ Each source runs four phases:
    ``duration`` seconds (or ``count`` messages): msgs/s, MB/s and the latency under
    load at the sinks.
 3. One ``END`` message.
+
+The ``p2p`` suite differs where the ordinary program differs (see :class:`Variant`):
+
+* its message is a tuple ``(phase, seq, t_ns, payload)``: Python ints and the payload,
+  a random ``float32`` array of size/4 elements, or, for the named size ``frame``
+  (:data:`FRAME_SIZE`), a random ``uint8`` array of shape :data:`FRAME_SHAPE`: the
+  same array every message unless it is loaned (then a new loan, filled, each time);
+* the LATENCY phase is paced at ``period`` (1 ms) whatever the size, 10 ms
+  (:data:`FRAME_PERIOD`) for ``frame``;
+* the RATE phase lasts at least ``duration`` seconds *and* at least
+  ``min_messages`` messages, but never more than ``max_duration`` seconds (``frame``:
+  ``duration`` only), so that a fast cell is not measured over a few milliseconds.
 """
 
 from __future__ import annotations
@@ -52,9 +67,15 @@ from typing import Any, Final
 
 __all__ = [
     "END",
+    "FRAME_PERIOD",
+    "FRAME_SHAPE",
+    "FRAME_SIZE",
     "LATENCY",
+    "LOOPS",
+    "MESSAGES",
     "QUICK",
     "RATE",
+    "RECEIVES",
     "STANDARD",
     "SUITES",
     "TRANSPORTS",
@@ -64,14 +85,19 @@ __all__ = [
     "ProcessSpec",
     "SpecError",
     "UnitSpec",
+    "Variant",
     "format_size",
     "latency_count",
     "layout",
+    "p2p_pacing",
     "pacing",
     "parse_size",
+    "parse_variant",
+    "payload_layout",
+    "suite_pacing",
 ]
 
-SUITES: Final = ("fanout", "fanin", "relay", "spread")
+SUITES: Final = ("fanout", "fanin", "relay", "spread", "p2p")
 TRANSPORTS: Final = ("local", "shm", "tcp")
 
 RATE: Final = 0
@@ -89,6 +115,17 @@ MAX_CLIENTS: Final = 64
 #: 21 ms), so that no framework under test is saturated by it.
 PACED_BYTES_PER_S: Final = 50e6
 
+#: The named size ``frame``: one 4K RGB video frame, a uint8 array of this shape.
+FRAME_SHAPE: Final = (2160, 3840, 3)
+FRAME_SIZE: Final = 2160 * 3840 * 3
+#: Pacing of the p2p LATENCY phase for ``frame`` (a 100 Hz camera).
+FRAME_PERIOD: Final = 0.01
+
+#: The values of each field of a :class:`Variant`; the first one is the default.
+MESSAGES: Final = ("tuple", "array")
+LOOPS: Final = ("asyncio", "uvloop")
+RECEIVES: Final = ("recv", "on_message")
+
 _UNITS = {"": 1, "B": 1, "K": 1024, "KIB": 1024, "KB": 1000, "M": 1024**2, "MIB": 1024**2}
 _UNITS |= {"MB": 1000**2, "G": 1024**3, "GIB": 1024**3, "GB": 1000**3}
 _SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
@@ -101,8 +138,10 @@ class SpecError(ValueError):
 
 def parse_size(text: str) -> int:
     """Bytes in *text*: ``64``, ``64B``, ``1KiB``, ``1MiB``, ``4K`` (= KiB), ``1KB``
-    (= 1000 B), ... Raises :class:`SpecError` for anything else, below 32 B or above
-    64 MiB."""
+    (= 1000 B), ..., or ``frame`` (:data:`FRAME_SIZE`). Raises :class:`SpecError` for
+    anything else, below 32 B or above 64 MiB."""
+    if text.strip().lower() == "frame":
+        return FRAME_SIZE
     match = _SIZE.match(text)
     unit = match.group(2).upper() if match else ""
     if match is None or unit not in _UNITS:
@@ -116,7 +155,10 @@ def parse_size(text: str) -> int:
 
 
 def format_size(size: int) -> str:
-    """``1 KiB``, ``1 MiB``, ``64 B``, ``1.5 KiB``: short and exact for powers of two."""
+    """``1 KiB``, ``1 MiB``, ``64 B``, ``1.5 KiB``: short and exact for powers of two;
+    ``frame`` for :data:`FRAME_SIZE`."""
+    if size == FRAME_SIZE:
+        return "frame"
     for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if size >= scale:
             value = size / scale
@@ -130,11 +172,31 @@ def pacing(size: int, period: float) -> float:
     return max(period, size / PACED_BYTES_PER_S)
 
 
-def latency_count(plan: Plan, size: int, sources: int) -> int:
+def p2p_pacing(size: int, period: float) -> float:
+    """Seconds between two p2p latency-phase messages: *period*, :data:`FRAME_PERIOD`
+    for ``frame`` (the p2p suite measures latency at the pacing users have, not at a
+    pacing that spares the framework)."""
+    return FRAME_PERIOD if size == FRAME_SIZE else period
+
+
+def suite_pacing(suite: str, size: int, period: float) -> float:
+    """The latency-phase pacing of *suite*: :func:`p2p_pacing` or :func:`pacing`."""
+    return p2p_pacing(size, period) if suite == "p2p" else pacing(size, period)
+
+
+def payload_layout(size: int) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of the p2p payload of *size* bytes: ``float32`` of size/4
+    elements, or the ``uint8`` frame for :data:`FRAME_SIZE`."""
+    if size == FRAME_SIZE:
+        return FRAME_SHAPE, "uint8"
+    return (size // 4,), "float32"
+
+
+def latency_count(plan: Plan, size: int, sources: int, suite: str = "fanout") -> int:
     """Latency-phase messages each of *sources* sources publishes: ``latency_samples``
     in all, fewer when that would take longer than ``latency_seconds`` (but at least
     10 in all and 2 per source)."""
-    fits = int(plan.latency_seconds / pacing(size, plan.period))
+    fits = int(plan.latency_seconds / suite_pacing(suite, size, plan.period))
     total = max(10, min(plan.latency_samples, fits))
     return max(2, -(-total // sources))
 
@@ -147,17 +209,20 @@ class Plan:
     the first tenth of the LATENCY phase out of the latency figures. The LATENCY phase
     sends ``latency_samples`` messages, fewer when they would take more than
     ``latency_seconds`` at the cell's :func:`pacing`; ``period`` is the pacing of small
-    messages."""
+    messages. The p2p RATE phase also runs until ``min_messages`` messages are out,
+    but no longer than ``max_duration`` seconds."""
 
     duration: float = 2.0
     count: int | None = None
     warmup: float = 0.2
-    latency_samples: int = 300
+    latency_samples: int = 1000
     latency_seconds: float = 1.5
     period: float = 0.001
     repeats: int = 3
     floor_round_trips: int = 1000
     loan: bool = True
+    min_messages: int = 20_000
+    max_duration: float = 6.0
 
     def __post_init__(self) -> None:
         if not 0 < self.duration <= 600:
@@ -176,6 +241,10 @@ class Plan:
             raise SpecError(f"repeats {self.repeats!r} must be in [1, 100]")
         if not 1 <= self.floor_round_trips <= 1_000_000:
             raise SpecError(f"floor round trips {self.floor_round_trips!r} must be >= 1")
+        if not 0 <= self.min_messages <= 100_000_000:
+            raise SpecError(f"min messages {self.min_messages!r} must be in [0, 100000000]")
+        if not self.duration <= self.max_duration <= 600:
+            raise SpecError(f"max duration {self.max_duration!r} s must be in [duration, 600]")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,7 +260,94 @@ QUICK: Final = Plan(
     latency_seconds=0.4,
     repeats=1,
     floor_round_trips=200,
+    min_messages=5000,
+    max_duration=1.5,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """How the p2p program is written (ezflow's variants; peers run the default only).
+
+    The default, ``Variant()``, is the ordinary program: a tuple message, plain
+    ``asyncio.run``, ``await sub.recv()``, a private payload array. The others change
+    one thing each (or several, joined with ``+``): ``array`` publishes the payload
+    alone with the header in its first 32 bytes; ``uvloop`` runs on uvloop;
+    ``on_message`` receives in a callback; ``loan`` fills a buffer from
+    ``Publisher.loan`` (lent for shm at the inline limit and up, a private array
+    otherwise).
+    """
+
+    message: str = "tuple"
+    loop: str = "asyncio"
+    receive: str = "recv"
+    loan: bool = False
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("message", self.message, MESSAGES),
+            ("loop", self.loop, LOOPS),
+            ("receive", self.receive, RECEIVES),
+        ):
+            if value not in allowed:
+                raise SpecError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
+
+    @property
+    def is_default(self) -> bool:
+        return self == Variant()
+
+    @property
+    def label(self) -> str:
+        """``ordinary`` for the default, else what differs joined with ``+``, e.g.
+        ``array+uvloop+on_message``: :func:`parse_variant` reads it back."""
+        parts = [
+            value
+            for value, default in (
+                (self.message, "tuple"),
+                (self.loop, "asyncio"),
+                (self.receive, "recv"),
+            )
+            if value != default
+        ]
+        if self.loan:
+            parts.append("loan")
+        return "+".join(parts) or "ordinary"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Variant:
+        return cls(**data)
+
+
+def parse_variant(text: str) -> Variant:
+    """A :class:`Variant` from its :attr:`Variant.label`: ``ordinary`` (or
+    ``default``), or words joined with ``+`` among ``array``, ``tuple``, ``uvloop``,
+    ``asyncio``, ``on_message``, ``recv``, ``loan``, ``copy``. Raises
+    :class:`SpecError` for an unknown word."""
+    fields: dict[str, Any] = {}
+    words = {
+        "tuple": ("message", "tuple"),
+        "array": ("message", "array"),
+        "asyncio": ("loop", "asyncio"),
+        "uvloop": ("loop", "uvloop"),
+        "recv": ("receive", "recv"),
+        "on_message": ("receive", "on_message"),
+        "loan": ("loan", True),
+        "copy": ("loan", False),
+    }
+    for word in text.strip().lower().split("+"):
+        if word in ("ordinary", "default"):
+            continue
+        if word not in words:
+            raise SpecError(
+                f"unknown variant {word!r} in {text!r}; use ordinary or words joined "
+                f"with '+' among {', '.join(words)} (e.g. array+uvloop+on_message)"
+            )
+        name, value = words[word]
+        fields[name] = value
+    return Variant(**fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +358,9 @@ class Cell:
     transport: str
     size: int
     clients: int
+    #: How the p2p program is written; None for the other suites (bare arrays, the
+    #: framework's default loop, ``Plan.loan``).
+    variant: Variant | None = None
 
     def __post_init__(self) -> None:
         if self.suite not in SUITES:
@@ -216,14 +375,29 @@ class Cell:
             )
         if not 1 <= self.clients <= MAX_CLIENTS:
             raise SpecError(f"clients {self.clients} must be between 1 and {MAX_CLIENTS}")
+        if self.suite == "p2p":
+            if self.clients != 1:
+                raise SpecError(f"p2p has one source and one sink, not N={self.clients}")
+            if self.variant is None:
+                raise SpecError("a p2p cell needs a variant (Variant() is the ordinary one)")
+            if self.size != FRAME_SIZE and self.size % 4:
+                raise SpecError(
+                    f"p2p size {self.size} B is not a multiple of 4 (its payload is float32)"
+                )
+        elif self.variant is not None:
+            raise SpecError(f"variants are for the p2p suite, not {self.suite}")
 
     @property
     def label(self) -> str:
-        return f"{self.suite}/{self.transport}/{format_size(self.size)}/N={self.clients}"
+        size = format_size(self.size)
+        if self.variant is not None:
+            return f"{self.suite}/{self.transport}/{size}/{self.variant.label}"
+        return f"{self.suite}/{self.transport}/{size}/N={self.clients}"
 
     @property
-    def key(self) -> tuple[str, str, int, int]:
-        return (self.suite, self.transport, self.size, self.clients)
+    def key(self) -> tuple[str, str, int, int, str]:
+        variant = "" if self.variant is None else self.variant.label
+        return (self.suite, self.transport, self.size, self.clients, variant)
 
     @property
     def applicable(self) -> str | None:
@@ -274,7 +448,11 @@ def layout(cell: Cell, prefix: str) -> list[ProcessSpec]:
     n = cell.clients
     if cell.applicable is not None:
         raise SpecError(f"{cell.label}: {cell.applicable}")
-    if cell.suite == "fanout":
+    if cell.suite == "p2p":
+        topic = f"{prefix}/p2p"
+        pair = [UnitSpec("source", 0, None, topic), UnitSpec("sink", 0, topic, None, sources=1)]
+        groups = [pair] if cell.transport == "local" else [pair[:1], pair[1:]]
+    elif cell.suite == "fanout":
         topic = f"{prefix}/out"
         source = [UnitSpec("source", 0, None, topic)]
         sinks = [UnitSpec("sink", i, topic, None, sources=1) for i in range(n)]

@@ -42,22 +42,42 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from .._core._exceptions import ConfigurationError
-from ._spec import END, LATENCY, RATE, WARMUP, Plan, UnitSpec, latency_count, pacing
+from ._spec import (
+    END,
+    FRAME_SIZE,
+    LATENCY,
+    RATE,
+    WARMUP,
+    Plan,
+    UnitSpec,
+    latency_count,
+    p2p_pacing,
+    pacing,
+    payload_layout,
+)
 
 __all__ = [
     "HEADER",
     "EzflowFramework",
     "Framework",
+    "NewFrame",
+    "NewPayload",
+    "P2PSink",
     "SinkState",
     "is_end",
     "main",
+    "p2p_payload_for",
     "payload_for",
     "private_frame",
+    "private_payload",
 ]
 
 T = TypeVar("T")
 Frame = np.ndarray[Any, np.dtype[np.uint8]]
-NewFrame = Callable[[], Awaitable[Frame]]
+Payload = np.ndarray[Any, Any]
+NewPayload = Callable[[], Awaitable[Payload]]
+#: The former name of :data:`NewPayload` (a ``uint8`` frame is a payload).
+NewFrame = NewPayload
 
 #: The header of every message: publish time (ns), seq, source index, phase.
 HEADER = struct.Struct("<4q")
@@ -74,7 +94,13 @@ EXIT_ABANDONED = 3
 
 class Framework(Protocol):
     """What a worker needs from a pub/sub framework. ``ctx``, ``pub`` and ``sub`` are
-    the framework's own objects; the worker only hands them back."""
+    the framework's own objects; the worker only hands them back.
+
+    A framework with variants of its own (ezflow: loop, ``recv`` or ``on_message``) may
+    also define ``configure(variant: dict)``: :func:`main` calls it with the cell's
+    :class:`~._spec.Variant` (as JSON) before :meth:`run`, p2p cells only. Peers run
+    the default variant and need not define it.
+    """
 
     name: str
     #: Errors that mean "this transport is not available here": the cell is reported
@@ -94,16 +120,19 @@ class Framework(Protocol):
         ...
 
     def graph_server(self) -> AbstractAsyncContextManager[tuple[str, int]]:
-        """Serve a graph server on a free loopback port while the block runs; yields its
-        address."""
+        """Serve while the block runs; yield an address ``(host, port)`` that every
+        worker of the run receives (:meth:`context`). A framework without a graph
+        server uses it as a rendezvous (e.g. a free port it reserves here, from which
+        endpoints are derived)."""
         ...
 
     def context(self, graph: tuple[str, int]) -> AbstractAsyncContextManager[Any]:
-        """A client context of the graph server at *graph*."""
+        """A client context of the graph server (or rendezvous) at *graph*."""
         ...
 
     async def publisher(self, ctx: Any, topic: str, transport: str) -> Any:
-        """A publisher on *topic* whose edges use *transport* (local, shm or tcp)."""
+        """A publisher on *topic* whose edges use *transport* (local, shm or tcp).
+        Raises one of :attr:`unavailable` when the framework has no such transport."""
         ...
 
     async def subscriber(self, ctx: Any, topic: str, transport: str) -> Any:
@@ -111,32 +140,53 @@ class Framework(Protocol):
         ...
 
     def publish_function(self, pub: Any) -> Callable[[Any], Awaitable[None]]:
-        """The coroutine function that publishes one message on *pub*."""
+        """The coroutine function that publishes one message on *pub*. In p2p the
+        message is the tuple ``(phase, seq, t_ns, payload)`` (or, in ezflow's ``array``
+        variant, the payload alone); the framework converts it the way a user of it
+        would (pyzmq: ``send_multipart([header, payload], copy=False)``), and that cost
+        is part of what is measured. In the other suites it is a ``uint8`` array."""
         ...
 
-    def frame_function(self, pub: Any, transport: str, size: int, loan: bool) -> NewFrame:
-        """The coroutine function that returns a new writable ``uint8`` array of *size*
-        bytes for the next message of *pub*: a buffer the framework lends when *loan*
-        and it has one for *transport*, else a private array."""
+    def payload_function(
+        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: str, loan: bool
+    ) -> NewPayload:
+        """The coroutine function that returns a new writable array of *shape* and
+        *dtype* for the next message of *pub*: a buffer the framework lends when *loan*
+        and it can lend one for *transport*, else a private array (a framework that
+        cannot lend always returns private arrays: "copied" in the tables)."""
         ...
 
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
-        """Call ``handle(message)`` for each message of *sub* until it returns True. The
-        message need not stay valid after ``handle`` returns."""
+        """Call ``handle(message)`` for each message of *sub* until it returns True. In
+        p2p, ``message[0]``..``message[3]`` are phase, seq, t_ns and the payload (same
+        dtype and shape; may be read-only). The message need not stay valid after
+        ``handle`` returns. An exception of ``handle`` ends ``consume`` with it."""
         ...
 
     async def relay(self, sub: Any, pub: Any) -> int:
         """Republish every message of *sub* on *pub*, up to and including the first
-        one that :func:`is_end`; return how many."""
+        one that :func:`is_end`; return how many (the relay and spread suites only)."""
         ...
 
 
 class EzflowFramework:
-    """ezflow's low-level API (GraphContext, Publisher, Subscriber), on uvloop unless
-    ``EZFLOW_EVENT_LOOP`` says otherwise."""
+    """ezflow's low-level API (GraphContext, Publisher, Subscriber). Outside p2p it runs
+    on uvloop unless ``EZFLOW_EVENT_LOOP`` says otherwise; a p2p cell's variant
+    (:meth:`configure`) picks the loop (``asyncio`` is plain :func:`asyncio.run`) and
+    ``recv`` or ``on_message``."""
 
     name = "ezflow"
     unavailable: tuple[type[Exception], ...] = (ConfigurationError,)
+
+    def __init__(self) -> None:
+        self._loop: str | None = None
+        self._receive = "recv"
+
+    def configure(self, variant: dict[str, Any]) -> None:
+        """Adopt a p2p cell's variant (loop and receive; the message shape and the
+        loan are the worker's)."""
+        self._loop = variant["loop"]
+        self._receive = variant["receive"]
 
     def version(self) -> str:
         import ezflow  # noqa: PLC0415 - keep the module importable without side effects
@@ -144,14 +194,18 @@ class EzflowFramework:
         return ezflow.__version__
 
     def loop_name(self) -> str:
+        if self._loop is not None:
+            return self._loop
         from .._core._loop import loop_factory  # noqa: PLC0415
 
         return "uvloop" if loop_factory().__module__.startswith("uvloop") else "asyncio"
 
     def run(self, main: Coroutine[Any, Any, T]) -> T:
+        if self._loop == "asyncio":
+            return asyncio.run(main)  # exactly what the ordinary program calls
         from .._core._loop import run_coroutine  # noqa: PLC0415
 
-        return run_coroutine(main)
+        return run_coroutine(main, loop=self._loop)
 
     @contextlib.asynccontextmanager
     async def graph_server(self) -> AsyncIterator[tuple[str, int]]:
@@ -169,27 +223,37 @@ class EzflowFramework:
         return await ctx.publisher(topic, transport=transport)
 
     async def subscriber(self, ctx: Any, topic: str, transport: str) -> Any:
+        if self._receive == "on_message":
+            callbacks = _Callbacks()
+            await ctx.subscriber(topic, transport=transport, on_message=callbacks)
+            return callbacks
         return await ctx.subscriber(topic, transport=transport)
 
     def publish_function(self, pub: Any) -> Callable[[Any], Awaitable[None]]:
         publish: Callable[[Any], Awaitable[None]] = pub.publish
         return publish
 
-    def frame_function(self, pub: Any, transport: str, size: int, loan: bool) -> NewFrame:
+    def payload_function(
+        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: str, loan: bool
+    ) -> NewPayload:
         from .._core._config import DEFAULT_SHM_INLINE_LIMIT  # noqa: PLC0415
 
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         # Below the inline limit shm sends messages inline on its socket: nothing to lend.
-        if loan and transport == "shm" and size >= DEFAULT_SHM_INLINE_LIMIT:
+        if loan and transport == "shm" and nbytes >= DEFAULT_SHM_INLINE_LIMIT:
             lend = pub.loan
 
-            async def loaned() -> Frame:
-                frame: Frame = await lend(size)
-                return frame
+            async def loaned() -> Payload:
+                payload: Payload = await lend(shape, dtype)
+                return payload
 
             return loaned
-        return private_frame(size)
+        return private_payload(shape, dtype)
 
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
+        if isinstance(sub, _Callbacks):
+            await sub.consume(handle)
+            return
         recv = sub.recv
         while not handle(await recv()):
             pass
@@ -205,14 +269,65 @@ class EzflowFramework:
                 return forwarded
 
 
-def private_frame(size: int) -> NewFrame:
-    """A :meth:`Framework.frame_function` that allocates a new array every time."""
-    empty, uint8 = np.empty, np.uint8
+class _Callbacks:
+    """The ``on_message`` callback of an ezflow subscriber, standing in for the
+    subscriber in :meth:`EzflowFramework.consume`: messages that arrive before
+    ``consume`` starts wait in a list (none are lost)."""
 
-    async def new() -> Frame:
-        return empty(size, uint8)
+    def __init__(self) -> None:
+        self._early: list[Any] = []
+        self._handle: Callable[[Any], bool] | None = None
+        self._done: asyncio.Future[None] | None = None
+
+    def __call__(self, message: Any) -> None:
+        handle = self._handle
+        if handle is None:
+            self._early.append(message)
+            return
+        try:
+            finished = handle(message)
+        except BaseException as exc:  # ezflow would only count it: end consume() with it
+            self._finish(exc)
+            return
+        if finished:
+            self._finish(None)
+
+    def _finish(self, error: BaseException | None) -> None:
+        self._handle = _ignore
+        if self._done is not None and not self._done.done():
+            if error is None:
+                self._done.set_result(None)
+            else:
+                self._done.set_exception(error)
+
+    async def consume(self, handle: Callable[[Any], bool]) -> None:
+        self._done = asyncio.get_running_loop().create_future()
+        early, self._early = self._early, []
+        for message in early:
+            if handle(message):
+                self._handle = _ignore
+                return
+        self._handle = handle
+        await self._done
+
+
+def _ignore(message: Any) -> bool:
+    return False
+
+
+def private_payload(shape: tuple[int, ...], dtype: str) -> NewPayload:
+    """A :meth:`Framework.payload_function` that allocates a new array every time."""
+    empty, kind = np.empty, np.dtype(dtype)
+
+    async def new() -> Payload:
+        return empty(shape, kind)
 
     return new
+
+
+def private_frame(size: int) -> NewPayload:
+    """:func:`private_payload` of *size* ``uint8`` bytes."""
+    return private_payload((size,), "uint8")
 
 
 def is_end(message: Any) -> bool:
@@ -223,6 +338,16 @@ def is_end(message: Any) -> bool:
 def payload_for(seed: int, source: int, size: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """The random payload of *source* (never zeros, which the kernel shares for free)."""
     return np.random.default_rng([seed, source]).integers(0, 256, size, dtype=np.uint8)
+
+
+def p2p_payload_for(seed: int, size: int) -> Payload:
+    """The random p2p payload of *size* bytes (:func:`._spec.payload_layout`): random
+    ``float32`` in [1, 2) (never zeros), or random ``uint8`` for the frame."""
+    shape, dtype = payload_layout(size)
+    rng = np.random.default_rng([seed, 0])
+    if dtype == "uint8":
+        return rng.integers(1, 256, shape, dtype=np.uint8)
+    return (rng.random(shape, dtype=np.float32) + np.float32(1.0)).astype(np.float32)
 
 
 def _cpu_seconds() -> float:
@@ -260,9 +385,19 @@ class SinkState:
         self.warm = [0] * self.sources
 
     def handle(self, message: Any) -> bool:
-        """Account one message; True once every source has ended."""
+        """Account one message (a ``uint8`` array with :data:`HEADER` first); True once
+        every source has ended."""
         now = time.perf_counter_ns()
         stamp, seq, source, phase = HEADER.unpack_from(message)
+        return self._account(now, stamp, seq, source, phase, message)
+
+    def _intact(self, message: Any, source: int) -> bool:
+        """Whether the payload of *message* is what *source* sends."""
+        return bool(np.array_equal(message[HEADER.size :], self.expected[source][HEADER.size :]))
+
+    def _account(  # noqa: PLR0917 - the header fields, unpacked once by the caller
+        self, now: int, stamp: int, seq: int, source: int, phase: int, message: Any
+    ) -> bool:
         expected_seq = self.next_seq[source]
         if seq != expected_seq:  # lossless edges: never, unless something is broken
             if seq > expected_seq:
@@ -289,7 +424,7 @@ class SinkState:
             return False
         # The whole payload is checked on untimed messages only: a check here would
         # delay the next sink of this process and count in its latency.
-        if not np.array_equal(message[HEADER.size :], self.expected[source][HEADER.size :]):
+        if not self._intact(message, source):
             self.corrupt += 1
         if phase == WARMUP:
             self.warm[source] += 1
@@ -323,6 +458,35 @@ class SinkState:
         }
 
 
+@dataclass(slots=True)
+class P2PSink(SinkState):
+    """The sink of a p2p cell (one source): messages are ``(phase, seq, t_ns, payload)``
+    (anything indexable so), or with *array* the payload alone, :data:`HEADER` in its
+    first bytes. ``expected`` holds the source's payload."""
+
+    array: bool = False
+
+    def handle(self, message: Any) -> bool:
+        now = time.perf_counter_ns()
+        if self.array:
+            stamp, seq, _, phase = HEADER.unpack_from(message)
+        else:
+            phase, seq, stamp = message[0], message[1], message[2]
+        return self._account(now, stamp, seq, 0, phase, message)
+
+    def _intact(self, message: Any, source: int) -> bool:
+        expected = self.expected[0]
+        if self.array:
+            got = np.asarray(message).view(np.uint8).reshape(-1)[HEADER.size :]
+            return bool(np.array_equal(got, expected.view(np.uint8).reshape(-1)[HEADER.size :]))
+        payload = np.asarray(message[3])
+        return (
+            payload.dtype == expected.dtype
+            and payload.shape == expected.shape
+            and bool(np.array_equal(payload, expected))
+        )
+
+
 class _Barrier:
     """Releases every waiter once *parties* have arrived (asyncio.Barrier is 3.11+)."""
 
@@ -351,7 +515,7 @@ async def _source(
     size: int = spec["size"]
     body = payload_for(spec["seed"], unit.index, size)[HEADER.size :]
     publish = framework.publish_function(pub)
-    new_frame = framework.frame_function(pub, spec["transport"], size, plan.loan)
+    new_frame = framework.payload_function(pub, spec["transport"], (size,), "uint8", plan.loan)
     # Typed loosely: numpy arrays are buffers, which typeshed's Buffer does not know.
     pack: Callable[..., None] = HEADER.pack_into
     clock, start = time.perf_counter_ns, HEADER.size
@@ -406,6 +570,83 @@ async def _source(
     }
 
 
+async def _p2p_source(
+    framework: Framework,
+    pub: Any,
+    spec: dict[str, Any],
+    plan: Plan,
+    *,
+    measure: asyncio.Event,
+) -> dict[str, Any]:
+    """Publish the phases of the p2p source (see :mod:`._spec`), written the way the
+    cell's variant says."""
+    size: int = spec["size"]
+    variant: dict[str, Any] = spec["variant"]
+    shape, dtype = payload_layout(size)
+    body = p2p_payload_for(spec["seed"], size)
+    publish = framework.publish_function(pub)
+    array, loan = variant["message"] == "array", bool(variant["loan"])
+    # Typed loosely: numpy arrays are buffers, which typeshed's Buffer does not know.
+    pack: Callable[..., None] = HEADER.pack_into
+    clock = time.perf_counter_ns
+    seq = 0
+
+    if array or loan:
+        # A bare array carries its own header, so it cannot be the same array each
+        # time (a transport may still hold the previous one): a new one, filled.
+        new_payload = framework.payload_function(pub, spec["transport"], shape, dtype, loan)
+
+        async def send(phase: int) -> None:
+            payload = await new_payload()
+            payload[...] = body
+            if array:
+                pack(payload, 0, clock(), seq, 0, phase)
+                await publish(payload)
+            else:
+                await publish((phase, seq, clock(), payload))
+
+    else:
+
+        async def send(phase: int) -> None:
+            await publish((phase, seq, clock(), body))  # the ordinary program
+
+    period = p2p_pacing(size, plan.period)
+    while not measure.is_set():
+        await send(WARMUP)
+        seq += 1
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(measure.wait(), period)
+    due = time.monotonic()
+    for _ in range(latency_count(plan, size, 1, "p2p")):
+        await send(LATENCY)
+        seq += 1
+        due += period
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+    frame = size == FRAME_SIZE
+    started = clock()
+    stop_ns = started + int(plan.duration * 1e9)
+    hard_ns = started + int((plan.duration if frame else plan.max_duration) * 1e9)
+    at_least = seq + (0 if frame else plan.min_messages)
+    limit = seq + (plan.count if plan.count is not None else sys.maxsize)
+    plain = not (array or loan)
+    while seq < limit:
+        now = clock()
+        if now >= stop_ns and (seq >= at_least or now >= hard_ns):
+            break
+        if plain:  # send(RATE), inlined: what the ordinary program's loop costs
+            await publish((RATE, seq, now, body))
+        else:
+            await send(RATE)
+        seq += 1
+        if not seq % YIELD_EVERY:
+            # publish() need not suspend: let the other tasks of this process run, e.g.
+            # the one that notices the parent has gone.
+            await asyncio.sleep(0)
+    rate_seconds = (clock() - started) / 1e9
+    await send(END)
+    return {"kind": "source", "index": 0, "rate_seconds": rate_seconds, "published": seq + 1}
+
+
 async def _sink(
     framework: Framework,
     sub: Any,
@@ -415,11 +656,19 @@ async def _sink(
     *,
     on_warm: Callable[[], None],
 ) -> dict[str, Any]:
-    sources = unit.sources
-    expected = [payload_for(spec["seed"], index, spec["size"]) for index in range(sources)]
-    state = SinkState(
-        sources=sources, warmup_ns=int(plan.warmup * 1e9), expected=expected, on_warm=on_warm
-    )
+    sources, warmup_ns = unit.sources, int(plan.warmup * 1e9)
+    state: SinkState
+    if spec.get("suite") == "p2p":
+        state = P2PSink(
+            sources=1,
+            warmup_ns=warmup_ns,
+            expected=[p2p_payload_for(spec["seed"], spec["size"])],
+            on_warm=on_warm,
+            array=spec["variant"]["message"] == "array",
+        )
+    else:
+        expected = [payload_for(spec["seed"], index, spec["size"]) for index in range(sources)]
+        state = SinkState(sources=sources, warmup_ns=warmup_ns, expected=expected, on_warm=on_warm)
     await framework.consume(sub, state.handle)
     result = state.result(latency_warmup=state.latency_messages // 10)
     result.update(kind="sink", index=unit.index)
@@ -510,7 +759,9 @@ async def _run_units(framework: Framework, spec: dict[str, Any]) -> None:
             paced_done = _Barrier(sum(1 for unit in units if unit.kind == "source"))
             for unit in units:
                 key = (unit.kind, unit.index)
-                if unit.kind == "source":
+                if unit.kind == "source" and spec.get("suite") == "p2p":
+                    work.append(_p2p_source(framework, pubs[key], spec, plan, measure=measure))
+                elif unit.kind == "source":
                     work.append(
                         _source(
                             framework,
@@ -530,6 +781,7 @@ async def _run_units(framework: Framework, spec: dict[str, Any]) -> None:
                 results = await _unless_gone(asyncio.gather(*work), gone)
                 _emit(
                     "result",
+                    loop=framework.loop_name(),
                     cpu_seconds=_cpu_seconds() - cpu_started,
                     wall_seconds=time.perf_counter() - wall_started,
                     units=results,
@@ -586,6 +838,9 @@ def main(framework: Framework, argv: list[str] | None = None) -> None:
             framework.run(_run_graph(framework))
         elif args[:1] == ["units"] and len(args) == 2:
             spec = json.loads(args[1])
+            configure = getattr(framework, "configure", None)
+            if spec.get("variant") is not None and configure is not None:
+                configure(spec["variant"])
             profile = spec.get("profile")
             profiler = cProfile.Profile() if profile else None
             if profiler is not None:

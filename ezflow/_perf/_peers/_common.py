@@ -29,7 +29,7 @@ import contextlib
 import json
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import numpy as np
@@ -42,7 +42,6 @@ __all__ = [
     "decode",
     "encode_header",
     "header_size",
-    "private_payload",
     "rendezvous",
 ]
 
@@ -95,18 +94,6 @@ def decode(buffer: Any, offset: int = 0, payload: Any = None) -> Message | Paylo
     return array if phase == BARE else (phase, seq, t_ns, array)
 
 
-def private_payload(
-    shape: tuple[int, ...], dtype: np.dtype[Any]
-) -> Callable[[], Awaitable[Payload]]:
-    """A payload function that allocates a new private array for every message."""
-    empty = np.empty
-
-    async def new() -> Payload:
-        return empty(shape, dtype)
-
-    return new
-
-
 async def _serve_client(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
@@ -123,12 +110,13 @@ async def _serve_client(
                     changed.notify_all()
                 writer.write(b"ok\n")
             elif verb == "get":
+                wanted = rest
                 async with changed:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(
-                            changed.wait_for(lambda: rest in topics), RENDEZVOUS_TIMEOUT
+                            changed.wait_for(lambda: wanted in topics), RENDEZVOUS_TIMEOUT
                         )
-                    values = topics.get(rest, [])
+                    values = topics.get(wanted, [])
                 writer.write(json.dumps(values).encode() + b"\n")
             else:
                 writer.write(b"error: unknown command\n")

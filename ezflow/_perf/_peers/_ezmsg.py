@@ -35,10 +35,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 import ezmsg.core as ez
-import numpy as np
 
-from .._worker import NewFrame, is_end, main, private_frame
-from ._common import private_payload
+from .._worker import NewPayload, is_end, main, private_payload
 
 T = TypeVar("T")
 
@@ -83,14 +81,11 @@ class EzmsgFramework:
         broadcast: Callable[[Any], Awaitable[None]] = pub.broadcast
         return broadcast
 
-    def frame_function(self, pub: Any, transport: str, size: int, loan: bool) -> NewFrame:
-        # ezmsg has no buffer to lend: broadcast copies the array into its shared memory.
-        return private_frame(size)
 
     def payload_function(
-        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: Any, loan: bool
-    ) -> Callable[[], Awaitable[Any]]:
-        return private_payload(tuple(shape), np.dtype(dtype))  # nothing to lend either
+        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: str, loan: bool
+    ) -> NewPayload:
+        return private_payload(shape, dtype)  # nothing to lend either
 
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         receive = sub.recv_zero_copy

@@ -37,14 +37,13 @@ from typing import Any, Final, TypeVar
 import iceoryx2 as iox2
 import numpy as np
 
-from .._worker import NewFrame, is_end, main, private_frame
+from .._worker import NewPayload, is_end, main, private_payload
 from ._common import (
     BARE,
     PeerUnavailableError,
     decode,
     encode_header,
     header_size,
-    private_payload,
     rendezvous,
 )
 
@@ -188,27 +187,25 @@ class Iceoryx2Framework:
         return send
 
     def payload_function(
-        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: Any, loan: bool
-    ) -> Callable[[], Awaitable[Any]]:
-        dtype = np.dtype(dtype)
+        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: str, loan: bool
+    ) -> NewPayload:
         if not loan:
-            return private_payload(tuple(shape), dtype)
+            return private_payload(shape, dtype)
+        kind = np.dtype(dtype)
         offset = header_size(len(shape))
-        nbytes = int(np.prod(shape)) * dtype.itemsize
+        nbytes = int(np.prod(shape)) * kind.itemsize
         lend = pub.publisher.loan_slice_uninit
 
         async def lent() -> Any:
             sample = lend(offset + nbytes)
             memory = sample.payload().as_memory_view()
-            array = np.frombuffer(memory, dtype, nbytes // dtype.itemsize, offset)
+            array = np.frombuffer(memory, kind, nbytes // kind.itemsize, offset)
             array = array.reshape(shape)
             pub.lent = (array, sample)
             return array
 
         return lent
 
-    def frame_function(self, pub: Any, transport: str, size: int, loan: bool) -> NewFrame:
-        return private_frame(size)
 
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         receive, wait = sub.subscriber.receive, sub.listener.timed_wait

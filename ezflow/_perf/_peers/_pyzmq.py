@@ -33,14 +33,13 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from .._worker import NewFrame, is_end, main, private_frame
+from .._worker import NewPayload, is_end, main, private_payload
 from ._common import (
     BARE,
     PeerUnavailableError,
     Rendezvous,
     decode,
     encode_header,
-    private_payload,
     rendezvous,
 )
 
@@ -134,13 +133,11 @@ class PyzmqFramework:
         return publish
 
     def payload_function(
-        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: Any, loan: bool
-    ) -> Callable[[], Awaitable[Any]]:
+        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: str, loan: bool
+    ) -> NewPayload:
         # zmq has no buffer to lend: a private array, sent without a copy in Python.
-        return private_payload(tuple(shape), np.dtype(dtype))
+        return private_payload(shape, dtype)
 
-    def frame_function(self, pub: Any, transport: str, size: int, loan: bool) -> NewFrame:
-        return private_frame(size)
 
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         receive = sub.recv_multipart

@@ -47,14 +47,13 @@ from typing import Any, Final, TypeVar
 import numpy as np
 import zenoh
 
-from .._worker import NewFrame, is_end, main, private_frame
+from .._worker import NewPayload, is_end, main, private_payload
 from ._common import (
     BARE,
     PeerUnavailableError,
     Rendezvous,
     decode,
     encode_header,
-    private_payload,
     wait_until,
 )
 from ._common import rendezvous as serve_rendezvous
@@ -199,13 +198,11 @@ class ZenohFramework:
         return publish
 
     def payload_function(
-        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: Any, loan: bool
-    ) -> Callable[[], Awaitable[Any]]:
+        self, pub: Any, transport: str, shape: tuple[int, ...], dtype: str, loan: bool
+    ) -> NewPayload:
         # Zenoh's SHM buffers (ZShmMut) take bytes, not a writable array view: no loan.
-        return private_payload(tuple(shape), np.dtype(dtype))
+        return private_payload(shape, dtype)
 
-    def frame_function(self, pub: Any, transport: str, size: int, loan: bool) -> NewFrame:
-        return private_frame(size)
 
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         channel = sub.subscriber.handler
