@@ -30,6 +30,8 @@ import json
 import struct
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
+from operator import contains
 from typing import Any, Final
 
 import numpy as np
@@ -114,7 +116,7 @@ async def _serve_client(
                 async with changed:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(
-                            changed.wait_for(lambda: wanted in topics), RENDEZVOUS_TIMEOUT
+                            changed.wait_for(partial(contains, topics, wanted)), RENDEZVOUS_TIMEOUT
                         )
                     values = topics.get(wanted, [])
                 writer.write(json.dumps(values).encode() + b"\n")

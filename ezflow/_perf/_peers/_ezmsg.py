@@ -81,7 +81,6 @@ class EzmsgFramework:
         broadcast: Callable[[Any], Awaitable[None]] = pub.broadcast
         return broadcast
 
-
     def payload_function(
         self, pub: Any, transport: str, shape: tuple[int, ...], dtype: str, loan: bool
     ) -> NewPayload:

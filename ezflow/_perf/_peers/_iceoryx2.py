@@ -206,7 +206,6 @@ class Iceoryx2Framework:
 
         return lent
 
-
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         receive, wait = sub.subscriber.receive, sub.listener.timed_wait
         timeout = iox2.Duration.from_secs_f64(WAIT)

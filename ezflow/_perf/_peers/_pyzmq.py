@@ -138,7 +138,6 @@ class PyzmqFramework:
         # zmq has no buffer to lend: a private array, sent without a copy in Python.
         return private_payload(shape, dtype)
 
-
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         receive = sub.recv_multipart
         while True:

@@ -203,7 +203,6 @@ class ZenohFramework:
         # Zenoh's SHM buffers (ZShmMut) take bytes, not a writable array view: no loan.
         return private_payload(shape, dtype)
 
-
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         channel = sub.subscriber.handler
 
