@@ -17,13 +17,26 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .._core._loop import run_coroutine
 from .._perf import _compare, _report, _runner, _schema, _tables
-from .._perf._spec import QUICK, STANDARD, SUITES, TRANSPORTS, Cell, Plan, SpecError, parse_size
+from .._perf._spec import (
+    QUICK,
+    STANDARD,
+    SUITES,
+    TRANSPORTS,
+    Cell,
+    Plan,
+    SpecError,
+    Variant,
+    format_size,
+    parse_size,
+    parse_variant,
+)
 
 __all__ = ["app"]
 
 app = typer.Typer(
-    help="Benchmarks: fan-out, fan-in, relay and spread suites over local, shm and tcp, "
-    "next to the raw floor of the machine (and, on request, a peer framework).",
+    help="Benchmarks: the p2p suite (the program users write, 1 -> 1) and the fan-out, "
+    "fan-in, relay and spread suites over local, shm and tcp, next to the raw floor of "
+    "the machine (and, on request, peer frameworks).",
     no_args_is_help=True,
 )
 
@@ -33,6 +46,9 @@ _errors = Console(stderr=True, soft_wrap=True)  # one error, one line
 
 DEFAULT_SIZES = ("64B", "1KiB", "64KiB", "1MiB")
 QUICK_SIZES = ("1KiB", "1MiB")
+#: ``--variant all``: the ordinary program, each change alone, and all of the fast ones
+#: together (what the old headline measured).
+ALL_VARIANTS = ("ordinary", "array", "uvloop", "on_message", "loan", "array+uvloop+on_message")
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -55,15 +71,32 @@ def _choose(values: list[str] | None, allowed: tuple[str, ...], what: str) -> li
     return chosen
 
 
+def _variants(values: list[str] | None) -> list[Variant]:
+    """The p2p variants of ``--variant`` (comma-separated or repeated; ``all`` for
+    :data:`ALL_VARIANTS`), the ordinary program when none; raises SpecError."""
+    texts = [part.strip() for value in values or ["ordinary"] for part in value.split(",")]
+    expanded = [text for part in texts for text in (ALL_VARIANTS if part == "all" else (part,))]
+    return list(dict.fromkeys(parse_variant(text) for text in expanded))
+
+
 def _cells(
-    suites: list[str], transports: list[str], sizes: list[int], clients: list[int]
+    suites: list[str],
+    transports: list[str],
+    sizes: list[int],
+    clients: list[int],
+    variants: list[Variant],
 ) -> list[Cell]:
+    """Every combination; p2p cells by variant (N is 1), the others by N."""
     return [
-        Cell(suite, transport, size, n)
+        Cell(suite, transport, size, n, variant)
         for suite in suites
         for transport in transports
         for size in sizes
-        for n in clients
+        for n, variant in (
+            [(1, variant) for variant in variants]
+            if suite == "p2p"
+            else [(n, None) for n in clients]
+        )
     ]
 
 
@@ -83,13 +116,34 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         list[str] | None,
         typer.Option(
             "--size",
-            help="Message sizes (repeat or comma-separate) such as 64B, 1KiB, 1MiB "
+            help="Message sizes (repeat or comma-separate) such as 64B, 1KiB, 1MiB, or "
+            "frame (a 3840x2160x3 uint8 frame, paced at 10 ms; p2p) "
             f"(default: {', '.join(DEFAULT_SIZES)}; --quick: {', '.join(QUICK_SIZES)}).",
         ),
     ] = None,
     clients: Annotated[
         list[int] | None,
-        typer.Option("--clients", "-n", help="N: sinks, sources or relays (default 4)."),
+        typer.Option(
+            "--clients", "-n", help="N: sinks, sources or relays (default 4; p2p: always 1)."
+        ),
+    ] = None,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--variant",
+            "-V",
+            help="p2p variants (repeat or comma-separate): ordinary (the default: tuple "
+            "message, asyncio.run, recv), or words joined with '+' among array, uvloop, "
+            "on_message, loan, e.g. array+uvloop+on_message; 'all' for "
+            f"{', '.join(ALL_VARIANTS)}. Peers run the ordinary program only.",
+        ),
+    ] = None,
+    min_messages: Annotated[
+        int | None,
+        typer.Option(
+            help="p2p: back-to-back runs at least this many messages too (default 20000; "
+            "--quick: 5000), within a time limit."
+        ),
     ] = None,
     duration: Annotated[
         float | None, typer.Option(help="Seconds of back-to-back publishing per cell.")
@@ -110,8 +164,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     peer: Annotated[
         list[str] | None,
         typer.Option(
-            help="A peer framework's worker command, run back to back with ezflow cell by "
-            "cell, e.g. 'python perf/peers/ezmsg_peer.py'.",
+            help="A peer framework's worker command (speaking the protocol of "
+            "ezflow._perf._worker), run back to back with ezflow cell by cell.",
         ),
     ] = None,
     output: Annotated[
@@ -122,8 +176,9 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         bool,
         typer.Option(
             "--loan/--no-loan",
-            help="Sources fill buffers the framework lends (ezflow: shared memory, 64 KiB "
-            "and up) instead of private arrays.",
+            help="fanout/fanin/relay/spread: sources fill buffers the framework lends "
+            "(ezflow: shared memory, 64 KiB and up) instead of private arrays (p2p: see "
+            "--variant loan).",
         ),
     ] = True,
     profile: Annotated[
@@ -133,17 +188,20 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
 ) -> None:
     """Run the suites and save the results as JSON (see `ezflow perf schema`)."""
     base = QUICK if quick else STANDARD
+    seconds = base.duration if duration is None else duration
     try:
         plan = Plan(
-            duration=base.duration if duration is None else duration,
+            duration=seconds,
             count=count,
-            warmup=min(base.warmup, (base.duration if duration is None else duration) / 4),
+            warmup=min(base.warmup, seconds / 4),
             latency_samples=base.latency_samples if latency_samples is None else latency_samples,
             latency_seconds=base.latency_seconds,
             period=base.period if period is None else period,
             repeats=base.repeats if repeats is None else repeats,
             floor_round_trips=base.floor_round_trips,
             loan=loan,
+            min_messages=base.min_messages if min_messages is None else min_messages,
+            max_duration=max(base.max_duration, seconds),
         )
         texts = size or (QUICK_SIZES if quick else DEFAULT_SIZES)
         sizes = [parse_size(text) for value in texts for text in value.split(",")]
@@ -152,12 +210,13 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             _choose(transport, TRANSPORTS, "transport"),
             list(dict.fromkeys(sizes)),
             list(dict.fromkeys(clients or [4])),
+            _variants(variant),
         )
     except SpecError as exc:
         _fail(str(exc))
     peers = [shlex.split(command) for command in peer or ()]
     if any(not command for command in peers):
-        _fail("--peer needs a command, e.g. 'python perf/peers/ezmsg_peer.py'")
+        _fail("--peer needs a command, e.g. 'python -m mypeer' (see docs/perf.md)")
     if output is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         output = Path(f"ezflow-perf-{stamp}.json")
@@ -180,7 +239,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         _console.print(_tables.peer_table(rows))
     floor = document["floor"]
     rtts = ", ".join(
-        f"{entry['size']} B {entry['p50']:.1f} µs" for entry in floor["socketpair_rtt_us"]
+        f"{format_size(entry['size'])} {entry['p50']:.1f} µs"
+        for entry in floor["socketpair_rtt_us"]
     )
     _console.print(
         f"floor: memcpy {floor['memcpy_gb_per_s']:.1f} GB/s; socketpair round trip p50 {rtts} "
@@ -268,7 +328,8 @@ def compare(
     if failing:
         _fail(
             f"{len(failing)} regression(s) beyond {fail:.0%} (first: "
-            f"{'/'.join(map(str, failing[0].key))} {failing[0].metric})",
+            f"{'/'.join(str(part) for part in failing[0].key if part != '')} "
+            f"{failing[0].metric})",
             code=1,
         )
     _console.print(f"no regression beyond {fail:.0%}", highlight=False)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ._spec import Variant
+
 __all__ = [
     "FIGURES",
     "PEER_BAR",
@@ -22,6 +24,7 @@ __all__ = [
     "cell_key",
     "compare",
     "peer_rows",
+    "variant_label",
 ]
 
 #: (metric, label, higher is better)
@@ -33,12 +36,27 @@ FIGURES: Final = (
 #: The issue's bar for ezflow against a peer: msgs/s ratio at least, p50 ratio at most.
 PEER_BAR: Final = (3.0, 0.5)
 
-CellKey = tuple[str, str, str, int, int]
+CellKey = tuple[str, str, str, int, int, str]
+
+
+def variant_label(cell: dict[str, Any]) -> str:
+    """The p2p variant of a results cell as :attr:`._spec.Variant.label` (``ordinary``
+    for the ordinary program), or ``""`` outside p2p (files older than p2p included)."""
+    variant = cell.get("variant")
+    return "" if variant is None else Variant.from_json(variant).label
 
 
 def cell_key(cell: dict[str, Any]) -> CellKey:
-    """(framework, suite, transport, size, clients): what identifies a cell."""
-    return (cell["framework"], cell["suite"], cell["transport"], cell["size"], cell["clients"])
+    """(framework, suite, transport, size, clients, variant label): what identifies a
+    cell."""
+    return (
+        cell["framework"],
+        cell["suite"],
+        cell["transport"],
+        cell["size"],
+        cell["clients"],
+        variant_label(cell),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +161,10 @@ def peer_rows(document: dict[str, Any]) -> list[PeerRow]:
     cells = {cell_key(cell): cell for cell in document["cells"]}
     rows = []
     for key, cell in cells.items():
-        framework, suite, transport, size, clients = key
+        framework, suite, transport, size, clients, variant = key
         if framework == "ezflow":
             continue
-        ours = cells.get(("ezflow", suite, transport, size, clients))
+        ours = cells.get(("ezflow", suite, transport, size, clients, variant))
         notes = [
             f"{side['framework']}: {side['reason'] or side['status']}"
             for side in (ours, cell)

@@ -1,7 +1,8 @@
 """A self-contained HTML report of one results file: inline SVG plots, no dependency.
 
 For each suite and transport two plots against message size (log-log): msgs/s and
-paced one-way latency p50, one line per framework and N, the latency plot with the
+paced one-way latency p50, one line per framework and N (p2p: per framework and
+variant, ``ordinary`` being the program users write), the latency plot with the
 socketpair floor (RTT/2) of each size as a dashed line. Then the tables: every cell,
 the peer ratios when the run had a peer, the floor and the environment.
 """
@@ -14,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ._compare import PEER_BAR, peer_rows
+from ._compare import PEER_BAR, peer_rows, variant_label
 from ._spec import SUITES, TRANSPORTS, format_size
 
 __all__ = ["render"]
@@ -115,7 +116,8 @@ def _series(cells: list[dict[str, Any]], metric: str) -> list[Series]:
     for cell in cells:
         value = cell["metrics"][metric] if cell["status"] == "ok" else None
         if value:
-            label = f"{cell['framework']} N={cell['clients']}"
+            variant = variant_label(cell) or f"N={cell['clients']}"
+            label = f"{cell['framework']} {variant}"
             lines.setdefault(label, []).append((float(cell["size"]), float(value)))
     return [(label, points, False) for label, points in sorted(lines.items())]
 
@@ -126,7 +128,9 @@ def _cell_rows(cells: list[dict[str, Any]]) -> str:
         head = "".join(
             f"<td>{_esc(value)}</td>"
             for value in (cell["framework"], cell["suite"], cell["transport"],
-                          format_size(cell["size"]), cell["clients"], cell["processes"])
+                          format_size(cell["size"]), cell["clients"],
+                          variant_label(cell) or "—", cell.get("loop") or "—",
+                          cell["processes"], cell.get("crashes", 0))
         )  # fmt: skip
         metrics = cell["metrics"]
         if cell["status"] != "ok" or metrics is None:
@@ -235,7 +239,8 @@ the raw socketpair floor (round trip / 2) of the same size.</p>
 {"".join(sections) or "<p>No cell was measured.</p>"}
 {_peer_section(document)}
 <h2>Every cell</h2>
-<table><tr><th>framework</th><th>suite</th><th>transport</th><th>size</th><th>N</th><th>processes</th>
+<table><tr><th>framework</th><th>suite</th><th>transport</th><th>size</th><th>N</th>
+<th>variant</th><th>loop</th><th>processes</th><th>crashes</th>
 <th>msgs/s</th><th>MB/s</th><th>p50 µs</th><th>p99 µs</th><th>max µs</th><th>loaded p50 µs</th>
 <th>CPU µs/msg</th><th>drops</th></tr>
 {_cell_rows(cells)}

@@ -5,6 +5,14 @@ for the whole run, then, cell by cell and repeat by repeat, the units workers of
 cell's layout (:func:`._spec.layout`), frameworks back to back within each repeat so
 that their figures are measured under the same conditions.
 
+A worker that crashes (exits with a non-zero status, hangs, or sends figures the
+runner rejects: any :class:`WorkerError`) makes the runner start that repeat of the
+cell again, up to :data:`CRASH_RETRIES` times; every crash is counted in the cell's
+record (``crashes``, ``crash_reasons``) and shown in the tables, never hidden. A
+worker that exits with a non-zero status *after* its figures (or must be killed)
+counts as a crash too, but its figures are kept. Variant cells of the p2p suite run on
+ezflow only (peers run the ordinary program).
+
 Every worker is started in its own session (a Ctrl-C in the terminal reaches only the
 runner), with its stdin a pipe from the runner: closing it makes the worker leave, and
 :meth:`Worker.close` kills whatever has not left within a few seconds. All of that
@@ -36,6 +44,7 @@ from ._schema import SCHEMA_ID
 from ._spec import Cell, Plan, latency_count, layout, suite_pacing
 
 __all__ = [
+    "CRASH_RETRIES",
     "EZFLOW_WORKER",
     "CellRecord",
     "FrameworkInfo",
@@ -51,6 +60,11 @@ SETUP_TIMEOUT = 60.0
 GRACE = 30.0
 #: Bytes of a worker's stderr kept for error messages.
 STDERR_TAIL = 64 * 1024
+#: Times a repeat of a cell is started again after a crash (so at most 1 + this many
+#: attempts per repeat); each crash is counted in the results.
+CRASH_RETRIES = 2
+#: Crash reasons kept per cell (the count is always exact).
+MAX_CRASH_REASONS = 5
 
 
 class WorkerError(RuntimeError):
@@ -65,6 +79,8 @@ class Worker:
         self.process = process
         self._stderr = bytearray()
         self._drain = asyncio.ensure_future(self._read_stderr())
+        #: Whether :meth:`close` had to kill the process (it did not leave in time).
+        self.killed = False
 
     @classmethod
     async def start(cls, name: str, command: Sequence[str]) -> Worker:
@@ -91,7 +107,7 @@ class Worker:
             self._stderr += chunk
             del self._stderr[:-STDERR_TAIL]
 
-    def _why(self) -> str:
+    def why(self) -> str:
         """The last meaningful stderr line of the worker, for error messages."""
         lines = [line.strip() for line in self._stderr.decode(errors="replace").splitlines()]
         lines = [line for line in lines if line]
@@ -115,7 +131,7 @@ class Worker:
                 code = await self.process.wait()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(self._drain), 2.0)
-                raise WorkerError(f"{self.name} exited with status {code}: {self._why()}")
+                raise WorkerError(f"{self.name} exited with status {code}: {self.why()}")
             if not line.startswith(b"{"):
                 continue  # stray output (a library printing): not part of the protocol
             event: dict[str, Any] = json.loads(line)
@@ -137,6 +153,7 @@ class Worker:
                 await asyncio.wait_for(asyncio.shield(self.process.wait()), timeout)
         finally:
             killed = self.process.returncode is None
+            self.killed = self.killed or killed
             if killed:
                 with contextlib.suppress(ProcessLookupError):
                     self.process.kill()
@@ -192,6 +209,16 @@ class CellRecord:
     reason: str | None = None
     processes: int = 0
     repeats: list[dict[str, Any]] = field(default_factory=list)
+    #: The event loop the workers reported (None until a repeat has run).
+    loop: str | None = None
+    crashes: int = 0
+    crash_reasons: list[str] = field(default_factory=list)
+
+    def crashed(self, reason: str) -> None:
+        """Count one crash of a worker of this cell."""
+        self.crashes += 1
+        if len(self.crash_reasons) < MAX_CRASH_REASONS:
+            self.crash_reasons.append(reason)
 
     @property
     def metrics(self) -> dict[str, Any] | None:
@@ -216,9 +243,13 @@ class CellRecord:
             "transport": self.cell.transport,
             "size": self.cell.size,
             "clients": self.cell.clients,
+            "variant": None if self.cell.variant is None else self.cell.variant.to_json(),
+            "loop": self.loop,
             "status": self.status,
             "reason": self.reason,
             "processes": self.processes,
+            "crashes": self.crashes,
+            "crash_reasons": self.crash_reasons,
             "repeats": self.repeats,
             "metrics": self.metrics,
         }
@@ -305,10 +336,53 @@ async def _run_cell(
             worker.send("measure")
         timeout = expected_seconds(cell, plan) + GRACE
         results = await asyncio.gather(*(worker.event({"result"}, timeout) for worker in workers))
-        record.repeats.append(_aggregate(cell, list(results)))
+        metrics = _aggregate(cell, list(results))
     finally:
         # Concurrently: each close may wait a few seconds for a worker to leave.
         await asyncio.gather(*(worker.close() for worker in workers), return_exceptions=True)
+    record.repeats.append(metrics)
+    record.loop = results[0].get("loop", framework.event_loop)
+    for worker in workers:
+        # Figures came, but a worker that then fails to leave cleanly still crashed.
+        if worker.killed:
+            record.crashed(f"{worker.name} did not leave after its result and was killed")
+        elif worker.process.returncode:
+            record.crashed(
+                f"{worker.name} exited with status {worker.process.returncode} after its "
+                f"result: {worker.why()}"
+            )
+
+
+def _runs_on(cell: Cell, frameworks: list[FrameworkInfo]) -> list[FrameworkInfo]:
+    """The frameworks that measure *cell*: all of them, ezflow alone for a variant."""
+    if cell.variant is not None and not cell.variant.is_default:
+        return frameworks[:1]
+    return frameworks
+
+
+async def _attempt(  # noqa: PLR0917 - one repeat's whole context
+    framework: FrameworkInfo,
+    cell: Cell,
+    plan: Plan,
+    record: CellRecord,
+    profile: str | None,
+    progress: Progress,
+    label: str,
+) -> None:
+    """One repeat of *cell* on *framework*, started again after each crash (up to
+    :data:`CRASH_RETRIES` times); the cell is an error once every attempt crashed."""
+    for attempt in range(CRASH_RETRIES + 1):
+        try:
+            await _run_cell(framework, cell, plan, record, profile)
+        except WorkerError as exc:
+            record.crashed(str(exc))
+            if attempt == CRASH_RETRIES:
+                record.status, record.reason = "error", str(exc)
+                progress.log(f"[red]{label}: {exc}[/]")
+            else:
+                progress.log(f"[yellow]{label}: {exc}; starting it again[/]")
+        else:
+            return
 
 
 @dataclass(slots=True)
@@ -371,26 +445,22 @@ async def run(
             await framework.start()
         sizes = sorted({cell.size for cell in cells})
         floor = await _measure_floor(plan, sizes, progress)
-        progress.started(len(cells) * plan.repeats * len(frameworks))
+        progress.started(sum(len(_runs_on(cell, frameworks)) for cell in cells) * plan.repeats)
         for cell in cells:
-            for framework in frameworks:
+            chosen = _runs_on(cell, frameworks)
+            for framework in chosen:
                 record = CellRecord(framework.name, cell)
                 records[framework.name, cell] = record
                 if cell.applicable is not None:
                     record.status, record.reason = "unavailable", cell.applicable
             for repeat in range(plan.repeats):
-                for framework in frameworks:
+                for framework in chosen:
                     record = records[framework.name, cell]
                     label = f"{framework.name} {cell.label} repeat {repeat + 1}/{plan.repeats}"
                     progress.step(label)
-                    if record.status != "ok":
-                        continue
-                    try:
-                        await _run_cell(framework, cell, plan, record, profile)
-                    except WorkerError as exc:
-                        record.status, record.reason = "error", str(exc)
-                        progress.log(f"[red]{label}: {exc}[/]")
-            for framework in frameworks:
+                    if record.status == "ok":
+                        await _attempt(framework, cell, plan, record, profile, progress, label)
+            for framework in chosen:
                 progress.cell_done(records[framework.name, cell])
     finally:
         await asyncio.gather(*(fw.aclose() for fw in frameworks), return_exceptions=True)

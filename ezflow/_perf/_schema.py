@@ -7,7 +7,10 @@ against it without any dependency, implementing exactly the keywords the schema 
 ``enum``, ``const``, ``minimum``, ``$ref`` to ``#/$defs/...``).
 
 The version is in ``schema`` (``ezflow-perf/1``): a change that could break a reader
-bumps it; adding an optional field does not.
+bumps it; adding an optional field does not. Optional so far (absent in files written
+before the p2p suite): a cell's ``variant``, ``loop``, ``crashes`` and
+``crash_reasons``, and the plan's ``min_messages`` and ``max_duration``; a reader
+takes an absent ``variant`` as null and absent ``crashes`` as 0.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Final
 
-from ._spec import SUITES, TRANSPORTS
+from ._spec import LOOPS, MESSAGES, RECEIVES, SUITES, TRANSPORTS
 
 __all__ = ["SCHEMA", "SCHEMA_ID", "ResultsError", "load", "validate"]
 
@@ -56,6 +59,19 @@ _METRICS = {
     },
 }
 
+_VARIANT = {
+    "type": "object",
+    "description": "How the p2p program is written (null for the other suites).",
+    "required": ["message", "loop", "receive", "loan"],
+    "additionalProperties": False,
+    "properties": {
+        "message": {"enum": list(MESSAGES)},
+        "loop": {"enum": list(LOOPS)},
+        "receive": {"enum": list(RECEIVES)},
+        "loan": {"type": "boolean"},
+    },
+}
+
 _CELL = {
     "type": "object",
     "required": [
@@ -77,9 +93,17 @@ _CELL = {
         "transport": {"enum": list(TRANSPORTS)},
         "size": {"type": "integer", "minimum": 1},
         "clients": {"type": "integer", "minimum": 1},
+        "variant": {"anyOf": [{"$ref": "#/$defs/variant"}, {"type": "null"}]},
+        "loop": {
+            "anyOf": [{"enum": ["uvloop", "asyncio"]}, {"type": "null"}],
+            "description": "the event loop the workers of this cell reported",
+        },
         "status": {"enum": ["ok", "unavailable", "error"]},
         "reason": {"type": ["string", "null"]},
         "processes": {"type": "integer", "minimum": 0},
+        "crashes": _COUNT
+        | {"description": "worker crashes in this cell, every attempt (retried ones too)"},
+        "crash_reasons": {"type": "array", "items": {"type": "string"}},
         "repeats": {"type": "array", "items": {"$ref": "#/$defs/metrics"}},
         "metrics": {"anyOf": [{"$ref": "#/$defs/metrics"}, {"type": "null"}]},
     },
@@ -144,6 +168,8 @@ SCHEMA: Final[dict[str, Any]] = {
                 "period": _NUMBER,
                 "repeats": {"type": "integer", "minimum": 1},
                 "floor_round_trips": {"type": "integer", "minimum": 1},
+                "min_messages": {"type": "integer", "minimum": 0},
+                "max_duration": _NUMBER,
             },
         },
         "frameworks": {
@@ -182,7 +208,7 @@ SCHEMA: Final[dict[str, Any]] = {
         },
         "cells": {"type": "array", "items": {"$ref": "#/$defs/cell"}},
     },
-    "$defs": {"metrics": _METRICS, "cell": _CELL},
+    "$defs": {"metrics": _METRICS, "cell": _CELL, "variant": _VARIANT},
 }  # fmt: skip
 
 _TYPES: dict[str, tuple[type, ...]] = {

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ._compare import FIGURES, PEER_BAR, Change, PeerRow
+from ._compare import FIGURES, PEER_BAR, Change, PeerRow, variant_label
 from ._spec import format_size
 
 __all__ = [
@@ -52,47 +52,83 @@ _COLUMNS: tuple[tuple[str, str, Callable[[Any], str], bool], ...] = (
 )
 
 
+def _variant(cell: dict[str, Any]) -> str:
+    """The variant column: ``ordinary``, a variant label (ezflow), ``—`` outside p2p."""
+    return variant_label(cell) or "—"
+
+
+def _status(cell: dict[str, Any]) -> str:
+    """The status column, with the crashes of the cell (retried or not) beside it."""
+    status = cell["status"]
+    style = {"error": "red", "unavailable": "dim"}.get(status)
+    text = f"[{style}]{status}[/]" if style else status
+    crashes = cell.get("crashes", 0)
+    if crashes:
+        text += f", [yellow]{crashes} crash{'es' if crashes > 1 else ''}[/]"
+    return text
+
+
 def results_table(
     cells: Iterable[dict[str, Any]], title: str = "ezflow perf", *, compact: bool = False
 ) -> Table:
     """One row per (framework, cell): the median figures, or its status (the reasons
-    are in :func:`reasons`). *compact* keeps the columns an 80-column terminal holds."""
+    are in :func:`reasons`), and the crashes of its workers. A p2p cell shows its
+    variant (``ordinary`` is the program users write). *compact* keeps the columns an
+    80-column terminal holds."""
     columns = [column for column in _COLUMNS if column[3] or not compact]
     table = Table(title=title, title_justify="left")
     if compact:
         table.add_column("cell")
     else:
-        for name in ("framework", "suite", "transport", "size", "N"):
+        for name in ("framework", "suite", "transport", "size", "N", "variant", "loop"):
             table.add_column(name, no_wrap=True)
     for header, *_ in columns:
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("status", no_wrap=True)
     for cell in cells:
         size, n = format_size(cell["size"]), str(cell["clients"])
+        variant = variant_label(cell)
         head = (
-            (f"{cell['framework']} {cell['suite']}/{cell['transport']} {size} N={n}",)
+            (
+                f"{cell['framework']} {cell['suite']}/{cell['transport']} {size} "
+                + (variant if variant else f"N={n}"),
+            )
             if compact
-            else (cell["framework"], cell["suite"], cell["transport"], size, n)
+            else (
+                cell["framework"],
+                cell["suite"],
+                cell["transport"],
+                size,
+                n,
+                _variant(cell),
+                cell.get("loop") or "—",
+            )
         )
         metrics = cell["metrics"]
         if cell["status"] != "ok" or metrics is None:
-            style = "red" if cell["status"] == "error" else "dim"
             blanks = ("" for _ in columns)
-            table.add_row(*head, *blanks, f"[{style}]{cell['status']}[/]")
+            table.add_row(*head, *blanks, _status(cell))
             continue
         figures = (fmt(metrics[metric]) for _, metric, fmt, _ in columns)
-        table.add_row(*head, *figures, "ok")
+        table.add_row(*head, *figures, _status(cell))
     return table
 
 
 def reasons(cells: Iterable[dict[str, Any]]) -> list[str]:
-    """One line per distinct reason a cell has no figures, with the cells it applies to."""
+    """One line per distinct reason a cell has no figures (or a worker of it crashed),
+    with the cells it applies to."""
     found: dict[str, list[str]] = {}
     for cell in cells:
+        size = format_size(cell["size"])
+        variant = variant_label(cell)
+        label = f"{cell['framework']} {cell['suite']}/{cell['transport']}/{size}"
+        label += f"/{variant}" if variant else ""
         if cell["status"] != "ok":
-            size = format_size(cell["size"])
-            label = f"{cell['framework']} {cell['suite']}/{cell['transport']}/{size}"
             found.setdefault(f"{cell['status']}: {cell['reason']}", []).append(label)
+        elif cell.get("crashes"):
+            # The crashes of a cell that has figures anyway (retried, or after them).
+            for reason in cell.get("crash_reasons", ()):
+                found.setdefault(f"crash: {reason}", []).append(label)
     return [f"{reason} ({', '.join(labels)})" for reason, labels in found.items()]
 
 
@@ -102,7 +138,7 @@ _STYLES = {"better": "green", "worse": "red", "regression": "bold red", "failed"
 def compare_table(changes: list[Change], base: str, new: str) -> Table:
     """Per-cell gains of *new* over *base* (> 1 is better), colored beyond the noise."""
     table = Table(title=f"{new} against {base} (gain > 1 is better)", title_justify="left")
-    for name in ("framework", "suite", "transport", "size", "N", "figure"):
+    for name in ("framework", "suite", "transport", "size", "N", "variant", "figure"):
         table.add_column(name, no_wrap=True)
     for name in ("base", "new", "gain"):
         table.add_column(name, justify="right", no_wrap=True)
@@ -110,12 +146,12 @@ def compare_table(changes: list[Change], base: str, new: str) -> Table:
     labels = {metric: label for metric, label, _ in FIGURES}
     formats = {"msgs_per_s": fmt_rate, "latency_p50_us": fmt_us, "cpu_s_per_msg": fmt_cpu}
     for change in changes:
-        framework, suite, transport, size, clients = change.key
+        framework, suite, transport, size, clients, variant = change.key
         style = _STYLES.get(change.verdict, "")
         fmt = formats.get(change.metric, fmt_rate)
         verdict = f"[{style}]{change.verdict}[/]" if style else change.verdict
         table.add_row(
-            framework, suite, transport, format_size(size), str(clients),
+            framework, suite, transport, format_size(size), str(clients), variant or "—",
             labels.get(change.metric, change.metric),
             fmt(change.base) if change.base is not None else "—",
             fmt(change.new) if change.new is not None else "—",
