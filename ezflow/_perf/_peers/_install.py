@@ -37,8 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import ezflow
-
 __all__ = [
     "PEERS",
     "STAMP",
@@ -77,6 +75,8 @@ PEERS: Final = {
         Peer("iceoryx2", "iceoryx2==0.10.*", "ezflow._perf._peers._iceoryx2"),
     )
 }
+#: The ezflow package of this process, linked into every peer venv.
+EZFLOW_PACKAGE: Final = Path(__file__).resolve().parents[2]
 #: The stamp file of a complete venv (JSON: what it was made with).
 STAMP: Final = "ezflow-peer.json"
 #: Seconds one ``pip install`` of a peer may take.
@@ -155,7 +155,7 @@ def _expected_stamp(peer: Peer) -> dict[str, Any]:
         "requirements": requirements(peer),
         "python": sys.version,
         "base_python": os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
-        "ezflow": str(Path(ezflow.__file__).resolve().parent),
+        "ezflow": str(EZFLOW_PACKAGE),
     }
 
 
@@ -188,9 +188,7 @@ def install(peer: Peer, venv_dir: Path, log: Callable[[str], None] = lambda _: N
     if venv_dir.exists():
         shutil.rmtree(venv_dir)
     log(f"{peer.name}: creating {venv_dir}")
-    venv.EnvBuilder(with_pip=True, clear=True, symlinks=sys.platform != "win32").create(
-        venv_dir
-    )
+    venv.EnvBuilder(with_pip=True, clear=True, symlinks=sys.platform != "win32").create(venv_dir)
     command = [
         str(python_of(venv_dir)), "-m", "pip", "install", "--disable-pip-version-check",
         "--no-input", *stamp["requirements"],
@@ -206,8 +204,10 @@ def install(peer: Peer, venv_dir: Path, log: Callable[[str], None] = lambda _: N
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        output = (exc.stdout or "") + (exc.stderr or "")
-        output = output.decode(errors="replace") if isinstance(output, bytes) else output
+        output = "".join(
+            part.decode(errors="replace") if isinstance(part, bytes) else part
+            for part in (exc.stdout or "", exc.stderr or "")
+        )
         raise PeerInstallError(
             f"installing peer {peer.name} into {venv_dir}: pip took more than "
             f"{INSTALL_TIMEOUT:.0f} s\n{_tail(output)}"
