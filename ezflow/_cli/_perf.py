@@ -354,6 +354,10 @@ def report(
 
 @app.command()
 def peers(  # noqa: PLR0917 - one parameter per command-line option
+    earlier: Annotated[
+        Path | None,
+        typer.Argument(help="Same as --from: a results file to print, running nothing."),
+    ] = None,
     install: Annotated[
         bool,
         typer.Option(
@@ -395,6 +399,7 @@ def peers(  # noqa: PLR0917 - one parameter per command-line option
     run, each peer in its own venv (--install makes them), with ratios and the floor."""
     from .._perf._peers import _command, _install  # noqa: PLC0415 - only this command
 
+    results = results or earlier
     if results is not None:
         document = _load(results)
         if not _command.table_rows(document):

@@ -109,9 +109,13 @@ class Iceoryx2Framework:
         try:
             yield process
         finally:
-            # Ports before services before the node: each owns shared memory.
+            # Ports before the node, newest first: each owns shared memory. (Service
+            # factories have no delete(): they go with their last reference.)
             for port in reversed(process.ports):
-                port.delete()
+                delete = getattr(port, "delete", None)
+                if delete is not None:
+                    delete()
+            process.ports.clear()
             process.node.delete()
 
     def context(self, graph: tuple[str, int]) -> AbstractAsyncContextManager[Any]:

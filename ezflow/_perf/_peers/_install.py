@@ -11,7 +11,8 @@ runs the very worker code of this source tree:
   the current environment (``numpy==X`` ...), and not layered on it (no
   ``--system-site-packages``): a peer sees only its own package and what ezflow needs,
   as a user who installs it would, and both sides of a comparison run the same numpy.
-  pip's wheel cache makes this a matter of seconds (about 10 s per venv here), which
+  pip's wheel cache makes this a matter of seconds (about 15 s per venv here, with
+  ``--no-compile``: modules are compiled when a worker first imports them), which
   keeps the tests that create one from PyPI fast enough.
 
 A venv is *current* when its stamp file (:data:`STAMP`, written last, so a broken
@@ -191,7 +192,7 @@ def install(peer: Peer, venv_dir: Path, log: Callable[[str], None] = lambda _: N
     venv.EnvBuilder(with_pip=True, clear=True, symlinks=sys.platform != "win32").create(venv_dir)
     command = [
         str(python_of(venv_dir)), "-m", "pip", "install", "--disable-pip-version-check",
-        "--no-input", *stamp["requirements"],
+        "--no-input", "--no-compile", *stamp["requirements"],
     ]  # fmt: skip
     log(f"{peer.name}: pip install {' '.join(stamp['requirements'])}")
     try:
