@@ -241,11 +241,12 @@ def test_no_peer_worker_is_imported_outside_the_peer_venvs() -> None:
     workers = {"_ezmsg", "_pyzmq", "_zenoh", "_iceoryx2"}
     libraries = {"zmq", "zenoh", "iceoryx2", "ezmsg"}
     peers_dir = PACKAGE / "_perf" / "_peers"
+    shared = {"__init__", "_install", "_command", "_common"}
     for path in PACKAGE.rglob("*.py"):
         imported = _imports(path)
         names = {part for name in imported for part in name.split(".")}
         # Only the peer workers themselves (and the crash test's) import a peer library.
-        if path.parent != peers_dir or path.stem in {"__init__", "_install", "_command"}:
+        if path.parent != peers_dir or path.stem in shared:
             assert not names & workers, f"{path} imports a peer worker"
             assert not {name.split(".")[0] for name in imported} & libraries, path
     loaded: Any = subprocess.run(
