@@ -109,14 +109,14 @@ class Iceoryx2Framework:
         try:
             yield process
         finally:
-            # Ports before the node, newest first: each owns shared memory. (Service
-            # factories have no delete(): they go with their last reference.)
+            # Ports newest first, each owning shared memory, then the node. Service
+            # factories and the node have no delete(): they go with their last reference.
             for port in reversed(process.ports):
                 delete = getattr(port, "delete", None)
                 if delete is not None:
                     delete()
             process.ports.clear()
-            process.node.delete()
+            process.node = None
 
     def context(self, graph: tuple[str, int]) -> AbstractAsyncContextManager[Any]:
         return self._context(graph)
