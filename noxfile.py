@@ -31,7 +31,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def perf(session: nox.Session) -> None:
-    """`ezflow perf run` (arguments pass through, e.g. `nox -s perf -- --quick`)."""
+    """`ezflow perf run` (arguments pass through, e.g. `nox -s perf -- -s p2p --quick`)."""
     session.install("-e", ".")
     session.run("ezflow", "perf", "run", *session.posargs)
 

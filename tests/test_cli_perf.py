@@ -1,6 +1,7 @@
-"""`ezflow perf` end to end: a real (tiny) run in real processes, with a stand-in peer,
-then schema, compare, report and peers on its results file; bad options; clean-up on
-Ctrl-C, SIGTERM and a killed runner."""
+"""`ezflow perf` end to end: real (tiny) runs in real processes, with a stand-in peer
+(tests/_perfpeer.py, which also crashes on purpose), then schema, compare, report and
+peers on their results files; bad options; clean-up on Ctrl-C, SIGTERM and a killed
+runner."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ezflow._perf import _compare, _report, _schema
+from ezflow._perf import _compare, _report, _runner, _schema
 
 PEER = f"{sys.executable} {Path(__file__).with_name('_perfpeer.py')}"
 #: The tiny configuration: 6 cells (one of them not applicable), ezflow and a peer;
@@ -27,14 +28,40 @@ TINY = [
 ]  # fmt: skip
 
 
-def ezflow_cli(*args: str, timeout: float = 50) -> subprocess.CompletedProcess[str]:
+#: The tiny p2p run: the ordinary program and variants that together change every
+#: field (array, uvloop, on_message, a loan inside the tuple), 100 KiB so that shm lends.
+TINY_P2P = [
+    "-s", "p2p", "-t", "local,shm,tcp", "--size", "100KiB",
+    "-V", "ordinary,array+uvloop,on_message+loan", "--duration", "0.2",
+    "--latency-samples", "10", "--min-messages", "200", "--repeats", "1",
+]  # fmt: skip
+
+
+def ezflow_cli(
+    *args: str, timeout: float = 50, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ezflow", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=None if env is None else dict(os.environ, **env),
     )
+
+
+def _run_without_leaks(
+    path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    before = _shm_segments()
+    result = ezflow_cli("perf", "run", *args, "-o", str(path), env=env)
+    # The autouse leak check cannot see a module fixture: check /dev/shm here, for
+    # segments of processes that are gone (others may belong to tests running alongside).
+    deadline = time.monotonic() + 5
+    while (leaked := _orphaned(_shm_segments() - before)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not leaked, f"the run left shared-memory segments behind: {sorted(leaked)}"
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +69,20 @@ def perf_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     path = tmp_path_factory.mktemp("perf") / "tiny.json"
-    before = _shm_segments()
-    result = ezflow_cli("perf", "run", *TINY, "--peer", PEER, "-o", str(path))
-    # The autouse leak check cannot see a module fixture: check /dev/shm here, for
-    # segments of processes that are gone (others may belong to tests running alongside).
-    deadline = time.monotonic() + 5
-    while (leaked := _orphaned(_shm_segments() - before)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not leaked, f"the run left shared-memory segments behind: {sorted(leaked)}"
-    return result, path
+    return _run_without_leaks(path, *TINY, "--peer", PEER), path
+
+
+@pytest.fixture(scope="module")
+def p2p_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """The tiny p2p run, with a stand-in peer that crashes once over local (retried)
+    and after its figures over shm."""
+    folder = tmp_path_factory.mktemp("p2p")
+    crash = {"EZFLOW_PERFPEER_CRASH": "local:once,shm:after", "EZFLOW_PERFPEER_MARKS": str(folder)}
+    result = _run_without_leaks(folder / "p2p.json", *TINY_P2P, "--peer", PEER, env=crash)
+    assert result.returncode == 0, result.stderr
+    return result, _schema.load(folder / "p2p.json")
 
 
 def _shm_segments() -> set[str]:
@@ -232,12 +264,14 @@ def test_report_and_peers_commands(
     [
         (
             ["run", "-s", "ring"],
-            "error: unknown suite 'ring'; use one of fanout, fanin, relay, spread",
+            "error: unknown suite 'ring'; use one of fanout, fanin, relay, spread, p2p",
         ),
         (["run", "-t", "udp"], "error: unknown transport 'udp'; use one of local, shm, tcp"),
         (["run", "--size", "1XiB"], "error: size '1XiB' is not a byte count"),
         (["run", "--size", "128MiB"], "error: size '128MiB' must be between 32 B and 64 MiB"),
         (["run", "--duration", "0"], "error: duration 0.0 s must be in (0, 600]"),
+        (["run", "-s", "p2p", "-V", "fast"], "error: unknown variant 'fast' in 'fast'"),
+        (["run", "-s", "p2p", "--size", "66B"], "error: p2p size 66 B is not a multiple of 4"),
         (["compare", "missing.json", "missing.json"], "error: cannot read missing.json"),
         (["report", "pyproject.toml"], "error: pyproject.toml is not a JSON document"),
         (
@@ -252,6 +286,109 @@ def test_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
     assert "Traceback" not in result.stderr
+
+
+# -- the p2p suite
+
+
+def _p2p(document: dict[str, Any], framework: str, transport: str, variant: str) -> dict[str, Any]:
+    (found,) = [
+        cell
+        for cell in document["cells"]
+        if (cell["framework"], cell["transport"], _compare.variant_label(cell))
+        == (framework, transport, variant)
+    ]
+    return found
+
+
+def _sane(cell: dict[str, Any]) -> None:
+    """The figures of a measured p2p cell: present, positive, lossless."""
+    assert cell["status"] == "ok", cell["reason"]
+    metrics = cell["metrics"]
+    assert metrics["drops"] == 0
+    assert metrics["msgs_per_s"] > 0 and metrics["cpu_s_per_msg"] > 0
+    assert metrics["messages"] > 200  # at least --min-messages back to back, 10 paced, END
+    assert 0 < metrics["latency_p50_us"] <= metrics["latency_p99_us"] <= metrics["latency_max_us"]
+    assert metrics["loaded_latency_p50_us"] > 0
+
+
+@pytest.mark.parametrize("transport", ["local", "shm", "tcp"])
+@pytest.mark.parametrize(
+    ("variant", "loop"),
+    [("ordinary", "asyncio"), ("array+uvloop", "uvloop"), ("on_message+loan", "asyncio")],
+)
+def test_p2p_measures_the_ordinary_program_and_its_variants(
+    p2p_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+    transport: str,
+    variant: str,
+    loop: str,
+) -> None:
+    _, document = p2p_run
+    cell = _p2p(document, "ezflow", transport, variant)
+    _sane(cell)
+    assert cell["clients"] == 1 and cell["crashes"] == 0
+    assert cell["processes"] == (1 if transport == "local" else 2)
+    assert cell["loop"] == loop  # what the workers ran on, not what was asked
+
+
+def test_p2p_peers_run_the_ordinary_program_and_crashes_are_counted(
+    p2p_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    result, document = p2p_run
+    standin = [cell for cell in document["cells"] if cell["framework"] == "standin"]
+    assert {_compare.variant_label(cell) for cell in standin} == {"ordinary"}
+    retried = _p2p(document, "standin", "local", "ordinary")
+    _sane(retried)  # the second attempt worked ...
+    assert retried["crashes"] == 1  # ... and the first one is counted, with its reason
+    assert (
+        "exited with status 1: standin: crashing on purpose over local"
+        in (retried["crash_reasons"][0])
+    )
+    after = _p2p(document, "standin", "shm", "ordinary")
+    _sane(after)  # figures kept, crash counted
+    assert after["crashes"] == 1
+    assert "after its result" in after["crash_reasons"][0]
+    assert _p2p(document, "standin", "tcp", "ordinary")["status"] == "unavailable"
+    assert "1 crash" in result.stdout  # in the table, never hidden
+    assert "crash: " in result.stdout  # and why, under it
+
+
+def test_p2p_floor_and_tables(
+    p2p_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    result, document = p2p_run
+    floor = document["floor"]
+    assert {(entry["over"], entry["size"]) for entry in floor["paced_one_way_us"]} == {
+        ("unix", 100 * 1024),
+        ("tcp", 100 * 1024),
+    }
+    assert all(entry["msgs_per_s"] > 0 for entry in floor["stream_msgs_per_s"])
+    assert [entry["size"] for entry in floor["memcpy_us"]] == [100 * 1024]
+    assert "the raw floor of p2p" in result.stdout
+    for label in ("ordinary", "array+uvloop", "on_message+loan"):
+        assert label in result.stdout
+    same = _compare.compare(document, document)
+    keys = {change.key for change in same}
+    assert ("ezflow", "p2p", "shm", 100 * 1024, 1, "array+uvloop") in keys
+    assert all(change.verdict == "same" for change in same)
+    page = _report.render(document, title="p2p")
+    assert "p2p over shm: msgs/s" in page and "ezflow on_message+loan" in page
+    assert "p2p floor" in page
+
+
+def test_a_worker_that_always_crashes_fails_its_cell_after_the_retries(tmp_path: Path) -> None:
+    crash = {"EZFLOW_PERFPEER_CRASH": "local:always", "EZFLOW_PERFPEER_MARKS": str(tmp_path)}
+    path = tmp_path / "crash.json"
+    args = [*TINY_P2P[:2], "-t", "local", "--size", "64B", *TINY_P2P[8:], "--peer", PEER]
+    result = _run_without_leaks(path, *args, env=crash)
+    assert result.returncode == 1
+    assert "1 cell(s) failed" in result.stderr
+    document = _schema.load(path)
+    failed = _p2p(document, "standin", "local", "ordinary")
+    assert failed["status"] == "error"
+    assert failed["crashes"] == 1 + _runner.CRASH_RETRIES
+    assert "crashing on purpose" in failed["reason"]
+    _sane(_p2p(document, "ezflow", "local", "ordinary"))
 
 
 # -- clean-up

@@ -71,6 +71,13 @@ def _choose(values: list[str] | None, allowed: tuple[str, ...], what: str) -> li
     return chosen
 
 
+def _inline_limit(text: str | None) -> int | None:
+    """``--shm-inline-limit``: 0, or a size :func:`parse_size` reads; raises SpecError."""
+    if text is None:
+        return None
+    return 0 if text.strip() == "0" else parse_size(text)
+
+
 def _variants(values: list[str] | None) -> list[Variant]:
     """The p2p variants of ``--variant`` (comma-separated or repeated; ``all`` for
     :data:`ALL_VARIANTS`), the ordinary program when none; raises SpecError."""
@@ -159,7 +166,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     ] = None,
     repeats: Annotated[int | None, typer.Option(help="Repeats of every cell (medians).")] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="One short repeat, two sizes: about 30 s on 2 cores.")
+        bool, typer.Option("--quick", help="One short repeat (0.5 s; p2p 5,000 messages), 2 sizes.")
     ] = False,
     peer: Annotated[
         list[str] | None,
@@ -185,6 +192,14 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         Path | None,
         typer.Option(help="Directory for the cProfile statistics of every worker process."),
     ] = None,
+    shm_inline_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="ezflow's ShmOptions.inline_limit for every shm publisher, e.g. 0 (every "
+            "message through shared memory) or 64MiB (every message inline): run both "
+            "across sizes and `compare` them to find the crossover.",
+        ),
+    ] = None,
 ) -> None:
     """Run the suites and save the results as JSON (see `ezflow perf schema`)."""
     base = QUICK if quick else STANDARD
@@ -202,6 +217,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             loan=loan,
             min_messages=base.min_messages if min_messages is None else min_messages,
             max_duration=max(base.max_duration, seconds),
+            shm_inline_limit=_inline_limit(shm_inline_limit),
         )
         texts = size or (QUICK_SIZES if quick else DEFAULT_SIZES)
         sizes = [parse_size(text) for value in texts for text in value.split(",")]
@@ -238,13 +254,19 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     if rows:
         _console.print(_tables.peer_table(rows))
     floor = document["floor"]
+    p2p_floor = _tables.floor_table(floor)
+    if p2p_floor is not None:
+        _console.print(p2p_floor)
     rtts = ", ".join(
         f"{format_size(entry['size'])} {entry['p50']:.1f} µs"
         for entry in floor["socketpair_rtt_us"]
     )
+    copies = ", ".join(
+        f"{format_size(entry['size'])} {entry['us']:.2f} µs" for entry in floor.get("memcpy_us", ())
+    )
     _console.print(
-        f"floor: memcpy {floor['memcpy_gb_per_s']:.1f} GB/s; socketpair round trip p50 {rtts} "
-        f"(one-way floor = half)",
+        f"floor: socketpair round trip p50 {rtts} (one-way floor = half); one copy {copies}; "
+        f"memcpy {floor['memcpy_gb_per_s']:.1f} GB/s",
         highlight=False,
     )
     _console.print(f"wrote {output} in {document['wall_seconds']:.1f} s", highlight=False)

@@ -27,6 +27,10 @@ _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#1
 Series = tuple[str, list[tuple[float, float]], bool]  # label, points, dashed
 
 
+def _us(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.2f}"
+
+
 def _esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
@@ -219,10 +223,26 @@ def render(document: dict[str, Any], *, title: str = "results") -> str:
     frameworks = ", ".join(
         f"{fw['name']} {fw['version']} ({fw['event_loop']})" for fw in document["frameworks"]
     )
+    copies = {entry["size"]: entry["us"] for entry in floor.get("memcpy_us", ())}
     rtts = "".join(
         f"<tr><td>{_esc(format_size(entry['size']))}</td><td class=n>{entry['p50']:.1f}</td>"
-        f"<td class=n>{entry['p99']:.1f}</td><td class=n>{entry['p50'] / 2:.1f}</td></tr>"
+        f"<td class=n>{entry['p99']:.1f}</td><td class=n>{entry['p50'] / 2:.1f}</td>"
+        f"<td class=n>{_us(copies.get(entry['size']))}</td></tr>"
         for entry in floor["socketpair_rtt_us"]
+    )
+    rates = {(e["over"], e["size"]): e["msgs_per_s"] for e in floor.get("stream_msgs_per_s", ())}
+    paced = "".join(
+        f"<tr><td>{_esc(entry['over'])}</td><td>{_esc(format_size(entry['size']))}</td>"
+        f"<td class=n>{rates.get((entry['over'], entry['size']), 0):,.0f}</td>"
+        f"<td class=n>{entry['p50']:.1f}</td><td class=n>{entry['p99']:.1f}</td></tr>"
+        for entry in floor.get("paced_one_way_us", ())
+    )
+    p2p_floor = (
+        "<h3>p2p floor: one raw socket between two processes</h3><table><tr><th>socket</th>"
+        "<th>size</th><th>msgs/s</th><th>paced p50 µs</th><th>paced p99 µs</th></tr>"
+        f"{paced}</table>"
+        if paced
+        else ""
     )
     memcpy = floor["memcpy_gb_per_s"]
     revision = (env["git_revision"] or "unknown") + (" (dirty)" if env["git_dirty"] else "")
@@ -248,7 +268,8 @@ the raw socketpair floor (round trip / 2) of the same size.</p>
 <h2>Raw floor (same run)</h2>
 <p>memcpy: {"—" if memcpy is None else f"{memcpy:.1f} GB/s"}</p>
 <table><tr><th>size</th><th>socketpair RTT p50 µs</th><th>p99 µs</th>
-<th>one-way floor µs</th></tr>{rtts}</table>
+<th>one-way floor µs</th><th>one copy µs</th></tr>{rtts}</table>
+{p2p_floor}
 <h2>Environment</h2>
 <pre>{_esc(json.dumps(env, indent=1))}</pre>
 </body></html>

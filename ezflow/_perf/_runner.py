@@ -395,7 +395,17 @@ class Progress:
     log: Callable[[str], None] = lambda message: None
 
 
-async def _measure_floor(plan: Plan, sizes: Sequence[int], progress: Progress) -> dict[str, Any]:
+#: The raw socket each p2p transport is set against in the floor.
+P2P_FLOOR_SOCKET = {"local": "unix", "shm": "unix", "tcp": "tcp"}
+#: Longest back-to-back stream of the p2p floor, in seconds.
+MAX_FLOOR_STREAM = 1.0
+
+
+async def _measure_floor(
+    plan: Plan, sizes: Sequence[int], p2p: Sequence[tuple[str, int]], progress: Progress
+) -> dict[str, Any]:
+    """The floor of the run: socketpair round trips and one copy of each size; for
+    each (socket, size) of *p2p*, the paced one-way time and the stream rate."""
     progress.log("floor: memcpy bandwidth")
     memcpy = _floor.memcpy_bandwidth()
     rtts = []
@@ -412,7 +422,39 @@ async def _measure_floor(plan: Plan, sizes: Sequence[int], progress: Progress) -
                 "p99": float(np.percentile(samples, 99)) / 1e3,
             }
         )
-    return {"memcpy_gb_per_s": memcpy / 1e9, "socketpair_rtt_us": rtts}
+    copies = [{"size": size, "us": _floor.memcpy_seconds(size) * 1e6} for size in sizes]
+    paced, streams = [], []
+    for over, size in p2p:
+        progress.log(f"floor: paced one-way and stream over {over}, {size} B")
+        one_way = np.asarray(
+            await _floor.paced_one_way(
+                size,
+                latency_count(plan, size, 1, "p2p"),
+                10,
+                period=suite_pacing("p2p", size, plan.period),
+                over=over,
+            ),
+            dtype=np.float64,
+        )
+        paced.append(
+            {
+                "over": over,
+                "size": size,
+                "p50": float(np.percentile(one_way, 50)) / 1e3,
+                "p99": float(np.percentile(one_way, 99)) / 1e3,
+            }
+        )
+        seconds = min(plan.duration, MAX_FLOOR_STREAM)
+        rate = await _floor.stream_rate(size, seconds, over=over)
+        streams.append({"over": over, "size": size, "msgs_per_s": rate})
+    floor: dict[str, Any] = {
+        "memcpy_gb_per_s": memcpy / 1e9,
+        "socketpair_rtt_us": rtts,
+        "memcpy_us": copies,
+    }
+    if p2p:
+        floor |= {"paced_one_way_us": paced, "stream_msgs_per_s": streams}
+    return floor
 
 
 async def run(
@@ -444,7 +486,10 @@ async def run(
             progress.log(f"starting {' '.join(framework.command)}")
             await framework.start()
         sizes = sorted({cell.size for cell in cells})
-        floor = await _measure_floor(plan, sizes, progress)
+        p2p = sorted(
+            {(P2P_FLOOR_SOCKET[cell.transport], cell.size) for cell in cells if cell.suite == "p2p"}
+        )
+        floor = await _measure_floor(plan, sizes, p2p, progress)
         progress.started(sum(len(_runs_on(cell, frameworks)) for cell in cells) * plan.repeats)
         for cell in cells:
             chosen = _runs_on(cell, frameworks)

@@ -8,9 +8,10 @@ against it without any dependency, implementing exactly the keywords the schema 
 
 The version is in ``schema`` (``ezflow-perf/1``): a change that could break a reader
 bumps it; adding an optional field does not. Optional so far (absent in files written
-before the p2p suite): a cell's ``variant``, ``loop``, ``crashes`` and
-``crash_reasons``, and the plan's ``min_messages`` and ``max_duration``; a reader
-takes an absent ``variant`` as null and absent ``crashes`` as 0.
+before the p2p suite): a cell's ``variant``, ``loop``, ``crashes`` and ``crash_reasons``;
+the plan's ``min_messages``, ``max_duration`` and ``shm_inline_limit``; the floor's
+``memcpy_us``, ``paced_one_way_us`` and ``stream_msgs_per_s``. A reader takes an absent
+``variant`` as null and an absent ``crashes`` as 0.
 """
 
 from __future__ import annotations
@@ -170,6 +171,7 @@ SCHEMA: Final[dict[str, Any]] = {
                 "floor_round_trips": {"type": "integer", "minimum": 1},
                 "min_messages": {"type": "integer", "minimum": 0},
                 "max_duration": _NUMBER,
+                "shm_inline_limit": {"type": ["integer", "null"], "minimum": 0},
             },
         },
         "frameworks": {
@@ -201,6 +203,49 @@ SCHEMA: Final[dict[str, Any]] = {
                             "size": {"type": "integer", "minimum": 1},
                             "p50": _NUMBER,
                             "p99": _NUMBER,
+                        },
+                    },
+                },
+                "paced_one_way_us": {
+                    "type": "array",
+                    "description": "p2p only: one-way time of paced messages over a raw "
+                    "socket (unix next to shm, tcp next to tcp), at the p2p pacing",
+                    "items": {
+                        "type": "object",
+                        "required": ["over", "size", "p50", "p99"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "over": {"enum": ["unix", "tcp"]},
+                            "size": {"type": "integer", "minimum": 1},
+                            "p50": _NUMBER,
+                            "p99": _NUMBER,
+                        },
+                    },
+                },
+                "stream_msgs_per_s": {
+                    "type": "array",
+                    "description": "p2p only: messages/s written back to back on a raw socket",
+                    "items": {
+                        "type": "object",
+                        "required": ["over", "size", "msgs_per_s"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "over": {"enum": ["unix", "tcp"]},
+                            "size": {"type": "integer", "minimum": 1},
+                            "msgs_per_s": _NUMBER,
+                        },
+                    },
+                },
+                "memcpy_us": {
+                    "type": "array",
+                    "description": "one numpy copy of a message of each size (optional)",
+                    "items": {
+                        "type": "object",
+                        "required": ["size", "us"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "size": {"type": "integer", "minimum": 1},
+                            "us": _NUMBER,
                         },
                     },
                 },

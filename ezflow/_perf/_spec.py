@@ -210,7 +210,9 @@ class Plan:
     sends ``latency_samples`` messages, fewer when they would take more than
     ``latency_seconds`` at the cell's :func:`pacing`; ``period`` is the pacing of small
     messages. The p2p RATE phase also runs until ``min_messages`` messages are out,
-    but no longer than ``max_duration`` seconds."""
+    but no longer than ``max_duration`` seconds. ``shm_inline_limit`` (ezflow only)
+    sets ``ShmOptions.inline_limit`` of every shm publisher: 0 sends every message
+    through shared memory, :data:`MAX_SIZE` every one inline (the crossover)."""
 
     duration: float = 2.0
     count: int | None = None
@@ -223,6 +225,7 @@ class Plan:
     loan: bool = True
     min_messages: int = 20_000
     max_duration: float = 6.0
+    shm_inline_limit: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.duration <= 600:
@@ -243,6 +246,9 @@ class Plan:
             raise SpecError(f"floor round trips {self.floor_round_trips!r} must be >= 1")
         if not 0 <= self.min_messages <= 100_000_000:
             raise SpecError(f"min messages {self.min_messages!r} must be in [0, 100000000]")
+        limit = self.shm_inline_limit
+        if limit is not None and not 0 <= limit <= MAX_SIZE:
+            raise SpecError(f"shm inline limit {limit!r} must be in [0, {MAX_SIZE}] bytes")
         if not self.duration <= self.max_duration <= 600:
             raise SpecError(f"max duration {self.max_duration!r} s must be in [duration, 600]")
 

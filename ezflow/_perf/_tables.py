@@ -12,6 +12,7 @@ from ._spec import format_size
 
 __all__ = [
     "compare_table",
+    "floor_table",
     "fmt_cpu",
     "fmt_rate",
     "fmt_us",
@@ -111,6 +112,37 @@ def results_table(
             continue
         figures = (fmt(metrics[metric]) for _, metric, fmt, _ in columns)
         table.add_row(*head, *figures, _status(cell))
+    return table
+
+
+def floor_table(floor: dict[str, Any]) -> Table | None:
+    """The p2p floor of a run (None when it measured no p2p cell): per raw socket and
+    size, the paced one-way time and the back-to-back rate, next to the socketpair
+    round trip / 2 and one copy of the size."""
+    paced = floor.get("paced_one_way_us")
+    if not paced:
+        return None
+    rates = {
+        (entry["over"], entry["size"]): entry["msgs_per_s"] for entry in floor["stream_msgs_per_s"]
+    }
+    halves = {entry["size"]: entry["p50"] / 2 for entry in floor["socketpair_rtt_us"]}
+    copies = {entry["size"]: entry["us"] for entry in floor.get("memcpy_us", ())}
+    table = Table(
+        title="the raw floor of p2p: two processes, one raw socket, no framework",
+        caption="unix is the floor of shm (and local), tcp of tcp",
+        title_justify="left",
+    )
+    for name in ("socket", "size"):
+        table.add_column(name, no_wrap=True)
+    for name in ("msgs/s", "paced p50 µs", "paced p99 µs", "socketpair RTT/2 µs", "copy µs"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for entry in paced:
+        size = entry["size"]
+        table.add_row(
+            entry["over"], format_size(size), fmt_rate(rates.get((entry["over"], size))),
+            fmt_us(entry["p50"]), fmt_us(entry["p99"]), fmt_us(halves.get(size)),
+            fmt_us(copies.get(size)),
+        )  # fmt: skip
     return table
 
 

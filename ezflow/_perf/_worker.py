@@ -96,10 +96,11 @@ class Framework(Protocol):
     """What a worker needs from a pub/sub framework. ``ctx``, ``pub`` and ``sub`` are
     the framework's own objects; the worker only hands them back.
 
-    A framework with variants of its own (ezflow: loop, ``recv`` or ``on_message``) may
-    also define ``configure(variant: dict)``: :func:`main` calls it with the cell's
-    :class:`~._spec.Variant` (as JSON) before :meth:`run`, p2p cells only. Peers run
-    the default variant and need not define it.
+    A framework with options of its own (ezflow: the p2p variant's loop and ``recv`` or
+    ``on_message``, ``Plan.shm_inline_limit``) may also define ``configure(spec:
+    dict)``: :func:`main` calls it with the units spec (``spec["variant"]`` is the
+    cell's :class:`~._spec.Variant` as JSON, or None outside p2p; ``spec["plan"]`` the
+    plan) before :meth:`run`. Peers run the default variant and need not define it.
     """
 
     name: str
@@ -181,12 +182,16 @@ class EzflowFramework:
     def __init__(self) -> None:
         self._loop: str | None = None
         self._receive = "recv"
+        self._inline_limit: int | None = None
 
-    def configure(self, variant: dict[str, Any]) -> None:
+    def configure(self, spec: dict[str, Any]) -> None:
         """Adopt a p2p cell's variant (loop and receive; the message shape and the
-        loan are the worker's)."""
-        self._loop = variant["loop"]
-        self._receive = variant["receive"]
+        loan are the worker's) and the plan's ``shm_inline_limit``."""
+        variant = spec.get("variant")
+        if variant is not None:
+            self._loop = variant["loop"]
+            self._receive = variant["receive"]
+        self._inline_limit = spec["plan"].get("shm_inline_limit")
 
     def version(self) -> str:
         import ezflow  # noqa: PLC0415 - keep the module importable without side effects
@@ -220,6 +225,11 @@ class EzflowFramework:
         return GraphContext(graph, auto_start=False, name=f"perf-{os.getpid()}")
 
     async def publisher(self, ctx: Any, topic: str, transport: str) -> Any:
+        if self._inline_limit is not None and transport == "shm":
+            from .._core._config import ShmOptions  # noqa: PLC0415
+
+            options = ShmOptions(inline_limit=self._inline_limit)
+            return await ctx.publisher(topic, transport=transport, shm=options)
         return await ctx.publisher(topic, transport=transport)
 
     async def subscriber(self, ctx: Any, topic: str, transport: str) -> Any:
@@ -239,8 +249,9 @@ class EzflowFramework:
         from .._core._config import DEFAULT_SHM_INLINE_LIMIT  # noqa: PLC0415
 
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        limit = DEFAULT_SHM_INLINE_LIMIT if self._inline_limit is None else self._inline_limit
         # Below the inline limit shm sends messages inline on its socket: nothing to lend.
-        if loan and transport == "shm" and nbytes >= DEFAULT_SHM_INLINE_LIMIT:
+        if loan and transport == "shm" and nbytes >= limit:
             lend = pub.loan
 
             async def loaned() -> Payload:
@@ -839,8 +850,8 @@ def main(framework: Framework, argv: list[str] | None = None) -> None:
         elif args[:1] == ["units"] and len(args) == 2:
             spec = json.loads(args[1])
             configure = getattr(framework, "configure", None)
-            if spec.get("variant") is not None and configure is not None:
-                configure(spec["variant"])
+            if configure is not None:
+                configure(spec)
             profile = spec.get("profile")
             profiler = cProfile.Profile() if profile else None
             if profiler is not None:
