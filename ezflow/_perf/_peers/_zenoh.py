@@ -42,6 +42,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final, TypeVar
 
 import numpy as np
@@ -235,21 +236,23 @@ async def _in_daemon_thread(work: Callable[[], T]) -> T:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[T] = loop.create_future()
 
-    def settle(result: T | None, error: BaseException | None) -> None:
-        if done.done():
-            return
-        if error is not None:
+    def succeed(result: T) -> None:
+        if not done.done():  # cancelled meanwhile: nobody waits any more
+            done.set_result(result)
+
+    def fail(error: BaseException) -> None:
+        if not done.done():
             done.set_exception(error)
-        else:
-            done.set_result(result)  # type: ignore[arg-type]
 
     def target() -> None:
         try:
             result = work()
         except BaseException as exc:
-            loop.call_soon_threadsafe(settle, None, exc)
+            settle: Callable[[], object] = partial(loop.call_soon_threadsafe, fail, exc)
         else:
-            loop.call_soon_threadsafe(settle, result, None)
+            settle = partial(loop.call_soon_threadsafe, succeed, result)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the worker is leaving
+            settle()
 
     threading.Thread(target=target, name="zenoh-receive", daemon=True).start()
     return await done
