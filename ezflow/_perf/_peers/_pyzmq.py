@@ -46,8 +46,8 @@ from ._common import (
 T = TypeVar("T")
 
 #: High-water mark of every socket, in messages: PUSH waits beyond it (never drops).
-#: 100 keeps a back-to-back run of 24.9 MB frames within a few GB per side, and is far
-#: above what a 64 B stream needs to batch.
+#: Below libzmq's default of 1000 so that a back-to-back run of 24.9 MB frames queues
+#: at most a few GB per side (the queue is counted in messages, not bytes).
 HWM: Final = 100
 
 
