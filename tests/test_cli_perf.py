@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
-from ezflow._perf import _compare, _report, _runner, _schema
+from ezflow._perf import _compare, _report, _runner, _schema, _tables
 
 PEER = f"{sys.executable} {Path(__file__).with_name('_perfpeer.py')}"
 #: The tiny configuration: 6 cells (one of them not applicable), ezflow and a peer;
@@ -179,6 +180,22 @@ def test_validator_reports_the_path_of_each_problem(perf_results: dict[str, Any]
     assert "$.floor: unexpected field 'extra'" in errors
     assert any(error.startswith("$.schema: must be") for error in errors)
     assert _schema.validate([]) == ["$: expected object, got list"]
+
+
+def test_files_from_before_p2p_still_load(perf_results: dict[str, Any]) -> None:
+    old = copy.deepcopy(perf_results)
+    for cell in old["cells"]:
+        for name in ("variant", "loop", "crashes", "crash_reasons"):
+            del cell[name]
+    for name in ("min_messages", "max_duration", "shm_inline_limit"):
+        del old["plan"][name]
+    del old["floor"]["memcpy_us"]
+    assert _schema.validate(old) == []
+    assert all(change.verdict == "same" for change in _compare.compare(old, perf_results))
+    assert "relay over tcp" in _report.render(old)
+    console = Console(width=200, record=True)
+    console.print(_tables.results_table(old["cells"]))
+    assert "relay" in console.export_text()
 
 
 def test_compare_flags_regressions_beyond_the_threshold(perf_results: dict[str, Any]) -> None:

@@ -2,13 +2,16 @@
 
 Layout (one module per concern):
 
-* :mod:`._spec` — suites, transports, sizes, plans and the process layout of each cell;
+* :mod:`._spec` — suites (p2p: the program users write, 1 -> 1, and its variants; the
+  graph suites), transports, sizes, plans and the process layout of each cell;
 * :mod:`._worker` — the child processes (graph server, sources, relays, sinks), written
-  against a small :class:`~._worker.Framework` adapter so that ``perf/peers/`` can run
-  the very same measurement on another framework;
-* :mod:`._floor` — the raw floor of the machine (socketpair round trip, memcpy);
+  against a small :class:`~._worker.Framework` adapter so that a peer framework's
+  worker runs the very same measurement on that framework;
+* :mod:`._floor` — the raw floor of the machine (socketpair round trip, one copy of
+  each size, memcpy bandwidth; for p2p, paced one-way and stream rate on a raw socket);
 * :mod:`._environment` — what the figures were measured on;
-* :mod:`._runner` — spawns the processes of every cell, collects and aggregates;
+* :mod:`._runner` — spawns the processes of every cell, retries and counts crashes,
+  collects and aggregates;
 * :mod:`._schema` — the documented JSON schema of a results file and its validator;
 * :mod:`._compare`, :mod:`._report` — ratios between runs, self-contained HTML report.
 

@@ -467,9 +467,11 @@ async def run(
     profile: str | None = None,
 ) -> dict[str, Any]:
     """Measure the floor, then every cell on ezflow and on each peer (a worker command,
-    e.g. ``["python", "perf/peers/ezmsg_peer.py"]``); return the results document (see
-    :mod:`._schema`). A cell that fails is recorded with status ``error`` and the run
-    goes on; cancelling the calling task ends every worker first. With *profile* (a
+    e.g. ``["VENV/bin/python", "-m", "ezflow._perf._peers._ezmsg"]``; variant cells on
+    ezflow only); return the results document (see :mod:`._schema`). A worker that
+    crashes is started again (:data:`CRASH_RETRIES`) and counted; a cell whose every
+    attempt crashed is recorded with status ``error`` and the run goes on; cancelling
+    the calling task ends every worker first. With *profile* (a
     directory), every units worker leaves its cProfile statistics there."""
     progress = progress or Progress()
     main_task = asyncio.current_task()

@@ -1,8 +1,8 @@
 """The worker processes of a perf run, framework-neutral.
 
 ``python -m ezflow._perf._worker graph`` runs a graph server; ``... units SPEC_JSON``
-hosts the units of one process of a cell (see :mod:`._spec`). ``perf/peers/`` runs
-the same code on another framework by passing its own :class:`Framework` to
+hosts the units of one process of a cell (see :mod:`._spec`). A peer framework's
+worker runs the same code on that framework by passing its own :class:`Framework` to
 :func:`main`, so both are measured by identical sources, relays and sinks.
 
 Protocol with the runner (the parent):
@@ -603,8 +603,9 @@ async def _p2p_source(
     seq = 0
 
     if array or loan:
-        # A bare array carries its own header, so it cannot be the same array each
-        # time (a transport may still hold the previous one): a new one, filled.
+        # A loan is new for every message, and a bare array carries its own header,
+        # so it cannot be the same array each time (a transport may still hold the
+        # previous one): a new payload per message, filled as a producer fills it.
         new_payload = framework.payload_function(pub, spec["transport"], shape, dtype, loan)
 
         async def send(phase: int) -> None:
