@@ -11,9 +11,10 @@ table (:func:`table_rows`, :func:`rich_table`, :func:`markdown`):
   ``recv()``), each peer, then ``ezflow/PEER`` for each peer - ezflow's figure divided
   by the peer's, so > 1 is better for msgs/s and < 1 is better for latency, the way
   the issue's bars are written -, the raw floor of the machine for that size (msgs/s:
-  memcpy bandwidth / size, one copy; latency: socketpair round trip / 2), and the
-  crashes of every framework in that cell (the runner retries a crashed worker and
-  counts it; a count here means figures came from a later attempt, or none came).
+  back to back on a raw socket, Unix next to shm and tcp next to tcp; latency:
+  socketpair round trip / 2), one memcpy of that size, and the crashes of every
+  framework in that cell (the runner retries a crashed worker and counts it; a count
+  here means figures came from a later attempt, or none came).
 
 Uses rich: never imported by workers.
 """
@@ -122,6 +123,8 @@ class Row:
     #: ezflow's figure / each peer's (None when either is missing).
     ratios: dict[str, float | None]
     floor: float | None
+    #: One memcpy of a message of this size, µs.
+    memcpy_us: float | None
     #: Crashes counted per framework in this cell (the same for its three metrics).
     crashes: dict[str, int]
 
@@ -131,16 +134,34 @@ def _ordinary(cell: dict[str, Any]) -> bool:
     return cell["suite"] == "p2p" and (variant is None or Variant(**variant).is_default)
 
 
-def _floor(document: dict[str, Any], metric: str, size: int) -> float | None:
+def _floor(document: dict[str, Any], metric: str, size: int, transport: str) -> float | None:
+    """The raw floor of *metric* at *size*: for msgs/s, messages of that size written
+    back to back on a raw socket (Unix next to shm, tcp next to tcp), else one memcpy per
+    message when the run did not measure the stream; for latency, half the socketpair
+    round trip."""
     floor = document["floor"]
     if metric == "msgs_per_s":
-        memcpy = floor.get("memcpy_gb_per_s")
-        return memcpy * 1e9 / size if memcpy else None
+        over = "unix" if transport == "shm" else "tcp"
+        for entry in floor.get("stream_msgs_per_s", []):
+            if entry["size"] == size and entry["over"] == over:
+                return float(entry["msgs_per_s"])
+        copy = _memcpy_us(document, size)
+        return 1e6 / copy if copy else None
     key = "p50" if metric == "latency_p50_us" else "p99"
     for entry in floor["socketpair_rtt_us"]:
         if entry["size"] == size:
             return float(entry[key]) / 2
     return None
+
+
+def _memcpy_us(document: dict[str, Any], size: int) -> float | None:
+    """Microseconds of one numpy copy of *size* bytes (measured, or from the bandwidth)."""
+    floor = document["floor"]
+    for entry in floor.get("memcpy_us", []):
+        if entry["size"] == size:
+            return float(entry["us"])
+    bandwidth = floor.get("memcpy_gb_per_s")
+    return size / (bandwidth * 1e3) if bandwidth else None
 
 
 def frameworks(document: dict[str, Any]) -> list[str]:
@@ -193,7 +214,8 @@ def table_rows(document: dict[str, Any]) -> list[Row]:
                     values,
                     status,
                     ratios,
-                    _floor(document, metric, size),
+                    _floor(document, metric, size, transport),
+                    _memcpy_us(document, size),
                     crashes,
                 )
             )
@@ -223,6 +245,10 @@ def _floor_text(row: Row) -> str:
     return f"{row.floor:,.0f}" if row.metric == "msgs_per_s" else f"{row.floor:,.1f}"
 
 
+def _memcpy_text(row: Row) -> str:
+    return "—" if row.memcpy_us is None else f"{row.memcpy_us:,.1f}"
+
+
 def _crashes(row: Row) -> str:
     counted = [f"{name} {count}" for name, count in row.crashes.items() if count]
     return ", ".join(counted) or "0"
@@ -236,8 +262,9 @@ def rich_table(document: dict[str, Any], title: str = "ezflow perf peers") -> Ta
         title=f"{title}: the ordinary p2p program, medians of "
         f"{document['plan']['repeats']} repeat(s), same run",
         caption="ezflow/PEER = ezflow's figure / the peer's: > 1 is ahead for msgs/s, "
-        "< 1 is ahead for latency. floor: memcpy of the size (msgs/s), socketpair "
-        "round trip / 2 (latency).",
+        "< 1 is ahead for latency. floor: back-to-back on a raw socket (msgs/s; unix "
+        "next to shm), socketpair round trip / 2 (latency). memcpy µs: one copy of "
+        "a message of that size.",
         title_justify="left",
         caption_justify="left",
     )
@@ -248,6 +275,7 @@ def rich_table(document: dict[str, Any], title: str = "ezflow perf peers") -> Ta
     for name in peers:
         table.add_column(f"ezflow/{name}", justify="right", no_wrap=True)
     table.add_column("floor", justify="right", no_wrap=True)
+    table.add_column("memcpy µs", justify="right", no_wrap=True)
     table.add_column("crashes", no_wrap=True)
     for row in table_rows(document):
         ratios = [_ratio(row, name) for name in peers]
@@ -259,6 +287,7 @@ def rich_table(document: dict[str, Any], title: str = "ezflow perf peers") -> Ta
             *(_figure(row, name) for name in names),
             *(f"[{style}]{text}[/]" for text, style in ratios),
             _floor_text(row),
+            _memcpy_text(row),
             crashes if crashes == "0" else f"[yellow]{crashes}[/]",
         )
     return table
@@ -269,14 +298,14 @@ def markdown(document: dict[str, Any]) -> str:
     names = frameworks(document)
     peers = names[1:]
     header = ["metric", "size", "transport", *names, *(f"ezflow/{p}" for p in peers)]
-    header += ["floor", "crashes"]
-    align = ["---"] * 3 + ["---:"] * (len(names) + len(peers) + 1) + ["---"]
+    header += ["floor", "memcpy µs", "crashes"]
+    align = ["---"] * 3 + ["---:"] * (len(names) + len(peers) + 2) + ["---"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     for row in table_rows(document):
         cells = [row.label, format_size(row.size), row.transport]
         cells += [_figure(row, name) for name in names]
         cells += [_ratio(row, name)[0] for name in peers]
-        cells += [_floor_text(row), _crashes(row)]
+        cells += [_floor_text(row), _memcpy_text(row), _crashes(row)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
