@@ -36,24 +36,15 @@ def perf(session: nox.Session) -> None:
     session.run("ezflow", "perf", "run", *session.posargs)
 
 
-#: The peer comparison of the issue: these cells, ezflow and ezmsg back to back.
-PEER_CELLS = ("-s", "fanout,fanin,relay", "-t", "shm,tcp", "--size", "1KiB,1MiB", "-n", "4")
-
-
 @nox.session
 def perf_peers(session: nox.Session) -> None:
-    """ezflow against ezmsg 3.9.0, cell by cell, in a venv of its own (ezmsg is never a
-    dependency of ezflow). Extra arguments go to `ezflow perf run` after the defaults,
-    e.g. `nox -s perf_peers -- --repeats 5 -o peers.json`."""
-    session.install("-e", ".", "ezmsg==3.9.0")
+    """`ezflow perf peers --install`: ezflow's ordinary p2p program next to ezmsg, pyzmq,
+    Zenoh and iceoryx2, each in a venv of its own made from PyPI (none of them is ever a
+    dependency of ezflow). Extra arguments go to the command, e.g.
+    `nox -s perf_peers -- --peers ezmsg,pyzmq --repeats 5 -o peers.json`."""
+    session.install("-e", ".")
     Path("perf/results").mkdir(parents=True, exist_ok=True)  # git ignores it
     args = list(session.posargs)
-    flags = [flag for flag in ("-o", "--output") if flag in args]
-    if flags:
-        output = args[args.index(flags[0]) + 1]
-    else:
-        output = "perf/results/peers.json"
-        args += ["-o", output]
-    peer = f"{session.bin}/python perf/peers/ezmsg_peer.py"
-    session.run("ezflow", "perf", "run", *PEER_CELLS, "--peer", peer, *args)
-    session.run("ezflow", "perf", "peers", output, "--markdown")
+    if not {"-o", "--output"} & set(args):
+        args += ["-o", "perf/results/peers.json"]
+    session.run("ezflow", "perf", "peers", "--install", *args)

@@ -375,18 +375,98 @@ def report(
 
 
 @app.command()
-def peers(
-    results: Annotated[Path, typer.Argument(help="A results file of a run with --peer.")],
+def peers(  # noqa: PLR0917 - one parameter per command-line option
+    earlier: Annotated[
+        Path | None,
+        typer.Argument(help="Same as --from: a results file to print, running nothing."),
+    ] = None,
+    install: Annotated[
+        bool,
+        typer.Option(
+            "--install", help="Create (or refresh) each peer's venv from PyPI when needed."
+        ),
+    ] = False,
+    peer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--peers", help="Peers (repeat or comma-separate): ezmsg, pyzmq, zenoh, iceoryx2."
+        ),
+    ] = None,
+    size: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Sizes: 64B, 1MiB, frame, ... (default 64B,1MiB,frame; --quick: 64B,1MiB)."
+        ),
+    ] = None,
+    transports: Annotated[
+        list[str] | None, typer.Option("--transports", help="shm, tcp (default both).")
+    ] = None,
+    repeats: Annotated[int | None, typer.Option(help="Repeats of every cell (medians).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="One short repeat, 64B and 1MiB.")] = False,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Results file (default ezflow-peers-TIME.json)."),
+    ] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where the peer venvs live (default $XDG_CACHE_HOME/ezflow/perf-peers)."),
+    ] = None,
+    results: Annotated[
+        Path | None,
+        typer.Option("--from", help="Print the table of an earlier results file; run nothing."),
+    ] = None,
     markdown: Annotated[bool, typer.Option(help="Print a markdown table.")] = False,
 ) -> None:
-    """ezflow against the peer frameworks of one run, cell by cell."""
-    rows = _compare.peer_rows(_load(results))
-    if not rows:
-        _fail(f"{results} has no peer framework (run with --peer)")
-    if markdown:
-        typer.echo(_tables.peer_markdown(rows), nl=False)
+    """ezflow's ordinary p2p program next to ezmsg, pyzmq, Zenoh and iceoryx2, in one
+    run, each peer in its own venv (--install makes them), with ratios and the floor."""
+    from .._perf._peers import _command, _install  # noqa: PLC0415 - only this command
+
+    results = results or earlier
+    if results is not None:
+        document = _load(results)
+        if not _command.table_rows(document):
+            rows = _compare.peer_rows(document)  # a run of other suites with --peer
+            if not rows:
+                _fail(f"{results} has no peer framework (run ezflow perf peers)")
+            if markdown:
+                typer.echo(_tables.peer_markdown(rows), nl=False)
+            else:
+                _console.print(_tables.peer_table(rows))
+            return
     else:
-        _console.print(_tables.peer_table(rows))
+        try:
+            request = _command.prepare(peer, size, transports, repeats, quick=quick)
+        except SpecError as exc:
+            _fail(str(exc))
+        if output is None:
+            output = Path(f"ezflow-peers-{datetime.datetime.now():%Y%m%d-%H%M%S}.json")
+        if output.parent and not output.parent.is_dir():
+            _fail(f"cannot write {output}: {output.parent} is not a directory")
+        try:
+            commands = _install.ensure(
+                request.peers,
+                install_missing=install,
+                cache=cache_dir,
+                log=lambda line: _errors.print(line, highlight=False, markup=False),
+            )
+        except (_install.PeerSetupError, _install.PeerInstallError) as exc:
+            _fail(str(exc))
+        document = _run_live(list(request.cells), request.plan, list(commands.values()), None)
+        output.write_text(json.dumps(document, indent=1) + "\n")
+    if markdown:
+        typer.echo(_command.markdown(document), nl=False)
+    else:
+        _console.print(_command.rich_table(document))
+    for line in _command.notes(document):
+        _console.print(f"  {line}", highlight=False, markup=False)
+    if results is None:
+        _console.print(f"wrote {output} in {document['wall_seconds']:.1f} s", highlight=False)
+        errors = _schema.validate(document)
+        if errors:  # a bug in the runner, not in what it measured
+            _fail(f"the results do not match the schema: {errors[0]}", code=1)
+        failed = _command.failures(document)
+        if failed:
+            _fail(f"{len(failed)} cell(s) failed after every retry; see above", code=1)
 
 
 @app.command()

@@ -1,12 +1,10 @@
-"""The ezflow perf suites on ezmsg 3.9.0's public API: a worker for ``ezflow perf run --peer``.
+"""The perf worker on ezmsg 3.9.0's public API (``python -m ezflow._perf._peers._ezmsg``).
 
-The runner starts this script exactly as it starts ezflow's own workers
-(``graph`` | ``units SPEC`` | ``info``), so both frameworks run the same sources,
-relays and sinks (:mod:`ezflow._perf._worker`), in the same process layout, with the
-same messages; only the pub/sub calls differ. Needs ezmsg 3.9.0 and ezflow installed in
-one environment (``nox -s perf_peers`` makes one)::
-
-    ezflow perf run --peer "python perf/peers/ezmsg_peer.py" -s fanout,fanin,relay ...
+The runner starts this module, in the venv ``ezflow perf peers --install`` makes for it
+(:mod:`._install`), exactly as it starts ezflow's own workers (``graph`` | ``units
+SPEC`` | ``info``), so both frameworks run the same sources, relays and sinks
+(:mod:`ezflow._perf._worker`), in the same process layout, with the same messages; only
+the pub/sub calls differ.
 
 What is ezmsg's here (all public, ``import ezmsg.core as ez``):
 
@@ -20,6 +18,10 @@ What is ezmsg's here (all public, ``import ezmsg.core as ez``):
 * ``ctx.subscriber(topic)`` and ``Subscriber.recv_zero_copy()``, what ezmsg Units use
   to call their subscriber methods (``recv()`` would add a deep copy per message).
 
+A p2p message, the ``(phase, seq, t_ns, payload)`` tuple, is broadcast as it is: ezmsg
+pickles it (protocol 5, the array out of band into its shared memory, or onto its
+socket for tcp), as it does for any message of an ezmsg Unit.
+
 ezmsg runs on the stock asyncio event loop, as ``ez.run`` does.
 """
 
@@ -32,9 +34,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
-import ezmsg.core as ez  # type: ignore[import-not-found]
+import ezmsg.core as ez
 
-from ezflow._perf._worker import NewPayload, is_end, main, private_payload
+from .._worker import NewPayload, is_end, main, private_payload
 
 T = TypeVar("T")
 
@@ -82,8 +84,7 @@ class EzmsgFramework:
     def payload_function(
         self, pub: Any, transport: str, shape: tuple[int, ...], dtype: str, loan: bool
     ) -> NewPayload:
-        # ezmsg has no buffer to lend: broadcast copies the array into its shared memory.
-        return private_payload(shape, dtype)
+        return private_payload(shape, dtype)  # nothing to lend either
 
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         receive = sub.recv_zero_copy

@@ -1,0 +1,329 @@
+"""``ezflow perf peers``: ezflow's ordinary p2p program next to every peer, one table.
+
+The CLI (``ezflow/_cli/_perf.py``) parses the options and shows progress; this module
+decides what runs (:func:`prepare`), makes sure every peer has its venv
+(:func:`._install.ensure`), and turns the results document of the runner into the
+table (:func:`table_rows`, :func:`rich_table`, :func:`markdown`):
+
+* one row per metric x size x transport: back-to-back msgs/s, paced p50 and p99
+  one-way latency (µs), medians of the repeats;
+* columns: ezflow (the ordinary program: tuple message, plain ``asyncio.run``,
+  ``recv()``), each peer, then ``ezflow/PEER`` for each peer - ezflow's figure divided
+  by the peer's, so > 1 is better for msgs/s and < 1 is better for latency, the way
+  the issue's bars are written -, the raw floor of the machine for that size (msgs/s:
+  back to back on a raw socket, Unix next to shm and tcp next to tcp; latency:
+  socketpair round trip / 2), one memcpy of that size, and the crashes of every
+  framework in that cell (the runner retries a crashed worker and counts it; a count
+  here means figures came from a later attempt, or none came).
+
+Uses rich: never imported by workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from rich.table import Table
+
+from .._spec import QUICK, STANDARD, Cell, Plan, SpecError, Variant, format_size, parse_size
+from ._install import PEERS
+
+__all__ = [
+    "DEFAULT_SIZES",
+    "METRICS",
+    "QUICK_SIZES",
+    "TRANSPORTS",
+    "Request",
+    "Row",
+    "failures",
+    "markdown",
+    "notes",
+    "prepare",
+    "rich_table",
+    "table_rows",
+]
+
+#: Sizes of a full peers run (``frame``: the 3840x2160x3 uint8 frame at 10 ms pacing).
+DEFAULT_SIZES: Final = ("64B", "1MiB", "frame")
+#: Sizes of ``--quick``.
+QUICK_SIZES: Final = ("64B", "1MiB")
+#: Transports the peers are measured over (two processes each).
+TRANSPORTS: Final = ("shm", "tcp")
+#: (metric key in the results, row label, True when more is better).
+METRICS: Final = (
+    ("msgs_per_s", "msgs/s back-to-back", True),
+    ("latency_p50_us", "p50 µs paced one-way", False),
+    ("latency_p99_us", "p99 µs paced one-way", False),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one ``ezflow perf peers`` run measures."""
+
+    peers: tuple[str, ...]
+    cells: tuple[Cell, ...]
+    plan: Plan
+
+
+def _split(values: Iterable[str] | None, default: Sequence[str]) -> list[str]:
+    items = [part.strip() for value in values or () for part in value.split(",")]
+    return list(dict.fromkeys(item for item in items if item)) or list(default)
+
+
+def prepare(
+    peers: Iterable[str] | None = None,
+    sizes: Iterable[str] | None = None,
+    transports: Iterable[str] | None = None,
+    repeats: int | None = None,
+    *,
+    quick: bool = False,
+) -> Request:
+    """The cells and plan of a run: the ordinary p2p cell for every size x transport,
+    on ezflow and each of *peers* (names of :data:`._install.PEERS`, comma-separated
+    or repeated; all of them by default). Raises :class:`SpecError` (one line for the
+    user) for an unknown peer, transport or size, or a bad repeat count."""
+    chosen = _split(peers, tuple(PEERS))
+    for name in chosen:
+        if name not in PEERS:
+            raise SpecError(f"unknown peer {name!r}; use one of {', '.join(PEERS)}")
+    chosen_transports = _split(transports, TRANSPORTS)
+    for transport in chosen_transports:
+        if transport not in TRANSPORTS:
+            raise SpecError(
+                f"unknown transport {transport!r} for peers; use one of {', '.join(TRANSPORTS)}"
+            )
+    texts = _split(sizes, QUICK_SIZES if quick else DEFAULT_SIZES)
+    chosen_sizes = list(dict.fromkeys(parse_size(text) for text in texts))
+    base = QUICK if quick else STANDARD
+    plan = base if repeats is None else dataclasses.replace(base, repeats=repeats)
+    cells = tuple(
+        Cell("p2p", transport, size, 1, Variant())
+        for transport in chosen_transports
+        for size in chosen_sizes
+    )
+    return Request(tuple(chosen), cells, plan)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of the table: a metric of one size over one transport."""
+
+    metric: str
+    label: str
+    higher_is_better: bool
+    size: int
+    transport: str
+    #: Per framework (ezflow first): the median figure, or None with a status note.
+    values: dict[str, float | None]
+    status: dict[str, str]
+    #: ezflow's figure / each peer's (None when either is missing).
+    ratios: dict[str, float | None]
+    floor: float | None
+    #: One memcpy of a message of this size, µs.
+    memcpy_us: float | None
+    #: Crashes counted per framework in this cell (the same for its three metrics).
+    crashes: dict[str, int]
+
+
+def _ordinary(cell: dict[str, Any]) -> bool:
+    variant = cell.get("variant")
+    return cell["suite"] == "p2p" and (variant is None or Variant(**variant).is_default)
+
+
+def _floor(document: dict[str, Any], metric: str, size: int, transport: str) -> float | None:
+    """The raw floor of *metric* at *size*: for msgs/s, messages of that size written
+    back to back on a raw socket (Unix next to shm, tcp next to tcp), else one memcpy per
+    message when the run did not measure the stream; for latency, half the socketpair
+    round trip."""
+    floor = document["floor"]
+    if metric == "msgs_per_s":
+        over = "unix" if transport == "shm" else "tcp"
+        for entry in floor.get("stream_msgs_per_s", []):
+            if entry["size"] == size and entry["over"] == over:
+                return float(entry["msgs_per_s"])
+        copy = _memcpy_us(document, size)
+        return 1e6 / copy if copy else None
+    key = "p50" if metric == "latency_p50_us" else "p99"
+    for entry in floor["socketpair_rtt_us"]:
+        if entry["size"] == size:
+            return float(entry[key]) / 2
+    return None
+
+
+def _memcpy_us(document: dict[str, Any], size: int) -> float | None:
+    """Microseconds of one numpy copy of *size* bytes (measured, or from the bandwidth)."""
+    floor = document["floor"]
+    for entry in floor.get("memcpy_us", []):
+        if entry["size"] == size:
+            return float(entry["us"])
+    bandwidth = floor.get("memcpy_gb_per_s")
+    return size / (bandwidth * 1e3) if bandwidth else None
+
+
+def frameworks(document: dict[str, Any]) -> list[str]:
+    """ezflow, then the peers, in the order of the run."""
+    names = [framework["name"] for framework in document["frameworks"]]
+    return ["ezflow", *(name for name in names if name != "ezflow")]
+
+
+def table_rows(document: dict[str, Any]) -> list[Row]:
+    """The rows of the peers table of *document* (a results file with p2p cells of the
+    ordinary program): metric x size x transport, in the order the cells ran."""
+    names = frameworks(document)
+    cells: dict[tuple[str, int, str], dict[str, Any]] = {}
+    order: list[tuple[str, int]] = []
+    for cell in document["cells"]:
+        if not _ordinary(cell):
+            continue
+        key = (cell["transport"], cell["size"])
+        if key not in order:
+            order.append(key)
+        cells[cell["transport"], cell["size"], cell["framework"]] = cell
+    rows = []
+    for metric, label, higher in METRICS:
+        for transport, size in sorted(order, key=lambda key: (key[1], key[0])):
+            values: dict[str, float | None] = {}
+            status: dict[str, str] = {}
+            crashes: dict[str, int] = {}
+            for name in names:
+                cell = cells.get((transport, size, name))
+                if cell is None:
+                    values[name], status[name] = None, "not run"
+                    continue
+                crashes[name] = int(cell.get("crashes", 0))
+                metrics = cell["metrics"] if cell["status"] == "ok" else None
+                values[name] = None if metrics is None else metrics.get(metric)
+                status[name] = cell["status"]
+            ours = values.get("ezflow")
+            ratios = {
+                name: ours / theirs if ours is not None and theirs else None
+                for name, theirs in values.items()
+                if name != "ezflow"
+            }
+            rows.append(
+                Row(
+                    metric,
+                    label,
+                    higher,
+                    size,
+                    transport,
+                    values,
+                    status,
+                    ratios,
+                    _floor(document, metric, size, transport),
+                    _memcpy_us(document, size),
+                    crashes,
+                )
+            )
+    return rows
+
+
+def _figure(row: Row, name: str) -> str:
+    value = row.values.get(name)
+    if value is None:
+        state = row.status.get(name, "not run")
+        return "—" if state == "ok" else state
+    return f"{value:,.0f}" if row.metric == "msgs_per_s" else f"{value:,.1f}"
+
+
+def _ratio(row: Row, name: str) -> tuple[str, str]:
+    """The ratio as text and its style: green where ezflow is ahead, red behind."""
+    ratio = row.ratios.get(name)
+    if ratio is None:
+        return "—", "dim"
+    ahead = ratio >= 1 if row.higher_is_better else ratio <= 1
+    return f"{ratio:.2f}x", "green" if ahead else "red"
+
+
+def _floor_text(row: Row) -> str:
+    if row.floor is None:
+        return "—"
+    return f"{row.floor:,.0f}" if row.metric == "msgs_per_s" else f"{row.floor:,.1f}"
+
+
+def _memcpy_text(row: Row) -> str:
+    return "—" if row.memcpy_us is None else f"{row.memcpy_us:,.1f}"
+
+
+def _crashes(row: Row) -> str:
+    counted = [f"{name} {count}" for name, count in row.crashes.items() if count]
+    return ", ".join(counted) or "0"
+
+
+def rich_table(document: dict[str, Any], title: str = "ezflow perf peers") -> Table:
+    """The peers table of *document* for the terminal."""
+    names = frameworks(document)
+    peers = names[1:]
+    table = Table(
+        title=f"{title}: the ordinary p2p program, medians of "
+        f"{document['plan']['repeats']} repeat(s), same run",
+        caption="ezflow/PEER = ezflow's figure / the peer's: > 1 is ahead for msgs/s, "
+        "< 1 is ahead for latency. floor: back-to-back on a raw socket (msgs/s; unix "
+        "next to shm), socketpair round trip / 2 (latency). memcpy µs: one copy of "
+        "a message of that size.",
+        title_justify="left",
+        caption_justify="left",
+    )
+    for header in ("metric", "size", "transport"):
+        table.add_column(header, no_wrap=True)
+    for name in names:
+        table.add_column(name, justify="right", no_wrap=True)
+    for name in peers:
+        table.add_column(f"ezflow/{name}", justify="right", no_wrap=True)
+    table.add_column("floor", justify="right", no_wrap=True)
+    table.add_column("memcpy µs", justify="right", no_wrap=True)
+    table.add_column("crashes", no_wrap=True)
+    for row in table_rows(document):
+        ratios = [_ratio(row, name) for name in peers]
+        crashes = _crashes(row)
+        table.add_row(
+            row.label,
+            format_size(row.size),
+            row.transport,
+            *(_figure(row, name) for name in names),
+            *(f"[{style}]{text}[/]" for text, style in ratios),
+            _floor_text(row),
+            _memcpy_text(row),
+            crashes if crashes == "0" else f"[yellow]{crashes}[/]",
+        )
+    return table
+
+
+def markdown(document: dict[str, Any]) -> str:
+    """The peers table of *document* as GitHub markdown (for docs/perf.md)."""
+    names = frameworks(document)
+    peers = names[1:]
+    header = ["metric", "size", "transport", *names, *(f"ezflow/{p}" for p in peers)]
+    header += ["floor", "memcpy µs", "crashes"]
+    align = ["---"] * 3 + ["---:"] * (len(names) + len(peers) + 2) + ["---"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    for row in table_rows(document):
+        cells = [row.label, format_size(row.size), row.transport]
+        cells += [_figure(row, name) for name in names]
+        cells += [_ratio(row, name)[0] for name in peers]
+        cells += [_floor_text(row), _memcpy_text(row), _crashes(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def notes(document: dict[str, Any]) -> list[str]:
+    """One line per cell without figures (why) and per crash reason kept."""
+    lines = []
+    for cell in document["cells"]:
+        if not _ordinary(cell):
+            continue
+        where = f"{cell['framework']} {cell['transport']}/{format_size(cell['size'])}"
+        if cell["status"] != "ok":
+            lines.append(f"{where}: {cell['status']}: {cell['reason']}")
+        for reason in cell.get("crash_reasons", []):
+            lines.append(f"{where}: crashed: {reason}")
+    return lines
+
+
+def failures(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cells that failed (status ``error``, after every retry)."""
+    return [cell for cell in document["cells"] if cell["status"] == "error"]
