@@ -335,3 +335,66 @@ def test_a_paced_tuple_is_handed_over_as_one_bytes_body() -> None:
     kinds = [kind for kind, _, _ in link.bodies]
     assert kinds == ["send"] + ["small"] * 4  # the first one makes the template
     assert outlet.stats.encodes == outlet.stats.messages == 5
+
+
+_LINK_STATE = st.tuples(
+    st.booleans(),  # lossless
+    st.booleans(),  # stalled
+    st.integers(0, 8),  # messages in flight
+    st.integers(0, 4096),  # bytes in flight
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_LINK_STATE, max_size=4),
+    st.integers(1, 8),
+    st.integers(1, 4096),
+)
+def test_publish_nowait_declines_exactly_when_publish_would_wait(
+    states: list[tuple[bool, bool, int, int]], max_in_flight: int, max_in_flight_bytes: int
+) -> None:
+    """publish_nowait inlines the room rule (Link.has_room, _blocked) for speed: it must
+    decline exactly when publish would wait, for every mix of lossless, leaky, stalled
+    and full links, and send nothing then."""
+    outlet = _outlet.Outlet(
+        "p-1",
+        "/t",
+        Codec(),
+        max_in_flight=max_in_flight,
+        max_in_flight_bytes=max_in_flight_bytes,
+    )
+    links = []
+    for lossless, stalled, count, nbytes in states:
+        link = _RecordingLink(lossless=lossless)
+        link.sent_count, link.sent_bytes = count, nbytes if count else 0
+        link.stalled = stalled
+        outlet.add_link(link)
+        links.append(link)
+    would_wait = outlet._blocked()
+    room = [link.has_room(outlet) for link in links]
+    assert outlet.publish_nowait(np.arange(4.0)) is not would_wait
+    sent = [len(link.bodies) for link in links]
+    if would_wait:
+        assert sent == [0] * len(links)
+    else:  # every lossless link got it; a leaky one got it if it had room, else parked
+        assert sent == [int(link.lossless or r) for link, r in zip(links, room, strict=True)]
+
+
+async def test_a_stalled_link_makes_publish_wait_until_it_resumes(
+    ctx: ezflow.GraphContext,
+) -> None:
+    # What the data connection does when its unsent backlog passes its bound: the link
+    # stalls, a lossless publish (the nowait path included) waits, and resumes after.
+    pub = await ctx.publisher("/outlet/stalled")
+    sub = await ctx.subscriber("/outlet/stalled", transport="tcp")
+    await pub.wait_for_channels(1)
+    (link,) = pub._outlet.links
+    link.stalled = True
+    publishing = asyncio.ensure_future(pub.publish(np.arange(3.0)))
+    await asyncio.sleep(0.05)
+    assert not publishing.done()
+    link.stalled = False
+    pub._outlet.wake()
+    await asyncio.wait_for(publishing, 5)
+    assert list(await sub.recv()) == [0.0, 1.0, 2.0]

@@ -160,11 +160,12 @@ class ShmOptions:
     With *handoff* (the default), a paced publish - one that starts 50 µs or more after
     the previous one was sent (and after any yield), time spent waiting for room not
     counted, by a publisher whose thread slept meanwhile (its event loop was idle; not
-    busy, not preempted) - that went to at least one shm subscriber ends with the publisher yielding its CPU (``sched_yield``)
-    once every subscriber's copy is written. A subscriber process that the message woke
-    on the same CPU then runs at once, instead of after the rest of the publisher's
-    event-loop turn; where it was woken on another, idle CPU the yield costs one system
-    call. Back-to-back publishing yields at most for the first message of a burst.
+    busy, not preempted) - that went to at least one shm subscriber ends with the
+    publisher yielding its CPU (``sched_yield``) once every subscriber's copy is
+    written. A subscriber process that the message woke on the same CPU then runs at
+    once, instead of after the rest of the publisher's event-loop turn; where it was
+    woken on another, idle CPU the yield costs one system call. Back-to-back publishing
+    yields at most for the first message of a burst.
 
     When every usable block is still leased (subscribers keep old messages alive), a
     message travels inline instead: leases never block a publisher, only the

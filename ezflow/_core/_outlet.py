@@ -86,6 +86,9 @@ class Link(ABC):
         self.released_count = 0
         self.released_bytes = 0
         self.drops = 0
+        #: True while the transport cannot take more, whatever the in-flight window
+        #: (its unsent backlog is over its bound): the link then has no room.
+        self.stalled = False
         self.outlet: Outlet | None = None
         self._parked: tuple[int, int, Any, EncodedMessage | None] | None = None
 
@@ -109,7 +112,11 @@ class Link(ABC):
                 outlet.wake()
 
     def has_room(self, outlet: Outlet) -> bool:
-        """True while this link holds fewer than the outlet's in-flight limits."""
+        """True while this link is not :attr:`stalled` and holds fewer than the outlet's
+        in-flight limits. (``Outlet.publish_nowait`` inlines this rule; a differential
+        test in tests/test_outlet.py pins the two together.)"""
+        if self.stalled:
+            return False
         count = self.sent_count - self.released_count
         return count < outlet.max_in_flight and (
             count == 0 or self.sent_bytes - self.released_bytes < outlet.max_in_flight_bytes
@@ -310,6 +317,8 @@ class Outlet:
         # every call on this path costs a microsecond or so.
         for link in links:
             if link.lossless:
+                if link.stalled:
+                    return False
                 count = link.sent_count - link.released_count
                 if count >= self.max_in_flight or (
                     count and link.sent_bytes - link.released_bytes >= self.max_in_flight_bytes

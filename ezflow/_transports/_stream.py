@@ -177,11 +177,6 @@ class StreamLink(Link):
             self._loop.call_soon(self._end_of_iteration)
         self._written_ns = time_ns
 
-    def has_room(self, outlet: Outlet) -> bool:
-        """:meth:`Link.has_room`, and False while the connection's unsent backlog is
-        above ``DATA_WRITE_BUFFER_LIMIT`` (see :meth:`PublisherConnection.pause_writing`)."""
-        return not self.connection.paused and Link.has_room(self, outlet)
-
     def send_out_of_line(
         self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage
     ) -> bool:
@@ -362,12 +357,16 @@ class PublisherConnection(FramedProtocol):
         """The unsent backlog went above ``DATA_WRITE_BUFFER_LIMIT``: the link has no
         room until it drains (a lossless publish waits, a leaky link parks)."""
         self.paused = True
+        if self.link is not None:
+            self.link.stalled = True
 
     def resume_writing(self) -> None:
         """The backlog drained to a quarter of the limit: send what a leaky link
         parked, and wake a waiting publish."""
         self.paused = False
         link, outlet = self.link, self.outlet
+        if link is not None:
+            link.stalled = False
         if link is not None and outlet is not None and link.outlet is outlet:
             if link.has_room(outlet):
                 link.flush_parked()
