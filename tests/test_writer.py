@@ -487,6 +487,9 @@ async def test_a_clean_close_delivers_everything_then_end(ctx: ezflow.GraphConte
                 body += await reader.read(min(size - len(body), 8192))
                 await asyncio.sleep(0)  # slowly
             frames.append(bytes(body))
+        # As a channel does once it has read up to END: close, which is what the
+        # publisher's close waits for (else it gives up after CLOSE_TIMEOUT).
+        writer.close()
         await asyncio.wait_for(pub_closed, 10)
     finally:
         writer.close()
