@@ -40,19 +40,22 @@ strs = st.text(max_size=40) | _LENGTHS.flatmap(
 byte_strings = st.binary(max_size=40) | _LENGTHS.map(lambda n: bytes(n % 256 for n in range(n)))
 floats = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -0.0])
 
-_scalar_dtypes = st.one_of(
+scalar_dtypes = st.one_of(
     hnp.boolean_dtypes(),
     hnp.integer_dtypes(endianness="?"),
     hnp.unsigned_integer_dtypes(endianness="?"),
     hnp.floating_dtypes(endianness="?"),
     hnp.complex_number_dtypes(endianness="?"),
     hnp.datetime64_dtypes(endianness="?"),
-    hnp.byte_string_dtypes(endianness="?", max_len=6),
-    hnp.unicode_string_dtypes(endianness="?", max_len=6),
+    hnp.timedelta64_dtypes(endianness="?"),
+    hnp.byte_string_dtypes(endianness="?", max_len=8),
+    hnp.unicode_string_dtypes(endianness="?", max_len=8),
 )
+#: Every plain dtype kind the codec carries: scalars, structured, nested, subarrays.
 dtypes = st.one_of(
-    _scalar_dtypes,
-    hnp.array_dtypes(subtype_strategy=_scalar_dtypes, max_size=3, allow_subarrays=True),
+    scalar_dtypes,
+    hnp.array_dtypes(subtype_strategy=scalar_dtypes, max_size=4, allow_subarrays=True),
+    hnp.nested_dtypes(subtype_strategy=scalar_dtypes, max_leaves=5),
 )
 
 

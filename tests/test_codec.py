@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 import pytest
+from _messages import dtypes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -205,22 +206,7 @@ values = st.recursive(
     max_leaves=25,
 )
 
-scalar_dtypes = st.one_of(
-    hnp.boolean_dtypes(),
-    hnp.integer_dtypes(endianness="?"),
-    hnp.unsigned_integer_dtypes(endianness="?"),
-    hnp.floating_dtypes(endianness="?"),
-    hnp.complex_number_dtypes(endianness="?"),
-    hnp.datetime64_dtypes(endianness="?"),
-    hnp.timedelta64_dtypes(endianness="?"),
-    hnp.byte_string_dtypes(endianness="?", max_len=8),
-    hnp.unicode_string_dtypes(endianness="?", max_len=8),
-)
-all_dtypes = st.one_of(
-    scalar_dtypes,
-    hnp.array_dtypes(subtype_strategy=scalar_dtypes, max_size=4, allow_subarrays=True),
-    hnp.nested_dtypes(subtype_strategy=scalar_dtypes, max_leaves=5),
-)
+all_dtypes = dtypes  # (tests/_messages.py: one strategy for every codec test)
 
 
 @st.composite
