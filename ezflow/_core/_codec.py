@@ -350,6 +350,13 @@ def register_message(cls: type[_T], *, name: str | None = None) -> type[_T]:
     return cls
 
 
+def message_fields(cls: type) -> tuple[str, ...] | None:
+    """The fields the codec sends for an instance of *cls* (its ``init`` fields, in
+    order), or None if *cls* is not a registered message class."""
+    entry = _TYPES_BY_CLASS.get(cls)
+    return None if entry is None else entry.fields
+
+
 @overload
 def message(cls: type[_T]) -> type[_T]: ...
 
@@ -1783,8 +1790,13 @@ class Codec:
                     array = self._cached_array(body, n, meta_len)
                     if array is not None:
                         return array
+        return self._decode_translated(body)
+
+    def _decode_translated(self, body: object, *, fast: bool = True) -> object:
+        """:meth:`_decode`, raising :class:`ProtocolError` and nothing else: any other
+        exception becomes one (its ``__cause__``)."""
         try:
-            return self._decode(body)
+            return self._decode(body, fast=fast)
         except ProtocolError:
             raise
         except Exception as exc:
@@ -1957,12 +1969,7 @@ def _encode_general(codec: Codec, obj: object) -> EncodedMessage:
 def _decode_general(codec: Codec, body: object) -> object:
     """*body* decoded by the general decoder alone (no cache read or filled): the
     reference every decode fast path is tested against. Raises like :meth:`Codec.decode`."""
-    try:
-        return codec._decode(body, fast=False)
-    except ProtocolError:
-        raise
-    except Exception as exc:
-        raise ProtocolError(f"malformed message body ({type(exc).__name__}: {exc})") from exc
+    return codec._decode_translated(body, fast=False)
 
 
 #: A codec with the default limits.

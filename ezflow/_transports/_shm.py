@@ -73,7 +73,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._core._channel import Channel
-from .._core._codec import MAX_DEPTH, Codec, EncodedMessage
+from .._core._codec import MAX_DEPTH, Codec, EncodedMessage, message_fields
 from .._core._config import SHM_LOAN_ROOM, ShmOptions
 from .._core._exceptions import BrokenResourceError, MessageTooLargeError, ProtocolError
 from .._core._framing import (
@@ -113,9 +113,14 @@ _LEAF_TYPES = frozenset((str, int, float, bool, bytes, bytearray, memoryview, ty
 # Builds a Descriptor from a tuple of its fields without the named tuple's Python-level
 # __new__ (a loan placed on a paced publisher's path, with caches cold).
 _new_descriptor = tuple.__new__
-# Dataclass -> the names of its init fields (the fields the codec sends). Only classes
-# registered with the codec reach it (a message holding another was refused).
-_INIT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _write_parts(buffer: memoryview, position: int, parts: Iterable[bytes | memoryview]) -> None:
+    """Write *parts* one after another into *buffer*, from *position* on."""
+    for part in parts:
+        end = position + len(part)
+        buffer[position:end] = part
+        position = end
 
 
 def valid_socket_name(name: str) -> bool:
@@ -309,12 +314,7 @@ class _OutletShm:
         block = self._acquire(encoded.nbytes)
         if block is None:
             return None
-        buffer = block.buffer
-        position = 0
-        for part in encoded.parts:
-            end = position + len(part)
-            buffer[position:end] = part
-            position = end
+        _write_parts(block.buffer, 0, encoded.parts)
         self.ring.publish(block, (link,))
         return self._current(block.descriptor)
 
@@ -502,16 +502,8 @@ class _OutletShm:
             return None
         if taken > 1:
             self.stats.loans_copied += taken - 1
-        position = data_start - before
-        for part in parts[:index]:
-            end = position + len(part)
-            buffer[position:end] = part
-            position = end
-        position += host.nbytes
-        for part in parts[index + 1 :]:
-            end = position + len(part)
-            buffer[position:end] = part
-            position = end
+        _write_parts(buffer, data_start - before, parts[:index])
+        _write_parts(buffer, data_start + host.nbytes, parts[index + 1 :])
         block = host.descriptor
         return _new_descriptor(
             Descriptor,
@@ -553,11 +545,11 @@ class _OutletShm:
         elif isinstance(obj, dict):
             items = itertools.chain.from_iterable(dict.items(obj))
         else:
-            names = _INIT_FIELDS.get(tp)
+            # (a dataclass in a published message is a registered one: the codec
+            # refused the message otherwise)
+            names = message_fields(tp)
             if names is None:
-                if not dataclasses.is_dataclass(tp):
-                    return
-                names = _INIT_FIELDS[tp] = tuple(f.name for f in dataclasses.fields(tp) if f.init)
+                return
             items = [getattr(obj, name, None) for name in names]
         for item in items:
             kind = type(item)

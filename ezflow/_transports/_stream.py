@@ -250,8 +250,6 @@ class PublisherConnection(FramedProtocol):
         self.out: WriteHalf | None = None
         #: the zero-copy writer, when :attr:`out` is one
         self.writer: VectoredWriter | None = None
-        #: the unsent backlog is above DATA_WRITE_BUFFER_LIMIT: the link counts as full
-        self.paused = False
         self._timer: asyncio.TimerHandle | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -355,15 +353,14 @@ class PublisherConnection(FramedProtocol):
 
     def pause_writing(self) -> None:
         """The unsent backlog went above ``DATA_WRITE_BUFFER_LIMIT``: the link has no
-        room until it drains (a lossless publish waits, a leaky link parks)."""
-        self.paused = True
+        room until it drains (a lossless publish waits, a leaky link parks): it is
+        ``stalled``."""
         if self.link is not None:
             self.link.stalled = True
 
     def resume_writing(self) -> None:
         """The backlog drained to a quarter of the limit: send what a leaky link
         parked, and wake a waiting publish."""
-        self.paused = False
         link, outlet = self.link, self.outlet
         if link is not None:
             link.stalled = False
