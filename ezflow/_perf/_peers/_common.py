@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from operator import contains
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 
@@ -41,6 +43,7 @@ __all__ = [
     "HEAD",
     "PeerUnavailableError",
     "Rendezvous",
+    "RendezvousFramework",
     "decode",
     "encode_header",
     "header_size",
@@ -59,6 +62,7 @@ MAX_LINE: Final = 4096
 
 Payload = np.ndarray[Any, Any]
 Message = tuple[int, int, int, Payload]
+T = TypeVar("T")
 
 
 class PeerUnavailableError(RuntimeError):
@@ -144,6 +148,32 @@ async def rendezvous() -> AsyncIterator[tuple[str, int]]:
     finally:
         server.close()
         await server.wait_closed()
+
+
+class RendezvousFramework:
+    """The part of :class:`ezflow._perf._worker.Framework` that every peer without a
+    graph server implements the same way: the stock asyncio loop (``asyncio.run``, as
+    their users write), the version of the peer's distribution, "unavailable" cells
+    raised as :class:`PeerUnavailableError`, and :func:`rendezvous` as the graph server.
+    A subclass sets :attr:`name` and :attr:`distribution` and adds the pub/sub methods.
+    """
+
+    name: str
+    #: The PyPI distribution whose version the results record.
+    distribution: str
+    unavailable: tuple[type[Exception], ...] = (PeerUnavailableError,)
+
+    def version(self) -> str:
+        return importlib.metadata.version(self.distribution)
+
+    def loop_name(self) -> str:
+        return "asyncio"
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run(main)
+
+    def graph_server(self) -> AbstractAsyncContextManager[tuple[str, int]]:
+        return rendezvous()
 
 
 class Rendezvous:

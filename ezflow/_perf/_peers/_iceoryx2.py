@@ -28,8 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import importlib.metadata
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -41,10 +40,10 @@ from .._worker import NewPayload, is_end, main, private_payload
 from ._common import (
     BARE,
     PeerUnavailableError,
+    RendezvousFramework,
     decode,
     encode_header,
     header_size,
-    rendezvous,
 )
 
 T = TypeVar("T")
@@ -83,24 +82,12 @@ def _service_name(topic: str) -> Any:
     return iox2.ServiceName.new(f"ezflow-perf{topic}")
 
 
-class Iceoryx2Framework:
+class Iceoryx2Framework(RendezvousFramework):
     """The :class:`ezflow._perf._worker.Framework` of iceoryx2 (publish-subscribe +
     event services, ``ServiceType.Ipc``)."""
 
     name = "iceoryx2"
-    unavailable: tuple[type[Exception], ...] = (PeerUnavailableError,)
-
-    def version(self) -> str:
-        return importlib.metadata.version("iceoryx2")
-
-    def loop_name(self) -> str:
-        return "asyncio"
-
-    def run(self, main: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run(main)
-
-    def graph_server(self) -> AbstractAsyncContextManager[tuple[str, int]]:
-        return rendezvous()  # not needed by iceoryx2; keeps the worker protocol
+    distribution = "iceoryx2"
 
     @contextlib.asynccontextmanager
     async def _context(self, graph: tuple[str, int]) -> AsyncIterator[_Process]:

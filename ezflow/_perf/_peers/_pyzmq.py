@@ -20,11 +20,9 @@ process) uses ``inproc://``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import importlib.metadata
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -38,9 +36,9 @@ from ._common import (
     BARE,
     PeerUnavailableError,
     Rendezvous,
+    RendezvousFramework,
     decode,
     encode_header,
-    rendezvous,
 )
 
 T = TypeVar("T")
@@ -68,23 +66,11 @@ def _endpoint(transport: str) -> str:
     return f"inproc://ezflow-perf-{uuid.uuid4().hex}"
 
 
-class PyzmqFramework:
+class PyzmqFramework(RendezvousFramework):
     """The :class:`ezflow._perf._worker.Framework` of pyzmq (PUSH/PULL, zmq.asyncio)."""
 
     name = "pyzmq"
-    unavailable: tuple[type[Exception], ...] = (PeerUnavailableError,)
-
-    def version(self) -> str:
-        return importlib.metadata.version("pyzmq")
-
-    def loop_name(self) -> str:
-        return "asyncio"
-
-    def run(self, main: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run(main)
-
-    def graph_server(self) -> AbstractAsyncContextManager[tuple[str, int]]:
-        return rendezvous()
+    distribution = "pyzmq"
 
     @contextlib.asynccontextmanager
     async def _context(self, graph: tuple[str, int]) -> AsyncIterator[_Process]:

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import json
 import os
 import socket
 import tempfile
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from functools import partial
@@ -53,11 +52,11 @@ from ._common import (
     BARE,
     PeerUnavailableError,
     Rendezvous,
+    RendezvousFramework,
     decode,
     encode_header,
     wait_until,
 )
-from ._common import rendezvous as serve_rendezvous
 
 T = TypeVar("T")
 
@@ -114,23 +113,11 @@ class _Subscriber:
         self.subscriber = subscriber
 
 
-class ZenohFramework:
+class ZenohFramework(RendezvousFramework):
     """The :class:`ezflow._perf._worker.Framework` of Eclipse Zenoh (peer mode)."""
 
     name = "zenoh"
-    unavailable: tuple[type[Exception], ...] = (PeerUnavailableError,)
-
-    def version(self) -> str:
-        return importlib.metadata.version("eclipse-zenoh")
-
-    def loop_name(self) -> str:
-        return "asyncio"
-
-    def run(self, main: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run(main)
-
-    def graph_server(self) -> AbstractAsyncContextManager[tuple[str, int]]:
-        return serve_rendezvous()
+    distribution = "eclipse-zenoh"
 
     @contextlib.asynccontextmanager
     async def _context(self, graph: tuple[str, int]) -> AsyncIterator[_Process]:
