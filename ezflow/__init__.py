@@ -19,6 +19,7 @@ from ._core._exceptions import (
     GraphError,
     MessageTooLargeError,
     ProtocolError,
+    UndecodableMessageError,
     UnregisteredTypeError,
 )
 from ._core._loop import loop_factory, run_coroutine
@@ -70,6 +71,7 @@ __all__ = [
     "State",
     "Subscriber",
     "SubscriberStats",
+    "UndecodableMessageError",
     "Unit",
     "UnitError",
     "UnregisteredTypeError",

@@ -64,6 +64,13 @@ class Subscriber:
         Raises :class:`~ezflow.ClosedResourceError` once the subscriber (or its context)
         is closed and every queued message has been received. Cancellation-safe: a
         cancelled ``recv`` takes no message.
+
+        A message that cannot be decoded here (garbage, or a message class not
+        registered in this process) is never skipped in silence: a lossless subscriber's
+        ``recv`` raises :class:`~ezflow.UndecodableMessageError` (topic, publisher and
+        the codec's reason) in that message's place, and the next ``recv`` goes on with
+        the message after it; a leaky subscriber counts it as dropped
+        (``stats.undecodable``, ``stats.dropped``) and logs it, rate-limited.
         """
         # The inbox's own coroutine, not one wrapped in another: a paced subscriber
         # resumes through one frame fewer for every message.
@@ -73,7 +80,8 @@ class Subscriber:
         return inbox.get()
 
     def recv_nowait(self) -> Any:
-        """Return the next queued message; raise ``asyncio.QueueEmpty`` when there is none."""
+        """Return the next queued message; raise ``asyncio.QueueEmpty`` when there is none
+        (and :class:`~ezflow.UndecodableMessageError` as :meth:`recv` does)."""
         try:
             return self._inbox.get_nowait()
         except IndexError:
