@@ -103,7 +103,7 @@ def test_undecodable_body_is_counted_and_released(caplog: pytest.LogCaptureFixtu
     channel.deliver_body(1, b"\x00garbage")
     assert channel.stats.decode_errors == 1
     assert releases[-1][0] == 1  # released at once: nothing waits for it to be taken
-    assert "cannot be decoded" in caplog.text
+    assert "cannot be decoded" not in caplog.text  # recv() raises it: no log line too
     body = Codec().encode([1, 2]).to_bytes()
     channel.deliver_body(2, body)
     with pytest.raises(UndecodableMessageError):
@@ -111,9 +111,12 @@ def test_undecodable_body_is_counted_and_released(caplog: pytest.LogCaptureFixtu
     assert inbox.get_nowait() == [1, 2]
 
 
-def test_undecodable_body_raises_in_its_place_for_lossless_and_is_a_drop_for_leaky() -> None:
+def test_undecodable_body_raises_in_its_place_for_lossless_and_is_a_drop_for_leaky(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     channel, releases, _ = make_channel()
-    lossless, leaky, called = Inbox(), Inbox(leaky=True, maxlen=8), Inbox(callback=list)
+    lossless, leaky = Inbox(name="s-1"), Inbox(leaky=True, maxlen=8, name="s-2")
+    called = Inbox(callback=list, name="s-3")
     for inbox in (lossless, leaky, called):
         channel.attach(inbox)
     codec = Codec()
@@ -134,6 +137,8 @@ def test_undecodable_body_raises_in_its_place_for_lossless_and_is_a_drop_for_lea
     assert (leaky.stats.undecodable, leaky.stats.dropped) == (1, 1)
     assert called.stats.undecodable == 1 and called.stats.taken == 2
     assert releases[-1][0] == 3  # the undecodable one too: nothing stalls
+    logged = [r.getMessage() for r in caplog.records if "cannot be decoded" in r.getMessage()]
+    assert len(logged) == 2 and "s-2 drops" in logged[0] and "s-3 skips" in logged[1]
     assert channel.pending == 0
 
 

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Literal, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 import ezflow
 from ezflow._core._codec import Codec, EncodedMessage
+from ezflow._core._config import ENV_CHECK_TYPES
+from ezflow._units._streams import message_check
+from ezflow.units import TerminateAfter, TerminateAfterSettings
 
 
 @ezflow.message
@@ -83,3 +90,234 @@ async def test_undecodable_raises_in_order_for_lossless_and_counts_for_leaky(
     assert got[:2] == [Ghost(1), Ghost(2)] and got[3:] == [Ghost(10), Ghost(11), Ghost(12)]
     assert (leaky.stats.undecodable, leaky.stats.dropped) == (2, 2)
     assert "cannot be decoded" in caplog.text
+
+
+# -- message classes known in every unit process (real processes, a script file) -------
+
+_SCRIPT = r"""
+import dataclasses
+import os
+from typing import Any
+
+import ezflow
+from ezflow.units import DebugLog, DebugLogSettings, TerminateAfter, TerminateAfterSettings
+
+
+@ezflow.message
+@dataclasses.dataclass
+class Reading:  # registered where the script is defined
+    seq: int
+    label: str
+
+
+@dataclasses.dataclass
+class Late:  # registered only inside main(), at run time
+    seq: int
+
+
+class Source(ezflow.Unit):
+    OUTPUT = ezflow.OutputStream(Any)
+
+    @ezflow.publisher(OUTPUT)
+    async def generate(self):
+        for i in range(3):
+            yield self.OUTPUT, Reading(i, "r")
+            yield self.OUTPUT, Late(i)
+
+
+class Sink(ezflow.Unit):  # a script-defined unit in a process of its own
+    INPUT = ezflow.InputStream(Any)
+    OUTPUT = ezflow.OutputStream(Any)
+
+    @ezflow.subscriber(INPUT)
+    @ezflow.publisher(OUTPUT)
+    async def on_message(self, message):
+        # One write (a pipe shared with the LOG process: no interleaving).
+        os.write(1, f"SINK got {type(message).__qualname__} {message.seq}\n".encode())
+        yield self.OUTPUT, message
+
+
+def main():
+    ezflow.register_message(Late)
+    source, log, sink = Source(), DebugLog(DebugLogSettings(name="LOG")), Sink()
+    end = TerminateAfter(TerminateAfterSettings(count=6))
+    ezflow.run(
+        components={"SOURCE": source, "LOG": log, "SINK": sink, "END": end},
+        connections=[
+            (source.OUTPUT, log.INPUT),
+            (log.OUTPUT, sink.INPUT),
+            (sink.OUTPUT, end.INPUT),
+        ],
+        process_components=[log, sink],
+    )
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+_LOCAL_GRAPH = """
+import dataclasses
+from typing import Any
+
+import ezflow
+from ezflow.units import DebugLog, TerminateAfter, TerminateAfterSettings
+
+
+def build(declared: Any = None):
+    @ezflow.message
+    @dataclasses.dataclass
+    class Local:  # defined inside a function: no other process can import it
+        seq: int
+
+    class Source(ezflow.Unit):
+        OUTPUT = ezflow.OutputStream(Local if declared is None else declared)
+
+        @ezflow.publisher(OUTPUT)
+        async def generate(self):
+            for i in range(3):
+                yield self.OUTPUT, Local(i)
+
+    source, log = Source(), DebugLog()
+    end = TerminateAfter(TerminateAfterSettings(count=3))
+    return {
+        "components": {"SOURCE": source, "LOG": log, "END": end},
+        "connections": [(source.OUTPUT, log.INPUT), (log.OUTPUT, end.INPUT)],
+        "process_components": [log],
+    }
+
+
+def build_untyped():
+    return build(Any)
+"""
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=90, check=False, cwd=cwd
+    )
+
+
+def test_script_classes_reach_stock_and_script_units_in_other_processes(tmp_path: Path) -> None:
+    """A class registered in the script reaches a stock DebugLog alone in its process;
+    a class registered only inside main() reaches it and a script-defined unit."""
+    script = tmp_path / "readings.py"
+    script.write_text(_SCRIPT)
+    result = _run([str(script)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for i in range(3):
+        assert f"LOG LOG: Reading(seq={i}, label='r')" in lines
+        assert f"LOG LOG: Late(seq={i})" in lines
+        assert f"SINK got Reading {i}" in lines and f"SINK got Late {i}" in lines
+    assert "cannot be decoded" not in result.stderr
+
+
+def test_a_declared_class_defined_in_a_function_fails_at_start(tmp_path: Path) -> None:
+    (tmp_path / "local_graph.py").write_text(_LOCAL_GRAPH)
+    result = _run(["-m", "ezflow", "run", "local_graph.py:build"], tmp_path)
+    assert result.returncode == 1, result.stderr
+    text = " ".join(result.stderr.split())  # rich wraps long lines
+    assert "local_graph.build.<locals>.Local" in text
+    assert "process LOG" in text and "defined inside a function" in text
+    assert "define the class at module level" in text
+    assert "LOG: Local(" not in result.stdout  # before any data flowed
+
+
+def test_an_undecodable_message_on_a_lossless_edge_fails_the_graph(tmp_path: Path) -> None:
+    """The same class on an untyped stream: not known to be needed at start, so the
+    first message fails the receiving unit, naming the topic and the reason (exit 1)."""
+    (tmp_path / "local_graph.py").write_text(_LOCAL_GRAPH)
+    result = _run(["-m", "ezflow", "run", "local_graph.py:build_untyped"], tmp_path)
+    assert result.returncode == 1, result.stderr
+    text = " ".join(result.stderr.split())
+    assert "UndecodableMessageError" in text and "SOURCE/OUTPUT" in text
+    assert "local_graph.build.<locals>.Local" in text and "defined inside a function" in text
+
+
+# -- optional run-time type checks ---------------------------------------------------------
+
+
+class Mislabelled(ezflow.Unit):
+    """Publishes an array, then a str, on a stream declared to carry arrays."""
+
+    OUTPUT = ezflow.OutputStream(np.ndarray)
+
+    @ezflow.publisher(OUTPUT)
+    async def generate(self) -> Any:
+        yield self.OUTPUT, np.zeros(2)
+        yield self.OUTPUT, "not an array"
+
+
+def _mislabelled_graph(**options: Any) -> ezflow.GraphRunner:
+    source = options.pop("SOURCE", None) or Mislabelled()
+    end = TerminateAfter(TerminateAfterSettings(count=2))
+    return ezflow.GraphRunner(
+        SOURCE=source, END=end, connections=[(source.OUTPUT, end.INPUT)], **options
+    )
+
+
+async def test_without_type_checks_a_str_on_an_array_stream_is_delivered(
+    server: ezflow.GraphServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV_CHECK_TYPES, raising=False)
+    runner = _mislabelled_graph(graph_address=server.address)
+    assert runner.check_types is False
+    await runner.start()
+    await asyncio.wait_for(runner.wait(), 20)  # END got both: the graph completed
+
+
+async def test_type_checks_fail_the_publishing_unit_in_its_process(
+    server: ezflow.GraphServer,
+) -> None:
+    source = Mislabelled()
+    runner = _mislabelled_graph(
+        SOURCE=source,
+        process_components=[source],
+        graph_address=server.address,
+        check_types=True,
+    )
+    await runner.start()
+    assert "SOURCE" in runner.processes
+    with pytest.raises(ezflow.UnitError) as info:
+        await asyncio.wait_for(runner.wait(), 20)
+    text = str(info.value)
+    assert "unit SOURCE (process SOURCE) failed" in text and "MessageTypeError" in text
+    assert "SOURCE.OUTPUT is declared OutputStream(numpy.ndarray), but a str" in text
+
+
+def test_the_environment_turns_type_checks_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_CHECK_TYPES, "1")
+    assert _mislabelled_graph().check_types is True
+    assert _mislabelled_graph(check_types=False).check_types is False
+    monkeypatch.setenv(ENV_CHECK_TYPES, "yes")
+    with pytest.raises(ezflow.ConfigurationError, match="EZFLOW_CHECK_TYPES='yes'"):
+        _mislabelled_graph()
+
+
+T = TypeVar("T")
+
+
+@pytest.mark.parametrize(
+    ("declared", "good", "bad"),
+    [
+        (np.ndarray, np.zeros(1), "text"),
+        (npt.NDArray[np.float32], np.zeros(1, np.float32), [1.0]),
+        (int, 3, 3.0),
+        (float, 3, "3"),  # an int is a float, as in settings
+        (list[int], [1], (1,)),
+        (dict[str, Any], {}, []),
+        (Ghost, Ghost(1), {"value": 1}),
+        (Ghost | None, None, 1),
+        (Literal["a", "b"], "a", "c"),
+    ],
+)
+def test_message_check_per_declared_type(declared: Any, good: object, bad: object) -> None:
+    check = message_check(declared)
+    assert check is not None
+    assert check(good) and not check(bad)
+
+
+@pytest.mark.parametrize("declared", [Any, object, T])
+def test_undeclared_types_are_not_checked(declared: Any) -> None:
+    assert message_check(declared) is None

@@ -113,6 +113,14 @@ def run(
         bool,
         typer.Option("--single-process", help="Run every unit in this process (ignore placement)."),
     ] = False,
+    check_types: Annotated[
+        bool,
+        typer.Option(
+            "--check-types",
+            help="Check every published message against its OutputStream's declared type "
+            "(a mismatch fails the unit; default: EZFLOW_CHECK_TYPES).",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
 ) -> None:
     """Run a graph of units (a Collection, or a function returning components).
@@ -140,7 +148,12 @@ def run(
     name, obj = load_object(target)
     try:
         arguments = load_graph(name, obj)
-        run_graph(**arguments, graph_address=where, force_single_process=single_process)
+        run_graph(
+            **arguments,
+            graph_address=where,
+            force_single_process=single_process,
+            check_types=True if check_types else None,
+        )
     except GraphDefinitionError as exc:
         fail(str(exc), 2)
     except (UnitError, ProcessDiedError) as exc:

@@ -272,9 +272,9 @@ class Inbox:
         count = stats.undecodable
         if count <= 5 or count % 1000 == 0:
             log.warning(
-                "subscriber %s %s an undecodable message (%d so far): %s",
+                "subscriber %s %s (%d so far): %s",
                 self.name,
-                "on_message skips" if lossless else "dropped",
+                "skips a message" if lossless else "drops a message",
                 count,
                 error,
             )
@@ -461,11 +461,12 @@ class Channel:
         """Decode an encoded message once and deliver it. *sent_ns* is the publish time
         (``time.time_ns()`` of the publisher, 0 when unknown) for the latency histogram.
 
-        A body that cannot be decoded is counted (``decode_errors``), logged and
-        released at once, and each attached inbox is told in the message's place
+        A body that cannot be decoded is counted (``decode_errors``) and released at
+        once, and each attached inbox is told in the message's place
         (:meth:`Inbox.put_undecodable`): a lossless subscriber's ``recv()`` raises
-        :class:`~ezflow.UndecodableMessageError` there, a leaky one counts a drop. This
-        never raises."""
+        :class:`~ezflow.UndecodableMessageError` there, a leaky one counts a drop and
+        logs (rate-limited; the channel logs when no inbox is attached). This never
+        raises."""
         if seq & 15 and type(body) is bytes:  # (not sampled: DECODE_SAMPLE_MASK)
             # A message of the kind decoded last (a paced stream): the codec's shortcuts
             # (Codec.decode's first lines), inlined - with caches cold, a call costs a
@@ -501,18 +502,18 @@ class Channel:
             self._released_count += 1
             self._released_bytes += len(body)
             self._notify_release()
-            if self._error_logged < 5 or stats.decode_errors % 1000 == 0:
+            if self._attachments:
+                # Each subscriber is told: a lossless one raises, the others log.
+                self._undecodable(exc)
+            elif self._error_logged < 5 or stats.decode_errors % 1000 == 0:
                 self._error_logged += 1
                 log.error(
-                    "a message from publisher %s on topic %r cannot be decoded (%d so far; "
-                    "lossless subscribers get UndecodableMessageError, leaky ones count a "
-                    "drop): %s",
+                    "a message from publisher %s on topic %r cannot be decoded (%d so far): %s",
                     self.publisher_id,
                     self.topic,
                     stats.decode_errors,
                     exc,
                 )
-            self._undecodable(exc)
             return
         stats.decoded += 1
         if started:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._core._config import Address
+from .._core._config import Address, check_types_from_env
 from .._core._exceptions import ClosedResourceError
 from .._core._loop import run_coroutine
 from .._graph._context import GraphContext
@@ -21,6 +21,7 @@ from ._component import Component
 from ._errors import GraphDefinitionError, ProcessDiedError, UnitError
 from ._host import UnitHost, format_failure
 from ._mainthread import MainThreadGate, run_beside_main
+from ._message_types import shipped_message_types
 from ._plan import MAIN_PROCESS, Plan, build_plan, stream_topic
 from ._process import ChildProcess, preparation
 from ._settings import Settings
@@ -104,8 +105,10 @@ class GraphRunner:
         process_components: Iterable[object] = (),
         graph_address: Address | str | None = None,
         force_single_process: bool = False,
+        check_types: bool | None = None,
         **named_components: Component,
     ) -> None:
+        self.check_types = check_types_from_env() if check_types is None else bool(check_types)
         self.plan: Plan = build_plan(
             _merge(components, named_components),
             connections,
@@ -270,6 +273,8 @@ class GraphRunner:
                     "loop": loop_kind,
                     "prep": prep,
                     "units": payload,
+                    "messages": shipped_message_types(self.plan, process),
+                    "check_types": self.check_types,
                 },
             )
             self._children.append(child)
@@ -280,6 +285,7 @@ class GraphRunner:
             context,
             on_failure=self._local_failed,
             on_complete=self._local_complete,
+            check_types=self.check_types,
         )
         self._host = host
         setup = asyncio.ensure_future(host.setup())
@@ -487,6 +493,7 @@ def run(
     process_components: Iterable[object] = (),
     graph_address: Address | str | None = None,
     force_single_process: bool = False,
+    check_types: bool | None = None,
     **named_components: Component,
 ) -> None:
     """Run a graph until it ends; block meanwhile.
@@ -497,7 +504,10 @@ def run(
     topic names; *process_components* lists components that each get a process of their
     own (everything else runs in this process); *graph_address* is where the graph
     server is, or should be started when none answers (default ``EZFLOW_GRAPH_ADDRESS``,
-    else ``127.0.0.1:25990``); *force_single_process* ignores process placement.
+    else ``127.0.0.1:25990``); *force_single_process* ignores process placement;
+    *check_types* checks every message a unit publishes against its ``OutputStream``'s
+    declared type, failing the unit with :class:`~ezflow.MessageTypeError` on a mismatch
+    (default ``EZFLOW_CHECK_TYPES``: ``1`` on, else off; off costs nothing per message).
 
     Returns normally when a unit raised :class:`~ezflow.Complete`, a ``@main`` method
     returned, or on SIGINT (Ctrl-C) / SIGTERM — after every ``shutdown()`` ran and
@@ -519,6 +529,7 @@ def run(
         process_components=process_components,
         graph_address=graph_address,
         force_single_process=force_single_process,
+        check_types=check_types,
         **named_components,
     )
     runner._allow_main = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typing
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .._core._config import (
@@ -13,11 +14,20 @@ from .._core._config import (
     check_transport,
 )
 from .._core._exceptions import ConfigurationError
+from ._settings import accepts, describe_type
 
 if TYPE_CHECKING:
     from ._component import Component
 
-__all__ = ["BoundStream", "InputStream", "OutputStream", "Stream", "types_compatible"]
+__all__ = [
+    "BoundStream",
+    "InputStream",
+    "OutputStream",
+    "Stream",
+    "message_check",
+    "type_name",
+    "types_compatible",
+]
 
 _S = TypeVar("_S", bound="Stream")
 
@@ -177,3 +187,38 @@ def types_compatible(output_type: Any, input_type: Any) -> bool:
         return issubclass(produced, accepted)
     except TypeError:  # pragma: no cover - classes that refuse issubclass
         return True
+
+
+def message_check(message_type: Any) -> Callable[[object], bool] | None:
+    """A function telling whether a message matches the declared *message_type*, or None
+    when every message does (``Any``, ``object``, a ``TypeVar``).
+
+    A class is an ``isinstance`` check (``np.ndarray`` accepts every array); a generic
+    alias checks its outer class (``list[int]``: a list; ``npt.NDArray[np.float32]``: an
+    ndarray); unions accept any member, ``Literal`` its values, ``float`` an ``int`` too,
+    as settings fields are checked (:func:`~ezflow._units._settings.accepts`); what
+    cannot be checked at run time (strings, protocols) accepts everything.
+    """
+    if message_type is Any or message_type is object or isinstance(message_type, TypeVar):
+        return None
+    if isinstance(message_type, type) and message_type not in (float, complex):
+
+        def is_instance(message: object) -> bool:
+            return isinstance(message, message_type)
+
+        return is_instance
+
+    def matches(message: object) -> bool:
+        return accepts(message_type, message)
+
+    return matches
+
+
+def type_name(tp: Any) -> str:
+    """``numpy.ndarray``, ``str``, ``list[int]``: a type as messages about it show it."""
+    if isinstance(tp, type) and typing.get_origin(tp) is None:
+        module = tp.__module__
+        if module in ("builtins", "__main__", "__mp_main__"):
+            return tp.__qualname__
+        return f"{module}.{tp.__qualname__}"
+    return describe_type(tp)
