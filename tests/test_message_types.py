@@ -160,6 +160,8 @@ _LOCAL_GRAPH = """
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 import ezflow
 from ezflow.units import DebugLog, TerminateAfter, TerminateAfterSettings
 
@@ -189,6 +191,19 @@ def build(declared: Any = None):
 
 def build_untyped():
     return build(Any)
+
+
+class Mislabelled(ezflow.Unit):
+    OUTPUT = ezflow.OutputStream(np.ndarray)
+
+    @ezflow.publisher(OUTPUT)
+    async def generate(self):
+        yield self.OUTPUT, "not an array"
+
+
+def mislabelled():
+    source, end = Mislabelled(), TerminateAfter(TerminateAfterSettings(count=1))
+    return {"SOURCE": source, "END": end}, [(source.OUTPUT, end.INPUT)]
 """
 
 
@@ -305,6 +320,7 @@ T = TypeVar("T")
         (npt.NDArray[np.float32], np.zeros(1, np.float32), [1.0]),
         (int, 3, 3.0),
         (float, 3, "3"),  # an int is a float, as in settings
+        (float, 1.5, True),
         (list[int], [1], (1,)),
         (dict[str, Any], {}, []),
         (Ghost, Ghost(1), {"value": 1}),
@@ -321,3 +337,16 @@ def test_message_check_per_declared_type(declared: Any, good: object, bad: objec
 @pytest.mark.parametrize("declared", [Any, object, T])
 def test_undeclared_types_are_not_checked(declared: Any) -> None:
     assert message_check(declared) is None
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_ezflow_run_check_types(tmp_path: Path, flag: bool) -> None:
+    (tmp_path / "local_graph.py").write_text(_LOCAL_GRAPH)
+    options = ["--check-types"] if flag else []
+    result = _run(["-m", "ezflow", "run", "local_graph.py:mislabelled", *options], tmp_path)
+    if flag:
+        assert result.returncode == 1, result.stderr
+        text = " ".join(result.stderr.split())  # rich wraps long lines
+        assert "MessageTypeError" in text and "but a str" in text
+    else:
+        assert result.returncode == 0, result.stderr

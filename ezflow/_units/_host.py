@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 from .._core._exceptions import ClosedResourceError, UndecodableMessageError
@@ -83,9 +83,10 @@ class _CheckedPublisher:
         self._declared = declared
         self._where = where
 
-    async def publish(self, message: Any) -> None:
+    def publish(self, message: Any) -> Coroutine[Any, Any, None]:
         """Raise :class:`MessageTypeError` for a message that does not match the stream's
-        declared type; publish it otherwise."""
+        declared type; otherwise return the publisher's ``publish(message)`` (the
+        coroutine itself: no frame of ours on the message path)."""
         if not self._check(message):
             declared = type_name(self._declared)
             raise MessageTypeError(
@@ -93,7 +94,7 @@ class _CheckedPublisher:
                 f"{type_name(type(message))} was published on it: {message!r:.80}; publish "
                 f"a {declared}, or declare the stream's type as what it carries"
             )
-        await self._publisher.publish(message)
+        return self._publisher.publish(message)
 
     async def loan(self, shape: int | tuple[int, ...], dtype: Any) -> Any:
         return await self._publisher.loan(shape, dtype)

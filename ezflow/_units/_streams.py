@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
@@ -201,10 +202,19 @@ def message_check(message_type: Any) -> Callable[[object], bool] | None:
     """
     if message_type is Any or message_type is object or isinstance(message_type, TypeVar):
         return None
-    if isinstance(message_type, type) and message_type not in (float, complex):
+    if message_type is float or message_type is complex:
+        numbers = (float, int) if message_type is float else (complex, float, int)
+
+        def is_number(message: object) -> bool:
+            return isinstance(message, numbers) and type(message) is not bool
+
+        return is_number
+    classes = _plain_classes(message_type)
+    if classes is not None:
+        # One isinstance call (worked out once: the check is on the message path).
 
         def is_instance(message: object) -> bool:
-            return isinstance(message, message_type)
+            return isinstance(message, classes)
 
         return is_instance
 
@@ -212,6 +222,27 @@ def message_check(message_type: Any) -> Callable[[object], bool] | None:
         return accepts(message_type, message)
 
     return matches
+
+
+def _plain_classes(message_type: Any) -> tuple[type[Any], ...] | None:
+    """The classes a message of *message_type* may be an instance of, when an
+    ``isinstance`` check says all (not for ``float``, ``Literal``, strings, ...)."""
+    if message_type is None or message_type is type(None):
+        return (type(None),)
+    if isinstance(message_type, type) and typing.get_origin(message_type) is None:
+        return None if message_type in (float, complex) else (message_type,)
+    origin = typing.get_origin(message_type)
+    if origin is typing.Union or origin is types.UnionType:
+        found: tuple[type[Any], ...] = ()
+        for arg in typing.get_args(message_type):
+            classes = _plain_classes(arg)
+            if classes is None:
+                return None
+            found += classes
+        return found
+    if isinstance(origin, type):
+        return (origin,)
+    return None
 
 
 def type_name(tp: Any) -> str:
