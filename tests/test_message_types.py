@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,15 @@ import numpy.typing as npt
 import pytest
 
 import ezflow
-from ezflow._core._codec import Codec, EncodedMessage
+from ezflow._core._codec import (
+    Codec,
+    EncodedMessage,
+    registered_class,
+    registered_name,
+    set_unknown_type_hook,
+)
 from ezflow._core._config import ENV_CHECK_TYPES
+from ezflow._units._message_types import MessageTypes, UnresolvableMessageError
 from ezflow._units._streams import message_check
 from ezflow.units import TerminateAfter, TerminateAfterSettings
 
@@ -248,6 +256,65 @@ def test_an_undecodable_message_on_a_lossless_edge_fails_the_graph(tmp_path: Pat
     text = " ".join(result.stderr.split())
     assert "UndecodableMessageError" in text and "SOURCE/OUTPUT" in text
     assert "local_graph.build.<locals>.Local" in text and "defined inside a function" in text
+
+
+# -- finding the parent's classes (in this process, as a unit process does) -------------
+
+
+def _no_main() -> Any:
+    raise UnresolvableMessageError("the parent's __main__ cannot be imported here")
+
+
+def test_a_class_is_found_when_its_first_message_arrives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The codec asks for an unknown name; the class the parent registered under it is
+    imported by module and qualname, registered, and the message decodes."""
+    old = registered_name(Ghost)
+    assert old is not None
+    module = "lazy" + "x" * (len(old) - len(".Lazy") - 4)  # a body of the same length
+    name = f"{module}.Lazy"
+    (tmp_path / f"{module}.py").write_text(
+        "import dataclasses\n\n\n@dataclasses.dataclass\nclass Lazy:\n    value: int\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    body = Codec().encode(Ghost(7)).to_bytes().replace(old.encode(), name.encode())
+    with pytest.raises(ezflow.ProtocolError, match="unknown message type"):
+        Codec().decode(body)
+    types = MessageTypes({"registered": [[name, module, "Lazy"]]}, "P", _no_main)
+    set_unknown_type_hook(types.on_unknown_type)
+    try:
+        message = Codec().decode(body)
+    finally:
+        set_unknown_type_hook(None)
+    assert type(message).__name__ == "Lazy" and message.value == 7
+    assert registered_class(name) is type(message)
+
+
+@pytest.mark.parametrize(
+    ("module", "qualname", "reason"),
+    [
+        ("no_such_module_13", "X", "importing no_such_module_13 failed: ModuleNotFoundError"),
+        ("json", "NoSuchClass", "json has no NoSuchClass here"),
+        ("json", "JSONDecoder", "json.JSONDecoder is not a dataclass"),
+        ("__main__", "X", "the parent's __main__ cannot be imported here"),
+        ("pkg", "build.<locals>.X", "it is defined inside a function"),
+    ],
+)
+def test_a_required_class_that_cannot_be_found_is_named_with_the_reason(
+    module: str, qualname: str, reason: str
+) -> None:
+    name = f"{module}.{qualname}"
+    shipped = {"registered": [[name, module, qualname]], "required": [name]}
+    types = MessageTypes(shipped, "SINK", _no_main)
+    with pytest.raises(UnresolvableMessageError) as info:
+        types.resolve_required()
+    text = str(info.value)
+    assert f"message class {name} (registered as {name!r}) in process SINK" in text
+    assert reason in text and "define the class at module level" in text
+    # The same reason when one of its messages arrives (cached, not imported again).
+    with pytest.raises(ezflow.ProtocolError, match=re.escape(reason)):
+        types.on_unknown_type(name)
 
 
 # -- optional run-time type checks ---------------------------------------------------------
