@@ -140,8 +140,8 @@ class Sink(ezflow.Unit):  # a script-defined unit in a process of its own
     @ezflow.subscriber(INPUT)
     @ezflow.publisher(OUTPUT)
     async def on_message(self, message):
-        # One write (a pipe shared with the LOG process: no interleaving).
-        os.write(1, f"SINK got {type(message).__qualname__} {message.seq}\n".encode())
+        # stderr, in one write: stdout is the LOG process's (DebugLog prints there).
+        os.write(2, f"SINK got {type(message).__qualname__} {message.seq}\n".encode())
         yield self.OUTPUT, message
 
 
@@ -228,11 +228,11 @@ def test_script_classes_reach_stock_and_script_units_in_other_processes(tmp_path
     script.write_text(_SCRIPT)
     result = _run([str(script)], tmp_path)
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    lines, errors = result.stdout.splitlines(), result.stderr.splitlines()
     for i in range(3):
         assert f"LOG LOG: Reading(seq={i}, label='r')" in lines
         assert f"LOG LOG: Late(seq={i})" in lines
-        assert f"SINK got Reading {i}" in lines and f"SINK got Late {i}" in lines
+        assert f"SINK got Reading {i}" in errors and f"SINK got Late {i}" in errors
     assert "cannot be decoded" not in result.stderr
 
 
