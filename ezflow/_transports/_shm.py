@@ -72,6 +72,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .._core._auth import Credentials
 from .._core._channel import Channel
 from .._core._codec import MAX_DEPTH, Codec, EncodedMessage, message_fields
 from .._core._config import SHM_LOAN_ROOM, ShmOptions
@@ -761,8 +762,10 @@ class ShmTransport(StreamTransport[str]):
 
     name: ClassVar[str] = "shm"
 
-    def __init__(self, *, max_message_size: int, codec: Codec) -> None:
-        super().__init__(max_message_size=max_message_size)
+    def __init__(
+        self, *, max_message_size: int, codec: Codec, credentials: Credentials | None = None
+    ) -> None:
+        super().__init__(max_message_size=max_message_size, credentials=credentials)
         self._codec = codec
         self._shm: dict[str, _OutletShm] = {}
         self._call: _LoopCall | None = None
