@@ -300,11 +300,17 @@ class _ClientConnection(FramedProtocol):
             raise ProtocolError(f"unknown message {op!r} from the graph server")
 
     def _refused(self, exc: AuthenticationError) -> None:
-        """The handshake failed authentication on our side: fail it and close."""
+        """The handshake failed authentication on our side: fail it and close. After a
+        challenge, the server is told first (so that it logs the failed attempt too);
+        nothing of our token goes with it."""
         self._lost_reason = exc
         if self._welcome is not None and not self._welcome.done():
             self._welcome.set_exception(exc)
-        self.abort()
+        if self._challenged and self.transport is not None:
+            self.send_message({"op": "error", "cause": "auth"})
+            self.transport.close()  # after that last message
+        else:
+            self.abort()
 
     def protocol_error(self, exc: ProtocolError) -> None:
         log.error("closing the connection to the graph server: %s", exc)

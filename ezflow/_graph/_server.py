@@ -750,6 +750,10 @@ class _ServerConnection(FramedProtocol):
             self._hello = message
             self.send_message({"op": "challenge", **challenge})
             return None
+        if op == "error" and self._hello is not None:
+            # The client checked our proof and gave up: say so here too (its text is
+            # not logged: it is the peer's to choose).
+            raise AuthenticationError("the client found that our tokens differ")
         if op != "auth" or self._hello is None:
             raise ProtocolError(f"expected 'auth' after the challenge, got {op!r}")
         self._responder.verify(message)

@@ -272,6 +272,9 @@ class PublisherConnection(FramedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        # Counted from here, not from the factory: under TLS the factory runs before the
+        # TLS handshake, and one that fails never calls connection_made nor _lost.
+        self.server.connections.add(self)
         self.server.tune(transport)
         self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._late)
 
@@ -363,6 +366,10 @@ class PublisherConnection(FramedProtocol):
             self.transport.write(control(WELCOME, {"op": "challenge", **challenge}))
             return None
         hello = self._challenged_hello
+        if hello is not None and message.get("op") == "error":
+            # The channel checked our proof and gave up (its text is not logged).
+            self._refuse("the channel found that our tokens differ", cause="auth")
+            return None
         if hello is None or message.get("op") != "auth":
             raise ProtocolError(f"expected 'auth' after the challenge, got {message.get('op')!r}")
         try:
@@ -561,7 +568,12 @@ class ChannelConnection(FramedProtocol):
                     self.initiator.welcomed_without_challenge()
             except AuthenticationError as exc:
                 self.welcome.set_exception(exc)
-                self.abort()
+                if self._challenged and self.transport is not None:
+                    # Tell the publisher first, so that it logs the attempt too.
+                    self.transport.write(control(HELLO, {"op": "error", "cause": "auth"}))
+                    self.transport.close()
+                else:
+                    self.abort()
                 return
             if reply.get("ok"):
                 try:
@@ -713,9 +725,7 @@ class StreamTransport(Transport, Generic[AddressT]):
         return self._address
 
     def _new_connection(self) -> PublisherConnection:
-        connection = PublisherConnection(self)
-        self.connections.add(connection)
-        return connection
+        return PublisherConnection(self)
 
     # -- what subclasses provide ------------------------------------------------------
 
