@@ -158,7 +158,8 @@ class GraphContext:
                 max_message_size=self._max_message_size,
                 credentials=self._credentials,
             )
-            if ShmTransport.available():
+            # The first call probes /dev/shm (creates and unlinks a file): off the loop.
+            if await asyncio.to_thread(ShmTransport.available):
                 self._shm = ShmTransport(
                     max_message_size=self._max_message_size,
                     codec=self._codec,

@@ -217,7 +217,7 @@ class GraphServer:
         )
         sockname = self._server.sockets[0].getsockname()
         self._address = (sockname[0], sockname[1])
-        self._sweeper.sweep_now()
+        await self._sweeper.sweep()
         if self._metrics is not None:
             try:
                 await self._metrics.start()
