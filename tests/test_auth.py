@@ -25,6 +25,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from _unit_graphs import Checker, Counter
 from conftest import loop_kind
 
 import ezflow
@@ -150,6 +151,27 @@ async def test_data_port_admits_the_token_and_refuses_wrong_or_missing(
     assert "tcp data server: refusing channel from" in caplog.text
     assert TOKEN not in caplog.text
     assert OTHER not in caplog.text
+
+
+async def test_unit_processes_inherit_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    if loop_kind() == "uvloop":
+        pytest.skip("what a child inherits does not depend on the event loop")
+    monkeypatch.setenv("EZFLOW_TOKEN", TOKEN)
+    async with ezflow.GraphServer(("127.0.0.1", 0)) as server:  # the token from the env
+        counter, checker = Counter(count=100), Checker(count=100)
+        async with ezflow.GraphRunner(
+            COUNT=counter,
+            CHECK=checker,
+            connections=[(counter.OUTPUT, checker.INPUT)],
+            process_components=[checker],
+            graph_address=server.address,
+        ) as runner:
+            where = Path(f"/proc/{runner.processes['CHECK']}/cmdline")
+            cmdline = await asyncio.to_thread(where.read_bytes)
+            await asyncio.wait_for(runner.wait(), 20)
+        assert runner.completed_by == "CHECK"  # its process received all 100 messages
+        assert not server.bad_peers.counts
+    assert TOKEN.encode() not in cmdline
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
