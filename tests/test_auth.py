@@ -200,7 +200,19 @@ def test_serve_on_a_routable_address_needs_a_token_or_insecure(tmp_path: Path) -
         serving = run_cli("serve", "--address", "0.0.0.0:0", *extra, env=env)
         try:
             assert serving.stdout is not None
-            assert "listening on 0.0.0.0:" in serving.stdout.readline()
+            line = serving.stdout.readline()
+            assert "listening on 0.0.0.0:" in line
+            if extra[0] == "--token-file":
+                # Every command that connects takes the token the same way.
+                where = "127.0.0.1:" + line.split("0.0.0.0:")[1].split(",")[0].split(";")[0]
+                listed = run_cli("--token-file", str(token_file), "topics", "-a", where, env=env)
+                assert listed.communicate(timeout=60)[1] == ""
+                assert listed.returncode == 0
+                denied = run_cli("topics", "-a", where, env=env)
+                _, denied_err = denied.communicate(timeout=60)
+                assert denied.returncode == 1
+                assert denied_err.count("\n") == 1
+                assert "requires a token" in denied_err
         finally:
             serving.terminate()
             out, err = serving.communicate(timeout=30)
