@@ -458,6 +458,7 @@ class PublisherConnection(FramedProtocol):
 
     def _refuse(self, reason: str, *, cause: str = "refused") -> None:
         self.server.bad_peers(cause, "refusing channel from %s: %s", self.peer_name(), reason)
+        self._broken = True  # whatever else arrived with it is not read
         assert self.transport is not None
         self.transport.write(
             control(WELCOME, {"op": "welcome", "ok": False, "cause": cause, "error": reason})
