@@ -7,10 +7,12 @@ private and may change without notice.
 from __future__ import annotations
 
 from . import telemetry, units  # always available as ezflow.telemetry, ezflow.units
+from ._core._auth import TlsFiles, Token
 from ._core._channel import ChannelStats, SubscriberStats
 from ._core._codec import Codec, message, register_message
 from ._core._config import DEFAULT_GRAPH_ADDRESS, DEFAULT_MAX_MESSAGE_SIZE, ShmOptions
 from ._core._exceptions import (
+    AuthenticationError,
     BrokenResourceError,
     ClosedResourceError,
     ConfigurationError,
@@ -48,6 +50,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_GRAPH_ADDRESS",
     "DEFAULT_MAX_MESSAGE_SIZE",
+    "AuthenticationError",
     "BrokenResourceError",
     "ChannelInfo",
     "ChannelStats",
@@ -78,6 +81,8 @@ __all__ = [
     "State",
     "Subscriber",
     "SubscriberStats",
+    "TlsFiles",
+    "Token",
     "UndecodableMessageError",
     "Unit",
     "UnitError",

@@ -51,8 +51,10 @@ def on(host: str) -> tuple[str, ...]:
 
 
 async def test_publisher_and_subscribers_on_different_hosts(
-    two_hosts: tuple[str, str],
+    two_hosts: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A server on a routable address needs a token; every child inherits it.
+    monkeypatch.setenv("EZFLOW_TOKEN", os.urandom(16).hex())
     host_a, host_b = two_hosts
     count, size = 2000, 512
     children: list[Child] = []

@@ -11,6 +11,7 @@ import typer
 
 from .._core._exceptions import EzflowError
 from . import _echo, _inspect, _perf, _run, _serve, _top
+from ._connection import TlsCaOption, TlsCertOption, TlsKeyOption, TokenFileOption, apply_security
 
 __all__ = ["app", "main"]
 
@@ -24,8 +25,18 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
-    """ezflow: asyncio message-channel pub/sub for numpy data."""
+def _root(
+    token_file: TokenFileOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
+) -> None:
+    """ezflow: asyncio message-channel pub/sub for numpy data.
+
+    The security options apply to every command that connects (`ezflow --token-file F
+    graph`); see docs/security.md.
+    """
+    apply_security(token_file, tls_cert, tls_key, tls_ca)
 
 
 app.add_typer(_perf.app, name="perf")

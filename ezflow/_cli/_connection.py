@@ -1,5 +1,11 @@
-"""What every graph command shares: the ``--address`` option, one-line errors, and
+"""What every graph command shares: the ``--address`` option, the security options
+(``--token-file``, ``--tls-cert``/``--tls-key``/``--tls-ca``), one-line errors, and
 connecting to the graph server (never starting one).
+
+The security options are the environment variables of the same meaning
+(``EZFLOW_TOKEN_FILE``, ``EZFLOW_TLS_*``): :func:`apply_security` puts what was given
+into this process's environment, so that every context it opens and every unit process
+it starts (``ezflow run``) uses them; a token is never put on a command line.
 
 Errors are one line on stderr and a non-zero exit, never a traceback: exit 1 when the
 server is unreachable, a topic does not exist or the graph fails; exit 2 for a bad
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -18,14 +25,20 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .._core._auth import Credentials
 from .._core._config import (
     ENV_GRAPH_ADDRESS,
+    ENV_TLS_CA,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
+    ENV_TOKEN_FILE,
     Address,
     format_address,
     graph_address_from_env,
     parse_address,
 )
 from .._core._exceptions import (
+    AuthenticationError,
     BrokenResourceError,
     ClosedResourceError,
     ConfigurationError,
@@ -37,6 +50,11 @@ from .._graph._context import GraphContext
 
 __all__ = [
     "AddressOption",
+    "TlsCaOption",
+    "TlsCertOption",
+    "TlsKeyOption",
+    "TokenFileOption",
+    "apply_security",
     "console",
     "errors",
     "fail",
@@ -65,6 +83,73 @@ AddressOption = Annotated[
         show_default=False,
     ),
 ]
+
+
+TokenFileOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token-file",
+        envvar=ENV_TOKEN_FILE,
+        show_envvar=True,
+        help="File (mode 600) holding the graph's token; EZFLOW_TOKEN works too. "
+        "See docs/security.md.",
+        show_default=False,
+    ),
+]
+TlsCertOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-cert",
+        envvar=ENV_TLS_CERT,
+        show_envvar=True,
+        help="This process's TLS certificate (PEM); needs --tls-key and --tls-ca.",
+        show_default=False,
+    ),
+]
+TlsKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-key",
+        envvar=ENV_TLS_KEY,
+        show_envvar=True,
+        help="The private key of --tls-cert (PEM).",
+        show_default=False,
+    ),
+]
+TlsCaOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-ca",
+        envvar=ENV_TLS_CA,
+        show_envvar=True,
+        help="The CA (PEM) that signed every certificate of the graph; peers are verified "
+        "against it.",
+        show_default=False,
+    ),
+]
+
+
+def apply_security(
+    token_file: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
+) -> None:
+    """Make the given security options this process's environment (inherited by the
+    processes it starts), then check them: a token file that cannot be read, is not
+    private or holds too short a token, or incomplete TLS settings exit with status 2."""
+    for name, value in (
+        (ENV_TOKEN_FILE, token_file),
+        (ENV_TLS_CERT, tls_cert),
+        (ENV_TLS_KEY, tls_key),
+        (ENV_TLS_CA, tls_ca),
+    ):
+        if value:
+            os.environ[name] = value
+    try:
+        Credentials.resolve()
+    except ConfigurationError as exc:
+        fail(str(exc), 2)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -106,6 +191,8 @@ async def graph_client(
             on_routes=lambda version, routes: None,
             on_lost=on_lost or (lambda exc: None),
         )
+    except (AuthenticationError, ConfigurationError) as exc:
+        fail(str(exc))
     except (OSError, EzflowError) as exc:
         unreachable(address, exc)
     try:
@@ -121,6 +208,8 @@ async def graph_context(address: Address, name: str) -> AsyncIterator[GraphConte
     context = GraphContext(address, auto_start=False, name=name, telemetry_interval=0)
     try:
         await context.start()
+    except AuthenticationError as exc:
+        fail(str(exc))
     except (OSError, BrokenResourceError, ClosedResourceError) as exc:
         unreachable(address, exc.__cause__ or exc)
     try:

@@ -11,9 +11,26 @@ from typing import Annotated
 import typer
 
 from .._core._config import format_address
-from .._core._exceptions import BrokenResourceError, ClosedResourceError, EzflowTimeoutError
+from .._core._exceptions import (
+    BrokenResourceError,
+    ClosedResourceError,
+    ConfigurationError,
+    EzflowTimeoutError,
+)
 from .._graph._server import GraphServer
-from ._connection import AddressOption, console, fail, graph_client, resolve_address, run_async
+from ._connection import (
+    AddressOption,
+    TlsCaOption,
+    TlsCertOption,
+    TlsKeyOption,
+    TokenFileOption,
+    apply_security,
+    console,
+    fail,
+    graph_client,
+    resolve_address,
+    run_async,
+)
 
 __all__ = ["serve", "shutdown"]
 
@@ -21,7 +38,7 @@ __all__ = ["serve", "shutdown"]
 SHUTDOWN_WAIT = 5.0
 
 
-def serve(
+def serve(  # noqa: PLR0917 - one parameter per command-line option
     address: AddressOption = None,
     metrics_port: Annotated[
         int | None,
@@ -32,23 +49,40 @@ def serve(
             max=65535,
         ),
     ] = None,
+    token_file: TokenFileOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Serve a non-loopback address without a token (a trusted network only).",
+        ),
+    ] = False,
 ) -> None:
     """Run a standalone graph server in the foreground.
 
     It runs until Ctrl-C, SIGTERM or `ezflow shutdown`. Processes on any host reach it
     with --address / EZFLOW_GRAPH_ADDRESS; it keeps the latest telemetry of each and
-    serves it to `ezflow top` (and to Prometheus with --metrics-port).
+    serves it to `ezflow top` (and to Prometheus with --metrics-port). On an address
+    other than loopback it requires a token (--token-file or EZFLOW_TOKEN) of every
+    client unless --insecure is given; see docs/security.md.
 
     Examples:
 
         ezflow serve
 
-        ezflow serve --address 0.0.0.0:25990 --metrics-port 9464
+        ezflow serve --address 0.0.0.0:25990 --token-file ~/.ezflow-token
     """
     where = resolve_address(address)
+    apply_security(token_file, tls_cert, tls_key, tls_ca)
 
     async def main() -> None:
-        server = GraphServer(where, metrics_port=metrics_port)
+        try:
+            server = GraphServer(where, metrics_port=metrics_port, insecure=insecure)
+        except ConfigurationError as exc:
+            fail(str(exc), 2)
         try:
             await server.start()
         except OSError as exc:
@@ -84,16 +118,23 @@ def serve(
     run_async(main)
 
 
-def shutdown(address: AddressOption = None) -> None:
+def shutdown(
+    address: AddressOption = None,
+    token_file: TokenFileOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
+) -> None:
     """Stop a graph server (every client is disconnected).
 
     Examples:
 
         ezflow shutdown
 
-        ezflow shutdown --address 10.0.0.5:25990
+        ezflow shutdown --address 10.0.0.5:25990 --token-file ~/.ezflow-token
     """
     where = resolve_address(address)
+    apply_security(token_file, tls_cert, tls_key, tls_ca)
 
     async def main() -> None:
         lost = asyncio.Event()

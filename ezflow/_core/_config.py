@@ -15,6 +15,9 @@ from typing import Final, Literal
 from ._exceptions import ConfigurationError
 
 __all__ = [
+    "AUTH_NONCE_SIZE",
+    "BAD_PEER_LOG_FIRST",
+    "BAD_PEER_LOG_INTERVAL",
     "CONNECT_TIMEOUT",
     "CONTROL_MAX_FRAME_SIZE",
     "DATA_WRITE_BUFFER_LIMIT",
@@ -32,6 +35,11 @@ __all__ = [
     "ENV_GRAPH_ADDRESS",
     "ENV_MAX_MESSAGE_SIZE",
     "ENV_TELEMETRY_INTERVAL",
+    "ENV_TLS_CA",
+    "ENV_TLS_CERT",
+    "ENV_TLS_KEY",
+    "ENV_TOKEN",
+    "ENV_TOKEN_FILE",
     "ENV_TRANSPORT",
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
@@ -44,6 +52,7 @@ __all__ = [
     "MAX_TOPIC_LENGTH",
     "METRICS_REQUEST_TIMEOUT",
     "MIN_TELEMETRY_INTERVAL",
+    "MIN_TOKEN_BYTES",
     "PUBLISH_YIELD_BYTES",
     "PUBLISH_YIELD_EVERY",
     "REQUEST_TIMEOUT",
@@ -366,3 +375,31 @@ def check_types_from_env() -> bool:
     if text == "1":
         return True
     raise ConfigurationError(f"{ENV_CHECK_TYPES}={text!r} must be 1 (check) or 0 (do not)")
+# -- authentication and TLS (see docs/security.md) ------------------------------------------
+
+#: The shared secret of a graph (the token itself). Children of a process inherit it.
+ENV_TOKEN: Final = "EZFLOW_TOKEN"
+#: A file holding the token (first line; readable by its owner only), for when the secret
+#: should not sit in the environment of every process. ``EZFLOW_TOKEN`` wins over it.
+ENV_TOKEN_FILE: Final = "EZFLOW_TOKEN_FILE"
+#: TLS for the graph connection and tcp data: this process's certificate (PEM) ...
+ENV_TLS_CERT: Final = "EZFLOW_TLS_CERT"
+#: ... its private key (PEM) ...
+ENV_TLS_KEY: Final = "EZFLOW_TLS_KEY"
+#: ... and the CA that signed every certificate of the graph (both ends verify).
+ENV_TLS_CA: Final = "EZFLOW_TLS_CA"
+#: Shortest token accepted (bytes of its UTF-8 text): 16 random bytes are out of reach of
+#: guessing, and the handshake never reveals more than an HMAC of the token.
+MIN_TOKEN_BYTES: Final = 16
+#: Random bytes each side of a challenge-response handshake contributes.
+AUTH_NONCE_SIZE: Final = 32
+
+# -- logging of bad connections --------------------------------------------------------------
+
+#: Per cause (authentication failed, protocol violation, handshake timeout, too many
+#: connections), the graph server and each data listener log the first this many bad
+#: connections one line each ...
+BAD_PEER_LOG_FIRST: Final = 5
+#: ... and after that one summary line per this many seconds with the count per cause,
+#: so a flood of hostile connections costs a bounded number of log lines.
+BAD_PEER_LOG_INTERVAL: Final = 60.0

@@ -1,7 +1,8 @@
 """Every exception ezflow raises on purpose, named by cause.
 
 The split follows trio/anyio: *you* closed it (:class:`ClosedResourceError`), a *peer*
-broke it (:class:`BrokenResourceError`), bytes that do not follow the protocol
+broke it (:class:`BrokenResourceError`; a failed handshake authentication is its
+subclass :class:`AuthenticationError`), bytes that do not follow the protocol
 (:class:`ProtocolError`), a limit was exceeded (:class:`MessageTooLargeError`), nobody
 answered in time (:class:`EzflowTimeoutError`), the graph server refused a request
 (:class:`GraphError`), and a setting is wrong (:class:`ConfigurationError`).
@@ -13,6 +14,7 @@ the original kept as ``__cause__``.
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "BrokenResourceError",
     "ClosedResourceError",
     "ConfigurationError",
@@ -39,6 +41,17 @@ class BrokenResourceError(EzflowError):
     """A peer went away or broke the connection (graph server, publisher, channel).
 
     Raised instead of ``ConnectionError``/``OSError``; the OS error is ``__cause__``.
+    """
+
+
+class AuthenticationError(BrokenResourceError):
+    """A handshake failed authentication: the peer has another token, has none while we
+    have one (or the reverse), or its TLS certificate is not signed by our CA.
+
+    The connection is closed; retrying with the same settings fails the same way. Give
+    both ends the same token (``EZFLOW_TOKEN``, ``--token-file``,
+    ``GraphContext(token=...)``; see docs/security.md). The message never contains a
+    token.
     """
 
 

@@ -1,7 +1,12 @@
 """The graph protocol: what clients and the graph server say to each other.
 
 Every control-plane frame body is one msgpack map with a string ``"op"``. A client opens
-with ``hello`` and the server answers ``welcome`` (or ``error`` and closes); after that
+with ``hello`` (carrying a random ``nonce``) and the server answers ``welcome`` (or
+``error`` and closes). A server with a token first answers ``challenge`` (its nonce and
+its proof of the token), the client answers ``auth`` (its proof), and only then comes
+``welcome``; see :mod:`ezflow._core._auth`. An ``error`` in the handshake carries
+``"cause"``: ``"auth"`` (a failed authentication, :class:`AuthenticationError` on the
+client) or ``"protocol"`` (anything else, :class:`ProtocolError`). After that
 the client sends requests (``{"op": ..., "id": n, ...}``) and the server answers each with
 ``{"op": "reply", "id": n, "ok": true, ...}`` or ``{"op": "reply", "id": n, "ok": false,
 "error": "..."}``. The server also pushes ``routes`` whenever the set of publishers that
@@ -42,8 +47,9 @@ __all__ = [
 ]
 
 #: Spoken in ``hello``/``welcome`` (graph) and ``HELLO``/``WELCOME`` (data). A peer with
-#: another value is refused with a message naming both.
-PROTOCOL: Final = "ezflow/1"
+#: another value is refused with a message naming both. Version 2 added the
+#: challenge-response handshake (``nonce``, ``challenge``, ``auth``).
+PROTOCOL: Final = "ezflow/2"
 
 #: Requests a client may send after the handshake.
 REQUEST_OPS: Final = frozenset(

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any
 
+from .._core._auth import Credentials, Initiator
 from .._core._config import (
     CONNECT_TIMEOUT,
     CONTROL_MAX_FRAME_SIZE,
@@ -20,6 +23,7 @@ from .._core._config import (
     format_address,
 )
 from .._core._exceptions import (
+    AuthenticationError,
     BrokenResourceError,
     ClosedResourceError,
     EzflowTimeoutError,
@@ -36,15 +40,20 @@ log = logging.getLogger("ezflow.client")
 RoutesHandler = Callable[[int, dict[str, Any]], None]
 
 
+@functools.cache
 def host_id() -> str:
     """An identifier of this host (and boot): equal for processes that can share memory
-    and reach each other on loopback."""
+    and reach each other on loopback. Read once per process (at import), so that no
+    event loop waits on ``/proc``."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}"
+
+
+host_id()  # at import, off every event loop
 
 
 class GraphClient:
@@ -69,24 +78,41 @@ class GraphClient:
         name: str,
         on_routes: RoutesHandler,
         on_lost: Callable[[BaseException | None], None],
+        credentials: Credentials | None = None,
     ) -> GraphClient:
         """Connect and handshake.
 
-        Raises ``ConnectionRefusedError`` when nothing listens at *address* (so the caller
-        may start a server), :class:`EzflowTimeoutError` when the connection or handshake
-        takes longer than the limits, :class:`ProtocolError` when the peer is not an ezflow
-        graph server of this protocol version, :class:`BrokenResourceError` for other OS
-        errors.
+        *credentials* (default: from the environment, see :class:`Credentials`) give the
+        token this client proves and the TLS settings. Raises ``ConnectionRefusedError``
+        when nothing listens at *address* (so the caller may start a server),
+        :class:`EzflowTimeoutError` when the connection or handshake takes longer than
+        the limits, :class:`ProtocolError` when the peer is not an ezflow graph server of
+        this protocol version, :class:`AuthenticationError` when the token or the TLS
+        certificates do not match, :class:`BrokenResourceError` for other OS errors.
         """
+        if credentials is None:
+            credentials = Credentials.resolve()
         loop = asyncio.get_running_loop()
         host, port = address
+        where = f"the graph server at {format_address(address)}"
+        initiator = Initiator(credentials.token, "graph", where)
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientConnection(on_routes, on_lost), host, port),
+                loop.create_connection(
+                    lambda: _ClientConnection(on_routes, on_lost, initiator, where),
+                    host,
+                    port,
+                    ssl=credentials.client_ssl,
+                ),
                 CONNECT_TIMEOUT,
             )
         except ConnectionRefusedError:
             raise
+        except ssl.SSLError as exc:
+            raise AuthenticationError(
+                f"TLS handshake with {where} failed: {exc.reason or exc}; both ends need "
+                "certificates signed by the same CA (EZFLOW_TLS_CERT/_KEY/_CA)"
+            ) from exc
         except (TimeoutError, asyncio.TimeoutError) as exc:
             raise EzflowTimeoutError(
                 f"no answer from graph server at {format_address(address)} within "
@@ -152,9 +178,16 @@ class GraphClient:
 
 class _ClientConnection(FramedProtocol):
     def __init__(
-        self, on_routes: RoutesHandler, on_lost: Callable[[BaseException | None], None]
+        self,
+        on_routes: RoutesHandler,
+        on_lost: Callable[[BaseException | None], None],
+        initiator: Initiator,
+        where: str,
     ) -> None:
         super().__init__(CONTROL_MAX_FRAME_SIZE)
+        self._initiator = initiator
+        self._where = where
+        self._challenged = False
         self._on_routes = on_routes
         self._on_lost = on_lost
         self._welcome: asyncio.Future[dict[str, Any]] | None = None
@@ -185,6 +218,7 @@ class _ClientConnection(FramedProtocol):
                 "host_id": host_id(),
                 "hostname": socket.gethostname(),
                 "name": name,
+                **self._initiator.hello_fields(),
             }
         )
         return await self._welcome
@@ -233,16 +267,50 @@ class _ClientConnection(FramedProtocol):
                 )
             field(message, "client_id", str)
             field(message, "server_id", str)
+            if not self._challenged:
+                try:
+                    self._initiator.welcomed_without_challenge()
+                except AuthenticationError as exc:
+                    self._refused(exc)
+                    return
             if self._welcome is not None and not self._welcome.done():
                 self._welcome.set_result(message)
+        elif op == "challenge" and not self._challenged:
+            self._challenged = True
+            try:
+                answer = self._initiator.answer(message)
+            except AuthenticationError as exc:
+                self._refused(exc)
+                return
+            self.send_message({"op": "auth", **answer})
         elif op == "error":
-            error = ProtocolError(f"graph server refused us: {message.get('error', '?')}")
+            error: BrokenResourceError | ProtocolError
+            if message.get("cause") == "auth":
+                error = AuthenticationError(
+                    f"{self._where} refused our token: {message.get('error', '?')}; give "
+                    "every process of the graph the same token (EZFLOW_TOKEN, --token-file)"
+                )
+            else:
+                error = ProtocolError(f"graph server refused us: {message.get('error', '?')}")
             if self._welcome is not None and not self._welcome.done():
                 self._welcome.set_exception(error)
             else:
                 log.error("%s", error)
         else:
             raise ProtocolError(f"unknown message {op!r} from the graph server")
+
+    def _refused(self, exc: AuthenticationError) -> None:
+        """The handshake failed authentication on our side: fail it and close. After a
+        challenge, the server is told first (so that it logs the failed attempt too);
+        nothing of our token goes with it."""
+        self._lost_reason = exc
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_exception(exc)
+        if self._challenged and self.transport is not None:
+            self.send_message({"op": "error", "cause": "auth"})
+            self.transport.close()  # after that last message
+        else:
+            self.abort()
 
     def protocol_error(self, exc: ProtocolError) -> None:
         log.error("closing the connection to the graph server: %s", exc)
@@ -267,6 +335,12 @@ class _ClientConnection(FramedProtocol):
         )
         error.__cause__ = reason
         if self._welcome is not None and not self._welcome.done():
+            if not self._closing:
+                error = BrokenResourceError(
+                    f"{self._where} closed the connection during the handshake (does it "
+                    "use TLS, and do we? EZFLOW_TLS_CERT/_KEY/_CA must be set on both ends)"
+                )
+                error.__cause__ = reason
             self._welcome.set_exception(error)
         for future in self._pending.values():
             if not future.done():

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from .._core._auth import Credentials, TlsFiles, Token
 from .._core._channel import Inbox
 from .._core._codec import Codec
 from .._core._config import (
@@ -71,6 +72,13 @@ class GraphContext:
     accepts. Every *telemetry_interval* seconds (default ``EZFLOW_TELEMETRY_INTERVAL``,
     else 1; 0: never) the context snapshots its telemetry, hands it to the
     ``on_snapshot`` hooks and reports it to the graph server (docs/telemetry.md).
+
+    *token* (default ``EZFLOW_TOKEN``, else the file named by ``EZFLOW_TOKEN_FILE``) is
+    the graph's shared secret: proved to the graph server and required of every channel
+    that connects to this process's publishers (and of the clients of an embedded
+    server); its ``repr`` is hidden. *tls* (default ``EZFLOW_TLS_CERT``/``_KEY``/``_CA``)
+    puts the graph connection and tcp data under TLS. See docs/security.md. Raises
+    :class:`~ezflow.ConfigurationError` for a token shorter than 16 bytes.
     """
 
     def __init__(
@@ -81,7 +89,10 @@ class GraphContext:
         name: str | None = None,
         max_message_size: int | None = None,
         telemetry_interval: float | None = None,
+        token: Token | str | bytes | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
+        self._credentials = Credentials.resolve(token, tls)
         if address is None:
             address = graph_address_from_env()
         elif isinstance(address, str):
@@ -143,10 +154,17 @@ class GraphContext:
         try:
             self._client = await self._connect()
             self._tcp = TcpTransport(
-                host=self._client.local_host, max_message_size=self._max_message_size
+                host=self._client.local_host,
+                max_message_size=self._max_message_size,
+                credentials=self._credentials,
             )
-            if ShmTransport.available():
-                self._shm = ShmTransport(max_message_size=self._max_message_size, codec=self._codec)
+            # The first call probes /dev/shm (creates and unlinks a file): off the loop.
+            if await asyncio.to_thread(ShmTransport.available):
+                self._shm = ShmTransport(
+                    max_message_size=self._max_message_size,
+                    codec=self._codec,
+                    credentials=self._credentials,
+                )
             self._router = Router(
                 codec=self._codec,
                 local=self._local,
@@ -170,7 +188,11 @@ class GraphContext:
             if address[1] != 0:
                 try:
                     return await GraphClient.connect(
-                        address, name=self.name, on_routes=self._on_routes, on_lost=self._on_lost
+                        address,
+                        name=self.name,
+                        on_routes=self._on_routes,
+                        on_lost=self._on_lost,
+                        credentials=self._credentials,
                     )
                 except ConnectionRefusedError as exc:
                     if not self._auto_start:
@@ -178,7 +200,8 @@ class GraphContext:
                             f"no graph server answers at {format_address(address)}; start one "
                             "with `ezflow serve` or allow GraphContext(auto_start=True)"
                         ) from exc
-            server = GraphServer(address)
+            credentials = self._credentials
+            server = GraphServer(address, token=credentials.token, tls=credentials.tls)
             try:
                 await server.start()
             except OSError as exc:
@@ -190,7 +213,11 @@ class GraphContext:
             self._server = server
             log.info("started an embedded graph server at %s", format_address(server.address))
             return await GraphClient.connect(
-                server.address, name=self.name, on_routes=self._on_routes, on_lost=self._on_lost
+                server.address,
+                name=self.name,
+                on_routes=self._on_routes,
+                on_lost=self._on_lost,
+                credentials=self._credentials,
             )
         raise BrokenResourceError(
             f"cannot connect to or start a graph server at {format_address(address)}"

@@ -18,7 +18,12 @@ Guarantees:
 * Bad input closes only the connection it arrived on, with a logged reason: a frame
   that is not msgpack, a length header above the limit (checked before allocating), an
   unknown command, a handshake that is missing, late or of another protocol version.
-  Connections are capped at ``MAX_SERVER_CONNECTIONS``.
+  Connections are capped at ``MAX_SERVER_CONNECTIONS``. Such connections are logged per
+  cause and rate-limited (:class:`~ezflow._core._peerlog.BadPeerLog`).
+* With a token, only clients that prove they know it are admitted (challenge-response,
+  :mod:`ezflow._core._auth`); without one, a server refuses to bind a non-loopback
+  address unless told ``insecure=True``. With TLS files, clients must present a
+  certificate signed by the graph's CA.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core._auth import Credentials, Responder, TlsFiles, Token, is_loopback
 from .._core._config import (
     CONTROL_MAX_FRAME_SIZE,
     HANDSHAKE_MAX_FRAME_SIZE,
@@ -45,8 +51,9 @@ from .._core._config import (
     graph_address_from_env,
     parse_address,
 )
-from .._core._exceptions import ProtocolError
+from .._core._exceptions import AuthenticationError, ConfigurationError, ProtocolError
 from .._core._framing import FramedProtocol
+from .._core._peerlog import BadPeerLog
 from .._core._protocol import (
     NOTICE_OPS,
     PROTOCOL,
@@ -126,15 +133,37 @@ class GraphServer:
     the client) and serves them to ``telemetry`` requests (``ezflow top``). With
     *metrics_port* (0: any free port) it also serves them in the Prometheus text format
     at ``http://HOST:PORT/metrics``, on the host of *address*; see :attr:`metrics_address`.
+
+    Security (docs/security.md): *token* (default ``EZFLOW_TOKEN``, else the file named by
+    ``EZFLOW_TOKEN_FILE``) is required of every client in the handshake; *tls*
+    (default ``EZFLOW_TLS_CERT``/``_KEY``/``_CA``) makes the connections TLS with
+    certificates verified both ways. Bound to an address other than loopback without a
+    token, the constructor raises :class:`~ezflow.ConfigurationError` unless *insecure*
+    is true (a trusted network).
     """
 
     def __init__(
-        self, address: Address | str | None = None, *, metrics_port: int | None = None
+        self,
+        address: Address | str | None = None,
+        *,
+        metrics_port: int | None = None,
+        token: Token | str | bytes | None = None,
+        tls: TlsFiles | None = None,
+        insecure: bool = False,
     ) -> None:
         if address is None:
             address = graph_address_from_env()
         elif isinstance(address, str):
             address = parse_address(address)
+        self._credentials = Credentials.resolve(token, tls)
+        if self._credentials.token is None and not insecure and not is_loopback(address[0]):
+            raise ConfigurationError(
+                f"refusing to serve on {format_address(address)} without a token: anyone "
+                "who reaches it could read, inject and stop the graph; give a token "
+                "(--token-file PATH, EZFLOW_TOKEN or token=) or, on a trusted network, "
+                "--insecure (insecure=True)"
+            )
+        self.bad_peers = BadPeerLog(log, "graph server")
         self._requested_address: Address = address
         self._server: asyncio.AbstractServer | None = None
         self._address: Address | None = None
@@ -179,11 +208,16 @@ class GraphServer:
         loop = asyncio.get_running_loop()
         host, port = self._requested_address
         self._server = await loop.create_server(
-            self._new_connection, host, port, reuse_address=True, backlog=256
+            self._new_connection,
+            host,
+            port,
+            reuse_address=True,
+            backlog=256,
+            ssl=self._credentials.server_ssl,
         )
         sockname = self._server.sockets[0].getsockname()
         self._address = (sockname[0], sockname[1])
-        self._sweeper.sweep_now()
+        await self._sweeper.sweep()
         if self._metrics is not None:
             try:
                 await self._metrics.start()
@@ -191,7 +225,17 @@ class GraphServer:
                 self._server.close()
                 self._server = None
                 raise
-        log.info("graph server %s listening on %s", self.server_id, format_address(self._address))
+        log.info(
+            "graph server %s listening on %s (%s)",
+            self.server_id,
+            format_address(self._address),
+            ", ".join(
+                [
+                    "token required" if self._credentials.token else "no token",
+                    "TLS" if self._credentials.tls else "no TLS",
+                ]
+            ),
+        )
 
     @property
     def metrics_address(self) -> Address | None:
@@ -217,6 +261,7 @@ class GraphServer:
         for connection in list(self._connections):
             connection.abort()
         self._closed.set()
+        self.bad_peers.close()
         try:
             if self._metrics is not None:
                 await self._metrics.aclose()
@@ -240,9 +285,9 @@ class GraphServer:
     def _connection_opened(self, connection: _ServerConnection) -> bool:
         if len(self._connections) >= MAX_SERVER_CONNECTIONS:
             self.rejected_connections += 1
-            log.warning(
-                "graph server: refusing connection from %s: already %d connections "
-                "(MAX_SERVER_CONNECTIONS)",
+            self.bad_peers(
+                "limit",
+                "refusing connection from %s: already %d connections (MAX_SERVER_CONNECTIONS)",
                 connection.peer_name(),
                 len(self._connections),
             )
@@ -284,13 +329,17 @@ class GraphServer:
         if not self._closed.is_set():
             self._push_routes()
 
-    def _hello(self, connection: _ServerConnection, message: dict[str, Any]) -> _Client:
+    def _check_hello(self, message: dict[str, Any]) -> Responder:
+        """A ``hello`` of our protocol version: the responder of its handshake."""
         protocol = message.get("protocol")
         if protocol != PROTOCOL:
             raise ProtocolError(
                 f"client speaks protocol {protocol!r}, this server speaks {PROTOCOL!r}; "
                 "use the same ezflow version on every host of a graph"
             )
+        return Responder(self._credentials.token, "graph")
+
+    def _hello(self, connection: _ServerConnection, message: dict[str, Any]) -> _Client:
         self._next_client += 1
         client = _Client(
             id=f"c{self._next_client}",
@@ -589,6 +638,8 @@ class _ServerConnection(FramedProtocol):
         self.server = server
         self.client: _Client | None = None
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._responder: Responder | None = None
+        self._hello: dict[str, Any] | None = None
         self._requests: asyncio.Queue[dict[str, Any]] = asyncio.Queue(_MAX_PENDING_REQUESTS)
         self._worker: asyncio.Task[None] | None = None
 
@@ -602,12 +653,17 @@ class _ServerConnection(FramedProtocol):
 
     def _handshake_timeout(self) -> None:
         if self.client is None:
-            log.warning(
-                "graph server: closing connection from %s: no hello within %.0f s",
+            self.server.bad_peers(
+                "timeout",
+                "closing connection from %s: handshake not done within %.0f s",
                 self.peer_name(),
                 HANDSHAKE_TIMEOUT,
             )
             self.abort()
+
+    def protocol_error(self, exc: ProtocolError) -> None:
+        self.server.bad_peers("protocol", "closing connection from %s: %s", self.peer_name(), exc)
+        self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._handshake_timer is not None:
@@ -634,12 +690,20 @@ class _ServerConnection(FramedProtocol):
         op = message["op"]
         client = self.client
         if client is None:
-            if op != "hello":
-                raise ProtocolError(f"expected 'hello' first, got {op!r}")
             try:
-                client = self.server._hello(self, message)
+                hello = self._handshake(message)
+                if hello is None:
+                    return  # challenged: the answer comes next
+                client = self.server._hello(self, hello)
+            except AuthenticationError as exc:
+                self.send_message({"op": "error", "cause": "auth", "error": str(exc)})
+                self.server.bad_peers(
+                    "auth", "refusing connection from %s: %s", self.peer_name(), exc
+                )
+                self.abort()
+                return
             except ProtocolError as exc:
-                self.send_message({"op": "error", "error": str(exc)})
+                self.send_message({"op": "error", "cause": "protocol", "error": str(exc)})
                 raise
             self.client = client
             if self._handshake_timer is not None:
@@ -670,6 +734,30 @@ class _ServerConnection(FramedProtocol):
             raise ProtocolError(
                 f"more than {_MAX_PENDING_REQUESTS} requests waiting for an answer"
             ) from None
+
+    def _handshake(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """One handshake message (see :mod:`ezflow._core._protocol`): the ``hello`` to
+        admit once the client is authenticated, or ``None`` while a challenge is out.
+        Raises :class:`AuthenticationError` or :class:`ProtocolError`."""
+        op = message["op"]
+        if self._responder is None:
+            if op != "hello":
+                raise ProtocolError(f"expected 'hello' first, got {op!r}")
+            self._responder = self.server._check_hello(message)
+            challenge = self._responder.challenge(message)
+            if challenge is None:
+                return message
+            self._hello = message
+            self.send_message({"op": "challenge", **challenge})
+            return None
+        if op == "error" and self._hello is not None:
+            # The client checked our proof and gave up: say so here too (its text is
+            # not logged: it is the peer's to choose).
+            raise AuthenticationError("the client found that our tokens differ")
+        if op != "auth" or self._hello is None:
+            raise ProtocolError(f"expected 'auth' after the challenge, got {op!r}")
+        self._responder.verify(message)
+        return self._hello
 
     async def _serve_requests(self, client: _Client) -> None:
         while True:

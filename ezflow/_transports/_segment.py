@@ -124,6 +124,12 @@ def _own_start(pid: int) -> int:
     return found[1]
 
 
+if sys.platform.startswith("linux"):
+    # Read once at import, so that naming a segment never waits on /proc in a loop.
+    with contextlib.suppress(BrokenResourceError):
+        _own_start(os.getpid())
+
+
 def _new_token() -> str:
     return secrets.token_hex(_TOKEN_BYTES)
 

@@ -72,6 +72,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .._core._auth import Credentials
 from .._core._channel import Channel
 from .._core._codec import MAX_DEPTH, Codec, EncodedMessage, message_fields
 from .._core._config import SHM_LOAN_ROOM, ShmOptions
@@ -183,7 +184,9 @@ class SegmentSweeper:
     """Removes segments of dead processes from ``/dev/shm``: now, and again a few times
     shortly after :meth:`sweep_soon` (a crashed owner's lock goes a little after it).
 
-    Owned by a graph server or a shm transport; :meth:`aclose` cancels what is pending.
+    Every sweep (a directory listing, ``/proc`` reads, opens and unlinks) runs in a
+    worker thread, never on the event loop. Owned by a graph server or a shm transport;
+    :meth:`aclose` cancels what is pending.
     """
 
     def __init__(self) -> None:
@@ -192,9 +195,10 @@ class SegmentSweeper:
         self._closed = False
 
     @staticmethod
-    def sweep_now() -> list[str]:
-        """One sweep, at once; the names removed."""
-        return sweep_stale_segments()
+    async def sweep() -> list[str]:
+        """One sweep, now (in a worker thread); the names removed. Cancelling the
+        caller does not stop a sweep under way."""
+        return await asyncio.to_thread(sweep_stale_segments)
 
     def sweep_soon(self) -> None:
         """Sweep at ``_SWEEP_DELAYS`` from now (restarting the delays if one is pending);
@@ -212,7 +216,7 @@ class SegmentSweeper:
             self._again = False
             for delay in _SWEEP_DELAYS:
                 await asyncio.sleep(delay)
-                sweep_stale_segments()
+                await self.sweep()
             if not self._again:
                 return
 
@@ -224,7 +228,7 @@ class SegmentSweeper:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            sweep_stale_segments()
+            await self.sweep()
 
 
 # -- publisher side ------------------------------------------------------------------------
@@ -761,8 +765,10 @@ class ShmTransport(StreamTransport[str]):
 
     name: ClassVar[str] = "shm"
 
-    def __init__(self, *, max_message_size: int, codec: Codec) -> None:
-        super().__init__(max_message_size=max_message_size)
+    def __init__(
+        self, *, max_message_size: int, codec: Codec, credentials: Credentials | None = None
+    ) -> None:
+        super().__init__(max_message_size=max_message_size, credentials=credentials)
         self._codec = codec
         self._shm: dict[str, _OutletShm] = {}
         self._call: _LoopCall | None = None
@@ -785,7 +791,7 @@ class ShmTransport(StreamTransport[str]):
         self, factory: Callable[[], PublisherConnection]
     ) -> tuple[asyncio.AbstractServer, str]:
         # Segments of processes that died before us go first.
-        self.sweeper.sweep_now()
+        await self.sweeper.sweep()
         name = f"ezflow-{os.getpid()}-{secrets.token_hex(8)}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

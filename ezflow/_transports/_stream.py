@@ -7,6 +7,13 @@ back ``ACK`` frames with its cumulative release figures (coalesced) and ``MODE``
 it turns lossless or leaky. A publisher that closes on purpose sends ``END`` and
 half-closes; the channel closes once it has read up to there.
 
+Authentication (:mod:`ezflow._core._auth`): ``HELLO`` carries the channel's ``nonce``.
+A data server with a token answers it with a ``WELCOME`` frame whose map is
+``{"op": "challenge", "nonce", "proof"}``; the channel checks the proof and sends a
+``HELLO`` frame ``{"op": "auth", "proof"}``, and only then comes the real ``WELCOME``
+(or a refusal with ``"cause": "auth"``). Refused and bad connections are logged per
+cause, rate-limited (:class:`~ezflow._core._peerlog.BadPeerLog`).
+
 Sending is batched without delaying a lone message: the first message of an event-loop
 iteration is written at once (lowest latency for paced publishers). Unless it came
 ``_PACED_GAP_NS`` or more after the previous one written at once (a paced publisher,
@@ -34,11 +41,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import sys
 from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
+from .._core._auth import Credentials, Initiator, Responder
 from .._core._channel import Channel
 from .._core._codec import EncodedMessage
 from .._core._config import (
@@ -48,7 +57,12 @@ from .._core._config import (
     HANDSHAKE_TIMEOUT,
     MAX_CHANNELS_PER_PUBLISHER,
 )
-from .._core._exceptions import BrokenResourceError, EzflowTimeoutError, ProtocolError
+from .._core._exceptions import (
+    AuthenticationError,
+    BrokenResourceError,
+    EzflowTimeoutError,
+    ProtocolError,
+)
 from .._core._framing import (
     ACK,
     ACK_BODY,
@@ -63,6 +77,7 @@ from .._core._framing import (
     frame,
 )
 from .._core._outlet import Link, Outlet
+from .._core._peerlog import BadPeerLog
 from .._core._protocol import PROTOCOL, PublisherInfo, field, pack_message, unpack_message
 from ._base import Inbound, Transport
 from ._writer import VectoredWriter, WriteHalf, vectored_writes_pay
@@ -251,22 +266,31 @@ class PublisherConnection(FramedProtocol):
         #: the zero-copy writer, when :attr:`out` is one
         self.writer: VectoredWriter | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._responder: Responder | None = None
+        self._challenged_hello: dict[str, Any] | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        # Counted from here, not from the factory: under TLS the factory runs before the
+        # TLS handshake, and one that fails never calls connection_made nor _lost.
+        self.server.connections.add(self)
         self.server.tune(transport)
         self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._late)
 
     def _late(self) -> None:
         if self.link is None:
-            log.warning(
-                "%s data server: closing connection from %s: no HELLO within %.0f s",
-                self.server.name,
+            self.server.bad_peers(
+                "timeout",
+                "closing connection from %s: handshake not done within %.0f s",
                 self.peer_name(),
                 HANDSHAKE_TIMEOUT,
             )
             self.abort()
+
+    def protocol_error(self, exc: ProtocolError) -> None:
+        self.server.bad_peers("protocol", "closing connection from %s: %s", self.peer_name(), exc)
+        self.abort()
 
     def frame_received(self, body: bytes | memoryview) -> None:
         if not body:
@@ -286,9 +310,8 @@ class PublisherConnection(FramedProtocol):
             return
         if kind != HELLO:
             raise ProtocolError(f"expected HELLO, got frame kind {kind}")
-        hello = unpack_control(body)
-        if hello.get("protocol") != PROTOCOL:
-            self._refuse(f"protocol {hello.get('protocol')!r} is not {PROTOCOL!r}")
+        hello = self._authenticate(unpack_control(body))
+        if hello is None:
             return
         publisher_id = field(hello, "publisher_id", str)
         field(hello, "max_message_size", int)
@@ -322,13 +345,53 @@ class PublisherConnection(FramedProtocol):
         }
         out.write(control(WELCOME, welcome))
 
+    def _authenticate(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """One handshake map: the ``HELLO`` to serve once the channel is authenticated,
+        or ``None`` (challenged, or refused and closing)."""
+        responder = self._responder
+        if responder is None:
+            if message.get("protocol") != PROTOCOL:
+                self._refuse(f"protocol {message.get('protocol')!r} is not {PROTOCOL!r}")
+                return None
+            responder = self._responder = Responder(self.server.credentials.token, "data")
+            try:
+                challenge = responder.challenge(message)
+            except AuthenticationError as exc:
+                self._refuse(str(exc), cause="auth")
+                return None
+            if challenge is None:
+                return message
+            self._challenged_hello = message
+            assert self.transport is not None
+            self.transport.write(control(WELCOME, {"op": "challenge", **challenge}))
+            return None
+        hello = self._challenged_hello
+        if hello is not None and message.get("op") == "error":
+            # The channel checked our proof and gave up (its text is not logged).
+            self._refuse("the channel found that our tokens differ", cause="auth")
+            return None
+        if hello is None or message.get("op") != "auth":
+            raise ProtocolError(f"expected 'auth' after the challenge, got {message.get('op')!r}")
+        try:
+            responder.verify(message)
+        except AuthenticationError as exc:
+            self._refuse(str(exc), cause="auth")
+            return None
+        return hello
+
     def _open_write_half(self) -> WriteHalf:
         """What writes from the handshake on (see the class docstring)."""
         transport = self.transport
         assert transport is not None
         loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
-        if sock is not None and vectored_writes_pay(loop) and not transport.get_write_buffer_size():
+        if (
+            sock is not None
+            and vectored_writes_pay(loop)
+            and not transport.get_write_buffer_size()
+            # Under TLS every byte must go through the transport (it encrypts).
+            and transport.get_extra_info("sslcontext") is None
+        ):
             try:
                 self.writer = VectoredWriter(
                     loop,
@@ -393,15 +456,13 @@ class PublisherConnection(FramedProtocol):
             self.writer.close()  # the transport's abort leaves our descriptor open
         super().abort()
 
-    def _refuse(self, reason: str) -> None:
-        log.warning(
-            "%s data server: refusing channel from %s: %s",
-            self.server.name,
-            self.peer_name(),
-            reason,
-        )
+    def _refuse(self, reason: str, *, cause: str = "refused") -> None:
+        self.server.bad_peers(cause, "refusing channel from %s: %s", self.peer_name(), reason)
+        self._broken = True  # whatever else arrived with it is not read
         assert self.transport is not None
-        self.transport.write(control(WELCOME, {"op": "welcome", "ok": False, "error": reason}))
+        self.transport.write(
+            control(WELCOME, {"op": "welcome", "ok": False, "cause": cause, "error": reason})
+        )
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -442,6 +503,9 @@ class ChannelConnection(FramedProtocol):
         self._ack_every = 1
         self._ack_bytes = 1
         self.ended = False
+        #: the authenticating side of the handshake (replaced by the transport)
+        self.initiator = Initiator(None, "data", f"publisher {publisher.publisher_id}")
+        self._challenged = False
 
     def hello(self) -> dict[str, Any]:
         """The HELLO map; subclasses may add fields."""
@@ -451,6 +515,7 @@ class ChannelConnection(FramedProtocol):
             "publisher_id": self.publisher.publisher_id,
             "lossless": self.channel.lossless,
             "max_message_size": self.max_size,
+            **self.initiator.hello_fields(),
         }
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -493,6 +558,24 @@ class ChannelConnection(FramedProtocol):
                 self.transport.close()
         elif kind == WELCOME and not self.welcome.done():
             reply = unpack_control(body)
+            try:
+                if reply.get("op") == "challenge" and not self._challenged:
+                    self._challenged = True
+                    answer = self.initiator.answer(reply)
+                    assert self.transport is not None
+                    self.transport.write(control(HELLO, {"op": "auth", **answer}))
+                    return
+                if reply.get("ok") and not self._challenged:
+                    self.initiator.welcomed_without_challenge()
+            except AuthenticationError as exc:
+                self.welcome.set_exception(exc)
+                if self._challenged and self.transport is not None:
+                    # Tell the publisher first, so that it logs the attempt too.
+                    self.transport.write(control(HELLO, {"op": "error", "cause": "auth"}))
+                    self.transport.close()
+                else:
+                    self.abort()
+                return
             if reply.get("ok"):
                 try:
                     self.welcomed(reply)
@@ -508,6 +591,14 @@ class ChannelConnection(FramedProtocol):
                 self.channel.on_release = self._on_release
                 self.channel.on_mode_change = self._on_mode_change
                 self.welcome.set_result(None)
+            elif reply.get("cause") == "auth":
+                self.welcome.set_exception(
+                    AuthenticationError(
+                        f"publisher {self.publisher.publisher_id} on topic "
+                        f"{self.publisher.topic!r} refused our token: {reply.get('error')}; "
+                        "give every process of the graph the same token"
+                    )
+                )
             else:
                 self.welcome.set_exception(
                     BrokenResourceError(f"publisher refused the channel: {reply.get('error')}")
@@ -569,7 +660,7 @@ class ChannelConnection(FramedProtocol):
             self.welcome.set_exception(
                 BrokenResourceError(
                     f"publisher {self.publisher.publisher_id} closed the connection during "
-                    "the handshake"
+                    "the handshake (TLS on one end only? set EZFLOW_TLS_* on both)"
                 )
             )
         on_lost, self._on_lost = self._on_lost, None
@@ -607,8 +698,12 @@ class StreamTransport(Transport, Generic[AddressT]):
 
     name: ClassVar[str]
 
-    def __init__(self, *, max_message_size: int) -> None:
+    def __init__(self, *, max_message_size: int, credentials: Credentials | None = None) -> None:
         self.max_message_size = max_message_size
+        #: token (required of every channel) and TLS settings; none by default
+        self.credentials = Credentials() if credentials is None else credentials
+        #: bad connections to the data server, logged per cause, rate-limited
+        self.bad_peers = BadPeerLog(log, f"{self.name} data server")
         self.outlets: dict[str, Outlet] = {}
         self.connections: set[PublisherConnection] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -631,9 +726,7 @@ class StreamTransport(Transport, Generic[AddressT]):
         return self._address
 
     def _new_connection(self) -> PublisherConnection:
-        connection = PublisherConnection(self)
-        self.connections.add(connection)
-        return connection
+        return PublisherConnection(self)
 
     # -- what subclasses provide ------------------------------------------------------
 
@@ -700,16 +793,23 @@ class StreamTransport(Transport, Generic[AddressT]):
             f"publisher {publisher.publisher_id} on topic {publisher.topic!r} at "
             f"{self.where(publisher)}"
         )
+        initiator = Initiator(self.credentials.token, "data", where)
+
+        def factory() -> ChannelConnection:
+            connection = self.new_channel_connection(channel, publisher, on_lost)
+            connection.initiator = initiator
+            return connection
+
         try:
-            connection = await asyncio.wait_for(
-                self.connect(
-                    lambda: self.new_channel_connection(channel, publisher, on_lost), publisher
-                ),
-                CONNECT_TIMEOUT,
-            )
+            connection = await asyncio.wait_for(self.connect(factory, publisher), CONNECT_TIMEOUT)
         except (TimeoutError, asyncio.TimeoutError) as exc:
             raise EzflowTimeoutError(
                 f"cannot connect to {where} within {CONNECT_TIMEOUT} s"
+            ) from exc
+        except ssl.SSLError as exc:
+            raise AuthenticationError(
+                f"TLS handshake with {where} failed: {exc.reason or exc}; both ends need "
+                "certificates signed by the same CA (EZFLOW_TLS_CERT/_KEY/_CA)"
             ) from exc
         except OSError as exc:
             raise BrokenResourceError(f"cannot connect to {where}: {exc}") from exc
@@ -738,6 +838,7 @@ class StreamTransport(Transport, Generic[AddressT]):
         for outlet in list(self.outlets.values()):
             outlet.close()
         self.outlets.clear()
+        self.bad_peers.close()
         server, self._server = self._server, None
         if server is not None:
             server.close()

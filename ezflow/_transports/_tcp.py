@@ -3,7 +3,9 @@
 The data server of a process binds the host its graph-server connection uses, on a
 free port, and is advertised with every publisher it serves. Connections carry the
 frames described in :mod:`._stream`, with ``TCP_NODELAY`` set on both ends (the
-batching there already groups small messages; Nagle would only add latency).
+batching there already groups small messages; Nagle would only add latency). With TLS
+settings (:class:`~ezflow._core._auth.Credentials`) both ends wrap the connection in TLS
+and verify each other's certificate; the zero-copy writer is not used then.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import socket
 from collections.abc import Callable
 from typing import ClassVar
 
+from .._core._auth import Credentials
 from .._core._config import Address, format_address
 from .._core._protocol import PublisherInfo
 from ._stream import ChannelConnection, PublisherConnection, StreamTransport
@@ -25,15 +28,23 @@ class TcpTransport(StreamTransport[Address]):
 
     name: ClassVar[str] = "tcp"
 
-    def __init__(self, *, host: str = "127.0.0.1", max_message_size: int) -> None:
-        super().__init__(max_message_size=max_message_size)
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        max_message_size: int,
+        credentials: Credentials | None = None,
+    ) -> None:
+        super().__init__(max_message_size=max_message_size, credentials=credentials)
         self._host = host
 
     async def listen(
         self, factory: Callable[[], PublisherConnection]
     ) -> tuple[asyncio.AbstractServer, Address]:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(factory, self._host, 0, backlog=256)
+        server = await loop.create_server(
+            factory, self._host, 0, backlog=256, ssl=self.credentials.server_ssl
+        )
         sockname = server.sockets[0].getsockname()
         return server, (sockname[0], sockname[1])
 
@@ -41,7 +52,9 @@ class TcpTransport(StreamTransport[Address]):
         self, factory: Callable[[], ChannelConnection], publisher: PublisherInfo
     ) -> ChannelConnection:
         host, port = publisher.address
-        _, connection = await asyncio.get_running_loop().create_connection(factory, host, port)
+        _, connection = await asyncio.get_running_loop().create_connection(
+            factory, host, port, ssl=self.credentials.client_ssl
+        )
         return connection
 
     def where(self, publisher: PublisherInfo) -> str:
