@@ -7,7 +7,9 @@ the client sends requests (``{"op": ..., "id": n, ...}``) and the server answers
 "error": "..."}``. The server also pushes ``routes`` whenever the set of publishers that
 feed one of the client's subscribers changes; the client answers ``routes_applied`` once
 its channels match, which is what lets a request such as ``connect`` return only when
-data already flows along the new edge.
+data already flows along the new edge. Before it stops on a ``shutdown`` request, the
+server pushes ``{"op": "closing", "reason": ...}`` to every client, so that they can tell
+a requested stop from a crash.
 
 Telemetry: a client sends ``{"op": "report", "snapshot": {...}}`` (one-way, no reply)
 about once a second; the server keeps the latest per client and answers the
