@@ -329,7 +329,7 @@ class GraphContext:
             except (TimeoutError, asyncio.TimeoutError):
                 raise BrokenResourceError(
                     f"no graph server has answered at {format_address(self._address)} for "
-                    f"{RECONNECT_WAIT_TIMEOUT:.0f} s (RECONNECT_WAIT_TIMEOUT); this context "
+                    f"{RECONNECT_WAIT_TIMEOUT:g} s (RECONNECT_WAIT_TIMEOUT); this context "
                     "keeps reconnecting in the background and its channels keep flowing. "
                     "Try again later, or start a graph server there (`ezflow serve`)"
                 ) from None

@@ -79,6 +79,8 @@ log = logging.getLogger("ezflow.server")
 _MAX_WRITE_BUFFER = 64 * 1024 * 1024
 # Requests a client may have waiting for an answer at once.
 _MAX_PENDING_REQUESTS = 1024
+# The routes of a client without subscribers.
+_NO_ROUTES: dict[str, Any] = {"subscribers": {}, "publishers": {}}
 
 
 @dataclass(eq=False)
@@ -498,7 +500,9 @@ class GraphServer:
         version = self._version
         for client_id, routes in self.compute_routes().items():
             client = self._clients[client_id]
-            if routes == client.routes:
+            # A client that never had routes has none: nothing to push (nor to wait for:
+            # a client busy elsewhere must not delay everyone's requests).
+            if routes == (client.routes or _NO_ROUTES):
                 continue
             client.routes = routes
             client.pushed_version = version
@@ -672,8 +676,23 @@ class EmbeddedGraphServer:
         try:
             self._server = await asyncio.wrap_future(started)
         except BaseException:
-            self._request_stop()
+            # Failed, or cancelled (then the thread sees the cancelled future once it
+            # has bound, and closes): either way, wait for the thread to end.
+            await self._join()
             raise
+
+    async def _join(self) -> None:
+        if self._finished.done():
+            return
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(self._finished)), EMBEDDED_SERVER_STOP_TIMEOUT
+            )
+        except (TimeoutError, asyncio.TimeoutError):
+            log.error(
+                "the embedded graph server thread did not stop within %.0f s",
+                EMBEDDED_SERVER_STOP_TIMEOUT,
+            )
 
     def _run(self, started: concurrent.futures.Future[GraphServer]) -> None:
         try:
@@ -724,17 +743,8 @@ class EmbeddedGraphServer:
         Idempotent; the stop is requested before the first await, so a cancelled
         ``aclose`` still stops the server."""
         self._request_stop()
-        if self._thread is None or self._finished.done():
-            return
-        try:
-            await asyncio.wait_for(
-                asyncio.shield(asyncio.wrap_future(self._finished)), EMBEDDED_SERVER_STOP_TIMEOUT
-            )
-        except (TimeoutError, asyncio.TimeoutError):
-            log.error(
-                "the embedded graph server thread did not stop within %.0f s",
-                EMBEDDED_SERVER_STOP_TIMEOUT,
-            )
+        if self._thread is not None:
+            await self._join()
 
 
 class _ServerConnection(FramedProtocol):
