@@ -309,6 +309,12 @@ class GraphContext:
         finally:
             if self._client is not None:
                 self._client.close()
+            if self._reconnect_task is not None:
+                # Cancelled above; it ends at once (or after joining a server thread it
+                # was starting), so that nothing it made outlives the context.
+                await asyncio.wait({self._reconnect_task})
+            if self._client is not None:
+                self._client.close()  # the reconnect task may have made a new one
             if self._server is not None:
                 await self._server.aclose()
 
@@ -631,10 +637,13 @@ class GraphContext:
             try:
                 client = await self._connect(start_server=start_server)
                 await self._restore(client)
-            except (OSError, EzflowError) as exc:
+            except Exception as exc:
                 if client is not None:
                     client.close()
-                log.debug("reconnect attempt %d to the graph server failed: %s", attempts, exc)
+                if isinstance(exc, (OSError, EzflowError)):
+                    log.debug("reconnect attempt %d to the graph server failed: %s", attempts, exc)
+                else:  # a bug: say so, and keep trying
+                    log.exception("reconnect attempt %d to the graph server failed", attempts)
                 await asyncio.sleep(random.uniform(delay / 2, delay))
                 delay = min(delay * 2, RECONNECT_MAX_DELAY)
                 continue

@@ -700,6 +700,12 @@ class EmbeddedGraphServer:
             try:
                 loop.run_until_complete(self._serve(loop, started))
             finally:
+                # As asyncio.run does: connection workers and sweeps still pending end
+                # here, not as "Task was destroyed but it is pending" at exit.
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.close()
         except BaseException as exc:  # the loop could not even be made
