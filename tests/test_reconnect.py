@@ -109,6 +109,13 @@ async def graph_when_listed(address: str, ids: set[str], timeout: float) -> dict
     return found
 
 
+async def finish(children: list[Child]) -> None:
+    """Let every child end cleanly (its shared memory removed), else kill it."""
+    await asyncio.gather(*(child.stop() for child in children), return_exceptions=True)
+    for child in children:
+        await child.aclose()
+
+
 def server_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "ezflow-graph-server"]
 
@@ -259,13 +266,18 @@ async def test_sigkilled_ezflow_serve_restarted_under_a_running_graph(
     """Issue 14 acceptance: `ezflow serve` SIGKILLed under a publisher process (100 Hz)
     and a lossless subscriber process, then started again at the same address: within
     5 s it lists both again, a third process subscribes and receives, and the original
-    subscriber saw every message in order over the one channel it always had."""
+    subscriber saw every message in order over the one channel it always had. Neither
+    client, though started with auto_start, takes the standalone server's address."""
     address = f"127.0.0.1:{unused_tcp_port}"
     serve = await ezflow_serve(address)
     children: list[Child] = []
     try:
-        publisher = await peer("publish", address=address, topic="/acc/seq", pace=0.01)
-        subscriber = await peer("sequence", address=address, topic="/acc/seq")
+        # auto_start=True (the default): clients of a standalone server wait for it to
+        # come back rather than take its address (else the restart below could not bind).
+        publisher = await peer(
+            "publish", address=address, topic="/acc/seq", pace=0.01, auto_start=True
+        )
+        subscriber = await peer("sequence", address=address, topic="/acc/seq", auto_start=True)
         children += [publisher, subscriber]
         pub_id = (await publisher.event("ready"))["publisher_id"]
         sub_id = (await subscriber.event("ready"))["subscriber_id"]
@@ -290,8 +302,7 @@ async def test_sigkilled_ezflow_serve_restarted_under_a_running_graph(
         assert final["last"] >= values[-1]
         assert final["channels"] == 1
     finally:
-        for child in children:
-            await child.aclose()
+        await finish(children)
         serve.kill()
         await serve.wait()
 
@@ -332,8 +343,7 @@ async def test_process_that_started_the_server_exits_others_take_over(
         assert final["gaps"] == [] and final["channels"] == 1
         assert final["count"] == final["last"] - final["first"] + 1
     finally:
-        for child in children:
-            await child.aclose()
+        await finish(children)
 
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])

@@ -1,7 +1,8 @@
 """The graph protocol: what clients and the graph server say to each other.
 
 Every control-plane frame body is one msgpack map with a string ``"op"``. A client opens
-with ``hello`` and the server answers ``welcome`` (or ``error`` and closes); after that
+with ``hello`` and the server answers ``welcome`` (with ``embedded``: whether a
+GraphContext runs it; or ``error`` and closes); after that
 the client sends requests (``{"op": ..., "id": n, ...}``) and the server answers each with
 ``{"op": "reply", "id": n, "ok": true, ...}`` or ``{"op": "reply", "id": n, "ok": false,
 "error": "..."}``. The server also pushes ``routes`` whenever the set of publishers that

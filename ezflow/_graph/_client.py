@@ -59,6 +59,8 @@ class GraphClient:
         self._protocol = protocol
         self.client_id: str = welcome["client_id"]
         self.server_id: str = welcome["server_id"]
+        #: Whether a GraphContext embeds the server (else: a standalone `ezflow serve`).
+        self.server_embedded = welcome.get("embedded") is True
         self.local_host: str = protocol.local_host
 
     @classmethod

@@ -612,17 +612,20 @@ class GraphContext:
             return  # the connection being restored dropped: the task tries again
         client = self._client
         stopped = client is not None and client.server_stopped
+        # Take over only from an embedded server: a standalone one (`ezflow serve`) is
+        # waited for, so that it can be restarted at its address.
+        take_over = (
+            self._auto_start and client is not None and client.server_embedded and not stopped
+        )
         self._restored.clear()
         log.warning(
             "lost the connection to the graph server at %s (%s); existing channels keep "
             "flowing, reconnecting%s",
             format_address(self._address),
             "it stopped on request" if stopped else reason or "closed",
-            " (and starting one if none answers)" if self._auto_start and not stopped else "",
+            " (and starting one if none answers)" if take_over else "",
         )
-        self._reconnect_task = asyncio.ensure_future(
-            self._reconnect(start_server=self._auto_start and not stopped)
-        )
+        self._reconnect_task = asyncio.ensure_future(self._reconnect(start_server=take_over))
 
     async def _reconnect(self, *, start_server: bool) -> None:
         """Reconnect with jittered exponential backoff until it works (or the context

@@ -170,6 +170,10 @@ class GraphServer:
                 (address[0], metrics_port), lambda: self.telemetry().items()
             )
         self.ignored_reports = 0
+        #: Whether a GraphContext runs this server (EmbeddedGraphServer): told to
+        #: clients in ``welcome``, so that they take over an embedded server whose
+        #: process left, but wait for a standalone one (``ezflow serve``) to come back.
+        self.embedded = False
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -718,6 +722,7 @@ class EmbeddedGraphServer:
         self, loop: asyncio.AbstractEventLoop, started: concurrent.futures.Future[GraphServer]
     ) -> None:
         server = GraphServer(self._requested_address)
+        server.embedded = True
         try:
             await server.start()
         except BaseException as exc:
@@ -823,6 +828,7 @@ class _ServerConnection(FramedProtocol):
                     "protocol": PROTOCOL,
                     "client_id": client.id,
                     "server_id": self.server.server_id,
+                    "embedded": self.server.embedded,
                 }
             )
             self._worker = asyncio.ensure_future(self._serve_requests(client))
