@@ -9,6 +9,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -288,8 +289,17 @@ async def test_sigkilled_ezflow_serve_restarted_under_a_running_graph(
         await eventually(
             lambda: _count_at_least(subscriber, before + 10), 5, "data flowing in the outage"
         )
-        serve = await ezflow_serve(address)
-        restarted = time.monotonic()
+        # The publisher's process is stopped while the server restarts, so the subscriber
+        # registers again first and its first routes name no publisher: its channel,
+        # still up, must be kept (RECONNECT_ROUTE_GRACE), not closed and reopened.
+        os.kill(publisher.pid, signal.SIGSTOP)
+        try:
+            serve = await ezflow_serve(address)
+            restarted = time.monotonic()
+            await graph_when_listed(address, {sub_id}, 5)
+            assert (await status(subscriber))["channels"] == 1
+        finally:
+            os.kill(publisher.pid, signal.SIGCONT)
         await graph_when_listed(address, {pub_id, sub_id}, 5)
         assert time.monotonic() - restarted < 5
         newcomer = await peer("collect", address=address, topic="/acc/seq", count=5)
