@@ -95,11 +95,12 @@ class GraphContext:
     publishers, subscribers and edges again (module docstring); with *auto_start* it
     starts a server itself when none answers any more (taking over from a process that
     left). Calls that need the server wait up to ``RECONNECT_WAIT_TIMEOUT`` (10 s) for
-    the reconnection, then raise :class:`~ezflow.BrokenResourceError`. *max_message_size* (default
-    ``EZFLOW_MAX_MESSAGE_SIZE``, else 128 MiB) bounds what this process sends and
-    accepts. Every *telemetry_interval* seconds (default ``EZFLOW_TELEMETRY_INTERVAL``,
-    else 1; 0: never) the context snapshots its telemetry, hands it to the
-    ``on_snapshot`` hooks and reports it to the graph server (docs/telemetry.md).
+    the reconnection, then raise :class:`~ezflow.BrokenResourceError`.
+    *max_message_size* (default ``EZFLOW_MAX_MESSAGE_SIZE``, else 128 MiB) bounds what
+    this process sends and accepts. Every *telemetry_interval* seconds (default
+    ``EZFLOW_TELEMETRY_INTERVAL``, else 1; 0: never) the context snapshots its
+    telemetry, hands it to the ``on_snapshot`` hooks and reports it to the graph server
+    (docs/telemetry.md).
     """
 
     def __init__(

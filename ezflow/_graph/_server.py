@@ -660,16 +660,11 @@ class EmbeddedGraphServer:
     def address(self) -> Address:
         return self.server.address
 
-    @property
-    def running(self) -> bool:
-        """Whether the server thread still serves (a ``shutdown`` request ends it)."""
-        return self._thread is not None and not self._finished.done()
-
     async def start(self) -> None:
         """Start the thread and bind. Raises ``OSError`` as :meth:`GraphServer.start`
-        does (``EADDRINUSE`` when another process serves there already); then no
-        thread is left running. If cancelled, the thread is told to stop and ends on
-        its own."""
+        does (``EADDRINUSE`` when another process serves there already). When it
+        fails or is cancelled, it returns only once the thread has ended (at most
+        ``EMBEDDED_SERVER_STOP_TIMEOUT``), so no thread or socket is left behind."""
         if self._thread is not None:
             raise RuntimeError("an EmbeddedGraphServer can be started once")
         started: concurrent.futures.Future[GraphServer] = concurrent.futures.Future()
