@@ -136,6 +136,44 @@ async def test_registrations_die_with_connection(server: ezflow.GraphServer) -> 
         assert len(graph["clients"]) == 1
 
 
+async def test_a_known_id_is_accepted_again_from_its_process_only(
+    server: ezflow.GraphServer,
+) -> None:
+    """Ids are kept across reconnections: the server accepts a registration of a known
+    id from the same connection (a retry) or from another connection of the same
+    process (its old one is stale), moving it; another process gets a clear refusal."""
+    register = {"op": "register_publisher", "publisher_id": "p-1", "topic": "/k"}
+    register["address"] = ["127.0.0.1", 9]
+    first = await asyncio.open_connection(*server.address)
+    first[1].write(frame({**HELLO, "pid": 10}) + frame({**register, "id": 1}))
+    assert (await read_message(first[0]))["op"] == "welcome"
+    assert (await read_message(first[0]))["ok"]
+    first[1].write(frame({**register, "id": 2}))  # the same connection again: a retry
+    assert (await read_message(first[0]))["ok"]
+    other = await asyncio.open_connection(*server.address)
+    other[1].write(frame({**HELLO, "pid": 11}) + frame({**register, "id": 1}))
+    assert (await read_message(other[0]))["op"] == "welcome"
+    refused = await read_message(other[0])
+    assert not refused["ok"]
+    assert "'p-1' is already registered by client" in refused["error"]
+    assert "pid 10" in refused["error"]
+    same = await asyncio.open_connection(*server.address)
+    same[1].write(frame({**HELLO, "pid": 10}) + frame({**register, "id": 1}))
+    welcome = await read_message(same[0])
+    assert (await read_message(same[0]))["ok"]
+    publishers = server.snapshot()["publishers"]
+    assert [(p["id"], p["client_id"]) for p in publishers] == [("p-1", welcome["client_id"])]
+    first[1].close()  # the stale connection goes: the moved registration stays
+    for _ in range(500):  # up to 5 s
+        if len(tuple(server.clients)) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert len(tuple(server.clients)) == 2
+    assert [p["id"] for p in server.snapshot()["publishers"]] == ["p-1"]
+    for _, writer in (other, same):
+        writer.close()
+
+
 async def test_routes_follow_edges_and_cycles(server: ezflow.GraphServer) -> None:
     async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
         pub_a = await ctx.publisher("/a")

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_SHM_SLOT_COUNT",
     "DEFAULT_SHM_SLOT_SIZE",
     "DEFAULT_TELEMETRY_INTERVAL",
+    "EMBEDDED_SERVER_STOP_TIMEOUT",
     "ENV_CHECK_TYPES",
     "ENV_EVENT_LOOP",
     "ENV_GRAPH_ADDRESS",
@@ -55,6 +56,10 @@ __all__ = [
     "MIN_TOKEN_BYTES",
     "PUBLISH_YIELD_BYTES",
     "PUBLISH_YIELD_EVERY",
+    "RECONNECT_MAX_DELAY",
+    "RECONNECT_MIN_DELAY",
+    "RECONNECT_ROUTE_GRACE",
+    "RECONNECT_WAIT_TIMEOUT",
     "REQUEST_TIMEOUT",
     "ROUTE_APPLY_TIMEOUT",
     "SHM_LOAN_ROOM",
@@ -132,6 +137,26 @@ REQUEST_TIMEOUT: Final = 30.0
 #: Seconds the server waits for clients to apply a routing change before it answers the
 #: request that caused it anyway (and logs which clients were late).
 ROUTE_APPLY_TIMEOUT: Final = 10.0
+
+# -- reconnecting to the graph server (see docs/architecture.md, "Reconnect") ---------------
+
+#: First pause (seconds) between two attempts to reach the graph server after the
+#: connection dropped; each failed attempt doubles it up to ``RECONNECT_MAX_DELAY``, and
+#: each pause is drawn at random between half and all of it (jitter, so that clients
+#: that lost the same server do not retry in lockstep).
+RECONNECT_MIN_DELAY: Final = 0.05
+#: Longest pause (seconds) between two reconnect attempts.
+RECONNECT_MAX_DELAY: Final = 1.0
+#: Seconds a call that needs the graph server (``publisher()``, ``subscriber()``,
+#: ``connect()``, ``graph()``, ...) waits for a reconnection before it raises
+#: ``BrokenResourceError``.
+RECONNECT_WAIT_TIMEOUT: Final = 10.0
+#: Seconds after a reconnection during which a channel that still receives data is kept
+#: although the new server's routes do not list its publisher (yet): the publisher's
+#: process is most likely still re-registering.
+RECONNECT_ROUTE_GRACE: Final = 10.0
+#: Seconds ``GraphContext.aclose`` waits for its embedded server's thread to end.
+EMBEDDED_SERVER_STOP_TIMEOUT: Final = 5.0
 
 
 #: Shared-memory ring of a publisher (see :class:`ShmOptions`): slots ...
@@ -375,6 +400,8 @@ def check_types_from_env() -> bool:
     if text == "1":
         return True
     raise ConfigurationError(f"{ENV_CHECK_TYPES}={text!r} must be 1 (check) or 0 (do not)")
+
+
 # -- authentication and TLS (see docs/security.md) ------------------------------------------
 
 #: The shared secret of a graph (the token itself). Children of a process inherit it.

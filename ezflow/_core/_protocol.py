@@ -1,18 +1,21 @@
 """The graph protocol: what clients and the graph server say to each other.
 
 Every control-plane frame body is one msgpack map with a string ``"op"``. A client opens
-with ``hello`` (carrying a random ``nonce``) and the server answers ``welcome`` (or
-``error`` and closes). A server with a token first answers ``challenge`` (its nonce and
-its proof of the token), the client answers ``auth`` (its proof), and only then comes
-``welcome``; see :mod:`ezflow._core._auth`. An ``error`` in the handshake carries
-``"cause"``: ``"auth"`` (a failed authentication, :class:`AuthenticationError` on the
-client) or ``"protocol"`` (anything else, :class:`ProtocolError`). After that
+with ``hello`` (carrying a random ``nonce``) and the server answers ``welcome`` (with
+``embedded``: whether a GraphContext runs it; or ``error`` and closes). A server with a
+token first answers ``challenge`` (its nonce and its proof of the token), the client
+answers ``auth`` (its proof), and only then comes ``welcome``; see
+:mod:`ezflow._core._auth`. An ``error`` in the handshake carries ``"cause"``: ``"auth"``
+(a failed authentication, :class:`AuthenticationError` on the client) or ``"protocol"``
+(anything else, :class:`ProtocolError`). After that
 the client sends requests (``{"op": ..., "id": n, ...}``) and the server answers each with
 ``{"op": "reply", "id": n, "ok": true, ...}`` or ``{"op": "reply", "id": n, "ok": false,
 "error": "..."}``. The server also pushes ``routes`` whenever the set of publishers that
 feed one of the client's subscribers changes; the client answers ``routes_applied`` once
 its channels match, which is what lets a request such as ``connect`` return only when
-data already flows along the new edge.
+data already flows along the new edge. Before it stops on a ``shutdown`` request, the
+server pushes ``{"op": "closing", "reason": ...}`` to every client, so that they can tell
+a requested stop from a crash.
 
 Telemetry: a client sends ``{"op": "report", "snapshot": {...}}`` (one-way, no reply)
 about once a second; the server keeps the latest per client and answers the

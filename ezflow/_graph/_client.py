@@ -68,6 +68,8 @@ class GraphClient:
         self._protocol = protocol
         self.client_id: str = welcome["client_id"]
         self.server_id: str = welcome["server_id"]
+        #: Whether a GraphContext embeds the server (else: a standalone `ezflow serve`).
+        self.server_embedded = welcome.get("embedded") is True
         self.local_host: str = protocol.local_host
 
     @classmethod
@@ -172,6 +174,12 @@ class GraphClient:
     def connected(self) -> bool:
         return not self._protocol.lost
 
+    @property
+    def server_stopped(self) -> bool:
+        """Whether the server said it was stopping on request (``shutdown``) before the
+        connection ended, rather than vanishing."""
+        return self._protocol.server_closing
+
     def close(self) -> None:
         self._protocol.close()
 
@@ -194,6 +202,7 @@ class _ClientConnection(FramedProtocol):
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next_id = 0
         self.lost = False
+        self.server_closing = False
         self._closing = False
         self._lost_reason: BaseException | None = None
         self.local_host = "127.0.0.1"
@@ -260,6 +269,9 @@ class _ClientConnection(FramedProtocol):
                 future.set_result(message)
         elif op == "routes":
             self._on_routes(field(message, "version", int), message)
+        elif op == "closing":
+            # The server stops on request (``ezflow shutdown``), it did not crash.
+            self.server_closing = True
         elif op == "welcome":
             if message.get("protocol") != PROTOCOL:
                 raise ProtocolError(

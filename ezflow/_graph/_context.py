@@ -3,7 +3,9 @@
 A :class:`GraphContext` is one client of the graph server. It owns
 
 * the connection to the graph server (and the server itself when it started an
-  embedded one because none answered),
+  embedded one because none answered), and what it registered there: publishers,
+  subscribers and topic -> topic edges, kept so that it can register them again on
+  whatever server answers after the connection drops (see "Reconnect" below),
 * this process's transports (the tcp and shm data servers start with the first
   publisher),
 * its :class:`~ezflow._graph._routing.Router`: one channel per publisher any of its
@@ -11,6 +13,16 @@ A :class:`GraphContext` is one client of the graph server. It owns
 
 Publishers (``_publisher.py``) and subscribers (``_subscriber.py``) are created through
 the context and closed with it.
+
+Reconnect: when the connection to the graph server drops (the server crashed, was
+restarted, or its process left), channels keep flowing (the data plane does not go
+through the server) and a background task reconnects with jittered exponential backoff
+(``RECONNECT_MIN_DELAY`` to ``RECONNECT_MAX_DELAY``), starting an embedded server itself
+when nothing answers and ``auto_start`` allows it (unless the server said it stopped on
+request). It then registers everything again under the same ids, edges first, then
+publishers, then subscribers, and the router keeps existing channels through the
+re-registration of the other processes (``RECONNECT_ROUTE_GRACE``). One warning is
+logged when the outage starts and one info line when it ends.
 """
 
 from __future__ import annotations
@@ -18,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import inspect
 import logging
+import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._core._auth import Credentials, TlsFiles, Token
@@ -30,6 +44,10 @@ from .._core._codec import Codec
 from .._core._config import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
+    RECONNECT_MAX_DELAY,
+    RECONNECT_MIN_DELAY,
+    RECONNECT_ROUTE_GRACE,
+    RECONNECT_WAIT_TIMEOUT,
     Address,
     ShmOptions,
     check_positive,
@@ -42,7 +60,13 @@ from .._core._config import (
     telemetry_interval_from_env,
     transport_from_env,
 )
-from .._core._exceptions import BrokenResourceError, ClosedResourceError, ConfigurationError
+from .._core._exceptions import (
+    BrokenResourceError,
+    ClosedResourceError,
+    ConfigurationError,
+    EzflowError,
+    GraphError,
+)
 from .._core._outlet import Outlet
 from .._core._protocol import check_topic
 from .._core._telemetry import ProcessSnapshot
@@ -52,8 +76,8 @@ from .._transports._tcp import TcpTransport
 from ._client import GraphClient, host_id
 from ._publisher import Publisher
 from ._reporter import TelemetryReporter
-from ._routing import ChannelInfo, Router
-from ._server import GraphServer
+from ._routing import ChannelInfo, ChannelRecord, Router
+from ._server import EmbeddedGraphServer, GraphServer
 from ._subscriber import Subscriber
 
 __all__ = ["GraphContext"]
@@ -66,12 +90,18 @@ class GraphContext:
 
     *address* (``(host, port)`` or ``"host:port"``) defaults to ``EZFLOW_GRAPH_ADDRESS``,
     else ``127.0.0.1:25990``. When nothing answers there and *auto_start* is true, the
-    context starts an embedded graph server at that address (port 0: any free port),
-    which lives as long as this context. *max_message_size* (default
-    ``EZFLOW_MAX_MESSAGE_SIZE``, else 128 MiB) bounds what this process sends and
-    accepts. Every *telemetry_interval* seconds (default ``EZFLOW_TELEMETRY_INTERVAL``,
-    else 1; 0: never) the context snapshots its telemetry, hands it to the
-    ``on_snapshot`` hooks and reports it to the graph server (docs/telemetry.md).
+    context starts an embedded graph server at that address (port 0: any free port), in
+    a thread of its own, which lives as long as this context. When the connection to
+    the graph server drops, the context reconnects in the background and registers its
+    publishers, subscribers and edges again (module docstring); with *auto_start* it
+    starts a server itself when none answers any more (taking over from a process that
+    left). Calls that need the server wait up to ``RECONNECT_WAIT_TIMEOUT`` (10 s) for
+    the reconnection, then raise :class:`~ezflow.BrokenResourceError`.
+    *max_message_size* (default ``EZFLOW_MAX_MESSAGE_SIZE``, else 128 MiB) bounds what
+    this process sends and accepts. Every *telemetry_interval* seconds (default
+    ``EZFLOW_TELEMETRY_INTERVAL``, else 1; 0: never) the context snapshots its
+    telemetry, hands it to the ``on_snapshot`` hooks and reports it to the graph server
+    (docs/telemetry.md).
 
     *token* (default ``EZFLOW_TOKEN``, else the file named by ``EZFLOW_TOKEN_FILE``) is
     the graph's shared secret: proved to the graph server and required of every channel
@@ -98,6 +128,8 @@ class GraphContext:
         elif isinstance(address, str):
             address = parse_address(address)
         self._requested_address: Address = address
+        # Where the server is: the requested address, or where the embedded one bound.
+        self._address: Address = address
         self._auto_start = auto_start
         self.name = name or f"ezflow-{uuid.uuid4().hex[:6]}"
         self._max_message_size = (
@@ -108,7 +140,17 @@ class GraphContext:
         self._env_transport = check_transport(transport_from_env(), setting="EZFLOW_TRANSPORT")
         self._codec = Codec(max_message_size=self._max_message_size)
         self._client: GraphClient | None = None
-        self._server: GraphServer | None = None
+        # Connections made so far; callbacks of an older one are ignored.
+        self._generation = 0
+        self._client_generation = -1
+        # Set while connected with every registration restored; cleared during an outage.
+        self._restored = asyncio.Event()
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._server: EmbeddedGraphServer | None = None
+        # What this context registered, to register again after a reconnection: the
+        # request (op and fields) per registration id, and the edges it created.
+        self._registrations: dict[str, dict[str, Any]] = {}
+        self._edges: dict[tuple[str, str], None] = {}
         self._local = LocalTransport()
         self._tcp: TcpTransport | None = None
         self._shm: ShmTransport | None = None
@@ -117,7 +159,7 @@ class GraphContext:
         self._router: Router | None = None
         self._route_worker: asyncio.Task[None] | None = None
         self._reporter = TelemetryReporter(
-            self,
+            _ReportView(self),
             telemetry_interval_from_env()
             if telemetry_interval is None
             else check_telemetry_interval(telemetry_interval),
@@ -130,14 +172,19 @@ class GraphContext:
     @property
     def address(self) -> Address:
         """The graph server address in use."""
-        if self._server is not None:
-            return self._server.address
-        return self._requested_address
+        return self._address
 
     @property
     def server(self) -> GraphServer | None:
-        """The embedded graph server, when this context started one."""
-        return self._server
+        """The embedded graph server, when this context started one (it runs in a
+        thread of its own: inspect it, do not call its coroutines)."""
+        return None if self._server is None else self._server.server
+
+    @property
+    def connected(self) -> bool:
+        """Whether the context is connected to a graph server with everything it
+        registered restored (false during an outage)."""
+        return self._state == "open" and self._restored.is_set()
 
     async def __aenter__(self) -> GraphContext:
         await self.start()
@@ -152,7 +199,7 @@ class GraphContext:
             raise RuntimeError("a GraphContext can be started once")
         self._state = "starting"
         try:
-            self._client = await self._connect()
+            self._client = await self._connect(start_server=self._auto_start)
             self._tcp = TcpTransport(
                 host=self._client.local_host,
                 max_message_size=self._max_message_size,
@@ -174,34 +221,36 @@ class GraphContext:
                 env_transport=self._env_transport,
                 subscribers=self._subscribers,
             )
-            self._route_worker = asyncio.ensure_future(self._router.run(self._routes_applied))
+            self._route_worker = asyncio.ensure_future(self._router.run())
             if self._reporter.interval > 0:
                 self._report_task = asyncio.ensure_future(self._reporter.run())
         except BaseException:
             await self.aclose()
             raise
         self._state = "open"
+        self._restored.set()
+        if not self._client.connected:  # lost while starting: nobody reacted yet
+            self._on_lost(self._client_generation, None)
 
-    async def _connect(self) -> GraphClient:
-        address = self._requested_address
+    async def _connect(self, *, start_server: bool) -> GraphClient:
+        """Connect to the graph server at :attr:`address`; when nothing answers there
+        and *start_server*, start an embedded one (several processes may race to: the
+        one that binds serves, the others connect to it). Raises
+        :class:`BrokenResourceError` when nothing answers (and none may be started),
+        or as :meth:`GraphClient.connect`."""
+        address = self._address
         for _ in range(3):
             if address[1] != 0:
                 try:
-                    return await GraphClient.connect(
-                        address,
-                        name=self.name,
-                        on_routes=self._on_routes,
-                        on_lost=self._on_lost,
-                        credentials=self._credentials,
-                    )
+                    return await self._open_client(address)
                 except ConnectionRefusedError as exc:
-                    if not self._auto_start:
+                    if not start_server:
                         raise BrokenResourceError(
                             f"no graph server answers at {format_address(address)}; start one "
                             "with `ezflow serve` or allow GraphContext(auto_start=True)"
                         ) from exc
             credentials = self._credentials
-            server = GraphServer(address, token=credentials.token, tls=credentials.tls)
+            server = EmbeddedGraphServer(address, token=credentials.token, tls=credentials.tls)
             try:
                 await server.start()
             except OSError as exc:
@@ -210,18 +259,29 @@ class GraphContext:
                 raise BrokenResourceError(
                     f"cannot start a graph server at {format_address(address)}: {exc}"
                 ) from exc
-            self._server = server
+            previous, self._server = self._server, server
+            if previous is not None:  # stopped on request; its thread has ended
+                await previous.aclose()
+            self._address = server.address
             log.info("started an embedded graph server at %s", format_address(server.address))
-            return await GraphClient.connect(
-                server.address,
-                name=self.name,
-                on_routes=self._on_routes,
-                on_lost=self._on_lost,
-                credentials=self._credentials,
-            )
+            return await self._open_client(server.address)
         raise BrokenResourceError(
             f"cannot connect to or start a graph server at {format_address(address)}"
         )
+
+    async def _open_client(self, address: Address) -> GraphClient:
+        """Connect and make the connection the current one (its callbacks count)."""
+        self._generation += 1
+        generation = self._generation
+        client = await GraphClient.connect(
+            address,
+            name=self.name,
+            on_routes=functools.partial(self._on_routes, generation),
+            on_lost=functools.partial(self._on_lost, generation),
+            credentials=self._credentials,
+        )
+        self._client, self._client_generation = client, generation
+        return client
 
     async def aclose(self) -> None:
         """Close every publisher, subscriber and channel of this context, the connection
@@ -235,6 +295,9 @@ class GraphContext:
         if self._state == "closed":
             return
         self._state = "closed"
+        self._restored.set()  # wake calls waiting for a reconnection: they raise Closed
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
         if self._route_worker is not None:
             self._route_worker.cancel()
         if self._report_task is not None:
@@ -267,15 +330,53 @@ class GraphContext:
         finally:
             if self._client is not None:
                 self._client.close()
+            if self._reconnect_task is not None:
+                # Cancelled above; it ends at once (or after joining a server thread it
+                # was starting), so that nothing it made outlives the context.
+                await asyncio.wait({self._reconnect_task})
+            if self._client is not None:
+                self._client.close()  # the reconnect task may have made a new one
             if self._server is not None:
                 await self._server.aclose()
 
-    def _check_open(self) -> GraphClient:
-        if self._state != "open" or self._client is None:
+    def _check_open(self) -> None:
+        if self._state != "open":
             raise ClosedResourceError(
                 "this GraphContext is not open (use it inside `async with GraphContext()`)"
             )
+
+    async def _ready_client(self) -> GraphClient:
+        """The connection to the graph server, once every registration is restored on
+        it: waits up to ``RECONNECT_WAIT_TIMEOUT`` during an outage, then raises
+        :class:`BrokenResourceError`; :class:`ClosedResourceError` when closed."""
+        self._check_open()
+        if not self._restored.is_set():
+            try:
+                await asyncio.wait_for(self._restored.wait(), RECONNECT_WAIT_TIMEOUT)
+            except (TimeoutError, asyncio.TimeoutError):
+                raise BrokenResourceError(
+                    f"no graph server has answered at {format_address(self._address)} for "
+                    f"{RECONNECT_WAIT_TIMEOUT:g} s (RECONNECT_WAIT_TIMEOUT); this context "
+                    "keeps reconnecting in the background and its channels keep flowing. "
+                    "Try again later, or start a graph server there (`ezflow serve`)"
+                ) from None
+            self._check_open()
+        assert self._client is not None
         return self._client
+
+    async def _request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request once connected (see :meth:`_ready_client`). When the
+        connection drops before the answer, wait for the reconnection (which restores
+        every registration) and send it once more: every request sent through here is
+        idempotent on the server (a known id from the same process is accepted)."""
+        client = await self._ready_client()
+        try:
+            return await client.request(op, **fields)
+        except BrokenResourceError:
+            if self._state != "open":
+                raise
+        client = await self._ready_client()
+        return await client.request(op, **fields)
 
     # -- publishers and subscribers ------------------------------------------------------
 
@@ -296,7 +397,7 @@ class GraphContext:
         ``"tcp"`` for its edges (a subscriber's own choice wins; default: automatic).
         *shm* sizes its shared-memory ring (:class:`~ezflow.ShmOptions`).
         """
-        client = self._check_open()
+        self._check_open()
         check_topic(topic)
         check_positive(max_in_flight, setting="max_in_flight")
         check_positive(max_in_flight_bytes, setting="max_in_flight_bytes")
@@ -319,16 +420,19 @@ class GraphContext:
         self._tcp.add_outlet(outlet)
         if self._shm is not None:
             self._shm.add_outlet(outlet, shm)
+        request: dict[str, Any] = {
+            "op": "register_publisher",
+            "publisher_id": outlet.publisher_id,
+            "topic": topic,
+            "address": list(address),
+            "transport": transport,
+            "shm": shm_address,
+        }
+        self._registrations[outlet.publisher_id] = request
         try:
-            await client.request(
-                "register_publisher",
-                publisher_id=outlet.publisher_id,
-                topic=topic,
-                address=list(address),
-                transport=transport,
-                shm=shm_address,
-            )
+            await self._request(**request)
         except BaseException:
+            self._registrations.pop(outlet.publisher_id, None)
             self._drop_outlet(publisher)
             raise
         return publisher
@@ -360,7 +464,7 @@ class GraphContext:
         process falls behind. Raises :class:`~ezflow.ConfigurationError` for a
         coroutine function or with *queue*.
         """
-        client = self._check_open()
+        self._check_open()
         check_topic(topic)
         if on_message is not None:
             if not callable(on_message) or inspect.iscoroutinefunction(on_message):
@@ -385,15 +489,18 @@ class GraphContext:
         inbox = Inbox(leaky=leaky, maxlen=queue, name=sub_id, callback=on_message)
         subscriber = Subscriber(sub_id, topic, inbox, transport, self._close_subscriber)
         self._subscribers[sub_id] = subscriber
+        request: dict[str, Any] = {
+            "op": "register_subscriber",
+            "subscriber_id": sub_id,
+            "topic": topic,
+            "leaky": leaky,
+            "transport": transport,
+        }
+        self._registrations[sub_id] = request
         try:
-            await client.request(
-                "register_subscriber",
-                subscriber_id=sub_id,
-                topic=topic,
-                leaky=leaky,
-                transport=transport,
-            )
+            await self._request(**request)
         except BaseException:
+            self._registrations.pop(sub_id, None)
             self._subscribers.pop(sub_id, None)
             subscriber._closed = True
             subscriber._inbox.close()
@@ -406,19 +513,35 @@ class GraphContext:
         Returns once the affected subscribers are connected. The edge lives until
         :meth:`disconnect` or until this context closes.
         """
-        client = self._check_open()
-        await client.request("connect", src=check_topic(src), dst=check_topic(dst))
+        self._check_open()
+        edge = (check_topic(src), check_topic(dst))
+        known = edge in self._edges
+        self._edges[edge] = None
+        try:
+            await self._request("connect", src=src, dst=dst)
+        except BaseException:
+            if not known:
+                self._edges.pop(edge, None)
+            raise
 
     async def disconnect(self, src: str, dst: str) -> None:
         """Remove the edge *src* -> *dst*; returns once no new message follows it.
         Raises :class:`~ezflow.GraphError` when there is no such edge."""
-        client = self._check_open()
-        await client.request("disconnect", src=check_topic(src), dst=check_topic(dst))
+        self._check_open()
+        edge = (check_topic(src), check_topic(dst))
+        self._edges.pop(edge, None)
+        generation = self._generation
+        try:
+            await self._request("disconnect", src=src, dst=dst)
+        except GraphError:
+            if generation == self._generation:
+                raise
+            # Reconnected meanwhile: the new server never had the edge from us, so it
+            # is gone as asked.
 
     async def graph(self) -> dict[str, Any]:
         """The graph server's view: topics, clients, publishers, subscribers, edges."""
-        client = self._check_open()
-        reply = await client.request("graph")
+        reply = await self._request("graph")
         reply.pop("op", None)
         reply.pop("id", None)
         reply.pop("ok", None)
@@ -435,8 +558,7 @@ class GraphContext:
         """The latest snapshot every client of the graph server reported, by client id
         (what ``ezflow top`` shows). Raises :class:`~ezflow.GraphError` when the server
         refuses, :class:`~ezflow.BrokenResourceError` when it is gone."""
-        client = self._check_open()
-        reply = await client.request("telemetry")
+        reply = await self._request("telemetry")
         processes = reply.get("processes")
         if not isinstance(processes, dict):
             raise BrokenResourceError("the graph server sent a malformed telemetry reply")
@@ -455,15 +577,14 @@ class GraphContext:
         return [] if self._router is None else self._router.infos()
 
     async def _close_publisher(self, publisher: Publisher) -> None:
+        self._registrations.pop(publisher.id, None)
         self._drop_outlet(publisher)
         # Unregister only once remote channels have read up to END, so the routing
         # change cannot overtake the last messages.
         await asyncio.gather(
             *(t.wait_closed(publisher._outlet) for t in (self._tcp, self._shm) if t is not None)
         )
-        if self._state == "open" and self._client is not None and self._client.connected:
-            with contextlib.suppress(BrokenResourceError, ClosedResourceError):
-                await self._client.request("unregister", registration_id=publisher.id)
+        await self._unregister(publisher.id)
 
     def _drop_outlet(self, publisher: Publisher) -> None:
         outlet = publisher._outlet
@@ -475,28 +596,150 @@ class GraphContext:
         outlet.close()
 
     async def _close_subscriber(self, subscriber: Subscriber) -> None:
+        self._registrations.pop(subscriber.id, None)
         self._subscribers.pop(subscriber.id, None)
         if self._router is not None:
             self._router.detach(subscriber.id)
-        if self._state == "open" and self._client is not None and self._client.connected:
-            with contextlib.suppress(BrokenResourceError, ClosedResourceError):
-                await self._client.request("unregister", registration_id=subscriber.id)
+        await self._unregister(subscriber.id)
+
+    async def _unregister(self, registration_id: str) -> None:
+        """Remove a registration from the server, if connected: during an outage there
+        is nothing to do, since the reconnection restores only what is still kept (a
+        restore in progress may not have registered it yet: the refusal is ignored)."""
+        client = self._client
+        if self._state == "open" and client is not None and client.connected:
+            with contextlib.suppress(BrokenResourceError, ClosedResourceError, GraphError):
+                await client.request("unregister", registration_id=registration_id)
 
     # -- routes --------------------------------------------------------------------------
 
-    def _on_routes(self, version: int, message: dict[str, Any]) -> None:
-        if self._router is not None:
-            self._router.offer(version, message)
-
-    def _routes_applied(self, version: int) -> None:
-        if self._client is not None and self._client.connected:
-            self._client.routes_applied(version)
-
-    def _on_lost(self, reason: BaseException | None) -> None:
-        if self._state == "open":
-            log.error(
-                "lost the connection to the graph server at %s (%s); existing channels keep "
-                "flowing but the graph can no longer change",
-                format_address(self.address),
-                reason or "closed",
+    def _on_routes(self, generation: int, version: int, message: dict[str, Any]) -> None:
+        if self._router is not None and generation == self._client_generation:
+            self._router.offer(
+                version, message, functools.partial(self._routes_applied, generation)
             )
+
+    def _routes_applied(self, generation: int, version: int) -> None:
+        client = self._client
+        if generation == self._client_generation and client is not None and client.connected:
+            client.routes_applied(version)
+
+    # -- reconnect -----------------------------------------------------------------------
+
+    def _on_lost(self, generation: int, reason: BaseException | None) -> None:
+        if self._state != "open" or generation != self._client_generation:
+            return
+        if self._reconnect_task is not None and not self._reconnect_task.done():
+            return  # the connection being restored dropped: the task tries again
+        client = self._client
+        stopped = client is not None and client.server_stopped
+        # Take over only from an embedded server: a standalone one (`ezflow serve`) is
+        # waited for, so that it can be restarted at its address.
+        take_over = (
+            self._auto_start and client is not None and client.server_embedded and not stopped
+        )
+        self._restored.clear()
+        log.warning(
+            "lost the connection to the graph server at %s (%s); existing channels keep "
+            "flowing, reconnecting%s",
+            format_address(self._address),
+            "it stopped on request" if stopped else reason or "closed",
+            " (and starting one if none answers)" if take_over else "",
+        )
+        self._reconnect_task = asyncio.ensure_future(self._reconnect(start_server=take_over))
+
+    async def _reconnect(self, *, start_server: bool) -> None:
+        """Reconnect with jittered exponential backoff until it works (or the context
+        closes), then restore every registration; logs one line when done."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        delay = RECONNECT_MIN_DELAY
+        attempts = 0
+        while self._state == "open":
+            attempts += 1
+            client: GraphClient | None = None
+            try:
+                client = await self._connect(start_server=start_server)
+                await self._restore(client)
+            except Exception as exc:
+                if client is not None:
+                    client.close()
+                if isinstance(exc, (OSError, EzflowError)):
+                    log.debug("reconnect attempt %d to the graph server failed: %s", attempts, exc)
+                else:  # a bug: say so, and keep trying
+                    log.exception("reconnect attempt %d to the graph server failed", attempts)
+                await asyncio.sleep(random.uniform(delay / 2, delay))
+                delay = min(delay * 2, RECONNECT_MAX_DELAY)
+                continue
+            self._restored.set()
+            log.info(
+                "reconnected to the graph server at %s after %.1f s (%d attempts); restored "
+                "%d registrations and %d edges",
+                format_address(self._address),
+                loop.time() - began,
+                attempts,
+                len(self._registrations),
+                len(self._edges),
+            )
+            return
+
+    async def _restore(self, client: GraphClient) -> None:
+        """Register again on *client* everything this context keeps: edges first, then
+        publishers, then subscribers, so that a subscriber's first routes already name
+        its publishers. Raises :class:`BrokenResourceError` (and the like) when the
+        connection fails meanwhile; a registration the server refuses is logged and
+        left out."""
+        if self._router is not None:
+            self._router.hold(RECONNECT_ROUTE_GRACE)
+
+        async def again(key: str | tuple[str, str]) -> None:
+            if isinstance(key, tuple):
+                if key not in self._edges:
+                    return
+                request: dict[str, Any] = {"op": "connect", "src": key[0], "dst": key[1]}
+            else:
+                found = self._registrations.get(key)
+                if found is None:  # closed meanwhile
+                    return
+                request = found
+            try:
+                await client.request(**request)
+            except GraphError as exc:
+                log.error("could not restore %s after reconnecting: %s", key, exc)
+
+        for batch in (
+            list(self._edges),
+            [k for k, r in self._registrations.items() if r["op"] == "register_publisher"],
+            [k for k, r in self._registrations.items() if r["op"] != "register_publisher"],
+        ):
+            results = await asyncio.gather(*(again(key) for key in batch), return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        if not client.connected:
+            raise BrokenResourceError("the connection to the graph server was lost again")
+
+
+class _ReportView:
+    """What the telemetry reporter may read of a :class:`GraphContext`."""
+
+    def __init__(self, context: GraphContext) -> None:
+        self._context = context
+
+    @property
+    def name(self) -> str:
+        return self._context.name
+
+    def channel_records(self) -> Iterable[ChannelRecord]:
+        router = self._context._router
+        return () if router is None else router.channels.values()
+
+    def outlets(self) -> Iterable[Outlet]:
+        return (publisher._outlet for publisher in self._context._publishers.values())
+
+    def shm_in_use(self, outlet: Outlet) -> int:
+        return self._context._shm_in_use(outlet)
+
+    def send_report(self, snapshot: dict[str, Any]) -> bool:
+        client = self._context._client
+        return client is not None and client.send_report(snapshot)

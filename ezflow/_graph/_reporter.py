@@ -6,6 +6,10 @@ and publishers into a :class:`ProcessSnapshot`, hands it to the ``on_snapshot`` 
 and sends it to the graph server as one ``report`` message. It runs off the message
 path (reading counters only), and it never waits for the server: a report is skipped
 while the connection has unsent data piled up or is gone, and the task carries on.
+
+The reporter reads a context through :class:`ReportSource` only (its name, channel
+records, publishers' outlets, shared-memory use, and a way to send): it knows nothing
+else of ``GraphContext``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import logging
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from .._core._channel import Attachment, Channel
 from .._core._config import MAX_TELEMETRY_ENTRIES
@@ -30,25 +35,48 @@ from .._core._telemetry import (
     emit,
     snapshot_entries,
 )
+from ._routing import ChannelRecord
 
-if TYPE_CHECKING:
-    from ._context import GraphContext
-
-__all__ = ["TelemetryReporter"]
+__all__ = ["ReportSource", "TelemetryReporter"]
 
 log = logging.getLogger("ezflow.telemetry")
 
 
+class ReportSource(Protocol):
+    """What a :class:`TelemetryReporter` reads: the narrow view a context gives it."""
+
+    @property
+    def name(self) -> str:
+        """The context's name (shown by ``ezflow top``)."""
+        ...
+
+    def channel_records(self) -> Iterable[ChannelRecord]:
+        """The channels of the context now."""
+        ...
+
+    def outlets(self) -> Iterable[Outlet]:
+        """The sending halves of the context's open publishers."""
+        ...
+
+    def shm_in_use(self, outlet: Outlet) -> int:
+        """Shared-memory blocks of *outlet* leased or being written (0 without shm)."""
+        ...
+
+    def send_report(self, snapshot: dict[str, Any]) -> bool:
+        """Send a wire snapshot to the graph server without waiting; whether it went."""
+        ...
+
+
 class TelemetryReporter:
-    """Builds snapshots of *context* and, with :meth:`run`, reports them periodically.
+    """Builds snapshots of *source* and, with :meth:`run`, reports them periodically.
 
     Rates (messages and bytes per second) are computed against the previous periodic
     snapshot; :meth:`snapshot` with ``advance=False`` (what ``GraphContext.telemetry``
     does) leaves that baseline alone.
     """
 
-    def __init__(self, context: GraphContext, interval: float) -> None:
-        self._context = context
+    def __init__(self, source: ReportSource, interval: float) -> None:
+        self._source = source
         self.interval = interval
         self._hostname = socket.gethostname()
         self._pid = os.getpid()
@@ -62,7 +90,7 @@ class TelemetryReporter:
 
     def snapshot(self, *, advance: bool = False) -> ProcessSnapshot:
         """The counters of the context now."""
-        context = self._context
+        source = self._source
         now = time.monotonic()
         elapsed = max(now - self._last_time, 1e-9)
         current: dict[tuple[str, ...], tuple[int, int]] = {}
@@ -75,23 +103,22 @@ class TelemetryReporter:
                 max(0, nbytes - before[1]) / elapsed,
             )
 
-        records = () if context._router is None else context._router.channels.values()
-        channels, left_channels = snapshot_entries(records, MAX_TELEMETRY_ENTRIES)
+        channels, left_channels = snapshot_entries(source.channel_records(), MAX_TELEMETRY_ENTRIES)
         channel_snapshots = tuple(
             self._channel(record.channel, record.key[1], record.attachments, rates)
             for record in channels
         )
-        publishers, left_publishers = snapshot_entries(
-            context._publishers.values(), max(0, MAX_TELEMETRY_ENTRIES - len(channels))
+        outlets, left_publishers = snapshot_entries(
+            source.outlets(), max(0, MAX_TELEMETRY_ENTRIES - len(channels))
         )
         publisher_snapshots = tuple(
-            self._publisher(p._outlet, context._shm_in_use(p._outlet), rates) for p in publishers
+            self._publisher(outlet, source.shm_in_use(outlet), rates) for outlet in outlets
         )
         if advance:
             self._previous = current
             self._last_time = now
         return ProcessSnapshot(
-            name=context.name,
+            name=source.name,
             pid=self._pid,
             hostname=self._hostname,
             time=time.time(),
@@ -173,8 +200,7 @@ class TelemetryReporter:
         snapshot = self.snapshot(advance=True)
         if SNAPSHOT_HOOKS:
             emit(SNAPSHOT_HOOKS, snapshot)
-        client = self._context._client
-        if client is not None and client.send_report(snapshot.to_wire()):
+        if self._source.send_report(snapshot.to_wire()):
             self.reports_sent += 1
         else:
             self.reports_skipped += 1

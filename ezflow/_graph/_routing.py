@@ -6,6 +6,11 @@ A :class:`Router` reconciles those routes with the channels this process has: on
 subscriber listens to, opened on the transport chosen per edge (local, shm, tcp) and
 closed when nobody listens any more. Applying the same routes twice changes nothing, so
 routes can be re-applied after any change without duplicating a channel.
+
+After a reconnection to the graph server (possibly a new one), :meth:`Router.hold`
+keeps the channels that exist for a grace period even when the new server's routes do
+not list their publishers: the publishers' processes are re-registering too, and closing
+a channel that still receives data would lose what is published meanwhile.
 """
 
 from __future__ import annotations
@@ -26,7 +31,11 @@ from .._transports._shm import ShmTransport
 from .._transports._tcp import TcpTransport
 from ._subscriber import Subscriber
 
-__all__ = ["ChannelInfo", "ChannelRecord", "Router"]
+__all__ = ["ChannelInfo", "ChannelRecord", "Router", "RoutesAck"]
+
+#: Called with a routes version once the channels match it (sends ``routes_applied`` on
+#: the connection the routes came from, if it is still the current one).
+RoutesAck = Callable[[int], None]
 
 log = logging.getLogger("ezflow.context")
 
@@ -60,7 +69,7 @@ class Router:
 
     *subscribers* is the context's live map of its subscribers (read, never changed
     here). Routes arrive through :meth:`offer`; :meth:`run` applies the newest one at a
-    time (a burst of updates is applied once) and calls *applied* with its version.
+    time (a burst of updates is applied once) and acknowledges its version.
     """
 
     def __init__(
@@ -85,32 +94,58 @@ class Router:
         # Publishers whose shm edges failed to open: their edges use tcp from then on.
         self._shm_refused: set[str] = set()
         self._warned: set[tuple[str, str]] = set()
-        self._routes: tuple[int, dict[str, Any]] | None = None
+        self._routes: tuple[int, dict[str, Any], RoutesAck] | None = None
+        self._latest: tuple[int, dict[str, Any], RoutesAck] | None = None
         self._routes_ready = asyncio.Event()
+        # Channels kept although routes omit them, until the hold timer fires.
+        self._held: set[tuple[str, str]] = set()
+        self._hold_timer: asyncio.TimerHandle | None = None
 
     # -- routes in -----------------------------------------------------------------------
 
-    def offer(self, version: int, message: dict[str, Any]) -> None:
+    def offer(self, version: int, message: dict[str, Any], ack: RoutesAck) -> None:
         """Routes *version* arrived: :meth:`run` applies them (superseding older ones
-        not applied yet)."""
-        self._routes = (version, message)
+        not applied yet), then calls *ack* with *version*."""
+        self._routes = self._latest = (version, message, ack)
         self._routes_ready.set()
 
-    async def run(self, applied: Callable[[int], None]) -> None:
+    def hold(self, seconds: float) -> None:
+        """The context reconnected to a graph server: for *seconds*, keep every channel
+        that exists now even when routes do not list it (its publisher's process may
+        not have re-registered yet); a channel whose publisher ends or whose
+        connection breaks still closes at once. Then the latest routes are applied
+        again, closing what they do not list. Routes offered before this call are
+        forgotten (they came from the previous connection)."""
+        loop = asyncio.get_running_loop()
+        self._held = set(self.channels)
+        self._latest = None
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+        self._hold_timer = loop.call_later(seconds, self._release_held)
+
+    def _release_held(self) -> None:
+        self._hold_timer = None
+        self._held.clear()
+        if self._latest is not None and self._routes is None:
+            self._routes = self._latest
+            self._routes_ready.set()
+
+    async def run(self) -> None:
         """Apply routes as they are offered, until cancelled; a failure is logged and
-        the next routes are applied as usual. *applied* is called after each."""
+        the next routes are applied as usual. Each is acknowledged after."""
         while True:
             await self._routes_ready.wait()
             self._routes_ready.clear()
-            assert self._routes is not None
-            version, message = self._routes
+            if self._routes is None:
+                continue
+            (version, message, ack), self._routes = self._routes, None
             try:
                 await self.apply(message)
             except EzflowError as exc:
                 log.error("could not apply routes version %d: %s", version, exc)
             except Exception:
                 log.exception("could not apply routes version %d", version)
-            applied(version)
+            ack(version)
 
     # -- channels ------------------------------------------------------------------------
 
@@ -140,6 +175,9 @@ class Router:
 
     def close(self) -> None:
         """Close every channel (the context is closing)."""
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
         for record in list(self.channels.values()):
             self.close_record(record)
 
@@ -205,8 +243,12 @@ class Router:
                     continue
                 key = (pub_id, self.choose_transport(info, subscriber))
                 wanted.setdefault(key, []).append(subscriber)
-        # Detach what is no longer routed; close channels nobody listens to.
+        # Detach what is no longer routed; close channels nobody listens to. A held
+        # channel (see hold) that routes omit entirely stays as it is for now.
+        self._held -= wanted.keys()
         for key, record in list(self.channels.items()):
+            if key in self._held:
+                continue
             keep = {s.id for s in wanted.get(key, ())}
             for sub_id in [s for s in record.attachments if s not in keep]:
                 record.channel.detach(record.attachments.pop(sub_id))

@@ -29,8 +29,11 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import secrets
+import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -39,6 +42,7 @@ from typing import Any
 from .._core._auth import Credentials, Responder, TlsFiles, Token, is_loopback
 from .._core._config import (
     CONTROL_MAX_FRAME_SIZE,
+    EMBEDDED_SERVER_STOP_TIMEOUT,
     HANDSHAKE_MAX_FRAME_SIZE,
     HANDSHAKE_TIMEOUT,
     MAX_SERVER_CONNECTIONS,
@@ -53,6 +57,7 @@ from .._core._config import (
 )
 from .._core._exceptions import AuthenticationError, ConfigurationError, ProtocolError
 from .._core._framing import FramedProtocol
+from .._core._loop import loop_factory
 from .._core._peerlog import BadPeerLog
 from .._core._protocol import (
     NOTICE_OPS,
@@ -73,7 +78,7 @@ from .._transports._shm import SegmentSweeper
 from ._client import host_id
 from ._metrics import MetricsServer
 
-__all__ = ["GraphServer"]
+__all__ = ["EmbeddedGraphServer", "GraphServer"]
 
 log = logging.getLogger("ezflow.server")
 
@@ -81,6 +86,8 @@ log = logging.getLogger("ezflow.server")
 _MAX_WRITE_BUFFER = 64 * 1024 * 1024
 # Requests a client may have waiting for an answer at once.
 _MAX_PENDING_REQUESTS = 1024
+# The routes of a client without subscribers.
+_NO_ROUTES: dict[str, Any] = {"subscribers": {}, "publishers": {}}
 
 
 @dataclass(eq=False)
@@ -192,6 +199,10 @@ class GraphServer:
                 (address[0], metrics_port), lambda: self.telemetry().items()
             )
         self.ignored_reports = 0
+        #: Whether a GraphContext runs this server (EmbeddedGraphServer): told to
+        #: clients in ``welcome``, so that they take over an embedded server whose
+        #: process left, but wait for a standalone one (``ezflow serve``) to come back.
+        self.embedded = False
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -275,6 +286,11 @@ class GraphServer:
             await self._sweeper.aclose()
 
     def _start_shutdown(self) -> None:
+        # Tell every client that this is a requested stop, not a crash: their contexts
+        # then reconnect to a server someone starts there, but do not start one.
+        for connection in list(self._connections):
+            if connection.client is not None:
+                connection.send_message({"op": "closing", "reason": "shutdown requested"})
         self._shutdown_task = asyncio.ensure_future(self.aclose())
 
     def _new_connection(self) -> _ServerConnection:
@@ -389,8 +405,7 @@ class GraphServer:
             address = address_field(message)
             transport = optional_str_field(message, "transport")
             shm_address = optional_str_field(message, "shm")
-            if pub_id in self._publishers or pub_id in self._subscribers:
-                raise ValueError(f"id {pub_id!r} is already registered")
+            self._claim(client, pub_id)
             self._publishers[pub_id] = _Publisher(
                 pub_id, topic, client, address, transport, shm_address
             )
@@ -399,8 +414,7 @@ class GraphServer:
         if op == "register_subscriber":
             sub_id = message_field(message, "subscriber_id", str)
             topic = check_topic(message_field(message, "topic", str))
-            if sub_id in self._publishers or sub_id in self._subscribers:
-                raise ValueError(f"id {sub_id!r} is already registered")
+            self._claim(client, sub_id)
             self._subscribers[sub_id] = _Subscriber(
                 sub_id,
                 topic,
@@ -442,6 +456,40 @@ class GraphServer:
                     owner.edges.discard(edge)
             return True
         raise ProtocolError(f"unknown command {op!r}")
+
+    def _claim(self, client: _Client, reg_id: str) -> None:
+        """Make way for *client* to register *reg_id* (a publisher or subscriber id).
+
+        Ids are made by clients and kept across reconnections, so a known id is
+        accepted again: from the same connection (a retried request: the new entry
+        replaces the old one) or from a new connection of the same process (its old
+        connection is stale and not yet closed here: the registration moves). Raises
+        ``ValueError`` when another process's live connection owns it.
+        """
+        existing = self._publishers.get(reg_id) or self._subscribers.get(reg_id)
+        if existing is None:
+            return
+        owner = existing.client
+        if owner is not client:
+            if owner.pid != client.pid or owner.host_id != client.host_id:
+                raise ValueError(
+                    f"id {reg_id!r} is already registered by client {owner.id} "
+                    f"({owner.name}, pid {owner.pid}), whose connection is still open; "
+                    "publisher and subscriber ids are unique, and a process re-registers "
+                    "its own only"
+                )
+            log.info(
+                "client %s (%s, pid %d) re-registers %s, held by its stale connection %s",
+                client.id,
+                client.name,
+                client.pid,
+                reg_id,
+                owner.id,
+            )
+        owner.publishers.discard(reg_id)
+        owner.subscribers.discard(reg_id)
+        self._publishers.pop(reg_id, None)
+        self._subscribers.pop(reg_id, None)
 
     # -- routing -------------------------------------------------------------------------
 
@@ -505,7 +553,9 @@ class GraphServer:
         version = self._version
         for client_id, routes in self.compute_routes().items():
             client = self._clients[client_id]
-            if routes == client.routes:
+            # A client that never had routes has none: nothing to push (nor to wait for:
+            # a client busy elsewhere must not delay everyone's requests).
+            if routes == (client.routes or _NO_ROUTES):
                 continue
             client.routes = routes
             client.pushed_version = version
@@ -630,6 +680,132 @@ class GraphServer:
             )
 
 
+class EmbeddedGraphServer:
+    """A :class:`GraphServer` in its own daemon thread, on its own event loop: what a
+    ``GraphContext`` starts when no server answers at its address.
+
+    Running apart from the starting process's loop means a blocking call there (a
+    ``time.sleep``, a long computation holding no lock) does not hold up other clients'
+    connects and requests. The thread is a daemon: when the process exits without
+    :meth:`aclose`, the kernel closes the socket and other clients take over (see
+    docs/architecture.md).
+    """
+
+    def __init__(
+        self, address: Address, *, token: Token | None = None, tls: TlsFiles | None = None
+    ) -> None:
+        self._requested_address = address
+        self._token = token
+        self._tls = tls
+        self._server: GraphServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._finished: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    @property
+    def server(self) -> GraphServer:
+        """The graph server (it lives in another thread: read, do not call into it)."""
+        if self._server is None:
+            raise RuntimeError("the embedded graph server is not started")
+        return self._server
+
+    @property
+    def address(self) -> Address:
+        return self.server.address
+
+    async def start(self) -> None:
+        """Start the thread and bind. Raises ``OSError`` as :meth:`GraphServer.start`
+        does (``EADDRINUSE`` when another process serves there already). When it
+        fails or is cancelled, it returns only once the thread has ended (at most
+        ``EMBEDDED_SERVER_STOP_TIMEOUT``), so no thread or socket is left behind."""
+        if self._thread is not None:
+            raise RuntimeError("an EmbeddedGraphServer can be started once")
+        started: concurrent.futures.Future[GraphServer] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(started,), name="ezflow-graph-server", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._server = await asyncio.wrap_future(started)
+        except BaseException:
+            # Failed, or cancelled (then the thread sees the cancelled future once it
+            # has bound, and closes): either way, wait for the thread to end.
+            await self._join()
+            raise
+
+    async def _join(self) -> None:
+        if self._finished.done():
+            return
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(self._finished)), EMBEDDED_SERVER_STOP_TIMEOUT
+            )
+        except (TimeoutError, asyncio.TimeoutError):
+            log.error(
+                "the embedded graph server thread did not stop within %.0f s",
+                EMBEDDED_SERVER_STOP_TIMEOUT,
+            )
+
+    def _run(self, started: concurrent.futures.Future[GraphServer]) -> None:
+        try:
+            loop = loop_factory()()
+            try:
+                loop.run_until_complete(self._serve(loop, started))
+            finally:
+                # As asyncio.run does: connection workers and sweeps still pending end
+                # here, not as "Task was destroyed but it is pending" at exit.
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+        except BaseException as exc:  # the loop could not even be made
+            if not started.done() and not started.cancelled():
+                started.set_exception(exc)
+        finally:
+            self._finished.set_result(None)
+
+    async def _serve(
+        self, loop: asyncio.AbstractEventLoop, started: concurrent.futures.Future[GraphServer]
+    ) -> None:
+        server = GraphServer(self._requested_address, token=self._token, tls=self._tls)
+        server.embedded = True
+        try:
+            await server.start()
+        except BaseException as exc:
+            await server.aclose()
+            if not started.cancelled():
+                started.set_exception(exc)
+            return
+        self._loop = loop
+        if not started.set_running_or_notify_cancel():
+            await server.aclose()  # the starter was cancelled meanwhile
+            return
+        started.set_result(server)
+        try:
+            await server.serve_forever()  # until aclose() or a `shutdown` request
+        finally:
+            await server.aclose()
+
+    def _request_stop(self) -> None:
+        loop, server = self._loop, self._server
+        if loop is None or server is None:
+            return
+        # RuntimeError: the loop is closed already, the thread has ended.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(server._closed.set)
+
+    async def aclose(self) -> None:
+        """Stop the server (every client is disconnected) and wait up to
+        ``EMBEDDED_SERVER_STOP_TIMEOUT`` for its thread to end (logged if it does not).
+        Idempotent; the stop is requested before the first await, so a cancelled
+        ``aclose`` still stops the server."""
+        self._request_stop()
+        if self._thread is not None:
+            await self._join()
+
+
 class _ServerConnection(FramedProtocol):
     """One client's control connection, as seen by the server."""
 
@@ -715,6 +891,7 @@ class _ServerConnection(FramedProtocol):
                     "protocol": PROTOCOL,
                     "client_id": client.id,
                     "server_id": self.server.server_id,
+                    "embedded": self.server.embedded,
                 }
             )
             self._worker = asyncio.ensure_future(self._serve_requests(client))
