@@ -21,6 +21,7 @@ import pytest
 from _proc import Child
 
 import ezflow
+from ezflow._core._protocol import PROTOCOL
 from ezflow._graph import _context
 from ezflow._graph._server import EmbeddedGraphServer
 
@@ -219,7 +220,8 @@ async def test_shutdown_request_is_not_taken_over(unused_tcp_port: int) -> None:
         ezflow.GraphContext(address, telemetry_interval=0) as other,
     ):
         _, writer = await asyncio.open_connection(*address)
-        writer.write(_frame({"op": "hello", "protocol": "ezflow/1", "pid": 1, "host_id": "h"}))
+        hello = {"op": "hello", "protocol": PROTOCOL, "pid": 1, "host_id": "h", "nonce": bytes(32)}
+        writer.write(_frame(hello))
         writer.write(_frame({"op": "shutdown", "id": 1}))
         await writer.drain()
         await eventually(
