@@ -12,12 +12,14 @@ from typing import Any
 from .._core._config import (
     CONNECT_TIMEOUT,
     CONTROL_MAX_FRAME_SIZE,
+    ENV_HEARTBEAT_DEADLINE,
     HANDSHAKE_TIMEOUT,
     MAX_TELEMETRY_REPORT_SIZE,
     REQUEST_TIMEOUT,
     TELEMETRY_MAX_WRITE_BUFFER,
     Address,
     format_address,
+    heartbeat_deadline_from_env,
 )
 from .._core._exceptions import (
     BrokenResourceError,
@@ -27,6 +29,7 @@ from .._core._exceptions import (
     ProtocolError,
 )
 from .._core._framing import FramedProtocol
+from .._core._liveness import Heartbeat, tune_keepalive
 from .._core._protocol import PROTOCOL, field, pack_message, unpack_message
 
 __all__ = ["GraphClient", "host_id"]
@@ -164,13 +167,15 @@ class _ClientConnection(FramedProtocol):
         self._closing = False
         self._lost_reason: BaseException | None = None
         self.local_host = "127.0.0.1"
+        self.heartbeat_deadline = heartbeat_deadline_from_env()
+        self.heartbeat: Heartbeat | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            tune_keepalive(sock, self.heartbeat_deadline)
         sockname = transport.get_extra_info("sockname")
         if isinstance(sockname, tuple):
             self.local_host = sockname[0]
@@ -235,6 +240,10 @@ class _ClientConnection(FramedProtocol):
             field(message, "server_id", str)
             if self._welcome is not None and not self._welcome.done():
                 self._welcome.set_result(message)
+                self.heartbeat = Heartbeat(self, self.heartbeat_deadline)
+        elif op == "heartbeat":
+            if self.heartbeat is not None:
+                self.heartbeat.peer_announced(float(field(message, "deadline", (int, float))))
         elif op == "error":
             error = ProtocolError(f"graph server refused us: {message.get('error', '?')}")
             if self._welcome is not None and not self._welcome.done():
@@ -243,6 +252,20 @@ class _ClientConnection(FramedProtocol):
                 log.error("%s", error)
         else:
             raise ProtocolError(f"unknown message {op!r} from the graph server")
+
+    # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
+
+    def send_heartbeat(self, deadline: float) -> None:
+        self.send_message({"op": "heartbeat", "deadline": deadline})
+
+    def peer_silent(self, silence: float, deadline: float) -> None:
+        reason = EzflowTimeoutError(
+            f"the graph server at {self.peer_name()} was silent for {silence:.1f} s (heartbeat "
+            f"deadline {deadline:g} s, {ENV_HEARTBEAT_DEADLINE})"
+        )
+        log.warning("%s: declaring it dead and closing the connection", reason)
+        self._lost_reason = reason
+        self.abort()
 
     def protocol_error(self, exc: ProtocolError) -> None:
         log.error("closing the connection to the graph server: %s", exc)
@@ -257,6 +280,8 @@ class _ClientConnection(FramedProtocol):
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
         self.lost = True
         reason = self._lost_reason or exc
         self._lost_reason = reason

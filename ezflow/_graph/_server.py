@@ -43,10 +43,12 @@ from .._core._config import (
     Address,
     format_address,
     graph_address_from_env,
+    heartbeat_deadline_from_env,
     parse_address,
 )
 from .._core._exceptions import ProtocolError
 from .._core._framing import FramedProtocol
+from .._core._liveness import Heartbeat, tune_keepalive
 from .._core._protocol import (
     NOTICE_OPS,
     PROTOCOL,
@@ -163,6 +165,10 @@ class GraphServer:
                 (address[0], metrics_port), lambda: self.telemetry().items()
             )
         self.ignored_reports = 0
+        #: seconds a client may stay silent before it is declared dead (0: never)
+        self.heartbeat_deadline = heartbeat_deadline_from_env()
+        #: clients declared dead: silent for longer than the heartbeat deadline
+        self.dead_clients = 0
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -589,6 +595,7 @@ class _ServerConnection(FramedProtocol):
         self.server = server
         self.client: _Client | None = None
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self.heartbeat: Heartbeat | None = None
         self._requests: asyncio.Queue[dict[str, Any]] = asyncio.Queue(_MAX_PENDING_REQUESTS)
         self._worker: asyncio.Task[None] | None = None
 
@@ -597,8 +604,38 @@ class _ServerConnection(FramedProtocol):
         if not self.server._connection_opened(self):
             self.abort()
             return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            tune_keepalive(sock, self.server.heartbeat_deadline)
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
+
+    def send_heartbeat(self, deadline: float) -> None:
+        self.send_message({"op": "heartbeat", "deadline": deadline})
+
+    def peer_silent(self, silence: float, deadline: float) -> None:
+        client = self.client
+        self.server.dead_clients += 1
+        if client is None:  # (heartbeats start with the client's registration)
+            log.warning("graph server: connection from %s silent; closing it", self.peer_name())
+        else:
+            log.warning(
+                "graph server: client %s (%s, pid %d) at %s silent for %.1f s (heartbeat "
+                "deadline %g s): declaring it dead and dropping its %d publishers, %d "
+                "subscribers and %d edges",
+                client.id,
+                client.name,
+                client.pid,
+                self.peer_name(),
+                silence,
+                deadline,
+                len(client.publishers),
+                len(client.subscribers),
+                len(client.edges),
+            )
+        self.abort()
 
     def _handshake_timeout(self) -> None:
         if self.client is None:
@@ -610,6 +647,8 @@ class _ServerConnection(FramedProtocol):
             self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         if self._worker is not None:
@@ -654,6 +693,13 @@ class _ServerConnection(FramedProtocol):
                 }
             )
             self._worker = asyncio.ensure_future(self._serve_requests(client))
+            self.heartbeat = Heartbeat(self, self.server.heartbeat_deadline)
+            return
+        if op == "heartbeat":
+            if self.heartbeat is not None:
+                self.heartbeat.peer_announced(
+                    float(message_field(message, "deadline", (int, float)))
+                )
             return
         if op in NOTICE_OPS:
             if op == "routes_applied":

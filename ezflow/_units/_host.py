@@ -133,6 +133,7 @@ class UnitHost:
                     max_in_flight_bytes=stream.max_in_flight_bytes,
                     transport=stream.transport,
                     shm=stream.shm,
+                    stall_timeout=stream.stall_timeout,
                 )
         by_key: dict[object, Publisher] = {}
         for name, publisher in outlets.items():
