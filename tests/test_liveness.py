@@ -94,6 +94,8 @@ async def test_stuck_local_subscriber_is_cut_and_the_other_gets_everything(
         assert pub.stats.stalled_cut == 1 and pub.channels == 1
         assert 0.25 < elapsed < 3
         assert stuck_ctx.channels == []  # its side saw the channel lost
+        [snapshot] = ctx.telemetry().publishers
+        assert (snapshot.stalled_cut, snapshot.dead_channels, snapshot.channels) == (1, 0, 1)
         cut = [r for r in caplog.records if "cutting the lossless" in r.getMessage()]
         assert len(cut) == 1 and "local channel" in cut[0].getMessage()
 
@@ -317,6 +319,8 @@ async def test_black_holed_tcp_subscriber_is_declared_dead_and_can_rejoin(
             assert declared is not None, "the black-holed subscriber was never declared dead"
             assert declared <= deadline + 3, declared
             assert pub.channels == 1 and pub.stats.dead_channels == 1
+            [snapshot] = ctx.telemetry().publishers
+            assert (snapshot.dead_channels, snapshot.stalled_cut) == (1, 0)
             silent = [r.getMessage() for r in caplog.records if "silent for" in r.getMessage()]
             assert any("/bh" in line and "tcp channel from" in line for line in silent)
             # The server dropped the black-holed client too (its connection fell silent).

@@ -14,8 +14,9 @@ handshake is done. The rule, on each side and independently:
 side learns the peer's deadline from its heartbeats, so two processes configured with
 different deadlines both keep the shorter one satisfied (once the first heartbeat
 arrived: until then a side sends at its own pace, so deadlines that differ by more than
-``HEARTBEATS_PER_DEADLINE`` times may see one early false alarm on an idle connection). A peer that announces 0 has
-heartbeats off: this side then never declares it dead (it would be silent whenever idle).
+``HEARTBEATS_PER_DEADLINE`` times may see one early false alarm on an idle connection).
+A peer that announces 0 has heartbeats off: this side then never declares it dead (it
+would be silent whenever idle).
 
 Heartbeats are sent and read by the event loop, never by a subscriber's handler, so a
 handler that awaits for minutes does not make its process look dead. A blocked event loop
