@@ -26,7 +26,7 @@ import pytest
 from _proc import Child
 
 import ezflow
-from ezflow._core._config import ENV_HEARTBEAT_DEADLINE
+from ezflow._core._config import ENV_HEARTBEAT_DEADLINE, heartbeat_deadline_from_env
 from ezflow._core._protocol import PROTOCOL
 
 PEERS = str(Path(__file__).with_name("_liveness_peers.py"))
@@ -177,6 +177,43 @@ async def test_slow_but_healthy_tcp_subscriber_is_not_declared_dead(
             await child.aclose()
 
 
+@ONE_LOOP
+async def test_a_process_whose_own_loop_was_blocked_does_not_blame_its_peers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Server, publisher and a tcp subscriber on one loop, blocked for longer than the
+    deadline: nothing could be sent or heard meanwhile, and no side declares the other
+    dead for it (a late look counts as having heard)."""
+    monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, "1")
+    async with (
+        ezflow.GraphServer(("127.0.0.1", 0)) as server,
+        ezflow.GraphContext(server.address, auto_start=False) as ctx,
+    ):
+        sub = await ctx.subscriber("/blocked", transport="tcp")
+        pub = await ctx.publisher("/blocked")
+        await pub.publish(1)
+        assert await sub.recv() == 1
+        time.sleep(1.5)  # noqa: ASYNC251 - the point: this loop hears nothing meanwhile
+        await asyncio.sleep(0.3)  # a look or two after the block
+        await pub.publish(2)
+        assert await sub.recv() == 2
+        assert pub.stats.dead_channels == 0 and server.dead_clients == 0
+        assert [c.transport for c in ctx.channels] == ["tcp"]
+        assert not [r for r in caplog.records if "silent for" in r.getMessage()]
+
+
+def test_heartbeat_deadline_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_HEARTBEAT_DEADLINE, raising=False)
+    assert heartbeat_deadline_from_env() == 10.0
+    for text, value in (("2.5", 2.5), ("0", 0.0), (" 30 ", 30.0)):
+        monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, text)
+        assert heartbeat_deadline_from_env() == value
+    for bad in ("soon", "0.1", "-1", "nan", "5000"):
+        monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, bad)
+        with pytest.raises(ezflow.ConfigurationError, match=ENV_HEARTBEAT_DEADLINE):
+            heartbeat_deadline_from_env()
+
+
 # -- heartbeats on the graph connection ------------------------------------------------------
 
 
@@ -234,7 +271,7 @@ async def test_silent_graph_client_is_dropped_and_a_quiet_one_is_not(
             assert server.dead_clients == 1
         finally:
             writer.close()
-        await asyncio.sleep(1.5)  # the real client idles for longer than the deadline
+        await asyncio.sleep(1.2)  # the real client idles for longer than the deadline
         assert len(registered()) == 1 and server.dead_clients == 1
         assert len(server.snapshot()["clients"]) == 1
         lines = [r.getMessage() for r in caplog.records if "silent for" in r.getMessage()]
