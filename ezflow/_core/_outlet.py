@@ -307,6 +307,10 @@ class Outlet:
         encoded message exceeds this publisher's or a receiving channel's limit — in each
         case before anything was sent. Cancellation while waiting sends nothing.
 
+        With a ``stall_timeout``, a lossless channel that released nothing for that
+        long while this waits on it is cut (see the module docstring) and the publish
+        goes on for the others.
+
         A publish that did not have to wait yields to the event loop once every
         ``PUBLISH_YIELD_EVERY`` messages or ``PUBLISH_YIELD_BYTES`` encoded bytes, so
         that a tight publishing loop cannot starve the other tasks of its loop (a leaky
