@@ -146,18 +146,18 @@ async def test_stopped_lossless_subscriber_is_cut_after_stall_timeout(
 async def test_slow_but_healthy_tcp_subscriber_is_not_declared_dead(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Deadline 2 s. The subscriber process blocks its loop for 1 s (less than the
-    deadline) and then awaits for 3 s (longer than it) with the publisher's window full:
+    """Deadline 1.5 s. The subscriber process blocks its loop for 0.7 s (less than the
+    deadline) and then awaits for 2 s (longer than it) with the publisher's window full:
     heartbeats keep both ends alive, and every message arrives."""
-    monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, "2")
+    monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, "1.5")
     async with ezflow.GraphServer(("127.0.0.1", 0)) as server:
         child = await start_peer(
             "subscribe",
             address=list(server.address),
             topic="/slow",
             transport="tcp",
-            block=1.0,
-            sleep=3.0,
+            block=0.7,
+            sleep=2.0,
             count=30,
         )
         try:
@@ -170,7 +170,7 @@ async def test_slow_but_healthy_tcp_subscriber_is_not_declared_dead(
                 done = await child.event("done", timeout=20)
                 assert done == {"event": "done", "errors": [], "taken": 30}
                 assert pub.stats.dead_channels == 0 and pub.channels == 1
-                assert pub.stats.wait_seconds > 3  # it did wait on the sleeping handler
+                assert pub.stats.wait_seconds > 2  # it did wait on the sleeping handler
                 assert not [r for r in caplog.records if "silent for" in r.getMessage()]
                 assert len(server.snapshot()["clients"]) == 2 and server.dead_clients == 0
         finally:
