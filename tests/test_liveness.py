@@ -322,6 +322,9 @@ async def test_black_holed_tcp_subscriber_is_declared_dead_and_can_rejoin(
     ns, there_dev, here, _ = remote_host
     deadline = 2.0
     monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, str(deadline))
+    # A graph server on a routable address needs a token (once authentication is in);
+    # every child inherits it.
+    monkeypatch.setenv("EZFLOW_TOKEN", os.urandom(16).hex())
     children: list[Child] = []
     prefix = ("ip", "netns", "exec", ns)
     try:

@@ -307,14 +307,14 @@ def check_positive(value: int, *, setting: str) -> int:
     return value
 
 
-# -- liveness: heartbeats and stalls (see docs/architecture.md, "Dead peers") ------------
+# -- liveness (see docs/architecture.md, "Dead peers and stalled edges") ----------------
 
 ENV_HEARTBEAT_DEADLINE: Final = "EZFLOW_HEARTBEAT_DEADLINE"
 #: Seconds a graph-server connection or tcp data connection may stay silent (not one byte
 #: received) before its peer is declared dead and the connection closed; 0 turns
 #: heartbeats off. Each side sends a heartbeat when it has sent nothing for
 #: ``deadline / HEARTBEATS_PER_DEADLINE`` (the shorter of its own and its peer's), so a
-#: peer whose event loop is blocked for up to about 3/4 of the deadline is not killed.
+#: peer whose event loop is blocked for up to about 4/5 of the deadline is not killed.
 DEFAULT_HEARTBEAT_DEADLINE: Final = 10.0
 #: Shortest and longest accepted deadline (seconds, besides 0 for off).
 MIN_HEARTBEAT_DEADLINE: Final = 0.5
