@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -200,6 +201,15 @@ async def test_a_process_whose_own_loop_was_blocked_does_not_blame_its_peers(
         assert pub.stats.dead_channels == 0 and server.dead_clients == 0
         assert [c.transport for c in ctx.channels] == ["tcp"]
         assert not [r for r in caplog.records if "silent for" in r.getMessage()]
+        # TCP keepalive backs the heartbeats up, on the data connection and the graph one.
+        assert ctx._tcp is not None and ctx._client is not None
+        [data] = ctx._tcp.connections
+        for transport in (data.transport, ctx._client._protocol.transport):
+            assert transport is not None
+            sock = transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
 
 
 def test_heartbeat_deadline_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
