@@ -243,50 +243,60 @@ async def test_silent_graph_client_is_dropped_and_a_quiet_one_is_not(
 ) -> None:
     """A raw client completes the handshake, registers a subscriber and falls silent: the
     server declares it dead within the deadline and its registration vanishes. A real
-    client that merely has nothing to say (idle for longer than the deadline) stays."""
+    client that merely has nothing to say (idle for longer than the deadline) stays,
+    although its own deadline is 5 s: it learns the server's 1 s from its heartbeats and
+    sends often enough for it (at its own pace it would be declared dead)."""
     monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, "1")
-    async with (
-        ezflow.GraphServer(("127.0.0.1", 0)) as server,
-        ezflow.GraphContext(server.address, auto_start=False) as ctx,
-    ):
-        await ctx.subscriber("/quiet")
-        reader, writer = await asyncio.open_connection(*server.address)
-        try:
-            writer.write(frame({"op": "hello", "protocol": PROTOCOL, "pid": 1, "host_id": "h"}))
-            assert (await read_message(reader))["op"] == "welcome"
-            writer.write(
-                frame(
-                    {
-                        "op": "register_subscriber",
-                        "id": 1,
-                        "subscriber_id": "s-silent",
-                        "topic": "/silent",
-                    }
-                )
+    async with ezflow.GraphServer(("127.0.0.1", 0)) as server:
+        monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, "5")
+        # (No telemetry reports: they would keep the connection busy.)
+        async with ezflow.GraphContext(
+            server.address, auto_start=False, telemetry_interval=0
+        ) as ctx:
+            await quiet_and_silent_clients(server, ctx, caplog)
+
+
+async def quiet_and_silent_clients(
+    server: ezflow.GraphServer, ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    await ctx.subscriber("/quiet")
+    reader, writer = await asyncio.open_connection(*server.address)
+    try:
+        writer.write(frame({"op": "hello", "protocol": PROTOCOL, "pid": 1, "host_id": "h"}))
+        assert (await read_message(reader))["op"] == "welcome"
+        writer.write(
+            frame(
+                {
+                    "op": "register_subscriber",
+                    "id": 1,
+                    "subscriber_id": "s-silent",
+                    "topic": "/silent",
+                }
             )
+        )
+        reply = await read_message(reader)
+        while reply["op"] != "reply":  # routes come first: the server waits for
+            if reply["op"] == "routes":  # them to be applied before it answers
+                writer.write(frame({"op": "routes_applied", "version": reply["version"]}))
             reply = await read_message(reader)
-            while reply["op"] != "reply":  # routes come first: the server waits for
-                if reply["op"] == "routes":  # them to be applied before it answers
-                    writer.write(frame({"op": "routes_applied", "version": reply["version"]}))
-                reply = await read_message(reader)
-            assert reply["ok"]
+        assert reply["ok"]
 
-            def registered() -> set[str]:
-                return {s["id"] for s in server.snapshot()["subscribers"]}
+        def registered() -> set[str]:
+            return {s["id"] for s in server.snapshot()["subscribers"]}
 
-            assert "s-silent" in registered()
-            # The raw client reads nothing more and sends nothing: silent.
-            took = await until(lambda: "s-silent" not in registered(), 5, "dropped")
-            assert 0.8 <= took <= 4
-            assert server.dead_clients == 1
-        finally:
-            writer.close()
-        await asyncio.sleep(1.2)  # the real client idles for longer than the deadline
-        assert len(registered()) == 1 and server.dead_clients == 1
-        assert len(server.snapshot()["clients"]) == 1
-        lines = [r.getMessage() for r in caplog.records if "silent for" in r.getMessage()]
-        assert len(lines) == 1 and "declaring it dead" in lines[0]
-        assert "pid 1" in lines[0] and "1 subscribers" in lines[0]
+        assert "s-silent" in registered()
+        # The raw client reads nothing more and sends nothing: silent.
+        took = await until(lambda: "s-silent" not in registered(), 5, "dropped")
+        assert 0.8 <= took <= 4
+        assert server.dead_clients == 1
+    finally:
+        writer.close()
+    await asyncio.sleep(1.2)  # the real client idles for longer than the deadline
+    assert len(registered()) == 1 and server.dead_clients == 1
+    assert len(server.snapshot()["clients"]) == 1
+    lines = [r.getMessage() for r in caplog.records if "silent for" in r.getMessage()]
+    assert len(lines) == 1 and "declaring it dead" in lines[0]
+    assert "pid 1" in lines[0] and "1 subscribers" in lines[0]
 
 
 # -- a black-holed tcp subscriber (network namespaces) ---------------------------------------
