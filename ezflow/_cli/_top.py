@@ -109,6 +109,8 @@ def rows(processes: dict[str, ProcessSnapshot], now: float) -> dict[str, list[di
                     "wait_seconds": pub.wait.total / 1e9,
                     "wait_p99_us": _us(pub.wait.p99),
                     "shm_in_use": pub.shm_in_use,
+                    "stalled_cut": pub.stalled_cut,
+                    "dead_channels": pub.dead_channels,
                 }
             )
     channels.sort(key=lambda r: (r["topic"], r["client_id"], r["publisher_id"]))
@@ -168,6 +170,8 @@ def _tables(data: dict[str, list[dict[str, Any]]], where: str) -> Group:
         "wait p99",
         "wait s",
         "drops",
+        "cut",
+        "dead",
         "shm in use",
         "messages",
         title="publishers",
@@ -183,6 +187,8 @@ def _tables(data: dict[str, list[dict[str, Any]]], where: str) -> Group:
             _lat(row["wait_p99_us"]),
             f"{row['wait_seconds']:.3f}",
             str(row["drops"]),
+            _errors(row["stalled_cut"]),
+            _errors(row["dead_channels"]),
             str(row["shm_in_use"]),
             str(row["messages"]),
         )
@@ -202,7 +208,8 @@ def top(
     """Live telemetry per channel and publisher of the whole graph.
 
     Per channel: msgs/s, MB/s, publish -> deliver latency p50/p99, drops, queue depth,
-    buffers in use and transport; per publisher: rate, backpressure wait and drops.
+    buffers in use and transport; per publisher: rate, backpressure wait, drops, and
+    channels cut (stall_timeout) or declared dead (silent past the heartbeat deadline).
 
     Every process reports about once a second (EZFLOW_TELEMETRY_INTERVAL), so figures
     are up to that old; rates cover each process's last report interval.

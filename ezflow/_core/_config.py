@@ -22,6 +22,7 @@ __all__ = [
     "CONTROL_MAX_FRAME_SIZE",
     "DATA_WRITE_BUFFER_LIMIT",
     "DEFAULT_GRAPH_ADDRESS",
+    "DEFAULT_HEARTBEAT_DEADLINE",
     "DEFAULT_MAX_IN_FLIGHT",
     "DEFAULT_MAX_IN_FLIGHT_BYTES",
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -34,6 +35,7 @@ __all__ = [
     "ENV_CHECK_TYPES",
     "ENV_EVENT_LOOP",
     "ENV_GRAPH_ADDRESS",
+    "ENV_HEARTBEAT_DEADLINE",
     "ENV_MAX_MESSAGE_SIZE",
     "ENV_TELEMETRY_INTERVAL",
     "ENV_TLS_CA",
@@ -44,14 +46,18 @@ __all__ = [
     "ENV_TRANSPORT",
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
+    "HEARTBEATS_PER_DEADLINE",
     "MAX_CHANNELS_PER_PUBLISHER",
+    "MAX_HEARTBEAT_DEADLINE",
     "MAX_METRICS_CONNECTIONS",
     "MAX_METRICS_REQUEST_SIZE",
     "MAX_SERVER_CONNECTIONS",
+    "MAX_STALL_TIMEOUT",
     "MAX_TELEMETRY_ENTRIES",
     "MAX_TELEMETRY_REPORT_SIZE",
     "MAX_TOPIC_LENGTH",
     "METRICS_REQUEST_TIMEOUT",
+    "MIN_HEARTBEAT_DEADLINE",
     "MIN_TELEMETRY_INTERVAL",
     "MIN_TOKEN_BYTES",
     "PUBLISH_YIELD_BYTES",
@@ -63,17 +69,21 @@ __all__ = [
     "REQUEST_TIMEOUT",
     "ROUTE_APPLY_TIMEOUT",
     "SHM_LOAN_ROOM",
+    "TCP_KEEPALIVE_PROBES",
     "TELEMETRY_MAX_WRITE_BUFFER",
     "TRANSPORTS",
     "Address",
     "ShmOptions",
     "TransportName",
+    "check_heartbeat_deadline",
     "check_positive",
+    "check_stall_timeout",
     "check_telemetry_interval",
     "check_transport",
     "check_types_from_env",
     "format_address",
     "graph_address_from_env",
+    "heartbeat_deadline_from_env",
     "max_message_size_from_env",
     "parse_address",
     "parse_size",
@@ -331,6 +341,77 @@ def check_positive(value: int, *, setting: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigurationError(f"{setting}={value!r} must be a positive integer")
     return value
+
+
+# -- liveness (see docs/architecture.md, "Dead peers and stalled edges") ----------------
+
+ENV_HEARTBEAT_DEADLINE: Final = "EZFLOW_HEARTBEAT_DEADLINE"
+#: Seconds a graph-server connection or tcp data connection may stay silent (not one byte
+#: received) before its peer is declared dead and the connection closed; 0 turns
+#: heartbeats off. Each side sends a heartbeat when it has sent nothing for
+#: ``deadline / HEARTBEATS_PER_DEADLINE`` (the shorter of its own and its peer's), so a
+#: peer whose event loop is blocked for up to about 4/5 of the deadline is not killed.
+DEFAULT_HEARTBEAT_DEADLINE: Final = 10.0
+#: Shortest and longest accepted deadline (seconds, besides 0 for off).
+MIN_HEARTBEAT_DEADLINE: Final = 0.5
+MAX_HEARTBEAT_DEADLINE: Final = 3600.0
+#: Heartbeats an idle side sends per deadline.
+HEARTBEATS_PER_DEADLINE: Final = 5
+#: TCP keepalive on graph and tcp data connections, where the platform has the options:
+#: the first probe after ``deadline / 2`` idle seconds, then this many probes spread over
+#: the other half (so the kernel also gives up on a silent peer within about the deadline).
+TCP_KEEPALIVE_PROBES: Final = 3
+#: Longest accepted ``stall_timeout`` of a publisher (seconds). The stall timeout itself
+#: is off by default: a lossless edge stays lossless unless its publisher opts in.
+MAX_STALL_TIMEOUT: Final = 24 * 3600.0
+
+
+def heartbeat_deadline_from_env() -> float:
+    """``EZFLOW_HEARTBEAT_DEADLINE`` in seconds (0: heartbeats off), else the default."""
+    text = os.environ.get(ENV_HEARTBEAT_DEADLINE, "").strip()
+    if not text:
+        return DEFAULT_HEARTBEAT_DEADLINE
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"{ENV_HEARTBEAT_DEADLINE}={text!r} is not a number of seconds (0: off)"
+        ) from None
+    return check_heartbeat_deadline(value, setting=ENV_HEARTBEAT_DEADLINE)
+
+
+def check_heartbeat_deadline(value: float, *, setting: str = "heartbeat_deadline") -> float:
+    """0 (off) or a number of seconds between ``MIN_HEARTBEAT_DEADLINE`` and
+    ``MAX_HEARTBEAT_DEADLINE``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or (value != 0 and not MIN_HEARTBEAT_DEADLINE <= value <= MAX_HEARTBEAT_DEADLINE)
+    ):
+        raise ConfigurationError(
+            f"{setting}={value!r} must be 0 (heartbeats off) or between "
+            f"{MIN_HEARTBEAT_DEADLINE} and {MAX_HEARTBEAT_DEADLINE:g} seconds"
+        )
+    return float(value)
+
+
+def check_stall_timeout(value: float | None, *, setting: str = "stall_timeout") -> float | None:
+    """``None`` (off: lossless edges wait forever) or a positive number of seconds up to
+    ``MAX_STALL_TIMEOUT``."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or not 0 < value <= MAX_STALL_TIMEOUT
+    ):
+        raise ConfigurationError(
+            f"{setting}={value!r} must be None (off) or a number of seconds above 0 and up "
+            f"to {MAX_STALL_TIMEOUT:g}"
+        )
+    return float(value)
 
 
 # -- telemetry (see docs/telemetry.md) ------------------------------------------------------

@@ -43,6 +43,8 @@ __all__ = [
     "FREE",
     "FREE_ENTRY",
     "FREE_HEADER",
+    "HEARTBEAT",
+    "HEARTBEAT_BODY",
     "HELLO",
     "LENGTH",
     "MODE",
@@ -67,6 +69,7 @@ END: Final = 6  # publisher -> channel: the publisher closed on purpose (kind by
 SHM_DATA: Final = 7  # publisher -> channel: SHM_HEADER + segment name (ASCII)
 FREE: Final = 8  # channel -> publisher: FREE_HEADER + count x FREE_ENTRY
 RETIRE: Final = 9  # publisher -> channel: kind byte + name of a segment it unlinked
+HEARTBEAT: Final = 10  # either way, after the handshake: HEARTBEAT_BODY (tcp only)
 
 #: kind u8, flags u8, 6 pad bytes, seq u64, publish time (time.time_ns) i64, and the
 #: publisher's cumulative count of messages it dropped for this (leaky) channel u64.
@@ -83,6 +86,9 @@ DATA_PREFIX: Final = struct.Struct("<IBB6xQqQ")
 SHM_HEADER: Final = struct.Struct("<BB6xQqQQQQQ")
 #: The length prefix and SHM_HEADER in one go.
 SHM_PREFIX: Final = struct.Struct("<IBB6xQqQQQQQ")
+#: kind u8, 3 pad bytes, the sender's heartbeat deadline in milliseconds u32 (0: its
+#: heartbeats are off). See :mod:`ezflow._core._liveness`.
+HEARTBEAT_BODY: Final = struct.Struct("<B3xI")
 #: kind u8, 3 pad bytes, count u32 of FREE_ENTRY records that follow.
 FREE_HEADER: Final = struct.Struct("<B3xI")
 #: block id u64, block generation u64: the channel no longer refers to that block.
@@ -253,6 +259,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
     """
 
     transport: asyncio.Transport | None = None
+    #: set on every read: any byte received counts as life (see
+    #: :class:`~ezflow._core._liveness.Heartbeat`, which clears it)
+    heard: bool = False
+    #: frames written by :meth:`send_frame` (what :meth:`sent_mark` returns)
+    frames_sent: int = 0
 
     def __init__(self, max_frame_size: int) -> None:
         self._reader = FrameReader(max_frame_size)
@@ -277,6 +288,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         return self._reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.heard = True
         try:
             for body in self._reader.buffer_updated(nbytes):
                 # frame_received may have closed the connection: ignore what follows
@@ -308,6 +320,12 @@ class FramedProtocol(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(frame(body))
+            self.frames_sent += 1
+
+    def sent_mark(self) -> int:
+        """Changes whenever this connection sends something (heartbeats: an idle
+        connection sends one); by default the count of :meth:`send_frame` calls."""
+        return self.frames_sent
 
     def abort(self) -> None:
         self._broken = True

@@ -13,11 +13,19 @@ feeds, and enforces flow control per :class:`Link` (one link per subscribing cha
   with the newest message, and every message it misses is counted. The cumulative drop
   count travels with each message, so the subscriber's statistics include drops that
   happened on the publisher's side.
+
+Stall policy: with a ``stall_timeout`` (off by default), a lossless link that has
+released nothing for that many seconds while ``publish`` waits on it (its window or its
+transport is full) is *cut*: removed from the outlet and its connection broken
+(:meth:`Link.cut`), logged once and counted in ``PublisherStats.stalled_cut``; the
+publish goes on for the other links. A link that keeps releasing, however slowly, is
+never cut.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import resource
 import time
@@ -34,6 +42,8 @@ from ._exceptions import ClosedResourceError, MessageTooLargeError
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 
 __all__ = ["Link", "Outlet", "PublisherStats"]
+
+log = logging.getLogger("ezflow.outlet")
 
 # publish_nowait declines (so that publish yields) once this many went without a yield.
 _YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
@@ -64,6 +74,10 @@ class PublisherStats:
     drops: int = 0  #: messages dropped on this side for leaky links that had no room
     wait_seconds: float = 0.0  #: time publish spent waiting for lossless consumers
     waits: int = 0  #: publishes that had to wait
+    #: lossless channels cut because they released nothing for ``stall_timeout``
+    stalled_cut: int = 0
+    #: channels whose connection was closed because the peer fell silent (heartbeats)
+    dead_channels: int = 0
 
 
 class Link(ABC):
@@ -163,6 +177,17 @@ class Link(ABC):
     def close(self) -> None:
         """Close the link (idempotent); the channel sees a clean end."""
 
+    def cut(self) -> None:
+        """Break the link at once, dropping what is unsent: the channel sees its
+        publisher lost, not a clean end (the stall policy). The outlet has already
+        removed the link. Transports whose :meth:`close` is not a clean end may keep
+        this default."""
+        self.close()
+
+    def describe(self) -> str:
+        """Who is at the other end, for log lines (the transport and peer address)."""
+        return f"{self.transport} channel"
+
 
 class Outlet:
     """The sending half of one publisher."""
@@ -175,12 +200,16 @@ class Outlet:
         *,
         max_in_flight: int,
         max_in_flight_bytes: int,
+        stall_timeout: float | None = None,
     ) -> None:
         self.publisher_id = publisher_id
         self.topic = topic
         self.codec = codec
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
+        #: seconds a lossless link may release nothing while publish waits on it before
+        #: it is cut (None: wait forever)
+        self.stall_timeout = stall_timeout
         self.stats = PublisherStats()
         #: each wait of ``publish`` for lossless consumers (backpressure), ns
         self.wait_time = Histogram()
@@ -277,6 +306,10 @@ class Outlet:
         a message the codec cannot encode, and :class:`MessageTooLargeError` when the
         encoded message exceeds this publisher's or a receiving channel's limit — in each
         case before anything was sent. Cancellation while waiting sends nothing.
+
+        With a ``stall_timeout``, a lossless channel that released nothing for that
+        long while this waits on it is cut (see the module docstring) and the publish
+        goes on for the others.
 
         A publish that did not have to wait yields to the event loop once every
         ``PUBLISH_YIELD_EVERY`` messages or ``PUBLISH_YIELD_BYTES`` encoded bytes, so
@@ -379,6 +412,10 @@ class Outlet:
         started = time.perf_counter_ns()
         self.stats.waits += 1
         loop = asyncio.get_running_loop()
+        # Per blocking link: its released_count when first seen blocked in this wait,
+        # and the loop time since when it has not moved (the stall policy).
+        marks: dict[Link, tuple[int, float]] = {}
+        timer: asyncio.TimerHandle | None = None
         try:
             while self._blocked():
                 if self._closed:
@@ -386,7 +423,17 @@ class Outlet:
                 waiter = self._waiter
                 if waiter is None or waiter.done():
                     waiter = self._waiter = loop.create_future()
-                await waiter
+                if self.stall_timeout is not None:
+                    next_check = self._cut_stalled(marks, loop.time())
+                    if not self._blocked():
+                        break
+                    timer = loop.call_at(next_check, self.wake)
+                try:
+                    await waiter
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+                        timer = None
         finally:
             waited = time.perf_counter_ns() - started
             self.wait_time.record(waited)
@@ -396,6 +443,48 @@ class Outlet:
             self._sent_ns = time_ns()
             if self._handoff:
                 self._slept = _voluntary_switches()
+
+    def _cut_stalled(self, marks: dict[Link, tuple[int, float]], now: float) -> float:
+        """Cut every lossless link that blocks the publisher and released nothing for
+        ``stall_timeout`` seconds of this wait; return the loop time of the next check."""
+        timeout = self.stall_timeout
+        assert timeout is not None
+        next_check = now + timeout
+        for link in list(self._links):
+            if not link.lossless or link.has_room(self):
+                marks.pop(link, None)
+                continue
+            mark = marks.get(link)
+            if mark is None or mark[0] != link.released_count:
+                mark = marks[link] = (link.released_count, now)
+            since = mark[1]
+            if now - since >= timeout:
+                marks.pop(link, None)
+                self.cut(link, now - since)
+            else:
+                next_check = min(next_check, since + timeout)
+        return next_check
+
+    def cut(self, link: Link, stalled_for: float) -> None:
+        """Disconnect the lossless *link* that released nothing for *stalled_for*
+        seconds (the stall policy): counted, logged once, the channel sees its
+        publisher lost."""
+        if link not in self._links:
+            return
+        self.stats.stalled_cut += 1
+        log.warning(
+            "publisher %s on topic %r: cutting the lossless %s: it released nothing for "
+            "%.1f s while the publisher waited on it (stall_timeout=%g s; %d messages "
+            "unreleased)",
+            self.publisher_id,
+            self.topic,
+            link.describe(),
+            stalled_for,
+            self.stall_timeout,
+            link.in_flight,
+        )
+        self.remove_link(link)
+        link.cut()
 
     def send_now(self, message: Any) -> None:
         """Send without waiting for room (used after the room check)."""

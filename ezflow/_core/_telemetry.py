@@ -391,8 +391,10 @@ class ChannelSnapshot:
 class PublisherSnapshot:
     """One publisher: cumulative counters, rates over the last report interval,
     ``wait`` (time ``publish`` spent waiting for lossless subscribers: backpressure),
-    ``drops`` (messages dropped on this side for leaky subscribers without room), and
-    ``shm_in_use`` (its shared-memory blocks leased by subscribers or being written)."""
+    ``drops`` (messages dropped on this side for leaky subscribers without room),
+    ``shm_in_use`` (its shared-memory blocks leased by subscribers or being written),
+    ``stalled_cut`` (lossless channels cut by its ``stall_timeout``) and
+    ``dead_channels`` (channels whose peer fell silent past the heartbeat deadline)."""
 
     publisher_id: str
     topic: str
@@ -405,6 +407,8 @@ class PublisherSnapshot:
     shm_in_use: int
     msgs_per_s: float
     bytes_per_s: float
+    stalled_cut: int = 0
+    dead_channels: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -426,6 +430,8 @@ class PublisherSnapshot:
             shm_in_use=_int(data, "shm_in_use"),
             msgs_per_s=_float(data, "msgs_per_s"),
             bytes_per_s=_float(data, "bytes_per_s"),
+            stalled_cut=_int(data, "stalled_cut"),
+            dead_channels=_int(data, "dead_channels"),
         )
 
 

@@ -15,12 +15,14 @@ from .._core._auth import Credentials, Initiator
 from .._core._config import (
     CONNECT_TIMEOUT,
     CONTROL_MAX_FRAME_SIZE,
+    ENV_HEARTBEAT_DEADLINE,
     HANDSHAKE_TIMEOUT,
     MAX_TELEMETRY_REPORT_SIZE,
     REQUEST_TIMEOUT,
     TELEMETRY_MAX_WRITE_BUFFER,
     Address,
     format_address,
+    heartbeat_deadline_from_env,
 )
 from .._core._exceptions import (
     AuthenticationError,
@@ -31,6 +33,7 @@ from .._core._exceptions import (
     ProtocolError,
 )
 from .._core._framing import FramedProtocol
+from .._core._liveness import Heartbeat, tune_keepalive
 from .._core._protocol import PROTOCOL, field, pack_message, unpack_message
 
 __all__ = ["GraphClient", "host_id"]
@@ -206,13 +209,15 @@ class _ClientConnection(FramedProtocol):
         self._closing = False
         self._lost_reason: BaseException | None = None
         self.local_host = "127.0.0.1"
+        self.heartbeat_deadline = heartbeat_deadline_from_env()
+        self.heartbeat: Heartbeat | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            tune_keepalive(sock, self.heartbeat_deadline)
         sockname = transport.get_extra_info("sockname")
         if isinstance(sockname, tuple):
             self.local_host = sockname[0]
@@ -287,6 +292,7 @@ class _ClientConnection(FramedProtocol):
                     return
             if self._welcome is not None and not self._welcome.done():
                 self._welcome.set_result(message)
+                self.heartbeat = Heartbeat(self, self.heartbeat_deadline)
         elif op == "challenge" and not self._challenged:
             self._challenged = True
             try:
@@ -295,6 +301,9 @@ class _ClientConnection(FramedProtocol):
                 self._refused(exc)
                 return
             self.send_message({"op": "auth", **answer})
+        elif op == "heartbeat":
+            if self.heartbeat is not None:
+                self.heartbeat.peer_announced(float(field(message, "deadline", (int, float))))
         elif op == "error":
             error: BrokenResourceError | ProtocolError
             if message.get("cause") == "auth":
@@ -324,6 +333,20 @@ class _ClientConnection(FramedProtocol):
         else:
             self.abort()
 
+    # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
+
+    def send_heartbeat(self, deadline: float) -> None:
+        self.send_message({"op": "heartbeat", "deadline": deadline})
+
+    def peer_silent(self, silence: float, deadline: float) -> None:
+        reason = EzflowTimeoutError(
+            f"the graph server at {self.peer_name()} was silent for {silence:.1f} s (heartbeat "
+            f"deadline {deadline:g} s, {ENV_HEARTBEAT_DEADLINE})"
+        )
+        log.warning("%s: declaring it dead and closing the connection", reason)
+        self._lost_reason = reason
+        self.abort()
+
     def protocol_error(self, exc: ProtocolError) -> None:
         log.error("closing the connection to the graph server: %s", exc)
         self._lost_reason = exc
@@ -337,6 +360,8 @@ class _ClientConnection(FramedProtocol):
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
         self.lost = True
         reason = self._lost_reason or exc
         self._lost_reason = reason

@@ -51,6 +51,7 @@ from .._core._config import (
     Address,
     ShmOptions,
     check_positive,
+    check_stall_timeout,
     check_telemetry_interval,
     check_transport,
     format_address,
@@ -388,6 +389,7 @@ class GraphContext:
         max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
         transport: str | None = None,
         shm: ShmOptions | None = None,
+        stall_timeout: float | None = None,
     ) -> Publisher:
         """Register a publisher on *topic*.
 
@@ -396,12 +398,17 @@ class GraphContext:
         unreleased before ``publish`` waits. *transport* forces ``"local"``, ``"shm"`` or
         ``"tcp"`` for its edges (a subscriber's own choice wins; default: automatic).
         *shm* sizes its shared-memory ring (:class:`~ezflow.ShmOptions`).
+        *stall_timeout* (seconds; default ``None``, off) cuts a lossless channel that
+        released nothing for that long while ``publish`` waited on it, so that one
+        stopped subscriber cannot stall the others forever (counted in
+        ``stats.stalled_cut``, logged; its subscribers see the publisher lost).
         """
         self._check_open()
         check_topic(topic)
         check_positive(max_in_flight, setting="max_in_flight")
         check_positive(max_in_flight_bytes, setting="max_in_flight_bytes")
         transport = check_transport(transport, setting="transport")
+        stall_timeout = check_stall_timeout(stall_timeout)
         if shm is not None and not isinstance(shm, ShmOptions):
             raise ConfigurationError(f"shm={shm!r} must be an ezflow.ShmOptions")
         assert self._tcp is not None
@@ -413,6 +420,7 @@ class GraphContext:
             self._codec,
             max_in_flight=max_in_flight,
             max_in_flight_bytes=max_in_flight_bytes,
+            stall_timeout=stall_timeout,
         )
         publisher = Publisher(outlet, self._shm, self._close_publisher)
         self._publishers[outlet.publisher_id] = publisher

@@ -190,6 +190,14 @@ def render(processes: Iterable[tuple[str, ProcessSnapshot]], *, now: float | Non
                 "gauge",
                 "Shared-memory blocks leased by subscribers or being written.",
             ).add(labels, pub.shm_in_use)
+            cut = family(
+                "ezflow_publisher_channels_cut_total",
+                "counter",
+                "Channels cut: lossless ones stalled past stall_timeout (stall), or silent "
+                "past the heartbeat deadline (dead).",
+            )
+            cut.add({**labels, "reason": "stall"}, pub.stalled_cut)
+            cut.add({**labels, "reason": "dead"}, pub.dead_channels)
     families["ezflow_processes"].add({}, count)
     return "\n".join(line for f in families.values() for line in f.lines) + "\n"
 

@@ -190,6 +190,8 @@ class TelemetryReporter:
             shm_in_use=shm_in_use,
             msgs_per_s=msgs_per_s,
             bytes_per_s=bytes_per_s,
+            stalled_cut=stats.stalled_cut,
+            dead_channels=stats.dead_channels,
         )
 
     # -- reporting -------------------------------------------------------------------------

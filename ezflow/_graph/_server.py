@@ -53,10 +53,12 @@ from .._core._config import (
     Address,
     format_address,
     graph_address_from_env,
+    heartbeat_deadline_from_env,
     parse_address,
 )
 from .._core._exceptions import AuthenticationError, ConfigurationError, ProtocolError
 from .._core._framing import FramedProtocol
+from .._core._liveness import Heartbeat, tune_keepalive
 from .._core._loop import loop_factory
 from .._core._peerlog import BadPeerLog
 from .._core._protocol import (
@@ -203,6 +205,10 @@ class GraphServer:
         #: clients in ``welcome``, so that they take over an embedded server whose
         #: process left, but wait for a standalone one (``ezflow serve``) to come back.
         self.embedded = False
+        #: seconds a client may stay silent before it is declared dead (0: never)
+        self.heartbeat_deadline = heartbeat_deadline_from_env()
+        #: clients declared dead: silent for longer than the heartbeat deadline
+        self.dead_clients = 0
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -816,6 +822,7 @@ class _ServerConnection(FramedProtocol):
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._responder: Responder | None = None
         self._hello: dict[str, Any] | None = None
+        self.heartbeat: Heartbeat | None = None
         self._requests: asyncio.Queue[dict[str, Any]] = asyncio.Queue(_MAX_PENDING_REQUESTS)
         self._worker: asyncio.Task[None] | None = None
 
@@ -824,8 +831,38 @@ class _ServerConnection(FramedProtocol):
         if not self.server._connection_opened(self):
             self.abort()
             return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            tune_keepalive(sock, self.server.heartbeat_deadline)
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
+
+    def send_heartbeat(self, deadline: float) -> None:
+        self.send_message({"op": "heartbeat", "deadline": deadline})
+
+    def peer_silent(self, silence: float, deadline: float) -> None:
+        client = self.client
+        self.server.dead_clients += 1
+        if client is None:  # (heartbeats start with the client's registration)
+            log.warning("graph server: connection from %s silent; closing it", self.peer_name())
+        else:
+            log.warning(
+                "graph server: client %s (%s, pid %d) at %s silent for %.1f s (heartbeat "
+                "deadline %g s): declaring it dead and dropping its %d publishers, %d "
+                "subscribers and %d edges",
+                client.id,
+                client.name,
+                client.pid,
+                self.peer_name(),
+                silence,
+                deadline,
+                len(client.publishers),
+                len(client.subscribers),
+                len(client.edges),
+            )
+        self.abort()
 
     def _handshake_timeout(self) -> None:
         if self.client is None:
@@ -842,6 +879,8 @@ class _ServerConnection(FramedProtocol):
         self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         if self._worker is not None:
@@ -895,6 +934,13 @@ class _ServerConnection(FramedProtocol):
                 }
             )
             self._worker = asyncio.ensure_future(self._serve_requests(client))
+            self.heartbeat = Heartbeat(self, self.server.heartbeat_deadline)
+            return
+        if op == "heartbeat":
+            if self.heartbeat is not None:
+                self.heartbeat.peer_announced(
+                    float(message_field(message, "deadline", (int, float)))
+                )
             return
         if op in NOTICE_OPS:
             if op == "routes_applied":

@@ -39,6 +39,12 @@ class _LocalLink(Link):
         self.sent_count += 1
         self.channel.deliver(seq, message, 0, self.drops, time_ns)
 
+    def cut(self) -> None:
+        # The stall policy: the channel loses its publisher (no clean end).
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
+
     def close(self) -> None:
         on_lost, self.on_lost = self.on_lost, None
         if on_lost is not None:

@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
+import struct
 import sys
 from abc import abstractmethod
 from collections.abc import Callable
@@ -56,6 +58,7 @@ from .._core._config import (
     HANDSHAKE_MAX_FRAME_SIZE,
     HANDSHAKE_TIMEOUT,
     MAX_CHANNELS_PER_PUBLISHER,
+    heartbeat_deadline_from_env,
 )
 from .._core._exceptions import (
     AuthenticationError,
@@ -70,12 +73,15 @@ from .._core._framing import (
     DATA_HEADER,
     DATA_PREFIX,
     END,
+    HEARTBEAT,
+    HEARTBEAT_BODY,
     HELLO,
     MODE,
     WELCOME,
     FramedProtocol,
     frame,
 )
+from .._core._liveness import Heartbeat
 from .._core._outlet import Link, Outlet
 from .._core._peerlog import BadPeerLog
 from .._core._protocol import PROTOCOL, PublisherInfo, field, pack_message, unpack_message
@@ -110,6 +116,21 @@ def control(kind: int, message: dict[str, Any]) -> bytes:
 
 def unpack_control(body: bytes | memoryview) -> dict[str, Any]:
     return unpack_message(memoryview(body)[1:])
+
+
+def heartbeat_frame(deadline: float) -> bytes:
+    """A ``HEARTBEAT`` frame announcing *deadline* (seconds; 0: heartbeats off)."""
+    return frame(HEARTBEAT_BODY.pack(HEARTBEAT, round(deadline * 1000)))
+
+
+def heartbeat_received(heartbeat: Heartbeat | None, body: bytes | memoryview) -> None:
+    """A ``HEARTBEAT`` frame arrived (its bytes already counted as life): learn the
+    peer's deadline."""
+    if len(body) != HEARTBEAT_BODY.size:
+        raise ProtocolError(f"HEARTBEAT frame of {len(body)} bytes")
+    _, milliseconds = HEARTBEAT_BODY.unpack(body)
+    if heartbeat is not None:
+        heartbeat.peer_announced(milliseconds / 1000)
 
 
 # -- publisher side ------------------------------------------------------------------------
@@ -228,6 +249,14 @@ class StreamLink(Link):
         if queued and out is not None and not out.is_closing():
             out.writelines(queued)
 
+    def cut(self) -> None:
+        """Abort the connection: the channel sees its publisher lost (stall policy)."""
+        self.connection.abort()
+
+    def describe(self) -> str:
+        connection = self.connection
+        return f"{connection.server.name} channel from {connection.describe_peer()}"
+
     def close(self) -> None:
         """Flush what is queued, then tell the channel this is a clean end.
 
@@ -240,6 +269,7 @@ class StreamLink(Link):
         out = self.connection.out
         if out is not None and not out.is_closing():
             out.write(_END_FRAME)
+            self.connection.eof_sent = True
             if out.can_write_eof():
                 out.write_eof()
             elif self.connection.transport is not None:  # pragma: no cover - stream
@@ -268,6 +298,10 @@ class PublisherConnection(FramedProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._responder: Responder | None = None
         self._challenged_hello: dict[str, Any] | None = None
+        #: heartbeats, from WELCOME on, on transports that use them (tcp)
+        self.heartbeat: Heartbeat | None = None
+        #: END was written and our sending side shut down: nothing more may be written
+        self.eof_sent = False
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -277,6 +311,23 @@ class PublisherConnection(FramedProtocol):
         self.server.connections.add(self)
         self.server.tune(transport)
         self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._late)
+
+    def describe_peer(self) -> str:
+        """The channel's address, or its process id on a local socket (which has no
+        address on the connecting side)."""
+        peer = self.peer_name()
+        if peer not in ("", "None"):
+            return peer
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        peercred = getattr(socket, "SO_PEERCRED", None)
+        if sock is not None and peercred is not None:
+            try:
+                pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, 12))
+            except OSError:
+                pass
+            else:
+                return f"pid {pid}"
+        return "a local socket"
 
     def _late(self) -> None:
         if self.link is None:
@@ -305,6 +356,8 @@ class PublisherConnection(FramedProtocol):
                 link.released(count, nbytes)
             elif kind == MODE:
                 link.set_lossless(bool(unpack_control(body).get("lossless")))
+            elif kind == HEARTBEAT:
+                heartbeat_received(self.heartbeat, body)
             else:
                 self.server.channel_frame(self, link, kind, body)
             return
@@ -344,6 +397,37 @@ class PublisherConnection(FramedProtocol):
             **extra,
         }
         out.write(control(WELCOME, welcome))
+        deadline = self.server.heartbeat_deadline
+        if deadline is not None:
+            self.heartbeat = Heartbeat(self, deadline)
+
+    # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
+
+    def sent_mark(self) -> int:
+        link = self.link
+        return 0 if link is None else link.sent_count
+
+    def send_heartbeat(self, deadline: float) -> None:
+        if not self.eof_sent:  # (after END the channel only reads up to it and closes)
+            out = self.out
+            if out is not None and not out.is_closing():
+                out.write(heartbeat_frame(deadline))
+
+    def peer_silent(self, silence: float, deadline: float) -> None:
+        outlet = self.outlet
+        if outlet is not None:
+            outlet.stats.dead_channels += 1
+        log.warning(
+            "publisher %s on topic %r: %s channel from %s silent for %.1f s (heartbeat "
+            "deadline %g s): declaring it dead and closing its connection",
+            "?" if outlet is None else outlet.publisher_id,
+            "?" if outlet is None else outlet.topic,
+            self.server.name,
+            self.describe_peer(),
+            silence,
+            deadline,
+        )
+        self.abort()
 
     def _authenticate(self, message: dict[str, Any]) -> dict[str, Any] | None:
         """One handshake map: the ``HELLO`` to serve once the channel is authenticated,
@@ -466,6 +550,8 @@ class PublisherConnection(FramedProtocol):
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
         if self.writer is not None:
             self.writer.close()
         if self._timer is not None:
@@ -506,6 +592,12 @@ class ChannelConnection(FramedProtocol):
         #: the authenticating side of the handshake (replaced by the transport)
         self.initiator = Initiator(None, "data", f"publisher {publisher.publisher_id}")
         self._challenged = False
+        #: heartbeat deadline of the transport (set by it; None: no heartbeats)
+        self.heartbeat_deadline: float | None = None
+        self.heartbeat: Heartbeat | None = None
+        #: called once when the publisher is declared dead (set by the transport)
+        self.on_dead: Callable[[], None] | None = None
+        self._dead = False
 
     def hello(self) -> dict[str, Any]:
         """The HELLO map; subclasses may add fields."""
@@ -526,6 +618,7 @@ class ChannelConnection(FramedProtocol):
         # A read that is exactly one DATA frame (what a paced publisher sends) is
         # delivered straight from the read buffer, with one copy; anything else takes
         # the general path.
+        self.heard = True
         reader = self._reader
         if nbytes >= _DATA_PREFIX_SIZE and not reader.end and reader.big is None:
             # (FrameReader.fresh_read, inlined: a call costs a microsecond, cold)
@@ -591,6 +684,8 @@ class ChannelConnection(FramedProtocol):
                 self.channel.on_release = self._on_release
                 self.channel.on_mode_change = self._on_mode_change
                 self.welcome.set_result(None)
+                if self.heartbeat_deadline is not None:
+                    self.heartbeat = Heartbeat(self, self.heartbeat_deadline)
             elif reply.get("cause") == "auth":
                 self.welcome.set_exception(
                     AuthenticationError(
@@ -603,6 +698,8 @@ class ChannelConnection(FramedProtocol):
                 self.welcome.set_exception(
                     BrokenResourceError(f"publisher refused the channel: {reply.get('error')}")
                 )
+        elif kind == HEARTBEAT:
+            heartbeat_received(self.heartbeat, body)
         else:
             self.publisher_frame(kind, body)
 
@@ -643,6 +740,31 @@ class ChannelConnection(FramedProtocol):
             count, nbytes = self._acked = self._released
             transport.write(frame(ACK_BODY.pack(ACK, count, nbytes)))
 
+    # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
+
+    def sent_mark(self) -> int:
+        return self._acked[0]
+
+    def send_heartbeat(self, deadline: float) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(heartbeat_frame(deadline))
+
+    def peer_silent(self, silence: float, deadline: float) -> None:
+        self._dead = True
+        log.warning(
+            "publisher %s on topic %r at %s silent for %.1f s (heartbeat deadline %g s): "
+            "declaring it dead and closing the channel",
+            self.publisher.publisher_id,
+            self.publisher.topic,
+            self.peer_name(),
+            silence,
+            deadline,
+        )
+        if self.on_dead is not None:
+            self.on_dead()
+        self.abort()
+
     def _on_mode_change(self, lossless: bool) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
@@ -656,6 +778,8 @@ class ChannelConnection(FramedProtocol):
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
         if not self.welcome.done():
             self.welcome.set_exception(
                 BrokenResourceError(
@@ -669,7 +793,7 @@ class ChannelConnection(FramedProtocol):
         if on_lost is not None and self.channel.on_release == self._on_release:
             if self.ended:
                 log.debug("publisher %s ended cleanly", self.publisher.publisher_id)
-            else:
+            elif not self._dead:  # (peer_silent logged it)
                 log.info(
                     "publisher %s on topic %r went away without closing (%s)",
                     self.publisher.publisher_id,
@@ -697,6 +821,9 @@ class StreamTransport(Transport, Generic[AddressT]):
     """
 
     name: ClassVar[str]
+    #: Whether connections carry heartbeats (``HEARTBEAT`` frames, both ways): a peer
+    #: on another host can vanish without its socket closing; one on this host cannot.
+    heartbeats: ClassVar[bool] = False
 
     def __init__(self, *, max_message_size: int, credentials: Credentials | None = None) -> None:
         self.max_message_size = max_message_size
@@ -704,6 +831,12 @@ class StreamTransport(Transport, Generic[AddressT]):
         self.credentials = Credentials() if credentials is None else credentials
         #: bad connections to the data server, logged per cause, rate-limited
         self.bad_peers = BadPeerLog(log, f"{self.name} data server")
+        #: ``EZFLOW_HEARTBEAT_DEADLINE`` when this transport uses heartbeats, else None
+        self.heartbeat_deadline: float | None = (
+            heartbeat_deadline_from_env() if self.heartbeats else None
+        )
+        #: publishers this process's channels declared dead (silent past the deadline)
+        self.dead_publishers = 0
         self.outlets: dict[str, Outlet] = {}
         self.connections: set[PublisherConnection] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -777,6 +910,17 @@ class StreamTransport(Transport, Generic[AddressT]):
     ) -> ChannelConnection:
         return ChannelConnection(channel, publisher, self.max_message_size, on_lost)
 
+    def _channel_connection(
+        self, channel: Channel, publisher: PublisherInfo, on_lost: Callable[[], None]
+    ) -> ChannelConnection:
+        connection = self.new_channel_connection(channel, publisher, on_lost)
+        connection.heartbeat_deadline = self.heartbeat_deadline
+        connection.on_dead = self._publisher_dead
+        return connection
+
+    def _publisher_dead(self) -> None:
+        self.dead_publishers += 1
+
     # -- Transport ------------------------------------------------------------------------
 
     def add_outlet(self, outlet: Outlet) -> None:
@@ -796,7 +940,7 @@ class StreamTransport(Transport, Generic[AddressT]):
         initiator = Initiator(self.credentials.token, "data", where)
 
         def factory() -> ChannelConnection:
-            connection = self.new_channel_connection(channel, publisher, on_lost)
+            connection = self._channel_connection(channel, publisher, on_lost)
             connection.initiator = initiator
             return connection
 

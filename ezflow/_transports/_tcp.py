@@ -6,6 +6,12 @@ frames described in :mod:`._stream`, with ``TCP_NODELAY`` set on both ends (the
 batching there already groups small messages; Nagle would only add latency). With TLS
 settings (:class:`~ezflow._core._auth.Credentials`) both ends wrap the connection in TLS
 and verify each other's certificate; the zero-copy writer is not used then.
+batching there already groups small messages; Nagle would only add latency).
+
+A peer on another host can vanish without its socket closing (a cable, a black-holed
+route, a powered-off machine): tcp connections carry heartbeats and TCP keepalive
+(:mod:`ezflow._core._liveness`), and a peer silent for ``EZFLOW_HEARTBEAT_DEADLINE``
+seconds is declared dead.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import ClassVar
 
 from .._core._auth import Credentials
 from .._core._config import Address, format_address
+from .._core._liveness import tune_keepalive
 from .._core._protocol import PublisherInfo
 from ._stream import ChannelConnection, PublisherConnection, StreamTransport
 
@@ -27,6 +34,7 @@ class TcpTransport(StreamTransport[Address]):
     """Data server for this process's publishers, and connector for its channels."""
 
     name: ClassVar[str] = "tcp"
+    heartbeats: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -64,3 +72,4 @@ class TcpTransport(StreamTransport[Address]):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune_keepalive(sock, self.heartbeat_deadline or 0.0)

@@ -169,6 +169,7 @@ class UnitHost:
                     max_in_flight_bytes=stream.max_in_flight_bytes,
                     transport=stream.transport,
                     shm=stream.shm,
+                    stall_timeout=stream.stall_timeout,
                 )
                 check = message_check(stream.message_type) if self.check_types else None
                 if check is not None:

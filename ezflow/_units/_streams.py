@@ -12,6 +12,7 @@ from .._core._config import (
     DEFAULT_MAX_IN_FLIGHT_BYTES,
     ShmOptions,
     check_positive,
+    check_stall_timeout,
     check_transport,
 )
 from .._core._exceptions import ConfigurationError
@@ -110,7 +111,9 @@ class OutputStream(Stream):
     *max_in_flight* / *max_in_flight_bytes* bound what each lossless subscribing
     process may hold unreleased before publishing waits; *transport* forces a
     transport for this output's edges (an input's own choice wins); *shm* sizes its
-    shared-memory ring (:class:`~ezflow.ShmOptions`).
+    shared-memory ring (:class:`~ezflow.ShmOptions`); *stall_timeout* (seconds, default
+    ``None``: off, lossless stays lossless) cuts a lossless subscribing process that
+    released nothing for that long while publishing waited on it.
     """
 
     direction = "output"
@@ -123,8 +126,10 @@ class OutputStream(Stream):
         max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
         transport: str | None = None,
         shm: ShmOptions | None = None,
+        stall_timeout: float | None = None,
     ) -> None:
         super().__init__(message_type, transport=transport)
+        self.stall_timeout = check_stall_timeout(stall_timeout)
         self.max_in_flight = check_positive(max_in_flight, setting="max_in_flight")
         self.max_in_flight_bytes = check_positive(
             max_in_flight_bytes, setting="max_in_flight_bytes"

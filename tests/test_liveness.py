@@ -1,0 +1,409 @@
+"""Liveness: the stall policy of lossless edges, heartbeats and dead peers.
+
+Real processes, real sockets: a SIGSTOPped subscriber, a subscriber behind a veth link
+that goes down (network namespaces; skipped without root and iproute2), a raw graph
+client that falls silent, and slow but healthy peers that must survive. Each test runs
+on one event loop (the behaviour under test is the loop's timers, not its I/O), and
+deadlines are short so that the whole file stays within a few seconds per case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from _proc import Child
+
+import ezflow
+from ezflow._core._config import ENV_HEARTBEAT_DEADLINE, heartbeat_deadline_from_env
+from ezflow._core._protocol import PROTOCOL
+
+PEERS = str(Path(__file__).with_name("_liveness_peers.py"))
+ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])
+
+
+async def start_peer(role: str, *, prefix: tuple[str, ...] = (), **args: Any) -> Child:
+    """Start a role of tests/_liveness_peers.py (through *prefix*, e.g. ``ip netns exec``)."""
+    env = dict(os.environ, EZFLOW_EVENT_LOOP="asyncio", PYTHONUNBUFFERED="1")
+    process = await asyncio.create_subprocess_exec(
+        *prefix,
+        sys.executable,
+        PEERS,
+        role,
+        json.dumps(args),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    return Child(process, role)
+
+
+async def until(condition: Any, timeout: float, what: str) -> float:
+    """Wait (polling every 10 ms) until *condition()* is true; return the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - started
+
+
+# -- stall policy --------------------------------------------------------------------------
+
+
+@ONE_LOOP
+async def test_stall_timeout_rejects_bad_values(ctx: ezflow.GraphContext) -> None:
+    for bad in (0, -1.0, float("nan"), True, "2"):
+        with pytest.raises(ezflow.ConfigurationError, match="stall_timeout"):
+            await ctx.publisher("/bad", stall_timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(ezflow.ConfigurationError, match="stall_timeout"):
+        ezflow.OutputStream(int, stall_timeout=-3)
+    assert ezflow.OutputStream(int, stall_timeout=2).stall_timeout == 2.0
+    assert ezflow.OutputStream(int).stall_timeout is None
+
+
+@ONE_LOOP
+async def test_stuck_local_subscriber_is_cut_and_the_other_gets_everything(
+    server: ezflow.GraphServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two contexts: one channel each (subscribers of one context share a channel).
+    async with (
+        ezflow.GraphContext(server.address, auto_start=False) as ctx,
+        ezflow.GraphContext(server.address, auto_start=False) as stuck_ctx,
+    ):
+        healthy = await ctx.subscriber("/stuck")
+        await stuck_ctx.subscriber("/stuck")  # never takes anything
+        pub = await ctx.publisher("/stuck", max_in_flight=2, stall_timeout=0.3)
+        await pub.wait_for_channels(2)
+        started = time.monotonic()
+        for i in range(20):
+            await pub.publish(i)
+            assert await healthy.recv() == i
+        elapsed = time.monotonic() - started
+        assert pub.stats.stalled_cut == 1 and pub.channels == 1
+        assert 0.25 < elapsed < 3
+        assert stuck_ctx.channels == []  # its side saw the channel lost
+        [snapshot] = ctx.telemetry().publishers
+        assert (snapshot.stalled_cut, snapshot.dead_channels, snapshot.channels) == (1, 0, 1)
+        cut = [r for r in caplog.records if "cutting the lossless" in r.getMessage()]
+        assert len(cut) == 1 and "local channel" in cut[0].getMessage()
+
+
+@ONE_LOOP
+async def test_stopped_lossless_subscriber_is_cut_after_stall_timeout(
+    server: ezflow.GraphServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGSTOPped subscriber process (shm) and a healthy one in this process: with
+    ``stall_timeout=2`` the stopped one is cut after about 2 s and the other got every
+    message, in order."""
+    address = list(server.address)
+    child = await start_peer("subscribe", address=address, topic="/stopped")
+    try:
+        async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+            await child.event("ready")
+            healthy = await ctx.subscriber("/stopped")
+            pub = await ctx.publisher("/stopped", max_in_flight=4, stall_timeout=2.0)
+            await pub.wait_for_channels(2)
+            await pub.publish(0)
+            assert (await child.event("got"))["value"] == 0
+            assert await healthy.recv() == 0
+            os.kill(child.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                cut_after = None
+                for i in range(1, 41):
+                    await pub.publish(i)
+                    if cut_after is None and pub.stats.stalled_cut:
+                        cut_after = time.monotonic() - started
+                    assert await healthy.recv() == i
+                assert cut_after is not None, "the stopped subscriber was never cut"
+                assert 1.5 <= cut_after <= 5, cut_after
+                assert pub.channels == 1 and pub.stats.stalled_cut == 1
+                [line] = [r for r in caplog.records if "cutting the lossless" in r.getMessage()]
+                assert f"pid {child.pid}" in line.getMessage()
+                assert "stall_timeout=2" in line.getMessage()
+            finally:
+                os.kill(child.pid, signal.SIGCONT)
+    finally:
+        await child.aclose()
+
+
+# -- heartbeats on tcp data connections ------------------------------------------------------
+
+
+@ONE_LOOP
+async def test_slow_but_healthy_tcp_subscriber_is_not_declared_dead(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deadline 1.5 s. The subscriber process blocks its loop for 0.7 s (less than the
+    deadline) and then awaits for 2 s (longer than it) with the publisher's window full:
+    heartbeats keep both ends alive, and every message arrives."""
+    monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, "1.5")
+    async with ezflow.GraphServer(("127.0.0.1", 0)) as server:
+        child = await start_peer(
+            "subscribe",
+            address=list(server.address),
+            topic="/slow",
+            transport="tcp",
+            block=0.7,
+            sleep=2.0,
+            count=30,
+        )
+        try:
+            async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+                await child.event("ready")
+                pub = await ctx.publisher("/slow", max_in_flight=2)
+                await pub.wait_for_channels(1)
+                for i in range(30):
+                    await pub.publish(i)
+                done = await child.event("done", timeout=20)
+                assert done == {"event": "done", "errors": [], "taken": 30}
+                assert pub.stats.dead_channels == 0 and pub.channels == 1
+                assert pub.stats.wait_seconds > 2  # it did wait on the sleeping handler
+                assert not [r for r in caplog.records if "silent for" in r.getMessage()]
+                assert len(server.snapshot()["clients"]) == 2 and server.dead_clients == 0
+        finally:
+            await child.aclose()
+
+
+@ONE_LOOP
+async def test_a_process_whose_own_loop_was_blocked_does_not_blame_its_peers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Server, publisher and a tcp subscriber on one loop, blocked for longer than the
+    deadline: nothing could be sent or heard meanwhile, and no side declares the other
+    dead for it (a late look counts as having heard)."""
+    monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, "1")
+    async with (
+        ezflow.GraphServer(("127.0.0.1", 0)) as server,
+        ezflow.GraphContext(server.address, auto_start=False) as ctx,
+    ):
+        sub = await ctx.subscriber("/blocked", transport="tcp")
+        pub = await ctx.publisher("/blocked")
+        await pub.publish(1)
+        assert await sub.recv() == 1
+        time.sleep(1.5)  # noqa: ASYNC251 - the point: this loop hears nothing meanwhile
+        await asyncio.sleep(0.3)  # a look or two after the block
+        await pub.publish(2)
+        assert await sub.recv() == 2
+        assert pub.stats.dead_channels == 0 and server.dead_clients == 0
+        assert [c.transport for c in ctx.channels] == ["tcp"]
+        assert not [r for r in caplog.records if "silent for" in r.getMessage()]
+        # TCP keepalive backs the heartbeats up, on the data connection and the graph one.
+        assert ctx._tcp is not None and ctx._client is not None
+        [data] = ctx._tcp.connections
+        for transport in (data.transport, ctx._client._protocol.transport):
+            assert transport is not None
+            sock = transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+
+
+def test_heartbeat_deadline_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_HEARTBEAT_DEADLINE, raising=False)
+    assert heartbeat_deadline_from_env() == 10.0
+    for text, value in (("2.5", 2.5), ("0", 0.0), (" 30 ", 30.0)):
+        monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, text)
+        assert heartbeat_deadline_from_env() == value
+    for bad in ("soon", "0.1", "-1", "nan", "5000"):
+        monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, bad)
+        with pytest.raises(ezflow.ConfigurationError, match=ENV_HEARTBEAT_DEADLINE):
+            heartbeat_deadline_from_env()
+
+
+# -- heartbeats on the graph connection ------------------------------------------------------
+
+
+def frame(message: object) -> bytes:
+    body = msgpack.packb(message)
+    return struct.pack("<I", len(body)) + body
+
+
+async def read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
+    (size,) = struct.unpack("<I", await reader.readexactly(4))
+    return msgpack.unpackb(await reader.readexactly(size))  # type: ignore[no-any-return]
+
+
+@ONE_LOOP
+async def test_silent_graph_client_is_dropped_and_a_quiet_one_is_not(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A raw client completes the handshake, registers a subscriber and falls silent: the
+    server declares it dead within the deadline and its registration vanishes. A real
+    client that merely has nothing to say (idle for longer than the deadline) stays,
+    although its own deadline is 5 s: it learns the server's 1 s from its heartbeats and
+    sends often enough for it (at its own pace it would be declared dead)."""
+    monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, "1")
+    async with ezflow.GraphServer(("127.0.0.1", 0)) as server:
+        monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, "5")
+        # (No telemetry reports: they would keep the connection busy.)
+        async with ezflow.GraphContext(
+            server.address, auto_start=False, telemetry_interval=0
+        ) as ctx:
+            await quiet_and_silent_clients(server, ctx, caplog)
+
+
+async def quiet_and_silent_clients(
+    server: ezflow.GraphServer, ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    await ctx.subscriber("/quiet")
+    reader, writer = await asyncio.open_connection(*server.address)
+    try:
+        writer.write(frame({"op": "hello", "protocol": PROTOCOL, "pid": 1, "host_id": "h"}))
+        assert (await read_message(reader))["op"] == "welcome"
+        writer.write(
+            frame(
+                {
+                    "op": "register_subscriber",
+                    "id": 1,
+                    "subscriber_id": "s-silent",
+                    "topic": "/silent",
+                }
+            )
+        )
+        reply = await read_message(reader)
+        while reply["op"] != "reply":  # routes come first: the server waits for
+            if reply["op"] == "routes":  # them to be applied before it answers
+                writer.write(frame({"op": "routes_applied", "version": reply["version"]}))
+            reply = await read_message(reader)
+        assert reply["ok"]
+
+        def registered() -> set[str]:
+            return {s["id"] for s in server.snapshot()["subscribers"]}
+
+        assert "s-silent" in registered()
+        # The raw client reads nothing more and sends nothing: silent.
+        took = await until(lambda: "s-silent" not in registered(), 5, "dropped")
+        assert 0.8 <= took <= 4
+        assert server.dead_clients == 1
+    finally:
+        writer.close()
+    await asyncio.sleep(1.2)  # the real client idles for longer than the deadline
+    assert len(registered()) == 1 and server.dead_clients == 1
+    assert len(server.snapshot()["clients"]) == 1
+    lines = [r.getMessage() for r in caplog.records if "silent for" in r.getMessage()]
+    assert len(lines) == 1 and "declaring it dead" in lines[0]
+    assert "pid 1" in lines[0] and "1 subscribers" in lines[0]
+
+
+# -- a black-holed tcp subscriber (network namespaces) ---------------------------------------
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+@pytest.fixture
+def remote_host() -> Iterator[tuple[str, str, str, str]]:
+    """A network namespace joined to this one by a veth pair: (namespace, its veth
+    device, this side's address, its address). Unique names per run; removed after."""
+    tag = f"{os.getpid() % 100000}"
+    ns, here_dev, there_dev = f"ezflow-live{tag}", f"ezlh{tag}", f"ezlt{tag}"
+    octet = 100 + os.getpid() % 100
+    here, there = f"10.{octet}.79.1", f"10.{octet}.79.2"
+    try:
+        ip("netns", "add", ns)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"network namespaces unavailable (needs root and iproute2): {exc}")
+    try:
+        ip("link", "add", here_dev, "type", "veth", "peer", "name", there_dev)
+        ip("link", "set", there_dev, "netns", ns)
+        ip("addr", "add", f"{here}/24", "dev", here_dev)
+        ip("link", "set", here_dev, "up")
+        ip("-n", ns, "addr", "add", f"{there}/24", "dev", there_dev)
+        ip("-n", ns, "link", "set", there_dev, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        yield ns, there_dev, here, there
+    finally:
+        # Deleting the namespace deletes its end of the pair, and so the pair.
+        subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True, timeout=10)
+        subprocess.run(["ip", "link", "del", here_dev], check=False, capture_output=True)
+
+
+@ONE_LOOP
+async def test_black_holed_tcp_subscriber_is_declared_dead_and_can_rejoin(
+    remote_host: tuple[str, str, str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ns, there_dev, here, _ = remote_host
+    deadline = 2.0
+    monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, str(deadline))
+    # A graph server on a routable address needs a token (once authentication is in);
+    # every child inherits it.
+    monkeypatch.setenv("EZFLOW_TOKEN", os.urandom(16).hex())
+    children: list[Child] = []
+    prefix = ("ip", "netns", "exec", ns)
+    try:
+        async with (
+            ezflow.GraphServer((here, 0)) as server,
+            ezflow.GraphContext(server.address, auto_start=False) as ctx,
+            ezflow.GraphContext(server.address, auto_start=False) as local_ctx,
+        ):
+            address = list(server.address)
+            remote = await start_peer("subscribe", prefix=prefix, address=address, topic="/bh")
+            children.append(remote)
+            await remote.event("ready")
+            local = await local_ctx.subscriber("/bh")
+            pub = await ctx.publisher("/bh", max_in_flight=4)
+            await pub.wait_for_channels(2)
+            assert [c.transport for c in local_ctx.channels] == ["local"]
+            await pub.publish(0)
+            assert (await remote.event("got"))["value"] == 0
+            assert await local.recv() == 0
+
+            ip("-n", ns, "link", "set", there_dev, "down")  # the black hole
+            started = time.monotonic()
+            declared = None
+            for i in range(1, 61):
+                await pub.publish(i)
+                if declared is None and pub.stats.dead_channels:
+                    declared = time.monotonic() - started
+                assert await local.recv() == i
+                await asyncio.sleep(0.05)
+                if declared is not None and i > 20:
+                    break
+            assert declared is not None, "the black-holed subscriber was never declared dead"
+            assert declared <= deadline + 3, declared
+            assert pub.channels == 1 and pub.stats.dead_channels == 1
+            [snapshot] = ctx.telemetry().publishers
+            assert (snapshot.dead_channels, snapshot.stalled_cut) == (1, 0)
+            silent = [r.getMessage() for r in caplog.records if "silent for" in r.getMessage()]
+            assert any("/bh" in line and "tcp channel from" in line for line in silent)
+            # The server dropped the black-holed client too (its connection fell silent).
+            await until(lambda: server.dead_clients >= 1, deadline + 3, "client declared dead")
+
+            ip("-n", ns, "link", "set", there_dev, "up")  # healed: a subscriber rejoins
+            rejoined = await start_peer("subscribe", prefix=prefix, address=address, topic="/bh")
+            children.append(rejoined)
+            await rejoined.event("ready")
+            await pub.wait_for_channels(2)
+            publishing = asyncio.ensure_future(publish_until_stopped(pub, 1000))
+            try:
+                assert (await rejoined.event("got", timeout=10))["value"] >= 1000
+            finally:
+                publishing.cancel()
+    finally:
+        for child in children:
+            await child.aclose()
+
+
+async def publish_until_stopped(pub: ezflow.Publisher, first: int) -> None:
+    i = first
+    while True:
+        await pub.publish(i)
+        i += 1
+        await asyncio.sleep(0.02)
