@@ -19,8 +19,8 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "ezflow", "tests", "perf", "examples", "noxfile.py")
-    session.run("ruff", "format", "--check", "ezflow", "tests", "perf", "examples", "noxfile.py")
+    session.run("ruff", "check", "ezflow", "tests", "examples", "noxfile.py")
+    session.run("ruff", "format", "--check", "ezflow", "tests", "examples", "noxfile.py")
 
 
 @nox.session

@@ -23,8 +23,11 @@ from ._core._exceptions import (
 )
 from ._core._loop import loop_factory, run_coroutine
 from ._core._outlet import PublisherStats
-from ._graph._context import ChannelInfo, GraphContext, Publisher, Subscriber
+from ._graph._context import GraphContext
+from ._graph._publisher import Publisher
+from ._graph._routing import ChannelInfo
 from ._graph._server import GraphServer
+from ._graph._subscriber import Subscriber
 from ._transports._shm import ShmStats
 from ._units._component import Collection, Component, Unit
 from ._units._decorators import main, publisher, subscriber, task, thread

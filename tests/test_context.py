@@ -331,7 +331,8 @@ async def test_cancelled_close_leaves_nothing_open(server: ezflow.GraphServer) -
         pub = await sender.publisher("/stuck", max_in_flight=1000)
         for _ in range(200):  # far more than the socket buffers hold: the peer never reads
             await pub.publish(np.zeros(64 * 1024, dtype=np.uint8))
-        receiver_channel = receiver._channels[next(iter(receiver._channels))]
+        assert receiver._router is not None
+        (receiver_channel,) = receiver._router.channels.values()
         assert receiver_channel.inbound is not None
         receiver_channel.inbound._connection.transport.pause_reading()  # type: ignore[attr-defined]
         closing = asyncio.ensure_future(sender.aclose())

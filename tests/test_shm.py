@@ -234,7 +234,7 @@ async def test_sizes_at_every_boundary(shm_pair: Any) -> None:
         (slot + 1, "out-of-line"),
         (4 * slot, "out-of-line"),
     ]
-    ring = pub._context._shm._shm[pub.id].ring  # type: ignore[union-attr]
+    ring = pub._shm._shm[pub.id].ring  # type: ignore[union-attr]
     for index, (total, path) in enumerate(cases):
         message = array_of_encoded_size(total, index)
         if total == slot:
@@ -266,10 +266,11 @@ async def test_channels_drop_the_mappings_of_retired_blocks(
         del size
         await sub.recv()
         await asyncio.sleep(0.02)  # FREE reaches the publisher
-    (record,) = ctx._channels.values()
+    assert ctx._router is not None
+    (record,) = ctx._router.channels.values()
     assert record.inbound is not None
     reader = record.inbound._connection.reader  # type: ignore[attr-defined]
-    ring = pub._context._shm._shm[pub.id].ring  # type: ignore[union-attr]
+    ring = pub._shm._shm[pub.id].ring  # type: ignore[union-attr]
     assert ring.stats.blocks_unlinked >= 2
     on_disk = {n for n in os.listdir("/dev/shm") if n.startswith(f"ezflow-{os.getpid()}-")}
     assert set(reader.attached) <= on_disk  # nothing mapped that was unlinked
@@ -1048,13 +1049,15 @@ async def test_forcing_shm_to_a_publisher_on_another_host_uses_tcp(
         shm_address=f"ezflow-1-{'0' * 16}",
     )
     sub = await ctx.subscriber("/shm/remote", transport="shm")
+    router = ctx._router
+    assert router is not None
     with caplog.at_level(logging.WARNING, logger="ezflow"):
-        assert ctx._choose_transport(remote, sub) == "tcp"
-        assert ctx._choose_transport(remote, sub) == "tcp"
+        assert router.choose_transport(remote, sub) == "tcp"
+        assert router.choose_transport(remote, sub) == "tcp"
     said = [r.getMessage() for r in caplog.records if "transport 'shm' asked for" in r.getMessage()]
     assert len(said) == 1 and "using tcp" in said[0]
-    same_host = dataclasses.replace(remote, host_id=ctx._host_id)
-    assert ctx._choose_transport(same_host, sub) == "shm"
+    same_host = dataclasses.replace(remote, host_id=router.host_id)
+    assert router.choose_transport(same_host, sub) == "shm"
 
 
 # -- hostile peers -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""GraphContext, Publisher and Subscriber: the low-level API.
+"""GraphContext: the low-level API's entry point, one client of the graph server.
 
 A :class:`GraphContext` is one client of the graph server. It owns
 
@@ -6,10 +6,11 @@ A :class:`GraphContext` is one client of the graph server. It owns
   embedded one because none answered),
 * this process's transports (the tcp and shm data servers start with the first
   publisher),
-* one :class:`~ezflow._core._channel.Channel` per publisher any of its subscribers
-  listens to, rebuilt whenever the server pushes new routes.
+* its :class:`~ezflow._graph._routing.Router`: one channel per publisher any of its
+  subscribers listens to, rebuilt whenever the server pushes new routes.
 
-Publishers and subscribers are created through the context and closed with it.
+Publishers (``_publisher.py``) and subscribers (``_subscriber.py``) are created through
+the context and closed with it.
 """
 
 from __future__ import annotations
@@ -20,14 +21,10 @@ import errno
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-from numpy.typing import DTypeLike
-
-from .._core._channel import Attachment, Channel, ChannelStats, Inbox, SubscriberStats
+from .._core._channel import Inbox
 from .._core._codec import Codec
 from .._core._config import (
     DEFAULT_MAX_IN_FLIGHT,
@@ -44,280 +41,23 @@ from .._core._config import (
     telemetry_interval_from_env,
     transport_from_env,
 )
-from .._core._exceptions import (
-    BrokenResourceError,
-    ClosedResourceError,
-    ConfigurationError,
-    EzflowError,
-)
-from .._core._outlet import Outlet, PublisherStats
-from .._core._protocol import PublisherInfo, check_topic
+from .._core._exceptions import BrokenResourceError, ClosedResourceError, ConfigurationError
+from .._core._outlet import Outlet
+from .._core._protocol import check_topic
 from .._core._telemetry import ProcessSnapshot
-from .._transports._base import Inbound, Transport
 from .._transports._local import LocalTransport
-from .._transports._shm import ShmStats, ShmTransport
+from .._transports._shm import ShmTransport
 from .._transports._tcp import TcpTransport
 from ._client import GraphClient, host_id
+from ._publisher import Publisher
 from ._reporter import TelemetryReporter
+from ._routing import ChannelInfo, Router
 from ._server import GraphServer
+from ._subscriber import Subscriber
 
-__all__ = ["ChannelInfo", "GraphContext", "Publisher", "Subscriber"]
+__all__ = ["GraphContext"]
 
 log = logging.getLogger("ezflow.context")
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelInfo:
-    """A snapshot of one channel of a context (see :attr:`GraphContext.channels`)."""
-
-    publisher_id: str
-    topic: str
-    transport: str
-    subscribers: int
-    lossless: bool
-    pending: int
-    stats: ChannelStats
-
-
-@dataclass(eq=False)
-class _ChannelRecord:
-    key: tuple[str, str]  # (publisher id, transport)
-    channel: Channel
-    inbound: Inbound | None = None
-    attachments: dict[str, Attachment] = field(default_factory=dict)
-
-
-class Publisher:
-    """Publishes messages on one topic. Create with :meth:`GraphContext.publisher`.
-
-    Messages are delivered to each subscriber in publish order. Do not mutate an object
-    after publishing it: the local transport hands subscribers the object itself (arrays
-    as read-only views) and tcp may still be sending its buffers. For large arrays,
-    :meth:`loan` a buffer in shared memory, fill it, and publish it without any copy.
-    """
-
-    def __init__(self, context: GraphContext, outlet: Outlet) -> None:
-        self._context = context
-        self._outlet = outlet
-        self._closed = False
-        self._loaned = False
-
-    @property
-    def id(self) -> str:
-        return self._outlet.publisher_id
-
-    @property
-    def topic(self) -> str:
-        return self._outlet.topic
-
-    @property
-    def stats(self) -> PublisherStats:
-        """Live counters: messages, bytes, encodes, drops, time spent waiting."""
-        return self._outlet.stats
-
-    @property
-    def shm_stats(self) -> ShmStats | None:
-        """A snapshot of this publisher's shared-memory counters (``None`` when this
-        process cannot use shared memory)."""
-        shm = self._context._shm
-        return None if shm is None else shm.stats(self._outlet)
-
-    @property
-    def channels(self) -> int:
-        """Channels (one per subscribing process and transport) connected right now."""
-        return len(self._outlet.links)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    async def publish(self, message: Any) -> None:
-        """Send *message* to every subscriber routed to this publisher.
-
-        Lossless (default) subscribers: waits while the slowest one is ``max_in_flight``
-        messages behind. Leaky subscribers never make this wait. Raises
-        :class:`~ezflow.UnregisteredTypeError` (a ``TypeError``) for a message the codec
-        cannot encode, :class:`~ezflow.MessageTooLargeError` above ``max_message_size``,
-        :class:`~ezflow.ClosedResourceError` after :meth:`aclose` — each before anything
-        was sent. When cancelled while waiting, nothing was sent.
-
-        A loaned array (:meth:`loan`) - the message itself, or anywhere inside its
-        tuples, lists, dicts and dataclasses - is sent to shm subscribers without being
-        copied (see :meth:`loan` for when it is), and is read-only from then on, whoever
-        the message went to.
-        """
-        outlet = self._outlet
-        if not outlet.publish_nowait(message):
-            await outlet.publish(message)
-        if self._loaned:
-            shm = self._context._shm
-            if shm is not None:
-                shm.spend(self._outlet, message)
-
-    async def loan(
-        self, shape: int | tuple[int, ...], dtype: DTypeLike = np.uint8
-    ) -> np.ndarray[Any, Any]:
-        """A writable, uninitialised C-contiguous array of *shape* and *dtype* that lives
-        in this publisher's shared memory; fill it in place, then :meth:`publish` it.
-
-        Waits first, as :meth:`publish` would, while a lossless subscriber's window is
-        full, so that a buffer is taken (and filled) only once it can be sent; a
-        cancelled ``loan`` has taken nothing.
-
-        Publishing that very array, or a message holding it anywhere in its tuples,
-        lists, dicts and registered dataclasses (``("frame", seq, t_ns, array)``),
-        copies none of its bytes for shm subscribers: the rest of the encoded message is
-        written into room kept free around the array's data (``SHM_LOAN_ROOM`` bytes on
-        each side), the block goes to them as it is, and they receive read-only views of
-        the same memory (tcp and local subscribers get it as any array). When the rest
-        of the message does not fit that room (other large buffers), or the message
-        holds a view of the array rather than the array, it is copied as any message
-        (counted in ``shm_stats.loans_copied``). After ``publish`` the array is
-        read-only; the memory stays valid (and unchanged) for as long as the array or
-        any view of it - here or in a subscriber - is alive. An array never published is
-        simply dropped.
-
-        When shared memory cannot be used (not Linux, no ``/dev/shm``) or every block is
-        leased, the loan is a private array instead (counted in
-        ``shm_stats.loan_fallbacks``): publishing it then copies as usual. Raises
-        :class:`~ezflow.UnregisteredTypeError` for a dtype that cannot travel (objects),
-        ``ValueError`` for a bad shape, :class:`~ezflow.MessageTooLargeError` above
-        ``max_message_size``, :class:`~ezflow.ClosedResourceError` after
-        :meth:`aclose`.
-        """
-        if self._closed:
-            raise ClosedResourceError("publisher is closed")
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        dt = np.dtype(dtype)
-        await self._outlet.wait_for_room()
-        shm = self._context._shm
-        array = None
-        if shm is not None:
-            array = shm.loan(self._outlet, shape, dt)
-        else:
-            # Same checks as a shared-memory loan, so that code behaves alike everywhere.
-            self._outlet.codec.array_prefix(shape, dt)
-        if array is None:
-            return np.empty(shape, dt)
-        self._loaned = True
-        return array
-
-    async def wait_for_channels(self, count: int = 1) -> None:
-        """Wait until at least *count* channels are connected (for start-up ordering
-        when subscribers may register after this publisher)."""
-        await self._outlet.wait_for_links(count)
-
-    async def aclose(self) -> None:
-        """Close: every channel sees a clean end after the messages already published
-        (nothing accepted is dropped), and the registration is removed. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        await self._context._close_publisher(self)
-
-    async def __aenter__(self) -> Publisher:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-class Subscriber:
-    """Receives the messages of every publisher routed to its topic. Create with
-    :meth:`GraphContext.subscriber`.
-
-    A subscriber gets messages published after it was routed to their publisher (when
-    ``GraphContext.subscriber`` returns, for publishers that already exist); nothing
-    older is replayed. Per publisher, messages arrive in publish order; a lossless
-    subscriber gets every one of them exactly once, a leaky one the newest ``queue``.
-
-    A subscriber created with ``on_message`` queues nothing: its callback gets each
-    message as it is delivered, and :meth:`recv` is refused.
-    """
-
-    def __init__(
-        self, context: GraphContext, sub_id: str, topic: str, inbox: Inbox, transport: str | None
-    ) -> None:
-        self._context = context
-        self.id = sub_id
-        self.topic = topic
-        self._inbox = inbox
-        self.transport = transport
-        self._closed = False
-
-    @property
-    def leaky(self) -> bool:
-        return self._inbox.leaky
-
-    @property
-    def stats(self) -> SubscriberStats:
-        """Live counters: received, taken, dropped (leaky only)."""
-        return self._inbox.stats
-
-    @property
-    def queued(self) -> int:
-        """Messages waiting to be received."""
-        return len(self._inbox)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def recv(self) -> Coroutine[Any, Any, Any]:
-        """Wait for the next message and return it (a coroutine: ``await sub.recv()``).
-
-        Raises :class:`~ezflow.ClosedResourceError` once the subscriber (or its context)
-        is closed and every queued message has been received. Cancellation-safe: a
-        cancelled ``recv`` takes no message.
-        """
-        # The inbox's own coroutine, not one wrapped in another: a paced subscriber
-        # resumes through one frame fewer for every message.
-        inbox = self._inbox
-        if inbox._callback is not None:
-            raise self._nothing_to_recv()
-        return inbox.get()
-
-    def recv_nowait(self) -> Any:
-        """Return the next queued message; raise ``asyncio.QueueEmpty`` when there is none."""
-        try:
-            return self._inbox.get_nowait()
-        except IndexError:
-            if self._inbox.callback is not None:
-                raise self._nothing_to_recv() from None
-            if self._closed:
-                raise ClosedResourceError("this subscriber is closed") from None
-            raise asyncio.QueueEmpty from None
-
-    def _nothing_to_recv(self) -> ConfigurationError:
-        """The error of recv() on a callback (``on_message``) subscriber."""
-        return ConfigurationError(
-            f"subscriber {self.id} on topic {self.topic!r} hands every message to its "
-            "on_message callback, so there is nothing to recv(); create it without "
-            "on_message to receive with recv() or async for"
-        )
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self.recv()
-        except ClosedResourceError:
-            raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        """Stop receiving and remove the registration. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._inbox.close()
-        await self._context._close_subscriber(self)
-
-    async def __aenter__(self) -> Subscriber:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 class GraphContext:
@@ -361,14 +101,9 @@ class GraphContext:
         self._local = LocalTransport()
         self._tcp: TcpTransport | None = None
         self._shm: ShmTransport | None = None
-        self._host_id = ""
-        # Publishers whose shm edges failed to open: their edges use tcp from then on.
-        self._shm_refused: set[str] = set()
         self._publishers: dict[str, Publisher] = {}
         self._subscribers: dict[str, Subscriber] = {}
-        self._channels: dict[tuple[str, str], _ChannelRecord] = {}
-        self._routes: tuple[int, dict[str, Any]] | None = None
-        self._routes_ready = asyncio.Event()
+        self._router: Router | None = None
         self._route_worker: asyncio.Task[None] | None = None
         self._reporter = TelemetryReporter(
             self,
@@ -377,7 +112,6 @@ class GraphContext:
             else check_telemetry_interval(telemetry_interval),
         )
         self._report_task: asyncio.Task[None] | None = None
-        self._warned: set[tuple[str, str]] = set()
         self._state = "new"
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -411,10 +145,18 @@ class GraphContext:
             self._tcp = TcpTransport(
                 host=self._client.local_host, max_message_size=self._max_message_size
             )
-            self._host_id = host_id()
             if ShmTransport.available():
                 self._shm = ShmTransport(max_message_size=self._max_message_size, codec=self._codec)
-            self._route_worker = asyncio.ensure_future(self._apply_routes_forever())
+            self._router = Router(
+                codec=self._codec,
+                local=self._local,
+                tcp=self._tcp,
+                shm=self._shm,
+                host_id=host_id(),
+                env_transport=self._env_transport,
+                subscribers=self._subscribers,
+            )
+            self._route_worker = asyncio.ensure_future(self._router.run(self._routes_applied))
             if self._reporter.interval > 0:
                 self._report_task = asyncio.ensure_future(self._reporter.run())
         except BaseException:
@@ -478,8 +220,8 @@ class GraphContext:
             publisher._closed = True
             publisher._outlet.close()
         self._publishers.clear()
-        for record in list(self._channels.values()):
-            self._close_record(record)
+        if self._router is not None:
+            self._router.close()
         try:
             # Remote channels read up to END before this process leaves the graph (and
             # its registrations vanish), so nothing already published is lost.
@@ -544,7 +286,7 @@ class GraphContext:
             max_in_flight=max_in_flight,
             max_in_flight_bytes=max_in_flight_bytes,
         )
-        publisher = Publisher(self, outlet)
+        publisher = Publisher(outlet, self._shm, self._close_publisher)
         self._publishers[outlet.publisher_id] = publisher
         self._local.add_outlet(outlet)
         self._tcp.add_outlet(outlet)
@@ -614,7 +356,7 @@ class GraphContext:
         transport = check_transport(transport, setting="transport")
         sub_id = f"s-{uuid.uuid4().hex[:16]}"
         inbox = Inbox(leaky=leaky, maxlen=queue, name=sub_id, callback=on_message)
-        subscriber = Subscriber(self, sub_id, topic, inbox, transport)
+        subscriber = Subscriber(sub_id, topic, inbox, transport, self._close_subscriber)
         self._subscribers[sub_id] = subscriber
         try:
             await client.request(
@@ -683,18 +425,7 @@ class GraphContext:
     @property
     def channels(self) -> list[ChannelInfo]:
         """The channels of this context right now, one per (publisher, transport)."""
-        return [
-            ChannelInfo(
-                publisher_id=record.key[0],
-                topic=record.channel.topic,
-                transport=record.key[1],
-                subscribers=len(record.attachments),
-                lossless=record.channel.lossless,
-                pending=record.channel.pending,
-                stats=record.channel.stats,
-            )
-            for record in self._channels.values()
-        ]
+        return [] if self._router is None else self._router.infos()
 
     async def _close_publisher(self, publisher: Publisher) -> None:
         self._drop_outlet(publisher)
@@ -718,12 +449,8 @@ class GraphContext:
 
     async def _close_subscriber(self, subscriber: Subscriber) -> None:
         self._subscribers.pop(subscriber.id, None)
-        for record in list(self._channels.values()):
-            attachment = record.attachments.pop(subscriber.id, None)
-            if attachment is not None:
-                record.channel.detach(attachment)
-            if not record.attachments:
-                self._close_record(record)
+        if self._router is not None:
+            self._router.detach(subscriber.id)
         if self._state == "open" and self._client is not None and self._client.connected:
             with contextlib.suppress(BrokenResourceError, ClosedResourceError):
                 await self._client.request("unregister", registration_id=subscriber.id)
@@ -731,8 +458,12 @@ class GraphContext:
     # -- routes --------------------------------------------------------------------------
 
     def _on_routes(self, version: int, message: dict[str, Any]) -> None:
-        self._routes = (version, message)
-        self._routes_ready.set()
+        if self._router is not None:
+            self._router.offer(version, message)
+
+    def _routes_applied(self, version: int) -> None:
+        if self._client is not None and self._client.connected:
+            self._client.routes_applied(version)
 
     def _on_lost(self, reason: BaseException | None) -> None:
         if self._state == "open":
@@ -742,171 +473,3 @@ class GraphContext:
                 format_address(self.address),
                 reason or "closed",
             )
-
-    async def _apply_routes_forever(self) -> None:
-        while True:
-            await self._routes_ready.wait()
-            self._routes_ready.clear()
-            assert self._routes is not None
-            version, message = self._routes
-            try:
-                await self._apply_routes(message)
-            except EzflowError as exc:
-                log.error("could not apply routes version %d: %s", version, exc)
-            except Exception:
-                log.exception("could not apply routes version %d", version)
-            if self._client is not None and self._client.connected:
-                self._client.routes_applied(version)
-
-    def _choose_transport(self, publisher: PublisherInfo, subscriber: Subscriber) -> str:
-        """local in the same process and loop; else shm on the same host when both
-        processes can use it; else tcp. A forced choice that cannot work falls back to
-        the automatic one, with a warning logged once per edge."""
-        wanted = subscriber.transport or publisher.transport or self._env_transport
-        if wanted == "tcp":
-            return "tcp"
-        local = LocalTransport.reachable(publisher.publisher_id)
-        shm = (
-            self._shm is not None
-            and publisher.shm_address is not None
-            and publisher.host_id == self._host_id
-            and publisher.publisher_id not in self._shm_refused
-        )
-        if wanted == "shm" and shm:
-            return "shm"
-        chosen = "local" if local else "shm" if shm else "tcp"
-        if wanted is not None and wanted != chosen:
-            key = (publisher.publisher_id, subscriber.id)
-            if key not in self._warned:
-                self._warned.add(key)
-                reason = (
-                    "the publisher is in another process"
-                    if wanted == "local"
-                    else "shared memory cannot be used between these processes"
-                    " (another host, no /dev/shm, or it failed before)"
-                )
-                log.warning(
-                    "transport %r asked for %s -> %s, but %s; using %s",
-                    wanted,
-                    publisher.topic,
-                    subscriber.topic,
-                    reason,
-                    chosen,
-                )
-        return chosen
-
-    def _transport(self, name: str) -> Transport:
-        if name == "local":
-            return self._local
-        if name == "shm":
-            assert self._shm is not None
-            return self._shm
-        assert self._tcp is not None
-        return self._tcp
-
-    async def _apply_routes(self, message: dict[str, Any]) -> None:
-        publishers = {
-            pub_id: PublisherInfo.from_wire(info)
-            for pub_id, info in dict(message.get("publishers") or {}).items()
-        }
-        wanted: dict[tuple[str, str], list[Subscriber]] = {}
-        for sub_id, pub_ids in dict(message.get("subscribers") or {}).items():
-            subscriber = self._subscribers.get(sub_id)
-            if subscriber is None or subscriber.closed:
-                continue
-            for pub_id in pub_ids:
-                info = publishers.get(pub_id)
-                if info is None:
-                    continue
-                key = (pub_id, self._choose_transport(info, subscriber))
-                wanted.setdefault(key, []).append(subscriber)
-        # Detach what is no longer routed; close channels nobody listens to.
-        for key, record in list(self._channels.items()):
-            keep = {s.id for s in wanted.get(key, ())}
-            for sub_id in [s for s in record.attachments if s not in keep]:
-                record.channel.detach(record.attachments.pop(sub_id))
-            if not record.attachments:
-                self._close_record(record)
-        # Attach to existing channels; open the missing ones concurrently.
-        opening = []
-        for key, subscribers in wanted.items():
-            existing = self._channels.get(key)
-            if existing is None:
-                opening.append(self._open_record(key, publishers[key[0]], subscribers))
-                continue
-            for subscriber in subscribers:
-                if subscriber.id not in existing.attachments and not subscriber.closed:
-                    existing.attachments[subscriber.id] = existing.channel.attach(subscriber._inbox)
-        if opening:
-            await asyncio.gather(*opening)
-
-    async def _open_record(
-        self, key: tuple[str, str], info: PublisherInfo, subscribers: list[Subscriber]
-    ) -> None:
-        channel = Channel(info.publisher_id, info.topic, self._codec, transport=key[1])
-        record = _ChannelRecord(key, channel)
-        self._channels[key] = record
-        for subscriber in subscribers:
-            record.attachments[subscriber.id] = channel.attach(subscriber._inbox)
-        while True:
-            try:
-                record.inbound = await self._transport(record.key[1]).open_channel(
-                    channel, info, on_lost=lambda: self._lost_record(record)
-                )
-            except EzflowError as exc:
-                if record.key[1] == "shm" and self._channels.get(record.key) is record:
-                    if self._fall_back_to_tcp(record, info, exc):
-                        continue  # the same record, now over tcp
-                    return  # joined the tcp channel this process has to it already
-                log.warning("cannot open a channel to %s: %s", info.publisher_id, exc)
-                self._close_record(record)
-                return
-            break
-        if self._channels.get(record.key) is not record:
-            # Closed (context closing, subscribers gone) while we were connecting.
-            record.inbound.close()
-
-    def _fall_back_to_tcp(
-        self, record: _ChannelRecord, info: PublisherInfo, error: EzflowError
-    ) -> bool:
-        """The shm channel to *info* could not open: say so once, and turn *record* into
-        a tcp one; true if it is to be opened over tcp, false if it joined an existing
-        tcp channel to the same publisher instead."""
-        if info.publisher_id not in self._shm_refused:
-            self._shm_refused.add(info.publisher_id)
-            log.warning(
-                "cannot use shared memory for publisher %s on topic %r (%s); its edges to "
-                "this process use tcp",
-                info.publisher_id,
-                info.topic,
-                error,
-            )
-        del self._channels[record.key]
-        record.key = (info.publisher_id, "tcp")
-        record.channel.transport = "tcp"
-        existing = self._channels.get(record.key)
-        if existing is None:
-            self._channels[record.key] = record
-            return True
-        # Another channel to it over tcp exists already: join it.
-        for sub_id, attachment in list(record.attachments.items()):
-            record.channel.detach(attachment)
-            subscriber = self._subscribers.get(sub_id)
-            if subscriber is not None and sub_id not in existing.attachments:
-                existing.attachments[sub_id] = existing.channel.attach(subscriber._inbox)
-        record.attachments.clear()
-        record.channel.close()
-        return False
-
-    def _lost_record(self, record: _ChannelRecord) -> None:
-        record.inbound = None
-        self._close_record(record)
-
-    def _close_record(self, record: _ChannelRecord) -> None:
-        if self._channels.get(record.key) is record:
-            del self._channels[record.key]
-        record.attachments.clear()
-        record.channel.close()
-        inbound, record.inbound = record.inbound, None
-        if inbound is not None:
-            inbound.close()

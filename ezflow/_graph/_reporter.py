@@ -75,9 +75,8 @@ class TelemetryReporter:
                 max(0, nbytes - before[1]) / elapsed,
             )
 
-        channels, left_channels = snapshot_entries(
-            context._channels.values(), MAX_TELEMETRY_ENTRIES
-        )
+        records = () if context._router is None else context._router.channels.values()
+        channels, left_channels = snapshot_entries(records, MAX_TELEMETRY_ENTRIES)
         channel_snapshots = tuple(
             self._channel(record.channel, record.key[1], record.attachments, rates)
             for record in channels

@@ -21,7 +21,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._core._exceptions import ClosedResourceError
-from .._graph._context import GraphContext, Publisher, Subscriber
+from .._graph._context import GraphContext
+from .._graph._publisher import Publisher
+from .._graph._subscriber import Subscriber
 from ._component import Unit
 from ._decorators import FunctionRole
 from ._errors import Complete

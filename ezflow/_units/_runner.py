@@ -14,7 +14,8 @@ from typing import Any
 from .._core._config import Address
 from .._core._exceptions import ClosedResourceError
 from .._core._loop import run_coroutine
-from .._graph._context import GraphContext, Publisher
+from .._graph._context import GraphContext
+from .._graph._publisher import Publisher
 from . import _process
 from ._component import Component
 from ._errors import GraphDefinitionError, ProcessDiedError, UnitError

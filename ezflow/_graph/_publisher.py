@@ -1,0 +1,156 @@
+"""Publisher: the sending half of the low-level API (created by GraphContext.publisher)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from .._core._exceptions import ClosedResourceError
+from .._core._outlet import Outlet, PublisherStats
+from .._transports._shm import ShmStats, ShmTransport
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    """Publishes messages on one topic. Create with :meth:`GraphContext.publisher`.
+
+    Messages are delivered to each subscriber in publish order. Do not mutate an object
+    after publishing it: the local transport hands subscribers the object itself (arrays
+    as read-only views) and tcp may still be sending its buffers. For large arrays,
+    :meth:`loan` a buffer in shared memory, fill it, and publish it without any copy.
+    """
+
+    def __init__(
+        self,
+        outlet: Outlet,
+        shm: ShmTransport | None,
+        close: Callable[[Publisher], Awaitable[None]],
+    ) -> None:
+        self._outlet = outlet
+        self._shm = shm
+        self._close = close
+        self._closed = False
+        self._loaned = False
+
+    @property
+    def id(self) -> str:
+        return self._outlet.publisher_id
+
+    @property
+    def topic(self) -> str:
+        return self._outlet.topic
+
+    @property
+    def stats(self) -> PublisherStats:
+        """Live counters: messages, bytes, encodes, drops, time spent waiting."""
+        return self._outlet.stats
+
+    @property
+    def shm_stats(self) -> ShmStats | None:
+        """A snapshot of this publisher's shared-memory counters (``None`` when this
+        process cannot use shared memory)."""
+        shm = self._shm
+        return None if shm is None else shm.stats(self._outlet)
+
+    @property
+    def channels(self) -> int:
+        """Channels (one per subscribing process and transport) connected right now."""
+        return len(self._outlet.links)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def publish(self, message: Any) -> None:
+        """Send *message* to every subscriber routed to this publisher.
+
+        Lossless (default) subscribers: waits while the slowest one is ``max_in_flight``
+        messages behind. Leaky subscribers never make this wait. Raises
+        :class:`~ezflow.UnregisteredTypeError` (a ``TypeError``) for a message the codec
+        cannot encode, :class:`~ezflow.MessageTooLargeError` above ``max_message_size``,
+        :class:`~ezflow.ClosedResourceError` after :meth:`aclose` — each before anything
+        was sent. When cancelled while waiting, nothing was sent.
+
+        A loaned array (:meth:`loan`) - the message itself, or anywhere inside its
+        tuples, lists, dicts and dataclasses - is sent to shm subscribers without being
+        copied (see :meth:`loan` for when it is), and is read-only from then on, whoever
+        the message went to.
+        """
+        outlet = self._outlet
+        if not outlet.publish_nowait(message):
+            await outlet.publish(message)
+        if self._loaned:
+            shm = self._shm
+            if shm is not None:
+                shm.spend(self._outlet, message)
+
+    async def loan(
+        self, shape: int | tuple[int, ...], dtype: DTypeLike = np.uint8
+    ) -> np.ndarray[Any, Any]:
+        """A writable, uninitialised C-contiguous array of *shape* and *dtype* that lives
+        in this publisher's shared memory; fill it in place, then :meth:`publish` it.
+
+        Waits first, as :meth:`publish` would, while a lossless subscriber's window is
+        full, so that a buffer is taken (and filled) only once it can be sent; a
+        cancelled ``loan`` has taken nothing.
+
+        Publishing that very array, or a message holding it anywhere in its tuples,
+        lists, dicts and registered dataclasses (``("frame", seq, t_ns, array)``),
+        copies none of its bytes for shm subscribers: the rest of the encoded message is
+        written into room kept free around the array's data (``SHM_LOAN_ROOM`` bytes on
+        each side), the block goes to them as it is, and they receive read-only views of
+        the same memory (tcp and local subscribers get it as any array). When the rest
+        of the message does not fit that room (other large buffers), or the message
+        holds a view of the array rather than the array, it is copied as any message
+        (counted in ``shm_stats.loans_copied``). After ``publish`` the array is
+        read-only; the memory stays valid (and unchanged) for as long as the array or
+        any view of it - here or in a subscriber - is alive. An array never published is
+        simply dropped.
+
+        When shared memory cannot be used (not Linux, no ``/dev/shm``) or every block is
+        leased, the loan is a private array instead (counted in
+        ``shm_stats.loan_fallbacks``): publishing it then copies as usual. Raises
+        :class:`~ezflow.UnregisteredTypeError` for a dtype that cannot travel (objects),
+        ``ValueError`` for a bad shape, :class:`~ezflow.MessageTooLargeError` above
+        ``max_message_size``, :class:`~ezflow.ClosedResourceError` after
+        :meth:`aclose`.
+        """
+        if self._closed:
+            raise ClosedResourceError("publisher is closed")
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dt = np.dtype(dtype)
+        await self._outlet.wait_for_room()
+        shm = self._shm
+        array = None
+        if shm is not None:
+            array = shm.loan(self._outlet, shape, dt)
+        else:
+            # Same checks as a shared-memory loan, so that code behaves alike everywhere.
+            self._outlet.codec.array_prefix(shape, dt)
+        if array is None:
+            return np.empty(shape, dt)
+        self._loaned = True
+        return array
+
+    async def wait_for_channels(self, count: int = 1) -> None:
+        """Wait until at least *count* channels are connected (for start-up ordering
+        when subscribers may register after this publisher)."""
+        await self._outlet.wait_for_links(count)
+
+    async def aclose(self) -> None:
+        """Close: every channel sees a clean end after the messages already published
+        (nothing accepted is dropped), and the registration is removed. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._close(self)
+
+    async def __aenter__(self) -> Publisher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

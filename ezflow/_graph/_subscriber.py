@@ -1,0 +1,115 @@
+"""Subscriber: the receiving half of the low-level API (created by GraphContext.subscriber)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+
+from .._core._channel import Inbox, SubscriberStats
+from .._core._exceptions import ClosedResourceError, ConfigurationError
+
+__all__ = ["Subscriber"]
+
+
+class Subscriber:
+    """Receives the messages of every publisher routed to its topic. Create with
+    :meth:`GraphContext.subscriber`.
+
+    A subscriber gets messages published after it was routed to their publisher (when
+    ``GraphContext.subscriber`` returns, for publishers that already exist); nothing
+    older is replayed. Per publisher, messages arrive in publish order; a lossless
+    subscriber gets every one of them exactly once, a leaky one the newest ``queue``.
+
+    A subscriber created with ``on_message`` queues nothing: its callback gets each
+    message as it is delivered, and :meth:`recv` is refused.
+    """
+
+    def __init__(
+        self,
+        sub_id: str,
+        topic: str,
+        inbox: Inbox,
+        transport: str | None,
+        close: Callable[[Subscriber], Awaitable[None]],
+    ) -> None:
+        self._close = close
+        self.id = sub_id
+        self.topic = topic
+        self._inbox = inbox
+        self.transport = transport
+        self._closed = False
+
+    @property
+    def leaky(self) -> bool:
+        return self._inbox.leaky
+
+    @property
+    def stats(self) -> SubscriberStats:
+        """Live counters: received, taken, dropped (leaky only)."""
+        return self._inbox.stats
+
+    @property
+    def queued(self) -> int:
+        """Messages waiting to be received."""
+        return len(self._inbox)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def recv(self) -> Coroutine[Any, Any, Any]:
+        """Wait for the next message and return it (a coroutine: ``await sub.recv()``).
+
+        Raises :class:`~ezflow.ClosedResourceError` once the subscriber (or its context)
+        is closed and every queued message has been received. Cancellation-safe: a
+        cancelled ``recv`` takes no message.
+        """
+        # The inbox's own coroutine, not one wrapped in another: a paced subscriber
+        # resumes through one frame fewer for every message.
+        inbox = self._inbox
+        if inbox._callback is not None:
+            raise self._nothing_to_recv()
+        return inbox.get()
+
+    def recv_nowait(self) -> Any:
+        """Return the next queued message; raise ``asyncio.QueueEmpty`` when there is none."""
+        try:
+            return self._inbox.get_nowait()
+        except IndexError:
+            if self._inbox.callback is not None:
+                raise self._nothing_to_recv() from None
+            if self._closed:
+                raise ClosedResourceError("this subscriber is closed") from None
+            raise asyncio.QueueEmpty from None
+
+    def _nothing_to_recv(self) -> ConfigurationError:
+        """The error of recv() on a callback (``on_message``) subscriber."""
+        return ConfigurationError(
+            f"subscriber {self.id} on topic {self.topic!r} hands every message to its "
+            "on_message callback, so there is nothing to recv(); create it without "
+            "on_message to receive with recv() or async for"
+        )
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.recv()
+        except ClosedResourceError:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        """Stop receiving and remove the registration. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.close()
+        await self._close(self)
+
+    async def __aenter__(self) -> Subscriber:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
