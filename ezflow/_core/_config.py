@@ -320,7 +320,9 @@ def drain_timeout_from_env() -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigurationError(f"{ENV_DRAIN_TIMEOUT}={text!r} is not a number of seconds") from None
+        raise ConfigurationError(
+            f"{ENV_DRAIN_TIMEOUT}={text!r} is not a number of seconds"
+        ) from None
     return check_drain_timeout(value, setting=ENV_DRAIN_TIMEOUT)
 
 

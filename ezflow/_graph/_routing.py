@@ -195,7 +195,13 @@ class Router:
             for pub_id, info in dict(message.get("publishers") or {}).items()
         }
         wanted: dict[tuple[str, str], list[Subscriber]] = {}
-        for sub_id, pub_ids in dict(message.get("subscribers") or {}).items():
+        routes = dict(message.get("subscribers") or {})
+        for sub_id, subscriber in self._subscribers.items():
+            # Which publishers may still feed it: part of its end of stream.
+            subscriber._inbox.routed(
+                frozenset(p for p in routes.get(sub_id, ()) if p in publishers)
+            )
+        for sub_id, pub_ids in routes.items():
             subscriber = self._subscribers.get(sub_id)
             if subscriber is None or subscriber.closed:
                 continue
