@@ -196,9 +196,9 @@ class Router:
         }
         wanted: dict[tuple[str, str], list[Subscriber]] = {}
         routes = dict(message.get("subscribers") or {})
-        for sub_id, subscriber in self._subscribers.items():
+        for sub_id, routed in self._subscribers.items():
             # Which publishers may still feed it: part of its end of stream.
-            subscriber._inbox.routed(
+            routed._inbox.routed(
                 frozenset(p for p in routes.get(sub_id, ()) if p in publishers)
             )
         for sub_id, pub_ids in routes.items():
