@@ -334,6 +334,11 @@ class Inbox:
         return self._at_end and not self._items
 
     @property
+    def had_publisher(self) -> bool:
+        """True once a publisher fed this inbox or was routed to it."""
+        return self._had_publisher
+
+    @property
     def ended_publishers(self) -> frozenset[str]:
         """Ids of the publishers that fed this inbox and ended."""
         return frozenset(self._ended)

@@ -198,9 +198,7 @@ class Router:
         routes = dict(message.get("subscribers") or {})
         for sub_id, routed in self._subscribers.items():
             # Which publishers may still feed it: part of its end of stream.
-            routed._inbox.routed(
-                frozenset(p for p in routes.get(sub_id, ()) if p in publishers)
-            )
+            routed._inbox.routed(frozenset(p for p in routes.get(sub_id, ()) if p in publishers))
         for sub_id, pub_ids in routes.items():
             subscriber = self._subscribers.get(sub_id)
             if subscriber is None or subscriber.closed:

@@ -76,6 +76,11 @@ class Subscriber:
         ending cleanly."""
         return self._inbox.at_end
 
+    @property
+    def had_publisher(self) -> bool:
+        """True once a publisher was routed to this subscriber (ended or not)."""
+        return self._inbox.had_publisher
+
     def recv(self) -> Coroutine[Any, Any, Any]:
         """Wait for the next message and return it (a coroutine: ``await sub.recv()``).
 
