@@ -6,10 +6,22 @@ Unit-level and whole-graph scenarios (end_when_done, draining on stop) are furth
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import msgpack
 import pytest
+from _eos_graphs import ENV_RECORD, Relay, Sink, SinkSettings, burst, chains
 
 import ezflow
+from ezflow.units import Replayer
+
+GRAPHS = str(Path(__file__).with_name("_eos_graphs.py"))
 
 
 async def _drain(sub: ezflow.Subscriber, timeout: float = 10) -> list[object]:
@@ -96,3 +108,177 @@ async def test_closed_subscriber_still_raises_closed(ctx: ezflow.GraphContext) -
     assert sub.recv_nowait() == 0
     with pytest.raises(ezflow.ClosedResourceError):
         await sub.recv()
+
+
+# -- units and graphs (real processes) ------------------------------------------------------
+
+
+def _run(runner: ezflow.GraphRunner, timeout: float = 60) -> None:
+    async def run() -> None:
+        async with runner:
+            await asyncio.wait_for(runner.wait(), timeout)
+
+    ezflow.run_coroutine(run())
+
+
+def test_complete_ends_the_source_only_and_every_message_arrives() -> None:
+    """Issue 13's graph: a source publishes 2,000 and raises Complete, two relays each
+    in their own process, a sink ends the graph with NormalTermination after 2,000:
+    exactly 2,000 in order, 20 times - as 20 independent chains, 5 per graph (a graph
+    start costs more than its 5 chains; the last sink of a graph to get its 2,000 ends
+    it)."""
+    count, width = 2000, 5
+    for run in range(4):
+        settings = SinkSettings(end_after=count, group=f"complete{run}", group_size=width)
+        (components, connections, processes), sinks = chains(count, width, settings)
+        runner = ezflow.GraphRunner(
+            components,
+            connections=connections,
+            process_components=processes,
+            graph_address="127.0.0.1:0",
+        )
+        _run(runner)
+        assert [sink.received == list(range(count)) for sink in sinks] == [True] * width
+        assert runner.completed_by is not None and runner.completed_by.startswith("SINK")
+
+
+def test_end_when_done_ends_the_graph_by_itself() -> None:
+    (components, connections, processes), sinks = chains(2000, 1, SinkSettings())
+    runner = ezflow.GraphRunner(
+        components,
+        connections=connections,
+        process_components=processes,
+        graph_address="127.0.0.1:0",
+        end_when_done=True,
+    )
+    _run(runner)  # returns: nothing raised NormalTermination, nothing failed
+    assert runner.completed_by is None
+    assert sinks[0].received == list(range(2000))
+
+
+def test_end_when_done_through_the_cli(tmp_path: Path) -> None:
+    record = tmp_path / "received.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ezflow",
+            "run",
+            "--end-when-done",
+            "--address",
+            "127.0.0.1:0",
+            f"{GRAPHS}:chain_from_env",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, ENV_RECORD: str(record)},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(record.read_text()) == list(range(2000))
+
+
+def test_replayer_through_three_processes_ends_when_done(tmp_path: Path) -> None:
+    path = tmp_path / "numbers.rec"
+    codec = ezflow.Codec()
+    with path.open("wb") as file:
+        file.write(msgpack.packb({"format": "ezflow-recording", "version": 1, "created": 0.0}))
+        for i in range(500):
+            file.write(msgpack.packb([i * 1000, codec.encode(i).to_bytes()]))
+    replayer, relay, sink = Replayer(path=str(path), rate="max"), Relay(), Sink(SinkSettings())
+    runner = ezflow.GraphRunner(
+        REPLAY=replayer,
+        RELAY=relay,
+        SINK=sink,
+        connections=[(replayer.OUTPUT, relay.INPUT), (relay.OUTPUT, sink.INPUT)],
+        process_components=[replayer, relay],
+        graph_address="127.0.0.1:0",
+        end_when_done=True,
+    )
+    _run(runner)
+    assert sink.received == list(range(500))
+
+
+def _start(scenario: str, outdir: Path, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, GRAPHS, scenario, str(outdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **env},
+    )
+
+
+def _wait_for(path: Path, process: subprocess.Popen[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"exited ({process.returncode}): {process.communicate()[1]}")
+        assert time.monotonic() < deadline, f"no {path.name} after {timeout} s"
+        time.sleep(0.02)
+
+
+def test_sigint_during_a_burst_delivers_everything_accepted(tmp_path: Path) -> None:
+    process = _start("burst", tmp_path)
+    try:
+        _wait_for(tmp_path / "running", process)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert process.returncode == 0, err
+    sent = int((tmp_path / "running.sent").read_text())
+    received = json.loads((tmp_path / "received.json").read_text())
+    # Every message the source published got through both edges, in order (the one
+    # being published when it was cancelled may have gone too).
+    assert sent >= 100
+    assert received == list(range(len(received)))
+    assert len(received) in (sent, sent + 1)
+    assert "drain short" not in err
+
+
+def test_second_sigint_stops_at_once(tmp_path: Path) -> None:
+    # A sink that takes 0.2 s per message: draining what is in flight would take ~25 s.
+    process = _start("slow", tmp_path, EZFLOW_DRAIN_TIMEOUT="60")
+    try:
+        _wait_for(tmp_path / "running", process)
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        started = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+        elapsed = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert elapsed < 10, err
+    assert "a second signal cut the graph's drain short" in err
+    assert err.count("drain short") == 1
+
+
+async def test_drain_timeout_cuts_and_counts_in_one_line(
+    server: ezflow.GraphServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    components, connections, _ = burst(tmp_path, 0.05)
+    runner = ezflow.GraphRunner(
+        components,
+        connections=connections,
+        graph_address=server.address,
+        force_single_process=True,
+        drain_timeout=0.3,
+    )
+    async with runner:
+        watch = await runner.context.subscriber("BURST/OUTPUT", leaky=True)
+        await asyncio.wait_for(watch.recv(), 10)  # flowing: the slow sink has a backlog
+        started = time.monotonic()
+        await runner.stop()
+    assert time.monotonic() - started < 3
+    lines = [r.getMessage() for r in caplog.records if "drain short" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("the drain timeout (0.3 s) cut the graph's drain short: ")
+    assert "main: " in lines[0]

@@ -16,7 +16,10 @@ the output's publisher is closed: its subscribers see the end of stream. An inpu
 ends when its subscriber raises :class:`EndOfStream` (or its last function raised
 ``Complete``). The host is *done* when every input loop ended (or never had a
 publisher) and every output has ended; tasks and threads of units without outputs do
-not count (they are cancelled when the graph stops).
+not count (they are cancelled when the graph stops). An output whose only writers are
+input loops that never had a publisher (nothing is connected to them) is *dormant*: it
+ends once the graph stops, and at once with ``end_when_done`` (such an input counts as
+ended: nothing will come).
 
 Stopping drains: sources (publisher generators, tasks) are cancelled, so their outputs
 end; input loops go on until their inputs end, bounded by the drain timeout; what is
@@ -143,8 +146,10 @@ class UnitHost:
         on_failure: FailureCallback,
         on_complete: CompleteCallback,
         on_done: Callable[[], None] | None = None,
+        end_when_done: bool = False,
     ) -> None:
         self.units = units
+        self._end_when_done = end_when_done
         self.context = context
         self._on_failure = on_failure
         self._on_complete = on_complete
@@ -154,6 +159,7 @@ class UnitHost:
         self._publishers: list[tuple[Unit, str, Callable[[], Any], dict[object, Publisher]]] = []
         self._outputs: dict[str, list[Publisher]] = {}  # by unit path
         self._tasks: dict[asyncio.Task[None], tuple[str, str]] = {}
+        self._loops: dict[object, _Input] = {}  # input loop task -> its input
         self._threads: list[tuple[threading.Thread, str, asyncio.Event]] = []
         # Output -> what may still publish to it; the output closes when none is left.
         self._writers: dict[Publisher, set[object]] = {}
@@ -297,6 +303,7 @@ class UnitHost:
         for entry in self._inputs:
             task = loop.create_task(self._pump(entry.subscriber, entry.handlers))
             entry.task = task
+            self._loops[task] = entry
             writes: set[Publisher] = set()
             for handler in entry.handlers:
                 writes.update(
@@ -319,7 +326,7 @@ class UnitHost:
         for publisher, writers in self._writers.items():
             if not writers:
                 self._close_output(publisher)
-        self._check_done()
+        self._settle()
 
     @property
     def outputs(self) -> set[Publisher]:
@@ -363,6 +370,18 @@ class UnitHost:
         if not task.cancelled() and task.exception() is not None:
             log.error("closing an output failed: %r", task.exception())
         self._changed.set()
+        self._settle()
+
+    def _settle(self) -> None:
+        """After any change: end dormant outputs when the graph stops (or with
+        end_when_done), and report done."""
+        if self._started and (self._stopping or self._end_when_done):
+            for publisher, writers in self._writers.items():
+                if writers and all(
+                    writer in self._loops and self._loops[writer].finished for writer in writers
+                ):
+                    writers.clear()
+                    self._close_output(publisher)
         self._check_done()
 
     def _watch(
@@ -376,7 +395,7 @@ class UnitHost:
         path, what = self._tasks.pop(task, ("?", "?"))
         self._writer_done(task)
         self._changed.set()
-        self._check_done()
+        self._settle()
         if task.cancelled():
             return
         exc = task.exception()
@@ -490,6 +509,7 @@ class UnitHost:
                 unit._ezflow_running = False
             pumps = {entry.task for entry in self._inputs}
             await _cancel([task for task in self._tasks if task not in pumps])
+            self._settle()
             if self._started and drain_timeout > 0:
                 await self._drain(time.monotonic() + drain_timeout, hurry)
             cut = DrainCut(
@@ -536,6 +556,7 @@ class UnitHost:
             while not (
                 all(entry.finished for entry in self._inputs if entry.data) and not self._closing
             ):
+                self._settle()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or (hurry is not None and hurry.is_set()):
                     return

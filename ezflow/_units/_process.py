@@ -376,6 +376,7 @@ async def _serve(
                 ),
                 on_complete=lambda path: send({"op": "complete", "component": path}),
                 on_done=lambda: send({"op": "units_done"}),
+                end_when_done=bool(boot.get("end_when_done", False)),
             )
             hosts.append(host)
             try:

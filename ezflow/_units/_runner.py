@@ -291,6 +291,7 @@ class GraphRunner:
                     "prep": prep,
                     "units": payload,
                     "drain": self._drain_timeout,
+                    "end_when_done": self._end_when_done,
                 },
             )
             self._children.append(child)
@@ -302,6 +303,7 @@ class GraphRunner:
             on_failure=self._local_failed,
             on_complete=self._local_complete,
             on_done=self._local_done,
+            end_when_done=self._end_when_done,
         )
         self._host = host
         setup = asyncio.ensure_future(host.setup())
