@@ -145,6 +145,7 @@ class Inbox:
         "_callback",
         "_closed",
         "_drop_hooks",
+        "_end_told",
         "_ended",
         "_feeds",
         "_had_publisher",
@@ -187,6 +188,7 @@ class Inbox:
         self._routed: frozenset[str] = frozenset()
         self._had_publisher = False
         self._at_end = False
+        self._end_told = False  # EndOfStream was raised for the present end
 
     def __len__(self) -> int:
         return len(self._items)
@@ -287,8 +289,9 @@ class Inbox:
     async def get(self) -> Any:
         """Wait for and take the oldest message.
 
-        Raises :class:`ClosedResourceError` once the inbox is closed and empty,
-        :class:`EndOfStream` once it is :attr:`at_end`.
+        Raises :class:`ClosedResourceError` once the inbox is closed and empty, and
+        :class:`EndOfStream` once it is :attr:`at_end` - once per end: called again,
+        it waits (for a publisher that may be routed to it later).
         Cancellation-safe: a cancelled ``get`` takes nothing.
         """
         if not self._items and self._handed_ns:
@@ -302,7 +305,8 @@ class Inbox:
         while not self._items:
             if self._closed:
                 raise ClosedResourceError("this subscriber is closed")
-            if self._at_end:
+            if self._at_end and not self._end_told:
+                self._end_told = True
                 raise self.end_of_stream()
             loop = asyncio.get_running_loop()
             waiter = self._waiter
@@ -371,6 +375,14 @@ class Inbox:
             self._had_publisher = True
         self._update_end()
 
+    def tell_end(self) -> bool:
+        """True (once per end) when the inbox is :attr:`at_end` and that was not told
+        yet: the caller raises :meth:`end_of_stream`."""
+        if self.at_end and not self._end_told:
+            self._end_told = True
+            return True
+        return False
+
     def end_of_stream(self) -> EndOfStream:
         """The error :meth:`get` raises at the end."""
         broken = self.stats.publishers_broken
@@ -384,6 +396,7 @@ class Inbox:
         at_end = self._had_publisher and not self._feeds and self._routed <= self._ended
         if at_end != self._at_end:
             self._at_end = at_end
+            self._end_told = False
             if at_end:
                 self._wake()
 

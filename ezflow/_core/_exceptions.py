@@ -40,7 +40,8 @@ class EndOfStream(EzflowError):  # a signal, like trio's EndOfChannel / anyio's 
     """Every publisher that fed this subscriber has ended and none that may still
     publish is routed to it; every message was received.
 
-    Raised by ``Subscriber.recv()`` and ``recv_nowait()`` (``async for`` just ends). A
+    Raised by ``Subscriber.recv()`` and ``recv_nowait()`` (``async for`` just ends),
+    once per end: called again, ``recv()`` waits for a publisher routed later. A
     publisher ends when it is closed (``aclose()``, leaving its context; in units when
     nothing may publish to the stream any more), and also when its process dies or its
     connection breaks: the subscriber cannot tell more will come, so it ends too

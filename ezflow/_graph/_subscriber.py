@@ -28,7 +28,9 @@ class Subscriber:
     leaving its context; or gone: its process died, its connection broke), no
     publisher that has not ended is routed to it, and every message was received,
     :meth:`recv` raises :class:`~ezflow.EndOfStream` and ``async for`` ends (see
-    :attr:`ended`). A subscriber that never had a publisher keeps waiting; a publisher
+    :attr:`ended`) - once per end: after that, ``recv`` waits again, for a publisher
+    that may be routed to it later (a long-lived subscriber can catch
+    ``EndOfStream`` and go on). A subscriber that never had a publisher keeps waiting; a publisher
     that is only disconnected (``GraphContext.disconnect``) has not ended. Routes are
     those this process knows: a publisher registered elsewhere a moment before the
     last one ended may come too late to keep the stream open.
@@ -87,7 +89,8 @@ class Subscriber:
         Raises :class:`~ezflow.ClosedResourceError` once the subscriber (or its context)
         is closed and every queued message has been received, and
         :class:`~ezflow.EndOfStream` once every publisher that fed it has ended (cleanly,
-        or by going away: see the class docstring) and every message was received.
+        or by going away: see the class docstring) and every message was received -
+        once; called again, it waits for a publisher routed to it later.
         Cancellation-safe: a cancelled ``recv`` takes no message.
         """
         # The inbox's own coroutine, not one wrapped in another: a paced subscriber
@@ -99,7 +102,7 @@ class Subscriber:
 
     def recv_nowait(self) -> Any:
         """Return the next queued message; raise ``asyncio.QueueEmpty`` when there is
-        none, :class:`~ezflow.EndOfStream` at the end (as :meth:`recv`)."""
+        none, :class:`~ezflow.EndOfStream` at the end (once, as :meth:`recv`)."""
         try:
             return self._inbox.get_nowait()
         except IndexError:
@@ -107,7 +110,7 @@ class Subscriber:
                 raise self._nothing_to_recv() from None
             if self._closed:
                 raise ClosedResourceError("this subscriber is closed") from None
-            if self._inbox.at_end:
+            if self._inbox.tell_end():
                 raise self._inbox.end_of_stream() from None
             raise asyncio.QueueEmpty from None
 
