@@ -12,11 +12,22 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
-from _eos_graphs import ENV_RECORD, Relay, Sink, SinkSettings, burst, chains
+from _eos_graphs import (
+    ENV_RECORD,
+    CountSettings,
+    Numbers,
+    Relay,
+    Sink,
+    SinkSettings,
+    burst,
+    chains,
+)
 
 import ezflow
 from ezflow.units import Replayer
@@ -287,3 +298,55 @@ async def test_drain_timeout_cuts_and_counts_in_one_line(
     assert len(lines) == 1, lines
     assert lines[0].startswith("the drain timeout (0.3 s) cut the graph's drain short: ")
     assert "main: " in lines[0]
+
+
+class Functions(ezflow.Unit):
+    """Complete ends one function: `first` stops after 3 messages, `every` goes on;
+    `five` returns after 5 messages (OUTPUT ends); `pause` raises Complete at once."""
+
+    INPUT = ezflow.InputStream(int)
+    OUTPUT = ezflow.OutputStream(int)
+
+    def initialize(self) -> None:
+        self.first: list[int] = []
+        self.every: list[int] = []
+
+    @ezflow.subscriber(INPUT)
+    def take_first(self, value: int) -> None:
+        self.first.append(value)
+        if len(self.first) == 3:
+            raise ezflow.Complete
+
+    @ezflow.subscriber(INPUT)
+    async def take_every(self, value: int) -> None:
+        self.every.append(value)
+
+    @ezflow.publisher(OUTPUT)
+    async def five(self) -> AsyncIterator[tuple[Any, int]]:
+        for i in range(5):
+            yield self.OUTPUT, i
+
+    @ezflow.task
+    async def pause(self) -> None:
+        raise ezflow.Complete
+
+
+async def test_complete_ends_one_function_and_outputs_end(server: ezflow.GraphServer) -> None:
+    source, unit, sink = Numbers(CountSettings(10)), Functions(), Sink(SinkSettings())
+    runner = ezflow.GraphRunner(
+        SOURCE=source,
+        UNIT=unit,
+        SINK=sink,
+        connections=[(source.OUTPUT, unit.INPUT), (unit.OUTPUT, sink.INPUT)],
+        graph_address=server.address,
+        force_single_process=True,
+        end_when_done=True,
+    )
+    async with runner:
+        # Ends by itself: SOURCE's end ends UNIT's input; then nothing may publish to
+        # UNIT/OUTPUT (`five` returned, `pause` raised Complete), so SINK's input ends.
+        await asyncio.wait_for(runner.wait(), 20)
+    assert runner.completed_by is None  # Complete ended functions, not the graph
+    assert unit.first == [0, 1, 2]
+    assert unit.every == list(range(10))
+    assert sink.received == [0, 1, 2, 3, 4]
