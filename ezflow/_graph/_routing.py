@@ -199,9 +199,9 @@ class Router:
         }
         wanted: dict[tuple[str, str], list[Subscriber]] = {}
         routes = dict(message.get("subscribers") or {})
-        for sub_id, routed in self._subscribers.items():
+        for sub_id, known in self._subscribers.items():
             # Which publishers may still feed it: part of its end of stream.
-            routed._inbox.routed(frozenset(p for p in routes.get(sub_id, ()) if p in publishers))
+            known._inbox.routed(frozenset(p for p in routes.get(sub_id, ()) if p in publishers))
         for sub_id, pub_ids in routes.items():
             subscriber = self._subscribers.get(sub_id)
             if subscriber is None or subscriber.closed:

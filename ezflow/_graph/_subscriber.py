@@ -29,8 +29,8 @@ class Subscriber:
     publisher that has not ended is routed to it, and every message was received,
     :meth:`recv` raises :class:`~ezflow.EndOfStream` and ``async for`` ends (see
     :attr:`ended`) - once per end: after that, ``recv`` waits again, for a publisher
-    that may be routed to it later (a long-lived subscriber can catch
-    ``EndOfStream`` and go on). A subscriber that never had a publisher keeps waiting; a publisher
+    that may be routed to it later (a long-lived subscriber can catch ``EndOfStream``
+    and go on). A subscriber that never had a publisher keeps waiting; a publisher
     that is only disconnected (``GraphContext.disconnect``) has not ended. Routes are
     those this process knows: a publisher registered elsewhere a moment before the
     last one ended may come too late to keep the stream open.
