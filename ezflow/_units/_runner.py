@@ -461,10 +461,11 @@ class GraphRunner:
         not stop in time. Cancellation leaves nothing running: children are killed
         before this re-raises."""
         self._end.set()
-        drain = 0.0 if self._failures else self._drain_timeout
+        normal = not self._failures
+        drain = self._drain_timeout if normal else 0.0
         cuts: dict[str, DrainCut] = {}
         try:
-            if self._context is not None and drain > 0:
+            if self._context is not None and normal:
                 # The caller's publishers on our context (not the units') are sources
                 # too: end them.
                 ours = set() if self._host is None else self._host.outputs
@@ -496,7 +497,7 @@ class GraphRunner:
                                 returncode=-signal.SIGKILL,
                             )
                         )
-            if drain > 0:
+            if normal:
                 _log_cut(cuts, drain, hurried=self._hurry.is_set())
         finally:
             for child in self._children:
