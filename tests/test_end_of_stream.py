@@ -273,6 +273,7 @@ def test_second_sigint_stops_at_once(tmp_path: Path) -> None:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
     assert elapsed < 10, err
+    assert process.returncode == 0, err
     assert "a second signal cut the graph's drain short" in err
     assert err.count("drain short") == 1
 
