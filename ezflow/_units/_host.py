@@ -63,8 +63,6 @@ log = logging.getLogger("ezflow.units")
 THREAD_JOIN_TIMEOUT = 2.0
 #: Seconds an ``async`` ``shutdown()`` may take before it is cancelled and reported.
 SHUTDOWN_TIMEOUT = 5.0
-#: Seconds a stopping process waits for its outputs' subscribers to read up to the end.
-_OUTPUT_CLOSE_TIMEOUT = 5.0
 
 FailureCallback = Callable[[str, str], None]  # (component path, formatted details)
 CompleteCallback = Callable[[str], None]  # (component path)
@@ -543,7 +541,9 @@ class UnitHost:
             for unit in self.units:
                 unit._ezflow_outlets = {}
             if self._closing:
-                await asyncio.wait(set(self._closing), timeout=_OUTPUT_CLOSE_TIMEOUT)
+                # (Publisher.aclose is bounded: each channel has CLOSE_TIMEOUT to read
+                # up to END, the graph server REQUEST_TIMEOUT to answer.)
+                await asyncio.wait(set(self._closing))
         finally:
             self._stopped.set()
         return cut
