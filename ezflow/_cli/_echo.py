@@ -21,6 +21,7 @@ import typer
 from rich.pretty import Pretty
 
 from .._core._config import format_address
+from .._core._exceptions import EndOfStream
 from .._graph._context import GraphContext
 from ._connection import (
     AddressOption,
@@ -281,8 +282,8 @@ async def _recv_until(sub: Any, deadline: float, times: deque[float]) -> None:
             return
         try:
             await asyncio.wait_for(sub.recv(), remaining)
-        except (TimeoutError, asyncio.TimeoutError):
-            return
+        except (TimeoutError, asyncio.TimeoutError, EndOfStream):
+            return  # (after an end of stream, recv waits for the next publisher)
         times.append(time.monotonic())
         while sub.queued:
             sub.recv_nowait()

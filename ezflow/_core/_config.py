@@ -21,6 +21,7 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "CONTROL_MAX_FRAME_SIZE",
     "DATA_WRITE_BUFFER_LIMIT",
+    "DEFAULT_DRAIN_TIMEOUT",
     "DEFAULT_GRAPH_ADDRESS",
     "DEFAULT_HEARTBEAT_DEADLINE",
     "DEFAULT_MAX_IN_FLIGHT",
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_TELEMETRY_INTERVAL",
     "EMBEDDED_SERVER_STOP_TIMEOUT",
     "ENV_CHECK_TYPES",
+    "ENV_DRAIN_TIMEOUT",
     "ENV_EVENT_LOOP",
     "ENV_GRAPH_ADDRESS",
     "ENV_HEARTBEAT_DEADLINE",
@@ -48,6 +50,7 @@ __all__ = [
     "HANDSHAKE_TIMEOUT",
     "HEARTBEATS_PER_DEADLINE",
     "MAX_CHANNELS_PER_PUBLISHER",
+    "MAX_DRAIN_TIMEOUT",
     "MAX_HEARTBEAT_DEADLINE",
     "MAX_METRICS_CONNECTIONS",
     "MAX_METRICS_REQUEST_SIZE",
@@ -75,12 +78,14 @@ __all__ = [
     "Address",
     "ShmOptions",
     "TransportName",
+    "check_drain_timeout",
     "check_heartbeat_deadline",
     "check_positive",
     "check_stall_timeout",
     "check_telemetry_interval",
     "check_transport",
     "check_types_from_env",
+    "drain_timeout_from_env",
     "format_address",
     "graph_address_from_env",
     "heartbeat_deadline_from_env",
@@ -410,6 +415,45 @@ def check_stall_timeout(value: float | None, *, setting: str = "stall_timeout") 
         raise ConfigurationError(
             f"{setting}={value!r} must be None (off) or a number of seconds above 0 and up "
             f"to {MAX_STALL_TIMEOUT:g}"
+        )
+    return float(value)
+
+
+# -- stopping a graph (see docs/units.md, "Stopping") ---------------------------------------
+
+ENV_DRAIN_TIMEOUT: Final = "EZFLOW_DRAIN_TIMEOUT"
+#: Seconds a stopping graph (NormalTermination, SIGINT, SIGTERM) lets the messages
+#: already accepted by lossless edges flow through the units before cutting them off.
+DEFAULT_DRAIN_TIMEOUT: Final = 5.0
+#: Longest accepted drain timeout (seconds).
+MAX_DRAIN_TIMEOUT: Final = 3600.0
+
+
+def drain_timeout_from_env() -> float:
+    """``EZFLOW_DRAIN_TIMEOUT`` in seconds (0: no drain), else the default."""
+    text = os.environ.get(ENV_DRAIN_TIMEOUT, "").strip()
+    if not text:
+        return DEFAULT_DRAIN_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"{ENV_DRAIN_TIMEOUT}={text!r} is not a number of seconds"
+        ) from None
+    return check_drain_timeout(value, setting=ENV_DRAIN_TIMEOUT)
+
+
+def check_drain_timeout(value: float, *, setting: str = "drain_timeout") -> float:
+    """0 (stop without draining) or a number of seconds up to ``MAX_DRAIN_TIMEOUT``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or not 0 <= value <= MAX_DRAIN_TIMEOUT
+    ):
+        raise ConfigurationError(
+            f"{setting}={value!r} must be a number of seconds between 0 (no drain) and "
+            f"{MAX_DRAIN_TIMEOUT:g}"
         )
     return float(value)
 
