@@ -417,3 +417,42 @@ def test_ezflow_run_check_types(tmp_path: Path, flag: bool) -> None:
         assert "MessageTypeError" in text and "but a str" in text
     else:
         assert result.returncode == 0, result.stderr
+
+
+class Counted(ezflow.Unit):
+    """Publishes 50 arrays of the declared type, then returns (its output ends)."""
+
+    OUTPUT = ezflow.OutputStream(np.ndarray)
+
+    @ezflow.publisher(OUTPUT)
+    async def generate(self) -> Any:
+        for i in range(50):
+            yield self.OUTPUT, np.full(2, float(i))
+
+
+class Tally(ezflow.Unit):
+    INPUT = ezflow.InputStream(np.ndarray)
+
+    def initialize(self) -> None:
+        self.seen: list[float] = []
+
+    @ezflow.subscriber(INPUT)
+    async def take(self, message: np.ndarray) -> None:
+        self.seen.append(float(message[0]))
+
+
+async def test_checked_outputs_end_like_any_output(server: ezflow.GraphServer) -> None:
+    """With type checks on, a unit's outputs are still closed when nothing may publish to
+    them (through the publisher the check wraps): the graph ends by itself."""
+    source, tally = Counted(), Tally()
+    runner = ezflow.GraphRunner(
+        SOURCE=source,
+        TALLY=tally,
+        connections=[(source.OUTPUT, tally.INPUT)],
+        graph_address=server.address,
+        check_types=True,
+        end_when_done=True,
+    )
+    await runner.start()
+    await asyncio.wait_for(runner.wait(), 20)
+    assert tally.seen == [float(i) for i in range(50)]
