@@ -439,3 +439,155 @@ def test_echo_summarises_arrays_inside_other_messages() -> None:
     assert "Frame(name='x', pixels=ndarray shape=(3,) dtype=float64 min=1.0 max=1.0)" in shown
     assert repr(summarize(np.array([1 + 2j]))) == "ndarray shape=(1,) dtype=complex128"
     assert summarize("text") == "text"
+
+
+# -- echo / hz and message classes this process does not know --------------------------
+
+#: A script that defines a registered message class and, run as a script, publishes a
+#: Point and a plain dict every 20 ms until its stdin closes: on the wire its class is
+#: ``__main__.Point``, the name a script's classes have.
+POINTS_SCRIPT = """
+import asyncio
+import dataclasses
+import sys
+
+import ezflow
+
+
+@ezflow.message
+@dataclasses.dataclass(frozen=True)
+class Point:
+    x: int
+    y: float
+
+
+async def main(address: str, topic: str) -> None:
+    async with ezflow.GraphContext(address, auto_start=False) as ctx:
+        pub = await ctx.publisher(topic)
+        print("ready", flush=True)
+        stop = asyncio.ensure_future(asyncio.to_thread(sys.stdin.read))
+        i = 0
+        while not stop.done():
+            await pub.publish(Point(i, i / 2))
+            await pub.publish({"seq": i})
+            i += 1
+            await asyncio.sleep(0.02)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+POINTS_TOPIC = "/cli/points"
+HINT = (
+    "message type '__main__.Point' is not registered in this process: use --import "
+    "MODULE_OR_FILE to load the module that defines it"
+)
+
+
+@pytest.fixture(scope="module")
+def points(graph: Graph, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A real publisher process of POINTS_SCRIPT on the graph; the script's path."""
+    script = tmp_path_factory.mktemp("points") / "points_script.py"
+    script.write_text(POINTS_SCRIPT)
+    publisher = subprocess.Popen(
+        [sys.executable, str(script), graph.address, POINTS_TOPIC],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=graph.env,
+    )
+    try:
+        assert publisher.stdout is not None
+        assert publisher.stdout.readline() == "ready\n"
+        yield script
+    finally:
+        assert publisher.stdin is not None
+        publisher.stdin.close()
+        try:
+            assert publisher.wait(10) == 0
+        finally:
+            if publisher.poll() is None:
+                publisher.kill()
+                publisher.wait()
+            assert publisher.stdout is not None
+            publisher.stdout.close()
+
+
+@pytest.mark.parametrize("how", ["file", "module"])
+def test_echo_import_a_script_shows_its_message_class(graph: Graph, points: Path, how: str) -> None:
+    """``--import path/to/script.py`` (or the module name, found in the current
+    directory) makes the script's class known under the name its publisher uses."""
+    target = str(points) if how == "file" else points.stem
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ezflow",
+            "echo",
+            POINTS_TOPIC,
+            "--count",
+            "6",
+            "--import",
+            target,
+            "--address",
+            graph.address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=points.parent,
+        env=graph.env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.findall(r"^#(\d+)", result.stdout, re.MULTILINE) == ["1", "2", "3", "4", "5", "6"]
+    assert len(re.findall(r"^Point\(x=\d+, y=[\d.]+\)$", result.stdout, re.MULTILINE)) >= 2
+    assert "undecodable" not in result.stdout
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("mode", ["leaky", "lossless"])
+def test_echo_names_an_unknown_message_type_once(graph: Graph, points: Path, mode: str) -> None:
+    options = ["--lossless"] if mode == "lossless" else []
+    result = ezflow_cli(
+        "echo", POINTS_TOPIC, "--count", "6", *options, "--address", graph.address, env=graph.env
+    )
+    assert result.returncode == 0, result.stderr
+    # The dicts are shown, each Point counted; the reason once, with the fix.
+    assert len(re.findall(r"^\{'seq': \d+\}$", result.stdout, re.MULTILINE)) == 6
+    undecodable = [int(n) for n in re.findall(r"(\d+) undecodable so far", result.stdout)]
+    assert len(undecodable) >= 5 and undecodable == sorted(undecodable)
+    assert result.stderr == f"note: {HINT}\n"
+
+
+def test_hz_counts_undecodable_messages(graph: Graph, points: Path) -> None:
+    result = ezflow_cli(
+        "hz", POINTS_TOPIC, "--duration", "1.5", "--json", "--address", graph.address
+    )
+    assert result.returncode == 0, result.stderr
+    last = json.loads(result.stdout.splitlines()[-1])
+    # 50 Points and 50 dicts a second: the dicts timed, the Points counted.
+    assert last["messages"] >= 20 and last["undecodable"] >= 20
+    assert abs(last["messages"] - last["undecodable"]) <= 3
+    assert result.stderr == f"note: {HINT}\n"
+    text = ezflow_cli("hz", POINTS_TOPIC, "--duration", "1.2", "--address", graph.address)
+    assert re.search(r"window: \d+  undecodable: \d+$", text.stdout, re.MULTILINE), text.stdout
+
+
+def test_an_import_that_fails_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # --import puts directories on it
+    broken = tmp_path / "broken_messages.py"
+    broken.write_text("import dataclasses\nraise RuntimeError('no database here')\n")
+    cases = {
+        "no_such_module_here": "cannot import no_such_module_here (--import): "
+        "ModuleNotFoundError: No module named 'no_such_module_here'",
+        str(tmp_path / "missing.py"): f"no such file: {tmp_path / 'missing.py'} (--import)",
+        str(broken): f"cannot import {broken} (--import): RuntimeError: no database here",
+    }
+    for command in ("echo", "hz"):
+        for target, message in cases.items():
+            result = invoke(command, "/x", "--import", target, "--address", "127.0.0.1:1")
+            assert result.exit_code == 2, result.stderr
+            assert result.stderr == f"error: {message}\n"
