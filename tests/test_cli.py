@@ -557,6 +557,7 @@ def test_echo_names_an_unknown_message_type_once(graph: Graph, points: Path, mod
     assert len(re.findall(r"^\{'seq': \d+\}$", result.stdout, re.MULTILINE)) == 6
     undecodable = [int(n) for n in re.findall(r"(\d+) undecodable so far", result.stdout)]
     assert len(undecodable) >= 5 and undecodable == sorted(undecodable)
+    assert "dropped" not in result.stdout  # undecodable, not dropped for lack of room
     assert result.stderr == f"note: {HINT}\n"
 
 
@@ -569,6 +570,7 @@ def test_hz_counts_undecodable_messages(graph: Graph, points: Path) -> None:
     # 50 Points and 50 dicts a second: the dicts timed, the Points counted.
     assert last["messages"] >= 10 and last["undecodable"] >= 10
     assert abs(last["messages"] - last["undecodable"]) <= 3
+    assert last["dropped"] == 0
     assert result.stderr == f"note: {HINT}\n"
 
 

@@ -30,7 +30,7 @@ import typer
 from rich.markup import escape
 from rich.pretty import Pretty
 
-from .._core._channel import ChannelStats
+from .._core._channel import ChannelStats, SubscriberStats
 from .._core._codec import message_fields, register_message
 from .._core._config import format_address
 from .._core._exceptions import ConfigurationError, ProtocolError
@@ -312,8 +312,8 @@ def echo(
                     continue
                 shown += 1
                 notes = []
-                if sub.stats.dropped:
-                    notes.append(f"{sub.stats.dropped} dropped")
+                if dropped := _dropped(sub.stats):
+                    notes.append(f"{dropped} dropped")
                 if bad := undecodable.count(ctx):
                     notes.append(f"{bad} undecodable")
                 note = f" ({', '.join(notes)} so far)" if notes else ""
@@ -328,6 +328,13 @@ def echo(
 
     with undecodable.listening():
         run_async(main)
+
+
+def _dropped(stats: SubscriberStats) -> int:
+    """Messages missed for lack of room (the inbox's or the publisher's). A message
+    that could not be decoded is shown as undecodable, not as dropped, although a leaky
+    inbox counts it in ``stats.dropped`` too."""
+    return stats.dropped_overflow + stats.dropped_upstream
 
 
 def _rate_line(
@@ -426,11 +433,11 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
                 received = sub.stats.received
                 if time.monotonic() >= next_print:
                     next_print += 1.0
-                    line = _rate_line(times, received, sub.stats.dropped, undecodable.count(ctx))
+                    line = _rate_line(times, received, _dropped(sub.stats), undecodable.count(ctx))
                     _show_rate(line, as_json)
                     shown = (received, times[-1] if times else 0.0)
             if shown != (received, times[-1] if times else 0.0):  # what is new since
-                line = _rate_line(times, received, sub.stats.dropped, undecodable.count(ctx))
+                line = _rate_line(times, received, _dropped(sub.stats), undecodable.count(ctx))
                 _show_rate(line, as_json)
 
     with undecodable.listening():
