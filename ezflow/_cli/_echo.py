@@ -280,7 +280,10 @@ def echo(
     """Print the messages published on TOPIC.
 
     Arrays are summarised as shape, dtype, min and max; other messages are
-    pretty-printed (with the arrays inside them summarised too).
+    pretty-printed (with the arrays inside them summarised too). It ends (exit 0) after
+    --count messages, at Ctrl-C, or when the stream ends (every publisher of TOPIC has
+    ended). Messages that cannot be decoded here are counted (--import the module that
+    defines their class).
 
     Examples:
 
@@ -401,7 +404,8 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
     The intervals are measured where the messages arrive (this process). Messages
     dropped because this command could not keep up are counted and shown, and so are
     messages it could not decode (not in the rate: --import the module that defines
-    their class).
+    their class). It ends (exit 0) after --duration, at Ctrl-C, or when the stream
+    ends (every publisher of TOPIC has ended).
 
     Examples:
 
@@ -429,8 +433,10 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
                 if end is not None and now >= end:
                     break
                 wake = next_print if end is None else min(next_print, end)
-                await _recv_until(sub, wake, times, undecodable)
+                going = await _recv_until(sub, wake, times, undecodable)
                 received = sub.stats.received
+                if not going:
+                    break
                 if time.monotonic() >= next_print:
                     next_print += 1.0
                     line = _rate_line(times, received, _dropped(sub.stats), undecodable.count(ctx))
@@ -446,20 +452,22 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
 
 async def _recv_until(
     sub: Subscriber, deadline: float, times: deque[float], undecodable: _Undecodable
-) -> None:
-    """Receive (recording arrival times) until the monotonic *deadline*. A message that
-    cannot be decoded is noted, not timed."""
+) -> bool:
+    """Receive (recording arrival times) until the monotonic *deadline*; False when
+    the stream ended first. A message that cannot be decoded is noted, not timed."""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return
+            return True
         try:
-            await asyncio.wait_for(sub.recv(), remaining)
+            await asyncio.wait_for(sub.__anext__(), remaining)
             times.append(time.monotonic())
-            while sub.queued:
-                sub.recv_nowait()
+            while sub.queued:  # no timer needed for what is already there
+                await sub.__anext__()
                 times.append(time.monotonic())
         except (TimeoutError, asyncio.TimeoutError):
-            return
+            return True
+        except StopAsyncIteration:
+            return False
         except ProtocolError as exc:
             undecodable.note(exc)
