@@ -253,6 +253,7 @@ ImportOption = Annotated[
     typer.Option(
         "--import",
         "-i",
+        metavar="MODULE_OR_FILE",
         help=(
             "Import this module or file first (it registers the message classes of the "
             "topic); repeatable. The current directory is on the import path."
