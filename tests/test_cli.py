@@ -588,6 +588,37 @@ def test_hz_text_lines_show_the_undecodable_count(capsys: pytest.CaptureFixture[
     assert "undecodable" not in lines[2]
 
 
+def test_import_a_file_inside_a_package(tmp_path: Path) -> None:
+    """``--import pkg/mod.py`` imports ``pkg.mod`` (relative imports work, and its
+    classes have the names a program importing ``pkg.mod`` sends), and also knows them
+    under their script names."""
+    package = tmp_path / "clidocs_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "base.py").write_text("import dataclasses\nFIELDS = dataclasses.field\n")
+    (package / "mod.py").write_text(
+        "import dataclasses\nimport ezflow\nfrom .base import FIELDS\n\n"
+        "@ezflow.message\n@dataclasses.dataclass\nclass Point:\n    x: int = FIELDS(default=0)\n"
+    )
+    check = (
+        "import sys\n"
+        "from ezflow._cli._echo import _import_modules\n"
+        "from ezflow._core._codec import _TYPES_BY_NAME\n"
+        "_import_modules([sys.argv[1]])\n"
+        "print(sorted(n for n in _TYPES_BY_NAME if n.endswith('Point')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check, "clidocs_pkg/mod.py"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "['__main__.Point', 'clidocs_pkg.mod.Point']\n"
+
+
 def test_an_import_that_fails_is_one_line_and_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -97,7 +97,9 @@ def unreachable(address: Address, exc: BaseException) -> NoReturn:
     )
 
 
-def import_module_or_file(where: str, option: str | None = None) -> ModuleType:
+def import_module_or_file(
+    where: str, option: str | None = None, *, packages: bool = False
+) -> ModuleType:
     """Import *where*, a module name (``mypkg.messages``) or a file (``./msgs.py``,
     ``pkg/mod.py``), and return the module; exit with status 2 and one line naming
     *where* (and *option*, the command-line option it came from) and the reason when it
@@ -105,8 +107,11 @@ def import_module_or_file(where: str, option: str | None = None) -> ModuleType:
 
     A file is imported as the module named after it, its directory first on
     ``sys.path`` (so that unit processes and the file's own imports find it the same
-    way); for a module name the current directory goes on ``sys.path``, as
-    ``python -m`` does.
+    way) - or, with *packages*, as the module it is inside the packages around it
+    (``pkg/mod.py`` next to a ``pkg/__init__.py`` is ``pkg.mod``, the directory above
+    ``pkg`` first on ``sys.path``): the name its classes have where a program imports
+    it. For a module name the current directory goes on ``sys.path``, as ``python -m``
+    does.
     """
     label = where if option is None else f"{where} ({option})"
     path = None
@@ -114,10 +119,13 @@ def import_module_or_file(where: str, option: str | None = None) -> ModuleType:
         path = Path(where).resolve()
         if not path.is_file():
             fail(f"no such file: {label}", 2)
-        module_name = path.stem
-        if not module_name.isidentifier():
+        if not path.stem.isidentifier():
             fail(f"{path.name}: the file name must be a valid module name ({label})", 2)
-        sys.path.insert(0, str(path.parent))
+        root, parts = path.parent, [path.stem]
+        while packages and (root / "__init__.py").is_file() and root.name.isidentifier():
+            root, parts = root.parent, [root.name, *parts]
+        module_name = ".".join(parts)
+        sys.path.insert(0, str(root))
     else:
         module_name = where
         if "" not in sys.path and str(Path.cwd()) not in sys.path:

@@ -144,7 +144,7 @@ def _import_modules(modules: list[str] | None) -> None:
     """Import each ``--import`` (module or file; exits 2 naming it when it cannot) and
     make its message classes known under their script names too."""
     for where in modules or ():
-        _known_as_script(import_module_or_file(where, "--import"))
+        _known_as_script(import_module_or_file(where, "--import", packages=True))
 
 
 def _known_as_script(module: ModuleType) -> None:
