@@ -480,7 +480,8 @@ if __name__ == "__main__":
 POINTS_TOPIC = "/cli/points"
 HINT = (
     "message type '__main__.Point' is not registered in this process: use --import "
-    "MODULE_OR_FILE to load the module that defines it"
+    "MODULE_OR_FILE to load the module that defines it (a script's class: --import the "
+    "script's file)"
 )
 
 

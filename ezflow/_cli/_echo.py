@@ -216,10 +216,12 @@ class _Undecodable(logging.Filter):
             name = found.group(1)
             if name not in self._named:
                 self._named.add(name)
+                # A script's classes are __main__.Name on the wire: no module to name.
+                where = " (a script's class: --import the script's file)"
                 errors.print(
                     f"[yellow]note:[/] message type {escape(repr(name))} is not registered "
                     "in this process: use --import MODULE_OR_FILE to load the module that "
-                    "defines it",
+                    f"defines it{where if name.startswith('__main__.') else ''}",
                     highlight=False,
                 )
         elif not self._other_shown:
