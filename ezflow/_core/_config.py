@@ -18,6 +18,8 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "CONTROL_MAX_FRAME_SIZE",
     "DATA_WRITE_BUFFER_LIMIT",
+    "DEFAULT_EZRING_MAX_READERS",
+    "DEFAULT_EZRING_SLOT_COUNT",
     "DEFAULT_GRAPH_ADDRESS",
     "DEFAULT_MAX_IN_FLIGHT",
     "DEFAULT_MAX_IN_FLIGHT_BYTES",
@@ -32,6 +34,8 @@ __all__ = [
     "ENV_MAX_MESSAGE_SIZE",
     "ENV_TELEMETRY_INTERVAL",
     "ENV_TRANSPORT",
+    "EZRING_ATTACH_TIMEOUT",
+    "EZRING_POLL_INTERVAL",
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
     "MAX_CHANNELS_PER_PUBLISHER",
@@ -141,6 +145,17 @@ DEFAULT_SHM_INLINE_LIMIT: Final = 64 * 1024
 #: a ``(phase, seq, t_ns, frame)`` tuple needs under 100 bytes, and the array's data
 #: then starts on a page boundary of an out-of-line block.
 SHM_LOAN_ROOM: Final = 4 * 1024
+
+
+#: ezring rings (docs/ezring.md): a reader with nothing to read re-checks the CLOSED flag
+#: and the writer's liveness lock this often, in case a wake-up datagram was lost or the
+#: writer died (a dead writer sends nothing).
+EZRING_POLL_INTERVAL: Final = 0.25
+#: ``RingReader.open`` waits this long by default for the ring to exist and be ready.
+EZRING_ATTACH_TIMEOUT: Final = 5.0
+#: Defaults of a ring created by ``RingWriter.create`` (the C writer has the same ones).
+DEFAULT_EZRING_SLOT_COUNT: Final = 16
+DEFAULT_EZRING_MAX_READERS: Final = 16
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ __all__ = [
     "BrokenResourceError",
     "ClosedResourceError",
     "ConfigurationError",
+    "EndOfStream",
     "EzflowError",
     "EzflowTimeoutError",
     "GraphError",
@@ -39,6 +40,11 @@ class BrokenResourceError(EzflowError):
 
     Raised instead of ``ConnectionError``/``OSError``; the OS error is ``__cause__``.
     """
+
+
+class EndOfStream(EzflowError):
+    """The producer closed its stream cleanly and everything it sent has been received
+    (an ezring ring whose writer called close). Not an error of the peer: the end."""
 
 
 class ProtocolError(EzflowError):
