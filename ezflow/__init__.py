@@ -14,6 +14,7 @@ from ._core._exceptions import (
     BrokenResourceError,
     ClosedResourceError,
     ConfigurationError,
+    EndOfStream,
     EzflowError,
     EzflowTimeoutError,
     GraphError,
@@ -28,6 +29,7 @@ from ._graph._publisher import Publisher
 from ._graph._routing import ChannelInfo
 from ._graph._server import GraphServer
 from ._graph._subscriber import Subscriber
+from ._transports._ezring import RingFrame, RingHeader, RingReader, RingStats, RingWriter
 from ._transports._shm import ShmStats
 from ._units._component import Collection, Component, Unit
 from ._units._decorators import main, publisher, subscriber, task, thread
@@ -50,6 +52,7 @@ __all__ = [
     "Complete",
     "Component",
     "ConfigurationError",
+    "EndOfStream",
     "EzflowError",
     "EzflowTimeoutError",
     "GraphContext",
@@ -64,6 +67,11 @@ __all__ = [
     "ProtocolError",
     "Publisher",
     "PublisherStats",
+    "RingFrame",
+    "RingHeader",
+    "RingReader",
+    "RingStats",
+    "RingWriter",
     "Settings",
     "ShmOptions",
     "ShmStats",

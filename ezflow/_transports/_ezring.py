@@ -314,8 +314,9 @@ class RingReader:
 
     *lossless* readers hold the writer back (it drops new frames while every slot is
     still held by some lossless reader); leaky readers never do and may be lapped
-    (:attr:`RingFrame.lost`). A reader receives the frames committed after it
-    registered. Not thread-safe: use it from one event loop.
+    (:attr:`RingFrame.lost`). A reader receives every frame committed after it began
+    registering (so a writer that waits for ``readers_live`` loses none). Not
+    thread-safe: use it from one event loop.
     """
 
     def __init__(self, name: str, mapping: _Mapping, header: RingHeader, lossless: bool) -> None:
@@ -399,13 +400,17 @@ class RingReader:
         mode = MODE_LOSSLESS if self._lossless else MODE_LEAKY
         struct.pack_into("<II", m.rw, base + R_MODE, mode, os.getpid())
         m.rw[base + R_ADDR : base + R_ADDR + ADDR_SIZE] = address.encode().ljust(ADDR_SIZE, b"\0")
-        m.store(base + R_CURSOR, m.load(OFF_WRITE_SEQ))
+        before = m.load(OFF_WRITE_SEQ)
+        m.store(base + R_CURSOR, before)
         m.store(base + R_STATE, STATE_ACTIVE | generation << 32)
         # Full barrier between the state store and the write_seq load (docs/ezring.md,
         # "Registration"): a system call taking a kernel lock. It doubles as the first
         # liveness check of the writer.
         _locked_elsewhere(m.fd, 0)
-        start = m.load(OFF_WRITE_SEQ)
+        after = m.load(OFF_WRITE_SEQ)
+        # Frames after `before` are intact unless the writer, not yet seeing us, lapped
+        # the ring meanwhile; only then do we start at `after`.
+        start = before if after - before < self._header.slot_count else after
         m.store(base + R_CURSOR, start)
         self._next = start + 1
         self._delivered = self._cursor = start
@@ -811,7 +816,7 @@ class RingWriter:
         view = self.loan(data.nbytes)
         if view is None:
             return False
-        view[:] = memoryview(data.reshape(-1).view(np.uint8))
+        np.frombuffer(view, np.uint8)[:] = data.reshape(-1).view(np.uint8)
         self.commit(data.nbytes, data.dtype.str, data.shape, t_ns, meta)
         return True
 
