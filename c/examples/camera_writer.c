@@ -6,7 +6,9 @@
  * Publishes --count frames of --frame-size bytes ("|u1", shape [frame-size]) at --rate frames/s
  * (0: as fast as possible). Each payload starts with the frame number (u64, from 0) and is
  * filled with the byte (frame number & 0xff) (--fill none leaves the rest as it was).
- * A loan that finds every slot held is a drop: that frame number is skipped, not retried.
+ * A loan that finds every slot held is a drop: that frame number is skipped, not retried
+ * (--on-full retry: a benchmark mode that waits 20 us and retries; each failed loan is still
+ * counted in dropped_full).
  * Prints "ready <path>" once the ring exists, and one JSON line of statistics at the end.
  * --wait-readers N waits (up to 10 s) for N registered readers before the first frame.
  * SIGTERM/SIGINT stop early and close the ring cleanly.
@@ -41,7 +43,7 @@ int main(int argc, char **argv) {
     uint64_t frame_size = 1100000, count = 100;
     double rate = 0;
     unsigned wait_readers = 0;
-    int fill = 1;
+    int fill = 1, retry = 0;
     cfg.slot_size = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
@@ -55,6 +57,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--rate")) rate = strtod(v, NULL);
         else if (!strcmp(k, "--wait-readers")) wait_readers = (unsigned)strtoul(v, NULL, 10);
         else if (!strcmp(k, "--fill")) fill = strcmp(v, "none") != 0;
+        else if (!strcmp(k, "--on-full")) retry = !strcmp(v, "retry");
         else {
             fprintf(stderr, "unknown option %s\n", k);
             return 2;
@@ -86,6 +89,10 @@ int main(int argc, char **argv) {
             next += period;
         }
         unsigned char *p = (unsigned char *)ezr_loan(w, frame_size);
+        while (!p && retry && !stop) { /* benchmark mode: wait 20 us, try the frame again */
+            sleep_until(ezr_now_ns() + 20000);
+            p = (unsigned char *)ezr_loan(w, frame_size);
+        }
         if (!p) continue; /* every slot held by a lossless reader: dropped and counted */
         if (fill) memset(p + 8, (int)(n & 0xff), frame_size - 8);
         memcpy(p, &n, 8);

@@ -328,7 +328,8 @@ class RingReader:
         self._closed = False
         self._entry = -1
         self._sock: socket.socket | None = None
-        self._woken: asyncio.Event | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._watching = False
         self._next = 0
         self._held: dict[int, int] = {}  # seq -> 1 while a lossless view is alive
         self._delivered = 0
@@ -552,25 +553,34 @@ class RingReader:
         return (await self.receive()).array
 
     async def _wait(self) -> None:
+        # A bare future and call_later, not wait_for(Event.wait()): wait_for makes a task
+        # per wait, which costs more than the rest of a frame's receive path together.
         loop = asyncio.get_running_loop()
-        if self._woken is None:
+        if not self._watching:
             assert self._sock is not None
-            self._woken = asyncio.Event()
             loop.add_reader(self._sock.fileno(), self._on_wake)
-        self._woken.clear()
-        # A datagram may have been queued before the event existed: check again after
-        # arming (the writer publishes before it sends).
+            self._watching = True
+        waiter = self._waiter = loop.create_future()
+        # A commit between our last look and the future's creation would have woken
+        # nobody: look again now that the future is in place (the writer publishes
+        # write_seq before it sends the datagram).
         if self._next <= self._m.load(OFF_WRITE_SEQ):
+            self._waiter = None
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._woken.wait(), EZRING_POLL_INTERVAL)
+        timer = loop.call_later(EZRING_POLL_INTERVAL, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
 
     def _on_wake(self) -> None:
-        assert self._sock is not None and self._woken is not None
+        assert self._sock is not None
         with contextlib.suppress(BlockingIOError, InterruptedError):
             while True:
                 self._sock.recv(64)
-        self._woken.set()
+        if self._waiter is not None:
+            _wake(self._waiter)
 
     def __aiter__(self) -> RingReader:
         return self
@@ -599,7 +609,7 @@ class RingReader:
             base = self._entry_offset
             m.store(base + R_STATE, m.load(base + R_STATE) & ~0xFFFFFFFF)
         if self._sock is not None:
-            if self._woken is not None:
+            if self._watching:
                 with contextlib.suppress(RuntimeError):
                     asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._sock.close()
@@ -873,6 +883,11 @@ class RingWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def remove_ring_if_stale(path: str) -> bool:
