@@ -68,9 +68,8 @@ async def child(name: str) -> None:
     )
 
 
-def run_once(
-    writer: Path, readers: int, frames: int, size: int, slots: int, rate: float
-) -> dict[str, float]:
+def run_once(writer: Path, args: argparse.Namespace) -> dict[str, float]:
+    readers, frames, size, slots, rate = args.readers, args.frames, args.size, args.slots, args.rate
     name = f"bench-{time.monotonic_ns()}"
     w = subprocess.Popen(
         [str(writer), "--name", name, "--frame-size", str(size), "--slots", str(slots)]
@@ -126,13 +125,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         writer = Path(tmp) / "camera_writer"
         subprocess.run(
-            [cc, "-O2", "-std=c11", f"-I{HERE.parent}", "-o", str(writer)]
-            + [str(HERE / "camera_writer.c")],
+            [
+                cc,
+                "-O2",
+                "-std=c11",
+                f"-I{HERE.parent}",
+                "-o",
+                str(writer),
+                HERE / "camera_writer.c",
+            ],
             check=True,
         )
         runs = []
         for _ in range(args.runs):
-            result = run_once(writer, args.readers, args.frames, args.size, args.slots, args.rate)
+            result = run_once(writer, args)
             print(json.dumps({k: round(v, 1) for k, v in result.items()}), flush=True)
             runs.append(result)
     medians = {k: round(statistics.median(r[k] for r in runs), 1) for k in runs[0]}
