@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import ezflow
 from ezflow import BrokenResourceError, ProtocolError, RingReader, RingWriter
 from ezflow._transports._ezring import ring_path
 from ezflow._transports._segment import sweep_stale_segments
@@ -401,3 +402,29 @@ async def test_cpp_wrapper_compiles_and_publishes_shaped_frames(tmp_path: Path) 
     assert len(frames) == 3
     for n, frame in enumerate(frames):
         np.testing.assert_array_equal(frame, expected + 1000 * n)
+
+
+async def test_attached_ring_feeds_every_subscriber_of_its_topic(
+    server: ezflow.GraphServer,
+) -> None:
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=8, topic="/cam") as writer:
+        async with ezflow.GraphContext(server.address) as ctx:
+            publisher_id = await ctx.attach_ring(name)  # topic from the ring's header
+            first = await ctx.subscriber("/cam")
+            second = await ctx.subscriber("/cam", leaky=True, queue=8)
+            while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
+                await asyncio.sleep(0.01)
+            for n in range(5):
+                assert writer.publish(np.full(8, n, "<u8"))
+            for subscriber in (first, second):
+                for n in range(5):
+                    array = await asyncio.wait_for(subscriber.recv(), 5)
+                    assert array.tolist() == [n] * 8 and not array.flags.writeable
+            (info,) = ctx.channels
+            assert (info.publisher_id, info.topic, info.transport) == (
+                publisher_id,
+                "/cam",
+                "ezring",
+            )
+            assert info.stats.messages == 5

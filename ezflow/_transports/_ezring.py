@@ -45,6 +45,7 @@ import socket
 import struct
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
@@ -52,6 +53,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from .._core._channel import Channel
 from .._core._config import (
     DEFAULT_EZRING_MAX_READERS,
     DEFAULT_EZRING_SLOT_COUNT,
@@ -66,14 +68,18 @@ from .._core._exceptions import (
     EzflowTimeoutError,
     ProtocolError,
 )
+from ._base import Inbound
 from ._segment import _process_start
 
 __all__ = [
     "RingFrame",
     "RingHeader",
+    "RingInbound",
     "RingReader",
     "RingStats",
     "RingWriter",
+    "open_ring_channel",
+    "read_ring_header",
     "remove_ring_if_stale",
     "ring_path",
 ]
@@ -883,6 +889,73 @@ class RingWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def read_ring_header(name: str) -> RingHeader:
+    """The header of ring *name* now (one open, read and close; no reader entry).
+
+    Raises :class:`BrokenResourceError` if the ring does not exist or cannot be read and
+    :class:`ProtocolError` if it is not an initialised ezring v1 ring.
+    """
+    path = ring_path(name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        raise BrokenResourceError(f"cannot open ezring {name} ({path}): {error}") from error
+    try:
+        head = os.pread(fd, HEADER_SIZE, 0)
+        return RingHeader.parse(head, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+class RingInbound(Inbound):
+    """A graph channel fed by a ring: one lossless :class:`RingReader` whose frames are
+    delivered to a :class:`~ezflow._core._channel.Channel` as read-only numpy views.
+
+    A slot is released when every subscriber has dropped the array (the view's
+    lifetime), so slow subscribers make the ring's writer drop, never wait. The
+    publish time handed to the channel is the slot's ``t_ns`` converted from
+    CLOCK_MONOTONIC to ``time.time_ns()``.
+    """
+
+    transport = "ezring"
+
+    def __init__(self, reader: RingReader, task: asyncio.Task[None]) -> None:
+        """Private: use :func:`open_ring_channel`."""
+        self._reader = reader
+        self._task = task
+
+    def close(self) -> None:
+        """Stop feeding the channel and unregister the reader (idempotent)."""
+        self._task.cancel()
+        self._reader.close()
+
+
+async def open_ring_channel(
+    channel: Channel, ring: str, *, on_lost: Callable[[], None]
+) -> RingInbound:
+    """Attach a reader to ring *ring* and feed *channel* from it until the writer closes
+    or dies (then *on_lost* is called) or the inbound is closed. Raises as
+    :meth:`RingReader.open`."""
+    reader = await RingReader.open(ring)
+
+    async def feed() -> None:
+        try:
+            async for frame in reader:
+                seq, array = frame.seq, frame.array
+                sent_ns = frame.t_ns + time.time_ns() - time.monotonic_ns()
+                del frame  # from here the subscribers hold the only references
+                channel.deliver(seq, array, array.nbytes, 0, sent_ns)
+                del array
+        except (BrokenResourceError, ProtocolError) as error:
+            log.warning("ezring %s feeding topic %r ended: %s", ring, channel.topic, error)
+        except ClosedResourceError:
+            return
+        on_lost()
+
+    task = asyncio.ensure_future(feed())
+    return RingInbound(reader, task)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
