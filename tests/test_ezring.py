@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _proc import Child
+from conftest import loop_kind
 
 import ezflow
 from ezflow import BrokenResourceError, ProtocolError, RingReader, RingWriter
@@ -428,3 +430,33 @@ async def test_attached_ring_feeds_every_subscriber_of_its_topic(
                 "ezring",
             )
             assert info.stats.messages == 5
+            (listed,) = server.snapshot()["publishers"]
+            assert (listed["id"], listed["topic"], listed["transport"]) == (
+                publisher_id,
+                "/cam",
+                "ezring",
+            )
+
+
+async def test_a_subscriber_in_another_process_reads_an_attached_ring(
+    server: ezflow.GraphServer,
+) -> None:
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=8) as writer:
+        async with ezflow.GraphContext(server.address) as ctx:
+            await ctx.attach_ring(name, topic="/frames")
+            child = await Child.start(
+                "collect", loop_kind(), address=list(server.address), topic="/frames", count=3
+            )
+            try:
+                await child.event("ready")
+                while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
+                    await asyncio.sleep(0.01)
+                for n in range(3):
+                    assert writer.publish(np.arange(4, dtype="<i4") + n)
+                done = await child.event("done")
+                assert done["values"] == [[n, n + 1, n + 2, n + 3] for n in range(3)]
+                assert await child.stop() == 0
+            finally:
+                child.kill()
+                await child.process.wait()

@@ -335,7 +335,7 @@ class GraphContext:
             publisher_id=publisher_id,
             topic=topic,
             address=list(address),
-            transport=None,
+            transport="ezring",  # shown by `ezflow graph`; routers read `ring`
             shm=None,
             ring=name,
         )
