@@ -167,6 +167,7 @@ async def test_kept_view_holds_its_slot_and_never_changes() -> None:
             assert writer.publish(np.full(8, 4, "<u8"))
             frame = await reader.receive()
             assert frame.seq == 5 and frame.array.tolist() == [4] * 8
+            assert "ezflow-ring-" + name not in sweep_stale_segments()  # its writer lives
 
 
 async def test_lapped_leaky_reader_detects_it_and_never_holds_the_writer() -> None:
@@ -376,15 +377,24 @@ async def test_python_and_c_writers_produce_the_same_frames(start_c: object) -> 
     }
 
 
-async def test_cpp_wrapper_compiles_and_publishes_shaped_frames(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cpp_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """c/examples/cpp_writer.cpp (the C++ wrapper) compiled with -Werror -std=c++17."""
     if CXX is None:
         pytest.skip("no C++ compiler on this machine")
-    binary = tmp_path / "cpp_writer"
-    compiler = await asyncio.create_subprocess_exec(
-        *(CXX, "-O1", "-Wall", "-Wextra", "-Werror", "-std=c++17", f"-I{C_DIR}"),
-        *("-o", str(binary), str(C_DIR / "examples" / "cpp_writer.cpp")),
+    binary = tmp_path_factory.mktemp("ezring_cpp") / "cpp_writer"
+    subprocess.run(
+        [
+            *(CXX, "-O1", "-Wall", "-Wextra", "-Werror", "-std=c++17", f"-I{C_DIR}"),
+            *("-o", str(binary), str(C_DIR / "examples" / "cpp_writer.cpp")),
+        ],
+        check=True,
     )
-    assert await compiler.wait() == 0
+    return binary
+
+
+async def test_cpp_wrapper_compiles_and_publishes_shaped_frames(cpp_writer: Path) -> None:
+    binary = cpp_writer
     name = fresh_name()
     process = await asyncio.create_subprocess_exec(
         str(binary), name, "3", stdout=asyncio.subprocess.PIPE
