@@ -22,12 +22,12 @@ Atomicity on the Python side: 8-byte fields are read and written through a
 (CPython copies the item with a fixed-size memcpy, which compilers emit as one ``mov``
 on x86-64 and one ``ldr``/``str`` on aarch64; aligned 8-byte accesses are single-copy
 atomic on both). The *ordering* this module relies on is x86-64's (TSO: loads are not
-reordered with loads, stores not with stores, a load not with an earlier... store only
-to the same address). Where the spec needs a full barrier on the reader side
-(registration: state store, then ``write_seq`` load) it is a system call that takes a
-kernel lock (``F_OFD_GETLK``). On aarch64 the Python reader and writer are not
-guaranteed correct (see the spec's "aarch64" section): the C writer is, because it
-uses acquire/release atomics.
+reordered with loads, stores not with stores; the one reordering x86-64 does - a later load
+passing an earlier store to another address - matters only at registration (state store,
+then ``write_seq`` load), where a system call that takes a kernel lock (``F_OFD_GETLK``)
+is the full barrier). On aarch64 the Python reader and writer are not guaranteed correct
+(the spec's "Atomicity and aarch64" section); the C writer is, because it uses
+acquire/release atomics.
 """
 
 from __future__ import annotations
