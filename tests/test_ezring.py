@@ -470,3 +470,19 @@ async def test_a_subscriber_in_another_process_reads_an_attached_ring(
             finally:
                 child.kill()
                 await child.process.wait()
+
+
+async def test_a_view_dropped_in_another_thread_releases_its_slot() -> None:
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=2) as writer:
+        async with await RingReader.open(name) as reader:
+            assert writer.publish(np.zeros(8, "<u8"))
+            assert writer.publish(np.ones(8, "<u8"))
+            views = [(await reader.receive()).array for _ in range(2)]
+            assert not writer.publish(np.zeros(8, "<u8"))  # both slots held
+            await asyncio.to_thread(views.clear)  # the last references die in a worker
+            for _ in range(100):  # the release is handed back to the loop's thread
+                if writer.publish(np.full(8, 2, "<u8")):
+                    break
+                await asyncio.sleep(0.01)
+            assert (await reader.receive()).array.tolist() == [2] * 8

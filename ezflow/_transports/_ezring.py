@@ -43,6 +43,7 @@ import re
 import secrets
 import socket
 import struct
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -341,6 +342,9 @@ class RingReader:
         self._delivered = 0
         self._cursor = 0
         self._dtypes: dict[bytes, np.dtype[Any]] = {}
+        # Views may die in another thread (a @thread unit): releases go back to this one.
+        self._thread = threading.get_ident()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.lost = 0  #: frames skipped because this (leaky) reader was lapped
 
     @classmethod
@@ -376,6 +380,7 @@ class RingReader:
         try:
             header = RingHeader.parse(mapping.rw, mapping.size)
             reader = cls(name, mapping, header, lossless)
+            reader._loop = asyncio.get_running_loop()
             reader._register()
         except BaseException:
             mapping.close()
@@ -447,6 +452,14 @@ class RingReader:
 
     # -- receiving ------------------------------------------------------------------
 
+    def _view_dropped(self, seq: int) -> None:
+        # The finalizer of a lossless view: runs in whichever thread dropped it last.
+        if threading.get_ident() == self._thread or self._loop is None:
+            self._release(seq)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to tell
+                self._loop.call_soon_threadsafe(self._release, seq)
+
     def _release(self, seq: int) -> None:
         if self._closed:
             return
@@ -511,7 +524,7 @@ class RingReader:
             if self._lossless:
                 self._delivered = seq
                 self._held[seq] = 1
-                weakref.finalize(data, self._release, seq)
+                weakref.finalize(data, self._view_dropped, seq)
                 array = data if ndim == 1 else data.reshape(shape)
             else:
                 array = data.reshape(shape).copy()
