@@ -32,6 +32,7 @@ from ._graph._publisher import Publisher
 from ._graph._routing import ChannelInfo
 from ._graph._server import GraphServer
 from ._graph._subscriber import Subscriber
+from ._transports._ezring import RingFrame, RingHeader, RingReader, RingStats, RingWriter
 from ._transports._shm import ShmStats
 from ._units._component import Collection, Component, Unit
 from ._units._decorators import main, publisher, subscriber, task, thread
@@ -79,6 +80,11 @@ __all__ = [
     "ProtocolError",
     "Publisher",
     "PublisherStats",
+    "RingFrame",
+    "RingHeader",
+    "RingReader",
+    "RingStats",
+    "RingWriter",
     "Settings",
     "ShmOptions",
     "ShmStats",

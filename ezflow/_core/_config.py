@@ -22,6 +22,8 @@ __all__ = [
     "CONTROL_MAX_FRAME_SIZE",
     "DATA_WRITE_BUFFER_LIMIT",
     "DEFAULT_DRAIN_TIMEOUT",
+    "DEFAULT_EZRING_MAX_READERS",
+    "DEFAULT_EZRING_SLOT_COUNT",
     "DEFAULT_GRAPH_ADDRESS",
     "DEFAULT_HEARTBEAT_DEADLINE",
     "DEFAULT_MAX_IN_FLIGHT",
@@ -46,6 +48,8 @@ __all__ = [
     "ENV_TOKEN",
     "ENV_TOKEN_FILE",
     "ENV_TRANSPORT",
+    "EZRING_ATTACH_TIMEOUT",
+    "EZRING_POLL_INTERVAL",
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
     "HEARTBEATS_PER_DEADLINE",
@@ -192,6 +196,17 @@ DEFAULT_SHM_INLINE_LIMIT: Final = 64 * 1024
 #: a ``(phase, seq, t_ns, frame)`` tuple needs under 100 bytes, and the array's data
 #: then starts on a page boundary of an out-of-line block.
 SHM_LOAN_ROOM: Final = 4 * 1024
+
+
+#: ezring rings (docs/ezring.md): a reader with nothing to read re-checks the CLOSED flag
+#: and the writer's liveness lock this often, in case a wake-up datagram was lost or the
+#: writer died (a dead writer sends nothing).
+EZRING_POLL_INTERVAL: Final = 0.25
+#: ``RingReader.open`` waits this long by default for the ring to exist and be ready.
+EZRING_ATTACH_TIMEOUT: Final = 5.0
+#: Defaults of a ring created by ``RingWriter.create`` (the C writer has the same ones).
+DEFAULT_EZRING_SLOT_COUNT: Final = 16
+DEFAULT_EZRING_MAX_READERS: Final = 16
 
 
 @dataclass(frozen=True, slots=True)

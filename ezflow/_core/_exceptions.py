@@ -50,6 +50,9 @@ class EndOfStream(EzflowError):  # a signal, like trio's EndOfChannel / anyio's 
     connection breaks: the subscriber cannot tell more will come, so it ends too
     (``Subscriber.stats.publishers_broken`` counts those, and a line is logged). A
     subscriber that never had a publisher keeps waiting: one may still come.
+
+    ``RingReader.recv()`` raises it too, once the writer of an ezring ring closed it
+    and every frame was received (docs/ezring.md).
     """
 
 

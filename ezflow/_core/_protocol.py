@@ -166,6 +166,9 @@ class PublisherInfo:
     #: name of the publisher process's shm data socket (Linux abstract namespace), or
     #: None when that process cannot serve shared memory
     shm_address: str | None = None
+    #: name of the ezring ring (docs/ezring.md) this publisher stands for, or None: its
+    #: frames are read from /dev/shm/ezflow-ring-<ring> by each subscribing process
+    ring: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -177,6 +180,7 @@ class PublisherInfo:
             "address": list(self.address),
             "transport": self.transport,
             "shm": self.shm_address,
+            "ring": self.ring,
         }
 
     @classmethod
@@ -193,4 +197,5 @@ class PublisherInfo:
             address=address_field(data),
             transport=optional_str_field(data, "transport"),
             shm_address=optional_str_field(data, "shm"),
+            ring=optional_str_field(data, "ring"),
         )

@@ -71,6 +71,7 @@ from .._core._exceptions import (
 from .._core._outlet import Outlet
 from .._core._protocol import check_topic
 from .._core._telemetry import ProcessSnapshot
+from .._transports._ezring import read_ring_header
 from .._transports._local import LocalTransport
 from .._transports._shm import ShmTransport
 from .._transports._tcp import TcpTransport
@@ -444,6 +445,47 @@ class GraphContext:
             self._drop_outlet(publisher)
             raise
         return publisher
+
+    async def attach_ring(self, name: str, *, topic: str | None = None) -> str:
+        """Register the ezring ring *name* (``/dev/shm/ezflow-ring-<name>``, written by a
+        C/C++ or Python producer, docs/ezring.md) as a publisher of *topic* (default:
+        the topic in the ring's header); return its publisher id.
+
+        Every subscriber of *topic* on this host, in any process, then receives the
+        ring's frames as read-only numpy arrays (zero-copy; a slot is released when the
+        subscribers have dropped the array). The registration lasts until this context
+        closes; a ring whose writer closes or dies ends its channels. Raises
+        :class:`BrokenResourceError` if the ring does not exist, :class:`ProtocolError`
+        if it is not ezring v1, :class:`ConfigurationError` without a topic.
+        """
+        self._check_open()
+        header = await asyncio.to_thread(read_ring_header, name)  # (no file I/O on the loop)
+        topic = topic or header.topic
+        if not topic:
+            raise ConfigurationError(
+                f"ezring {name} declares no topic: pass attach_ring({name!r}, topic=...)"
+            )
+        check_topic(topic)
+        assert self._tcp is not None
+        address = await self._tcp.start()
+        publisher_id = f"p-{uuid.uuid4().hex[:16]}"
+        request: dict[str, Any] = {
+            "op": "register_publisher",
+            "publisher_id": publisher_id,
+            "topic": topic,
+            "address": list(address),
+            "transport": "ezring",  # shown by `ezflow graph`; routers read `ring`
+            "shm": None,
+            "ring": name,
+        }
+        # Kept with the other registrations: restored after a reconnection.
+        self._registrations[publisher_id] = request
+        try:
+            await self._request(**request)
+        except BaseException:
+            self._registrations.pop(publisher_id, None)
+            raise
+        return publisher_id
 
     async def subscriber(
         self,

@@ -26,6 +26,7 @@ from .._core._codec import Codec
 from .._core._exceptions import EzflowError
 from .._core._protocol import PublisherInfo
 from .._transports._base import Inbound, Transport
+from .._transports._ezring import open_ring_channel
 from .._transports._local import LocalTransport
 from .._transports._shm import ShmTransport
 from .._transports._tcp import TcpTransport
@@ -187,7 +188,10 @@ class Router:
     def choose_transport(self, publisher: PublisherInfo, subscriber: Subscriber) -> str:
         """local in the same process and loop; else shm on the same host when both
         processes can use it; else tcp. A forced choice that cannot work falls back to
-        the automatic one, with a warning logged once per edge."""
+        the automatic one, with a warning logged once per edge. An attached ezring ring
+        is always read through shared memory ("ezring")."""
+        if publisher.ring is not None:
+            return "ezring"
         wanted = subscriber.transport or publisher.transport or self._env_transport
         if wanted == "tcp":
             return "tcp"
@@ -284,6 +288,11 @@ class Router:
             record.attachments[subscriber.id] = channel.attach(subscriber._inbox)
         while True:
             try:
+                if info.ring is not None:
+                    record.inbound = await open_ring_channel(
+                        channel, info.ring, on_lost=lambda: self._lost_record(record)
+                    )
+                    break
                 record.inbound = await self._transport(record.key[1]).open_channel(
                     channel, info, on_lost=lambda: self._lost_record(record)
                 )

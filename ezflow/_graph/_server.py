@@ -119,6 +119,7 @@ class _Publisher:
     address: tuple[str, int]
     transport: str | None
     shm_address: str | None
+    ring: str | None = None  # an ezring ring attached with GraphContext.attach_ring
 
 
 @dataclass(eq=False)
@@ -413,7 +414,13 @@ class GraphServer:
             shm_address = optional_str_field(message, "shm")
             self._claim(client, pub_id)
             self._publishers[pub_id] = _Publisher(
-                pub_id, topic, client, address, transport, shm_address
+                pub_id,
+                topic,
+                client,
+                address,
+                transport,
+                shm_address,
+                optional_str_field(message, "ring"),
             )
             client.publishers.add(pub_id)
             return True
@@ -551,6 +558,7 @@ class GraphServer:
             address=pub.address,
             transport=pub.transport,
             shm_address=pub.shm_address,
+            ring=pub.ring,
         ).to_wire()
 
     def _push_routes(self) -> int:

@@ -495,6 +495,11 @@ def sweep_stale_segments(directory: str = "/dev/shm") -> list[str]:
     for name in entries:
         match = _NAME.fullmatch(name)
         if match is None:
+            if name.startswith("ezflow-ring-"):  # an ezring ring (docs/ezring.md, "Naming")
+                from ._ezring import remove_ring_if_stale  # noqa: PLC0415 - imports us
+
+                if remove_ring_if_stale(os.path.join(directory, name)):
+                    removed.append(name)
             continue
         key = (match["pid"], match["start"])
         if key not in alive:

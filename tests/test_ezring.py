@@ -1,0 +1,488 @@
+"""ezring v1 (docs/ezring.md): the C writer (c/ezflow_ring.h, compiled here with cc), the
+Python RingWriter and RingReader, against each other, with real processes and signals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import mmap
+import os
+import secrets
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _proc import Child
+from conftest import loop_kind
+
+import ezflow
+from ezflow import BrokenResourceError, ProtocolError, RingReader, RingWriter
+from ezflow._transports._ezring import ring_path
+from ezflow._transports._segment import sweep_stale_segments
+
+C_DIR = Path(__file__).resolve().parent.parent / "c"
+CC = shutil.which("cc") or shutil.which("gcc")
+CXX = shutil.which("c++") or shutil.which("g++")
+
+
+@pytest.fixture(scope="module")
+def camera_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """c/examples/camera_writer.c compiled with warnings as errors (skip without cc)."""
+    if CC is None:
+        pytest.skip("no C compiler (cc) on this machine")
+    out = tmp_path_factory.mktemp("ezring") / "camera_writer"
+    subprocess.run(
+        [
+            *(CC, "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", f"-I{C_DIR}"),
+            *("-o", str(out), str(C_DIR / "examples" / "camera_writer.c")),
+        ],
+        check=True,
+    )
+    return out
+
+
+def fresh_name() -> str:
+    return f"t{os.getpid()}-{secrets.token_hex(4)}"
+
+
+class CWriter:
+    """A running camera_writer process."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    async def stats(self) -> dict[str, int]:
+        """Wait for the writer to finish; its final statistics line."""
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(self.process.stdout.readline(), 30)
+        assert await asyncio.wait_for(self.process.wait(), 10) == 0
+        result: dict[str, int] = json.loads(line)
+        return result
+
+
+@pytest.fixture
+async def start_c(camera_writer: Path) -> AsyncIterator[object]:
+    started: list[asyncio.subprocess.Process] = []
+
+    async def start(name: str, *args: object) -> CWriter:
+        process = await asyncio.create_subprocess_exec(
+            str(camera_writer),
+            "--name",
+            name,
+            *map(str, args),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        started.append(process)
+        assert process.stdout is not None
+        ready = await asyncio.wait_for(process.stdout.readline(), 10)
+        assert ready.decode().strip() == f"ready {ring_path(name)}"
+        return CWriter(process)
+
+    yield start
+    for process in started:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    sweep_stale_segments()
+
+
+def frame_number(array: np.ndarray) -> int:
+    return int(np.frombuffer(array.reshape(-1)[:8].tobytes(), "<u8")[0])
+
+
+async def test_c_writer_lossless_reader_gets_every_published_frame_in_order_over_wraps(
+    start_c: object,
+) -> None:
+    name = fresh_name()
+    writer = await start_c(  # type: ignore[operator]
+        name,
+        "--slots",
+        4,
+        "--frame-size",
+        4096,
+        "--count",
+        100,
+        "--rate",
+        1000,
+        "--wait-readers",
+        1,
+    )
+    async with await RingReader.open(name) as reader:
+        seqs, numbers = [], []
+        async for frame in reader:
+            seqs.append(frame.seq)
+            numbers.append(frame_number(frame.array))
+            assert frame.array.shape == (4096,) and frame.array.dtype == np.uint8
+            assert not frame.array.flags.writeable
+            assert int(frame.array[-1]) == numbers[-1] & 0xFF and frame.lost == 0
+            del frame
+    stats = await writer.stats()
+    assert seqs == list(range(1, stats["published"] + 1))
+    assert numbers == sorted(set(numbers))
+    assert stats["published"] + stats["dropped_full"] == 100
+    assert stats["published"] >= 10 * 4  # wrapped around the 4 slots at least 10 times
+
+
+async def test_c_writer_counts_drops_exactly_while_a_lossless_reader_holds_every_slot(
+    start_c: object,
+) -> None:
+    name = fresh_name()
+    writer = await start_c(  # type: ignore[operator]
+        name, "--slots", 4, "--frame-size", 64, "--count", 50, "--wait-readers", 1
+    )
+    async with await RingReader.open(name) as reader:
+        stats = await writer.stats()  # the reader reads nothing until the writer is done
+        assert stats == {
+            "published": 4,
+            "dropped_full": 46,
+            "readers_live": 1,
+            "readers_reclaimed": 0,
+        }
+        numbers = [frame_number(frame.array) async for frame in reader]
+    assert numbers == [0, 1, 2, 3]
+
+
+async def test_kept_view_holds_its_slot_and_never_changes() -> None:
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=4) as writer:
+        async with await RingReader.open(name) as reader:
+            for i in range(4):
+                assert writer.publish(np.full(8, i, "<u8"))
+            kept = (await reader.receive()).array
+            for _ in range(3):
+                await reader.receive()  # received and dropped at once: released
+            # Slot 1 is still held by `kept`: the writer drops instead of overwriting it.
+            assert not writer.publish(np.full(8, 99, "<u8"))
+            assert writer.stats().dropped_full == 1
+            assert kept.tolist() == [0] * 8
+            with pytest.raises(ValueError, match="read-only"):
+                kept[0] = 5
+            del kept
+            assert writer.publish(np.full(8, 4, "<u8"))
+            frame = await reader.receive()
+            assert frame.seq == 5 and frame.array.tolist() == [4] * 8
+            assert "ezflow-ring-" + name not in sweep_stale_segments()  # its writer lives
+
+
+async def test_lapped_leaky_reader_detects_it_and_never_holds_the_writer() -> None:
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=4) as writer:
+        async with await RingReader.open(name, lossless=False) as reader:
+            for i in range(10):
+                assert writer.publish(np.full(8, i, "<u8"), meta=b"m%d" % i)
+            frames = [await reader.receive() for _ in range(3)]
+            assert [f.seq for f in frames] == [8, 9, 10]
+            assert [f.lost for f in frames] == [7, 0, 0] and reader.lost == 7
+            assert [f.meta for f in frames] == [b"m7", b"m8", b"m9"]
+            assert frames[0].array.tolist() == [7] * 8
+            assert writer.stats().dropped_full == 0
+
+
+async def test_writer_sigkill_ends_the_reader_with_an_error_and_is_swept(
+    start_c: object,
+) -> None:
+    name = fresh_name()
+    writer = await start_c(  # type: ignore[operator]
+        name,
+        "--slots",
+        4,
+        "--frame-size",
+        64,
+        "--count",
+        10**9,
+        "--rate",
+        200,
+        "--wait-readers",
+        1,
+    )
+    async with await RingReader.open(name) as reader:
+        await reader.receive()
+        writer.process.send_signal(signal.SIGKILL)
+        await writer.process.wait()
+        with pytest.raises(BrokenResourceError, match="died"):
+            while True:
+                await asyncio.wait_for(reader.receive(), 5)
+    assert "ezflow-ring-" + name in os.listdir("/dev/shm")  # left by the dead writer
+    assert "ezflow-ring-" + name in sweep_stale_segments()
+    assert "ezflow-ring-" + name not in os.listdir("/dev/shm")
+
+
+READER_CHILD = """
+import asyncio, sys
+from ezflow import RingReader
+async def main():
+    reader = await RingReader.open(sys.argv[1])
+    frame = await reader.receive()  # kept: its slot stays held
+    print("got", frame.seq, flush=True)
+    await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+async def test_reader_sigkill_is_reclaimed_and_the_writer_never_blocks() -> None:
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=4) as writer:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", READER_CHILD, name, stdout=asyncio.subprocess.PIPE
+        )
+        try:
+            while writer.stats().readers_live < 1:  # noqa: ASYNC110 - state in shared memory
+                await asyncio.sleep(0.01)
+            for i in range(4):
+                assert writer.publish(np.full(8, i, "<u8"))
+            assert child.stdout is not None
+            assert (await asyncio.wait_for(child.stdout.readline(), 30)).split()[0] == b"got"
+            assert not writer.publish(np.zeros(8, "<u8"))  # the live child holds slot 1
+            child.send_signal(signal.SIGKILL)
+            await child.wait()
+        finally:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+        assert writer.publish(np.zeros(8, "<u8"))  # reclaimed on this loan, no waiting
+        assert writer.stats() == writer.stats().__class__(5, 1, 0, 1)
+
+
+async def test_c_writer_reclaims_a_killed_reader(start_c: object) -> None:
+    name = fresh_name()
+    writer = await start_c(  # type: ignore[operator]
+        name,
+        "--slots",
+        4,
+        "--frame-size",
+        64,
+        "--count",
+        60,
+        "--rate",
+        300,
+        "--wait-readers",
+        1,
+    )
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", READER_CHILD, name, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        assert (await asyncio.wait_for(child.stdout.readline(), 30)).split()[0] == b"got"
+        child.send_signal(signal.SIGKILL)
+        await child.wait()
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    stats = await writer.stats()
+    assert stats["readers_reclaimed"] == 1 and stats["readers_live"] == 0
+    assert stats["published"] + stats["dropped_full"] == 60 and stats["published"] > 4
+
+
+async def test_unknown_major_is_refused_and_a_newer_minor_accepted() -> None:
+    name = fresh_name()
+    with (
+        RingWriter.create(name, slot_size=64) as writer,
+        open(writer.path, "r+b") as f,  # noqa: ASYNC230 - a tmpfs file, opened once
+        mmap.mmap(f.fileno(), 0) as raw,
+    ):
+        struct.pack_into("<H", raw, 10, 9)  # minor 9: fields we do not know are skipped
+        async with await RingReader.open(name) as reader:
+            assert reader.header.minor == 9
+        struct.pack_into("<H", raw, 8, 2)  # major 2
+        with pytest.raises(ProtocolError, match="major version 2 is not supported"):
+            await RingReader.open(name)
+        struct.pack_into("<Q", raw, 0, 0x1234)
+        with pytest.raises(ProtocolError, match="not an ezring segment"):
+            await RingReader.open(name, timeout=0)
+
+
+async def test_sixteen_lossless_readers_each_get_every_frame(start_c: object) -> None:
+    name = fresh_name()
+    writer = await start_c(  # type: ignore[operator]
+        name,
+        "--slots",
+        8,
+        "--frame-size",
+        256,
+        "--count",
+        40,
+        "--rate",
+        400,
+        "--max-readers",
+        16,
+        "--wait-readers",
+        16,
+    )
+    readers = [await RingReader.open(name) for _ in range(16)]
+    try:
+        with pytest.raises(BrokenResourceError, match="all 16 reader entries in use"):
+            await RingReader.open(name)
+
+        async def drain(reader: RingReader) -> list[int]:
+            return [frame.seq async for frame in reader]
+
+        results = await asyncio.gather(*(drain(reader) for reader in readers))
+    finally:
+        for reader in readers:
+            await reader.aclose()
+    stats = await writer.stats()
+    assert stats["published"] + stats["dropped_full"] == 40
+    assert all(seqs == list(range(1, stats["published"] + 1)) for seqs in results)
+
+
+async def test_python_and_c_writers_produce_the_same_frames(start_c: object) -> None:
+    size, count = 256, 6
+    c_name, py_name = fresh_name(), fresh_name()
+    writer = await start_c(  # type: ignore[operator]
+        c_name,
+        "--slots",
+        8,
+        "--frame-size",
+        size,
+        "--count",
+        count,
+        "--wait-readers",
+        1,
+        "--max-readers",
+        4,
+        "--topic",
+        "/diff",
+    )
+    async with await RingReader.open(c_name) as reader:
+        c_header = reader.header
+        c_frames = [
+            (f.seq, f.array.dtype.str, f.array.shape, f.array.tobytes()) async for f in reader
+        ]
+    await writer.stats()
+    with RingWriter.create(
+        py_name, slot_size=size, slot_count=8, max_readers=4, topic="/diff"
+    ) as py:
+        async with await RingReader.open(py_name) as reader:
+            for n in range(count):
+                data = np.full(size, n & 0xFF, np.uint8)
+                data[:8] = np.frombuffer(struct.pack("<Q", n), np.uint8)
+                assert py.publish(data)
+            py_frames = [
+                (f.seq, f.array.dtype.str, f.array.shape, f.array.tobytes())
+                for f in [await reader.receive() for _ in range(count)]
+            ]
+            py_header = reader.header
+    assert c_frames == py_frames
+    skip = {"writer_pid", "writer_start", "created_ns"}
+    assert {k: getattr(c_header, k) for k in c_header.__slots__ if k not in skip} == {
+        k: getattr(py_header, k) for k in py_header.__slots__ if k not in skip
+    }
+
+
+@pytest.fixture(scope="module")
+def cpp_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """c/examples/cpp_writer.cpp (the C++ wrapper) compiled with -Werror -std=c++17."""
+    if CXX is None:
+        pytest.skip("no C++ compiler on this machine")
+    binary = tmp_path_factory.mktemp("ezring_cpp") / "cpp_writer"
+    subprocess.run(
+        [
+            *(CXX, "-O1", "-Wall", "-Wextra", "-Werror", "-std=c++17", f"-I{C_DIR}"),
+            *("-o", str(binary), str(C_DIR / "examples" / "cpp_writer.cpp")),
+        ],
+        check=True,
+    )
+    return binary
+
+
+async def test_cpp_wrapper_compiles_and_publishes_shaped_frames(cpp_writer: Path) -> None:
+    binary = cpp_writer
+    name = fresh_name()
+    process = await asyncio.create_subprocess_exec(
+        str(binary), name, "3", stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        await asyncio.wait_for(process.stdout.readline(), 10)
+        async with await RingReader.open(name) as reader:
+            frames = [frame.array.copy() async for frame in reader]
+            assert reader.topic == "/cpp"
+        assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    expected = np.arange(32, dtype="<f4").reshape(4, 8)
+    assert len(frames) == 3
+    for n, frame in enumerate(frames):
+        np.testing.assert_array_equal(frame, expected + 1000 * n)
+
+
+async def test_attached_ring_feeds_every_subscriber_of_its_topic(
+    server: ezflow.GraphServer,
+) -> None:
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=8, topic="/cam") as writer:
+        async with ezflow.GraphContext(server.address) as ctx:
+            publisher_id = await ctx.attach_ring(name)  # topic from the ring's header
+            first = await ctx.subscriber("/cam")
+            second = await ctx.subscriber("/cam", leaky=True, queue=8)
+            while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
+                await asyncio.sleep(0.01)
+            for n in range(5):
+                assert writer.publish(np.full(8, n, "<u8"))
+            for subscriber in (first, second):
+                for n in range(5):
+                    array = await asyncio.wait_for(subscriber.recv(), 5)
+                    assert array.tolist() == [n] * 8 and not array.flags.writeable
+            (info,) = ctx.channels
+            assert (info.publisher_id, info.topic, info.transport) == (
+                publisher_id,
+                "/cam",
+                "ezring",
+            )
+            assert info.stats.messages == 5
+            (listed,) = server.snapshot()["publishers"]
+            assert (listed["id"], listed["topic"], listed["transport"]) == (
+                publisher_id,
+                "/cam",
+                "ezring",
+            )
+
+
+async def test_a_subscriber_in_another_process_reads_an_attached_ring(
+    server: ezflow.GraphServer,
+) -> None:
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=8) as writer:
+        async with ezflow.GraphContext(server.address) as ctx:
+            await ctx.attach_ring(name, topic="/frames")
+            child = await Child.start(
+                "collect", loop_kind(), address=list(server.address), topic="/frames", count=3
+            )
+            try:
+                await child.event("ready")
+                while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
+                    await asyncio.sleep(0.01)
+                for n in range(3):
+                    assert writer.publish(np.arange(4, dtype="<i4") + n)
+                done = await child.event("done")
+                assert done["values"] == [[n, n + 1, n + 2, n + 3] for n in range(3)]
+                assert await child.stop() == 0
+            finally:
+                child.kill()
+                await child.process.wait()
+
+
+async def test_a_view_dropped_in_another_thread_releases_its_slot() -> None:
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=2) as writer:
+        async with await RingReader.open(name) as reader:
+            assert writer.publish(np.zeros(8, "<u8"))
+            assert writer.publish(np.ones(8, "<u8"))
+            views = [(await reader.receive()).array for _ in range(2)]
+            assert not writer.publish(np.zeros(8, "<u8"))  # both slots held
+            await asyncio.to_thread(views.clear)  # the last references die in a worker
+            for _ in range(100):  # the release is handed back to the loop's thread
+                if writer.publish(np.full(8, 2, "<u8")):
+                    break
+                await asyncio.sleep(0.01)
+            assert (await reader.receive()).array.tolist() == [2] * 8
