@@ -17,19 +17,23 @@ process and ``shutdown()`` on the way out. ezmsg's :class:`~ezmsg.core.Complete`
 :class:`~ezmsg.core.NormalTermination` become ezflow's. An ezmsg collection becomes an
 ezflow collection (:class:`EzmsgCollection`) calling its ``configure()``, ``network()``
 and ``process_components()``. Stream types that are not plain classes (a ``TypeVar``, a
-union) are taken as ``Any``. What differs from ezmsg is in docs/ezmsg.md.
+union) are taken as ``Any``, and, as in ezmsg, declared types are not checked
+when streams are connected; dataclass message types a stream names are registered with
+the codec. What differs from ezmsg is in docs/ezmsg.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, ClassVar, cast
 
 import ezmsg.core as ez
 
-from ._units._component import Collection, Component, Unit
+from ._core._codec import register_message, registered_name
+from ._units._component import Collection, Component, Connection, Unit
 from ._units._decorators import main, publisher, subscriber, task, thread
 from ._units._errors import Complete, GraphDefinitionError, NormalTermination
 from ._units._plan import register_graph_adapter
@@ -54,18 +58,25 @@ def _translated() -> Iterator[None]:
         raise NormalTermination(*exc.args) from exc
 
 
-def _message_type(declared: Any) -> Any:
-    # A TypeVar, a union or a parametrized generic: ezmsg does not check them, nor do we.
-    return declared if isinstance(declared, type) else Any
+def _register(declared: Any) -> None:
+    """Register a dataclass message type a stream names, so that it crosses processes
+    (ezmsg pickles any message; ezflow carries registered dataclasses)."""
+    if (
+        isinstance(declared, type)
+        and dataclasses.is_dataclass(declared)
+        and registered_name(declared) is None
+    ):
+        register_message(declared)
 
 
 def _ezflow_stream(stream: Any) -> Stream:
-    message_type = _message_type(getattr(stream, "msg_type", Any))
+    # ezmsg checks no message type when streams are connected (a TypeVar, a union, or a
+    # class another unit does not match), so the ezflow stream declares none.
+    message_type = Any
+    _register(getattr(stream, "msg_type", None))
     if isinstance(stream, ez.InputStream):
         leaky = bool(stream.leaky)
-        return InputStream(
-            message_type, leaky=leaky, queue=stream.max_queue if leaky else None
-        )
+        return InputStream(message_type, leaky=leaky, queue=stream.max_queue if leaky else None)
     if isinstance(stream, ez.OutputStream):
         buffers = getattr(stream, "num_buffers", _EZMSG_DEFAULT_BUFFERS)
         options: dict[str, Any] = {}
@@ -111,11 +122,11 @@ class _Adapted:
             _address(self._ezmsg, value)
 
     @property
-    def SETTINGS(self) -> Any:  # noqa: N802 - the name ezflow and ezmsg give it
+    def SETTINGS(self) -> Any:
         return self._ezmsg.SETTINGS
 
     @SETTINGS.setter
-    def SETTINGS(self, settings: Any) -> None:  # noqa: N802
+    def SETTINGS(self, settings: Any) -> None:
         if settings is not None:
             self._ezmsg.apply_settings(settings)
 
@@ -200,11 +211,10 @@ class EzmsgCollection(_Adapted, Collection):
 
     def components(self) -> dict[str, Component]:
         return {
-            name: self._adapter.component(child)
-            for name, child in self._ezmsg.components.items()
+            name: self._adapter.component(child) for name, child in self._ezmsg.components.items()
         }
 
-    def network(self) -> list[object]:
+    def network(self) -> list[Connection]:
         return [self._adapter.connection(pair) for pair in self._ezmsg.network()]
 
     def process_components(self) -> list[Component]:
@@ -257,7 +267,9 @@ def _build_unit_class(ezmsg_class: type[Any]) -> type[EzmsgUnit]:
     streams: dict[str, Stream] = {}
     for name, stream in ezmsg_class.__streams__.items():
         streams[name] = namespace[name] = _ezflow_stream(stream)
-    outputs = {name: s for name, s in streams.items() if isinstance(s, OutputStream)}
+    outputs: dict[str, Stream] = {
+        name: s for name, s in streams.items() if isinstance(s, OutputStream)
+    }
     namespace["_ezmsg_outputs"] = outputs
     for name, fn in ezmsg_class.__tasks__.items():
         namespace[_method_name(name)] = _task_method(ezmsg_class, name, fn, streams, outputs)
@@ -286,9 +298,7 @@ def _task_method(
     outputs: dict[str, Stream],
 ) -> Callable[..., Any]:
     subscribes = getattr(fn, "__ez_subscribes__", None)
-    publishes = [
-        outputs[s.name] for s in getattr(fn, "__ez_publishes__", ()) if s.name in outputs
-    ]
+    publishes = [outputs[s.name] for s in getattr(fn, "__ez_publishes__", ()) if s.name in outputs]
     takes_message = len(inspect.signature(fn).parameters) >= 2
     method: Callable[..., Any]
     if inspect.isasyncgenfunction(fn):
@@ -323,13 +333,13 @@ def _task_method(
             method = task(method)
     method.__name__ = method.__qualname__ = name
     if subscribes is not None:
-        stream = streams.get(getattr(subscribes, "_name", None) or "")
-        if not isinstance(stream, InputStream):
+        declared = streams.get(getattr(subscribes, "_name", None) or "")
+        if not isinstance(declared, InputStream):
             raise GraphDefinitionError(
                 f"{ezmsg_class.__qualname__}.{name} subscribes to {subscribes!r}, which is "
                 f"not an input stream of {ezmsg_class.__qualname__}"
             )
-        method = subscriber(stream)(method)
+        method = subscriber(declared)(method)
     return method
 
 

@@ -276,9 +276,7 @@ def _adapt(
     components: Mapping[str, object], connections: Iterable[object], placed: Iterable[object]
 ) -> tuple[dict[str, object], Iterable[object], Iterable[object]]:
     """Translate the components of other frameworks (a no-op without any)."""
-    packages = sorted(
-        {p for p in map(_foreign_package, components.values()) if p is not None}
-    )
+    packages = sorted({p for p in map(_foreign_package, components.values()) if p is not None})
     if not packages:
         return dict(components), connections, placed
     graph = dict(components)

@@ -1,0 +1,133 @@
+"""ezmsg units and systems for tests/test_ezmsg.py (importable by unit processes).
+
+Imports ezmsg: import this module only after ``pytest.importorskip("ezmsg.core")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Iterator
+from typing import Any
+
+import ezmsg.core as ez
+import numpy as np
+from ezmsg.sigproc.butterworthfilter import (
+    ButterworthFilter,
+    ButterworthFilterSettings,
+    ButterworthFilterTransformer,
+)
+from ezmsg.sigproc.downsample import Downsample, DownsampleSettings, DownsampleTransformer
+from ezmsg.util.messages.axisarray import AxisArray
+
+import ezflow
+
+RATE = 500.0
+BLOCKS = 12
+BLOCK = 50
+CHANNELS = 3
+FILTER = ButterworthFilterSettings(order=4, cutoff=40.0)
+DOWNSAMPLE = DownsampleSettings(factor=2)
+
+
+def blocks() -> Iterator[AxisArray]:
+    """The signal: deterministic noise, in AxisArray blocks along ``time``."""
+    rng = np.random.default_rng(7)
+    for index in range(BLOCKS):
+        yield AxisArray(
+            rng.standard_normal((BLOCK, CHANNELS)),
+            dims=["time", "ch"],
+            axes={"time": AxisArray.TimeAxis(fs=RATE, offset=index * BLOCK / RATE)},
+            attrs={"block": index},
+            key="source",
+        )
+
+
+def expected() -> list[AxisArray]:
+    """The same sigproc processors, called directly on the same blocks."""
+    butter = ButterworthFilterTransformer(FILTER)
+    down = DownsampleTransformer(DOWNSAMPLE)
+    return [down(butter(block)) for block in blocks()]
+
+
+class SourceSettings(ez.Settings):
+    blocks: int = BLOCKS
+
+
+class Source(ez.Unit):
+    """An ezmsg publisher: the blocks, then ezmsg's Complete (ends just this function)."""
+
+    SETTINGS = SourceSettings
+    OUTPUT_SIGNAL = ez.OutputStream(AxisArray)
+
+    @ez.publisher(OUTPUT_SIGNAL)
+    async def generate(self) -> AsyncGenerator[Any, None]:
+        for block in blocks():
+            yield self.OUTPUT_SIGNAL, block
+        raise ez.Complete
+
+
+class SinkState(ez.State):
+    received: list[AxisArray]
+
+
+class Sink(ez.Unit):
+    """An ezmsg subscriber that keeps what it receives (in the calling process)."""
+
+    STATE = SinkState
+    INPUT_SIGNAL = ez.InputStream(AxisArray)
+
+    async def initialize(self) -> None:
+        self.STATE.received = []
+        self.received = self.STATE.received
+
+    @ez.subscriber(INPUT_SIGNAL)
+    async def on_signal(self, message: AxisArray) -> None:
+        self.STATE.received.append(message)
+
+
+class EzflowSink(ezflow.Unit):
+    """An ezflow subscriber, for a graph mixing both kinds of units."""
+
+    INPUT = ezflow.InputStream(AxisArray)
+
+    def initialize(self) -> None:
+        self.received: list[AxisArray] = []
+
+    @ezflow.subscriber(INPUT)
+    def on_signal(self, message: AxisArray) -> None:
+        self.received.append(message)
+
+
+class PipelineSystem(ez.Collection):
+    """The pipeline as ezmsg's Collection-based system class, filter and downsampler
+    each in its own process."""
+
+    SOURCE = Source()
+    FILTER = ButterworthFilter()
+    DOWNSAMPLE = Downsample()
+    SINK = Sink()
+
+    def configure(self) -> None:
+        self.FILTER.apply_settings(FILTER)
+        self.DOWNSAMPLE.apply_settings(DOWNSAMPLE)
+
+    def network(self) -> ez.NetworkDefinition:
+        return (
+            (self.SOURCE.OUTPUT_SIGNAL, self.FILTER.INPUT_SIGNAL),
+            (self.FILTER.OUTPUT_SIGNAL, self.DOWNSAMPLE.INPUT_SIGNAL),
+            (self.DOWNSAMPLE.OUTPUT_SIGNAL, self.SINK.INPUT_SIGNAL),
+        )
+
+    def process_components(self) -> tuple[ez.Component, ...]:
+        return (self.FILTER, self.DOWNSAMPLE)
+
+
+__all__ = [
+    "ButterworthFilter",
+    "Downsample",
+    "EzflowSink",
+    "PipelineSystem",
+    "Sink",
+    "Source",
+    "blocks",
+    "expected",
+]
