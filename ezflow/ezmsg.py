@@ -27,12 +27,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, ClassVar, cast
 
 import ezmsg.core as ez
 
 from ._core._codec import register_message, registered_name
+from ._core._config import COMPAT_MAIN_POLL_INTERVAL
 from ._units._component import Collection, Component, Connection, Unit
 from ._units._decorators import main, publisher, subscriber, task, thread
 from ._units._errors import Complete, GraphDefinitionError, NormalTermination
@@ -277,14 +279,20 @@ def _build_unit_class(ezmsg_class: type[Any]) -> type[EzmsgUnit]:
         namespace[_method_name(name)] = thread(_blocking_method(fn))
     main_fn = ezmsg_class.__main__
     if main_fn is not None:
-        namespace[_method_name(main_fn.__name__)] = main(_blocking_method(main_fn))
+        method = _blocking_method(main_fn, wait_for_stop=True)
+        namespace[_method_name(main_fn.__name__)] = main(method)
     return cast("type[EzmsgUnit]", type(ezmsg_class.__name__, (EzmsgUnit,), namespace))
 
 
-def _blocking_method(fn: Callable[..., Any]) -> Callable[[EzmsgUnit], None]:
+def _blocking_method(
+    fn: Callable[..., Any], *, wait_for_stop: bool = False
+) -> Callable[[EzmsgUnit], None]:
     def method(self: EzmsgUnit) -> None:
         with _translated():
             fn(self._ezmsg)
+        # ezmsg's @main returning does not end the graph (NormalTermination does).
+        while wait_for_stop and self.running:
+            time.sleep(COMPAT_MAIN_POLL_INTERVAL)
 
     method.__name__ = method.__qualname__ = fn.__name__
     return method

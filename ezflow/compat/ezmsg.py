@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .._core._codec import register_message, registered_name
+from .._core._config import COMPAT_MAIN_POLL_INTERVAL
 from .._units._component import Collection as _Collection
 from .._units._component import Component
 from .._units._component import Unit as _Unit
@@ -93,10 +94,6 @@ __all__ = [
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-#: Seconds between two looks at ``running`` by a ``@main`` that returned (it then waits
-#: for the graph to stop, as under ezmsg).
-_MAIN_POLL = 0.05
 
 #: ``(source, destination)`` pairs of streams (or topic names), as ``network()`` returns.
 NetworkDefinition = Iterable[tuple[Stream | str, Stream | str]]
@@ -257,7 +254,7 @@ def main(fn: _F) -> _F:
     def run_then_wait(self: Unit) -> None:
         fn(self)
         while self.running:  # the graph stops this thread by clearing `running`
-            time.sleep(_MAIN_POLL)
+            time.sleep(COMPAT_MAIN_POLL_INTERVAL)
 
     return _main(run_then_wait)  # type: ignore[return-value]
 
