@@ -439,3 +439,201 @@ def test_echo_summarises_arrays_inside_other_messages() -> None:
     assert "Frame(name='x', pixels=ndarray shape=(3,) dtype=float64 min=1.0 max=1.0)" in shown
     assert repr(summarize(np.array([1 + 2j]))) == "ndarray shape=(1,) dtype=complex128"
     assert summarize("text") == "text"
+
+
+# -- echo / hz and message classes this process does not know --------------------------
+
+#: A script that defines a registered message class and, run as a script, publishes a
+#: Point and a plain dict every 20 ms until its stdin closes: on the wire its class is
+#: ``__main__.Point``, the name a script's classes have.
+POINTS_SCRIPT = """
+import asyncio
+import dataclasses
+import sys
+
+import ezflow
+
+
+@ezflow.message
+@dataclasses.dataclass(frozen=True)
+class Point:
+    x: int
+    y: float
+
+
+async def main(address: str, topic: str) -> None:
+    async with ezflow.GraphContext(address, auto_start=False) as ctx:
+        pub = await ctx.publisher(topic)
+        print("ready", flush=True)
+        stop = asyncio.ensure_future(asyncio.to_thread(sys.stdin.read))
+        i = 0
+        while not stop.done():
+            await pub.publish(Point(i, i / 2))
+            await pub.publish({"seq": i})
+            i += 1
+            await asyncio.sleep(0.02)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+POINTS_TOPIC = "/cli/points"
+HINT = (
+    "message type '__main__.Point' is not registered in this process: use --import "
+    "MODULE_OR_FILE to load the module that defines it (a script's class: --import the "
+    "script's file)"
+)
+
+
+@pytest.fixture(scope="module")
+def points(graph: Graph, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A real publisher process of POINTS_SCRIPT on the graph; the script's path."""
+    script = tmp_path_factory.mktemp("points") / "points_script.py"
+    script.write_text(POINTS_SCRIPT)
+    publisher = subprocess.Popen(
+        [sys.executable, str(script), graph.address, POINTS_TOPIC],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=graph.env,
+    )
+    try:
+        assert publisher.stdout is not None
+        assert publisher.stdout.readline() == "ready\n"
+        yield script
+    finally:
+        assert publisher.stdin is not None
+        publisher.stdin.close()
+        try:
+            assert publisher.wait(10) == 0
+        finally:
+            if publisher.poll() is None:
+                publisher.kill()
+                publisher.wait()
+            assert publisher.stdout is not None
+            publisher.stdout.close()
+
+
+@pytest.mark.parametrize("how", ["file", "module"])
+def test_echo_import_a_script_shows_its_message_class(graph: Graph, points: Path, how: str) -> None:
+    """``--import path/to/script.py`` (or the module name, found in the current
+    directory) makes the script's class known under the name its publisher uses."""
+    target = str(points) if how == "file" else points.stem
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ezflow",
+            "echo",
+            POINTS_TOPIC,
+            "--count",
+            "6",
+            "--import",
+            target,
+            "--address",
+            graph.address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=points.parent,
+        env=graph.env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.findall(r"^#(\d+)", result.stdout, re.MULTILINE) == ["1", "2", "3", "4", "5", "6"]
+    assert len(re.findall(r"^Point\(x=\d+, y=[\d.]+\)$", result.stdout, re.MULTILINE)) >= 2
+    assert "undecodable" not in result.stdout
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("mode", ["leaky", "lossless"])
+def test_echo_names_an_unknown_message_type_once(graph: Graph, points: Path, mode: str) -> None:
+    options = ["--lossless"] if mode == "lossless" else []
+    result = ezflow_cli(
+        "echo", POINTS_TOPIC, "--count", "6", *options, "--address", graph.address, env=graph.env
+    )
+    assert result.returncode == 0, result.stderr
+    # The dicts are shown, each Point counted; the reason once, with the fix.
+    assert len(re.findall(r"^\{'seq': \d+\}$", result.stdout, re.MULTILINE)) == 6
+    undecodable = [int(n) for n in re.findall(r"(\d+) undecodable so far", result.stdout)]
+    assert len(undecodable) >= 5 and undecodable == sorted(undecodable)
+    assert "dropped" not in result.stdout  # undecodable, not dropped for lack of room
+    assert result.stderr == f"note: {HINT}\n"
+
+
+def test_hz_counts_undecodable_messages(graph: Graph, points: Path) -> None:
+    result = ezflow_cli(
+        "hz", POINTS_TOPIC, "--duration", "1.2", "--json", "--address", graph.address
+    )
+    assert result.returncode == 0, result.stderr
+    last = json.loads(result.stdout.splitlines()[-1])
+    # 50 Points and 50 dicts a second: the dicts timed, the Points counted.
+    assert last["messages"] >= 10 and last["undecodable"] >= 10
+    assert abs(last["messages"] - last["undecodable"]) <= 3
+    assert last["dropped"] == 0
+    assert result.stderr == f"note: {HINT}\n"
+
+
+def test_hz_text_lines_show_the_undecodable_count(capsys: pytest.CaptureFixture[str]) -> None:
+    from collections import deque  # noqa: PLC0415
+
+    from ezflow._cli._echo import _rate_line, _show_rate  # noqa: PLC0415
+
+    _show_rate(_rate_line(deque([0.0, 0.02, 0.04]), 3, 0, 7), as_json=False)
+    _show_rate(_rate_line(deque([0.0]), 1, 0, 5), as_json=False)
+    _show_rate(_rate_line(deque([0.0, 0.02]), 2, 0, 0), as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("rate: 50.00 msg/s") and lines[0].endswith("  undecodable: 7")
+    assert lines[1] == "1 messages so far  undecodable: 5; waiting for more"
+    assert "undecodable" not in lines[2]
+
+
+def test_import_a_file_inside_a_package(tmp_path: Path) -> None:
+    """``--import pkg/mod.py`` imports ``pkg.mod`` (relative imports work, and its
+    classes have the names a program importing ``pkg.mod`` sends), and also knows them
+    under their script names."""
+    package = tmp_path / "clidocs_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "base.py").write_text("import dataclasses\nFIELDS = dataclasses.field\n")
+    (package / "mod.py").write_text(
+        "import dataclasses\nimport ezflow\nfrom .base import FIELDS\n\n"
+        "@ezflow.message\n@dataclasses.dataclass\nclass Point:\n    x: int = FIELDS(default=0)\n"
+    )
+    check = (
+        "import sys\n"
+        "from ezflow._cli._echo import _import_modules\n"
+        "from ezflow._core._codec import _TYPES_BY_NAME\n"
+        "_import_modules([sys.argv[1]])\n"
+        "print(sorted(n for n in _TYPES_BY_NAME if n.endswith('Point')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check, "clidocs_pkg/mod.py"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "['__main__.Point', 'clidocs_pkg.mod.Point']\n"
+
+
+def test_an_import_that_fails_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # --import puts directories on it
+    broken = tmp_path / "broken_messages.py"
+    broken.write_text("import dataclasses\nraise RuntimeError('no database here')\n")
+    cases = {
+        "no_such_module_here": "cannot import no_such_module_here (--import): "
+        "ModuleNotFoundError: No module named 'no_such_module_here'",
+        str(tmp_path / "missing.py"): f"no such file: {tmp_path / 'missing.py'} (--import)",
+        str(broken): f"cannot import {broken} (--import): RuntimeError: no database here",
+    }
+    for command in ("echo", "hz"):
+        for target, message in cases.items():
+            result = invoke(command, "/x", "--import", target, "--address", "127.0.0.1:1")
+            assert result.exit_code == 2, result.stderr
+            assert result.stderr == f"error: {message}\n"

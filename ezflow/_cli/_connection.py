@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from types import ModuleType
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -60,6 +63,7 @@ __all__ = [
     "fail",
     "graph_client",
     "graph_context",
+    "import_module_or_file",
     "resolve_address",
     "run_async",
     "unreachable",
@@ -176,6 +180,52 @@ def unreachable(address: Address, exc: BaseException) -> NoReturn:
         f"no graph server answers at {format_address(address)}{detail}; start one with "
         f"`ezflow serve`, or point --address / {ENV_GRAPH_ADDRESS} at a running one"
     )
+
+
+def import_module_or_file(
+    where: str, option: str | None = None, *, packages: bool = False
+) -> ModuleType:
+    """Import *where*, a module name (``mypkg.messages``) or a file (``./msgs.py``,
+    ``pkg/mod.py``), and return the module; exit with status 2 and one line naming
+    *where* (and *option*, the command-line option it came from) and the reason when it
+    cannot.
+
+    A file is imported as the module named after it, its directory first on
+    ``sys.path`` (so that unit processes and the file's own imports find it the same
+    way) - or, with *packages*, as the module it is inside the packages around it
+    (``pkg/mod.py`` next to a ``pkg/__init__.py`` is ``pkg.mod``, the directory above
+    ``pkg`` first on ``sys.path``): the name its classes have where a program imports
+    it. For a module name the current directory goes on ``sys.path``, as ``python -m``
+    does.
+    """
+    label = where if option is None else f"{where} ({option})"
+    path = None
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where).resolve()
+        if not path.is_file():
+            fail(f"no such file: {label}", 2)
+        if not path.stem.isidentifier():
+            fail(f"{path.name}: the file name must be a valid module name ({label})", 2)
+        root, parts = path.parent, [path.stem]
+        while packages and (root / "__init__.py").is_file() and root.name.isidentifier():
+            root, parts = root.parent, [root.name, *parts]
+        module_name = ".".join(parts)
+        sys.path.insert(0, str(root))
+    else:
+        module_name = where
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # as `python -m` does
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        fail(f"cannot import {label}: {type(exc).__name__}: {exc}", 2)
+    if path is not None and Path(getattr(module, "__file__", "") or "").resolve() != path:
+        fail(
+            f"{label} is shadowed by another module named {module_name!r} "
+            f"({getattr(module, '__file__', '?')}); rename the file",
+            2,
+        )
+    return module
 
 
 @contextlib.asynccontextmanager

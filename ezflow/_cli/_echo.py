@@ -3,31 +3,46 @@
 Both subscribe leaky by default, so a terminal that prints slowly never holds a
 publisher back (``echo --lossless`` to see every message). A topic the graph server
 does not know is an error (exit 1), not a wait.
+
+A message this process cannot decode (most often a dataclass whose class is not
+registered here) is counted and shown as ``undecodable``; the first one of each unknown
+type is named once on stderr with the fix (``--import MODULE_OR_FILE``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-import importlib
+import functools
 import json
+import logging
 import math
+import re
 import time
 from collections import deque
+from collections.abc import Iterator
+from types import ModuleType
 from typing import Annotated, Any
 
 import numpy as np
 import typer
+from rich.markup import escape
 from rich.pretty import Pretty
 
+from .._core._channel import ChannelStats, SubscriberStats
+from .._core._codec import message_fields, register_message
 from .._core._config import format_address
-from .._core._exceptions import EndOfStream
+from .._core._exceptions import ConfigurationError, ProtocolError
 from .._graph._context import GraphContext
+from .._graph._subscriber import Subscriber
 from ._connection import (
     AddressOption,
     console,
+    errors,
     fail,
     graph_context,
+    import_module_or_file,
     resolve_address,
     run_async,
 )
@@ -86,7 +101,8 @@ def summarize(message: Any, depth: int = 0) -> Any:
             f.name: summarize(getattr(message, f.name), depth + 1)
             for f in dataclasses.fields(message)
         }
-        return _Shown(type(message).__name__, values)
+        name = type(message).__name__
+        return _shown_as(name)(name, values)
     return message
 
 
@@ -105,7 +121,16 @@ class _Shown:
         yield from self.values.items()
 
 
-async def _subscribe(ctx: GraphContext, topic: str, where: str, *, leaky: bool, queue: int) -> Any:
+@functools.lru_cache(maxsize=256)
+def _shown_as(name: str) -> type[_Shown]:
+    """A subclass of :class:`_Shown` called *name*: rich prints the class name of an
+    object with ``__rich_repr__`` (it printed ``_Shown(...)`` for every dataclass)."""
+    return type(name, (_Shown,), {})
+
+
+async def _subscribe(
+    ctx: GraphContext, topic: str, where: str, *, leaky: bool, queue: int
+) -> Subscriber:
     graph = await ctx.graph()
     if topic not in graph.get("topics", ()):
         fail(
@@ -116,11 +141,113 @@ async def _subscribe(ctx: GraphContext, topic: str, where: str, *, leaky: bool, 
 
 
 def _import_modules(modules: list[str] | None) -> None:
-    for name in modules or ():
+    """Import each ``--import`` (module or file; exits 2 naming it when it cannot) and
+    make its message classes known under their script names too."""
+    for where in modules or ():
+        _known_as_script(import_module_or_file(where, "--import", packages=True))
+
+
+def _known_as_script(module: ModuleType) -> None:
+    """Also register each message class *module* defines under the wire name it has
+    when its file runs as a script (``__main__.Name``).
+
+    The wire name of a class depends on how its file was started: ``msgs.Point`` when a
+    program imports ``msgs``, ``__main__.Point`` when the publisher is ``python
+    msgs.py``. The command cannot know which, so it decodes both: the script name maps
+    to a subclass that adds nothing (a class can hold only one name in the registry).
+    A name already taken (another imported module defines the same class name) is left
+    as it is.
+    """
+    for value in list(vars(module).values()):
+        if not (
+            isinstance(value, type)
+            and value.__module__ == module.__name__
+            and message_fields(value) is not None
+        ):
+            continue
+        alias = type(
+            value.__name__,
+            (value,),
+            {"__module__": "__main__", "__qualname__": value.__qualname__},
+        )
+        with contextlib.suppress(ConfigurationError):
+            register_message(alias)  # default name: __main__.<qualname>
+
+
+#: The codec's reason for a dataclass whose name is not in this process's registry.
+_UNKNOWN_TYPE = re.compile(r"unknown message type '([^']+)'")
+
+
+class _Undecodable(logging.Filter):
+    """The messages of one topic that this command could not decode.
+
+    A channel counts each body it cannot decode (``ChannelStats.decode_errors``) and,
+    for a leaky subscriber, reports the reason only in its log: so this filter, on the
+    ``ezflow.channel`` logger while the command runs, takes those records (the reason
+    names the type) instead of letting them repeat on stderr. A lossless subscriber's
+    ``recv()`` raises the error instead; :meth:`note` takes it from there. Each unknown
+    type is named once, with the fix; any other reason is shown once.
+    """
+
+    def __init__(self, topic: str) -> None:
+        super().__init__()
+        self.topic = topic
+        self._named: set[str] = set()
+        self._other_shown = False
+        # publisher id -> its channel's live counters (kept when the channel closes)
+        self._stats: dict[str, ChannelStats] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        causes = [*args, record.exc_info[1] if record.exc_info else None]
+        error = next((a for a in causes if isinstance(a, ProtocolError)), None)
+        if error is None:
+            return True
+        self.note(error)
+        return False
+
+    def note(self, error: BaseException) -> None:
+        """Say what *error* (a message that could not be decoded) means, once."""
+        reasons = [str(error)]
+        if error.__cause__ is not None:
+            reasons.append(str(error.__cause__))
+        found = next((m for r in reasons if (m := _UNKNOWN_TYPE.search(r))), None)
+        if found is not None:
+            name = found.group(1)
+            if name not in self._named:
+                self._named.add(name)
+                # A script's classes are __main__.Name on the wire: no module to name.
+                where = " (a script's class: --import the script's file)"
+                errors.print(
+                    f"[yellow]note:[/] message type {escape(repr(name))} is not registered "
+                    "in this process: use --import MODULE_OR_FILE to load the module that "
+                    f"defines it{where if name.startswith('__main__.') else ''}",
+                    highlight=False,
+                )
+        elif not self._other_shown:
+            self._other_shown = True
+            errors.print(
+                f"[yellow]note:[/] a message on topic {escape(repr(self.topic))} could not "
+                f"be decoded (counted as undecodable): {escape(str(error))}",
+                highlight=False,
+            )
+
+    def count(self, ctx: GraphContext) -> int:
+        """Messages of the topic that could not be decoded so far."""
+        for info in ctx.channels:
+            if info.topic == self.topic:
+                self._stats[info.publisher_id] = info.stats
+        return sum(stats.decode_errors for stats in self._stats.values())
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[_Undecodable]:
+        """Take the channel's decode-failure log records while the block runs."""
+        logger = logging.getLogger("ezflow.channel")
+        logger.addFilter(self)
         try:
-            importlib.import_module(name)
-        except Exception as exc:
-            fail(f"cannot import {name!r} (--import): {type(exc).__name__}: {exc}", 2)
+            yield self
+        finally:
+            logger.removeFilter(self)
 
 
 ImportOption = Annotated[
@@ -128,7 +255,11 @@ ImportOption = Annotated[
     typer.Option(
         "--import",
         "-i",
-        help="Import this module first (it registers the message classes of the topic).",
+        metavar="MODULE_OR_FILE",
+        help=(
+            "Import this module or file first (it registers the message classes of the "
+            "topic); repeatable. The current directory is on the import path."
+        ),
         show_default=False,
     ),
 ]
@@ -152,7 +283,10 @@ def echo(
     """Print the messages published on TOPIC.
 
     Arrays are summarised as shape, dtype, min and max; other messages are
-    pretty-printed (with the arrays inside them summarised too).
+    pretty-printed (with the arrays inside them summarised too). It ends (exit 0) after
+    --count messages, at Ctrl-C, or when the stream ends (every publisher of TOPIC has
+    ended). Messages that cannot be decoded here are counted (--import the module that
+    defines their class).
 
     Examples:
 
@@ -161,9 +295,12 @@ def echo(
         ezflow echo /sensor/raw --count 3
 
         ezflow echo PIPE/EVENTS --import mypackage.messages
+
+        ezflow echo /points --import ./msgs.py
     """
     where = resolve_address(address)
     _import_modules(modules)
+    undecodable = _Undecodable(topic)
 
     async def main() -> None:
         async with graph_context(where, "ezflow echo") as ctx:
@@ -171,10 +308,21 @@ def echo(
                 ctx, topic, format_address(where), leaky=not lossless, queue=ECHO_QUEUE
             )
             shown = 0
-            async for message in sub:
+            while True:
+                try:
+                    message = await sub.__anext__()
+                except StopAsyncIteration:
+                    return
+                except ProtocolError as exc:  # a lossless subscriber's undecodable message
+                    undecodable.note(exc)
+                    continue
                 shown += 1
-                dropped = sub.stats.dropped
-                note = f" ({dropped} dropped so far)" if dropped else ""
+                notes = []
+                if dropped := _dropped(sub.stats):
+                    notes.append(f"{dropped} dropped")
+                if bad := undecodable.count(ctx):
+                    notes.append(f"{bad} undecodable")
+                note = f" ({', '.join(notes)} so far)" if notes else ""
                 console.print(f"[bold]#{shown}[/]{note}", highlight=False)
                 summary = summarize(message)
                 if isinstance(summary, ArraySummary):
@@ -184,19 +332,35 @@ def echo(
                 if count is not None and shown >= count:
                     return
 
-    run_async(main)
+    with undecodable.listening():
+        run_async(main)
 
 
-def _rate_line(times: deque[float], received: int, dropped: int) -> dict[str, Any]:
+def _dropped(stats: SubscriberStats) -> int:
+    """Messages missed for lack of room (the inbox's or the publisher's). A message
+    that could not be decoded is shown as undecodable, not as dropped, although a leaky
+    inbox counts it in ``stats.dropped`` too."""
+    return stats.dropped_overflow + stats.dropped_upstream
+
+
+def _rate_line(
+    times: deque[float], received: int, dropped: int, undecodable: int
+) -> dict[str, Any]:
     intervals = [b - a for a, b in zip(times, list(times)[1:], strict=False)]
     if not intervals:
-        return {"messages": received, "dropped": dropped, "rate": None}
+        return {
+            "messages": received,
+            "dropped": dropped,
+            "undecodable": undecodable,
+            "rate": None,
+        }
     span = times[-1] - times[0]
     mean = span / len(intervals)
     std = math.sqrt(sum((x - mean) ** 2 for x in intervals) / len(intervals))
     return {
         "messages": received,
         "dropped": dropped,
+        "undecodable": undecodable,
         "rate": len(intervals) / span if span > 0 else math.inf,
         "min_interval": min(intervals),
         "max_interval": max(intervals),
@@ -209,14 +373,18 @@ def _show_rate(line: dict[str, Any], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(line))
         return
+    undecodable = f"  undecodable: {line['undecodable']}" if line["undecodable"] else ""
     if line["rate"] is None:
-        console.print(f"{line['messages']} messages so far; waiting for more", highlight=False)
+        console.print(
+            f"{line['messages']} messages so far{undecodable}; waiting for more",
+            highlight=False,
+        )
         return
     dropped = f"  dropped: {line['dropped']}" if line["dropped"] else ""
     console.print(
         f"rate: {line['rate']:.2f} msg/s  min: {line['min_interval'] * 1e3:.3f} ms  "
         f"max: {line['max_interval'] * 1e3:.3f} ms  std: {line['std_interval'] * 1e3:.3f} ms  "
-        f"window: {line['window']}{dropped}",
+        f"window: {line['window']}{dropped}{undecodable}",
         highlight=False,
     )
 
@@ -237,16 +405,22 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
     """Measure the message rate of TOPIC (rate, min/max/std interval).
 
     The intervals are measured where the messages arrive (this process). Messages
-    dropped because this command could not keep up are counted and shown.
+    dropped because this command could not keep up are counted and shown, and so are
+    messages it could not decode (not in the rate: --import the module that defines
+    their class). It ends (exit 0) after --duration, at Ctrl-C, or when the stream
+    ends (every publisher of TOPIC has ended).
 
     Examples:
 
         ezflow hz SINE/OUTPUT
 
         ezflow hz /camera/frames --window 100 --duration 10
+
+        ezflow hz /points --import ./msgs.py --json
     """
     where = resolve_address(address)
     _import_modules(modules)
+    undecodable = _Undecodable(topic)
 
     async def main() -> None:
         async with graph_context(where, "ezflow hz") as ctx:
@@ -262,29 +436,41 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
                 if end is not None and now >= end:
                     break
                 wake = next_print if end is None else min(next_print, end)
-                await _recv_until(sub, wake, times)
+                going = await _recv_until(sub, wake, times, undecodable)
                 received = sub.stats.received
+                if not going:
+                    break
                 if time.monotonic() >= next_print:
                     next_print += 1.0
-                    _show_rate(_rate_line(times, received, sub.stats.dropped), as_json)
+                    line = _rate_line(times, received, _dropped(sub.stats), undecodable.count(ctx))
+                    _show_rate(line, as_json)
                     shown = (received, times[-1] if times else 0.0)
             if shown != (received, times[-1] if times else 0.0):  # what is new since
-                _show_rate(_rate_line(times, received, sub.stats.dropped), as_json)
+                line = _rate_line(times, received, _dropped(sub.stats), undecodable.count(ctx))
+                _show_rate(line, as_json)
 
-    run_async(main)
+    with undecodable.listening():
+        run_async(main)
 
 
-async def _recv_until(sub: Any, deadline: float, times: deque[float]) -> None:
-    """Receive (recording arrival times) until the monotonic *deadline*."""
+async def _recv_until(
+    sub: Subscriber, deadline: float, times: deque[float], undecodable: _Undecodable
+) -> bool:
+    """Receive (recording arrival times) until the monotonic *deadline*; False when
+    the stream ended first. A message that cannot be decoded is noted, not timed."""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return
+            return True
         try:
-            await asyncio.wait_for(sub.recv(), remaining)
-        except (TimeoutError, asyncio.TimeoutError, EndOfStream):
-            return  # (after an end of stream, recv waits for the next publisher)
-        times.append(time.monotonic())
-        while sub.queued:
-            sub.recv_nowait()
+            await asyncio.wait_for(sub.__anext__(), remaining)
             times.append(time.monotonic())
+            while sub.queued:  # no timer needed for what is already there
+                await sub.__anext__()
+                times.append(time.monotonic())
+        except (TimeoutError, asyncio.TimeoutError):
+            return True
+        except StopAsyncIteration:
+            return False
+        except ProtocolError as exc:
+            undecodable.note(exc)

@@ -16,11 +16,8 @@ first on ``sys.path``), so unit processes can import the classes it defines.
 
 from __future__ import annotations
 
-import importlib
 import logging
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -30,7 +27,7 @@ from .._core._exceptions import ConfigurationError, EzflowError
 from .._units._component import Component
 from .._units._errors import GraphDefinitionError, ProcessDiedError, UnitError
 from .._units._runner import run as run_graph
-from ._connection import AddressOption, fail, resolve_address
+from ._connection import AddressOption, fail, import_module_or_file, resolve_address
 
 __all__ = ["load_graph", "load_object", "run"]
 
@@ -43,28 +40,7 @@ def load_object(target: str) -> tuple[str, Any]:
     where, sep, name = target.rpartition(":")
     if not sep or not where or not name:
         fail(f"{target!r} is not MODULE_OR_FILE:OBJECT (e.g. mypkg.graphs:SYSTEM)", 2)
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        path = Path(where).resolve()
-        if not path.is_file():
-            fail(f"no such file: {where}", 2)
-        module_name = path.stem
-        if not module_name.isidentifier():
-            fail(f"{path.name}: the file name must be a valid module name", 2)
-        sys.path.insert(0, str(path.parent))
-    else:
-        module_name = where
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.insert(0, str(Path.cwd()))  # as `python -m` does
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        fail(f"cannot import {where}: {type(exc).__name__}: {exc}", 2)
-    if where.endswith(".py") and Path(getattr(module, "__file__", "") or "").resolve() != path:
-        fail(
-            f"{where} is shadowed by another module named {module_name!r} "
-            f"({getattr(module, '__file__', '?')}); rename the file",
-            2,
-        )
+    module = import_module_or_file(where)
     try:
         return name, getattr(module, name)
     except AttributeError:
