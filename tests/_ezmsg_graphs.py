@@ -5,6 +5,7 @@ Imports ezmsg: import this module only after ``pytest.importorskip("ezmsg.core")
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
@@ -131,3 +132,46 @@ __all__ = [
     "blocks",
     "expected",
 ]
+
+
+class LifecycleSettings(ez.Settings):
+    limit: int = 100
+
+
+class LifecycleState(ez.State):
+    count: int = 0
+
+
+class Lifecycle(ez.Unit):
+    """Settings through its own INPUT_SETTINGS subscriber (as ezmsg-baseproc's units do),
+    a task, a subscriber ending the graph with ezmsg's NormalTermination, shutdown."""
+
+    SETTINGS = LifecycleSettings
+    STATE = LifecycleState
+    INPUT_SETTINGS = ez.InputStream(LifecycleSettings)
+    INPUT = ez.InputStream(int)
+
+    async def initialize(self) -> None:
+        self.limits: list[int] = []
+        self.applied = asyncio.Event()
+        self.task_ran = False
+        self.shut_down = False
+
+    @ez.subscriber(INPUT_SETTINGS)
+    async def on_settings(self, msg: LifecycleSettings) -> None:
+        self.apply_settings(msg)
+        self.limits.append(msg.limit)
+        self.applied.set()
+
+    @ez.task
+    async def note(self) -> None:
+        self.task_ran = True
+
+    @ez.subscriber(INPUT)
+    async def on_number(self, number: int) -> None:
+        self.STATE.count += 1
+        if self.STATE.count == self.SETTINGS.limit:
+            raise ez.NormalTermination
+
+    async def shutdown(self) -> None:
+        self.shut_down = True

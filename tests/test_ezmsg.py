@@ -23,6 +23,8 @@ from _ezmsg_graphs import (
     ButterworthFilter,
     Downsample,
     EzflowSink,
+    Lifecycle,
+    LifecycleSettings,
     PipelineSystem,
     Sink,
     Source,
@@ -89,6 +91,22 @@ async def test_sigproc_pipeline_as_an_ezmsg_collection(server: ezflow.GraphServe
     assert isinstance(sink, Sink)
     assert sink.address == "SYSTEM/SINK"  # ezmsg's addressing, from the ezflow path
     assert_same_signal(sink.received)
+
+
+async def test_ezmsg_unit_lifecycle(server: ezflow.GraphServer) -> None:
+    unit = Lifecycle()
+    async with ezflow.GraphRunner(LIFE=unit, graph_address=server.address) as runner:
+        await runner.update_settings("LIFE", LifecycleSettings(limit=3))
+        await asyncio.wait_for(unit.applied.wait(), 10)  # (a unit of this process)
+        pub = await runner.context.publisher("LIFE/INPUT")
+        for number in range(3):
+            await pub.publish(number)
+        await asyncio.wait_for(runner.wait(), 10)
+    assert runner.completed_by == "LIFE"  # ezmsg's NormalTermination ended the graph
+    assert unit.limits == [3]  # its INPUT_SETTINGS subscriber ran once
+    assert LifecycleSettings(limit=3) == unit.SETTINGS
+    assert unit.task_ran and unit.shut_down
+    assert unit.STATE.count == 3
 
 
 async def test_ezmsg_streams_must_belong_to_the_graph(server: ezflow.GraphServer) -> None:
