@@ -79,14 +79,10 @@ async def test_sigproc_pipeline_each_stage_in_its_own_process(server: ezflow.Gra
     assert all(not m.data.flags.writeable for m in sink.received)  # shm: read-only views
 
 
-async def test_sigproc_pipeline_as_an_ezmsg_collection(server: ezflow.GraphServer) -> None:
+def test_sigproc_pipeline_as_an_ezmsg_collection() -> None:
+    # ezflow.run as a script calls it (one event loop: the test above covers both).
     system = PipelineSystem()
-    async with ezflow.GraphRunner(
-        SYSTEM=system, graph_address=server.address, end_when_done=True
-    ) as runner:
-        pids = runner.processes
-        await asyncio.wait_for(runner.wait(), 30)
-    assert {"SYSTEM/FILTER", "SYSTEM/DOWNSAMPLE"} <= set(pids)
+    ezflow.run(SYSTEM=system, graph_address="127.0.0.1:0", end_when_done=True)
     sink = system.SINK
     assert isinstance(sink, Sink)
     assert sink.address == "SYSTEM/SINK"  # ezmsg's addressing, from the ezflow path
@@ -182,16 +178,28 @@ def user_lines(stdout: str, source: str) -> list[str]:
     return lines
 
 
-def run_both(name: str, tmp_path: Path) -> tuple[list[str], list[str]]:
+_COMPAT_IMPORT = "import ezflow.compat.ezmsg as ez\n"
+_EZMSG_IMPORT = "import ezmsg.core as ez\n"
+
+
+def run_variants(name: str, tmp_path: Path) -> dict[str, list[str]]:
+    """Run the program three ways at once: under ezmsg (its import line changed back to
+    ezmsg's), as it is (ezflow.compat.ezmsg), and ezmsg's classes run by ezflow.run
+    (ezflow.ezmsg's adapter, through compat's ``run(system)``); what each printed."""
     source = (PROGRAMS / name).read_text()
-    assert source.count("import ezflow.compat.ezmsg as ez\n") == 1
-    original = tmp_path / name
-    original.write_text(
-        source.replace("import ezflow.compat.ezmsg as ez\n", "import ezmsg.core as ez\n")
-    )
+    assert source.count(_COMPAT_IMPORT) == 1 and source.count("    ez.run(") == 1
+    original = source.replace(_COMPAT_IMPORT, _EZMSG_IMPORT)
+    adapted = original.replace(
+        _EZMSG_IMPORT, _EZMSG_IMPORT + "import ezflow.compat.ezmsg\n"
+    ).replace("    ez.run(", "    ezflow.compat.ezmsg.run(")
+    paths = {"ezmsg": tmp_path / "ezmsg" / name, "adapter": tmp_path / "adapter" / name}
+    for variant, text in (("ezmsg", original), ("adapter", adapted)):
+        paths[variant].parent.mkdir()
+        paths[variant].write_text(text)
+    paths["compat"] = PROGRAMS / name
     env = {**os.environ, "EZFLOW_GRAPH_ADDRESS": "127.0.0.1:0", "PYTHONWARNINGS": "ignore"}
-    procs = [
-        subprocess.Popen(
+    procs = {
+        variant: subprocess.Popen(
             [sys.executable, str(path)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -199,30 +207,34 @@ def run_both(name: str, tmp_path: Path) -> tuple[list[str], list[str]]:
             env=env,
             cwd=path.parent,
         )
-        for path in (original, PROGRAMS / name)
-    ]
-    outputs = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=60)
-        finally:
+        for variant, path in paths.items()
+    }
+    ended = {}
+    try:
+        for variant, proc in procs.items():
+            ended[variant] = proc.communicate(timeout=60)
+    finally:
+        for proc in procs.values():
             proc.kill()
-        assert proc.returncode == 0, err
-        outputs.append(user_lines(out, source))
-    return outputs[0], outputs[1]
+            proc.communicate()
+    for variant, (_, err) in ended.items():
+        assert procs[variant].returncode == 0, f"{variant}: {err}"
+    return {variant: user_lines(out, source) for variant, (out, _) in ended.items()}
 
 
 def test_intro_example_prints_what_ezmsg_prints(tmp_path: Path) -> None:
-    under_ezmsg, under_ezflow = run_both("ezmsg_intro.py", tmp_path)
-    assert under_ezmsg == [f"Current Count: {i}" for i in range(1, 11)]
-    assert under_ezflow == under_ezmsg
+    printed = run_variants("ezmsg_intro.py", tmp_path)
+    assert printed["ezmsg"] == [f"Current Count: {i}" for i in range(1, 11)]
+    assert printed["compat"] == printed["ezmsg"]
+    assert printed["adapter"] == printed["ezmsg"]
 
 
 def test_toy_example_prints_what_ezmsg_prints(tmp_path: Path) -> None:
-    under_ezmsg, under_ezflow = run_both("ezmsg_toy.py", tmp_path)
+    printed = run_variants("ezmsg_toy.py", tmp_path)
     # Timing decides how many times each line appears and in which order; which lines
     # appear does not.
-    assert set(under_ezflow) == set(under_ezmsg)
+    assert set(printed["compat"]) == set(printed["ezmsg"])
+    assert set(printed["adapter"]) == set(printed["ezmsg"])
     assert {
         "0",
         "1",
@@ -230,7 +242,7 @@ def test_toy_example_prints_what_ezmsg_prints(tmp_path: Path) -> None:
         "Spawning PING",
         "Output[A1]: Spawned Once",
         "Output[A2]: PING|#",
-    } <= set(under_ezflow)
+    } <= set(printed["compat"])
 
 
 class GainSettings(compat.Settings):

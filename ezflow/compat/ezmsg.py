@@ -352,8 +352,8 @@ def run(
     """ezmsg's ``run``: ``run(system)`` runs one component under the name ``SYSTEM``;
     otherwise as :func:`ezflow.run` (which documents what it raises). Returns when a
     unit raised :class:`NormalTermination`, a ``@main`` returned, or on Ctrl-C."""
-    if isinstance(components, Component):
-        components = {"SYSTEM": components}
+    if components is not None and not isinstance(components, Mapping):
+        components = {"SYSTEM": components}  # one component (ezmsg's own, too)
     if isinstance(graph_address, tuple):
         graph_address = f"{graph_address[0]}:{graph_address[1]}"
     graph: dict[str, Component] = dict(components or {})

@@ -102,7 +102,7 @@ class MessageModifier(ez.Unit):
     def blocking_main(self) -> None:
         for i in range(3):
             ez.logger.info(i)
-            time.sleep(0.5)
+            time.sleep(1.0)
         raise ez.NormalTermination  # ezmsg's toy runs until Ctrl-C; the test copy ends
 
 
