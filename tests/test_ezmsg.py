@@ -34,7 +34,9 @@ from ezmsg.util.messages.axisarray import AxisArray, CoordinateAxis
 
 import ezflow
 import ezflow.compat.ezmsg as compat
+import ezflow.ezmsg
 from ezflow._core import _codec
+from ezflow._units._plan import adaptable
 
 PROGRAMS = Path(__file__).parent / "ezmsg_programs"
 
@@ -107,6 +109,12 @@ async def test_ezmsg_unit_lifecycle(server: ezflow.GraphServer) -> None:
 
 async def test_ezmsg_streams_must_belong_to_the_graph(server: ezflow.GraphServer) -> None:
     source, stray = Source(), Sink()
+    assert adaptable(source) and not adaptable(EzflowSink())
+    adapted = ezflow.ezmsg.adapt(source)
+    assert isinstance(adapted, ezflow.ezmsg.EzmsgUnit) and adapted.ezmsg_component is source
+    assert set(type(adapted).streams()) == {"INPUT_SETTINGS", "OUTPUT_SIGNAL"}
+    with pytest.raises(TypeError, match="not an ezmsg Unit or Collection"):
+        ezflow.ezmsg.adapt(EzflowSink())
     with pytest.raises(ezflow.GraphDefinitionError, match="not in the graph"):
         ezflow.GraphRunner(SOURCE=source, connections=[(source.OUTPUT_SIGNAL, stray.INPUT_SIGNAL)])
 

@@ -27,6 +27,7 @@ __all__ = [
     "MAIN_PROCESS",
     "GraphAdapter",
     "Plan",
+    "adaptable",
     "build_plan",
     "register_graph_adapter",
     "stream_topic",
@@ -260,6 +261,13 @@ def register_graph_adapter(package: str, adapter: GraphAdapter) -> None:
     """Let :func:`build_plan` accept the components of *package* (a top-level package
     name, e.g. ``"ezmsg"``), translated by *adapter*. Registering again replaces."""
     _graph_adapters[package] = adapter
+
+
+def adaptable(obj: object) -> bool:
+    """Whether *obj* is another framework's component that :func:`build_plan` can adapt
+    (its class comes from a package of :data:`ADAPTER_MODULES`, or one registered);
+    nothing is imported to tell."""
+    return _foreign_package(obj) is not None
 
 
 def _foreign_package(component: object) -> str | None:
