@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, ClassVar, cast
 
 import ezmsg.core as ez
+from ezmsg.core.stream import Stream as EzmsgStream
 
 from ._core._codec import register_message, registered_name
 from ._core._config import COMPAT_MAIN_POLL_INTERVAL
@@ -386,7 +387,7 @@ class _Adapter:
             return component._bound_stream(type(component).streams()[name])
         if isinstance(end, ez.Component):
             return self.component(end)  # the plan says it is a component, not a stream
-        if isinstance(end, ez.InputStream | ez.OutputStream | ez.Topic):
+        if isinstance(end, EzmsgStream):
             raise GraphDefinitionError(
                 f"{end!r} is a stream of an ezmsg component that is not in the graph (or of "
                 "its class); add that component to the graph and connect its instance's "

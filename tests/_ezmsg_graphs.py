@@ -6,6 +6,7 @@ Imports ezmsg: import this module only after ``pytest.importorskip("ezmsg.core")
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
@@ -144,7 +145,7 @@ class LifecycleState(ez.State):
 
 class Lifecycle(ez.Unit):
     """Settings through its own INPUT_SETTINGS subscriber (as ezmsg-baseproc's units do),
-    a task, a subscriber ending the graph with ezmsg's NormalTermination, shutdown."""
+    a task, a thread, a subscriber ending the graph with ezmsg's NormalTermination, shutdown."""
 
     SETTINGS = LifecycleSettings
     STATE = LifecycleState
@@ -155,6 +156,7 @@ class Lifecycle(ez.Unit):
         self.limits: list[int] = []
         self.applied = asyncio.Event()
         self.task_ran = False
+        self.thread_ran = False
         self.shut_down = False
 
     @ez.subscriber(INPUT_SETTINGS)
@@ -166,6 +168,13 @@ class Lifecycle(ez.Unit):
     @ez.task
     async def note(self) -> None:
         self.task_ran = True
+
+    with warnings.catch_warnings():  # ezmsg 3.10 deprecates @thread (it still runs them)
+        warnings.simplefilter("ignore", DeprecationWarning)
+
+        @ez.thread
+        def work(self) -> None:
+            self.thread_ran = True
 
     @ez.subscriber(INPUT)
     async def on_number(self, number: int) -> None:

@@ -103,7 +103,7 @@ async def test_ezmsg_unit_lifecycle(server: ezflow.GraphServer) -> None:
     assert runner.completed_by == "LIFE"  # ezmsg's NormalTermination ended the graph
     assert unit.limits == [3]  # its INPUT_SETTINGS subscriber ran once
     assert LifecycleSettings(limit=3) == unit.SETTINGS
-    assert unit.task_ran and unit.shut_down
+    assert unit.task_ran and unit.thread_ran and unit.shut_down
     assert unit.STATE.count == 3
 
 
@@ -265,6 +265,7 @@ class Gain(compat.Unit):
         self.seen: list[float] = []
 
     @compat.subscriber(INPUT_SETTINGS)
+    @compat.timeit  # awaited: the subscriber still runs (and is timed)
     async def on_settings(self, msg: GainSettings) -> None:
         self.seen.append(msg.gain)
         if msg.gain == 3.0:

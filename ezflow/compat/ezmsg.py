@@ -13,19 +13,21 @@ installed. The names are ezmsg's, with ezmsg's semantics where ezflow's differ:
   the subscriber).
 - ``InputStream(type, leaky=False, max_queue=None)``, ``OutputStream(type,
   num_buffers=32, force_tcp=None, ...)``: ``max_queue`` is the leaky queue,
-  ``num_buffers`` the messages in flight before publishing waits, ``force_tcp`` the tcp
-  transport. ``host``, ``port``, ``buf_size`` and ``allow_local`` are accepted and have
-  no effect (ezflow picks the ports and sizes its rings). As in ezmsg, the declared
-  message types are not checked when streams are connected. Dataclass message types named
-  by a stream are registered with the codec (ezmsg pickles any object; ezflow carries
+  ``num_buffers`` other than 32 the messages in flight before publishing waits (32
+  keeps ezflow's default), ``force_tcp`` the tcp transport. ``host``, ``port``,
+  ``buf_size`` and ``allow_local`` are accepted and have no effect (ezflow picks the
+  ports and sizes its rings). As in ezmsg, the declared message types are not checked
+  when streams are connected. Dataclass message types named by a stream are registered
+  with the codec (ezmsg pickles any object; ezflow carries
   registered dataclasses, so the processes of the graph can decode them).
 - ``InputTopic``/``OutputTopic`` (and the relays): collection boundaries; ezflow joins
   the units on either side directly, so no message is copied.
 - ``@main``: the graph goes on when it returns, as in ezmsg (ezflow's ``@main`` ends
   the graph); raising ``NormalTermination`` ends it.
-- ``@subscriber(stream, zero_copy=...)`` (ignored: ezflow always delivers without a copy,
-  read-only), ``@publisher``, ``@task``, ``@main``, ``@thread``, ``@timeit`` (logs the
-  call's duration), ``@process`` (recorded, as in ezmsg; no effect).
+- ``@subscriber(stream, zero_copy=...)`` (ignored: ezflow never copies a message for a
+  subscriber; arrays received from another process are read-only), ``@publisher``,
+  ``@task``, ``@thread``, ``@timeit`` (logs each call's duration), ``@process``
+  (recorded, as in ezmsg; no effect).
 - ``Complete`` ends the function that raised it; ``NormalTermination`` ends the graph.
 - ``run(system)`` positional (named ``SYSTEM``, as in ezmsg), or ``run(NAME=component,
   ...)`` / ``run(components={...})``, with ``connections``, ``process_components``,
@@ -40,15 +42,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._core._codec import register_message, registered_name
-from .._core._config import COMPAT_MAIN_POLL_INTERVAL
+from .._core._config import COMPAT_MAIN_POLL_INTERVAL, DEFAULT_MAX_IN_FLIGHT
 from .._units._component import Collection as _Collection
 from .._units._component import Component
 from .._units._component import Unit as _Unit
@@ -154,7 +157,7 @@ class Flag:
     """A message with no contents (a signal)."""
 
 
-register_message(Flag, name="ezmsg.core.message.Flag")
+register_message(Flag)
 
 # -- streams -------------------------------------------------------------------------------
 
@@ -176,9 +179,9 @@ class InputStream(_InputStream):
 
 
 class OutputStream(_OutputStream):
-    """ezmsg's output: ``num_buffers`` messages in flight before publishing waits,
-    ``force_tcp`` for tcp; ``host``, ``port``, ``buf_size`` and ``allow_local`` have no
-    effect."""
+    """ezmsg's output: ``num_buffers`` (other than 32) messages in flight before
+    publishing waits, ``force_tcp`` for tcp; ``host``, ``port``, ``buf_size`` and
+    ``allow_local`` have no effect."""
 
     def __init__(  # noqa: PLR0917 - ezmsg's signature, positional arguments included
         self,
@@ -190,7 +193,10 @@ class OutputStream(_OutputStream):
         force_tcp: bool | None = None,
         allow_local: bool | None = None,
     ) -> None:
-        super().__init__(Any, max_in_flight=num_buffers, transport="tcp" if force_tcp else None)
+        # ezmsg's default of 32 buffers keeps ezflow's default max_in_flight, as for
+        # ezmsg's own units (ezflow.ezmsg).
+        in_flight = DEFAULT_MAX_IN_FLIGHT if num_buffers == 32 else num_buffers
+        super().__init__(Any, max_in_flight=in_flight, transport="tcp" if force_tcp else None)
         self.msg_type = msg_type
         self.num_buffers = num_buffers
         self.force_tcp = force_tcp
@@ -259,22 +265,46 @@ def main(fn: _F) -> _F:
     return _main(run_then_wait)  # type: ignore[return-value]
 
 
+def _log_duration(self: Any, fn: Callable[..., Any], start: float) -> None:
+    duration = (time.perf_counter() - start) * 1e3
+    logger.info(
+        "%s:%s task duration = %0.4fms", getattr(self, "address", "?"), fn.__name__, duration
+    )
+
+
 def timeit(fn: _F) -> _F:
-    """Log how long each call of *fn* takes (at INFO, in milliseconds)."""
+    """Log how long each call of *fn* takes (at INFO, in milliseconds): the whole call,
+    awaited, for an ``async def`` (ezmsg times only the call that creates the coroutine),
+    the whole iteration for an async generator. Put it under the other decorators."""
+    timed: Callable[..., Any]
+    if inspect.isasyncgenfunction(fn):
 
-    @functools.wraps(fn)
-    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        result = fn(self, *args, **kwargs)
-        logger.info(
-            "%s:%s task duration = %0.4fms",
-            getattr(self, "address", "?"),
-            fn.__name__,
-            (time.perf_counter() - start) * 1e3,
-        )
-        return result
+        async def timed_generator(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            async for item in fn(self, *args, **kwargs):
+                yield item
+            _log_duration(self, fn, start)
 
-    return timed  # type: ignore[return-value]
+        timed = timed_generator
+    elif inspect.iscoroutinefunction(fn):
+
+        async def timed_coroutine(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            result = await fn(self, *args, **kwargs)
+            _log_duration(self, fn, start)
+            return result
+
+        timed = timed_coroutine
+    else:
+
+        def timed_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            result = fn(self, *args, **kwargs)
+            _log_duration(self, fn, start)
+            return result
+
+        timed = timed_call
+    return cast(_F, functools.wraps(fn)(timed))
 
 
 def process(fn: _F) -> _F:
