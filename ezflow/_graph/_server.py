@@ -740,13 +740,23 @@ class EmbeddedGraphServer:
             raise
 
     async def _join(self) -> None:
-        if self._finished.done():
-            return
+        """Wait (at most ``EMBEDDED_SERVER_STOP_TIMEOUT``) until the thread has ended:
+        not only its loop (``_finished``) but the thread itself, so that nothing of it
+        is left running when this returns."""
+        thread = self._thread
         try:
-            await asyncio.wait_for(
-                asyncio.shield(asyncio.wrap_future(self._finished)), EMBEDDED_SERVER_STOP_TIMEOUT
-            )
+            if not self._finished.done():
+                await asyncio.wait_for(
+                    asyncio.shield(asyncio.wrap_future(self._finished)),
+                    EMBEDDED_SERVER_STOP_TIMEOUT,
+                )
+            if thread is not None and thread.is_alive():
+                # It set _finished as its very last statement: ending takes microseconds,
+                # but joining blocks, so not on this loop.
+                await asyncio.to_thread(thread.join, EMBEDDED_SERVER_STOP_TIMEOUT)
         except (TimeoutError, asyncio.TimeoutError):
+            pass
+        if not self._finished.done() or (thread is not None and thread.is_alive()):
             log.error(
                 "the embedded graph server thread did not stop within %.0f s",
                 EMBEDDED_SERVER_STOP_TIMEOUT,
