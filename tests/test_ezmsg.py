@@ -36,7 +36,7 @@ import ezflow
 import ezflow.compat.ezmsg as compat
 import ezflow.ezmsg
 from ezflow._core import _codec
-from ezflow._units._plan import adaptable
+from ezflow._units._plan import adaptable, build_plan
 
 PROGRAMS = Path(__file__).parent / "ezmsg_programs"
 
@@ -295,3 +295,16 @@ def test_compat_names_are_ezflow_signals() -> None:
         "Flag",
         "logger",
     }
+
+
+class GainPair(compat.Collection):
+    FIRST = Gain()
+    SECOND = Gain()
+
+    def process_components(self) -> tuple[compat.Component, ...]:
+        return (self, self.SECOND)  # ezmsg's idiom: the collection itself, and a child
+
+
+def test_compat_collection_listing_itself_runs_where_its_parent_puts_it() -> None:
+    plan = build_plan({"PAIR": GainPair()})
+    assert plan.process_of == {"PAIR/FIRST": "", "PAIR/SECOND": "PAIR/SECOND"}

@@ -8,9 +8,10 @@ installed. The names are ezmsg's, with ezmsg's semantics where ezflow's differ:
   keyword ``settings=`` or as the settings' fields, and have ezmsg's ``address``.
   ``Collection.process_components()`` defaults to none (ezmsg's default, the collection
   itself, means "one process" there; here everything not listed runs in the calling
-  process). A subscriber of ``INPUT_SETTINGS`` named ``on_settings`` is called once per
-  settings message (ezflow calls its own ``on_settings`` hook too; here that hook is
-  the subscriber).
+  process, and a collection listing itself runs where its parent places it). A
+  subscriber of ``INPUT_SETTINGS`` named ``on_settings`` is called once per settings
+  message (ezflow calls its own ``on_settings`` hook too; here that hook is the
+  subscriber).
 - ``InputStream(type, leaky=False, max_queue=None)``, ``OutputStream(type,
   num_buffers=32, force_tcp=None, ...)``: ``max_queue`` is the leaky queue,
   ``num_buffers`` other than 32 the messages in flight before publishing waits (32
@@ -355,6 +356,17 @@ class Unit(_Unit):
 
 class Collection(_Collection):
     """ezmsg's ``Collection`` on ezflow (see the module docstring)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("process_components")
+        if own is not None:
+            # ezmsg's idiom `return (self,)`: the collection runs where its parent puts it.
+            @functools.wraps(own)
+            def placed(self: Collection) -> list[Component]:
+                return [entry for entry in own(self) if entry is not self]
+
+            cls.process_components = placed  # type: ignore[method-assign,assignment]
 
     def __init__(self, *args: Any, settings: Settings | None = None, **fields: Any) -> None:
         settings, fields = _settings(type(self), args, settings, fields)
