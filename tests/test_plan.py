@@ -232,3 +232,44 @@ def test_nothing_to_run() -> None:
         build_plan({})
     with invalid("is not a component"):
         build_plan({"X": object()})  # type: ignore[dict-item]
+
+
+class ForeignUnit:
+    """A component of another framework (its class claims the package ``otherfw``)."""
+
+    __module__ = "otherfw.units"
+
+    def __init__(self) -> None:
+        self.OUT = object()  # one of its streams
+
+
+def test_other_frameworks_components_go_through_their_adapter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ezflow._units import _plan  # noqa: PLC0415
+
+    foreign, scale = ForeignUnit(), Scale()
+    with pytest.raises(ezflow.GraphDefinitionError, match="is not a component"):
+        build_plan({"F": foreign, "S": scale}, [(foreign.OUT, scale.INPUT)])  # type: ignore[dict-item]
+    adapted = Sine()
+
+    def adapter(
+        components: dict[str, object], connections: list[object], placed: list[object]
+    ) -> tuple[dict[str, object], list[object], list[object]]:
+        swap = {id(foreign): adapted, id(foreign.OUT): adapted.OUTPUT}
+        return (
+            {name: swap.get(id(c), c) for name, c in components.items()},
+            [tuple(swap.get(id(end), end) for end in pair) for pair in connections],  # type: ignore[attr-defined]
+            [swap.get(id(entry), entry) for entry in placed],
+        )
+
+    monkeypatch.setitem(_plan._graph_adapters, "otherfw", adapter)
+    assert _plan.adaptable(foreign) and not _plan.adaptable(scale)
+    plan = build_plan(
+        {"F": foreign, "S": scale},  # type: ignore[dict-item]
+        [(foreign.OUT, scale.INPUT)],
+        process_components=[foreign],
+    )
+    assert plan.units["F"] is adapted
+    assert plan.edges == [("F/OUTPUT", "S/INPUT")]
+    assert plan.process_of == {"F": "F", "S": ""}

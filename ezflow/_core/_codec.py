@@ -92,6 +92,7 @@ fast path below produces exactly their bytes and objects, or hands the message t
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import operator
 import re
@@ -393,6 +394,38 @@ def set_unknown_type_hook(hook: Callable[[str], None] | None) -> None:
     _unknown_type_hook = hook
 
 
+#: Modules whose dataclasses every process carries without registration, when the module
+#: is importable: ezmsg's AxisArray and its axis classes, the message types of the whole
+#: ezmsg ecosystem. A class of one of these modules is registered under its default name
+#: the first time it is encoded, and the receiving process imports the module (by name:
+#: ezflow does not depend on it) the first time it decodes that name.
+KNOWN_MESSAGE_MODULES = ("ezmsg.util.messages.axisarray",)
+
+
+def _known_module_entry(tp: type) -> _MessageType | None:
+    """Register *tp* if it is a dataclass of a :data:`KNOWN_MESSAGE_MODULES` module."""
+    if tp.__module__ not in KNOWN_MESSAGE_MODULES or not dataclasses.is_dataclass(tp):
+        return None
+    register_message(tp)
+    return _TYPES_BY_CLASS.get(tp)
+
+
+def _known_name_entry(name: str) -> _MessageType | None:
+    """Import and register the class named *name* if it lives in a known module."""
+    for module_name in KNOWN_MESSAGE_MODULES:
+        if not name.startswith(module_name + "."):
+            continue
+        try:
+            found: object = importlib.import_module(module_name)
+        except ImportError:
+            return None  # not installed here: the caller reports the unknown name
+        for part in name[len(module_name) + 1 :].split("."):
+            found = getattr(found, part, None)
+        if isinstance(found, type):
+            return _known_module_entry(found)
+    return None
+
+
 def message_fields(cls: type) -> tuple[str, ...] | None:
     """The fields the codec sends for an instance of *cls* (its ``init`` fields, in
     order), or None if *cls* is not a registered message class."""
@@ -670,6 +703,8 @@ class _Encoder:
             if isinstance(obj, tuple):
                 return self.tuple_ext(obj, depth + 1)
             return [self.prepare(x, depth + 1) for x in obj]
+        if _known_module_entry(type(obj)) is not None:
+            return self.prepare(obj, depth)  # registered just now
         raise _unsupported(obj)
 
     def tuple_ext(self, obj: tuple[Any, ...], depth: int) -> object:
@@ -803,6 +838,9 @@ def _check(obj: object, depth: int) -> None:
             raise _int_out_of_range(value)
         return
     if not isinstance(obj, (dict, list, tuple)):
+        if _known_module_entry(tp) is not None:
+            _check(obj, depth)  # registered just now
+            return
         raise _unsupported(obj)
     if depth >= MAX_DEPTH:
         raise _too_deep()
@@ -877,6 +915,8 @@ def _build_dataclass(items: list[Any]) -> object:
         raise ProtocolError("malformed dataclass payload: expected [name, {field: value}]")
     name, fields = items
     entry = _TYPES_BY_NAME.get(name)
+    if entry is None:
+        entry = _known_name_entry(name)
     if entry is None and _unknown_type_hook is not None:
         _unknown_type_hook(name)
         entry = _TYPES_BY_NAME.get(name)

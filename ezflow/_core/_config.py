@@ -18,6 +18,7 @@ __all__ = [
     "AUTH_NONCE_SIZE",
     "BAD_PEER_LOG_FIRST",
     "BAD_PEER_LOG_INTERVAL",
+    "COMPAT_MAIN_POLL_INTERVAL",
     "CONNECT_TIMEOUT",
     "CONTROL_MAX_FRAME_SIZE",
     "DATA_WRITE_BUFFER_LIMIT",
@@ -570,3 +571,10 @@ BAD_PEER_LOG_FIRST: Final = 5
 #: ... and after that one summary line per this many seconds with the count per cause,
 #: so a flood of hostile connections costs a bounded number of log lines.
 BAD_PEER_LOG_INTERVAL: Final = 60.0
+
+# -- ezmsg's API (ezflow.compat.ezmsg) ----------------------------------------------------------
+
+#: Seconds between two looks at ``running`` by an ezmsg ``@main`` (ezflow.ezmsg, or
+#: ezflow.compat.ezmsg's) that returned: as
+#: under ezmsg, the graph goes on, and that thread waits for it to stop.
+COMPAT_MAIN_POLL_INTERVAL: Final = 0.05

@@ -11,8 +11,9 @@ copied to relay it.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -21,7 +22,16 @@ from ._component import Collection, Component, Unit
 from ._errors import GraphDefinitionError
 from ._streams import BoundStream, Stream, types_compatible
 
-__all__ = ["MAIN_PROCESS", "Plan", "build_plan", "stream_topic"]
+__all__ = [
+    "ADAPTER_MODULES",
+    "MAIN_PROCESS",
+    "GraphAdapter",
+    "Plan",
+    "adaptable",
+    "build_plan",
+    "register_graph_adapter",
+    "stream_topic",
+]
 
 #: Process name of the units that run in the process calling ``run``.
 MAIN_PROCESS = ""
@@ -228,6 +238,74 @@ def _type_name(message_type: Any) -> str:
     return getattr(message_type, "__qualname__", None) or repr(message_type)
 
 
+# -- components of other frameworks ------------------------------------------------------
+
+#: Turns a graph whose components include another framework's objects into an ezflow
+#: graph: ``(components, connections, process_components)`` in, the same three out, with
+#: that framework's components, streams and placement entries replaced by ezflow ones.
+GraphAdapter = Callable[
+    [dict[str, object], list[object], list[object]],
+    tuple[dict[str, object], list[object], list[object]],
+]
+
+_graph_adapters: dict[str, GraphAdapter] = {}
+
+#: The module that adapts the components of a package (the key: the top-level package of
+#: a class in the component's class hierarchy). It is imported only when a graph contains
+#: such a component, and registers itself with :func:`register_graph_adapter`, so ezflow
+#: never imports the other framework unless it is given one of its objects.
+ADAPTER_MODULES: dict[str, str] = {"ezmsg": "ezflow.ezmsg"}
+
+
+def register_graph_adapter(package: str, adapter: GraphAdapter) -> None:
+    """Let :func:`build_plan` accept the components of *package* (a top-level package
+    name, e.g. ``"ezmsg"``), translated by *adapter*. Registering again replaces."""
+    _graph_adapters[package] = adapter
+
+
+def adaptable(obj: object) -> bool:
+    """Whether *obj* is another framework's component that :func:`build_plan` can adapt
+    (its class comes from a package of :data:`ADAPTER_MODULES`, or one registered);
+    nothing is imported to tell."""
+    return _foreign_package(obj) is not None
+
+
+def _foreign_package(component: object) -> str | None:
+    if isinstance(component, Component):
+        return None
+    for klass in type(component).__mro__:
+        package = klass.__module__.partition(".")[0]
+        if package in _graph_adapters or package in ADAPTER_MODULES:
+            return package
+    return None
+
+
+def _adapt(
+    components: Mapping[str, object], connections: Iterable[object], placed: Iterable[object]
+) -> tuple[dict[str, object], Iterable[object], Iterable[object]]:
+    """Translate the components of other frameworks (a no-op without any)."""
+    packages = sorted({p for p in map(_foreign_package, components.values()) if p is not None})
+    if not packages:
+        return dict(components), connections, placed
+    graph = dict(components)
+    pairs = _as_list(connections, "connections")
+    if isinstance(placed, (str, bytes)) or not isinstance(placed, Iterable):
+        raise GraphDefinitionError("process_components must be a list of components")
+    entries = list(placed)
+    for package in packages:
+        if package not in _graph_adapters:
+            module = ADAPTER_MODULES[package]
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise GraphDefinitionError(
+                    f"the graph has {package} components, but {module} cannot be imported "
+                    f"({exc}); install ezflow[{package}]"
+                ) from exc
+        graph, pairs, entries = _graph_adapters[package](graph, pairs, entries)
+    return graph, pairs, entries
+
+
 def build_plan(
     components: Mapping[str, Component],
     connections: Iterable[object] = (),
@@ -239,6 +317,8 @@ def build_plan(
     the component, connection or entry at fault."""
     if not components:
         raise GraphDefinitionError("nothing to run: pass at least one component")
+    graph, connections, process_components = _adapt(components, connections, process_components)
+    components = cast(dict[str, Component], graph)
     builder = _Builder()
     for name, component in components.items():
         builder.visit(component, _check_name(name, "components"))

@@ -1,0 +1,1 @@
+"""APIs shaped like other frameworks', on ezflow: :mod:`ezflow.compat.ezmsg`."""

@@ -1,0 +1,310 @@
+"""ezmsg on ezflow (ezflow.ezmsg, ezflow.compat.ezmsg, AxisArray in the codec): needs the
+``ezmsg`` extra; skipped without it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ezmsg.core", reason="ezmsg is not installed (pip install 'ezflow[ezmsg]')")
+pytest.importorskip("ezmsg.sigproc", reason="ezmsg-sigproc is not installed (ezflow[ezmsg])")
+
+from _ezmsg_graphs import DOWNSAMPLE as DOWNSAMPLE_SETTINGS
+from _ezmsg_graphs import FILTER as FILTER_SETTINGS
+from _ezmsg_graphs import (
+    ButterworthFilter,
+    Downsample,
+    EzflowSink,
+    Lifecycle,
+    LifecycleSettings,
+    PipelineSystem,
+    Sink,
+    Source,
+    expected,
+)
+from ezmsg.util.messages.axisarray import AxisArray, CoordinateAxis
+
+import ezflow
+import ezflow.compat.ezmsg as compat
+import ezflow.ezmsg
+from ezflow._core import _codec
+from ezflow._units._plan import adaptable, build_plan
+
+PROGRAMS = Path(__file__).parent / "ezmsg_programs"
+
+
+def assert_same_signal(received: list[AxisArray]) -> None:
+    want = expected()
+    assert len(received) == len(want)
+    got_data = np.concatenate([m.data for m in received])
+    want_data = np.concatenate([m.data for m in want])
+    np.testing.assert_allclose(got_data, want_data, rtol=1e-12, atol=1e-12)
+    for got, ref in zip(received, want, strict=True):
+        assert got.dims == ref.dims
+        assert got.axes["time"].gain == pytest.approx(ref.axes["time"].gain)
+        assert got.axes["time"].offset == pytest.approx(ref.axes["time"].offset)
+        assert got.key == ref.key
+
+
+async def test_sigproc_pipeline_each_stage_in_its_own_process(server: ezflow.GraphServer) -> None:
+    # ezmsg units (ezmsg-sigproc's, unmodified) next to an ezflow unit, in one graph.
+    source = Source()
+    butter, down = ButterworthFilter(FILTER_SETTINGS), Downsample(DOWNSAMPLE_SETTINGS)
+    sink = EzflowSink()
+    async with ezflow.GraphRunner(
+        SOURCE=source,
+        FILTER=butter,
+        DOWNSAMPLE=down,
+        SINK=sink,
+        connections=[
+            (source.OUTPUT_SIGNAL, butter.INPUT_SIGNAL),
+            (butter.OUTPUT_SIGNAL, down.INPUT_SIGNAL),
+            (down.OUTPUT_SIGNAL, sink.INPUT),
+        ],
+        process_components=[butter, down],
+        graph_address=server.address,
+        end_when_done=True,
+    ) as runner:
+        pids = runner.processes
+        await asyncio.wait_for(runner.wait(), 30)
+    assert {"FILTER", "DOWNSAMPLE"} <= set(pids)
+    assert len({pids["FILTER"], pids["DOWNSAMPLE"], os.getpid()}) == 3
+    assert_same_signal(sink.received)
+    assert all(not m.data.flags.writeable for m in sink.received)  # shm: read-only views
+
+
+def test_sigproc_pipeline_as_an_ezmsg_collection() -> None:
+    # ezflow.run as a script calls it (one event loop: the test above covers both).
+    system = PipelineSystem()
+    ezflow.run(SYSTEM=system, graph_address="127.0.0.1:0", end_when_done=True)
+    sink = system.SINK
+    assert isinstance(sink, Sink)
+    assert sink.address == "SYSTEM/SINK"  # ezmsg's addressing, from the ezflow path
+    assert_same_signal(sink.received)
+
+
+async def test_ezmsg_unit_lifecycle(server: ezflow.GraphServer) -> None:
+    unit = Lifecycle()
+    async with ezflow.GraphRunner(LIFE=unit, graph_address=server.address) as runner:
+        await runner.update_settings("LIFE", LifecycleSettings(limit=3))
+        await asyncio.wait_for(unit.applied.wait(), 10)  # (a unit of this process)
+        pub = await runner.context.publisher("LIFE/INPUT")
+        for number in range(3):
+            await pub.publish(number)
+        await asyncio.wait_for(runner.wait(), 10)
+    assert runner.completed_by == "LIFE"  # ezmsg's NormalTermination ended the graph
+    assert unit.limits == [3]  # its INPUT_SETTINGS subscriber ran once
+    assert LifecycleSettings(limit=3) == unit.SETTINGS
+    assert unit.task_ran and unit.thread_ran and unit.shut_down
+    assert unit.STATE.count == 3
+
+
+async def test_ezmsg_streams_must_belong_to_the_graph(server: ezflow.GraphServer) -> None:
+    source, stray = Source(), Sink()
+    assert adaptable(source) and not adaptable(EzflowSink())
+    adapted = ezflow.ezmsg.adapt(source)
+    assert isinstance(adapted, ezflow.ezmsg.EzmsgUnit) and adapted.ezmsg_component is source
+    assert set(type(adapted).streams()) == {"INPUT_SETTINGS", "OUTPUT_SIGNAL"}
+    with pytest.raises(TypeError, match="not an ezmsg Unit or Collection"):
+        ezflow.ezmsg.adapt(EzflowSink())
+    with pytest.raises(ezflow.GraphDefinitionError, match="not in the graph"):
+        ezflow.GraphRunner(SOURCE=source, connections=[(source.OUTPUT_SIGNAL, stray.INPUT_SIGNAL)])
+
+
+def axis_array() -> AxisArray:
+    return AxisArray(
+        np.arange(24.0).reshape(4, 6),
+        dims=["time", "ch"],
+        axes={
+            "time": AxisArray.TimeAxis(fs=250.0, offset=3.5),
+            "ch": CoordinateAxis(np.array([f"c{i}" for i in range(6)]), dims=["ch"], unit="id"),
+        },
+        attrs={"subject": "S01", "gain": 2.5},
+        key="amp-1",
+    )
+
+
+def assert_same_axis_array(got: Any, sent: AxisArray) -> None:
+    assert type(got) is AxisArray
+    np.testing.assert_array_equal(got.data, sent.data)
+    assert not got.data.flags.writeable
+    assert got.dims == sent.dims
+    assert got.axes["time"] == sent.axes["time"]
+    ch = got.axes["ch"]
+    assert type(ch) is CoordinateAxis
+    assert ch.dims == ["ch"] and ch.unit == "id"
+    np.testing.assert_array_equal(ch.data, sent.axes["ch"].data)
+    assert got.attrs == sent.attrs
+    assert got.key == sent.key
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+async def test_axis_array_round_trip(ctx: ezflow.GraphContext, transport: str) -> None:
+    sent = axis_array()
+    pub = await ctx.publisher("/ezmsg/axis", transport=transport)
+    sub = await ctx.subscriber("/ezmsg/axis", transport=transport)
+    await pub.publish(sent)
+    got = await asyncio.wait_for(sub.recv(), 10)
+    assert_same_axis_array(got, sent)
+
+
+def test_axis_array_needs_no_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A process that never met AxisArray: empty registry, both when encoding and decoding.
+    monkeypatch.setattr(_codec, "_TYPES_BY_NAME", {})
+    monkeypatch.setattr(_codec, "_TYPES_BY_CLASS", {})
+    body = ezflow.Codec().encode(axis_array()).to_bytes()
+    monkeypatch.setattr(_codec, "_TYPES_BY_NAME", {})
+    monkeypatch.setattr(_codec, "_TYPES_BY_CLASS", {})
+    assert_same_axis_array(ezflow.Codec().decode(body), axis_array())
+
+
+# -- ezmsg's example programs, with only their import line changed ------------------------
+
+_LOG_LINE = re.compile(r"^\S+ \S+ - pid: \d+ - .*? - (?:INFO|DEBUG|WARNING|ERROR) - (\w+): (.*)$")
+_NUMBER = re.compile(r"-?\d+\.\d+(e-?\d+)?")
+
+
+def user_lines(stdout: str, source: str) -> list[str]:
+    """What the program printed: its print() lines and the log lines of its own functions
+    (the framework's own log lines differ), numbers that depend on time replaced."""
+    own = set(re.findall(r"def (\w+)", source))
+    lines = []
+    for line in stdout.splitlines():
+        match = _LOG_LINE.match(line)
+        if match is not None and match.group(1) not in own:
+            continue
+        text = line if match is None else match.group(2)
+        lines.append(_NUMBER.sub("#", text))
+    return lines
+
+
+_COMPAT_IMPORT = "import ezflow.compat.ezmsg as ez\n"
+_EZMSG_IMPORT = "import ezmsg.core as ez\n"
+
+
+def run_variants(name: str, tmp_path: Path) -> dict[str, list[str]]:
+    """Run the program three ways at once: under ezmsg (its import line changed back to
+    ezmsg's), as it is (ezflow.compat.ezmsg), and ezmsg's classes run by ezflow.run
+    (ezflow.ezmsg's adapter, through compat's ``run(system)``); what each printed."""
+    source = (PROGRAMS / name).read_text()
+    assert source.count(_COMPAT_IMPORT) == 1 and source.count("    ez.run(") == 1
+    original = source.replace(_COMPAT_IMPORT, _EZMSG_IMPORT)
+    adapted = original.replace(
+        _EZMSG_IMPORT, _EZMSG_IMPORT + "import ezflow.compat.ezmsg\n"
+    ).replace("    ez.run(", "    ezflow.compat.ezmsg.run(")
+    paths = {"ezmsg": tmp_path / "ezmsg" / name, "adapter": tmp_path / "adapter" / name}
+    for variant, text in (("ezmsg", original), ("adapter", adapted)):
+        paths[variant].parent.mkdir()
+        paths[variant].write_text(text)
+    paths["compat"] = PROGRAMS / name
+    env = {**os.environ, "EZFLOW_GRAPH_ADDRESS": "127.0.0.1:0", "PYTHONWARNINGS": "ignore"}
+    procs = {
+        variant: subprocess.Popen(
+            [sys.executable, str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=path.parent,
+        )
+        for variant, path in paths.items()
+    }
+    ended = {}
+    try:
+        for variant, proc in procs.items():
+            ended[variant] = proc.communicate(timeout=60)
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.communicate()
+    for variant, (_, err) in ended.items():
+        assert procs[variant].returncode == 0, f"{variant}: {err}"
+    return {variant: user_lines(out, source) for variant, (out, _) in ended.items()}
+
+
+def test_intro_example_prints_what_ezmsg_prints(tmp_path: Path) -> None:
+    printed = run_variants("ezmsg_intro.py", tmp_path)
+    assert printed["ezmsg"] == [f"Current Count: {i}" for i in range(1, 11)]
+    assert printed["compat"] == printed["ezmsg"]
+    assert printed["adapter"] == printed["ezmsg"]
+
+
+def test_toy_example_prints_what_ezmsg_prints(tmp_path: Path) -> None:
+    printed = run_variants("ezmsg_toy.py", tmp_path)
+    # Timing decides how many times each line appears and in which order; which lines
+    # appear does not.
+    assert set(printed["compat"]) == set(printed["ezmsg"])
+    assert set(printed["adapter"]) == set(printed["ezmsg"])
+    assert {
+        "0",
+        "1",
+        "2",
+        "Spawning PING",
+        "Output[A1]: Spawned Once",
+        "Output[A2]: PING|#",
+    } <= set(printed["compat"])
+
+
+class GainSettings(compat.Settings):
+    gain: float = 1.0
+
+
+class Gain(compat.Unit):
+    SETTINGS = GainSettings
+    INPUT_SETTINGS = compat.InputStream(GainSettings)
+
+    async def initialize(self) -> None:
+        self.seen: list[float] = []
+
+    @compat.subscriber(INPUT_SETTINGS)
+    @compat.timeit  # awaited: the subscriber still runs (and is timed)
+    async def on_settings(self, msg: GainSettings) -> None:
+        self.seen.append(msg.gain)
+        if msg.gain == 3.0:
+            raise compat.NormalTermination
+
+
+async def test_compat_settings_subscriber_is_called_once(server: ezflow.GraphServer) -> None:
+    # ezflow calls a unit's on_settings hook for INPUT_SETTINGS; an ezmsg program's
+    # subscriber of that name must still run once per settings message.
+    gain = Gain()
+    async with ezflow.GraphRunner(GAIN=gain, graph_address=server.address) as runner:
+        await runner.update_settings("GAIN", GainSettings(gain=2.0))
+        await runner.update_settings("GAIN", GainSettings(gain=3.0))
+        await asyncio.wait_for(runner.wait(), 10)
+    assert gain.seen == [2.0, 3.0]
+    assert GainSettings(gain=3.0) == gain.SETTINGS
+    assert gain.address == "GAIN"
+
+
+def test_compat_names_are_ezflow_signals() -> None:
+    assert compat.Complete is ezflow.Complete
+    assert compat.NormalTermination is ezflow.NormalTermination
+    assert set(compat.__all__) >= {
+        "InputTopic",
+        "OutputTopic",
+        "NetworkDefinition",
+        "Flag",
+        "logger",
+    }
+
+
+class GainPair(compat.Collection):
+    FIRST = Gain()
+    SECOND = Gain()
+
+    def process_components(self) -> tuple[compat.Component, ...]:
+        return (self, self.SECOND)  # ezmsg's idiom: the collection itself, and a child
+
+
+def test_compat_collection_listing_itself_runs_where_its_parent_puts_it() -> None:
+    plan = build_plan({"PAIR": GainPair()})
+    assert plan.process_of == {"PAIR/FIRST": "", "PAIR/SECOND": "PAIR/SECOND"}
