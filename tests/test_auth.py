@@ -36,10 +36,6 @@ from ezflow._core._config import BAD_PEER_LOG_FIRST
 from ezflow._core._protocol import PublisherInfo
 from ezflow._transports._tcp import TcpTransport
 
-# Its module-scoped fixtures (one expensive setup shared by its tests) run once when
-# the suite runs in parallel: the whole module goes to one pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("auth")
-
 TOKEN = "s3cret-" + "7f" * 16
 OTHER = "other-" + "a1" * 16
 

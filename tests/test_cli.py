@@ -22,10 +22,6 @@ from typer.testing import CliRunner
 
 from ezflow._cli._app import app
 
-# Its module-scoped fixtures (one expensive setup shared by its tests) run once when
-# the suite runs in parallel: the whole module goes to one pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("cli")
-
 GRAPHS = str(Path(__file__).with_name("_cli_graphs.py"))
 CHILDREN = str(Path(__file__).with_name("_children.py"))
 RATE = 50.0  # _cli_graphs.RATE

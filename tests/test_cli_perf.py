@@ -20,10 +20,6 @@ from rich.console import Console
 
 from ezflow._perf import _compare, _report, _runner, _schema, _tables
 
-# Its module-scoped fixtures (one expensive setup shared by its tests) run once when
-# the suite runs in parallel: the whole module goes to one pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("cli_perf")
-
 PEER = f"{sys.executable} {Path(__file__).with_name('_perfpeer.py')}"
 #: The tiny configuration: 6 cells (one of them not applicable), ezflow and a peer;
 #: 100 KiB so that shm messages go through shared-memory blocks and loans.

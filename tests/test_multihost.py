@@ -15,10 +15,6 @@ import pytest
 from _proc import Child
 from conftest import loop_kind
 
-# Its module-scoped fixtures (one expensive setup shared by its tests) run once when
-# the suite runs in parallel: the whole module goes to one pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("multihost")
-
 HOST_A, HOST_B = "10.77.0.1", "10.77.0.2"
 
 

@@ -26,10 +26,6 @@ from ezflow._perf import _runner
 from ezflow._perf._peers import _command, _common, _install
 from ezflow._perf._spec import QUICK, Cell, SpecError, Variant
 
-# Its module-scoped fixtures (one expensive setup shared by its tests) run once when
-# the suite runs in parallel: the whole module goes to one pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("perf_peers")
-
 PACKAGE = Path(_install.__file__).resolve().parents[2]
 CRASH_PEER = Path(__file__).with_name("_crashpeer.py")
 #: Making the venv (cold pip cache: downloads) plus what the test itself runs.
