@@ -308,3 +308,26 @@ class GainPair(compat.Collection):
 def test_compat_collection_listing_itself_runs_where_its_parent_puts_it() -> None:
     plan = build_plan({"PAIR": GainPair()})
     assert plan.process_of == {"PAIR/FIRST": "", "PAIR/SECOND": "PAIR/SECOND"}
+
+
+def test_ezflow_run_takes_an_ezmsg_system(tmp_path: Path) -> None:
+    """`ezflow run FILE:OBJECT` where OBJECT is a function returning an ezmsg Collection
+    (ezmsg's own classes, the program as ezmsg users write it)."""
+    original = (PROGRAMS / "ezmsg_intro.py").read_text()
+    program = original.replace("import ezflow.compat.ezmsg as ez\n", _EZMSG_IMPORT)
+    program += "\n\ndef SYSTEM():\n    return CountSystem(CountSystemSettings(iterations=3))\n"
+    script = tmp_path / "intro_system.py"
+    script.write_text(program)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(
+        [sys.executable, "-m", "ezflow", "run", "-a", "127.0.0.1:0", f"{script}:SYSTEM"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = [line for line in result.stdout.splitlines() if line.startswith("Current Count")]
+    assert printed == [f"Current Count: {i}" for i in range(1, 4)]

@@ -26,6 +26,7 @@ from .._core._config import check_drain_timeout
 from .._core._exceptions import ConfigurationError, EzflowError
 from .._units._component import Component
 from .._units._errors import GraphDefinitionError, ProcessDiedError, UnitError
+from .._units._plan import adaptable, adaptable_class
 from .._units._runner import run as run_graph
 from ._connection import AddressOption, fail, import_module_or_file, resolve_address
 
@@ -47,10 +48,15 @@ def load_object(target: str) -> tuple[str, Any]:
         fail(f"{where} has no attribute {name!r}", 2)
 
 
-def _component(obj: Any) -> Component | None:
-    if isinstance(obj, type) and issubclass(obj, Component):
-        return obj()
-    return obj if isinstance(obj, Component) else None
+def _component(obj: Any) -> Any:
+    """*obj* as a component of the graph (a class is instantiated), or None: an ezflow
+    Component, or another framework's that ezflow.run adapts (an ezmsg Unit or
+    Collection, with ezflow[ezmsg])."""
+    if isinstance(obj, type):
+        if issubclass(obj, Component) or adaptable_class(obj):
+            return obj()
+        return None
+    return obj if isinstance(obj, Component) or adaptable(obj) else None
 
 
 def load_graph(name: str, obj: Any) -> dict[str, Any]:

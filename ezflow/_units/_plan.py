@@ -28,6 +28,7 @@ __all__ = [
     "GraphAdapter",
     "Plan",
     "adaptable",
+    "adaptable_class",
     "build_plan",
     "register_graph_adapter",
     "stream_topic",
@@ -270,10 +271,20 @@ def adaptable(obj: object) -> bool:
     return _foreign_package(obj) is not None
 
 
+def adaptable_class(cls: type) -> bool:
+    """Whether instances of *cls* are components :func:`build_plan` can adapt (see
+    :func:`adaptable`)."""
+    return not issubclass(cls, Component) and _adapter_package(cls) is not None
+
+
 def _foreign_package(component: object) -> str | None:
     if isinstance(component, Component):
         return None
-    for klass in type(component).__mro__:
+    return _adapter_package(type(component))
+
+
+def _adapter_package(cls: type) -> str | None:
+    for klass in cls.__mro__:
         package = klass.__module__.partition(".")[0]
         if package in _graph_adapters or package in ADAPTER_MODULES:
             return package
