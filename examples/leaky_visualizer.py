@@ -56,7 +56,7 @@ class Recorder(ezflow.Unit):
             self.STATE.out_of_order += 1
         self.STATE.frames += 1
         if self.STATE.frames == self.SETTINGS.frames:
-            raise ezflow.Complete
+            raise ezflow.NormalTermination
 
     def shutdown(self) -> None:
         elapsed = time.perf_counter() - self.STATE.started

@@ -137,7 +137,7 @@ class Printer(ezflow.Unit):
         self.STATE.received += 1
         self.STATE.last = value
         if self.STATE.received == self.SETTINGS.count:
-            raise ezflow.Complete
+            raise ezflow.NormalTermination
 
     def shutdown(self) -> None:
         print(f"printer: {self.STATE.received} values, last {self.STATE.last:.2f}")

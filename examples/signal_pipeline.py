@@ -137,7 +137,7 @@ class Sink(ezflow.Unit):
         self.STATE.received += 1
         self.STATE.peak_hz = spectrum.peak_hz
         if self.STATE.received == self.SETTINGS.blocks:
-            raise ezflow.Complete
+            raise ezflow.NormalTermination
 
     def shutdown(self) -> None:
         print(

@@ -65,7 +65,7 @@ class Check(ezflow.Unit):
         self.STATE.received += 1
         self.STATE.peak = max(self.STATE.peak, float(np.max(np.abs(msg))))
         if self.STATE.received == self.SETTINGS.blocks:
-            raise ezflow.Complete  # ends the whole graph normally
+            raise ezflow.NormalTermination  # ends the whole graph normally
 
     def shutdown(self) -> None:
         print(f"received {self.STATE.received} blocks, peak {self.STATE.peak:.3f}")

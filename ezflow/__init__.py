@@ -14,6 +14,7 @@ from ._core._exceptions import (
     BrokenResourceError,
     ClosedResourceError,
     ConfigurationError,
+    EndOfStream,
     EzflowError,
     EzflowTimeoutError,
     GraphError,
@@ -31,7 +32,13 @@ from ._graph._subscriber import Subscriber
 from ._transports._shm import ShmStats
 from ._units._component import Collection, Component, Unit
 from ._units._decorators import main, publisher, subscriber, task, thread
-from ._units._errors import Complete, GraphDefinitionError, ProcessDiedError, UnitError
+from ._units._errors import (
+    Complete,
+    GraphDefinitionError,
+    NormalTermination,
+    ProcessDiedError,
+    UnitError,
+)
 from ._units._runner import GraphRunner, run
 from ._units._settings import Settings, State
 from ._units._streams import InputStream, OutputStream
@@ -50,6 +57,7 @@ __all__ = [
     "Complete",
     "Component",
     "ConfigurationError",
+    "EndOfStream",
     "EzflowError",
     "EzflowTimeoutError",
     "GraphContext",
@@ -59,6 +67,7 @@ __all__ = [
     "GraphServer",
     "InputStream",
     "MessageTooLargeError",
+    "NormalTermination",
     "OutputStream",
     "ProcessDiedError",
     "ProtocolError",

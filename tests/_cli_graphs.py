@@ -77,7 +77,7 @@ class Finishes(ezflow.Unit):
     @ezflow.task
     async def finish(self) -> None:
         await asyncio.sleep(0.05)
-        raise ezflow.Complete
+        raise ezflow.NormalTermination
 
 
 class Fails(ezflow.Unit):
@@ -95,7 +95,7 @@ class Dies(ezflow.Unit):
 
 
 def complete() -> dict[str, Any]:
-    """Ends normally (a unit raises Complete)."""
+    """Ends normally (a unit raises NormalTermination)."""
     return {"components": {"DONE": Finishes()}}
 
 

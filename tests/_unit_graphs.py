@@ -134,7 +134,7 @@ class CheckerState(ezflow.State):
 
 
 class Checker(ezflow.Unit):
-    """Expects 0 .. count-1 in order; raises Complete after the last."""
+    """Expects 0 .. count-1 in order; raises NormalTermination after the last."""
 
     SETTINGS: CountSettings
     STATE: CheckerState
@@ -151,7 +151,7 @@ class Checker(ezflow.Unit):
             state.out_of_order += 1
         state.expected = message + 1
         if state.expected == self.SETTINGS.count:
-            raise ezflow.Complete
+            raise ezflow.NormalTermination
 
 
 class GainSettings(ezflow.Settings):

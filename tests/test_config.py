@@ -51,3 +51,20 @@ def test_transport_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EZFLOW_TRANSPORT", "udp")
     with pytest.raises(ConfigurationError, match="local, shm, tcp"):
         _config.transport_from_env()
+
+
+def test_drain_timeout_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EZFLOW_DRAIN_TIMEOUT", raising=False)
+    assert _config.drain_timeout_from_env() == _config.DEFAULT_DRAIN_TIMEOUT == 5.0
+    monkeypatch.setenv("EZFLOW_DRAIN_TIMEOUT", "0.5")
+    assert _config.drain_timeout_from_env() == 0.5
+    monkeypatch.setenv("EZFLOW_DRAIN_TIMEOUT", "0")
+    assert _config.drain_timeout_from_env() == 0.0
+    monkeypatch.setenv("EZFLOW_DRAIN_TIMEOUT", "soon")
+    with pytest.raises(ConfigurationError, match="EZFLOW_DRAIN_TIMEOUT='soon' is not a number"):
+        _config.drain_timeout_from_env()
+    monkeypatch.setenv("EZFLOW_DRAIN_TIMEOUT", "-1")
+    with pytest.raises(ConfigurationError, match=r"EZFLOW_DRAIN_TIMEOUT=-1.0 must be .* 0 \(no"):
+        _config.drain_timeout_from_env()
+    with pytest.raises(ConfigurationError, match="drain_timeout=nan"):
+        _config.check_drain_timeout(float("nan"))

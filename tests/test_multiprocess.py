@@ -191,6 +191,12 @@ async def test_killed_publisher_process_ends_cleanly_for_subscribers(
         assert len(ctx.channels) == 1  # only the healthy local publisher's channel
         await healthy.publish(np.array([-1]))
         assert (await asyncio.wait_for(sub.recv(), 2)).tolist() == [-1]
+        # The killed publisher ended its stream (broken); the healthy one keeps it open.
+        assert (sub.stats.publishers_ended, sub.stats.publishers_broken) == (1, 1)
+        assert not sub.ended
+        await healthy.aclose()
+        with pytest.raises(ezflow.EndOfStream):
+            await asyncio.wait_for(sub.recv(), 2)
         assert "Traceback" not in caplog.text
     finally:
         await child.aclose()

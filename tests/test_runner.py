@@ -1,5 +1,5 @@
 """GraphRunner and ezflow.run with real processes: delivery, start barrier, settings
-updates, Complete, failures, signals and dead children."""
+updates, NormalTermination, failures, signals and dead children."""
 
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ async def test_thread_complete_and_thread_failure(server: ezflow.GraphServer) ->
         @ezflow.thread
         def work(self) -> None:
             time.sleep(0.05)
-            raise ezflow.Complete
+            raise ezflow.NormalTermination
 
     class Crasher(ezflow.Unit):
         @ezflow.thread

@@ -33,7 +33,12 @@ from rich.pretty import Pretty
 from .._core._channel import ChannelStats, SubscriberStats
 from .._core._codec import message_fields, register_message
 from .._core._config import format_address
-from .._core._exceptions import ConfigurationError, ProtocolError
+from .._core._exceptions import (
+    ClosedResourceError,
+    ConfigurationError,
+    EndOfStream,
+    ProtocolError,
+)
 from .._graph._context import GraphContext
 from .._graph._subscriber import Subscriber
 from ._connection import (
@@ -284,9 +289,9 @@ def echo(
 
     Arrays are summarised as shape, dtype, min and max; other messages are
     pretty-printed (with the arrays inside them summarised too). It ends (exit 0) after
-    --count messages, at Ctrl-C, or when the stream ends (every publisher of TOPIC has
-    ended). Messages that cannot be decoded here are counted (--import the module that
-    defines their class).
+    --count messages or at Ctrl-C; when the stream ends (every publisher of TOPIC has
+    ended) it says so and waits for a new publisher. Messages that cannot be decoded
+    here are counted (--import the module that defines their class).
 
     Examples:
 
@@ -310,8 +315,11 @@ def echo(
             shown = 0
             while True:
                 try:
-                    message = await sub.__anext__()
-                except StopAsyncIteration:
+                    message = await sub.recv()
+                except EndOfStream:
+                    _ended(topic)
+                    continue
+                except ClosedResourceError:
                     return
                 except ProtocolError as exc:  # a lossless subscriber's undecodable message
                     undecodable.note(exc)
@@ -334,6 +342,16 @@ def echo(
 
     with undecodable.listening():
         run_async(main)
+
+
+def _ended(topic: str) -> None:
+    """Say that the stream ended (``recv`` raises EndOfStream once per end, then waits
+    for a publisher routed later: the command goes on, as a monitor should)."""
+    errors.print(
+        f"[yellow]note:[/] end of stream on {escape(repr(topic))}: every publisher has "
+        "ended; waiting for a new one (Ctrl-C to stop)",
+        highlight=False,
+    )
 
 
 def _dropped(stats: SubscriberStats) -> int:
@@ -407,8 +425,8 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
     The intervals are measured where the messages arrive (this process). Messages
     dropped because this command could not keep up are counted and shown, and so are
     messages it could not decode (not in the rate: --import the module that defines
-    their class). It ends (exit 0) after --duration, at Ctrl-C, or when the stream
-    ends (every publisher of TOPIC has ended).
+    their class). It ends (exit 0) after --duration or at Ctrl-C; when the stream ends
+    (every publisher of TOPIC has ended) it says so and waits for a new publisher.
 
     Examples:
 
@@ -436,10 +454,8 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
                 if end is not None and now >= end:
                     break
                 wake = next_print if end is None else min(next_print, end)
-                going = await _recv_until(sub, wake, times, undecodable)
+                await _recv_until(sub, wake, times, undecodable)
                 received = sub.stats.received
-                if not going:
-                    break
                 if time.monotonic() >= next_print:
                     next_print += 1.0
                     line = _rate_line(times, received, _dropped(sub.stats), undecodable.count(ctx))
@@ -455,22 +471,23 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
 
 async def _recv_until(
     sub: Subscriber, deadline: float, times: deque[float], undecodable: _Undecodable
-) -> bool:
-    """Receive (recording arrival times) until the monotonic *deadline*; False when
-    the stream ended first. A message that cannot be decoded is noted, not timed."""
+) -> None:
+    """Receive (recording arrival times) until the monotonic *deadline*. A message that
+    cannot be decoded is noted, not timed; an end of stream is noted, and receiving goes
+    on (a publisher may come back)."""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return True
+            return
         try:
-            await asyncio.wait_for(sub.__anext__(), remaining)
+            await asyncio.wait_for(sub.recv(), remaining)
             times.append(time.monotonic())
             while sub.queued:  # no timer needed for what is already there
-                await sub.__anext__()
+                sub.recv_nowait()
                 times.append(time.monotonic())
         except (TimeoutError, asyncio.TimeoutError):
-            return True
-        except StopAsyncIteration:
-            return False
+            return
+        except EndOfStream:
+            _ended(sub.topic)
         except ProtocolError as exc:
             undecodable.note(exc)

@@ -22,7 +22,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .._core._exceptions import EzflowError
+from .._core._config import check_drain_timeout
+from .._core._exceptions import ConfigurationError, EzflowError
 from .._units._component import Component
 from .._units._errors import GraphDefinitionError, ProcessDiedError, UnitError
 from .._units._runner import run as run_graph
@@ -76,7 +77,7 @@ def load_graph(name: str, obj: Any) -> dict[str, Any]:
     )
 
 
-def run(
+def run(  # noqa: PLR0917 - one parameter per command-line option
     target: Annotated[
         str,
         typer.Argument(
@@ -89,13 +90,31 @@ def run(
         bool,
         typer.Option("--single-process", help="Run every unit in this process (ignore placement)."),
     ] = False,
+    end_when_done: Annotated[
+        bool,
+        typer.Option(
+            "--end-when-done",
+            help="End (exit 0) once every source ended and every message was handled.",
+        ),
+    ] = False,
+    drain_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--drain-timeout",
+            metavar="SECONDS",
+            help="How long a stopping graph keeps handling accepted messages "
+            "(default EZFLOW_DRAIN_TIMEOUT, else 5; 0: no drain).",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
 ) -> None:
     """Run a graph of units (a Collection, or a function returning components).
 
-    It runs until a unit raises Complete, a @main returns, or Ctrl-C / SIGTERM (exit 0).
-    A unit that fails or a unit process that dies stops the graph and exits 1; an
-    invalid graph exits 2.
+    It runs until a unit raises NormalTermination, a @main returns, every unit is done
+    (--end-when-done), or Ctrl-C / SIGTERM (exit 0); stopping drains what lossless edges
+    accepted for up to --drain-timeout seconds (a second Ctrl-C stops at once). A unit
+    that fails or a unit process that dies stops the graph and exits 1; an invalid graph
+    exits 2.
 
     Uses the graph server at --address / EZFLOW_GRAPH_ADDRESS, starting one in this
     process when none answers there.
@@ -106,6 +125,8 @@ def run(
 
         ezflow run examples/sine.py:build --single-process
 
+        ezflow run mypkg.replay:SYSTEM --end-when-done
+
         EZFLOW_GRAPH_ADDRESS=10.0.0.5:25990 ezflow run mypkg.pipelines:ACQUISITION
     """
     logging.basicConfig(
@@ -113,10 +134,21 @@ def run(
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     where = resolve_address(address) if address is not None else None
+    if drain_timeout is not None:
+        try:
+            check_drain_timeout(drain_timeout, setting="--drain-timeout")
+        except ConfigurationError as exc:
+            fail(str(exc), 2)
     name, obj = load_object(target)
     try:
         arguments = load_graph(name, obj)
-        run_graph(**arguments, graph_address=where, force_single_process=single_process)
+        run_graph(
+            **arguments,
+            graph_address=where,
+            force_single_process=single_process,
+            end_when_done=end_when_done,
+            drain_timeout=drain_timeout,
+        )
     except GraphDefinitionError as exc:
         fail(str(exc), 2)
     except (UnitError, ProcessDiedError) as exc:

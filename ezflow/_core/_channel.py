@@ -12,6 +12,15 @@ publisher uses those figures to keep at most ``max_in_flight`` messages (and
 ``max_in_flight_bytes`` bytes) unreleased per channel. Leaky subscribers never hold
 anything back: their inbox keeps the newest ``queue`` messages and counts every drop.
 
+End of stream: a transport calls :meth:`Channel.end` once its publisher has ended, after
+every message of that publisher was delivered (``broken=True`` when it went away without
+saying so: a crash, a lost connection). Each inbox keeps which publishers fed it and
+which ended, plus the publishers the latest routes list for it; it is at its end when it
+had a publisher, every publisher that fed it ended, no routed publisher is still live,
+and nothing is queued. No marker travels through the queue: an end is recorded when
+every message before it is already queued, so "ended and nothing queued" already means
+"everything before the end was taken".
+
 Telemetry (docs/telemetry.md): counters live in :class:`ChannelStats` and
 :class:`SubscriberStats`, log2 histograms on the channel (``latency``, ``decode_time``)
 and the inbox (``handler_time``), recorded inline (a ``bit_length`` and a list index).
@@ -35,7 +44,7 @@ from typing import Any, Final
 import numpy as np
 
 from ._codec import Codec
-from ._exceptions import ClosedResourceError, ProtocolError
+from ._exceptions import ClosedResourceError, EndOfStream, ProtocolError
 from ._telemetry import DELIVER_HOOKS, DROP_HOOKS, DeliverEvent, DropEvent, Histogram, emit
 
 __all__ = [
@@ -87,6 +96,10 @@ class SubscriberStats:
     dropped_upstream: int = 0  #: dropped by a publisher that had no room for this inbox
     #: exceptions raised by the subscriber's ``on_message`` callback (each one logged)
     callback_errors: int = 0
+    #: publishers that fed this subscriber and ended (cleanly or not)
+    publishers_ended: int = 0
+    #: of those, publishers that went away without ending cleanly (crash, lost connection)
+    publishers_broken: int = 0
 
 
 class Attachment:
@@ -128,11 +141,17 @@ class Inbox:
     """
 
     __slots__ = (
+        "_at_end",
         "_callback",
         "_closed",
         "_drop_hooks",
+        "_end_told",
+        "_ended",
+        "_feeds",
+        "_had_publisher",
         "_handed_ns",
         "_items",
+        "_routed",
         "_waiter",
         "handler_time",
         "leaky",
@@ -162,6 +181,14 @@ class Inbox:
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self.stats = SubscriberStats()
+        # End of stream (see the module docstring): publishers that fed this inbox and
+        # have not ended, publishers that ended, the publishers the routes list.
+        self._feeds: set[str] = set()
+        self._ended: set[str] = set()
+        self._routed: frozenset[str] = frozenset()
+        self._had_publisher = False
+        self._at_end = False
+        self._end_told = False  # EndOfStream was raised for the present end
 
     def __len__(self) -> int:
         return len(self._items)
@@ -262,7 +289,9 @@ class Inbox:
     async def get(self) -> Any:
         """Wait for and take the oldest message.
 
-        Raises :class:`ClosedResourceError` once the inbox is closed and empty.
+        Raises :class:`ClosedResourceError` once the inbox is closed and empty, and
+        :class:`EndOfStream` once it is :attr:`at_end` - once per end: called again,
+        it waits (for a publisher that may be routed to it later).
         Cancellation-safe: a cancelled ``get`` takes nothing.
         """
         if not self._items and self._handed_ns:
@@ -276,6 +305,9 @@ class Inbox:
         while not self._items:
             if self._closed:
                 raise ClosedResourceError("this subscriber is closed")
+            if self._at_end and not self._end_told:
+                self._end_told = True
+                raise self.end_of_stream()
             loop = asyncio.get_running_loop()
             waiter = self._waiter
             if waiter is None or waiter.done():
@@ -288,10 +320,85 @@ class Inbox:
         """Stop accepting messages and wake a waiting :meth:`get`. Messages already
         queued can still be taken."""
         self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
         self._waiter = None
+
+    # -- end of stream -------------------------------------------------------------------
+
+    @property
+    def at_end(self) -> bool:
+        """True when nothing is queued, the inbox had a publisher, every publisher that
+        fed it has ended, and the routes list no publisher that has not ended. Not
+        final: a publisher routed later makes it wait again."""
+        return self._at_end and not self._items
+
+    @property
+    def had_publisher(self) -> bool:
+        """True once a publisher fed this inbox or was routed to it."""
+        return self._had_publisher
+
+    @property
+    def ended_publishers(self) -> frozenset[str]:
+        """Ids of the publishers that fed this inbox and ended."""
+        return frozenset(self._ended)
+
+    def fed_by(self, publisher_id: str) -> None:
+        """A channel of *publisher_id* starts feeding this inbox (an ended publisher
+        stays ended: it never publishes again)."""
+        if publisher_id not in self._ended:
+            self._feeds.add(publisher_id)
+            self._had_publisher = True
+            self._update_end()
+
+    def publisher_ended(self, publisher_id: str, *, broken: bool = False) -> None:
+        """*publisher_id* ended, after every message it sent here was put (*broken*:
+        it went away without ending cleanly). Idempotent."""
+        if publisher_id in self._ended:
+            return
+        self._ended.add(publisher_id)
+        self._feeds.discard(publisher_id)
+        self._had_publisher = True
+        self.stats.publishers_ended += 1
+        if broken:
+            self.stats.publishers_broken += 1
+        self._update_end()
+
+    def routed(self, publisher_ids: frozenset[str]) -> None:
+        """The latest routes list *publisher_ids* as feeding this inbox."""
+        self._routed = publisher_ids
+        if publisher_ids:
+            self._had_publisher = True
+        self._update_end()
+
+    def tell_end(self) -> bool:
+        """True (once per end) when the inbox is :attr:`at_end` and that was not told
+        yet: the caller raises :meth:`end_of_stream`."""
+        if self.at_end and not self._end_told:
+            self._end_told = True
+            return True
+        return False
+
+    def end_of_stream(self) -> EndOfStream:
+        """The error :meth:`get` raises at the end."""
+        broken = self.stats.publishers_broken
+        how = f" ({broken} of them went away without ending cleanly)" if broken else ""
+        return EndOfStream(
+            f"subscriber {self.name}: every publisher that fed it has ended{how} and none "
+            "that may still publish is routed to it"
+        )
+
+    def _update_end(self) -> None:
+        at_end = self._had_publisher and not self._feeds and self._routed <= self._ended
+        if at_end != self._at_end:
+            self._at_end = at_end
+            self._end_told = False
+            if at_end:
+                self._wake()
 
 
 class Channel:
@@ -337,6 +444,8 @@ class Channel:
         self._released_bytes = 0
         self._closed = False
         self._error_logged = 0
+        self._ended = False
+        self._broken = False
 
     # -- attachments -------------------------------------------------------------------
 
@@ -364,6 +473,9 @@ class Channel:
         if self._closed:
             raise ClosedResourceError("channel is closed")
         attachment = Attachment(self, inbox, self._last_seq + 1)
+        inbox.fed_by(self.publisher_id)
+        if self._ended:
+            inbox.publisher_ended(self.publisher_id, broken=self._broken)
         was_lossless = self.lossless
         self._attachments = (*self._attachments, attachment)
         if attachment.lossless:
@@ -568,6 +680,22 @@ class Channel:
         callback = self.on_release
         if callback is not None:
             callback(self._released_count, self._released_bytes)
+
+    @property
+    def ended(self) -> bool:
+        """True once the publisher has ended (:meth:`end`)."""
+        return self._ended
+
+    def end(self, *, broken: bool = False) -> None:
+        """The publisher ended: every message it sent was delivered (*broken*: it went
+        away without saying so, e.g. its process died). Tells every attached inbox
+        (and any attached later). Idempotent."""
+        if self._ended:
+            return
+        self._ended = True
+        self._broken = broken
+        for attachment in self._attachments:
+            attachment.inbox.publisher_ended(self.publisher_id, broken=broken)
 
     def close(self) -> None:
         """Detach every inbox; the inboxes themselves stay open (they may be fed by

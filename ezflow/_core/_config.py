@@ -18,6 +18,7 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "CONTROL_MAX_FRAME_SIZE",
     "DATA_WRITE_BUFFER_LIMIT",
+    "DEFAULT_DRAIN_TIMEOUT",
     "DEFAULT_GRAPH_ADDRESS",
     "DEFAULT_MAX_IN_FLIGHT",
     "DEFAULT_MAX_IN_FLIGHT_BYTES",
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_SHM_SLOT_COUNT",
     "DEFAULT_SHM_SLOT_SIZE",
     "DEFAULT_TELEMETRY_INTERVAL",
+    "ENV_DRAIN_TIMEOUT",
     "ENV_EVENT_LOOP",
     "ENV_GRAPH_ADDRESS",
     "ENV_MAX_MESSAGE_SIZE",
@@ -35,6 +37,7 @@ __all__ = [
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
     "MAX_CHANNELS_PER_PUBLISHER",
+    "MAX_DRAIN_TIMEOUT",
     "MAX_METRICS_CONNECTIONS",
     "MAX_METRICS_REQUEST_SIZE",
     "MAX_SERVER_CONNECTIONS",
@@ -53,9 +56,11 @@ __all__ = [
     "Address",
     "ShmOptions",
     "TransportName",
+    "check_drain_timeout",
     "check_positive",
     "check_telemetry_interval",
     "check_transport",
+    "drain_timeout_from_env",
     "format_address",
     "graph_address_from_env",
     "max_message_size_from_env",
@@ -295,6 +300,45 @@ def check_positive(value: int, *, setting: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigurationError(f"{setting}={value!r} must be a positive integer")
     return value
+
+
+# -- stopping a graph (see docs/units.md, "Stopping") ---------------------------------------
+
+ENV_DRAIN_TIMEOUT: Final = "EZFLOW_DRAIN_TIMEOUT"
+#: Seconds a stopping graph (NormalTermination, SIGINT, SIGTERM) lets the messages
+#: already accepted by lossless edges flow through the units before cutting them off.
+DEFAULT_DRAIN_TIMEOUT: Final = 5.0
+#: Longest accepted drain timeout (seconds).
+MAX_DRAIN_TIMEOUT: Final = 3600.0
+
+
+def drain_timeout_from_env() -> float:
+    """``EZFLOW_DRAIN_TIMEOUT`` in seconds (0: no drain), else the default."""
+    text = os.environ.get(ENV_DRAIN_TIMEOUT, "").strip()
+    if not text:
+        return DEFAULT_DRAIN_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"{ENV_DRAIN_TIMEOUT}={text!r} is not a number of seconds"
+        ) from None
+    return check_drain_timeout(value, setting=ENV_DRAIN_TIMEOUT)
+
+
+def check_drain_timeout(value: float, *, setting: str = "drain_timeout") -> float:
+    """0 (stop without draining) or a number of seconds up to ``MAX_DRAIN_TIMEOUT``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or not 0 <= value <= MAX_DRAIN_TIMEOUT
+    ):
+        raise ConfigurationError(
+            f"{setting}={value!r} must be a number of seconds between 0 (no drain) and "
+            f"{MAX_DRAIN_TIMEOUT:g}"
+        )
+    return float(value)
 
 
 # -- telemetry (see docs/telemetry.md) ------------------------------------------------------

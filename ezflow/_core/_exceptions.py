@@ -2,7 +2,8 @@
 
 The split follows trio/anyio: *you* closed it (:class:`ClosedResourceError`), a *peer*
 broke it (:class:`BrokenResourceError`), bytes that do not follow the protocol
-(:class:`ProtocolError`), a limit was exceeded (:class:`MessageTooLargeError`), nobody
+(:class:`ProtocolError`), a stream that has ended (:class:`EndOfStream`), a limit was
+exceeded (:class:`MessageTooLargeError`), nobody
 answered in time (:class:`EzflowTimeoutError`), the graph server refused a request
 (:class:`GraphError`), and a setting is wrong (:class:`ConfigurationError`).
 
@@ -16,6 +17,7 @@ __all__ = [
     "BrokenResourceError",
     "ClosedResourceError",
     "ConfigurationError",
+    "EndOfStream",
     "EzflowError",
     "EzflowTimeoutError",
     "GraphError",
@@ -32,6 +34,20 @@ class EzflowError(Exception):
 class ClosedResourceError(EzflowError):
     """The object was closed by *this* process (``close()`` or leaving its context) and
     cannot be used any more."""
+
+
+class EndOfStream(EzflowError):  # a signal, like trio's EndOfChannel / anyio's EndOfStream
+    """Every publisher that fed this subscriber has ended and none that may still
+    publish is routed to it; every message was received.
+
+    Raised by ``Subscriber.recv()`` and ``recv_nowait()`` (``async for`` just ends),
+    once per end: called again, ``recv()`` waits for a publisher routed later. A
+    publisher ends when it is closed (``aclose()``, leaving its context; in units when
+    nothing may publish to the stream any more), and also when its process dies or its
+    connection breaks: the subscriber cannot tell more will come, so it ends too
+    (``Subscriber.stats.publishers_broken`` counts those, and a line is logged). A
+    subscriber that never had a publisher keeps waiting: one may still come.
+    """
 
 
 class BrokenResourceError(EzflowError):

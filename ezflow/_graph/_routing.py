@@ -85,6 +85,9 @@ class Router:
         # Publishers whose shm edges failed to open: their edges use tcp from then on.
         self._shm_refused: set[str] = set()
         self._warned: set[tuple[str, str]] = set()
+        # Publishers whose channel saw their end: the routes may list them a little
+        # longer (they unregister after their channels read END); never reopen those.
+        self._ended: set[str] = set()
         self._routes: tuple[int, dict[str, Any]] | None = None
         self._routes_ready = asyncio.Event()
 
@@ -195,13 +198,17 @@ class Router:
             for pub_id, info in dict(message.get("publishers") or {}).items()
         }
         wanted: dict[tuple[str, str], list[Subscriber]] = {}
-        for sub_id, pub_ids in dict(message.get("subscribers") or {}).items():
+        routes = dict(message.get("subscribers") or {})
+        for sub_id, known in self._subscribers.items():
+            # Which publishers may still feed it: part of its end of stream.
+            known._inbox.routed(frozenset(p for p in routes.get(sub_id, ()) if p in publishers))
+        for sub_id, pub_ids in routes.items():
             subscriber = self._subscribers.get(sub_id)
             if subscriber is None or subscriber.closed:
                 continue
             for pub_id in pub_ids:
                 info = publishers.get(pub_id)
-                if info is None:
+                if info is None or pub_id in self._ended:
                     continue
                 key = (pub_id, self.choose_transport(info, subscriber))
                 wanted.setdefault(key, []).append(subscriber)
@@ -284,6 +291,8 @@ class Router:
         return False
 
     def _lost_record(self, record: ChannelRecord) -> None:
+        if record.channel.ended:
+            self._ended.add(record.key[0])
         record.inbound = None
         self.close_record(record)
 

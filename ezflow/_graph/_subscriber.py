@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from .._core._channel import Inbox, SubscriberStats
-from .._core._exceptions import ClosedResourceError, ConfigurationError
+from .._core._exceptions import ClosedResourceError, ConfigurationError, EndOfStream
 
 __all__ = ["Subscriber"]
 
@@ -23,6 +23,17 @@ class Subscriber:
 
     A subscriber created with ``on_message`` queues nothing: its callback gets each
     message as it is delivered, and :meth:`recv` is refused.
+
+    End of stream: once every publisher that fed it has ended (closed: ``aclose()`` or
+    leaving its context; or gone: its process died, its connection broke), no
+    publisher that has not ended is routed to it, and every message was received,
+    :meth:`recv` raises :class:`~ezflow.EndOfStream` and ``async for`` ends (see
+    :attr:`ended`) - once per end: after that, ``recv`` waits again, for a publisher
+    that may be routed to it later (a long-lived subscriber can catch ``EndOfStream``
+    and go on). A subscriber that never had a publisher keeps waiting; a publisher
+    that is only disconnected (``GraphContext.disconnect``) has not ended. Routes are
+    those this process knows: a publisher registered elsewhere a moment before the
+    last one ended may come too late to keep the stream open.
     """
 
     def __init__(
@@ -58,12 +69,29 @@ class Subscriber:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def ended(self) -> bool:
+        """True when :meth:`recv` would raise :class:`~ezflow.EndOfStream`: every
+        publisher that fed this subscriber ended, none that has not is routed to it,
+        nothing is queued. Not final: a publisher routed afterwards makes it wait
+        again. ``stats.publishers_broken`` counts the publishers that went away without
+        ending cleanly."""
+        return self._inbox.at_end
+
+    @property
+    def had_publisher(self) -> bool:
+        """True once a publisher was routed to this subscriber (ended or not)."""
+        return self._inbox.had_publisher
+
     def recv(self) -> Coroutine[Any, Any, Any]:
         """Wait for the next message and return it (a coroutine: ``await sub.recv()``).
 
         Raises :class:`~ezflow.ClosedResourceError` once the subscriber (or its context)
-        is closed and every queued message has been received. Cancellation-safe: a
-        cancelled ``recv`` takes no message.
+        is closed and every queued message has been received, and
+        :class:`~ezflow.EndOfStream` once every publisher that fed it has ended (cleanly,
+        or by going away: see the class docstring) and every message was received -
+        once; called again, it waits for a publisher routed to it later.
+        Cancellation-safe: a cancelled ``recv`` takes no message.
         """
         # The inbox's own coroutine, not one wrapped in another: a paced subscriber
         # resumes through one frame fewer for every message.
@@ -73,7 +101,8 @@ class Subscriber:
         return inbox.get()
 
     def recv_nowait(self) -> Any:
-        """Return the next queued message; raise ``asyncio.QueueEmpty`` when there is none."""
+        """Return the next queued message; raise ``asyncio.QueueEmpty`` when there is
+        none, :class:`~ezflow.EndOfStream` at the end (once, as :meth:`recv`)."""
         try:
             return self._inbox.get_nowait()
         except IndexError:
@@ -81,6 +110,8 @@ class Subscriber:
                 raise self._nothing_to_recv() from None
             if self._closed:
                 raise ClosedResourceError("this subscriber is closed") from None
+            if self._inbox.tell_end():
+                raise self._inbox.end_of_stream() from None
             raise asyncio.QueueEmpty from None
 
     def _nothing_to_recv(self) -> ConfigurationError:
@@ -97,7 +128,7 @@ class Subscriber:
     async def __anext__(self) -> Any:
         try:
             return await self.recv()
-        except ClosedResourceError:
+        except (ClosedResourceError, EndOfStream):
             raise StopAsyncIteration from None
 
     async def aclose(self) -> None:

@@ -1,7 +1,9 @@
 """The local transport: publisher and subscriber in the same process and event loop.
 
 The channel receives the published object itself (numpy arrays as a read-only view),
-with no encoding at all. Flow control works exactly as for the other transports.
+with no encoding at all. Flow control works exactly as for the other transports. A
+publisher that closes ends its channels (``Channel.end``) right after its last message,
+as ``END`` does on the other transports.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ class _LocalLink(Link):
         self.channel.deliver(seq, message, 0, self.drops, time_ns)
 
     def close(self) -> None:
+        # Called by Outlet.close after the last message: the publisher's end (unless the
+        # channel side closed first, which clears on_lost).
         on_lost, self.on_lost = self.on_lost, None
         if on_lost is not None:
+            self.channel.end()
             on_lost()
 
 

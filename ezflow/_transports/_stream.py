@@ -489,6 +489,7 @@ class ChannelConnection(FramedProtocol):
             # Everything the publisher sent came before END: close our side now, which
             # also tells the publisher its last messages arrived.
             self.ended = True
+            self.channel.end()
             if self.transport is not None:
                 self.transport.close()
         elif kind == WELCOME and not self.welcome.done():
@@ -585,6 +586,9 @@ class ChannelConnection(FramedProtocol):
                     self.publisher.topic,
                     exc or "connection closed",
                 )
+                # Nothing more can come from it: its subscribers may end (counted as
+                # broken in their stats).
+                self.channel.end(broken=True)
             on_lost()
 
 

@@ -61,7 +61,9 @@ def subscriber(stream: InputStream) -> Callable[[_F], _F]:
     time, in arrival order, directly from the input's receive loop: the next message of
     the same input is taken only when the method returned. A method may subscribe to
     one stream; several methods may subscribe to the same stream (called in definition
-    order).
+    order). Raising :class:`~ezflow.Complete` stops calling this method; once every
+    publisher feeding the stream has ended (and every message was handled), the
+    stream's methods are no longer called.
     """
     if not isinstance(stream, InputStream):
         raise TypeError(
@@ -129,8 +131,10 @@ def _kind(kind: str, fn: Any) -> FunctionRole:
 
 def task(fn: _F) -> _F:
     """Run ``async def method(self)`` as a task once the graph has started; it is
-    cancelled when the graph stops. Returning ends just this task; raising
-    :class:`~ezflow.Complete` ends the graph; any other exception fails it."""
+    cancelled when the graph stops. Returning (or raising :class:`~ezflow.Complete`)
+    ends just this task; raising :class:`~ezflow.NormalTermination` ends the graph;
+    any other exception fails it. While it runs, the unit's outputs stay open (it may
+    publish to any of them)."""
     if not inspect.iscoroutinefunction(fn):
         raise TypeError(
             f"@ezflow.task needs an `async def` method; {_name(fn)} is not one "
@@ -144,7 +148,8 @@ def thread(fn: _F) -> _F:
     """Run the blocking ``def method(self)`` in its own worker thread once the graph has
     started. It cannot be cancelled: loop while ``self.running`` and return when it
     turns false (the graph waits a bounded time for it, then leaves it behind as a
-    daemon thread, logging so). Raising :class:`~ezflow.Complete` ends the graph."""
+    daemon thread, logging so). Returning or raising :class:`~ezflow.Complete` ends just
+    this thread; :class:`~ezflow.NormalTermination` ends the graph."""
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         raise TypeError(
             f"@ezflow.thread needs a plain `def` method; {_name(fn)} is async (use @ezflow.task)"
@@ -157,7 +162,7 @@ def main(fn: _F) -> _F:
     """Run the blocking ``def method(self)`` in the main thread of the unit's process
     once the graph has started (for GUI toolkits and the like; the event loop then runs
     in a worker thread). When it returns, the graph ends normally, as if it raised
-    :class:`~ezflow.Complete`. At most one per process; with :class:`ezflow.GraphRunner`
+    :class:`~ezflow.NormalTermination`. At most one per process; with :class:`ezflow.GraphRunner`
     the unit must be in ``process_components`` (the caller owns the main thread)."""
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         raise TypeError(

@@ -4,15 +4,33 @@ from __future__ import annotations
 
 from .._core._exceptions import ConfigurationError, EzflowError
 
-__all__ = ["Complete", "GraphDefinitionError", "ProcessDiedError", "UnitError"]
+__all__ = [
+    "Complete",
+    "GraphDefinitionError",
+    "NormalTermination",
+    "ProcessDiedError",
+    "UnitError",
+]
 
 
 class Complete(Exception):  # a signal, not an error (like StopIteration)
-    """Raise from any unit function to end the whole graph normally.
+    """Raise from a unit function to end just that function, as ezmsg's ``Complete``.
 
-    Every process stops, every ``shutdown()`` runs and :func:`ezflow.run` returns (exit
-    code 0). It is the equivalent of ezmsg's ``NormalTermination``; to end just one
-    task or publisher, ``return`` from it instead.
+    The same as returning from it: a ``@publisher`` generator or ``@task`` stops, a
+    ``@subscriber`` function is no longer called (its input is read as long as another
+    function subscribes to it). An output ends (its subscribers see the end of stream)
+    once nothing in the unit may still publish to it. The graph goes on; to end the
+    whole graph, raise :class:`NormalTermination`.
+    """
+
+
+class NormalTermination(Exception):  # a signal, not an error
+    """Raise from any unit function to end the whole graph normally (ezmsg's
+    ``NormalTermination``).
+
+    The graph stops as on Ctrl-C: sources stop, the messages already accepted by
+    lossless edges are handled (bounded by the drain timeout), every ``shutdown()``
+    runs and :func:`ezflow.run` returns (exit code 0).
     """
 
 

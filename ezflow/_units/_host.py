@@ -6,6 +6,24 @@ Performance model (the runner is on every message's path):
   calls the unit's subscriber methods directly — no task, lock or queue per message;
 * one task per publisher-only async generator, iterating it and publishing each yield;
 * ``@task`` methods are tasks, ``@thread`` methods threads, started once.
+
+Ends (docs/units.md, "How a graph ends"): ``return`` or :class:`Complete` ends one
+function. Each output stream has *writers* - what may still publish to it: the
+``@publisher`` generators that declare it, the input loops whose ``@subscriber``
+functions declare it (or declare no output: a plain function may ``self.publish``), and
+every ``@task``, ``@thread`` and ``@main`` of the unit. When the last writer finishes,
+the output's publisher is closed: its subscribers see the end of stream. An input loop
+ends when its subscriber raises :class:`EndOfStream` (or its last function raised
+``Complete``). The host is *done* when every input loop ended (or never had a
+publisher) and every output has ended; tasks and threads of units without outputs do
+not count (they are cancelled when the graph stops). An output whose only writers are
+input loops that never had a publisher (nothing is connected to them) is *dormant*: it
+ends once the graph stops, and at once with ``end_when_done`` (such an input counts as
+ended: nothing will come).
+
+Stopping drains: sources (publisher generators, tasks) are cancelled, so their outputs
+end; input loops go on until their inputs end, bounded by the drain timeout; what is
+still queued then is counted (:class:`DrainCut`) and cut.
 """
 
 from __future__ import annotations
@@ -18,30 +36,29 @@ import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from .._core._exceptions import ClosedResourceError
+from .._core._exceptions import ClosedResourceError, EndOfStream
 from .._graph._context import GraphContext
 from .._graph._publisher import Publisher
 from .._graph._subscriber import Subscriber
 from ._component import Unit
 from ._decorators import FunctionRole
-from ._errors import Complete
+from ._errors import Complete, NormalTermination
 from ._plan import stream_topic
 from ._streams import InputStream, OutputStream
 
 __all__ = [
-    "DRAIN_TIMEOUT",
     "SHUTDOWN_TIMEOUT",
     "THREAD_JOIN_TIMEOUT",
+    "DrainCut",
     "UnitHost",
     "format_failure",
 ]
 
 log = logging.getLogger("ezflow.units")
 
-#: Seconds a stopping process keeps handing already-received messages to subscribers.
-DRAIN_TIMEOUT = 1.0
 #: Seconds a stopping process waits for its ``@thread`` methods to return.
 THREAD_JOIN_TIMEOUT = 2.0
 #: Seconds an ``async`` ``shutdown()`` may take before it is cancelled and reported.
@@ -60,19 +77,63 @@ async def _call(result: Any) -> None:
         await result
 
 
-class _Handler:
-    __slots__ = ("call", "is_async")
+@dataclass(frozen=True, slots=True)
+class DrainCut:
+    """What a drain timeout cut off in one process: messages received and not handled,
+    and inputs that had not ended."""
 
-    def __init__(self, call: Callable[[Any], Any], is_async: bool) -> None:
+    queued: int = 0
+    inputs: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.queued or self.inputs)
+
+
+class _Handler:
+    __slots__ = ("call", "is_async", "writes")
+
+    def __init__(
+        self, call: Callable[[Any], Any], is_async: bool, writes: tuple[Publisher, ...] | None
+    ) -> None:
         self.call = call
         self.is_async = is_async
+        # The outputs it may publish to: its @publisher streams; None for a plain
+        # @subscriber function (it may call self.publish on any output of its unit).
+        self.writes = writes
+
+
+@dataclass(eq=False)
+class _Input:
+    """One input loop of a unit: its subscriber and its functions."""
+
+    subscriber: Subscriber
+    handlers: list[_Handler]
+    unit: Unit
+    name: str
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def data(self) -> bool:
+        """False for ``INPUT_SETTINGS``: settings never end, nor hold a graph open."""
+        return self.name != "INPUT_SETTINGS"
+
+    @property
+    def finished(self) -> bool:
+        """The loop ended, or its input never had a publisher and holds nothing (an
+        unconnected input cannot hold the graph open)."""
+        if self.task is None or self.task.done():
+            return True
+        sub = self.subscriber
+        return not sub.queued and not sub.had_publisher
 
 
 class UnitHost:
     """Runs *units* on *context*: :meth:`setup`, then :meth:`start`, then :meth:`stop`.
 
-    Failures and completions of unit code are reported through *on_failure* (component
-    path, traceback text) and *on_complete* (component path); the owner decides to stop.
+    Failures and ends of unit code are reported through *on_failure* (component path,
+    traceback text) and *on_complete* (component path: a unit raised
+    :class:`NormalTermination`); *on_done* is called once when every unit is done
+    (see the module docstring). The owner decides to stop.
     """
 
     def __init__(
@@ -82,17 +143,27 @@ class UnitHost:
         *,
         on_failure: FailureCallback,
         on_complete: CompleteCallback,
+        on_done: Callable[[], None] | None = None,
+        end_when_done: bool = False,
     ) -> None:
         self.units = units
+        self._end_when_done = end_when_done
         self.context = context
         self._on_failure = on_failure
         self._on_complete = on_complete
+        self._on_done = on_done
         self._initialized: list[Unit] = []
-        self._pumps: list[tuple[Subscriber, list[_Handler], Unit, str]] = []
+        self._inputs: list[_Input] = []
         self._publishers: list[tuple[Unit, str, Callable[[], Any], dict[object, Publisher]]] = []
+        self._outputs: dict[str, list[Publisher]] = {}  # by unit path
         self._tasks: dict[asyncio.Task[None], tuple[str, str]] = {}
-        self._pump_tasks: list[asyncio.Task[None]] = []
+        self._loops: dict[object, _Input] = {}  # input loop task -> its input
         self._threads: list[tuple[threading.Thread, str, asyncio.Event]] = []
+        # Output -> what may still publish to it; the output closes when none is left.
+        self._writers: dict[Publisher, set[object]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()  # an input loop or an output ended
+        self._done = False
         self._started = False
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -139,6 +210,7 @@ class UnitHost:
             by_key[streams[name]] = publisher
             by_key[unit._bound_stream(streams[name])] = publisher
         unit._ezflow_outlets = by_key
+        self._outputs[unit.path] = list(outlets.values())
 
         for name, stream in streams.items():
             if not isinstance(stream, InputStream):
@@ -149,7 +221,7 @@ class UnitHost:
                 if role.subscribes is not None and role.subscribes.name == name
             ]
             if name == "INPUT_SETTINGS":
-                handlers.insert(0, _Handler(self._settings_handler(unit), True))
+                handlers.insert(0, _Handler(self._settings_handler(unit), True, ()))
             if not handlers:
                 continue  # nobody reads it: subscribing would only hold publishers back
             subscriber = await self.context.subscriber(
@@ -158,7 +230,7 @@ class UnitHost:
                 queue=stream.queue,
                 transport=stream.transport,
             )
-            self._pumps.append((subscriber, handlers, unit, name))
+            self._inputs.append(_Input(subscriber, handlers, unit, name))
         for fname, role in functions.items():
             if role.publishes and role.subscribes is None:
                 allowed = self._allowed(unit, role, streams, outlets)
@@ -188,14 +260,15 @@ class UnitHost:
         if role.publishes:
             allowed = self._allowed(unit, role, streams, outlets)
             where = f"{unit.path}.{fname}"
+            writes = tuple(outlets[declared.name] for declared in role.publishes)
 
             async def publish_each(message: Any) -> None:
                 await _publish_all(method(message), allowed, where)
 
-            return _Handler(publish_each, True)
+            return _Handler(publish_each, True, writes)
         if inspect.iscoroutinefunction(method):
-            return _Handler(method, True)
-        return _Handler(method, False)
+            return _Handler(method, True, None)
+        return _Handler(method, False, None)
 
     def _settings_handler(self, unit: Unit) -> Callable[[Any], Awaitable[None]]:
         async def apply(settings: Any) -> None:
@@ -217,24 +290,46 @@ class UnitHost:
     # -- running -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start every input loop, publisher, task and thread (after the start barrier)."""
+        """Start every input loop, publisher, task and thread (after the start barrier).
+        Outputs nothing may publish to end at once."""
         self._started = True
         loop = asyncio.get_running_loop()
         for unit in self.units:
             unit._ezflow_running = True
-        for subscriber, handlers, unit, name in self._pumps:
-            task = loop.create_task(self._pump(subscriber, handlers))
-            self._watch(task, unit.path, f"subscriber of {name}")
-            self._pump_tasks.append(task)
+        for publisher in (p for outputs in self._outputs.values() for p in outputs):
+            self._writers[publisher] = set()
+        for entry in self._inputs:
+            task = loop.create_task(self._pump(entry.subscriber, entry.handlers))
+            entry.task = task
+            self._loops[task] = entry
+            writes: set[Publisher] = set()
+            for handler in entry.handlers:
+                writes.update(
+                    self._outputs[entry.unit.path] if handler.writes is None else handler.writes
+                )
+            self._watch(task, entry.unit.path, f"subscriber of {entry.name}", writes)
         for unit, fname, method, allowed in self._publishers:
             where = f"{unit.path}.{fname}"
-            self._watch(loop.create_task(_publish_all(method(), allowed, where)), unit.path, fname)
+            task = loop.create_task(_publish_all(method(), allowed, where))
+            self._watch(task, unit.path, fname, set(allowed.values()))
         for unit in self.units:
             for fname, role in type(unit).functions().items():
                 if role.kind == "task":
-                    self._watch(loop.create_task(getattr(unit, fname)()), unit.path, fname)
+                    task = loop.create_task(getattr(unit, fname)())
+                    self._watch(task, unit.path, fname, set(self._outputs[unit.path]))
                 elif role.kind == "thread":
                     self._start_thread(loop, unit, fname)
+                elif role.kind == "main":
+                    self._add_writer(role, set(self._outputs[unit.path]))
+        for publisher, writers in self._writers.items():
+            if not writers:
+                self._close_output(publisher)
+        self._settle()
+
+    @property
+    def outputs(self) -> set[Publisher]:
+        """The publishers of every unit's output streams."""
+        return {p for outputs in self._outputs.values() for p in outputs}
 
     def main_function(self) -> tuple[str, Callable[[], Any]] | None:
         """The ``@main`` method of these units, if any, as (unit path, bound method)."""
@@ -244,23 +339,83 @@ class UnitHost:
                     return unit.path, getattr(unit, fname)
         return None
 
-    def _watch(self, task: asyncio.Task[None], path: str, what: str) -> None:
+    def main_finished(self) -> None:
+        """The ``@main`` method returned (or raised): its unit's outputs may end."""
+        for unit in self.units:
+            for role in type(unit).functions().values():
+                if role.kind == "main":
+                    self._writer_done(role)
+
+    def _add_writer(self, writer: object, outputs: set[Publisher]) -> None:
+        for publisher in outputs:
+            self._writers[publisher].add(writer)
+
+    def _writer_done(self, writer: object) -> None:
+        for publisher, writers in self._writers.items():
+            if writer in writers:
+                writers.discard(writer)
+                if not writers:
+                    self._close_output(publisher)
+
+    def _close_output(self, publisher: Publisher) -> None:
+        """Nothing may publish to *publisher* any more: close it (END goes out)."""
+        task = asyncio.get_running_loop().create_task(publisher.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._output_closed)
+
+    def _output_closed(self, task: asyncio.Task[None]) -> None:
+        self._closing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("closing an output failed: %r", task.exception())
+        self._changed.set()
+        self._settle()
+
+    def _settle(self) -> None:
+        """After any change: end dormant outputs when the graph stops (or with
+        end_when_done), and report done."""
+        if self._started and (self._stopping or self._end_when_done):
+            for publisher, writers in self._writers.items():
+                if writers and all(
+                    writer in self._loops and self._loops[writer].finished for writer in writers
+                ):
+                    writers.clear()
+                    self._close_output(publisher)
+        self._check_done()
+
+    def _watch(
+        self, task: asyncio.Task[None], path: str, what: str, writes: set[Publisher]
+    ) -> None:
         self._tasks[task] = (path, what)
+        self._add_writer(task, writes)
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         path, what = self._tasks.pop(task, ("?", "?"))
+        self._writer_done(task)
+        self._changed.set()
+        self._settle()
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is None:
-            return
-        if isinstance(exc, Complete):
+        if exc is None or isinstance(exc, Complete):
+            return  # that function is done; the graph goes on
+        if isinstance(exc, NormalTermination):
             self._on_complete(path)
         elif isinstance(exc, ClosedResourceError) and self._stopping:
             return  # a publish racing with stop
         else:
             self._fail(path, what, exc)
+
+    def _check_done(self) -> None:
+        """Call *on_done* once every input loop and every output has ended."""
+        if self._done or not self._started or self._stopping or self._on_done is None:
+            return
+        if self._closing or any(self._writers.values()):
+            return
+        if not all(entry.finished for entry in self._inputs if entry.data):
+            return
+        self._done = True
+        self._on_done()
 
     def _fail(self, path: str, what: str, exc: BaseException) -> None:
         details = f"in {what}:\n{format_failure(exc)}"
@@ -280,13 +435,17 @@ class UnitHost:
             try:
                 method()
             except Complete:
+                pass  # as returning: this thread is done
+            except NormalTermination:
                 report(self._on_complete, path)
             except BaseException as exc:
                 report(self._fail, path, fname, exc)
             finally:
                 report(finished.set)
+                report(self._writer_done, finished)
 
         finished = asyncio.Event()
+        self._add_writer(finished, set(self._outputs[path]))
         thread = threading.Thread(target=target, name=f"ezflow {path}.{fname}", daemon=True)
         self._threads.append((thread, f"{path}.{fname}", finished))
         thread.start()
@@ -295,7 +454,8 @@ class UnitHost:
     async def _pump(subscriber: Subscriber, handlers: list[_Handler]) -> None:
         # The hot loop: take a message (without awaiting when one is queued), hand it
         # to each subscriber method in turn. The loop ends when the subscriber is closed
-        # and empty; an exception from a method ends it too (and fails the unit).
+        # and empty, at its end of stream, or when its last method raised Complete; any
+        # other exception from a method ends it too (and fails the unit).
         recv_nowait = subscriber.recv_nowait
         recv = subscriber.recv
         single = handlers[0].call if len(handlers) == 1 and handlers[0].is_async else None
@@ -305,40 +465,58 @@ class UnitHost:
             else:
                 try:
                     message = await recv()
-                except ClosedResourceError:
+                except (ClosedResourceError, EndOfStream):
                     return
             if single is not None:
-                await single(message)
+                try:
+                    await single(message)
+                except Complete:
+                    return
                 continue
             for handler in handlers:
-                if handler.is_async:
-                    await handler.call(message)
-                else:
-                    handler.call(message)
+                try:
+                    if handler.is_async:
+                        await handler.call(message)
+                    else:
+                        handler.call(message)
+                except Complete:
+                    # Only that function ends (the loop goes on over a new list).
+                    handlers = [h for h in handlers if h is not handler]
+                    if not handlers:
+                        return
 
     # -- stopping ------------------------------------------------------------------------
 
-    async def stop(self) -> None:
-        """Stop: cancel publishers and tasks, close the inputs and let them finish the
-        messages they already received (up to ``DRAIN_TIMEOUT``), cancel them, join
-        threads (``THREAD_JOIN_TIMEOUT``), then call every initialized unit's
-        ``shutdown()`` in reverse order (a failing one is reported, the others still
-        run). Idempotent."""
+    async def stop(
+        self, drain_timeout: float = 0.0, hurry: asyncio.Event | None = None
+    ) -> DrainCut:
+        """Stop, draining first: cancel publisher generators and tasks (their outputs
+        end), let the input loops handle what arrives until their inputs end - for up
+        to *drain_timeout* seconds, or until *hurry* is set - then count what is still
+        queued (returned), cancel the rest, join threads (``THREAD_JOIN_TIMEOUT``),
+        and call every initialized unit's ``shutdown()`` in reverse order (a failing
+        one is reported, the others still run). Idempotent: a second call waits for
+        the first and returns nothing cut."""
         if self._stopping:
             await self._stopped.wait()
-            return
+            return DrainCut()
         self._stopping = True
+        cut = DrainCut()
         try:
             for unit in self.units:
                 unit._ezflow_running = False
-            pumps = set(self._pump_tasks)
+            pumps = {entry.task for entry in self._inputs}
             await _cancel([task for task in self._tasks if task not in pumps])
-            # Closed subscribers still hand out what they hold, then end their loop.
-            await asyncio.gather(
-                *(subscriber.aclose() for subscriber, *_ in self._pumps), return_exceptions=True
+            self._settle()
+            if self._started and drain_timeout > 0:
+                await self._drain(time.monotonic() + drain_timeout, hurry)
+            cut = DrainCut(
+                queued=sum(entry.subscriber.queued for entry in self._inputs if entry.data),
+                inputs=sum(1 for entry in self._inputs if entry.data and not entry.finished),
             )
-            if self._pump_tasks:
-                await asyncio.wait(self._pump_tasks, timeout=DRAIN_TIMEOUT)
+            await asyncio.gather(
+                *(entry.subscriber.aclose() for entry in self._inputs), return_exceptions=True
+            )
             await _cancel(list(self._tasks))
             deadline = time.monotonic() + THREAD_JOIN_TIMEOUT
             for thread, name, finished in self._threads:
@@ -362,8 +540,38 @@ class UnitHost:
                     self._fail(unit.path, "shutdown()", exc)
             for unit in self.units:
                 unit._ezflow_outlets = {}
+            if self._closing:
+                # (Publisher.aclose is bounded: each channel has CLOSE_TIMEOUT to read
+                # up to END, the graph server REQUEST_TIMEOUT to answer.)
+                await asyncio.wait(set(self._closing))
         finally:
             self._stopped.set()
+        return cut
+
+    async def _drain(self, deadline: float, hurry: asyncio.Event | None) -> None:
+        """Wait until every data input loop finished and every output closing has
+        ended, the *deadline* (monotonic) passes or *hurry* is set."""
+        hurried = asyncio.ensure_future(hurry.wait()) if hurry is not None else None
+        try:
+            while not (
+                all(entry.finished for entry in self._inputs if entry.data) and not self._closing
+            ):
+                self._settle()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (hurry is not None and hurry.is_set()):
+                    return
+                self._changed.clear()
+                changed = asyncio.ensure_future(self._changed.wait())
+                waiting = {changed} if hurried is None else {changed, hurried}
+                try:
+                    await asyncio.wait(
+                        waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    changed.cancel()
+        finally:
+            if hurried is not None:
+                hurried.cancel()
 
 
 #: Seconds to wait for cancelled unit tasks (a task that swallows cancellation is left).

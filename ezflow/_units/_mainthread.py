@@ -8,7 +8,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from .._core._loop import run_coroutine
-from ._errors import Complete
+from ._errors import Complete, NormalTermination
 
 __all__ = ["MainThreadGate", "run_beside_main"]
 
@@ -50,9 +50,9 @@ def run_beside_main(
 ) -> T:
     """Run *coro* on a new event loop in a worker thread and, once *gate* opens, call
     *main* in this (the main) thread; report how it ended with *on_main_return* (a
-    :class:`Complete` counts as a normal return). SIGINT and SIGTERM call
-    ``gate.on_signal`` while this runs. Returns what *coro* returned, or raises what it
-    raised."""
+    :class:`Complete` or :class:`NormalTermination` counts as a normal return). SIGINT
+    and SIGTERM call ``gate.on_signal`` while this runs. Returns what *coro* returned,
+    or raises what it raised."""
     outcome: dict[str, Any] = {}
 
     def loop_thread() -> None:
@@ -75,7 +75,7 @@ def run_beside_main(
         if gate.run_main and thread.is_alive():
             try:
                 main()
-            except Complete:
+            except (Complete, NormalTermination):
                 on_main_return(None)
             except BaseException as exc:
                 on_main_return(exc)

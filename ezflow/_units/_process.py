@@ -3,9 +3,12 @@
 A child is ``python -c "...child_main()"`` started with one end of a socket pair (no
 ``fork``: the parent runs threads and an event loop). Over that private socket the
 parent sends a bootstrap (where the graph server is, the pickled units, how to import
-the main script) and then ``start``/``stop``; the child answers ``ready``, ``failed``,
-``complete`` and ``done``. Frames are a 4-byte length and a pickle — acceptable only
-because the socket is private to parent and child (never a network socket).
+the main script) and then ``start``/``stop`` (with the drain timeout); the child answers
+``ready``, ``failed``, ``complete`` (a unit raised NormalTermination), ``units_done``
+(every unit is done: the parent ends an ``end_when_done`` graph once every process
+said so), ``cut`` (what the drain timeout cut) and ``done``. Frames are a 4-byte
+length and a pickle — acceptable only because the socket is private to parent and
+child (never a network socket).
 
 Cleanup on every path: the child stops (every ``shutdown()`` runs) when told to, on
 SIGTERM, and when the socket reaches EOF because the parent died; it ignores SIGINT,
@@ -32,7 +35,7 @@ from .._core._config import Address
 from .._core._loop import run_coroutine
 from .._graph._context import GraphContext
 from ._component import Unit
-from ._host import UnitHost, format_failure
+from ._host import DrainCut, UnitHost, format_failure
 from ._mainthread import MainThreadGate, run_beside_main
 
 __all__ = ["ChildProcess", "child_main", "importing_main", "preparation"]
@@ -102,6 +105,8 @@ class ChildProcess:
         self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.stop_requested = False
         self.done = False
+        self.units_done = False  #: every unit of the child is done
+        self.cut = DrainCut()  #: what its drain timeout cut, as it reported
         self._listener: asyncio.Task[None] | None = None
 
     @property
@@ -137,6 +142,7 @@ class ChildProcess:
         self,
         on_failed: Callable[[ChildProcess, str, str], None],
         on_complete: Callable[[ChildProcess, str], None],
+        on_units_done: Callable[[ChildProcess], None] | None = None,
     ) -> None:
         """Dispatch the child's reports until EOF."""
 
@@ -152,6 +158,14 @@ class ChildProcess:
                     on_failed(self, str(message.get("component")), str(message.get("details")))
                 elif op == "complete":
                     on_complete(self, str(message.get("component")))
+                elif op == "units_done":
+                    self.units_done = True
+                    if on_units_done is not None:
+                        on_units_done(self)
+                elif op == "cut":
+                    self.cut = DrainCut(
+                        int(message.get("queued", 0)), int(message.get("inputs", 0))
+                    )
                 elif op == "done":
                     self.done = True
             if not self.ready.done():
@@ -163,10 +177,11 @@ class ChildProcess:
         if not self._writer.is_closing():
             self._writer.write(_frame(message))
 
-    def request_stop(self) -> None:
+    def request_stop(self, drain_timeout: float = 0.0) -> None:
+        """Tell the child to stop, draining for up to *drain_timeout* seconds."""
         self.stop_requested = True
         with contextlib.suppress(ConnectionError, OSError):
-            self.send({"op": "stop"})
+            self.send({"op": "stop", "drain": drain_timeout})
 
     def kill(self) -> None:
         if self.process.returncode is None:
@@ -303,6 +318,10 @@ async def _serve(
     reader, writer = await asyncio.open_connection(sock=sock)
     started = asyncio.Event()
     stop = asyncio.Event()
+    # Drain timeout of the stop: the parent's, given with "stop"; for SIGTERM the one of
+    # the bootstrap; none when the parent is gone.
+    drain = {"timeout": float(boot.get("drain", 0.0))}
+    hosts: list[UnitHost] = []
 
     def send(message: dict[str, Any]) -> None:
         if not writer.is_closing():
@@ -312,10 +331,12 @@ async def _serve(
         while True:
             message = await _read_frame(reader)
             if message is None:
+                drain["timeout"] = 0.0
                 break  # the parent is gone: stop
             if message.get("op") == "start":
                 started.set()
             elif message.get("op") == "stop":
+                drain["timeout"] = float(message.get("drain", 0.0))
                 break
         stop.set()
 
@@ -330,6 +351,9 @@ async def _serve(
         )
 
         def main_returned(exc: BaseException | None) -> None:
+            with contextlib.suppress(RuntimeError):
+                for host in hosts:
+                    loop.call_soon_threadsafe(host.main_finished)
             if exc is None:
                 message = {"op": "complete", "component": main_path}
             else:
@@ -351,7 +375,10 @@ async def _serve(
                     {"op": "failed", "component": path, "details": details}
                 ),
                 on_complete=lambda path: send({"op": "complete", "component": path}),
+                on_done=lambda: send({"op": "units_done"}),
+                end_when_done=bool(boot.get("end_when_done", False)),
             )
+            hosts.append(host)
             try:
                 await host.setup()
             except Exception:
@@ -368,7 +395,9 @@ async def _serve(
                         main[0].open()
                 await stopper
             finally:
-                await host.stop()
+                cut = await host.stop(drain["timeout"] if started.is_set() else 0.0)
+                if cut:
+                    send({"op": "cut", "queued": cut.queued, "inputs": cut.inputs})
     except Exception as exc:
         send({"op": "failed", "component": boot["name"], "details": format_failure(exc)})
         code = 1

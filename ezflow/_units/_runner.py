@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._core._config import Address
+from .._core._config import Address, check_drain_timeout, drain_timeout_from_env
 from .._core._exceptions import ClosedResourceError
 from .._core._loop import run_coroutine
 from .._graph._context import GraphContext
@@ -19,7 +19,7 @@ from .._graph._publisher import Publisher
 from . import _process
 from ._component import Component
 from ._errors import GraphDefinitionError, ProcessDiedError, UnitError
-from ._host import UnitHost, format_failure
+from ._host import DrainCut, UnitHost, format_failure
 from ._mainthread import MainThreadGate, run_beside_main
 from ._plan import MAIN_PROCESS, Plan, build_plan, stream_topic
 from ._process import ChildProcess, preparation
@@ -31,7 +31,8 @@ log = logging.getLogger("ezflow.units")
 
 #: Seconds every unit process has to load, initialize and register its streams.
 START_TIMEOUT = 30.0
-#: Seconds a unit process has to stop after being told to, before it is killed.
+#: Seconds a unit process has to stop after being told to (beyond the drain timeout),
+#: before it is killed.
 CHILD_STOP_TIMEOUT = 12.0
 
 
@@ -89,11 +90,19 @@ class GraphRunner:
     :class:`~ezflow.GraphContext` on the same graph server, for test publishers and
     subscribers on the units' topics (``"SINE/OUTPUT"``).
 
-    The graph ends when a unit raises :class:`~ezflow.Complete`, when a unit fails or a
-    unit process dies, or on :meth:`stop`. :meth:`wait` and :meth:`stop` return once
-    everything has stopped, and raise :class:`~ezflow.UnitError` (or
-    :class:`~ezflow.ProcessDiedError`) when a unit failed; leaving the context stops the
-    graph and raises it too, unless the body raised. A failure is raised once.
+    The graph ends when a unit raises :class:`~ezflow.NormalTermination`, a ``@main``
+    returns, with *end_when_done* once every unit is done (every source ended and every
+    message was handled: docs/units.md), when a unit fails or a unit process dies, or
+    on :meth:`stop`. A normal stop drains: sources stop, and the units go on handling
+    what lossless edges already accepted until their inputs end, for up to
+    *drain_timeout* seconds (default ``EZFLOW_DRAIN_TIMEOUT``, else 5; what it cuts is
+    counted and logged in one line); a failure stops at once. :meth:`wait` and
+    :meth:`stop` return once everything has stopped, and raise
+    :class:`~ezflow.UnitError` (or :class:`~ezflow.ProcessDiedError`) when a unit
+    failed; leaving the context stops the graph and raises it too, unless the body
+    raised. A failure is raised once. Publishers the caller created on
+    :attr:`context` are closed when the graph starts to stop (so that units reading
+    them see their end).
     """
 
     def __init__(
@@ -104,8 +113,16 @@ class GraphRunner:
         process_components: Iterable[object] = (),
         graph_address: Address | str | None = None,
         force_single_process: bool = False,
+        end_when_done: bool = False,
+        drain_timeout: float | None = None,
         **named_components: Component,
     ) -> None:
+        self._end_when_done = bool(end_when_done)
+        self._drain_timeout = (
+            drain_timeout_from_env()
+            if drain_timeout is None
+            else check_drain_timeout(drain_timeout)
+        )
         self.plan: Plan = build_plan(
             _merge(components, named_components),
             connections,
@@ -127,6 +144,8 @@ class GraphRunner:
         self._settings_publishers: dict[str, Publisher] = {}
         self._allow_main = False
         self._gate: MainThreadGate | None = None
+        self._host_done = False
+        self._hurry = asyncio.Event()  # a second signal: stop draining
 
     # -- public API ----------------------------------------------------------------------
 
@@ -139,7 +158,8 @@ class GraphRunner:
 
     @property
     def completed_by(self) -> str | None:
-        """The path of the unit that ended the graph with Complete, if one did."""
+        """The path of the unit that ended the graph with NormalTermination (or whose
+        ``@main`` returned), if one did."""
         return self._completed_by
 
     @property
@@ -270,16 +290,20 @@ class GraphRunner:
                     "loop": loop_kind,
                     "prep": prep,
                     "units": payload,
+                    "drain": self._drain_timeout,
+                    "end_when_done": self._end_when_done,
                 },
             )
             self._children.append(child)
-            child.listen(self._child_failed, self._child_complete)
+            child.listen(self._child_failed, self._child_complete, self._child_done)
             self._watchers.append(asyncio.ensure_future(self._watch(child)))
         host = UnitHost(
             self.plan.units_in(MAIN_PROCESS),
             context,
             on_failure=self._local_failed,
             on_complete=self._local_complete,
+            on_done=self._local_done,
+            end_when_done=self._end_when_done,
         )
         self._host = host
         setup = asyncio.ensure_future(host.setup())
@@ -345,14 +369,34 @@ class GraphRunner:
 
     def _local_failed(self, component: str, details: str) -> None:
         self._failures.append(_Failure(component, "main", details))
+        self._failed()
+
+    def _failed(self) -> None:
+        # A failure stops at once, also while draining.
         self._end.set()
+        self._hurry.set()
 
     def _local_complete(self, component: str) -> None:
         self._complete(component)
 
     def _child_failed(self, child: ChildProcess, component: str, details: str) -> None:
         self._failures.append(_Failure(component, child.name, details))
-        self._end.set()
+        self._failed()
+
+    def _local_done(self) -> None:
+        self._host_done = True
+        self._maybe_done()
+
+    def _child_done(self, child: ChildProcess) -> None:
+        self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        """With end_when_done: stop once every process reported its units done."""
+        if not self._end_when_done or self._end.is_set():
+            return
+        if self._host_done and all(child.units_done for child in self._children):
+            log.info("every unit is done (end_when_done): stopping the graph")
+            self._end.set()
 
     def _child_complete(self, child: ChildProcess, component: str) -> None:
         self._complete(component)
@@ -360,12 +404,14 @@ class GraphRunner:
     def _complete(self, component: str) -> None:
         if self._completed_by is None and not self._end.is_set():
             self._completed_by = component
-            log.info("unit %s completed: stopping the graph", component)
+            log.info("unit %s ended the graph: stopping it", component)
         self._end.set()
 
     def main_returned(self, exc: BaseException | None) -> None:
         """Called (from the main thread, through the loop) when a runner-process
         ``@main`` method returned or raised."""
+        if self._host is not None:
+            self._host.main_finished()
         if exc is None:
             local = self._local_main()
             self._complete(local[0] if local else "main")
@@ -390,7 +436,7 @@ class GraphRunner:
                 )
             )
             log.debug("%s", self._failures[-1].details)
-        self._end.set()
+        self._failed()
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -411,18 +457,35 @@ class GraphRunner:
         await self._finished.wait()
 
     async def _shutdown(self) -> None:
-        """Stop every process and unit; kill what does not stop in time. Cancellation
-        leaves nothing running: children are killed before this re-raises."""
+        """Stop every process and unit, draining unless a unit failed; kill what does
+        not stop in time. Cancellation leaves nothing running: children are killed
+        before this re-raises."""
         self._end.set()
+        normal = not self._failures
+        drain = self._drain_timeout if normal else 0.0
+        cuts: dict[str, DrainCut] = {}
         try:
+            if self._context is not None and normal:
+                # The caller's publishers on our context (not the units') are sources
+                # too: end them.
+                ours = set() if self._host is None else self._host.outputs
+                await asyncio.gather(
+                    *(
+                        p.aclose()
+                        for p in list(self._context._publishers.values())
+                        if p not in ours
+                    ),
+                    return_exceptions=True,
+                )
             for child in self._children:
-                child.request_stop()
+                child.request_stop(drain)
             if self._host is not None:
-                await self._host.stop()
+                cuts["main"] = await self._host.stop(drain, self._hurry)
             if self._children:
                 exited = await asyncio.gather(
-                    *(child.wait_exit(CHILD_STOP_TIMEOUT) for child in self._children)
+                    *(child.wait_exit(drain + CHILD_STOP_TIMEOUT) for child in self._children)
                 )
+                cuts.update((child.name, child.cut) for child in self._children)
                 for child, by_itself in zip(self._children, exited, strict=True):
                     if not by_itself:
                         self._failures.append(
@@ -430,10 +493,12 @@ class GraphRunner:
                                 child.name,
                                 child.name,
                                 f"process {child.name} (pid {child.pid}) did not stop within "
-                                f"{CHILD_STOP_TIMEOUT:.0f} s and was killed",
+                                f"{drain + CHILD_STOP_TIMEOUT:.0f} s and was killed",
                                 returncode=-signal.SIGKILL,
                             )
                         )
+            if normal:
+                _log_cut(cuts, drain, hurried=self._hurry.is_set())
         finally:
             for child in self._children:
                 await child.aclose()
@@ -446,7 +511,8 @@ class GraphRunner:
                 await self._context.aclose()
 
     def kill_children(self) -> None:
-        """Kill every unit process now (a second Ctrl-C)."""
+        """Kill every unit process now and stop draining (a second Ctrl-C)."""
+        self._hurry.set()
         for child in self._children:
             child.stop_requested = True
             child.kill()
@@ -480,6 +546,24 @@ async def _shielded(future: asyncio.Future[bool]) -> None:
     await asyncio.shield(future)
 
 
+def _log_cut(cuts: dict[str, DrainCut], drain: float, *, hurried: bool) -> None:
+    """One line, if the drain was cut short anywhere: what was left, per process."""
+    cut = {name: c for name, c in cuts.items() if c}
+    if not cut:
+        return
+    queued = sum(c.queued for c in cut.values())
+    inputs = sum(c.inputs for c in cut.values())
+    why = "a second signal" if hurried else f"the drain timeout ({drain:g} s)"
+    log.warning(
+        "%s cut the graph's drain short: %d message(s) received and not handled, %d "
+        "input(s) not ended (%s); raise drain_timeout / EZFLOW_DRAIN_TIMEOUT to wait longer",
+        why,
+        queued,
+        inputs,
+        ", ".join(f"{name}: {c.queued} queued, {c.inputs} open" for name, c in cut.items()),
+    )
+
+
 def run(
     components: Mapping[str, Component] | None = None,
     *,
@@ -487,6 +571,8 @@ def run(
     process_components: Iterable[object] = (),
     graph_address: Address | str | None = None,
     force_single_process: bool = False,
+    end_when_done: bool = False,
+    drain_timeout: float | None = None,
     **named_components: Component,
 ) -> None:
     """Run a graph until it ends; block meanwhile.
@@ -498,10 +584,15 @@ def run(
     own (everything else runs in this process); *graph_address* is where the graph
     server is, or should be started when none answers (default ``EZFLOW_GRAPH_ADDRESS``,
     else ``127.0.0.1:25990``); *force_single_process* ignores process placement.
+    *end_when_done* ends the graph once every unit is done: every source ended and
+    every message was handled (docs/units.md). *drain_timeout* bounds how long a
+    stopping graph keeps handling messages already accepted (default
+    ``EZFLOW_DRAIN_TIMEOUT``, else 5 seconds; 0: no drain).
 
-    Returns normally when a unit raised :class:`~ezflow.Complete`, a ``@main`` method
-    returned, or on SIGINT (Ctrl-C) / SIGTERM — after every ``shutdown()`` ran and
-    every process exited. A second signal kills the unit processes at once. Raises
+    Returns normally when a unit raised :class:`~ezflow.NormalTermination`, a
+    ``@main`` method returned, every unit is done (*end_when_done*), or on SIGINT
+    (Ctrl-C) / SIGTERM — after the drain, every ``shutdown()`` ran and every process
+    exited. A second signal stops draining and kills the unit processes at once. Raises
     :class:`~ezflow.GraphDefinitionError` before starting anything for an invalid graph,
     :class:`~ezflow.UnitError` naming the unit and its traceback when one raised, and
     :class:`~ezflow.ProcessDiedError` when a unit process died — in each case after the
@@ -519,6 +610,8 @@ def run(
         process_components=process_components,
         graph_address=graph_address,
         force_single_process=force_single_process,
+        end_when_done=end_when_done,
+        drain_timeout=drain_timeout,
         **named_components,
     )
     runner._allow_main = True
@@ -558,7 +651,10 @@ class _SignalHandler:
     def received(self) -> None:
         self.count += 1
         if self.count == 1:
-            log.info("stopping the graph (signal received; again to kill unit processes)")
+            log.info(
+                "stopping the graph: draining for up to %g s (signal again to stop at once)",
+                self.runner._drain_timeout,
+            )
             self.runner.request_stop()
         else:
             self.runner.kill_children()

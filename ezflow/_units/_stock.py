@@ -23,7 +23,7 @@ from .._core._config import DEFAULT_MAX_MESSAGE_SIZE
 from .._core._exceptions import ConfigurationError, ProtocolError
 from ._component import Unit
 from ._decorators import publisher, subscriber, task
-from ._errors import Complete
+from ._errors import NormalTermination
 from ._settings import Settings, State
 from ._streams import InputStream, OutputStream
 
@@ -142,8 +142,8 @@ class TerminateAfterState(State):
 
 
 class TerminateAfter(Unit):
-    """Raises :class:`~ezflow.Complete` (the graph ends normally) after ``count``
-    messages arrived on ``INPUT`` or ``seconds`` after the start."""
+    """Raises :class:`~ezflow.NormalTermination` (the graph ends normally, draining)
+    after ``count`` messages arrived on ``INPUT`` or ``seconds`` after the start."""
 
     SETTINGS: TerminateAfterSettings
     STATE: TerminateAfterState
@@ -155,14 +155,14 @@ class TerminateAfter(Unit):
         state.received += 1
         count = self.SETTINGS.count
         if count is not None and state.received >= count:
-            raise Complete
+            raise NormalTermination
 
     @task
     async def timer(self) -> None:
         seconds = self.SETTINGS.seconds
         if seconds is not None:
             await asyncio.sleep(seconds)
-            raise Complete
+            raise NormalTermination
 
 
 # -- Clock ----------------------------------------------------------------------------------
@@ -170,7 +170,8 @@ class TerminateAfter(Unit):
 
 class ClockSettings(Settings):
     """*rate* ticks per second; *count* ticks then stop (None: forever); *complete*: end
-    the graph after the last tick."""
+    the graph after the last tick (:class:`~ezflow.NormalTermination`; without it the
+    output just ends, as the stream of a finished publisher)."""
 
     rate: float = 10.0
     count: int | None = None
@@ -190,7 +191,7 @@ class Clock(Unit):
         async for index in rate_limited(settings.rate, settings.count):
             yield self.OUTPUT, index
         if settings.complete:
-            raise Complete
+            raise NormalTermination
 
 
 # -- Recorder / Replayer ----------------------------------------------------------------------
@@ -280,7 +281,9 @@ def read_recording(path: str, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZ
 class ReplayerSettings(Settings):
     """*path* of a recording; *rate* ``"recorded"`` (the recorded timing, divided by
     *speed*) or ``"max"`` (as fast as subscribers take them); *complete*: end the graph
-    after the last message."""
+    after the last message (:class:`~ezflow.NormalTermination`; without it, ``OUTPUT``
+    ends after the last message, and an ``end_when_done`` graph ends once everything
+    downstream handled it)."""
 
     path: str
     rate: Literal["recorded", "max"] = "recorded"
@@ -312,4 +315,4 @@ class Replayer(Unit):
                     await asyncio.sleep(delay)
             yield self.OUTPUT, message
         if settings.complete:
-            raise Complete
+            raise NormalTermination
