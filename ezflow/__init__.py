@@ -20,6 +20,7 @@ from ._core._exceptions import (
     GraphError,
     MessageTooLargeError,
     ProtocolError,
+    UndecodableMessageError,
     UnregisteredTypeError,
 )
 from ._core._loop import loop_factory, run_coroutine
@@ -35,6 +36,7 @@ from ._units._decorators import main, publisher, subscriber, task, thread
 from ._units._errors import (
     Complete,
     GraphDefinitionError,
+    MessageTypeError,
     NormalTermination,
     ProcessDiedError,
     UnitError,
@@ -67,6 +69,7 @@ __all__ = [
     "GraphServer",
     "InputStream",
     "MessageTooLargeError",
+    "MessageTypeError",
     "NormalTermination",
     "OutputStream",
     "ProcessDiedError",
@@ -79,6 +82,7 @@ __all__ = [
     "State",
     "Subscriber",
     "SubscriberStats",
+    "UndecodableMessageError",
     "Unit",
     "UnitError",
     "UnregisteredTypeError",

@@ -10,7 +10,7 @@ from _messages import arrays, assert_same_decoded, messages, outcome
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ezflow import ClosedResourceError
+from ezflow import ClosedResourceError, ProtocolError, UndecodableMessageError
 from ezflow._core._channel import Channel, Inbox
 from ezflow._core._codec import HEADER, Codec, _decode_general
 
@@ -101,13 +101,56 @@ def test_undecodable_body_is_counted_and_released(caplog: pytest.LogCaptureFixtu
     inbox = Inbox()
     channel.attach(inbox)
     channel.deliver_body(1, b"\x00garbage")
-    assert len(inbox) == 0
     assert channel.stats.decode_errors == 1
-    assert releases[-1][0] == 1
-    assert "cannot be decoded" in caplog.text
+    assert releases[-1][0] == 1  # released at once: nothing waits for it to be taken
+    assert "cannot be decoded" not in caplog.text  # recv() raises it: no log line too
     body = Codec().encode([1, 2]).to_bytes()
     channel.deliver_body(2, body)
+    with pytest.raises(UndecodableMessageError):
+        inbox.get_nowait()
     assert inbox.get_nowait() == [1, 2]
+
+
+def test_undecodable_body_raises_in_its_place_for_lossless_and_is_a_drop_for_leaky(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    channel, releases, _ = make_channel()
+    lossless, leaky = Inbox(name="s-1"), Inbox(leaky=True, maxlen=8, name="s-2")
+    called = Inbox(callback=list, name="s-3")
+    for inbox in (lossless, leaky, called):
+        channel.attach(inbox)
+    codec = Codec()
+    channel.deliver_body(1, codec.encode([1]).to_bytes())
+    channel.deliver_body(2, b"\x01garbage")
+    channel.deliver_body(3, codec.encode([3]).to_bytes())
+    assert len(lossless) == 3
+    assert lossless.get_nowait() == [1]
+    with pytest.raises(UndecodableMessageError) as caught:
+        lossless.get_nowait()
+    error = caught.value
+    assert isinstance(error, ProtocolError)
+    assert (error.topic, error.publisher_id) == ("/t", "p-1")
+    assert "flags" in error.reason and isinstance(error.__cause__, ProtocolError)
+    assert lossless.get_nowait() == [3]
+    assert lossless.stats.undecodable == 1 and lossless.stats.dropped == 0
+    assert [leaky.get_nowait() for _ in range(len(leaky))] == [[1], [3]]
+    assert (leaky.stats.undecodable, leaky.stats.dropped) == (1, 1)
+    assert called.stats.undecodable == 1 and called.stats.taken == 2
+    assert releases[-1][0] == 3  # the undecodable one too: nothing stalls
+    logged = [r.getMessage() for r in caplog.records if "cannot be decoded" in r.getMessage()]
+    assert len(logged) == 2 and "s-2 drops" in logged[0] and "s-3 skips" in logged[1]
+    assert channel.pending == 0
+
+
+async def test_undecodable_wakes_a_waiting_get() -> None:
+    channel, _, _ = make_channel()
+    inbox = Inbox()
+    channel.attach(inbox)
+    getter = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    channel.deliver_body(1, b"\x01garbage")
+    with pytest.raises(UndecodableMessageError):
+        await asyncio.wait_for(getter, 5)
 
 
 def test_a_stream_of_one_array_kind_is_decoded_once_per_message() -> None:
@@ -132,7 +175,9 @@ def test_a_stream_of_one_array_kind_is_decoded_once_per_message() -> None:
     # A body of the same kind cut short is not taken for one: it fails to decode.
     body = codec.encode(np.full(5, 0, dtype=np.int64)).to_bytes()
     channel.deliver_body(seq + 1, body[:-1])
-    assert channel.stats.decode_errors == 1 and len(inbox) == 0
+    assert channel.stats.decode_errors == 1
+    with pytest.raises(UndecodableMessageError):
+        inbox.get_nowait()
 
 
 async def test_inbox_get_waits_and_close_wakes() -> None:
@@ -284,7 +329,8 @@ def test_deliver_body_gives_what_the_general_decoder_gives(
             assert_same_decoded(expected[1], inbox.get_nowait())
         else:
             assert channel.stats.decode_errors == errors + 1
-            assert len(inbox) == 0
+            with pytest.raises(UndecodableMessageError):
+                inbox.get_nowait()
     assert channel.stats.messages == seq
 
 
@@ -341,3 +387,5 @@ def test_deliver_body_array_shortcut_gives_what_the_general_decoder_gives(
             assert_same_decoded(expected[1], inbox.get_nowait())
         else:
             assert channel.stats.decode_errors == errors + 1
+            with pytest.raises(UndecodableMessageError):
+                inbox.get_nowait()

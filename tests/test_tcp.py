@@ -180,19 +180,18 @@ async def test_broken_publisher_loses_only_its_channel(
     await transport.aclose()
 
 
-async def test_undecodable_message_is_dropped_and_the_stream_goes_on(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_undecodable_message_raises_in_its_place_and_the_stream_goes_on() -> None:
     good = Codec().encode({"ok": True}).to_bytes()
     script = data_frame(1, b"\x01garbage") + data_frame(2, good) + struct.pack("<IB", 1, END)
     transport, channel, inbox, lost = channel_for_fake()
     async with FakePublisher(script) as info:
         inbound = await transport.open_channel(channel, info, on_lost=lost.set)
+        with pytest.raises(ezflow.UndecodableMessageError):
+            await asyncio.wait_for(inbox.get(), 5)
         assert await asyncio.wait_for(inbox.get(), 5) == {"ok": True}
         await asyncio.wait_for(lost.wait(), 5)  # END: a clean end
         inbound.close()
     assert channel.stats.decode_errors == 1
-    assert "cannot be decoded" in caplog.text
     await transport.aclose()
 
 

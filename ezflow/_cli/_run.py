@@ -106,6 +106,14 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             "(default EZFLOW_DRAIN_TIMEOUT, else 5; 0: no drain).",
         ),
     ] = None,
+    check_types: Annotated[
+        bool,
+        typer.Option(
+            "--check-types",
+            help="Check every published message against its OutputStream's declared type "
+            "(a mismatch fails the unit; default: EZFLOW_CHECK_TYPES).",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
 ) -> None:
     """Run a graph of units (a Collection, or a function returning components).
@@ -148,6 +156,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             force_single_process=single_process,
             end_when_done=end_when_done,
             drain_timeout=drain_timeout,
+            check_types=True if check_types else None,
         )
     except GraphDefinitionError as exc:
         fail(str(exc), 2)

@@ -39,12 +39,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter_ns, time_ns
-from typing import Any, Final
+from typing import Any, Final, NoReturn, cast
 
 import numpy as np
 
 from ._codec import Codec
-from ._exceptions import ClosedResourceError, EndOfStream, ProtocolError
+from ._exceptions import ClosedResourceError, EndOfStream, ProtocolError, UndecodableMessageError
 from ._telemetry import DELIVER_HOOKS, DROP_HOOKS, DeliverEvent, DropEvent, Histogram, emit
 
 __all__ = [
@@ -100,6 +100,10 @@ class SubscriberStats:
     publishers_ended: int = 0
     #: of those, publishers that went away without ending cleanly (crash, lost connection)
     publishers_broken: int = 0
+    #: messages for this subscriber that could not be decoded: a lossless subscriber's
+    #: ``recv()`` raised :class:`~ezflow.UndecodableMessageError` in the place of each;
+    #: a leaky one counts each in ``dropped`` too; an ``on_message`` one logs each
+    undecodable: int = 0
 
 
 class Attachment:
@@ -114,6 +118,24 @@ class Attachment:
         self.active = True
         self.first_seq = first_seq  # first seq this attachment can hold
         self.consumed_seq = first_seq - 1
+
+
+class _Undecodable:
+    """Takes the place, in a lossless inbox, of a message that could not be decoded.
+
+    Unpacking it - which :meth:`Inbox.get_nowait` does with every item - raises the
+    error: the subscriber's ``recv()`` raises in the message's place, and the message
+    path needs no check of its own. (The channel released the message's window slot
+    when decoding failed: nothing here holds the publisher back.)
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: UndecodableMessageError) -> None:
+        self.error = error
+
+    def __iter__(self) -> NoReturn:
+        raise self.error
 
 
 def _release_taken(attachment: Attachment, seq: int) -> None:
@@ -245,6 +267,45 @@ class Inbox:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def put_undecodable(self, error: UndecodableMessageError, lossless: bool) -> None:
+        """A message for this inbox could not be decoded (*error*).
+
+        A queueing inbox fed by a *lossless* attachment queues the error in the
+        message's place: the ``get`` that would have returned the message raises it. A
+        leaky attachment counts it as dropped (``"undecodable"`` drop event), and an
+        ``on_message`` inbox (which has no ``get`` to raise from) only counts it; both
+        log, rate-limited, and delivery goes on.
+        """
+        if self._closed:
+            return
+        stats = self.stats
+        stats.undecodable += 1
+        if lossless and self._callback is None:
+            # A 3-tuple to mypy: get_nowait unpacks every item, which raises this one.
+            self._items.append(cast("tuple[Attachment, int, Any]", _Undecodable(error)))
+            waiter = self._waiter
+            if waiter is not None:
+                self._waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
+            return
+        if not lossless:
+            stats.dropped += 1
+            if self._drop_hooks:
+                emit(
+                    self._drop_hooks,
+                    DropEvent(error.topic, error.publisher_id, self.name, "undecodable", 1),
+                )
+        count = stats.undecodable
+        if count <= 5 or count % 1000 == 0:
+            log.warning(
+                "subscriber %s %s (%d so far): %s",
+                self.name,
+                "skips a message" if lossless else "drops a message",
+                count,
+                error,
+            )
+
     def _callback_failed(self, channel: Channel) -> None:
         """Log the exception being handled (from the callback) and count it."""
         stats = self.stats
@@ -261,7 +322,9 @@ class Inbox:
             )
 
     def get_nowait(self, loop: asyncio.AbstractEventLoop | None = None) -> Any:
-        """Take the oldest message; ``IndexError`` when empty.
+        """Take the oldest message; ``IndexError`` when empty; raises
+        :class:`~ezflow.UndecodableMessageError` (and takes it) when that message could
+        not be decoded.
 
         A lossless subscriber's message is released at once, or - given the running
         *loop* - as soon as the caller yields to it (the same loop iteration), so that
@@ -291,8 +354,9 @@ class Inbox:
 
         Raises :class:`ClosedResourceError` once the inbox is closed and empty, and
         :class:`EndOfStream` once it is :attr:`at_end` - once per end: called again,
-        it waits (for a publisher that may be routed to it later).
-        Cancellation-safe: a cancelled ``get`` takes nothing.
+        it waits (for a publisher that may be routed to it later) - and
+        :class:`~ezflow.UndecodableMessageError` in the place of a message that could
+        not be decoded. Cancellation-safe: a cancelled ``get`` takes nothing.
         """
         if not self._items and self._handed_ns:
             # The subscriber is done with the previous message: its handler time ends
@@ -506,9 +570,15 @@ class Channel:
     def deliver_body(
         self, seq: int, body: bytes | memoryview, upstream_drops: int = 0, sent_ns: int = 0
     ) -> None:
-        """Decode an encoded message once and deliver it. A body that cannot be decoded
-        is counted, logged and released; it never raises. *sent_ns* is the publish time
-        (``time.time_ns()`` of the publisher, 0 when unknown) for the latency histogram."""
+        """Decode an encoded message once and deliver it. *sent_ns* is the publish time
+        (``time.time_ns()`` of the publisher, 0 when unknown) for the latency histogram.
+
+        A body that cannot be decoded is counted (``decode_errors``) and released at
+        once, and each attached inbox is told in the message's place
+        (:meth:`Inbox.put_undecodable`): a lossless subscriber's ``recv()`` raises
+        :class:`~ezflow.UndecodableMessageError` there, a leaky one counts a drop and
+        logs (rate-limited; the channel logs when no inbox is attached). This never
+        raises."""
         if seq & 15 and type(body) is bytes:  # (not sampled: DECODE_SAMPLE_MASK)
             # A message of the kind decoded last (a paced stream): the codec's shortcuts
             # (Codec.decode's first lines), inlined - with caches cold, a call costs a
@@ -544,11 +614,13 @@ class Channel:
             self._released_count += 1
             self._released_bytes += len(body)
             self._notify_release()
-            if self._error_logged < 5 or stats.decode_errors % 1000 == 0:
+            if self._attachments:
+                # Each subscriber is told: a lossless one raises, the others log.
+                self._undecodable(exc)
+            elif self._error_logged < 5 or stats.decode_errors % 1000 == 0:
                 self._error_logged += 1
                 log.error(
-                    "dropping a message from publisher %s on topic %r that cannot be decoded "
-                    "(%d so far): %s",
+                    "a message from publisher %s on topic %r cannot be decoded (%d so far): %s",
                     self.publisher_id,
                     self.topic,
                     stats.decode_errors,
@@ -634,6 +706,14 @@ class Channel:
                     decode_ns,
                 ),
             )
+
+    def _undecodable(self, exc: ProtocolError) -> None:
+        """Tell every attached inbox, in the undecodable message's place (one error
+        object per inbox: each is raised where that subscriber takes it)."""
+        for attachment in self._attachments:
+            error = UndecodableMessageError(self.topic, self.publisher_id, str(exc))
+            error.__cause__ = exc
+            attachment.inbox.put_undecodable(error, attachment.lossless)
 
     def _upstream_dropped(self, missed: int) -> None:
         for attachment in self._attachments:

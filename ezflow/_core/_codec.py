@@ -350,6 +350,49 @@ def register_message(cls: type[_T], *, name: str | None = None) -> type[_T]:
     return cls
 
 
+def registered_messages() -> list[tuple[str, str, str]]:
+    """``(wire name, module, qualname)`` of every registered class, for another process
+    to find and register the same classes (a script's module is ``"__main__"``, as in
+    :func:`register_message`'s default names)."""
+    with _REGISTRY_LOCK:
+        entries = list(_TYPES_BY_NAME.values())
+    return [
+        (
+            entry.name,
+            "__main__" if entry.cls.__module__ == "__mp_main__" else entry.cls.__module__,
+            entry.cls.__qualname__,
+        )
+        for entry in entries
+    ]
+
+
+def registered_name(cls: type) -> str | None:
+    """The wire name *cls* is registered under, or None."""
+    entry = _TYPES_BY_CLASS.get(cls)
+    return None if entry is None else entry.name
+
+
+def registered_class(name: str) -> type | None:
+    """The class registered under the wire name *name*, or None."""
+    entry = _TYPES_BY_NAME.get(name)
+    return None if entry is None else entry.cls
+
+
+#: Called with the name of a message type this process has not registered, before
+#: decoding gives up on it: it may register the class (the unit processes find the
+#: classes their parent registered this way), or raise :class:`ProtocolError` saying why
+#: it cannot. See :func:`set_unknown_type_hook`.
+_unknown_type_hook: Callable[[str], None] | None = None
+
+
+def set_unknown_type_hook(hook: Callable[[str], None] | None) -> None:
+    """Install (or, with None, remove) the process-wide hook that decoding calls once per
+    message with a type name that is not registered, before it raises. Only the
+    decoding of such a message pays for it."""
+    global _unknown_type_hook
+    _unknown_type_hook = hook
+
+
 def message_fields(cls: type) -> tuple[str, ...] | None:
     """The fields the codec sends for an instance of *cls* (its ``init`` fields, in
     order), or None if *cls* is not a registered message class."""
@@ -834,6 +877,9 @@ def _build_dataclass(items: list[Any]) -> object:
         raise ProtocolError("malformed dataclass payload: expected [name, {field: value}]")
     name, fields = items
     entry = _TYPES_BY_NAME.get(name)
+    if entry is None and _unknown_type_hook is not None:
+        _unknown_type_hook(name)
+        entry = _TYPES_BY_NAME.get(name)
     if entry is None:
         raise ProtocolError(
             f"unknown message type {name!r}: register it with ezflow.register_message(...) "

@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_SHM_SLOT_COUNT",
     "DEFAULT_SHM_SLOT_SIZE",
     "DEFAULT_TELEMETRY_INTERVAL",
+    "ENV_CHECK_TYPES",
     "ENV_DRAIN_TIMEOUT",
     "ENV_EVENT_LOOP",
     "ENV_GRAPH_ADDRESS",
@@ -60,6 +61,7 @@ __all__ = [
     "check_positive",
     "check_telemetry_interval",
     "check_transport",
+    "check_types_from_env",
     "drain_timeout_from_env",
     "format_address",
     "graph_address_from_env",
@@ -391,3 +393,20 @@ def check_telemetry_interval(value: float, *, setting: str = "telemetry_interval
             "3600 seconds"
         )
     return float(value)
+
+
+# -- run-time type checks (see docs/units.md) ----------------------------------------------
+
+#: ``1`` checks every message a unit publishes against its stream's declared type, ``0``
+#: (or unset) does not; ``ezflow.run(check_types=...)`` wins over it.
+ENV_CHECK_TYPES: Final = "EZFLOW_CHECK_TYPES"
+
+
+def check_types_from_env() -> bool:
+    """``EZFLOW_CHECK_TYPES``: ``1`` on, ``0`` or unset off."""
+    text = os.environ.get(ENV_CHECK_TYPES, "").strip()
+    if text in ("", "0"):
+        return False
+    if text == "1":
+        return True
+    raise ConfigurationError(f"{ENV_CHECK_TYPES}={text!r} must be 1 (check) or 0 (do not)")

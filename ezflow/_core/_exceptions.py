@@ -23,6 +23,7 @@ __all__ = [
     "GraphError",
     "MessageTooLargeError",
     "ProtocolError",
+    "UndecodableMessageError",
     "UnregisteredTypeError",
 ]
 
@@ -61,6 +62,25 @@ class ProtocolError(EzflowError):
     """Bytes that do not follow the ezflow wire protocol: garbage, a truncated frame, a
     header that claims more than the configured limit, an unknown command, a malformed
     or unknown encoded message, or a protocol version this build does not speak."""
+
+
+class UndecodableMessageError(ProtocolError):
+    """A message that arrived for a lossless subscriber could not be decoded (garbage,
+    or a message class that is not registered in this process).
+
+    ``recv()`` raises it in the message's place, in order; the messages before and after
+    it are delivered as usual. ``topic``, ``publisher_id`` and ``reason`` (the codec's
+    explanation) say which message; the codec's :class:`ProtocolError` is ``__cause__``.
+    """
+
+    def __init__(self, topic: str, publisher_id: str, reason: str) -> None:
+        super().__init__(
+            f"a message on topic {topic!r} from publisher {publisher_id} cannot be decoded: "
+            f"{reason}"
+        )
+        self.topic = topic
+        self.publisher_id = publisher_id
+        self.reason = reason
 
 
 class MessageTooLargeError(EzflowError, ValueError):

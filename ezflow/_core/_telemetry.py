@@ -61,7 +61,7 @@ log = logging.getLogger("ezflow.telemetry")
 #: is ``i`` (0; 1; 2..3; 4..7; ... up to 2**64 - 1): log2 buckets.
 HISTOGRAM_BUCKETS: Final = 65
 
-DropReason = Literal["overflow", "upstream"]
+DropReason = Literal["overflow", "upstream", "undecodable"]
 
 
 def bucket_index(value: int) -> int:
@@ -519,8 +519,10 @@ class DeliverEvent:
 class DropEvent:
     """*count* messages of *topic* will never reach subscriber *subscriber_id*:
     ``reason="overflow"`` — its leaky inbox discarded the oldest to keep the newest;
-    ``reason="upstream"`` — the publisher dropped them for it (leaky, no room). Upstream
-    drops are reported when the next message arrives (the count travels with it)."""
+    ``reason="upstream"`` — the publisher dropped them for it (leaky, no room);
+    ``reason="undecodable"`` — it could not be decoded here (leaky subscribers only: a
+    lossless one gets the error from ``recv()``). Upstream drops are reported when the
+    next message arrives (the count travels with it)."""
 
     topic: str
     publisher_id: str

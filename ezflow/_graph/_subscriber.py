@@ -92,6 +92,13 @@ class Subscriber:
         or by going away: see the class docstring) and every message was received -
         once; called again, it waits for a publisher routed to it later.
         Cancellation-safe: a cancelled ``recv`` takes no message.
+
+        A message that cannot be decoded here (garbage, or a message class not
+        registered in this process) is never skipped in silence: a lossless subscriber's
+        ``recv`` raises :class:`~ezflow.UndecodableMessageError` (topic, publisher and
+        the codec's reason) in that message's place, and the next ``recv`` goes on with
+        the message after it; a leaky subscriber counts it as dropped
+        (``stats.undecodable``, ``stats.dropped``) and logs it, rate-limited.
         """
         # The inbox's own coroutine, not one wrapped in another: a paced subscriber
         # resumes through one frame fewer for every message.
@@ -102,7 +109,8 @@ class Subscriber:
 
     def recv_nowait(self) -> Any:
         """Return the next queued message; raise ``asyncio.QueueEmpty`` when there is
-        none, :class:`~ezflow.EndOfStream` at the end (once, as :meth:`recv`)."""
+        none, :class:`~ezflow.EndOfStream` at the end (once, as :meth:`recv`), and
+        :class:`~ezflow.UndecodableMessageError` as :meth:`recv` does."""
         try:
             return self._inbox.get_nowait()
         except IndexError:

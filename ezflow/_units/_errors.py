@@ -7,6 +7,7 @@ from .._core._exceptions import ConfigurationError, EzflowError
 __all__ = [
     "Complete",
     "GraphDefinitionError",
+    "MessageTypeError",
     "NormalTermination",
     "ProcessDiedError",
     "UnitError",
@@ -40,6 +41,14 @@ class GraphDefinitionError(ConfigurationError):
     types, duplicate component names, settings of the wrong type, a
     ``process_components`` entry that is not in the graph, ... Raised before anything
     starts; the message names the component or connection and what to do."""
+
+
+class MessageTypeError(EzflowError, TypeError):
+    """With run-time type checks on (``ezflow.run(check_types=True)``,
+    ``EZFLOW_CHECK_TYPES=1``, ``ezflow run --check-types``), a unit published a message
+    that does not match its ``OutputStream``'s declared type. Raised in the publishing
+    unit before anything is sent (so the unit fails with :class:`UnitError`); the
+    message names the stream, the declared and the actual type."""
 
 
 class UnitError(EzflowError):

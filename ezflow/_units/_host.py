@@ -35,19 +35,19 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from .._core._exceptions import ClosedResourceError, EndOfStream
+from .._core._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
 from .._graph._context import GraphContext
 from .._graph._publisher import Publisher
 from .._graph._subscriber import Subscriber
 from ._component import Unit
 from ._decorators import FunctionRole
-from ._errors import Complete, NormalTermination
+from ._errors import Complete, MessageTypeError, NormalTermination
 from ._plan import stream_topic
-from ._streams import InputStream, OutputStream
+from ._streams import InputStream, OutputStream, message_check, type_name
 
 __all__ = [
     "SHUTDOWN_TIMEOUT",
@@ -127,13 +127,47 @@ class _Input:
         return not sub.queued and not sub.had_publisher
 
 
+class _CheckedPublisher:
+    """A unit's publisher with run-time type checks (``check_types``): what the unit's
+    publishing functions and ``Unit.publish``/``loan`` use instead of the publisher, so
+    that with checks off the message path has no check at all."""
+
+    __slots__ = ("_check", "_declared", "_publisher", "_where")
+
+    def __init__(
+        self, publisher: Publisher, check: Callable[[object], bool], declared: Any, where: str
+    ) -> None:
+        self._publisher = publisher
+        self._check = check
+        self._declared = declared
+        self._where = where
+
+    def publish(self, message: Any) -> Coroutine[Any, Any, None]:
+        """Raise :class:`MessageTypeError` for a message that does not match the stream's
+        declared type; otherwise return the publisher's ``publish(message)`` (the
+        coroutine itself: no frame of ours on the message path)."""
+        if not self._check(message):
+            declared = type_name(self._declared)
+            raise MessageTypeError(
+                f"{self._where} is declared OutputStream({declared}), but a "
+                f"{type_name(type(message))} was published on it: {message!r:.80}; publish "
+                f"a {declared}, or declare the stream's type as what it carries"
+            )
+        return self._publisher.publish(message)
+
+    async def loan(self, shape: int | tuple[int, ...], dtype: Any) -> Any:
+        return await self._publisher.loan(shape, dtype)
+
+
 class UnitHost:
     """Runs *units* on *context*: :meth:`setup`, then :meth:`start`, then :meth:`stop`.
 
     Failures and ends of unit code are reported through *on_failure* (component path,
     traceback text) and *on_complete* (component path: a unit raised
     :class:`NormalTermination`); *on_done* is called once when every unit is done
-    (see the module docstring). The owner decides to stop.
+    (see the module docstring). The owner decides to stop. With *check_types*, every
+    message a unit publishes is checked against its output stream's declared type
+    (:class:`MessageTypeError` in the unit when it does not match).
     """
 
     def __init__(
@@ -145,9 +179,11 @@ class UnitHost:
         on_complete: CompleteCallback,
         on_done: Callable[[], None] | None = None,
         end_when_done: bool = False,
+        check_types: bool = False,
     ) -> None:
         self.units = units
         self._end_when_done = end_when_done
+        self.check_types = check_types
         self.context = context
         self._on_failure = on_failure
         self._on_complete = on_complete
@@ -205,6 +241,12 @@ class UnitHost:
                     transport=stream.transport,
                     shm=stream.shm,
                 )
+                check = message_check(stream.message_type) if self.check_types else None
+                if check is not None:
+                    where = f"{unit.path}.{name}"
+                    checked = _CheckedPublisher(outlets[name], check, stream.message_type, where)
+                    # Used only through publish() and loan(), which it has.
+                    outlets[name] = cast(Publisher, checked)
         by_key: dict[object, Publisher] = {}
         for name, publisher in outlets.items():
             by_key[streams[name]] = publisher
@@ -418,7 +460,11 @@ class UnitHost:
         self._on_done()
 
     def _fail(self, path: str, what: str, exc: BaseException) -> None:
-        details = f"in {what}:\n{format_failure(exc)}"
+        if isinstance(exc, UndecodableMessageError):
+            # The message says it all; a traceback would only show ezflow's inbox.
+            details = f"in {what}: {type(exc).__name__}: {exc}"
+        else:
+            details = f"in {what}:\n{format_failure(exc)}"
         log.debug("unit %s failed %s", path, details)
         self._on_failure(path, details)
 

@@ -29,14 +29,17 @@ import socket
 import struct
 import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
+from .._core._codec import set_unknown_type_hook
 from .._core._config import Address
 from .._core._loop import run_coroutine
 from .._graph._context import GraphContext
 from ._component import Unit
 from ._host import DrainCut, UnitHost, format_failure
 from ._mainthread import MainThreadGate, run_beside_main
+from ._message_types import MessageTypes, UnresolvableMessageError
 
 __all__ = ["ChildProcess", "child_main", "importing_main", "preparation"]
 
@@ -215,28 +218,44 @@ class ChildProcess:
 # -- the child side ------------------------------------------------------------------
 
 
+_main_imported = False
+
+
+def _import_main(prep: dict[str, Any]) -> ModuleType:
+    """Import the parent's main script as ``__mp_main__`` (like multiprocessing does;
+    once) and return it. Raises :class:`UnresolvableMessageError` when the parent's
+    ``__main__`` is neither a file nor an importable module."""
+    global _main_imported, importing_main
+    how = {k: v for k, v in prep.items() if k.startswith("init_main_from_")}
+    if not _main_imported:
+        _main_imported = True
+        from multiprocessing import spawn  # noqa: PLC0415 - only for scripts
+
+        importing_main = True
+        try:
+            spawn.prepare(how)
+        finally:
+            importing_main = False
+    main = sys.modules.get("__mp_main__")
+    if main is None:
+        raise UnresolvableMessageError(
+            "the parent's __main__ cannot be imported here (an interactive session, "
+            "python -c, or a package's __main__)"
+        )
+    return main
+
+
 class _Unpickler(pickle.Unpickler):
-    """Imports the parent's main script (as ``__mp_main__``, like multiprocessing does)
-    only when a pickled class lives in ``__main__``."""
+    """Imports the parent's main script only when a pickled class lives in ``__main__``."""
 
     def __init__(self, data: bytes, prep: dict[str, Any]) -> None:
         super().__init__(io.BytesIO(data))
         self._prep = prep
-        self._main_ready = False
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == "__main__" and not self._main_ready:
-            self._main_ready = True
-            from multiprocessing import spawn  # noqa: PLC0415 - only for scripts
-
-            global importing_main
-            importing_main = True
-            try:
-                spawn.prepare(
-                    {k: v for k, v in self._prep.items() if k.startswith("init_main_from_")}
-                )
-            finally:
-                importing_main = False
+        if module == "__main__" and not _main_imported:
+            with contextlib.suppress(UnresolvableMessageError):
+                _import_main(self._prep)
         return super().find_class(module, name)
 
 
@@ -282,6 +301,15 @@ def child_main() -> None:
         )
         sock.sendall(_frame({"op": "failed", "component": name, "details": details}))
         sys.exit(1)
+    # Before any unit runs: the parent's message classes, known here too.
+    types = MessageTypes(boot.get("messages", {}), name, lambda: _import_main(prep))
+    try:
+        types.resolve_required()
+    except UnresolvableMessageError as exc:
+        sock.sendall(_frame({"op": "failed", "component": name, "details": str(exc)}))
+        sys.exit(1)
+    types.resolve_imported()
+    set_unknown_type_hook(types.on_unknown_type)
     main = _main_of(units)
     if main is None:
         code = run_coroutine(_serve(sock, boot, units, None), loop=boot.get("loop"))
@@ -377,6 +405,7 @@ async def _serve(
                 on_complete=lambda path: send({"op": "complete", "component": path}),
                 on_done=lambda: send({"op": "units_done"}),
                 end_when_done=bool(boot.get("end_when_done", False)),
+                check_types=bool(boot.get("check_types", False)),
             )
             hosts.append(host)
             try:

@@ -11,7 +11,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._core._config import Address, check_drain_timeout, drain_timeout_from_env
+from .._core._config import (
+    Address,
+    check_drain_timeout,
+    check_types_from_env,
+    drain_timeout_from_env,
+)
 from .._core._exceptions import ClosedResourceError
 from .._core._loop import run_coroutine
 from .._graph._context import GraphContext
@@ -21,6 +26,7 @@ from ._component import Component
 from ._errors import GraphDefinitionError, ProcessDiedError, UnitError
 from ._host import DrainCut, UnitHost, format_failure
 from ._mainthread import MainThreadGate, run_beside_main
+from ._message_types import shipped_message_types
 from ._plan import MAIN_PROCESS, Plan, build_plan, stream_topic
 from ._process import ChildProcess, preparation
 from ._settings import Settings
@@ -115,6 +121,7 @@ class GraphRunner:
         force_single_process: bool = False,
         end_when_done: bool = False,
         drain_timeout: float | None = None,
+        check_types: bool | None = None,
         **named_components: Component,
     ) -> None:
         self._end_when_done = bool(end_when_done)
@@ -123,6 +130,7 @@ class GraphRunner:
             if drain_timeout is None
             else check_drain_timeout(drain_timeout)
         )
+        self.check_types = check_types_from_env() if check_types is None else bool(check_types)
         self.plan: Plan = build_plan(
             _merge(components, named_components),
             connections,
@@ -292,6 +300,8 @@ class GraphRunner:
                     "units": payload,
                     "drain": self._drain_timeout,
                     "end_when_done": self._end_when_done,
+                    "messages": shipped_message_types(self.plan, process),
+                    "check_types": self.check_types,
                 },
             )
             self._children.append(child)
@@ -304,6 +314,7 @@ class GraphRunner:
             on_complete=self._local_complete,
             on_done=self._local_done,
             end_when_done=self._end_when_done,
+            check_types=self.check_types,
         )
         self._host = host
         setup = asyncio.ensure_future(host.setup())
@@ -573,6 +584,7 @@ def run(
     force_single_process: bool = False,
     end_when_done: bool = False,
     drain_timeout: float | None = None,
+    check_types: bool | None = None,
     **named_components: Component,
 ) -> None:
     """Run a graph until it ends; block meanwhile.
@@ -587,7 +599,10 @@ def run(
     *end_when_done* ends the graph once every unit is done: every source ended and
     every message was handled (docs/units.md). *drain_timeout* bounds how long a
     stopping graph keeps handling messages already accepted (default
-    ``EZFLOW_DRAIN_TIMEOUT``, else 5 seconds; 0: no drain).
+    ``EZFLOW_DRAIN_TIMEOUT``, else 5 seconds; 0: no drain). *check_types* checks every
+    message a unit publishes against its ``OutputStream``'s declared type, failing the
+    unit with :class:`~ezflow.MessageTypeError` on a mismatch (default
+    ``EZFLOW_CHECK_TYPES``: ``1`` on, else off; off costs nothing per message).
 
     Returns normally when a unit raised :class:`~ezflow.NormalTermination`, a
     ``@main`` method returned, every unit is done (*end_when_done*), or on SIGINT
@@ -612,6 +627,7 @@ def run(
         force_single_process=force_single_process,
         end_when_done=end_when_done,
         drain_timeout=drain_timeout,
+        check_types=check_types,
         **named_components,
     )
     runner._allow_main = True

@@ -22,7 +22,7 @@ else:  # pragma: no cover - Python 3.10: mypy targets 3.11, runtime needs no mar
         return lambda cls: cls
 
 
-__all__ = ["Settings", "State", "check_field_types", "message_name"]
+__all__ = ["Settings", "State", "accepts", "check_field_types", "describe_type", "message_name"]
 
 _T = TypeVar("_T")
 
@@ -134,7 +134,10 @@ def _hints(cls: type[Any]) -> dict[str, Any]:
     return hints
 
 
-def _accepts(hint: Any, value: object) -> bool:
+def accepts(hint: Any, value: object) -> bool:
+    """Whether *value* matches the annotation *hint* as settings fields are checked (see
+    :class:`Settings`): outer classes only, ``int`` for ``float``, unions, ``Literal``,
+    and anything for what cannot be checked (strings, protocols, ``Any``)."""
     if hint is Any or isinstance(hint, TypeVar):
         return True
     if hint is float:
@@ -145,7 +148,7 @@ def _accepts(hint: Any, value: object) -> bool:
         return value is None
     origin = typing.get_origin(hint)
     if origin is typing.Union or (sys.version_info >= (3, 10) and origin is types.UnionType):
-        return any(_accepts(arg, value) for arg in typing.get_args(hint))
+        return any(accepts(arg, value) for arg in typing.get_args(hint))
     if origin is typing.Literal:
         return value in typing.get_args(hint)
     if origin is not None:
@@ -158,7 +161,7 @@ def _accepts(hint: Any, value: object) -> bool:
     return True  # strings, protocols, ... : not checked
 
 
-def _describe(hint: Any) -> str:
+def describe_type(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
@@ -172,8 +175,8 @@ def check_field_types(settings: Settings) -> None:
         if hint is None:
             continue
         value = getattr(settings, f.name)
-        if not _accepts(hint, value):
+        if not accepts(hint, value):
             raise ConfigurationError(
                 f"{cls.__qualname__}.{f.name}={value!r} is a {type(value).__name__}, but the "
-                f"field is declared as {_describe(hint)}; pass a {_describe(hint)}"
+                f"field is declared as {describe_type(hint)}; pass a {describe_type(hint)}"
             )

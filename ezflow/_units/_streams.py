@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import types
 import typing
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .._core._config import (
@@ -13,11 +15,20 @@ from .._core._config import (
     check_transport,
 )
 from .._core._exceptions import ConfigurationError
+from ._settings import accepts, describe_type
 
 if TYPE_CHECKING:
     from ._component import Component
 
-__all__ = ["BoundStream", "InputStream", "OutputStream", "Stream", "types_compatible"]
+__all__ = [
+    "BoundStream",
+    "InputStream",
+    "OutputStream",
+    "Stream",
+    "message_check",
+    "type_name",
+    "types_compatible",
+]
 
 _S = TypeVar("_S", bound="Stream")
 
@@ -177,3 +188,68 @@ def types_compatible(output_type: Any, input_type: Any) -> bool:
         return issubclass(produced, accepted)
     except TypeError:  # pragma: no cover - classes that refuse issubclass
         return True
+
+
+def message_check(message_type: Any) -> Callable[[object], bool] | None:
+    """A function telling whether a message matches the declared *message_type*, or None
+    when every message does (``Any``, ``object``, a ``TypeVar``).
+
+    A class is an ``isinstance`` check (``np.ndarray`` accepts every array); a generic
+    alias checks its outer class (``list[int]``: a list; ``npt.NDArray[np.float32]``: an
+    ndarray); unions accept any member, ``Literal`` its values, ``float`` an ``int`` too,
+    as settings fields are checked (:func:`~ezflow._units._settings.accepts`); what
+    cannot be checked at run time (strings, protocols) accepts everything.
+    """
+    if message_type is Any or message_type is object or isinstance(message_type, TypeVar):
+        return None
+    if message_type is float or message_type is complex:
+        numbers = (float, int) if message_type is float else (complex, float, int)
+
+        def is_number(message: object) -> bool:
+            return isinstance(message, numbers) and type(message) is not bool
+
+        return is_number
+    classes = _plain_classes(message_type)
+    if classes is not None:
+        # One isinstance call (worked out once: the check is on the message path).
+
+        def is_instance(message: object) -> bool:
+            return isinstance(message, classes)
+
+        return is_instance
+
+    def matches(message: object) -> bool:
+        return accepts(message_type, message)
+
+    return matches
+
+
+def _plain_classes(message_type: Any) -> tuple[type[Any], ...] | None:
+    """The classes a message of *message_type* may be an instance of, when an
+    ``isinstance`` check says all (not for ``float``, ``Literal``, strings, ...)."""
+    if message_type is None or message_type is type(None):
+        return (type(None),)
+    if isinstance(message_type, type) and typing.get_origin(message_type) is None:
+        return None if message_type in (float, complex) else (message_type,)
+    origin = typing.get_origin(message_type)
+    if origin is typing.Union or origin is types.UnionType:
+        found: tuple[type[Any], ...] = ()
+        for arg in typing.get_args(message_type):
+            classes = _plain_classes(arg)
+            if classes is None:
+                return None
+            found += classes
+        return found
+    if isinstance(origin, type):
+        return (origin,)
+    return None
+
+
+def type_name(tp: Any) -> str:
+    """``numpy.ndarray``, ``str``, ``list[int]``: a type as messages about it show it."""
+    if isinstance(tp, type) and typing.get_origin(tp) is None:
+        module = tp.__module__
+        if module in ("builtins", "__main__", "__mp_main__"):
+            return tp.__qualname__
+        return f"{module}.{tp.__qualname__}"
+    return describe_type(tp)
