@@ -158,6 +158,10 @@ class _CheckedPublisher:
     async def loan(self, shape: int | tuple[int, ...], dtype: Any) -> Any:
         return await self._publisher.loan(shape, dtype)
 
+    def aclose(self) -> Coroutine[Any, Any, None]:
+        """Close the publisher (its end of stream goes out), as ``Publisher.aclose``."""
+        return self._publisher.aclose()
+
 
 class UnitHost:
     """Runs *units* on *context*: :meth:`setup`, then :meth:`start`, then :meth:`stop`.
@@ -245,7 +249,7 @@ class UnitHost:
                 if check is not None:
                     where = f"{unit.path}.{name}"
                     checked = _CheckedPublisher(outlets[name], check, stream.message_type, where)
-                    # Used only through publish() and loan(), which it has.
+                    # Used only through publish(), loan() and aclose(), which it has.
                     outlets[name] = cast(Publisher, checked)
         by_key: dict[object, Publisher] = {}
         for name, publisher in outlets.items():
