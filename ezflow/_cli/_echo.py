@@ -30,7 +30,7 @@ import typer
 from rich.markup import escape
 from rich.pretty import Pretty
 
-from .._core._channel import ChannelStats, SubscriberStats
+from .._core._channel import SubscriberStats
 from .._core._codec import message_fields, register_message
 from .._core._config import format_address
 from .._core._exceptions import (
@@ -184,13 +184,14 @@ _UNKNOWN_TYPE = re.compile(r"unknown message type '([^']+)'")
 
 
 class _Undecodable(logging.Filter):
-    """The messages of one topic that this command could not decode.
+    """Says, once, why messages of one topic could not be decoded here.
 
-    A channel counts each body it cannot decode (``ChannelStats.decode_errors``) and,
-    for a leaky subscriber, reports the reason only in its log: so this filter, on the
-    ``ezflow.channel`` logger while the command runs, takes those records (the reason
-    names the type) instead of letting them repeat on stderr. A lossless subscriber's
-    ``recv()`` raises the error instead; :meth:`note` takes it from there. Each unknown
+    The subscriber counts them (``stats.undecodable``). A lossless subscriber's
+    ``recv()`` raises :class:`~ezflow.UndecodableMessageError` in their place (given
+    to :meth:`note`); a leaky one only counts them, and the channel and the inbox log
+    the reason, the only place that names the type. So this filter, on the
+    ``ezflow.channel`` logger while the command runs, takes those records (instead of
+    letting them repeat on stderr) and gives their error to :meth:`note`. Each unknown
     type is named once, with the fix; any other reason is shown once.
     """
 
@@ -199,8 +200,6 @@ class _Undecodable(logging.Filter):
         self.topic = topic
         self._named: set[str] = set()
         self._other_shown = False
-        # publisher id -> its channel's live counters (kept when the channel closes)
-        self._stats: dict[str, ChannelStats] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
@@ -236,13 +235,6 @@ class _Undecodable(logging.Filter):
                 f"be decoded (counted as undecodable): {escape(str(error))}",
                 highlight=False,
             )
-
-    def count(self, ctx: GraphContext) -> int:
-        """Messages of the topic that could not be decoded so far."""
-        for info in ctx.channels:
-            if info.topic == self.topic:
-                self._stats[info.publisher_id] = info.stats
-        return sum(stats.decode_errors for stats in self._stats.values())
 
     @contextlib.contextmanager
     def listening(self) -> Iterator[_Undecodable]:
@@ -328,7 +320,7 @@ def echo(
                 notes = []
                 if dropped := _dropped(sub.stats):
                     notes.append(f"{dropped} dropped")
-                if bad := undecodable.count(ctx):
+                if bad := sub.stats.undecodable:
                     notes.append(f"{bad} undecodable")
                 note = f" ({', '.join(notes)} so far)" if notes else ""
                 console.print(f"[bold]#{shown}[/]{note}", highlight=False)
@@ -458,11 +450,11 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
                 received = sub.stats.received
                 if time.monotonic() >= next_print:
                     next_print += 1.0
-                    line = _rate_line(times, received, _dropped(sub.stats), undecodable.count(ctx))
+                    line = _rate_line(times, received, _dropped(sub.stats), sub.stats.undecodable)
                     _show_rate(line, as_json)
                     shown = (received, times[-1] if times else 0.0)
             if shown != (received, times[-1] if times else 0.0):  # what is new since
-                line = _rate_line(times, received, _dropped(sub.stats), undecodable.count(ctx))
+                line = _rate_line(times, received, _dropped(sub.stats), sub.stats.undecodable)
                 _show_rate(line, as_json)
 
     with undecodable.listening():
