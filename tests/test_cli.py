@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -573,6 +575,85 @@ def test_hz_counts_undecodable_messages(graph: Graph, points: Path) -> None:
     assert abs(last["messages"] - last["undecodable"]) <= 3
     assert last["dropped"] == 0
     assert result.stderr == f"note: {HINT}\n"
+
+
+class _Lines:
+    """The lines of a child's pipe, read by a thread (a buffered pipe and select() do
+    not mix), to wait for one with a timeout."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self._lines.put(line)
+
+    def wait_for(self, text: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no line with {text!r}; seen {self.seen}") from None
+            self.seen.append(line)
+            if text in line:
+                return line
+
+    def rest(self) -> list[str]:
+        """Every line, once the child has exited (the pipe is then closed)."""
+        self._thread.join(10)
+        self._stream.close()
+        while not self._lines.empty():
+            self.seen.append(self._lines.get())
+        return self.seen
+
+
+def test_echo_says_when_the_stream_ends_and_waits(graph: Graph, points: Path) -> None:
+    """A publisher that ends: echo says so once (stderr) and waits for the next one."""
+    topic = "/cli/ending"
+    publisher = subprocess.Popen(
+        [sys.executable, str(points), graph.address, topic],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=graph.env,
+    )
+    echo = None
+    try:
+        assert publisher.stdout is not None and publisher.stdin is not None
+        assert publisher.stdout.readline() == "ready\n"
+        echo = subprocess.Popen(
+            [sys.executable, "-m", "ezflow", "echo", topic, "--address", graph.address],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=graph.env,
+        )
+        out, err = _Lines(echo.stdout), _Lines(echo.stderr)
+        out.wait_for("{'seq': ", 20)
+        publisher.stdin.close()  # the publisher returns: its end of stream goes out
+        assert publisher.wait(10) == 0
+        line = err.wait_for("end of stream", 10)
+        assert line == (
+            f"note: end of stream on '{topic}': every publisher has ended; waiting for a new "
+            "one (Ctrl-C to stop)\n"
+        )
+        assert echo.poll() is None  # still waiting
+        echo.send_signal(signal.SIGINT)
+        assert echo.wait(10) == 0
+        out.rest()
+        assert sum("end of stream" in line for line in err.rest()) == 1  # said once
+    finally:
+        for process in (echo, publisher):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+        assert publisher.stdout is not None
+        publisher.stdout.close()
 
 
 def test_hz_text_lines_show_the_undecodable_count(capsys: pytest.CaptureFixture[str]) -> None:

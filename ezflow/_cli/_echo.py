@@ -30,10 +30,15 @@ import typer
 from rich.markup import escape
 from rich.pretty import Pretty
 
-from .._core._channel import ChannelStats, SubscriberStats
+from .._core._channel import SubscriberStats
 from .._core._codec import message_fields, register_message
 from .._core._config import format_address
-from .._core._exceptions import ConfigurationError, ProtocolError
+from .._core._exceptions import (
+    ClosedResourceError,
+    ConfigurationError,
+    EndOfStream,
+    ProtocolError,
+)
 from .._graph._context import GraphContext
 from .._graph._subscriber import Subscriber
 from ._connection import (
@@ -179,13 +184,14 @@ _UNKNOWN_TYPE = re.compile(r"unknown message type '([^']+)'")
 
 
 class _Undecodable(logging.Filter):
-    """The messages of one topic that this command could not decode.
+    """Says, once, why messages of one topic could not be decoded here.
 
-    A channel counts each body it cannot decode (``ChannelStats.decode_errors``) and,
-    for a leaky subscriber, reports the reason only in its log: so this filter, on the
-    ``ezflow.channel`` logger while the command runs, takes those records (the reason
-    names the type) instead of letting them repeat on stderr. A lossless subscriber's
-    ``recv()`` raises the error instead; :meth:`note` takes it from there. Each unknown
+    The subscriber counts them (``stats.undecodable``). A lossless subscriber's
+    ``recv()`` raises :class:`~ezflow.UndecodableMessageError` in their place (given
+    to :meth:`note`); a leaky one only counts them, and the channel and the inbox log
+    the reason, the only place that names the type. So this filter, on the
+    ``ezflow.channel`` logger while the command runs, takes those records (instead of
+    letting them repeat on stderr) and gives their error to :meth:`note`. Each unknown
     type is named once, with the fix; any other reason is shown once.
     """
 
@@ -194,8 +200,6 @@ class _Undecodable(logging.Filter):
         self.topic = topic
         self._named: set[str] = set()
         self._other_shown = False
-        # publisher id -> its channel's live counters (kept when the channel closes)
-        self._stats: dict[str, ChannelStats] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
@@ -231,13 +235,6 @@ class _Undecodable(logging.Filter):
                 f"be decoded (counted as undecodable): {escape(str(error))}",
                 highlight=False,
             )
-
-    def count(self, ctx: GraphContext) -> int:
-        """Messages of the topic that could not be decoded so far."""
-        for info in ctx.channels:
-            if info.topic == self.topic:
-                self._stats[info.publisher_id] = info.stats
-        return sum(stats.decode_errors for stats in self._stats.values())
 
     @contextlib.contextmanager
     def listening(self) -> Iterator[_Undecodable]:
@@ -284,9 +281,9 @@ def echo(
 
     Arrays are summarised as shape, dtype, min and max; other messages are
     pretty-printed (with the arrays inside them summarised too). It ends (exit 0) after
-    --count messages, at Ctrl-C, or when the stream ends (every publisher of TOPIC has
-    ended). Messages that cannot be decoded here are counted (--import the module that
-    defines their class).
+    --count messages or at Ctrl-C; when the stream ends (every publisher of TOPIC has
+    ended) it says so and waits for a new publisher. Messages that cannot be decoded
+    here are counted (--import the module that defines their class).
 
     Examples:
 
@@ -310,8 +307,11 @@ def echo(
             shown = 0
             while True:
                 try:
-                    message = await sub.__anext__()
-                except StopAsyncIteration:
+                    message = await sub.recv()
+                except EndOfStream:
+                    _ended(topic)
+                    continue
+                except ClosedResourceError:
                     return
                 except ProtocolError as exc:  # a lossless subscriber's undecodable message
                     undecodable.note(exc)
@@ -320,7 +320,7 @@ def echo(
                 notes = []
                 if dropped := _dropped(sub.stats):
                     notes.append(f"{dropped} dropped")
-                if bad := undecodable.count(ctx):
+                if bad := sub.stats.undecodable:
                     notes.append(f"{bad} undecodable")
                 note = f" ({', '.join(notes)} so far)" if notes else ""
                 console.print(f"[bold]#{shown}[/]{note}", highlight=False)
@@ -334,6 +334,16 @@ def echo(
 
     with undecodable.listening():
         run_async(main)
+
+
+def _ended(topic: str) -> None:
+    """Say that the stream ended (``recv`` raises EndOfStream once per end, then waits
+    for a publisher routed later: the command goes on, as a monitor should)."""
+    errors.print(
+        f"[yellow]note:[/] end of stream on {escape(repr(topic))}: every publisher has "
+        "ended; waiting for a new one (Ctrl-C to stop)",
+        highlight=False,
+    )
 
 
 def _dropped(stats: SubscriberStats) -> int:
@@ -407,8 +417,8 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
     The intervals are measured where the messages arrive (this process). Messages
     dropped because this command could not keep up are counted and shown, and so are
     messages it could not decode (not in the rate: --import the module that defines
-    their class). It ends (exit 0) after --duration, at Ctrl-C, or when the stream
-    ends (every publisher of TOPIC has ended).
+    their class). It ends (exit 0) after --duration or at Ctrl-C; when the stream ends
+    (every publisher of TOPIC has ended) it says so and waits for a new publisher.
 
     Examples:
 
@@ -436,17 +446,15 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
                 if end is not None and now >= end:
                     break
                 wake = next_print if end is None else min(next_print, end)
-                going = await _recv_until(sub, wake, times, undecodable)
+                await _recv_until(sub, wake, times, undecodable)
                 received = sub.stats.received
-                if not going:
-                    break
                 if time.monotonic() >= next_print:
                     next_print += 1.0
-                    line = _rate_line(times, received, _dropped(sub.stats), undecodable.count(ctx))
+                    line = _rate_line(times, received, _dropped(sub.stats), sub.stats.undecodable)
                     _show_rate(line, as_json)
                     shown = (received, times[-1] if times else 0.0)
             if shown != (received, times[-1] if times else 0.0):  # what is new since
-                line = _rate_line(times, received, _dropped(sub.stats), undecodable.count(ctx))
+                line = _rate_line(times, received, _dropped(sub.stats), sub.stats.undecodable)
                 _show_rate(line, as_json)
 
     with undecodable.listening():
@@ -455,22 +463,23 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
 
 async def _recv_until(
     sub: Subscriber, deadline: float, times: deque[float], undecodable: _Undecodable
-) -> bool:
-    """Receive (recording arrival times) until the monotonic *deadline*; False when
-    the stream ended first. A message that cannot be decoded is noted, not timed."""
+) -> None:
+    """Receive (recording arrival times) until the monotonic *deadline*. A message that
+    cannot be decoded is noted, not timed; an end of stream is noted, and receiving goes
+    on (a publisher may come back)."""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return True
+            return
         try:
-            await asyncio.wait_for(sub.__anext__(), remaining)
+            await asyncio.wait_for(sub.recv(), remaining)
             times.append(time.monotonic())
             while sub.queued:  # no timer needed for what is already there
-                await sub.__anext__()
+                sub.recv_nowait()
                 times.append(time.monotonic())
         except (TimeoutError, asyncio.TimeoutError):
-            return True
-        except StopAsyncIteration:
-            return False
+            return
+        except EndOfStream:
+            _ended(sub.topic)
         except ProtocolError as exc:
             undecodable.note(exc)
