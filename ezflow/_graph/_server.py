@@ -36,6 +36,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -78,12 +79,11 @@ from .._core._protocol import (
 from .._core._protocol import (
     field as message_field,
 )
-from .._core._telemetry import ProcessSnapshot
-from .._transports._ezring import RingHeader
+from .._core._telemetry import HistogramSnapshot, ProcessSnapshot, PublisherSnapshot
 from .._transports._shm import SegmentSweeper
 from ._client import host_id
 from ._metrics import MetricsServer
-from ._rings import scan_rings
+from ._rings import LiveRing, scan_rings
 
 __all__ = ["EmbeddedGraphServer", "GraphServer"]
 
@@ -236,6 +236,9 @@ class GraphServer:
             name="graph server ring watcher",
         )
         self._watched: dict[str, str] = {}  # ring name -> publisher id
+        # Telemetry of the watched rings: the latest scan and the one before (rates).
+        self._ring_scan: tuple[float, dict[str, LiveRing]] = (0.0, {})
+        self._ring_previous: tuple[float, dict[str, LiveRing]] = (0.0, {})
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -331,6 +334,7 @@ class GraphServer:
         while True:
             try:
                 rings = await asyncio.to_thread(scan_rings)  # (no file I/O on the loop)
+                self._ring_previous, self._ring_scan = self._ring_scan, (time.time(), rings)
                 async with self._lock:
                     if self._update_rings(rings):
                         self._push_routes()
@@ -338,7 +342,7 @@ class GraphServer:
                 log.exception("graph server: scanning for ezring rings failed")
             await asyncio.sleep(EZRING_WATCH_INTERVAL)
 
-    def _update_rings(self, rings: dict[str, RingHeader]) -> bool:
+    def _update_rings(self, rings: dict[str, LiveRing]) -> bool:
         """Make the watched publishers those of *rings* (live rings by name); return
         whether anything changed."""
         changed = False
@@ -349,7 +353,8 @@ class GraphServer:
                 changed |= self._publishers.pop(pub_id, None) is not None
                 log.info("graph server: ezring %s is gone, unregistered", name)
         attached = {pub.ring for pub in self._publishers.values() if pub.ring is not None}
-        for name, header in rings.items():
+        for name, ring in rings.items():
+            header = ring.header
             if name in attached or not header.topic:
                 continue  # a client attached it, or no topic to publish it under
             try:
@@ -739,12 +744,63 @@ class GraphServer:
 
     def telemetry(self) -> dict[str, ProcessSnapshot]:
         """The latest telemetry snapshot of every connected client that reported, by
-        client id."""
-        return {
+        client id; the rings the server registered itself (``watch_rings``) are one
+        more process, ``rings``, with a publisher each (messages: frames published,
+        drops: frames dropped with every slot held, channels: live readers)."""
+        snapshots = {
             client.id: client.telemetry
             for client in self._clients.values()
             if client.telemetry is not None
         }
+        rings = self._rings_telemetry()
+        if rings is not None:
+            snapshots[self._ring_client.id] = rings
+        return snapshots
+
+    def _rings_telemetry(self) -> ProcessSnapshot | None:
+        """The watched rings as a process snapshot (``None`` when there are none)."""
+        if not self._watched:
+            return None
+        now, rings = self._ring_scan
+        then, before = self._ring_previous
+        interval = now - then if then else 0.0
+        publishers = []
+        for name, pub_id in sorted(self._watched.items()):
+            ring = rings.get(name)
+            pub = self._publishers.get(pub_id)
+            if ring is None or pub is None:
+                continue
+            stats = ring.stats
+            old = before.get(name)
+            rate = (
+                (stats.published - old.stats.published) / interval
+                if old is not None and interval > 0
+                else 0.0
+            )
+            publishers.append(
+                PublisherSnapshot(
+                    publisher_id=pub_id,
+                    topic=pub.topic,
+                    channels=stats.readers_live,
+                    messages=stats.published,
+                    bytes=0,  # a ring does not count bytes
+                    drops=stats.dropped_full,
+                    waits=0,  # a ring writer never waits: it drops
+                    wait=HistogramSnapshot(),
+                    shm_in_use=0,
+                    msgs_per_s=rate,
+                    bytes_per_s=0.0,
+                )
+            )
+        client = self._ring_client
+        return ProcessSnapshot(
+            name=client.name,
+            pid=client.pid,
+            hostname=client.hostname,
+            time=now,
+            interval=interval,
+            publishers=tuple(publishers),
+        )
 
     def _report(self, client: _Client, message: dict[str, Any], size: int) -> None:
         """Keep *client*'s latest snapshot. A report that is too large, too early
