@@ -569,23 +569,38 @@ async def test_top_shows_a_watched_ring_with_its_published_and_dropped_counts(
     topic = f"/watched/{name}"
     where = f"{server.address[0]}:{server.address[1]}"
     with RingWriter.create(name, slot_size=64, slot_count=8, topic=topic) as writer:
-        for n in range(5):
-            assert writer.publish(np.full(8, n, "<u8"))
-        (listed,) = await wait_for_publishers(server, topic, 1)
-        deadline = asyncio.get_running_loop().time() + 10
-        while True:  # until a scan after the publishing reached the telemetry
-            done = await asyncio.to_thread(
-                subprocess.run,
-                [sys.executable, "-m", "ezflow", "top", "--once", "--json", "--address", where],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            assert done.returncode == 0, done.stderr
-            rows = [p for p in json.loads(done.stdout)["publishers"] if p["topic"] == topic]
-            if rows and rows[0]["messages"] == 5:
-                break
-            assert asyncio.get_running_loop().time() < deadline, rows
-            await asyncio.sleep(EZRING_WATCH_INTERVAL)
+        # A lossless reader that reads nothing holds every slot: the writer drops.
+        async with await RingReader.open(name):
+            for n in range(10):
+                writer.publish(np.full(8, n, "<u8"))
+            stats = writer.stats()
+            assert stats.dropped_full > 0 and stats.readers_live == 1
+            (listed,) = await wait_for_publishers(server, topic, 1)
+            rows = await top_rows(where, topic, stats.published)
         (row,) = rows
-        assert (row["publisher_id"], row["drops"], row["channels"]) == (listed["id"], 0, 0)
+        assert (row["publisher_id"], row["drops"], row["channels"]) == (
+            listed["id"],
+            stats.dropped_full,
+            1,
+        )
+
+
+async def top_rows(where: str, topic: str, published: int) -> list[dict[str, object]]:
+    """`ezflow top --once --json` rows of *topic* once they show *published* messages."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:  # until a scan after the publishing reached the telemetry
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "ezflow", "top", "--once", "--json", "--address", where],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        rows: list[dict[str, object]] = [
+            p for p in json.loads(done.stdout)["publishers"] if p["topic"] == topic
+        ]
+        if rows and rows[0]["messages"] == published:
+            return rows
+        assert asyncio.get_running_loop().time() < deadline, rows
+        await asyncio.sleep(EZRING_WATCH_INTERVAL)
