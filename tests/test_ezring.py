@@ -489,6 +489,14 @@ async def test_a_view_dropped_in_another_thread_releases_its_slot() -> None:
             assert (await reader.receive()).array.tolist() == [2] * 8
 
 
+@pytest.fixture
+async def watching() -> AsyncIterator[ezflow.GraphServer]:
+    """A graph server that watches rings (the shared `server` fixture does not: every
+    ring of this user on the machine would show up in other tests)."""
+    async with ezflow.GraphServer(("127.0.0.1", 0), watch_rings=True) as graph_server:
+        yield graph_server
+
+
 async def wait_for_publishers(
     server: ezflow.GraphServer, topic: str, count: int, timeout: float = 5.0
 ) -> list[dict[str, object]]:
@@ -504,17 +512,17 @@ async def wait_for_publishers(
 
 
 async def test_server_finds_a_new_ring_by_itself_and_forgets_it_when_closed(
-    server: ezflow.GraphServer,
+    watching: ezflow.GraphServer,
 ) -> None:
     name = fresh_name()
     topic = f"/watched/{name}"
     child = await Child.start(
-        "collect", loop_kind(), address=list(server.address), topic=topic, count=3
+        "collect", loop_kind(), address=list(watching.address), topic=topic, count=3
     )
     try:
         await child.event("ready")
         with RingWriter.create(name, slot_size=64, slot_count=8, topic=topic) as writer:
-            (listed,) = await wait_for_publishers(server, topic, 1)  # no attach_ring
+            (listed,) = await wait_for_publishers(watching, topic, 1)  # no attach_ring
             assert listed["transport"] == "ezring"
             while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
                 await asyncio.sleep(0.01)
@@ -522,7 +530,7 @@ async def test_server_finds_a_new_ring_by_itself_and_forgets_it_when_closed(
                 assert writer.publish(np.arange(4, dtype="<i4") + n)
             done = await child.event("done")
             assert done["values"] == [[n, n + 1, n + 2, n + 3] for n in range(3)]
-        await wait_for_publishers(server, topic, 0)  # the closed ring is unregistered
+        await wait_for_publishers(watching, topic, 0)  # the closed ring is unregistered
         assert await child.stop() == 0
     finally:
         child.kill()
@@ -530,23 +538,23 @@ async def test_server_finds_a_new_ring_by_itself_and_forgets_it_when_closed(
 
 
 async def test_attach_ring_of_a_watched_ring_makes_no_second_publisher(
-    server: ezflow.GraphServer,
+    watching: ezflow.GraphServer,
 ) -> None:
     name = fresh_name()
     topic = f"/watched/{name}"
     with RingWriter.create(name, slot_size=64, slot_count=8, topic=topic):
-        await wait_for_publishers(server, topic, 1)
-        async with ezflow.GraphContext(server.address) as ctx:
+        await wait_for_publishers(watching, topic, 1)
+        async with ezflow.GraphContext(watching.address) as ctx:
             publisher_id = await ctx.attach_ring(name)
-            (listed,) = await wait_for_publishers(server, topic, 1)
+            (listed,) = await wait_for_publishers(watching, topic, 1)
             assert listed["id"] == publisher_id
             await asyncio.sleep(3 * EZRING_WATCH_INTERVAL)
-            (listed,) = await wait_for_publishers(server, topic, 1)  # still only the one
+            (listed,) = await wait_for_publishers(watching, topic, 1)  # still only the one
             assert listed["id"] == publisher_id
         # Detached by its context: the server registers it again by itself.
         deadline = asyncio.get_running_loop().time() + 5
         while True:
-            (listed,) = await wait_for_publishers(server, topic, 1)
+            (listed,) = await wait_for_publishers(watching, topic, 1)
             if listed["id"] != publisher_id:
                 break
             assert asyncio.get_running_loop().time() < deadline, "not registered again"
@@ -563,11 +571,11 @@ async def test_watch_rings_false_registers_nothing() -> None:
 
 
 async def test_top_shows_a_watched_ring_with_its_published_and_dropped_counts(
-    server: ezflow.GraphServer,
+    watching: ezflow.GraphServer,
 ) -> None:
     name = fresh_name()
     topic = f"/watched/{name}"
-    where = f"{server.address[0]}:{server.address[1]}"
+    where = f"{watching.address[0]}:{watching.address[1]}"
     with RingWriter.create(name, slot_size=64, slot_count=8, topic=topic) as writer:
         # A lossless reader that reads nothing holds every slot: the writer drops.
         async with await RingReader.open(name):
@@ -575,7 +583,7 @@ async def test_top_shows_a_watched_ring_with_its_published_and_dropped_counts(
                 writer.publish(np.full(8, n, "<u8"))
             stats = writer.stats()
             assert stats.dropped_full > 0 and stats.readers_live == 1
-            (listed,) = await wait_for_publishers(server, topic, 1)
+            (listed,) = await wait_for_publishers(watching, topic, 1)
             rows = await top_rows(where, topic, stats.published)
         (row,) = rows
         assert (row["publisher_id"], row["drops"], row["channels"]) == (
