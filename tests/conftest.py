@@ -96,7 +96,8 @@ def no_leaks() -> Iterator[None]:
 @pytest.fixture
 async def server() -> AsyncIterator[ezflow.GraphServer]:
     """A graph server on a free loopback port, closed after the test."""
-    async with ezflow.GraphServer(("127.0.0.1", 0)) as graph_server:
+    # Not watching rings: other tests' rings (same user, same /dev/shm) would show up.
+    async with ezflow.GraphServer(("127.0.0.1", 0), watch_rings=False) as graph_server:
         yield graph_server
 
 

@@ -23,6 +23,7 @@ from conftest import loop_kind
 
 import ezflow
 from ezflow import BrokenResourceError, ProtocolError, RingReader, RingWriter
+from ezflow._core._config import EZRING_WATCH_INTERVAL
 from ezflow._transports._ezring import ring_path
 from ezflow._transports._segment import sweep_stale_segments
 
@@ -486,3 +487,128 @@ async def test_a_view_dropped_in_another_thread_releases_its_slot() -> None:
                     break
                 await asyncio.sleep(0.01)
             assert (await reader.receive()).array.tolist() == [2] * 8
+
+
+@pytest.fixture
+async def watching() -> AsyncIterator[ezflow.GraphServer]:
+    """A graph server that watches rings (the shared `server` fixture does not: every
+    ring of this user on the machine would show up in other tests)."""
+    async with ezflow.GraphServer(("127.0.0.1", 0), watch_rings=True) as graph_server:
+        yield graph_server
+
+
+async def wait_for_publishers(
+    server: ezflow.GraphServer, topic: str, count: int, timeout: float = 5.0
+) -> list[dict[str, object]]:
+    """The server's publishers of *topic* once there are *count* of them (the watcher
+    scans every EZRING_WATCH_INTERVAL: a generous limit for a loaded machine)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        found = [p for p in server.snapshot()["publishers"] if p["topic"] == topic]
+        if len(found) == count:
+            return found
+        assert asyncio.get_running_loop().time() < deadline, f"publishers of {topic}: {found}"
+        await asyncio.sleep(0.05)
+
+
+async def test_server_finds_a_new_ring_by_itself_and_forgets_it_when_closed(
+    watching: ezflow.GraphServer,
+) -> None:
+    name = fresh_name()
+    topic = f"/watched/{name}"
+    child = await Child.start(
+        "collect", loop_kind(), address=list(watching.address), topic=topic, count=3
+    )
+    try:
+        await child.event("ready")
+        with RingWriter.create(name, slot_size=64, slot_count=8, topic=topic) as writer:
+            (listed,) = await wait_for_publishers(watching, topic, 1)  # no attach_ring
+            assert listed["transport"] == "ezring"
+            while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
+                await asyncio.sleep(0.01)
+            for n in range(3):
+                assert writer.publish(np.arange(4, dtype="<i4") + n)
+            done = await child.event("done")
+            assert done["values"] == [[n, n + 1, n + 2, n + 3] for n in range(3)]
+        await wait_for_publishers(watching, topic, 0)  # the closed ring is unregistered
+        assert await child.stop() == 0
+    finally:
+        child.kill()
+        await child.process.wait()
+
+
+async def test_attach_ring_of_a_watched_ring_makes_no_second_publisher(
+    watching: ezflow.GraphServer,
+) -> None:
+    name = fresh_name()
+    topic = f"/watched/{name}"
+    with RingWriter.create(name, slot_size=64, slot_count=8, topic=topic):
+        await wait_for_publishers(watching, topic, 1)
+        async with ezflow.GraphContext(watching.address) as ctx:
+            publisher_id = await ctx.attach_ring(name)
+            (listed,) = await wait_for_publishers(watching, topic, 1)
+            assert listed["id"] == publisher_id
+            await asyncio.sleep(3 * EZRING_WATCH_INTERVAL)
+            (listed,) = await wait_for_publishers(watching, topic, 1)  # still only the one
+            assert listed["id"] == publisher_id
+        # Detached by its context: the server registers it again by itself.
+        deadline = asyncio.get_running_loop().time() + 5
+        while True:
+            (listed,) = await wait_for_publishers(watching, topic, 1)
+            if listed["id"] != publisher_id:
+                break
+            assert asyncio.get_running_loop().time() < deadline, "not registered again"
+            await asyncio.sleep(0.05)
+
+
+async def test_watch_rings_false_registers_nothing() -> None:
+    name = fresh_name()
+    topic = f"/watched/{name}"
+    async with ezflow.GraphServer(("127.0.0.1", 0), watch_rings=False) as quiet:
+        with RingWriter.create(name, slot_size=64, slot_count=8, topic=topic):
+            await asyncio.sleep(3 * EZRING_WATCH_INTERVAL)
+            assert quiet.snapshot()["publishers"] == []
+
+
+async def test_top_shows_a_watched_ring_with_its_published_and_dropped_counts(
+    watching: ezflow.GraphServer,
+) -> None:
+    name = fresh_name()
+    topic = f"/watched/{name}"
+    where = f"{watching.address[0]}:{watching.address[1]}"
+    with RingWriter.create(name, slot_size=64, slot_count=8, topic=topic) as writer:
+        # A lossless reader that reads nothing holds every slot: the writer drops.
+        async with await RingReader.open(name):
+            for n in range(10):
+                writer.publish(np.full(8, n, "<u8"))
+            stats = writer.stats()
+            assert stats.dropped_full > 0 and stats.readers_live == 1
+            (listed,) = await wait_for_publishers(watching, topic, 1)
+            rows = await top_rows(where, topic, stats.published)
+        (row,) = rows
+        assert (row["publisher_id"], row["drops"], row["channels"]) == (
+            listed["id"],
+            stats.dropped_full,
+            1,
+        )
+
+
+async def top_rows(where: str, topic: str, published: int) -> list[dict[str, object]]:
+    """`ezflow top --once --json` rows of *topic* once they show *published* messages."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:  # until a scan after the publishing reached the telemetry
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "ezflow", "top", "--once", "--json", "--address", where],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        rows: list[dict[str, object]] = [
+            p for p in json.loads(done.stdout)["publishers"] if p["topic"] == topic
+        ]
+        if rows and rows[0]["messages"] == published:
+            return rows
+        assert asyncio.get_running_loop().time() < deadline, rows
+        await asyncio.sleep(EZRING_WATCH_INTERVAL)

@@ -60,6 +60,13 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             help="Serve a non-loopback address without a token (a trusted network only).",
         ),
     ] = False,
+    watch_rings: Annotated[
+        bool,
+        typer.Option(
+            "--watch-rings/--no-watch-rings",
+            help="Register this user's live ezring rings as publishers by themselves.",
+        ),
+    ] = True,
 ) -> None:
     """Run a standalone graph server in the foreground.
 
@@ -80,7 +87,9 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
 
     async def main() -> None:
         try:
-            server = GraphServer(where, metrics_port=metrics_port, insecure=insecure)
+            server = GraphServer(
+                where, metrics_port=metrics_port, insecure=insecure, watch_rings=watch_rings
+            )
         except ConfigurationError as exc:
             fail(str(exc), 2)
         try:

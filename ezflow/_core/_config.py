@@ -51,6 +51,7 @@ __all__ = [
     "ENV_TRANSPORT",
     "EZRING_ATTACH_TIMEOUT",
     "EZRING_POLL_INTERVAL",
+    "EZRING_WATCH_INTERVAL",
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
     "HEARTBEATS_PER_DEADLINE",
@@ -205,6 +206,9 @@ SHM_LOAN_ROOM: Final = 4 * 1024
 EZRING_POLL_INTERVAL: Final = 0.25
 #: ``RingReader.open`` waits this long by default for the ring to exist and be ready.
 EZRING_ATTACH_TIMEOUT: Final = 5.0
+#: The graph server scans the shm directory for live ezring rings of its own user this
+#: often (``GraphServer(watch_rings=...)``): a new ring is found within about this long.
+EZRING_WATCH_INTERVAL: Final = 0.5
 #: Defaults of a ring created by ``RingWriter.create`` (the C writer has the same ones).
 DEFAULT_EZRING_SLOT_COUNT: Final = 16
 DEFAULT_EZRING_MAX_READERS: Final = 16

@@ -32,8 +32,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import secrets
+import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -43,6 +46,7 @@ from .._core._auth import Credentials, Responder, TlsFiles, Token, is_loopback
 from .._core._config import (
     CONTROL_MAX_FRAME_SIZE,
     EMBEDDED_SERVER_STOP_TIMEOUT,
+    EZRING_WATCH_INTERVAL,
     HANDSHAKE_MAX_FRAME_SIZE,
     HANDSHAKE_TIMEOUT,
     MAX_SERVER_CONNECTIONS,
@@ -75,10 +79,11 @@ from .._core._protocol import (
 from .._core._protocol import (
     field as message_field,
 )
-from .._core._telemetry import ProcessSnapshot
+from .._core._telemetry import HistogramSnapshot, ProcessSnapshot, PublisherSnapshot
 from .._transports._shm import SegmentSweeper
 from ._client import host_id
 from ._metrics import MetricsServer
+from ._rings import LiveRing, scan_rings
 
 __all__ = ["EmbeddedGraphServer", "GraphServer"]
 
@@ -95,7 +100,7 @@ _NO_ROUTES: dict[str, Any] = {"subscribers": {}, "publishers": {}}
 @dataclass(eq=False)
 class _Client:
     id: str
-    connection: _ServerConnection
+    connection: _ServerConnection | None  # None: the server's own ring watcher
     pid: int
     host_id: str
     hostname: str
@@ -150,6 +155,13 @@ class GraphServer:
     certificates verified both ways. Bound to an address other than loopback without a
     token, the constructor raises :class:`~ezflow.ConfigurationError` unless *insecure*
     is true (a trusted network).
+
+    Rings (docs/ezring.md): with *watch_rings* (the default) the server scans the shm
+    directory every ``EZRING_WATCH_INTERVAL`` for live ezring rings of its own user
+    (mode-0600 files of its uid, writer alive, not closed) and registers each as a
+    publisher of the topic in its header, as :meth:`GraphContext.attach_ring` does; it
+    unregisters it when the ring is closed, its writer dies or its file is gone. A ring
+    some client attached explicitly is left to that client.
     """
 
     def __init__(
@@ -160,6 +172,7 @@ class GraphServer:
         token: Token | str | bytes | None = None,
         tls: TlsFiles | None = None,
         insecure: bool = False,
+        watch_rings: bool = True,
     ) -> None:
         if address is None:
             address = graph_address_from_env()
@@ -210,6 +223,22 @@ class GraphServer:
         self.heartbeat_deadline = heartbeat_deadline_from_env()
         #: clients declared dead: silent for longer than the heartbeat deadline
         self.dead_clients = 0
+        self._watch_rings = watch_rings
+        self._ring_task: asyncio.Task[None] | None = None
+        # The owner of the rings the server registers itself: never in _clients (it
+        # has no connection and no subscriber), shown with its id in `ezflow graph`.
+        self._ring_client = _Client(
+            id="rings",
+            connection=None,
+            pid=os.getpid(),
+            host_id=self._host_id,
+            hostname=socket.gethostname(),
+            name="graph server ring watcher",
+        )
+        self._watched: dict[str, str] = {}  # ring name -> publisher id
+        # Telemetry of the watched rings: the latest scan and the one before (rates).
+        self._ring_scan: tuple[float, dict[str, LiveRing]] = (0.0, {})
+        self._ring_previous: tuple[float, dict[str, LiveRing]] = (0.0, {})
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -236,6 +265,8 @@ class GraphServer:
         sockname = self._server.sockets[0].getsockname()
         self._address = (sockname[0], sockname[1])
         await self._sweeper.sweep()
+        if self._watch_rings:
+            self._ring_task = asyncio.create_task(self._watch_rings_forever())
         if self._metrics is not None:
             try:
                 await self._metrics.start()
@@ -280,7 +311,13 @@ class GraphServer:
             connection.abort()
         self._closed.set()
         self.bad_peers.close()
+        ring_task, self._ring_task = self._ring_task, None
+        if ring_task is not None:
+            ring_task.cancel()
         try:
+            if ring_task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ring_task
             if self._metrics is not None:
                 await self._metrics.aclose()
             if self._server is not None:
@@ -291,6 +328,48 @@ class GraphServer:
                     log.debug("graph server: connections still closing after 2 s")
         finally:
             await self._sweeper.aclose()
+
+    async def _watch_rings_forever(self) -> None:
+        """Register and unregister live rings until cancelled (by :meth:`aclose`)."""
+        while True:
+            try:
+                rings = await asyncio.to_thread(scan_rings)  # (no file I/O on the loop)
+                self._ring_previous, self._ring_scan = self._ring_scan, (time.time(), rings)
+                async with self._lock:
+                    if self._update_rings(rings):
+                        self._push_routes()
+            except Exception:  # a bad scan must not stop the watching
+                log.exception("graph server: scanning for ezring rings failed")
+            await asyncio.sleep(EZRING_WATCH_INTERVAL)
+
+    def _update_rings(self, rings: dict[str, LiveRing]) -> bool:
+        """Make the watched publishers those of *rings* (live rings by name); return
+        whether anything changed."""
+        changed = False
+        for name, pub_id in list(self._watched.items()):
+            if name not in rings or pub_id not in self._publishers:
+                del self._watched[name]
+                self._ring_client.publishers.discard(pub_id)
+                changed |= self._publishers.pop(pub_id, None) is not None
+                log.info("graph server: ezring %s is gone, unregistered", name)
+        attached = {pub.ring for pub in self._publishers.values() if pub.ring is not None}
+        for name, ring in rings.items():
+            header = ring.header
+            if name in attached or not header.topic:
+                continue  # a client attached it, or no topic to publish it under
+            try:
+                topic = check_topic(header.topic)
+            except ValueError:
+                continue
+            pub_id = f"p-ring-{name}"
+            self._publishers[pub_id] = _Publisher(
+                pub_id, topic, self._ring_client, self.address, "ezring", None, name
+            )
+            self._ring_client.publishers.add(pub_id)
+            self._watched[name] = pub_id
+            changed = True
+            log.info("graph server: ezring %s registered as a publisher of %r", name, topic)
+        return changed
 
     def _start_shutdown(self) -> None:
         # Tell every client that this is a requested stop, not a crash: their contexts
@@ -413,6 +492,13 @@ class GraphServer:
             transport = optional_str_field(message, "transport")
             shm_address = optional_str_field(message, "shm")
             self._claim(client, pub_id)
+            ring = optional_str_field(message, "ring")
+            watched = self._watched.pop(ring, None) if ring is not None else None
+            if watched is not None:
+                # attach_ring of a ring the server registered: the client's registration
+                # takes its place (one publisher per ring, idempotent by ring name).
+                self._publishers.pop(watched, None)
+                self._ring_client.publishers.discard(watched)
             self._publishers[pub_id] = _Publisher(
                 pub_id,
                 topic,
@@ -573,6 +659,7 @@ class GraphServer:
                 continue
             client.routes = routes
             client.pushed_version = version
+            assert client.connection is not None  # the ring watcher owns no subscriber
             client.connection.send_message({"op": "routes", "version": version, **routes})
         return version
 
@@ -657,12 +744,63 @@ class GraphServer:
 
     def telemetry(self) -> dict[str, ProcessSnapshot]:
         """The latest telemetry snapshot of every connected client that reported, by
-        client id."""
-        return {
+        client id; the rings the server registered itself (``watch_rings``) are one
+        more process, ``rings``, with a publisher each (messages: frames published,
+        drops: frames dropped with every slot held, channels: live readers)."""
+        snapshots = {
             client.id: client.telemetry
             for client in self._clients.values()
             if client.telemetry is not None
         }
+        rings = self._rings_telemetry()
+        if rings is not None:
+            snapshots[self._ring_client.id] = rings
+        return snapshots
+
+    def _rings_telemetry(self) -> ProcessSnapshot | None:
+        """The watched rings as a process snapshot (``None`` when there are none)."""
+        if not self._watched:
+            return None
+        now, rings = self._ring_scan
+        then, before = self._ring_previous
+        interval = now - then if then else 0.0
+        publishers = []
+        for name, pub_id in sorted(self._watched.items()):
+            ring = rings.get(name)
+            pub = self._publishers.get(pub_id)
+            if ring is None or pub is None:
+                continue
+            stats = ring.stats
+            old = before.get(name)
+            rate = (
+                (stats.published - old.stats.published) / interval
+                if old is not None and interval > 0
+                else 0.0
+            )
+            publishers.append(
+                PublisherSnapshot(
+                    publisher_id=pub_id,
+                    topic=pub.topic,
+                    channels=stats.readers_live,
+                    messages=stats.published,
+                    bytes=0,  # a ring does not count bytes
+                    drops=stats.dropped_full,
+                    waits=0,  # a ring writer never waits: it drops
+                    wait=HistogramSnapshot(),
+                    shm_in_use=0,
+                    msgs_per_s=rate,
+                    bytes_per_s=0.0,
+                )
+            )
+        client = self._ring_client
+        return ProcessSnapshot(
+            name=client.name,
+            pid=client.pid,
+            hostname=client.hostname,
+            time=now,
+            interval=interval,
+            publishers=tuple(publishers),
+        )
 
     def _report(self, client: _Client, message: dict[str, Any], size: int) -> None:
         """Keep *client*'s latest snapshot. A report that is too large, too early
