@@ -61,12 +61,13 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         ),
     ] = False,
     watch_rings: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--watch-rings/--no-watch-rings",
-            help="Register this user's live ezring rings as publishers by themselves.",
+            help="Register this user's live ezring rings as publishers by themselves "
+            "(default: EZFLOW_WATCH_RINGS, else on).",
         ),
-    ] = True,
+    ] = None,
 ) -> None:
     """Run a standalone graph server in the foreground.
 

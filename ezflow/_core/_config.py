@@ -49,6 +49,7 @@ __all__ = [
     "ENV_TOKEN",
     "ENV_TOKEN_FILE",
     "ENV_TRANSPORT",
+    "ENV_WATCH_RINGS",
     "EZRING_ATTACH_TIMEOUT",
     "EZRING_POLL_INTERVAL",
     "EZRING_WATCH_INTERVAL",
@@ -100,6 +101,7 @@ __all__ = [
     "parse_size",
     "telemetry_interval_from_env",
     "transport_from_env",
+    "watch_rings_from_env",
 ]
 
 Address = tuple[str, int]
@@ -545,6 +547,24 @@ def check_types_from_env() -> bool:
     if text == "1":
         return True
     raise ConfigurationError(f"{ENV_CHECK_TYPES}={text!r} must be 1 (check) or 0 (do not)")
+
+
+# -- rings (see docs/ezring.md) ------------------------------------------------------------
+
+#: ``0`` keeps graph servers from registering this user's ezring rings by themselves,
+#: ``1`` (or unset) lets them; ``GraphServer(watch_rings=...)`` and ``ezflow serve
+#: --[no-]watch-rings`` win over it.
+ENV_WATCH_RINGS: Final = "EZFLOW_WATCH_RINGS"
+
+
+def watch_rings_from_env() -> bool:
+    """``EZFLOW_WATCH_RINGS``: ``1`` or unset on, ``0`` off."""
+    text = os.environ.get(ENV_WATCH_RINGS, "").strip()
+    if text in ("", "1"):
+        return True
+    if text == "0":
+        return False
+    raise ConfigurationError(f"{ENV_WATCH_RINGS}={text!r} must be 1 (register rings) or 0 (do not)")
 
 
 # -- authentication and TLS (see docs/security.md) ------------------------------------------

@@ -59,6 +59,7 @@ from .._core._config import (
     graph_address_from_env,
     heartbeat_deadline_from_env,
     parse_address,
+    watch_rings_from_env,
 )
 from .._core._exceptions import AuthenticationError, ConfigurationError, ProtocolError
 from .._core._framing import FramedProtocol
@@ -156,7 +157,8 @@ class GraphServer:
     token, the constructor raises :class:`~ezflow.ConfigurationError` unless *insecure*
     is true (a trusted network).
 
-    Rings (docs/ezring.md): with *watch_rings* (the default) the server scans the shm
+    Rings (docs/ezring.md): with *watch_rings* (default ``EZFLOW_WATCH_RINGS``, else on)
+    the server scans the shm
     directory every ``EZRING_WATCH_INTERVAL`` for live ezring rings of its own user
     (mode-0600 files of its uid, writer alive, not closed) and registers each as a
     publisher of the topic in its header, as :meth:`GraphContext.attach_ring` does; it
@@ -172,7 +174,7 @@ class GraphServer:
         token: Token | str | bytes | None = None,
         tls: TlsFiles | None = None,
         insecure: bool = False,
-        watch_rings: bool = True,
+        watch_rings: bool | None = None,
     ) -> None:
         if address is None:
             address = graph_address_from_env()
@@ -223,7 +225,7 @@ class GraphServer:
         self.heartbeat_deadline = heartbeat_deadline_from_env()
         #: clients declared dead: silent for longer than the heartbeat deadline
         self.dead_clients = 0
-        self._watch_rings = watch_rings
+        self._watch_rings = watch_rings_from_env() if watch_rings is None else watch_rings
         self._ring_task: asyncio.Task[None] | None = None
         # The owner of the rings the server registers itself: never in _clients (it
         # has no connection and no subscriber), shown with its id in `ezflow graph`.
