@@ -15,15 +15,16 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _netns as netns
 import msgpack
 import pytest
+from _netns import ip
 from _proc import Child
 
 import ezflow
@@ -302,35 +303,15 @@ async def quiet_and_silent_clients(
 # -- a black-holed tcp subscriber (network namespaces) ---------------------------------------
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
 @pytest.fixture
 def remote_host() -> Iterator[tuple[str, str, str, str]]:
-    """A network namespace joined to this one by a veth pair: (namespace, its veth
-    device, this side's address, its address). Unique names per run; removed after."""
-    tag = f"{os.getpid() % 100000}"
-    ns, here_dev, there_dev = f"ezflow-live{tag}", f"ezlh{tag}", f"ezlt{tag}"
-    octet = 100 + os.getpid() % 100
-    here, there = f"10.{octet}.79.1", f"10.{octet}.79.2"
+    """A network namespace joined to this one (tests/_netns.py): (namespace, its veth
+    device, this side's address, its address)."""
     try:
-        ip("netns", "add", ns)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"network namespaces unavailable (needs root and iproute2): {exc}")
-    try:
-        ip("link", "add", here_dev, "type", "veth", "peer", "name", there_dev)
-        ip("link", "set", there_dev, "netns", ns)
-        ip("addr", "add", f"{here}/24", "dev", here_dev)
-        ip("link", "set", here_dev, "up")
-        ip("-n", ns, "addr", "add", f"{there}/24", "dev", there_dev)
-        ip("-n", ns, "link", "set", there_dev, "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-        yield ns, there_dev, here, there
-    finally:
-        # Deleting the namespace deletes its end of the pair, and so the pair.
-        subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True, timeout=10)
-        subprocess.run(["ip", "link", "del", here_dev], check=False, capture_output=True)
+        with netns.remote_host() as host:
+            yield host.namespace, host.device, host.here, host.there
+    except netns.NetnsUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 @ONE_LOOP

@@ -8,46 +8,24 @@ skipped otherwise.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 
+import _netns as netns
 import pytest
+from _netns import on
 from _proc import Child
 from conftest import loop_kind
 
 HOST_A, HOST_B = "10.77.0.1", "10.77.0.2"
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
 @pytest.fixture(scope="module")
 def two_hosts() -> Iterator[tuple[str, str]]:
-    tag = f"{os.getpid() % 100000}"
-    a, b = f"ezflow-a{tag}", f"ezflow-b{tag}"
-    veth_a, veth_b = f"ezva{tag}", f"ezvb{tag}"
     try:
-        ip("netns", "add", a)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"network namespaces unavailable (needs root and iproute2): {exc}")
-    try:
-        ip("netns", "add", b)
-        ip("link", "add", veth_a, "type", "veth", "peer", "name", veth_b)
-        ip("link", "set", veth_a, "netns", a)
-        ip("link", "set", veth_b, "netns", b)
-        for ns, dev, addr in ((a, veth_a, HOST_A), (b, veth_b, HOST_B)):
-            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-        yield a, b
-    finally:
-        for ns in (a, b):  # deleting a namespace deletes its end of the veth pair
-            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True, timeout=10)
-
-
-def on(host: str) -> tuple[str, ...]:
-    return ("ip", "netns", "exec", host)
+        with netns.two_hosts(HOST_A, HOST_B) as hosts:
+            yield hosts.a, hosts.b
+    except netns.NetnsUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 async def test_publisher_and_subscribers_on_different_hosts(
