@@ -1,6 +1,8 @@
 """ezmsg units and systems for tests/test_ezmsg.py (importable by unit processes).
 
-Imports ezmsg: import this module only after ``pytest.importorskip("ezmsg.core")``.
+Imports ezmsg (not ezmsg-sigproc: tests/_sigproc_graphs.py has what needs it, so the
+others run with ezmsg alone, 3.9 included): import this module only after
+``pytest.importorskip("ezmsg.core")``.
 """
 
 from __future__ import annotations
@@ -12,12 +14,6 @@ from typing import Any
 
 import ezmsg.core as ez
 import numpy as np
-from ezmsg.sigproc.butterworthfilter import (
-    ButterworthFilter,
-    ButterworthFilterSettings,
-    ButterworthFilterTransformer,
-)
-from ezmsg.sigproc.downsample import Downsample, DownsampleSettings, DownsampleTransformer
 from ezmsg.util.messages.axisarray import AxisArray
 
 import ezflow
@@ -26,8 +22,6 @@ RATE = 500.0
 BLOCKS = 12
 BLOCK = 50
 CHANNELS = 3
-FILTER = ButterworthFilterSettings(order=4, cutoff=40.0)
-DOWNSAMPLE = DownsampleSettings(factor=2)
 
 
 def blocks() -> Iterator[AxisArray]:
@@ -41,13 +35,6 @@ def blocks() -> Iterator[AxisArray]:
             attrs={"block": index},
             key="source",
         )
-
-
-def expected() -> list[AxisArray]:
-    """The same sigproc processors, called directly on the same blocks."""
-    butter = ButterworthFilterTransformer(FILTER)
-    down = DownsampleTransformer(DOWNSAMPLE)
-    return [down(butter(block)) for block in blocks()]
 
 
 class SourceSettings(ez.Settings):
@@ -99,39 +86,11 @@ class EzflowSink(ezflow.Unit):
         self.received.append(message)
 
 
-class PipelineSystem(ez.Collection):
-    """The pipeline as ezmsg's Collection-based system class, filter and downsampler
-    each in its own process."""
-
-    SOURCE = Source()
-    FILTER = ButterworthFilter()
-    DOWNSAMPLE = Downsample()
-    SINK = Sink()
-
-    def configure(self) -> None:
-        self.FILTER.apply_settings(FILTER)
-        self.DOWNSAMPLE.apply_settings(DOWNSAMPLE)
-
-    def network(self) -> ez.NetworkDefinition:
-        return (
-            (self.SOURCE.OUTPUT_SIGNAL, self.FILTER.INPUT_SIGNAL),
-            (self.FILTER.OUTPUT_SIGNAL, self.DOWNSAMPLE.INPUT_SIGNAL),
-            (self.DOWNSAMPLE.OUTPUT_SIGNAL, self.SINK.INPUT_SIGNAL),
-        )
-
-    def process_components(self) -> tuple[ez.Component, ...]:
-        return (self.FILTER, self.DOWNSAMPLE)
-
-
 __all__ = [
-    "ButterworthFilter",
-    "Downsample",
     "EzflowSink",
-    "PipelineSystem",
     "Sink",
     "Source",
     "blocks",
-    "expected",
 ]
 
 
