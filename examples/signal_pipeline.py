@@ -7,6 +7,7 @@ seconds as a registered dataclass; SINK prints the dominant frequency. Edges bet
 processes use shared memory (tcp where shm is not available).
 
     python examples/signal_pipeline.py --duration 2
+    ezflow run examples/signal_pipeline.py:graph
 """
 
 from __future__ import annotations
@@ -146,29 +147,33 @@ class Sink(ezflow.Unit):
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=2.0, help="seconds of signal")
-    args = parser.parse_args()
-    blocks = max(1, int(args.duration * 1000.0 / 100))
-
+def graph(duration: float = 2.0) -> dict[str, Any]:
+    """The graph, as the keyword arguments of ezflow.run: what
+    `ezflow run examples/signal_pipeline.py:graph` runs (*duration* seconds of signal)."""
+    blocks = max(1, int(duration * 1000.0 / 100))
     generator = Generator(GeneratorSettings(blocks=blocks))
     bandpass, spectrum, sink = BandPass(), SpectrumUnit(), Sink(SinkSettings(blocks=blocks))
-    ezflow.run(
-        components={
+    return {
+        "components": {
             "GENERATOR": generator,
             "BANDPASS": bandpass,
             "SPECTRUM": spectrum,
             "SINK": sink,
         },
-        connections=[
+        "connections": [
             (generator.OUTPUT, bandpass.INPUT),
             (bandpass.OUTPUT, spectrum.INPUT),
             (spectrum.OUTPUT, sink.INPUT),
         ],
-        process_components=[bandpass, spectrum],  # three processes in all
-        graph_address="127.0.0.1:0",
-    )
+        "process_components": [bandpass, spectrum],  # three processes in all
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds of signal")
+    args = parser.parse_args()
+    ezflow.run(**graph(args.duration), graph_address="127.0.0.1:0")
 
 
 if __name__ == "__main__":

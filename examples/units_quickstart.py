@@ -4,6 +4,7 @@ The graph from the README: SINE publishes blocks of samples, SCALE doubles them,
 verifies every block arrived in order and ends the graph after the last one.
 
     python examples/units_quickstart.py --blocks 200
+    ezflow run examples/units_quickstart.py:graph
 """
 
 from __future__ import annotations
@@ -71,18 +72,23 @@ class Check(ezflow.Unit):
         print(f"received {self.STATE.received} blocks, peak {self.STATE.peak:.3f}")
 
 
+def graph(blocks: int = 100) -> dict[str, Any]:
+    """The graph, as the keyword arguments of ezflow.run: what
+    `ezflow run examples/units_quickstart.py:graph` runs."""
+    sine = Sine(SineSettings(blocks=blocks))
+    scale, check = Scale(), Check(CheckSettings(blocks=blocks))
+    return {
+        "components": {"SINE": sine, "SCALE": scale, "CHECK": check},
+        "connections": [(sine.OUTPUT, scale.INPUT), (scale.OUTPUT, check.INPUT)],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=100, help="blocks to publish")
     args = parser.parse_args()
-
-    sine = Sine(SineSettings(blocks=args.blocks))
-    scale, check = Scale(), Check(CheckSettings(blocks=args.blocks))
-    ezflow.run(
-        components={"SINE": sine, "SCALE": scale, "CHECK": check},
-        connections=[(sine.OUTPUT, scale.INPUT), (scale.OUTPUT, check.INPUT)],
-        graph_address="127.0.0.1:0",  # an embedded graph server on a free port
-    )
+    # An embedded graph server on a free port.
+    ezflow.run(**graph(args.blocks), graph_address="127.0.0.1:0")
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@ from typing import Any
 
 import pytest
 from _prometheus import http_get, parse_exposition
+from rich.console import Console
 from typer.testing import CliRunner
 
 from ezflow._cli._app import app
+from ezflow._cli._top import _tables
 
 GRAPHS = str(Path(__file__).with_name("_cli_graphs.py"))
 CHILDREN = str(Path(__file__).with_name("_children.py"))
@@ -300,6 +302,32 @@ def test_top_once_shows_every_channel(graph: Graph) -> None:
     table = ezflow_cli("top", "--once", "--address", graph.address)
     assert table.returncode == 0, table.stderr
     assert "TICKER/RELAY/OUTPUT" in table.stdout and "msgs/s" in table.stdout
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_top_fits_the_terminal_width(graph: Graph, width: int) -> None:
+    def data() -> dict[str, Any]:
+        result = invoke("top", "--once", "--json", "--address", graph.address)
+        found: dict[str, Any] = json.loads(result.stdout)
+        return found if len(found["channels"]) >= 2 and found["publishers"] else {}
+
+    snapshot = _wait_for(data, 10, "channels and publishers reported")
+    console = Console(width=width, record=True)
+    console.print(_tables(snapshot, graph.address, console.width))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert "…" not in text  # no cell cut short
+    for row in snapshot["channels"] + snapshot["publishers"]:
+        assert row["topic"] in text and f"({row['pid']})" in text
+    for header in ("topic", "process", "msgs/s", "drops"):  # the most important stay
+        assert re.search(rf"\b{re.escape(header)}\b", lines[2]), lines[2]
+    if width == 80:
+        assert "not shown for width: " in text
+    all_columns = _tables(snapshot, graph.address, 1000)
+    wide = Console(width=1000, record=True)
+    wide.print(all_columns)
+    assert "not shown" not in wide.export_text()
 
 
 def _child(role: str, env: dict[str, str], **args: Any) -> subprocess.Popen[str]:

@@ -7,6 +7,10 @@ Each command group lives in its own module and is registered here with one
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as distribution_version
+from typing import Annotated
+
 import typer
 
 from .._core._exceptions import EzflowError
@@ -24,8 +28,27 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        try:
+            text = distribution_version("ezflow")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            text = "unknown (not installed)"
+        typer.echo(f"ezflow {text}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print ezflow's version and exit.",
+        ),
+    ] = False,
     token_file: TokenFileOption = None,
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,

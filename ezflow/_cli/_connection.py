@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from types import ModuleType
@@ -64,6 +65,7 @@ __all__ = [
     "graph_client",
     "graph_context",
     "import_module_or_file",
+    "print_user_traceback",
     "resolve_address",
     "run_async",
     "unreachable",
@@ -196,7 +198,8 @@ def import_module_or_file(
     (``pkg/mod.py`` next to a ``pkg/__init__.py`` is ``pkg.mod``, the directory above
     ``pkg`` first on ``sys.path``): the name its classes have where a program imports
     it. For a module name the current directory goes on ``sys.path``, as ``python -m``
-    does.
+    does. An error raised while importing prints its traceback (the user's frames
+    only) before the one-line error.
     """
     label = where if option is None else f"{where} ({option})"
     path = None
@@ -218,6 +221,7 @@ def import_module_or_file(
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
+        print_user_traceback(exc)
         fail(f"cannot import {label}: {type(exc).__name__}: {exc}", 2)
     if path is not None and Path(getattr(module, "__file__", "") or "").resolve() != path:
         fail(
@@ -226,6 +230,20 @@ def import_module_or_file(
             2,
         )
     return module
+
+
+def print_user_traceback(exc: BaseException) -> None:
+    """Print *exc*'s traceback on stderr with only the frames of the user's code: not
+    ezflow's, not importlib's (a SyntaxError shows its file, line and caret)."""
+    machinery = (str(Path(__file__).resolve().parents[1]), str(Path(importlib.__file__).parent))
+    trace = traceback.TracebackException.from_exception(exc)
+
+    def mine(frame: traceback.FrameSummary) -> bool:
+        name = frame.filename
+        return not (name.startswith(machinery) or name.startswith("<frozen importlib"))
+
+    trace.stack = traceback.StackSummary.from_list([f for f in trace.stack if mine(f)])
+    sys.stderr.write("".join(trace.format()))
 
 
 @contextlib.asynccontextmanager

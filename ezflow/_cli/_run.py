@@ -16,8 +16,10 @@ first on ``sys.path``), so unit processes can import the classes it defines.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Annotated, Any
 
 import typer
@@ -27,8 +29,9 @@ from .._core._exceptions import ConfigurationError, EzflowError
 from .._units._component import Component
 from .._units._errors import GraphDefinitionError, ProcessDiedError, UnitError
 from .._units._plan import adaptable, adaptable_class
+from .._units._runner import GraphRunner
 from .._units._runner import run as run_graph
-from ._connection import AddressOption, fail, import_module_or_file, resolve_address
+from ._connection import AddressOption, errors, fail, import_module_or_file, resolve_address
 
 __all__ = ["load_graph", "load_object", "run"]
 
@@ -45,7 +48,31 @@ def load_object(target: str) -> tuple[str, Any]:
     try:
         return name, getattr(module, name)
     except AttributeError:
-        fail(f"{where} has no attribute {name!r}", 2)
+        found = _runnable(module)
+        fail(
+            f"{where} has no attribute {name!r}; "
+            + (f"it has: {', '.join(found)}" if found else "it defines no component or function"),
+            2,
+        )
+
+
+def _runnable(module: ModuleType) -> list[str]:
+    """The names in *module* that ``ezflow run`` could take (components, component
+    classes and functions defined there): what to suggest when a name is wrong."""
+    names = []
+    for key, value in vars(module).items():
+        if key.startswith("_"):
+            continue
+        if isinstance(value, type):
+            if value.__module__ == module.__name__ and (
+                issubclass(value, Component) or adaptable_class(value)
+            ):
+                names.append(key)
+        elif _component(value) is not None or (
+            inspect.isfunction(value) and value.__module__ == module.__name__
+        ):
+            names.append(key)
+    return names
 
 
 def _component(obj: Any) -> Any:
@@ -81,6 +108,11 @@ def load_graph(name: str, obj: Any) -> dict[str, Any]:
         "class), a mapping of names to components, or a function returning one of those, "
         "(components, connections[, process_components]) or a dict of ezflow.run arguments"
     )
+
+
+def _print_start_line(runner: GraphRunner) -> None:
+    # On stderr, so that a graph's own output on stdout stays clean for pipes.
+    errors.print(f"ezflow run: {runner.describe()}", highlight=False, markup=False)
 
 
 def run(  # noqa: PLR0917 - one parameter per command-line option
@@ -121,27 +153,36 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="Do not print the start line (graph server and processes)."
+        ),
+    ] = False,
 ) -> None:
     """Run a graph of units (a Collection, or a function returning components).
 
-    It runs until a unit raises NormalTermination, a @main returns, every unit is done
-    (--end-when-done), or Ctrl-C / SIGTERM (exit 0); stopping drains what lossless edges
-    accepted for up to --drain-timeout seconds (a second Ctrl-C stops at once). A unit
-    that fails or a unit process that dies stops the graph and exits 1; an invalid graph
-    exits 2.
+    Once every unit runs it prints one line on stderr: the graph server's address (where
+    `ezflow graph`, `top` and `echo` find the graph) and each process with its units
+    (--quiet: nothing). It runs until a unit raises NormalTermination, a @main returns,
+    every unit is done (--end-when-done), or Ctrl-C / SIGTERM (exit 0); stopping drains
+    what lossless edges accepted for up to --drain-timeout seconds (a second Ctrl-C stops
+    at once). A unit that fails or a unit process that dies stops the graph and exits 1;
+    an invalid graph or a target that cannot be imported exits 2 (with the traceback of
+    the error in your code).
 
     Uses the graph server at --address / EZFLOW_GRAPH_ADDRESS, starting one in this
-    process when none answers there.
+    process when none answers there (port 0: any free port).
 
-    Examples:
+    Examples (from a checkout of ezflow; each ends by itself):
 
-        ezflow run mypkg.pipelines:SYSTEM
+        ezflow run examples/units_quickstart.py:graph
 
-        ezflow run examples/sine.py:build --single-process
+        ezflow run examples/signal_pipeline.py:graph --address 127.0.0.1:0
 
-        ezflow run mypkg.replay:SYSTEM --end-when-done
+        ezflow run examples/signal_pipeline.py:graph --single-process --quiet
 
-        EZFLOW_GRAPH_ADDRESS=10.0.0.5:25990 ezflow run mypkg.pipelines:ACQUISITION
+        EZFLOW_GRAPH_ADDRESS=127.0.0.1:0 ezflow run examples/units_quickstart.py:graph -q
     """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -163,6 +204,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             check_types=True if check_types else None,
             end_when_done=end_when_done,
             drain_timeout=drain_timeout,
+            on_started=None if quiet else _print_start_line,
         )
     except GraphDefinitionError as exc:
         fail(str(exc), 2)

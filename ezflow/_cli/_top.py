@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -13,6 +14,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from .._core._config import format_address
 from .._core._exceptions import ProtocolError
@@ -119,7 +121,7 @@ def rows(processes: dict[str, ProcessSnapshot], now: float) -> dict[str, list[di
 
 
 def _errors(count: int) -> str:
-    # Decode errors and on_message exceptions: each one lost a message for someone.
+    # Drops, decode errors, on_message exceptions: each one lost a message for someone.
     return str(count) if not count else f"[red]{count}[/]"
 
 
@@ -127,72 +129,78 @@ def _lat(value_us: float | None) -> str:
     return format_ns(None if value_us is None else value_us * 1e3)
 
 
-def _tables(data: dict[str, list[dict[str, Any]]], where: str) -> Group:
-    channels = Table(
-        "topic",
-        "process",
-        "transport",
-        "subs",
-        "msgs/s",
-        "MB/s",
-        "lat p50",
-        "lat p99",
-        "drops",
-        "errors",
-        "queue",
-        "in use",
-        "messages",
-        title=f"channels (graph server {where})",
+#: Columns of the two tables in display order: (header, priority, cell of a row).
+#: When the terminal is too narrow for all, the columns with the highest priority
+#: number go first; topic and process (priority 0) always stay, whole.
+_Column = tuple[str, int, Callable[[dict[str, Any]], str]]
+_CHANNEL_COLUMNS: list[_Column] = [
+    ("topic", 0, lambda r: escape(r["topic"])),
+    ("process", 0, lambda r: escape(f"{r['process']} ({r['pid']})")),
+    ("transport", 4, lambda r: str(r["transport"])),
+    ("subs", 6, lambda r: str(r["subscribers"])),
+    ("msgs/s", 1, lambda r: f"{r['msgs_per_s']:.1f}"),
+    ("MB/s", 8, lambda r: f"{r['mb_per_s']:.2f}"),
+    ("lat p50", 3, lambda r: _lat(r["latency_p50_us"])),
+    ("lat p99", 7, lambda r: _lat(r["latency_p99_us"])),
+    ("drops", 2, lambda r: _errors(r["drops"])),
+    ("errors", 5, lambda r: _errors(r["decode_errors"] + r["callback_errors"])),
+    ("queue", 9, lambda r: str(r["queue_depth"])),
+    ("in use", 10, lambda r: str(r["buffers_in_use"])),
+    ("messages", 11, lambda r: str(r["messages"])),
+]
+_PUBLISHER_COLUMNS: list[_Column] = [
+    ("topic", 0, lambda r: escape(r["topic"])),
+    ("process", 0, lambda r: escape(f"{r['process']} ({r['pid']})")),
+    ("channels", 5, lambda r: str(r["channels"])),
+    ("msgs/s", 1, lambda r: f"{r['msgs_per_s']:.1f}"),
+    ("MB/s", 8, lambda r: f"{r['mb_per_s']:.2f}"),
+    ("wait p99", 4, lambda r: _lat(r["wait_p99_us"])),
+    ("wait s", 9, lambda r: f"{r['wait_seconds']:.3f}"),
+    ("drops", 2, lambda r: _errors(r["drops"])),
+    ("cut", 3, lambda r: _errors(r["stalled_cut"])),
+    ("dead", 6, lambda r: _errors(r["dead_channels"])),
+    ("shm in use", 10, lambda r: str(r["shm_in_use"])),
+    ("messages", 11, lambda r: str(r["messages"])),
+]
+#: What a column costs besides its text: the borders and one space of padding each side.
+_COLUMN_CHROME = 3
+
+
+def _fit(columns: list[_Column], rows: list[dict[str, Any]], title: str, width: int) -> Table:
+    """A table of *rows* with as many *columns* as fit in *width* cells, dropping the
+    least important first (named in the caption); kept cells are never cut."""
+    cells = [[cell(row) for _, _, cell in columns] for row in rows]
+    natural = [
+        max([len(header)] + [Text.from_markup(line[i]).cell_len for line in cells])
+        for i, (header, _, _) in enumerate(columns)
+    ]
+    keep = {i for i, (_, priority, _) in enumerate(columns) if priority == 0}
+    used = 1 + sum(natural[i] + _COLUMN_CHROME for i in keep)
+    for i in sorted(range(len(columns)), key=lambda i: columns[i][1]):
+        if i not in keep and used + natural[i] + _COLUMN_CHROME <= width:
+            keep.add(i)
+            used += natural[i] + _COLUMN_CHROME
+    hidden = [header for i, (header, _, _) in enumerate(columns) if i not in keep]
+    table = Table(
+        title=title,
         title_justify="left",
+        caption=f"not shown for width: {', '.join(hidden)} (widen, or --json)" if hidden else None,
+        caption_justify="left",
     )
-    for row in data["channels"]:
-        channels.add_row(
-            escape(row["topic"]),
-            escape(f"{row['process']} ({row['pid']})"),
-            row["transport"],
-            str(row["subscribers"]),
-            f"{row['msgs_per_s']:.1f}",
-            f"{row['mb_per_s']:.2f}",
-            _lat(row["latency_p50_us"]),
-            _lat(row["latency_p99_us"]),
-            str(row["drops"]) if not row["drops"] else f"[red]{row['drops']}[/]",
-            _errors(row["decode_errors"] + row["callback_errors"]),
-            str(row["queue_depth"]),
-            str(row["buffers_in_use"]),
-            str(row["messages"]),
-        )
-    publishers = Table(
-        "topic",
-        "process",
-        "channels",
-        "msgs/s",
-        "MB/s",
-        "wait p99",
-        "wait s",
-        "drops",
-        "cut",
-        "dead",
-        "shm in use",
-        "messages",
-        title="publishers",
-        title_justify="left",
+    shown = sorted(keep)
+    for i in shown:
+        table.add_column(columns[i][0], no_wrap=True, min_width=natural[i])
+    for line in cells:
+        table.add_row(*(line[i] for i in shown))
+    return table
+
+
+def _tables(data: dict[str, list[dict[str, Any]]], where: str, width: int) -> Group:
+    """Both tables, fitted to *width* terminal cells."""
+    return Group(
+        _fit(_CHANNEL_COLUMNS, data["channels"], f"channels (graph server {where})", width),
+        _fit(_PUBLISHER_COLUMNS, data["publishers"], "publishers", width),
     )
-    for row in data["publishers"]:
-        publishers.add_row(
-            escape(row["topic"]),
-            escape(f"{row['process']} ({row['pid']})"),
-            str(row["channels"]),
-            f"{row['msgs_per_s']:.1f}",
-            f"{row['mb_per_s']:.2f}",
-            _lat(row["wait_p99_us"]),
-            f"{row['wait_seconds']:.3f}",
-            str(row["drops"]),
-            _errors(row["stalled_cut"]),
-            _errors(row["dead_channels"]),
-            str(row["shm_in_use"]),
-            str(row["messages"]),
-        )
-    return Group(channels, publishers)
 
 
 def top(
@@ -230,7 +238,7 @@ def top(
                 if as_json:
                     typer.echo(json.dumps({"address": label, **data}, indent=2))
                 else:
-                    console.print(_tables(data, label))
+                    console.print(_tables(data, label, console.width))
                 return
             if as_json:
                 while True:
@@ -240,7 +248,7 @@ def top(
             with Live(console=console, auto_refresh=False) as live:
                 while True:
                     data = rows(await fetch(client), time.time())
-                    live.update(_tables(data, label), refresh=True)
+                    live.update(_tables(data, label, console.width), refresh=True)
                     await asyncio.sleep(interval)
 
     run_async(main)

@@ -70,6 +70,7 @@ __all__ = [
     "MIN_HEARTBEAT_DEADLINE",
     "MIN_TELEMETRY_INTERVAL",
     "MIN_TOKEN_BYTES",
+    "OTHER_ADDRESS_HINT",
     "PUBLISH_YIELD_BYTES",
     "PUBLISH_YIELD_EVERY",
     "RECONNECT_MAX_DELAY",
@@ -115,6 +116,13 @@ ENV_EVENT_LOOP: Final = "EZFLOW_EVENT_LOOP"
 
 #: Where GraphContext looks for (or starts) the graph server when given no address.
 DEFAULT_GRAPH_ADDRESS: Final[Address] = ("127.0.0.1", 25990)
+#: The way out when another program holds the graph server's port: said by every error
+#: that finds the port taken by something that is not an ezflow graph server.
+OTHER_ADDRESS_HINT: Final = (
+    "another program may hold this port: use another address (port 0 takes a free one): "
+    f"`--address 127.0.0.1:0`, {ENV_GRAPH_ADDRESS}=127.0.0.1:0 or "
+    "GraphContext('127.0.0.1:0')"
+)
 
 #: Largest encoded message a publisher sends or a channel accepts (bytes).
 DEFAULT_MAX_MESSAGE_SIZE: Final = 128 * 1024 * 1024

@@ -18,6 +18,7 @@ from .._core._config import (
     ENV_HEARTBEAT_DEADLINE,
     HANDSHAKE_TIMEOUT,
     MAX_TELEMETRY_REPORT_SIZE,
+    OTHER_ADDRESS_HINT,
     REQUEST_TIMEOUT,
     TELEMETRY_MAX_WRITE_BUFFER,
     Address,
@@ -133,8 +134,8 @@ class GraphClient:
             protocol.abort()
             raise EzflowTimeoutError(
                 f"{format_address(address)} accepted the connection but did not complete "
-                f"the ezflow handshake within {HANDSHAKE_TIMEOUT:.0f} s; is it an ezflow "
-                "graph server?"
+                f"the ezflow handshake within {HANDSHAKE_TIMEOUT:.0f} s: it is not an ezflow "
+                f"graph server, or a stuck one; {OTHER_ADDRESS_HINT}"
             ) from exc
         except BaseException:
             protocol.abort()

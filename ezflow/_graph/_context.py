@@ -33,6 +33,7 @@ import errno
 import functools
 import inspect
 import logging
+import os
 import random
 import uuid
 from collections.abc import Callable, Iterable
@@ -44,6 +45,7 @@ from .._core._codec import Codec
 from .._core._config import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
+    OTHER_ADDRESS_HINT,
     RECONNECT_MAX_DELAY,
     RECONNECT_MIN_DELAY,
     RECONNECT_ROUTE_GRACE,
@@ -241,6 +243,7 @@ class GraphContext:
         :class:`BrokenResourceError` when nothing answers (and none may be started),
         or as :meth:`GraphClient.connect`."""
         address = self._address
+        in_use: OSError | None = None
         for _ in range(3):
             if address[1] != 0:
                 try:
@@ -257,6 +260,7 @@ class GraphContext:
                 await server.start()
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
+                    in_use = exc
                     continue  # another process started one first: connect to it
                 raise BrokenResourceError(
                     f"cannot start a graph server at {format_address(address)}: {exc}"
@@ -267,9 +271,13 @@ class GraphContext:
             self._address = server.address
             log.info("started an embedded graph server at %s", format_address(server.address))
             return await self._open_client(server.address)
+        # Bound (so no server could start) yet refusing connections, three times: a
+        # program that is not a graph server holds the port.
         raise BrokenResourceError(
-            f"cannot connect to or start a graph server at {format_address(address)}"
-        )
+            f"cannot start a graph server at {format_address(address)}: the port is in use "
+            f"({os.strerror(errno.EADDRINUSE)}) but nothing there accepts "
+            f"connections; {OTHER_ADDRESS_HINT}"
+        ) from in_use
 
     async def _open_client(self, address: Address) -> GraphClient:
         """Connect and make the connection the current one (its callbacks count)."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import pickle
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from .._core._config import (
     check_drain_timeout,
     check_types_from_env,
     drain_timeout_from_env,
+    format_address,
 )
 from .._core._exceptions import ClosedResourceError
 from .._core._loop import run_coroutine
@@ -174,6 +176,19 @@ class GraphRunner:
     def processes(self) -> dict[str, int]:
         """Unit processes by name, with their pids (the runner's own process excluded)."""
         return {child.name: child.pid for child in self._children}
+
+    def describe(self) -> str:
+        """One line saying where the graph runs: the graph server address and, per
+        process, its pid and units, e.g. ``graph server 127.0.0.1:41234; processes:
+        main pid 10 (SOURCE, SINK), RELAY pid 11 (RELAY)`` (what ``ezflow run`` prints
+        at start). Call it once the graph started."""
+        pids = {MAIN_PROCESS: os.getpid(), **self.processes}
+        parts = [
+            f"{process or 'main'} pid {pids.get(process, '?')} ({', '.join(paths)})"
+            for process, paths in self.plan.processes.items()
+            if paths
+        ]
+        return f"graph server {format_address(self.context.address)}; processes: {', '.join(parts)}"
 
     async def __aenter__(self) -> GraphRunner:
         await self.start()
@@ -585,6 +600,7 @@ def run(
     check_types: bool | None = None,
     end_when_done: bool = False,
     drain_timeout: float | None = None,
+    on_started: Callable[[GraphRunner], None] | None = None,
     **named_components: Component,
 ) -> None:
     """Run a graph until it ends; block meanwhile.
@@ -602,7 +618,9 @@ def run(
     *end_when_done* ends the graph once every unit is done: every source ended and
     every message was handled (docs/units.md). *drain_timeout* bounds how long a
     stopping graph keeps handling messages already accepted (default
-    ``EZFLOW_DRAIN_TIMEOUT``, else 5 seconds; 0: no drain).
+    ``EZFLOW_DRAIN_TIMEOUT``, else 5 seconds; 0: no drain). *on_started* is called
+    once, on the graph's event loop, when every unit runs (e.g. to print
+    :meth:`GraphRunner.describe`); what it raises stops the graph.
 
     Returns normally when a unit raised :class:`~ezflow.NormalTermination`, a
     ``@main`` method returned, every unit is done (*end_when_done*), or on SIGINT
@@ -633,7 +651,7 @@ def run(
     runner._allow_main = True
     local_main = runner._local_main()
     if local_main is None:
-        run_coroutine(_run_until_done(runner, install_signals=True))
+        run_coroutine(_run_until_done(runner, install_signals=True, on_started=on_started))
         return
     gate = runner._gate = MainThreadGate()
     state: dict[str, asyncio.AbstractEventLoop] = {}
@@ -648,7 +666,7 @@ def run(
         loop = state["loop"] = asyncio.get_running_loop()
         signals = _SignalHandler(runner)
         gate.on_signal = lambda: loop.call_soon_threadsafe(signals.received)
-        await _run_until_done(runner, install_signals=False)
+        await _run_until_done(runner, install_signals=False, on_started=on_started)
 
     run_beside_main(
         run_in_thread(),
@@ -676,7 +694,12 @@ class _SignalHandler:
             self.runner.kill_children()
 
 
-async def _run_until_done(runner: GraphRunner, *, install_signals: bool) -> None:
+async def _run_until_done(
+    runner: GraphRunner,
+    *,
+    install_signals: bool,
+    on_started: Callable[[GraphRunner], None] | None = None,
+) -> None:
     loop = asyncio.get_running_loop()
     handler = _SignalHandler(runner)
     installed = []
@@ -689,6 +712,12 @@ async def _run_until_done(runner: GraphRunner, *, install_signals: bool) -> None
                 pass
     try:
         await runner.start()
+        if on_started is not None:
+            try:
+                on_started(runner)
+            except BaseException:
+                await runner.stop()
+                raise
         await runner.wait()
     finally:
         for sig in installed:
