@@ -221,7 +221,8 @@ def import_module_or_file(
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        print_user_traceback(exc)
+        if not (isinstance(exc, ModuleNotFoundError) and exc.name == module_name):
+            print_user_traceback(exc)  # the error is in their code, not in the name
         fail(f"cannot import {label}: {type(exc).__name__}: {exc}", 2)
     if path is not None and Path(getattr(module, "__file__", "") or "").resolve() != path:
         fail(

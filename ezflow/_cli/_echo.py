@@ -293,7 +293,7 @@ def echo(
 
         ezflow echo PIPE/EVENTS --import mypackage.messages
 
-        ezflow echo /points --import ./msgs.py
+        ezflow echo SPECTRUM/OUTPUT --import examples/signal_pipeline.py
     """
     where = resolve_address(address)
     _import_modules(modules)
@@ -426,7 +426,7 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
 
         ezflow hz /camera/frames --window 100 --duration 10
 
-        ezflow hz /points --import ./msgs.py --json
+        ezflow hz SPECTRUM/OUTPUT --import examples/signal_pipeline.py --json
     """
     where = resolve_address(address)
     _import_modules(modules)

@@ -32,6 +32,7 @@ from ._message_types import shipped_message_types
 from ._plan import MAIN_PROCESS, Plan, build_plan, stream_topic
 from ._process import ChildProcess, preparation
 from ._settings import Settings
+from ._streams import OutputStream
 
 __all__ = ["CHILD_STOP_TIMEOUT", "START_TIMEOUT", "GraphRunner", "run"]
 
@@ -301,6 +302,8 @@ class GraphRunner:
         context = GraphContext(self._graph_address, name="ezflow-run")
         await context.start()
         self._context = context
+        if context.server is None:  # a server others may use: is this graph there already?
+            await self._check_not_running_already(context)
         loop_module = type(asyncio.get_running_loop()).__module__
         loop_kind = "uvloop" if loop_module.startswith("uvloop") else "asyncio"
         prep = preparation()
@@ -390,6 +393,35 @@ class GraphRunner:
         host.start()
         if self._gate is not None:
             self._gate.open()
+
+    async def _check_not_running_already(self, context: GraphContext) -> None:
+        """Raise GraphDefinitionError when another client of the graph server already
+        publishes on an output topic of this graph's units: a second copy of the same
+        graph, whose data would merge with ours without a word. (Subscribers, and
+        publishers feeding the units' inputs, are other programs using the graph.)"""
+        outputs = {
+            stream_topic(path, name): path
+            for path, unit in self.plan.units.items()
+            for name, stream in type(unit).streams().items()
+            if isinstance(stream, OutputStream)
+        }
+        snapshot = await context.graph()
+        clients = {c["client_id"]: c for c in snapshot.get("clients", [])}
+        clashes: dict[str, str] = {}
+        for publisher in snapshot.get("publishers", []):
+            path = outputs.get(publisher["topic"])
+            if path is not None and path not in clashes:
+                owner = clients.get(publisher["client_id"], {})
+                clashes[path] = f"{owner.get('name', '?')} pid {owner.get('pid', '?')}"
+        if clashes:
+            listed = ", ".join(f"{path} (already in {owner})" for path, owner in clashes.items())
+            raise GraphDefinitionError(
+                f"units of this graph already run on the graph server at "
+                f"{format_address(context.address)}: {listed}; another copy of the graph "
+                "runs there, and the two would exchange data. Stop it, rename the "
+                "components, or run this copy on a graph server of its own "
+                "(`ezflow run --address 127.0.0.1:0`, graph_address='127.0.0.1:0')"
+            )
 
     # -- reports -------------------------------------------------------------------------
 
