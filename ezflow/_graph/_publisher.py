@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numpy.typing import DTypeLike
 
 from .._core._exceptions import ClosedResourceError
 from .._core._outlet import Outlet, PublisherStats
 from .._transports._shm import ShmStats, ShmTransport
+
+if TYPE_CHECKING:  # numpy.typing costs ~15 ms to import; annotations only
+    from numpy.typing import DTypeLike
 
 __all__ = ["Publisher"]
 

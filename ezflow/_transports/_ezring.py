@@ -49,10 +49,9 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import numpy.typing as npt
 
 from .._core._channel import Channel
 from .._core._config import (
@@ -71,6 +70,9 @@ from .._core._exceptions import (
 )
 from ._base import Inbound
 from ._segment import _process_start
+
+if TYPE_CHECKING:  # numpy.typing costs ~15 ms to import; annotations only
+    import numpy.typing as npt
 
 __all__ = [
     "RingFrame",

@@ -6,16 +6,18 @@ import copy
 import inspect
 import typing
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from numpy.typing import DTypeLike
 
 from .._core._exceptions import ClosedResourceError
 from ._decorators import FunctionRole, role_of
 from ._errors import GraphDefinitionError
 from ._settings import Settings, State
 from ._streams import BoundStream, InputStream, OutputStream, Stream
+
+if TYPE_CHECKING:  # numpy.typing costs ~15 ms to import; annotations only
+    from numpy.typing import DTypeLike
 
 __all__ = ["Collection", "Component", "Connection", "Endpoint", "Unit"]
 

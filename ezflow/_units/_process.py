@@ -117,8 +117,9 @@ class ChildProcess:
         return self.process.pid
 
     @classmethod
-    async def start(cls, name: str, bootstrap: dict[str, Any]) -> ChildProcess:
-        """Start the child and send it *bootstrap*."""
+    async def start(cls, name: str, bootstrap: dict[str, Any] | None = None) -> ChildProcess:
+        """Start the child, and send it *bootstrap* if given (else :meth:`send` it
+        later: the child starts its interpreter and imports ezflow meanwhile)."""
         parent_end, child_end = socket.socketpair()
         try:
             try:
@@ -138,7 +139,8 @@ class ChildProcess:
             parent_end.close()
             raise
         child = cls(name, process, reader, writer)
-        child.send(bootstrap)
+        if bootstrap is not None:
+            child.send(bootstrap)
         return child
 
     def listen(
@@ -287,6 +289,8 @@ def child_main() -> None:
         boot = _read_blocking(sock)
     except (EOFError, OSError):
         sys.exit(1)  # the parent is gone before we started: nothing to clean up
+    if boot.get("op") == "stop":
+        sys.exit(0)  # the graph stopped before it sent us anything (it failed to start)
     prep = boot["prep"]
     sys.path[:] = prep["sys_path"]
     os.chdir(prep["dir"])

@@ -299,6 +299,14 @@ class GraphRunner:
                 "process: put it in process_components, or use ezflow.run()"
             )
         payloads = self._payloads()
+        # The unit processes start first: starting an interpreter and importing ezflow
+        # is most of a graph's start-up, and it overlaps with our context's start. They
+        # wait for their bootstrap (where the graph server is) before doing anything.
+        for process in payloads:
+            child = await ChildProcess.start(process)
+            self._children.append(child)
+            child.listen(self._child_failed, self._child_complete, self._child_done)
+            self._watchers.append(asyncio.ensure_future(self._watch(child)))
         context = GraphContext(self._graph_address, name="ezflow-run")
         await context.start()
         self._context = context
@@ -307,24 +315,20 @@ class GraphRunner:
         loop_module = type(asyncio.get_running_loop()).__module__
         loop_kind = "uvloop" if loop_module.startswith("uvloop") else "asyncio"
         prep = preparation()
-        for process, payload in payloads.items():
-            child = await ChildProcess.start(
-                process,
+        for child in self._children:
+            child.send(
                 {
-                    "name": process,
+                    "name": child.name,
                     "address": list(context.address),
                     "loop": loop_kind,
                     "prep": prep,
-                    "units": payload,
-                    "messages": shipped_message_types(self.plan, process),
+                    "units": payloads[child.name],
+                    "messages": shipped_message_types(self.plan, child.name),
                     "check_types": self.check_types,
                     "drain": self._drain_timeout,
                     "end_when_done": self._end_when_done,
-                },
+                }
             )
-            self._children.append(child)
-            child.listen(self._child_failed, self._child_complete, self._child_done)
-            self._watchers.append(asyncio.ensure_future(self._watch(child)))
         host = UnitHost(
             self.plan.units_in(MAIN_PROCESS),
             context,
