@@ -19,6 +19,8 @@ from ._units._stock import (
     ReplayerSettings,
     TerminateAfter,
     TerminateAfterSettings,
+    TerminateOnTotal,
+    TerminateOnTotalSettings,
     rate_limited,
     read_recording,
 )
@@ -35,6 +37,8 @@ __all__ = [
     "ReplayerSettings",
     "TerminateAfter",
     "TerminateAfterSettings",
+    "TerminateOnTotal",
+    "TerminateOnTotalSettings",
     "rate_limited",
     "read_recording",
 ]

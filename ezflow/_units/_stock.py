@@ -39,6 +39,8 @@ __all__ = [
     "ReplayerSettings",
     "TerminateAfter",
     "TerminateAfterSettings",
+    "TerminateOnTotal",
+    "TerminateOnTotalSettings",
     "rate_limited",
     "read_recording",
 ]
@@ -162,6 +164,50 @@ class TerminateAfter(Unit):
         seconds = self.SETTINGS.seconds
         if seconds is not None:
             await asyncio.sleep(seconds)
+            raise NormalTermination
+
+
+# -- TerminateOnTotal -------------------------------------------------------------------------
+
+
+class TerminateOnTotalSettings(Settings):
+    """End the graph once *total* samples arrived on ``INPUT`` (ezmsg's TerminateOnTotal)."""
+
+    total: int
+
+    def __post_init__(self) -> None:
+        if self.total < 1:
+            raise ConfigurationError(f"TerminateOnTotalSettings.total={self.total} must be >= 1")
+
+
+class TerminateOnTotalState(State):
+    received: int = 0
+
+
+def _sample_count(message: Any) -> int:
+    """Samples a message carries: the length of its ``time`` axis for an AxisArray-like
+    message (``dims`` and ``data`` attributes, as ezmsg's AxisArray), else 1."""
+    dims = getattr(message, "dims", None)
+    shape = getattr(getattr(message, "data", None), "shape", None)
+    if isinstance(dims, (list, tuple)) and "time" in dims and shape is not None:
+        return int(shape[list(dims).index("time")])
+    return 1
+
+
+class TerminateOnTotal(Unit):
+    """Raises :class:`~ezflow.NormalTermination` once ``total`` samples arrived on
+    ``INPUT``. Unlike :class:`TerminateAfter` (which counts messages), an AxisArray-like
+    message counts as the length of its ``time`` axis; any other message counts as one."""
+
+    SETTINGS: TerminateOnTotalSettings
+    STATE: TerminateOnTotalState
+    INPUT = InputStream(Any)
+
+    @subscriber(INPUT)
+    def on_message(self, message: Any) -> None:
+        state: TerminateOnTotalState = self.STATE
+        state.received += _sample_count(message)
+        if state.received >= self.SETTINGS.total:
             raise NormalTermination
 
 
