@@ -1,4 +1,6 @@
-"""Stock units: logging, terminating, clocks, recording and replaying topics.
+"""Stock units: logging, terminating, gating, clocks, recording and replaying topics
+(ezmsg users: TerminateOnTimeout, TerminateOnTotal, MessageGate and the Replayer of
+ezmsg message logs behave as ezmsg.util's).
 
 ::
 
@@ -13,15 +15,21 @@ from ._units._stock import (
     ClockSettings,
     DebugLog,
     DebugLogSettings,
+    GateMessage,
+    MessageGate,
+    MessageGateSettings,
     Recorder,
     RecorderSettings,
     Replayer,
     ReplayerSettings,
     TerminateAfter,
     TerminateAfterSettings,
+    TerminateOnTimeout,
+    TerminateOnTimeoutSettings,
     TerminateOnTotal,
     TerminateOnTotalSettings,
     rate_limited,
+    read_ezmsg_log,
     read_recording,
 )
 
@@ -31,14 +39,20 @@ __all__ = [
     "ClockSettings",
     "DebugLog",
     "DebugLogSettings",
+    "GateMessage",
+    "MessageGate",
+    "MessageGateSettings",
     "Recorder",
     "RecorderSettings",
     "Replayer",
     "ReplayerSettings",
     "TerminateAfter",
     "TerminateAfterSettings",
+    "TerminateOnTimeout",
+    "TerminateOnTimeoutSettings",
     "TerminateOnTotal",
     "TerminateOnTotalSettings",
     "rate_limited",
+    "read_ezmsg_log",
     "read_recording",
 ]

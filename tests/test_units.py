@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import ezflow
-from ezflow._units._stock import _sample_count
 from ezflow.units import (
     Clock,
     DebugLog,
@@ -21,8 +20,6 @@ from ezflow.units import (
     Replayer,
     TerminateAfter,
     TerminateAfterSettings,
-    TerminateOnTotal,
-    TerminateOnTotalSettings,
     rate_limited,
     read_recording,
 )
@@ -126,29 +123,6 @@ def test_terminate_after_needs_a_limit() -> None:
         TerminateAfterSettings()
     with pytest.raises(ezflow.ConfigurationError, match="must be >= 1"):
         TerminateAfterSettings(count=0)
-
-
-async def test_terminate_on_total_counts_messages(server: ezflow.GraphServer) -> None:
-    source, collect, stop = Blocks(), Collect(), TerminateOnTotal(total=5)
-    async with ezflow.GraphRunner(
-        SOURCE=source,
-        COLLECT=collect,
-        STOP=stop,
-        connections=[(source.OUTPUT, collect.INPUT), (source.OUTPUT, stop.INPUT)],
-        graph_address=server.address,
-    ) as runner:
-        await asyncio.wait_for(runner.wait(), 10)
-    assert runner.completed_by == "STOP"
-    assert 5 <= len(collect.received) < Blocks.COUNT
-
-
-def test_terminate_on_total_counts_axis_array_samples() -> None:
-    axisarray = pytest.importorskip("ezmsg.util.messages.axisarray")
-    message = axisarray.AxisArray(np.zeros((7, 3)), dims=["time", "ch"])
-    assert _sample_count(message) == 7
-    assert _sample_count(np.zeros((7, 3))) == 1
-    with pytest.raises(ezflow.ConfigurationError, match="must be >= 1"):
-        TerminateOnTotalSettings(total=0)
 
 
 async def test_clock_and_debug_log(

@@ -1,4 +1,6 @@
-"""Stock units: DebugLog, TerminateAfter, Clock, Recorder, Replayer, and rate_limited.
+"""Stock units: DebugLog, TerminateAfter, TerminateOnTimeout, TerminateOnTotal,
+MessageGate, Clock, Recorder, Replayer, and rate_limited (the ezmsg ones behave as
+ezmsg.util's units of the same names; the Replayer also reads ezmsg's message logs).
 
 Recording format (a "msgpack stream"): the file is a sequence of msgpack objects. The
 first is a header map ``{"format": "ezflow-recording", "version": 1, "created": <unix
@@ -11,6 +13,7 @@ everything else a topic can carry) as msgpack ``bin``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -18,12 +21,13 @@ from typing import IO, Any, Literal
 
 import msgpack
 
-from .._core._codec import Codec
+from .._core._codec import Codec, register_message
 from .._core._config import DEFAULT_MAX_MESSAGE_SIZE
 from .._core._exceptions import ConfigurationError, ProtocolError
 from ._component import Unit
 from ._decorators import publisher, subscriber, task
 from ._errors import NormalTermination
+from ._ezmsg_log import is_ezmsg_log, read_ezmsg_log
 from ._settings import Settings, State
 from ._streams import InputStream, OutputStream
 
@@ -33,15 +37,21 @@ __all__ = [
     "ClockSettings",
     "DebugLog",
     "DebugLogSettings",
+    "GateMessage",
+    "MessageGate",
+    "MessageGateSettings",
     "Recorder",
     "RecorderSettings",
     "Replayer",
     "ReplayerSettings",
     "TerminateAfter",
     "TerminateAfterSettings",
+    "TerminateOnTimeout",
+    "TerminateOnTimeoutSettings",
     "TerminateOnTotal",
     "TerminateOnTotalSettings",
     "rate_limited",
+    "read_ezmsg_log",
     "read_recording",
 ]
 
@@ -167,48 +177,187 @@ class TerminateAfter(Unit):
             raise NormalTermination
 
 
-# -- TerminateOnTotal -------------------------------------------------------------------------
+# -- TerminateOnTimeout, TerminateOnTotal (ezmsg's) ----------------------------------------
 
 
-class TerminateOnTotalSettings(Settings):
-    """End the graph once *total* samples arrived on ``INPUT`` (ezmsg's TerminateOnTotal)."""
+class TerminateOnTimeoutSettings(Settings):
+    """End the graph once *time* seconds passed without a message on ``INPUT``, counted
+    from the latest message (never before the first: a graph whose source has not
+    started yet is not idle); checked *poll_rate* times a second. ezmsg's defaults."""
 
-    total: int
+    time: float = 2.0
+    poll_rate: float = 4.0
 
     def __post_init__(self) -> None:
-        if self.total < 1:
-            raise ConfigurationError(f"TerminateOnTotalSettings.total={self.total} must be >= 1")
+        if not self.time > 0:
+            raise ConfigurationError(f"TerminateOnTimeoutSettings.time={self.time} must be > 0")
+        if not self.poll_rate > 0:
+            raise ConfigurationError(
+                f"TerminateOnTimeoutSettings.poll_rate={self.poll_rate} must be > 0"
+            )
 
 
-class TerminateOnTotalState(State):
-    received: int = 0
+class TerminateOnTimeoutState(State):
+    last_message: float | None = None  # loop time of the latest message
 
 
-def _sample_count(message: Any) -> int:
-    """Samples a message carries: the length of its ``time`` axis for an AxisArray-like
-    message (``dims`` and ``data`` attributes, as ezmsg's AxisArray), else 1."""
-    dims = getattr(message, "dims", None)
-    shape = getattr(getattr(message, "data", None), "shape", None)
-    if isinstance(dims, (list, tuple)) and "time" in dims and shape is not None:
-        return int(shape[list(dims).index("time")])
-    return 1
+class TerminateOnTimeout(Unit):
+    """Raises :class:`~ezflow.NormalTermination` once no message arrived on ``INPUT`` for
+    ``time`` seconds after the first one (ezmsg's ``TerminateOnTimeout``: an idle
+    timeout that ends a replay or an acquisition when its data stops)."""
 
-
-class TerminateOnTotal(Unit):
-    """Raises :class:`~ezflow.NormalTermination` once ``total`` samples arrived on
-    ``INPUT``. Unlike :class:`TerminateAfter` (which counts messages), an AxisArray-like
-    message counts as the length of its ``time`` axis; any other message counts as one."""
-
-    SETTINGS: TerminateOnTotalSettings
-    STATE: TerminateOnTotalState
+    SETTINGS: TerminateOnTimeoutSettings
+    STATE: TerminateOnTimeoutState
     INPUT = InputStream(Any)
 
     @subscriber(INPUT)
+    def keepalive(self, message: Any) -> None:
+        self.STATE.last_message = asyncio.get_running_loop().time()
+
+    @task
+    async def poll(self) -> None:
+        settings: TerminateOnTimeoutSettings = self.SETTINGS
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(1.0 / settings.poll_rate)
+            last = self.STATE.last_message
+            if last is not None and loop.time() - last >= settings.time:
+                log.info("%s: no message for %g s, ending the graph", self.path, settings.time)
+                raise NormalTermination
+
+
+class TerminateOnTotalSettings(Settings):
+    """End the graph once *total* messages arrived on ``INPUT_MESSAGE``; ``None``: not
+    until a total arrives on ``INPUT_TOTAL``."""
+
+    total: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.total is not None and self.total < 0:
+            raise ConfigurationError(f"TerminateOnTotalSettings.total={self.total} must be >= 0")
+
+
+class TerminateOnTotalState(State):
+    total: int | None = None
+    received: int = 0
+
+
+class TerminateOnTotal(Unit):
+    """Raises :class:`~ezflow.NormalTermination` once ``total`` messages arrived on
+    ``INPUT_MESSAGE`` (ezmsg's ``TerminateOnTotal``: it counts messages, whatever they
+    carry). A number on ``INPUT_TOTAL`` replaces the total; one already reached ends the
+    graph at once. :class:`TerminateAfter` counts the same way, and can also end after
+    a time, but has no ``INPUT_TOTAL``."""
+
+    SETTINGS: TerminateOnTotalSettings
+    STATE: TerminateOnTotalState
+    INPUT_MESSAGE = InputStream(Any)
+    INPUT_TOTAL = InputStream(int)
+
+    def initialize(self) -> None:
+        self.STATE.total = self.SETTINGS.total
+
+    @subscriber(INPUT_TOTAL)
+    def on_total(self, total: int) -> None:
+        self.STATE.total = int(total)
+        self._maybe_end()
+
+    @subscriber(INPUT_MESSAGE)
     def on_message(self, message: Any) -> None:
+        self.STATE.received += 1
+        self._maybe_end()
+
+    def _maybe_end(self) -> None:
         state: TerminateOnTotalState = self.STATE
-        state.received += _sample_count(message)
-        if state.received >= self.SETTINGS.total:
+        if state.total is not None and state.received >= state.total:
             raise NormalTermination
+
+
+# -- MessageGate (ezmsg's) --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GateMessage:
+    """Open (``True``) or close the gate of a :class:`MessageGate` (``INPUT_GATE``)."""
+
+    open: bool
+
+
+register_message(GateMessage)
+
+
+class MessageGateSettings(Settings):
+    """*start_open*: the gate's state at start; after *default_after* messages in a
+    state other than *default_open*, the gate goes back to *default_open* (``None``:
+    never). ezmsg's settings and defaults (closed)."""
+
+    start_open: bool = False
+    default_open: bool = False
+    default_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.default_after is not None and self.default_after < 1:
+            raise ConfigurationError(
+                f"MessageGateSettings.default_after={self.default_after} must be >= 1 or None"
+            )
+
+
+class MessageGateState(State):
+    open: bool = False
+    messages: int = 0  # since the gate last changed
+    passed: int = 0
+    discarded: int = 0
+
+
+class MessageGate(Unit):
+    """Passes ``INPUT`` to ``OUTPUT`` while open and discards it (counted in
+    ``STATE.discarded``) while closed (ezmsg's ``MessageGate``). ``INPUT_GATE`` takes a
+    :class:`GateMessage` (ezmsg's own ``GateMessage`` too: anything with an ``open``
+    attribute) or a plain bool."""
+
+    SETTINGS: MessageGateSettings
+    STATE: MessageGateState
+    INPUT_GATE = InputStream(Any)
+    INPUT = InputStream(Any)
+    OUTPUT = OutputStream(Any)
+
+    def initialize(self) -> None:
+        self.STATE.open = self.SETTINGS.start_open
+
+    def set_gate(self, open_: bool) -> None:
+        """Open or close the gate; a change restarts the count of ``default_after``."""
+        state: MessageGateState = self.STATE
+        if state.open != open_:
+            state.open = open_
+            state.messages = 0
+
+    @subscriber(INPUT_GATE)
+    def on_gate(self, message: Any) -> None:
+        value = message if isinstance(message, bool) else getattr(message, "open", None)
+        if not isinstance(value, bool):
+            raise TypeError(
+                f"{self.path}: INPUT_GATE takes a GateMessage or a bool, not "
+                f"{type(message).__qualname__}"
+            )
+        self.set_gate(value)
+
+    @subscriber(INPUT)
+    @publisher(OUTPUT)
+    async def on_input(self, message: Any) -> AsyncIterator[tuple[Any, Any]]:
+        state: MessageGateState = self.STATE
+        settings: MessageGateSettings = self.SETTINGS
+        state.messages += 1
+        if state.open:
+            state.passed += 1
+            yield self.OUTPUT, message
+        else:
+            state.discarded += 1
+        if (
+            settings.default_after is not None
+            and state.open != settings.default_open
+            and state.messages >= settings.default_after
+        ):
+            self.set_gate(settings.default_open)
 
 
 # -- Clock ----------------------------------------------------------------------------------
@@ -325,16 +474,19 @@ def read_recording(path: str, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZ
 
 
 class ReplayerSettings(Settings):
-    """*path* of a recording; *rate* ``"recorded"`` (the recorded timing, divided by
-    *speed*) or ``"max"`` (as fast as subscribers take them); *complete*: end the graph
-    after the last message (:class:`~ezflow.NormalTermination`; without it, ``OUTPUT``
-    ends after the last message, and an ``end_when_done`` graph ends once everything
-    downstream handled it)."""
+    """*path* of a recording: ezflow's, or a file of ezmsg's ``MessageLogger`` (told
+    apart by content; *allow_pickle* lets objects ezmsg pickled into one be unpickled).
+    *rate* ``"recorded"`` (the recorded timing, divided by *speed*) or ``"max"`` (as
+    fast as subscribers take them); *complete*: end the graph after the last message
+    (:class:`~ezflow.NormalTermination`; without it, ``OUTPUT`` ends after the last
+    message, and an ``end_when_done`` graph ends once everything downstream handled
+    it)."""
 
     path: str
     rate: Literal["recorded", "max"] = "recorded"
     speed: float = 1.0
     complete: bool = False
+    allow_pickle: bool = False
 
     def __post_init__(self) -> None:
         if not self.speed > 0:
@@ -354,7 +506,12 @@ class Replayer(Unit):
         settings: ReplayerSettings = self.SETTINGS
         loop = asyncio.get_running_loop()
         started = loop.time()
-        for offset, message in read_recording(settings.path):
+        records = (
+            read_ezmsg_log(settings.path, allow_pickle=settings.allow_pickle)
+            if is_ezmsg_log(settings.path)
+            else read_recording(settings.path)
+        )
+        for offset, message in records:
             if settings.rate == "recorded":
                 delay = started + offset / settings.speed - loop.time()
                 if delay > 0:
