@@ -13,15 +13,16 @@ import ezflow
 PACKAGE = Path(ezflow.__file__).parent
 
 # A module may import only from its own layer or the ones listed after it: the CLI is
-# outermost, then the perf suites, the Unit/Collection API, the graph (context, client,
-# server), the transports, and the self-contained core.
-LAYERS = ["_cli", "_perf", "_units", "_graph", "_transports", "_core"]
+# outermost, then the perf suites, the Zenoh integration, the Unit/Collection API, the
+# graph (context, client, server), the transports, and the self-contained core.
+LAYERS = ["_cli", "_perf", "_zenoh", "_units", "_graph", "_transports", "_core"]
 
 
 def test_all_is_exactly_the_public_names() -> None:
     public = {name for name in vars(ezflow) if not name.startswith("_")}
     public -= {"annotations"}  # from __future__
-    public -= {"compat", "ezmsg"}  # submodules, set on the package once something imports them
+    # submodules, set on the package once something imports them
+    public -= {"compat", "ezmsg", "zenoh"}
     assert set(ezflow.__all__) - {"__version__"} == public
     assert len(ezflow.__all__) == len(set(ezflow.__all__))
     assert ezflow.__all__ == sorted(ezflow.__all__, key=lambda n: (not n.isupper(), n))
@@ -77,3 +78,21 @@ def test_modules_import_downward_only(layer: str) -> None:
         for imported in imported_layers(path):
             if imported.startswith("_") and imported in LAYERS:
                 assert imported in allowed, f"{path.name} ({layer}) imports {imported}"
+
+
+def test_optional_integrations_stay_in_their_modules() -> None:
+    # The core works without the extras: zenoh and ezmsg are imported only by their own
+    # modules (and the perf peers, in their own virtualenvs).
+    allowed = {"zenoh": ("_zenoh", "zenoh.py", "_perf"), "ezmsg": ("ezmsg.py", "compat", "_perf")}
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE).as_posix()
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module.split(".")[0]]
+            for name in names:
+                if name in allowed:
+                    assert relative.startswith(allowed[name]), f"{relative} imports {name}"

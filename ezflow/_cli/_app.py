@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from .._core._exceptions import EzflowError
-from . import _echo, _inspect, _perf, _run, _serve, _top
+from . import _echo, _inspect, _perf, _run, _serve, _top, _zenoh
 from ._connection import TlsCaOption, TlsCertOption, TlsKeyOption, TokenFileOption, apply_security
 
 __all__ = ["app", "main"]
@@ -63,6 +63,7 @@ def _root(
 
 
 app.add_typer(_perf.app, name="perf")
+app.add_typer(_zenoh.app, name="zenoh")
 app.command()(_serve.serve)
 app.command()(_serve.shutdown)
 app.command()(_run.run)

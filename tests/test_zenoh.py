@@ -1,0 +1,178 @@
+"""ezflow.zenoh: topics bridged between two graph servers through a Zenoh router (the
+``ezflow zenoh router`` command, a real process); needs ``ezflow[zenoh]`` (skipped
+without it; the CI installs it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+pytest.importorskip("zenoh", reason="Eclipse Zenoh is not installed (pip install 'ezflow[zenoh]')")
+
+import ezflow
+from ezflow.zenoh import (
+    Export,
+    Import,
+    ZenohBridge,
+    ZenohSettings,
+    key_to_topic,
+    open_session,
+    topic_to_key,
+)
+
+_FORBIDDEN = set("*$?#")
+
+
+@given(st.text(min_size=1, max_size=40).filter(lambda t: "\x00" not in t))
+def test_topic_key_round_trip(topic: str) -> None:
+    key = topic_to_key(topic, "ezflow/host")
+    assert key.startswith("ezflow/host/")
+    chunks = key.split("/")
+    assert all(chunks) and not any(c in _FORBIDDEN for c in key)
+    assert key_to_topic(key, "ezflow/host") == topic
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ezflow.ConfigurationError, match="has no protocol"):
+        ZenohSettings(connect=("127.0.0.1:7447",))
+    with pytest.raises(ezflow.ConfigurationError, match="client needs connect"):
+        ZenohSettings(mode="client")
+
+
+async def test_a_bad_config_file_is_named(tmp_path: object) -> None:
+    with pytest.raises(ezflow.ConfigurationError, match="cannot read the Zenoh configuration"):
+        async with open_session(ZenohSettings(config_file="/no/such/zenoh.json5")):
+            pass
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def router() -> Iterator[str]:
+    """``ezflow zenoh router`` on a free loopback port: its endpoint."""
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ezflow", "zenoh", "router", "--listen", endpoint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert "listening on" in line, process.stderr.read() if process.stderr else line
+        yield endpoint
+    finally:
+        process.terminate()
+        process.communicate(timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def two_graphs() -> AsyncIterator[tuple[ezflow.GraphContext, ezflow.GraphContext]]:
+    """Two graph servers, as two hosts would have, with a context on each."""
+    async with (
+        ezflow.GraphServer(("127.0.0.1", 0)) as server_a,
+        ezflow.GraphServer(("127.0.0.1", 0)) as server_b,
+        ezflow.GraphContext(server_a.address, auto_start=False) as a,
+        ezflow.GraphContext(server_b.address, auto_start=False) as b,
+    ):
+        yield a, b
+
+
+async def wait_for(predicate: object, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():  # type: ignore[operator]
+        if loop.time() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.02)
+
+
+async def test_lossless_numpy_messages_cross_in_order_and_intact(router: str) -> None:
+    count = 2000
+    settings = ZenohSettings(mode="client", connect=(router,))
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(
+            a,
+            settings,
+            exports=[Export("/a/data", key="test/{host}/data", lossless=True)],
+            host="robot1",
+        ),
+        ZenohBridge(
+            b, settings, imports=[Import("test/robot1/data", "/b/data", lossless=True, queue=8)]
+        ) as importer,
+    ):
+        sink = await b.subscriber("/b/data")
+        publisher = await a.publisher("/a/data")
+        await publisher.wait_for_channels(1)
+        # Zenoh routes the importer's subscription to the exporter asynchronously.
+        await asyncio.sleep(1.0)
+
+        async def consume() -> list[np.ndarray]:
+            got = []
+            for _ in range(count):
+                got.append(await sink.recv())
+                if len(got) % 200 == 0:
+                    await asyncio.sleep(0.05)  # a slow consumer: backpressure, no loss
+            return got
+
+        consumer = asyncio.ensure_future(consume())
+        for i in range(count):
+            await publisher.publish(np.full(256, i, dtype=np.int32))
+        received = await asyncio.wait_for(consumer, 60)
+        stats = next(iter(importer.stats.values()))
+    assert [int(m[0]) for m in received] == list(range(count))
+    assert all(m.shape == (256,) and (m == m[0]).all() for m in received)
+    assert stats.lost_remote == 0 and stats.dropped_local == 0
+    assert stats.latency_p50_us() is not None
+
+
+async def test_leaky_mapping_counts_every_drop(router: str) -> None:
+    count = 500
+    settings = ZenohSettings(mode="client", connect=(router,))
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(a, settings, exports=[Export("/a/fast", key="test/fast")]) as exporter,
+        ZenohBridge(b, settings, imports=[Import("test/fast", "/b/fast", queue=4)]) as importer,
+    ):
+        sink = await b.subscriber("/b/fast")
+        publisher = await a.publisher("/a/fast")
+        await publisher.wait_for_channels(1)
+        await asyncio.sleep(1.0)
+        received: list[int] = []
+
+        async def slow() -> None:
+            async for message in sink:  # until the end of stream crosses over
+                received.append(message)
+                await asyncio.sleep(0.005)
+
+        await publisher.publish(0)  # the first one arrives: the importer counts from it
+        received.append(await sink.recv())
+        consumer = asyncio.ensure_future(slow())
+        for i in range(1, count):
+            await publisher.publish(i)
+        await publisher.aclose()  # the end crosses over and ends /b/fast
+        await asyncio.wait_for(consumer, 30)
+        out = next(iter(exporter.stats.values()))
+        into = next(iter(importer.stats.values()))
+    assert out.messages + out.dropped_local == count
+    assert into.messages + into.dropped_local + into.lost_remote == out.messages
+    assert received == sorted(received) and len(set(received)) == len(received)
+    drops = out.dropped_local + into.dropped_local + into.lost_remote
+    assert len(received) + drops == count
+    assert drops > 0  # the consumer was slow enough to need them
