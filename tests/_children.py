@@ -277,6 +277,54 @@ async def subscribe_forever(args: dict[str, Any]) -> None:
                 await asyncio.sleep(3600)
 
 
+async def progress(args: dict[str, Any]) -> None:
+    """Subscribe; report how many messages arrived (and the latest) every 0.1 s."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        sub = await ctx.subscriber(args["topic"])
+        report("ready", subscriber_id=sub.id)
+        state = {"n": 0, "last": None}
+
+        async def tick() -> None:
+            while True:
+                await asyncio.sleep(0.1)
+                report("progress", n=state["n"], last=state["last"])
+
+        async def count() -> None:
+            async for message in sub:
+                state["n"] += 1
+                state["last"] = int(message[0])
+
+        # Until stdin closes (the parent's cue): then the context closes cleanly.
+        tasks = [asyncio.ensure_future(c) for c in (tick(), count())]
+        try:
+            await wait_for_stdin_close()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def publish_until_closed(args: dict[str, Any]) -> None:
+    """Publish an increasing counter every `pace` seconds until stdin closes."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        pub = await ctx.publisher(args["topic"])
+        report("ready", publisher_id=pub.id)
+
+        async def run() -> None:
+            i = 0
+            while True:
+                await pub.publish(np.full(4, i, dtype=np.int64))
+                i += 1
+                await asyncio.sleep(args.get("pace", 0.002))
+
+        task = asyncio.ensure_future(run())
+        try:
+            await wait_for_stdin_close()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 async def serve(args: dict[str, Any]) -> None:
     """A graph server on a free port; reports its address, runs until killed."""
     async with ezflow.GraphServer((args.get("host", "127.0.0.1"), 0)) as server:
@@ -300,6 +348,8 @@ ROLES = {
     "publish_forever": publish_forever,
     "subscribe_forever": subscribe_forever,
     "serve": serve,
+    "progress": progress,
+    "publish_until_closed": publish_until_closed,
 }
 
 if __name__ == "__main__":

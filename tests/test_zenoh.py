@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
+import _netns as netns
 import numpy as np
 import pytest
+from _proc import Child
+from conftest import loop_kind
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -176,3 +181,164 @@ async def test_leaky_mapping_counts_every_drop(router: str) -> None:
     drops = out.dropped_local + into.dropped_local + into.lost_remote
     assert len(received) + drops == count
     assert drops > 0  # the consumer was slow enough to need them
+
+
+# -- two hosts (network namespaces), a router, a bridge per host ---------------------------
+
+HOST_A, HOST_B = "10.78.0.1", "10.78.0.2"
+# The bridges and the router are CLI processes on their default loop; one test loop is
+# enough here (the bridge's own logic runs on both loops in the tests above).
+ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])
+ROUTER = f"tcp/{HOST_A}:7447"
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[netns.TwoHosts]:
+    try:
+        with netns.two_hosts(HOST_A, HOST_B) as found:
+            yield found
+    except netns.NetnsUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+class Cli:
+    """An ``ezflow`` command in a namespace, stopped (SIGTERM, then SIGKILL) on exit."""
+
+    def __init__(self, namespace: str, *args: str) -> None:
+        self.args = (*netns.on(namespace), sys.executable, "-m", "ezflow", *args)
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self, ready: str) -> Cli:
+        self.process = await asyncio.create_subprocess_exec(
+            *self.args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(self.process.stdout.readline(), 30)
+        assert ready in line.decode(), line
+        return self
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(sig)
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except asyncio.TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+
+@contextlib.asynccontextmanager
+async def fleet(
+    hosts: netns.TwoHosts, *, lossless: bool
+) -> AsyncIterator[tuple[list[Any], list[Cli], Callable[..., Awaitable[Child]]]]:
+    """A graph server per host, the router on host A, a bridge per host (A exports
+    /a/data as fleet/a/data, B imports it as /b/data). Yields the per-host graph
+    addresses, the processes, and a function starting a role of tests/_children.py."""
+    children: list[Child] = []
+    clis: list[Cli] = []
+
+    async def child(role: str, host: str, **args: Any) -> Child:
+        started = await Child.start(role, loop_kind(), prefix=netns.on(host), **args)
+        children.append(started)
+        return started
+
+    try:
+        addresses = []
+        for host in (hosts.a, hosts.b):
+            server = await child("serve", host)
+            addresses.append((await server.event("ready"))["address"])
+        clis.append(await Cli(hosts.a, "zenoh", "router", "--listen", ROUTER).start("listening"))
+        mode = ["--lossless"] if lossless else []
+        clis.append(
+            await Cli(
+                hosts.a,
+                "zenoh",
+                "bridge",
+                "--connect",
+                ROUTER,
+                "-a",
+                addresses[0],
+                "--export",
+                "/a/data=fleet/a/data",
+                *mode,
+            ).start("export")
+        )
+        clis.append(
+            await Cli(
+                hosts.b,
+                "zenoh",
+                "bridge",
+                "--connect",
+                ROUTER,
+                "-a",
+                addresses[1],
+                "--import",
+                "fleet/a/data=/b/data",
+                *mode,
+            ).start("import")
+        )
+        yield addresses, clis, child
+    finally:
+        for cli in reversed(clis):
+            await cli.stop()
+        for started in reversed(children):  # the graph servers last
+            if started.role == "serve":
+                await started.aclose()
+            else:  # its cue to close its context (and its shared memory) cleanly
+                with contextlib.suppress(Exception):
+                    await started.stop()
+                await started.aclose()
+
+
+@ONE_LOOP
+async def test_10000_messages_cross_two_hosts_lossless(hosts: netns.TwoHosts) -> None:
+    count, size = 10_000, 64
+    async with fleet(hosts, lossless=True) as (addresses, _, child):
+        receiver = await child(
+            "subscribers",
+            hosts.b,
+            address=addresses[1],
+            topic="/b/data",
+            subs=1,
+            count=count,
+            size=size,
+        )
+        await receiver.event("ready")
+        await asyncio.sleep(1.0)  # the import's publisher on /b/data appears with the first
+        sender = await child(
+            "publish", hosts.a, address=addresses[0], topic="/a/data", count=count, size=size
+        )
+        await sender.event("ready")
+        done = await receiver.event("done", timeout=120)
+    assert done["errors"] == [] and done["received"] == [count]
+
+
+@ONE_LOOP
+async def test_the_flow_resumes_after_the_router_restarts(hosts: netns.TwoHosts) -> None:
+    async with fleet(hosts, lossless=False) as (addresses, clis, child):
+        receiver = await child("progress", hosts.b, address=addresses[1], topic="/b/data")
+        await receiver.event("ready")
+        sender = await child(
+            "publish_until_closed", hosts.a, address=addresses[0], topic="/a/data", pace=0.002
+        )
+        await sender.event("ready")
+
+        async def arrived(after: int, timeout: float) -> int:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while loop.time() < deadline:
+                event = await receiver.event("progress", timeout=timeout)
+                if event["n"] > after:
+                    return int(event["n"])
+            raise AssertionError(f"nothing after {after} within {timeout} s")
+
+        first = await arrived(10, 20)
+        router = clis[0]
+        await router.stop(signal.SIGKILL)
+        stalled = (await receiver.event("progress"))["n"]
+        clis[0] = await Cli(hosts.a, "zenoh", "router", "--listen", ROUTER).start("listening")
+        restarted = asyncio.get_running_loop().time()
+        resumed = await arrived(stalled + 10, 10)
+        took = asyncio.get_running_loop().time() - restarted
+    assert first <= stalled < resumed
+    assert took < 5.0, f"the flow resumed {took:.1f} s after the router restarted"

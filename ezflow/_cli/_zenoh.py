@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import signal
 from typing import Annotated, Any
 
 import typer
@@ -42,6 +43,19 @@ def _zenoh_modules() -> Any:
     return ezflow_zenoh
 
 
+async def _until_stopped() -> None:
+    """Wait for Ctrl-C or SIGTERM (either ends the command cleanly, exit 0)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
 def _is_loopback(endpoint: str) -> bool:
     host = endpoint.split("/", 1)[-1].rsplit(":", 1)[0].strip("[]")
     try:
@@ -61,7 +75,8 @@ def router(
     ] = None,
     config: ConfigOption = None,
 ) -> None:
-    """A Zenoh router in the foreground (zenoh-python in router mode), until Ctrl-C.
+    """A Zenoh router in the foreground (zenoh-python in router mode), until Ctrl-C or
+    SIGTERM.
 
     Bridges and fleet commands in client or peer mode connect to it. It listens on
     loopback unless told otherwise; on another address, secure it with a --config that
@@ -93,7 +108,7 @@ def router(
     async def main() -> None:
         async with zenoh_api.open_session(settings) as session:
             typer.echo(f"zenoh router {session.zid()} listening on {', '.join(endpoints)}")
-            await asyncio.Event().wait()
+            await _until_stopped()
 
     run_async(main)
 
@@ -138,7 +153,11 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
     address: AddressOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
 ) -> None:
-    """Bridge topics of a running graph to and from Zenoh, until Ctrl-C.
+    """Bridge topics of a running graph to and from Zenoh, until Ctrl-C or SIGTERM.
+
+    Each --export publishes a topic of the graph at --address on Zenoh, each --import
+    publishes a Zenoh key (wildcards allowed) on a topic there; --lossless makes every
+    mapping lossless (docs/fleets.md: flow control and its limits).
 
     Examples:
 
@@ -183,6 +202,6 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
                 typer.echo(f"export {export_.topic} -> {running.export_key(export_)}")
             for import__ in running.imports:
                 typer.echo(f"import {import__.key} -> {import__.topic}")
-            await asyncio.Event().wait()
+            await _until_stopped()
 
     run_async(main)
