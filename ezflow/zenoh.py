@@ -25,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - the CI installs the extra
     raise ImportError("ezflow.zenoh needs Eclipse Zenoh: pip install 'ezflow[zenoh]'") from exc
 
 from ._zenoh._bridge import ENCODING, Export, Import, MappingStats, ZenohBridge
+from ._zenoh._fleet import announce, query_fleet
 from ._zenoh._keys import key_to_topic, topic_to_key
 from ._zenoh._session import ZenohSettings, open_session
 
@@ -35,7 +36,9 @@ __all__ = [
     "MappingStats",
     "ZenohBridge",
     "ZenohSettings",
+    "announce",
     "key_to_topic",
     "open_session",
+    "query_fleet",
     "topic_to_key",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import socket
 import subprocess
@@ -232,7 +233,8 @@ async def fleet(
     hosts: netns.TwoHosts, *, lossless: bool
 ) -> AsyncIterator[tuple[list[Any], list[Cli], Callable[..., Awaitable[Child]]]]:
     """A graph server per host, the router on host A, a bridge per host (A exports
-    /a/data as fleet/a/data, B imports it as /b/data). Yields the per-host graph
+    /a/data as fleet/a/data, B imports it as /b/data; both announce their graph in
+    fleet ``lab`` as robot-a and station-b). Yields the per-host graph
     addresses, the processes, and a function starting a role of tests/_children.py."""
     children: list[Child] = []
     clis: list[Cli] = []
@@ -261,6 +263,7 @@ async def fleet(
                 "--export",
                 "/a/data=fleet/a/data",
                 *mode,
+                *("--fleet", "lab", "--host", "robot-a"),
             ).start("export")
         )
         clis.append(
@@ -275,6 +278,7 @@ async def fleet(
                 "--import",
                 "fleet/a/data=/b/data",
                 *mode,
+                *("--fleet", "lab", "--host", "station-b"),
             ).start("import")
         )
         yield addresses, clis, child
@@ -342,3 +346,56 @@ async def test_the_flow_resumes_after_the_router_restarts(hosts: netns.TwoHosts)
         took = asyncio.get_running_loop().time() - restarted
     assert first <= stalled < resumed
     assert took < 5.0, f"the flow resumed {took:.1f} s after the router restarted"
+
+
+@ONE_LOOP
+async def test_graph_and_top_fleet_list_both_hosts(hosts: netns.TwoHosts) -> None:
+    async with fleet(hosts, lossless=False) as (addresses, _, child):
+        receiver = await child("progress", hosts.b, address=addresses[1], topic="/b/data")
+        await receiver.event("ready")
+        sender = await child(
+            "publish_until_closed", hosts.a, address=addresses[0], topic="/a/data", pace=0.01
+        )
+        await sender.event("ready")
+        while (await receiver.event("progress"))["n"] < 5:
+            pass
+        asked = await asyncio.create_subprocess_exec(
+            *netns.on(hosts.b),
+            sys.executable,
+            "-m",
+            "ezflow",
+            "graph",
+            "--fleet",
+            "lab",
+            "--connect",
+            ROUTER,
+            "--json",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(asked.communicate(), 30)
+        assert asked.returncode == 0, err.decode()
+        graphs = json.loads(out)
+        await asyncio.sleep(1.5)  # a telemetry report from every process
+        asked = await asyncio.create_subprocess_exec(
+            *netns.on(hosts.a),
+            sys.executable,
+            "-m",
+            "ezflow",
+            "top",
+            "--fleet",
+            "lab",
+            "--connect",
+            ROUTER,
+            "--json",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(asked.communicate(), 30)
+        assert asked.returncode == 0, err.decode()
+        top = json.loads(out)
+    assert set(graphs) == {"robot-a", "station-b"}
+    assert "/a/data" in graphs["robot-a"]["topics"]
+    assert "/b/data" in graphs["station-b"]["topics"]
+    hosts_seen = {(row["host_name"], row["topic"]) for row in top["channels"]}
+    assert ("robot-a", "/a/data") in hosts_seen and ("station-b", "/b/data") in hosts_seen

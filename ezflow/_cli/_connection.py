@@ -271,10 +271,15 @@ async def graph_client(
 
 
 @contextlib.asynccontextmanager
-async def graph_context(address: Address, name: str) -> AsyncIterator[GraphContext]:
+async def graph_context(
+    address: Address, name: str, *, telemetry: bool = False
+) -> AsyncIterator[GraphContext]:
     """A GraphContext on a running server (never an embedded one), reporting no
-    telemetry of its own."""
-    context = GraphContext(address, auto_start=False, name=name, telemetry_interval=0)
+    telemetry of its own unless *telemetry* (a command that moves data, like a bridge,
+    is part of the graph: ``ezflow top`` shows its channels)."""
+    context = GraphContext(
+        address, auto_start=False, name=name, telemetry_interval=None if telemetry else 0
+    )
     try:
         await context.start()
     except AuthenticationError as exc:

@@ -123,7 +123,7 @@ def _tree(snapshot: dict[str, Any], address: str) -> Tree:
     return root
 
 
-def graph(
+def graph(  # noqa: PLR0917 - one parameter per command-line option
     address: AddressOption = None,
     as_mermaid: Annotated[
         bool, typer.Option("--mermaid", help="Print a mermaid flowchart instead.")
@@ -132,6 +132,18 @@ def graph(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the server's view as JSON.")
     ] = False,
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            "--fleet",
+            metavar="DOMAIN",
+            help="Every host's graph in Zenoh fleet DOMAIN (ezflow[zenoh]; docs/fleets.md).",
+        ),
+    ] = None,
+    connect: Annotated[
+        list[str] | None,
+        typer.Option("--connect", help="With --fleet: the Zenoh router to ask through."),
+    ] = None,
 ) -> None:
     """Show topics, publishers, subscribers, edges and processes (or a diagram).
 
@@ -145,9 +157,16 @@ def graph(
         ezflow graph --mermaid > graph.mmd
 
         ezflow graph --dot | dot -Tsvg > graph.svg
+
+        ezflow graph --fleet lab --connect tcp/127.0.0.1:7447
     """
     if as_mermaid + as_dot + as_json > 1:
         fail("choose one of --mermaid, --dot and --json", 2)
+    if fleet is not None:
+        if as_mermaid or as_dot:
+            fail("--fleet shows a tree per host or --json", 2)
+        _fleet_graph(fleet, connect, as_json)
+        return
     where = resolve_address(address)
     snapshot = run_async(lambda: fetch_graph(where, "ezflow graph"))
     if as_mermaid:
@@ -158,6 +177,20 @@ def graph(
         typer.echo(json.dumps(snapshot, indent=2))
     else:
         console.print(_tree(snapshot, format_address(where)), highlight=False)
+
+
+def _fleet_graph(domain: str, connect: list[str] | None, as_json: bool) -> None:
+    from ._zenoh import fleet_query  # noqa: PLC0415 - Zenoh only when asked for
+
+    replies = fleet_query(domain, "graph", connect, None)
+    graphs = {host: reply["graph"] for host, reply in sorted(replies.items())}
+    if as_json:
+        typer.echo(json.dumps(graphs, indent=2))
+        return
+    if not graphs:
+        fail(f"no host of fleet {domain!r} answered (are its bridges started with --fleet?)")
+    for host, snapshot in graphs.items():
+        console.print(_tree(snapshot, f"host {host}"), highlight=False)
 
 
 def topics(

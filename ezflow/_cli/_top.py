@@ -20,7 +20,14 @@ from .._core._config import format_address
 from .._core._exceptions import ProtocolError
 from .._core._telemetry import ProcessSnapshot, format_ns
 from .._graph._client import GraphClient
-from ._connection import AddressOption, console, graph_client, resolve_address, run_async
+from ._connection import (
+    AddressOption,
+    console,
+    fail,
+    graph_client,
+    resolve_address,
+    run_async,
+)
 
 __all__ = ["rows", "top"]
 
@@ -203,7 +210,7 @@ def _tables(data: dict[str, list[dict[str, Any]]], where: str, width: int) -> Gr
     )
 
 
-def top(
+def top(  # noqa: PLR0917 - one parameter per command-line option
     address: AddressOption = None,
     once: Annotated[bool, typer.Option("--once", help="Print once and exit.")] = False,
     as_json: Annotated[
@@ -212,6 +219,18 @@ def top(
     interval: Annotated[
         float, typer.Option("--interval", min=0.1, help="Seconds between refreshes.")
     ] = 1.0,
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            "--fleet",
+            metavar="DOMAIN",
+            help="Every host's telemetry in Zenoh fleet DOMAIN, once (ezflow[zenoh]).",
+        ),
+    ] = None,
+    connect: Annotated[
+        list[str] | None,
+        typer.Option("--connect", help="With --fleet: the Zenoh router to ask through."),
+    ] = None,
 ) -> None:
     """Live telemetry per channel and publisher of the whole graph.
 
@@ -227,7 +246,12 @@ def top(
         ezflow top
 
         ezflow top --once --json | jq '.channels[] | {topic, messages, drops}'
+
+        ezflow top --fleet lab --connect tcp/127.0.0.1:7447 --json
     """
+    if fleet is not None:
+        _fleet_top(fleet, connect, as_json)
+        return
     where = resolve_address(address)
     label = format_address(where)
 
@@ -252,3 +276,27 @@ def top(
                     await asyncio.sleep(interval)
 
     run_async(main)
+
+
+def _fleet_top(domain: str, connect: list[str] | None, as_json: bool) -> None:
+    """Every host's rows, with a ``host`` field; one table pair per host."""
+    from ._zenoh import fleet_query  # noqa: PLC0415 - Zenoh only when asked for
+
+    replies = fleet_query(domain, "top", connect, None)
+    now = time.time()
+    data: dict[str, list[dict[str, Any]]] = {"channels": [], "publishers": []}
+    per_host = {}
+    for host, reply in sorted(replies.items()):
+        processes = {
+            cid: ProcessSnapshot.from_wire(wire) for cid, wire in reply["processes"].items()
+        }
+        per_host[host] = rows(processes, now)
+        for kind in data:
+            data[kind] += [{"host_name": host, **row} for row in per_host[host][kind]]
+    if as_json:
+        typer.echo(json.dumps({"fleet": domain, **data}, indent=2))
+        return
+    if not per_host:
+        fail(f"no host of fleet {domain!r} answered (are its bridges started with --fleet?)")
+    for host, host_rows in per_host.items():
+        console.print(_tables(host_rows, f"host {host}", console.width))

@@ -16,7 +16,7 @@ import typer
 from .._core._exceptions import ConfigurationError
 from ._connection import AddressOption, errors, fail, graph_context, resolve_address, run_async
 
-__all__ = ["app"]
+__all__ = ["app", "fleet_query"]
 
 app = typer.Typer(
     help="ezflow across hosts on Eclipse Zenoh (pip install 'ezflow[zenoh]'; docs/fleets.md).",
@@ -150,6 +150,17 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
     queue: Annotated[int, typer.Option("--queue", min=1, help="Messages queued per end.")] = 64,
     mode: Annotated[str, typer.Option("--mode", help="peer or client.")] = "client",
     config: ConfigOption = None,
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            "--fleet",
+            metavar="DOMAIN",
+            help="Also announce this graph in fleet DOMAIN (ezflow graph/top --fleet).",
+        ),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option("--host", help="This host's name in keys (default: hostname).")
+    ] = None,
     address: AddressOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
 ) -> None:
@@ -164,14 +175,16 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
         ezflow zenoh bridge --connect tcp/127.0.0.1:7447 --export /camera/raw
 
         ezflow zenoh bridge --connect tcp/127.0.0.1:7447 --import 'ezflow/*/camera/raw=/cams'
+
+        ezflow zenoh bridge --connect tcp/127.0.0.1:7447 --fleet lab
     """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     zenoh_api = _zenoh_modules()
-    if not export and not import_:
-        fail("nothing to bridge: give --export TOPIC and/or --import KEY=TOPIC", 2)
+    if not export and not import_ and fleet is None:
+        fail("nothing to bridge: give --export TOPIC, --import KEY=TOPIC or --fleet DOMAIN", 2)
     exports = []
     for text in export or []:
         topic, key = _pair(text, "--export")
@@ -195,13 +208,36 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
 
     async def main() -> None:
         async with (
-            graph_context(where, "ezflow zenoh bridge") as context,
-            zenoh_api.ZenohBridge(context, settings, exports=exports, imports=imports) as running,
+            graph_context(where, "ezflow zenoh bridge", telemetry=True) as context,
+            zenoh_api.ZenohBridge(
+                context, settings, exports=exports, imports=imports, host=host, fleet=fleet
+            ) as running,
         ):
             for export_ in running.exports:
                 typer.echo(f"export {export_.topic} -> {running.export_key(export_)}")
             for import__ in running.imports:
                 typer.echo(f"import {import__.key} -> {import__.topic}")
+            if fleet is not None:
+                typer.echo(f"fleet {fleet} as {running.host}")
             await _until_stopped()
 
     run_async(main)
+
+
+def fleet_query(domain: str, what: str, connect: list[str] | None, config: str | None) -> Any:
+    """Every host's reply in fleet *domain* (``ezflow graph/top --fleet``), by host."""
+    zenoh_api = _zenoh_modules()
+    try:
+        settings = zenoh_api.ZenohSettings(
+            mode="client" if connect else "peer",
+            connect=tuple(connect or ()),
+            config_file=config,
+        )
+    except ConfigurationError as exc:
+        fail(str(exc), 2)
+
+    async def main() -> Any:
+        async with zenoh_api.open_session(settings) as session:
+            return await zenoh_api.query_fleet(session, domain, what)
+
+    return run_async(main)

@@ -40,6 +40,7 @@ import zenoh
 from .._core._codec import Codec
 from .._core._exceptions import ClosedResourceError, ConfigurationError, EndOfStream
 from .._graph._context import GraphContext
+from ._fleet import announce, fleet_key
 from ._keys import expand_host, key_to_topic, topic_to_key
 from ._session import ZenohSettings, open_session
 
@@ -106,10 +107,11 @@ def _check_queue(queue: int, what: str) -> None:
 class ZenohBridge:
     """Exports and imports topics of the graph *context* is on, through a Zenoh session
     opened from *zenoh* settings: ``async with ZenohBridge(ctx, settings, exports=[...],
-    imports=[...]) as bridge``. Leaving it stops every mapping and closes the session
-    (cancellation-safe). :attr:`stats` has each mapping's counters. A mapping whose
-    ezflow topic ends stops; a failure in one mapping is logged and stops that mapping
-    only."""
+    imports=[...]) as bridge``. With *fleet*, it also announces the graph in that fleet
+    domain (``ezflow graph --fleet``; see :mod:`._fleet`). Leaving it stops every mapping
+    and closes the session (cancellation-safe). :attr:`stats` has each mapping's
+    counters. A mapping whose ezflow topic ends stops; a failure in one mapping is logged
+    and stops that mapping only."""
 
     def __init__(
         self,
@@ -119,8 +121,12 @@ class ZenohBridge:
         exports: list[Export] | tuple[Export, ...] = (),
         imports: list[Import] | tuple[Import, ...] = (),
         host: str | None = None,
+        fleet: str | None = None,
     ) -> None:
         self._context = context
+        self.fleet = fleet
+        if fleet is not None:
+            fleet_key(fleet)  # checks the domain now
         self._settings = zenoh_settings
         self.host = host or socket.gethostname()
         for mapping in (*exports, *imports):
@@ -133,6 +139,7 @@ class ZenohBridge:
         self._closers: list[Callable[[], None]] = []
         self._session: Any = None
         self._session_cm: Any = None
+        self._announcer: Any = None
 
     def export_key(self, export: Export) -> str:
         """The key expression *export* publishes on."""
@@ -144,6 +151,9 @@ class ZenohBridge:
         self._session_cm = open_session(self._settings)
         self._session = await self._session_cm.__aenter__()
         try:
+            if self.fleet is not None:
+                self._announcer = announce(self._session, self.fleet, self.host, self._context)
+                await self._announcer.__aenter__()
             for export in self.exports:
                 await self._start_export(export)
             for mapping in self.imports:
@@ -162,6 +172,9 @@ class ZenohBridge:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        announcer, self._announcer = self._announcer, None
+        if announcer is not None:
+            await announcer.__aexit__(None, None, None)
         closers, self._closers = self._closers, []
         for close in closers:
             with contextlib.suppress(Exception):
