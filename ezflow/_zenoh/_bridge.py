@@ -52,6 +52,8 @@ log = logging.getLogger("ezflow.zenoh")
 ENCODING = "application/x-ezflow-codec;v=1"
 #: Default per-mapping queue (messages) at each end.
 DEFAULT_QUEUE = 64
+#: Most messages an export hands to Zenoh in one trip to its worker thread.
+EXPORT_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -211,32 +213,36 @@ class ZenohBridge:
         self, export: Export, subscriber: Any, publisher: Any, stats: MappingStats
     ) -> None:
         seq = 0
+        ended = False
         try:
-            while True:
+            while not ended:
+                # One message (waiting), then whatever else is queued, up to a batch:
+                # one trip to the worker thread per batch, not per message.
+                batch = []
                 try:
-                    message = await subscriber.recv()
+                    batch.append(await subscriber.recv())
+                    while len(batch) < EXPORT_BATCH:
+                        batch.append(subscriber.recv_nowait())
+                except asyncio.QueueEmpty:
+                    pass
                 except (EndOfStream, ClosedResourceError):
-                    log.info("export of %s: the topic ended", export.topic)
-                    stats.dropped_local = subscriber.stats.dropped
-                    await self._send_end(publisher, seq, stats.dropped_local)
-                    return
-                body = b"".join(bytes(part) for part in self._codec.encode(message).parts)
-                attachment = msgpack.packb(
-                    {
-                        "v": 1,
-                        "seq": seq,
-                        "t": time.time_ns(),
-                        "drops": subscriber.stats.dropped,
-                    }
-                )
-                seq += 1
+                    ended = True
+                puts = []
+                for message in batch:
+                    body = b"".join(bytes(part) for part in self._codec.encode(message).parts)
+                    drops = subscriber.stats.dropped
+                    meta = {"v": 1, "seq": seq, "t": time.time_ns(), "drops": drops}
+                    puts.append((body, msgpack.packb(meta)))
+                    seq += 1
                 if export.lossless:  # BLOCK: put may wait for the link
-                    await asyncio.to_thread(publisher.put, body, attachment=attachment)
+                    await asyncio.to_thread(_put_all, publisher, puts)
                 else:
-                    publisher.put(body, attachment=attachment)
-                stats.messages += 1
-                stats.bytes += len(body)
+                    _put_all(publisher, puts)
+                stats.messages += len(puts)
+                stats.bytes += sum(len(body) for body, _ in puts)
                 stats.dropped_local = subscriber.stats.dropped
+            log.info("export of %s: the topic ended", export.topic)
+            await self._send_end(publisher, seq, stats.dropped_local)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -402,6 +408,11 @@ def _count_gap(
         log.warning("import of %s: %d messages lost between hosts", key, gap)
     expected[key] = seq + 1
     stats.dropped_remote = int(meta.get("drops", 0))
+
+
+def _put_all(publisher: Any, puts: list[tuple[bytes, bytes]]) -> None:
+    for body, attachment in puts:
+        publisher.put(body, attachment=attachment)
 
 
 def _kind(lossless: bool) -> str:

@@ -1,0 +1,256 @@
+"""Across two hosts: through the Zenoh bridge vs direct ezflow tcp, same run.
+
+``python -m ezflow._perf._zenoh_bridge`` (root and iproute2: two network namespaces
+joined by a veth pair stand for two hosts; needs ``ezflow[zenoh]``).
+
+* **direct**: one graph server on host A (on the link's address, with a token); the
+  publisher on A and the subscriber on B are both its clients, so the data goes over
+  ezflow's tcp transport from A to B.
+* **bridge**: a graph server per host on its own loopback, a Zenoh router on A, a bridge
+  per host (``ezflow zenoh bridge``, lossless): A exports the topic, B imports it.
+
+The message is what users write: a tuple ``(phase, seq, t_ns, payload)`` with a numpy
+payload of the given size. Latency: 300 messages paced 5 ms apart, publish → ``recv``
+on CLOCK_MONOTONIC (the namespaces share one kernel clock); throughput: a burst, msgs/s
+at the receiver. Sizes 64 B and 1 MiB. Prints a table and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+
+__all__ = ["main"]
+
+HOST_A, HOST_B = "10.79.0.1", "10.79.0.2"
+PACED, PACE = 300, 0.005
+BURST = {64: 5000, 1 << 20: 300}
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+@contextlib.contextmanager
+def _namespaces() -> Any:
+    tag = os.getpid() % 100000
+    a, b, va, vb = f"ezbench-a{tag}", f"ezbench-b{tag}", f"ezba{tag}", f"ezbb{tag}"
+    _ip("netns", "add", a)
+    try:
+        _ip("netns", "add", b)
+        _ip("link", "add", va, "type", "veth", "peer", "name", vb)
+        _ip("link", "set", va, "netns", a)
+        _ip("link", "set", vb, "netns", b)
+        for ns, dev, addr in ((a, va, HOST_A), (b, vb, HOST_B)):
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        yield a, b
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+# -- the two roles, run inside a namespace ------------------------------------------------
+
+
+async def _send(address: str, topic: str, size: int) -> None:
+    import ezflow  # noqa: PLC0415 - a role of this module, in its own process
+
+    async with ezflow.GraphContext(address, auto_start=False) as ctx:
+        pub = await ctx.publisher(topic)
+        await pub.wait_for_channels(1)
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # the receiver is ready too
+        payload = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+        for seq in range(PACED):
+            await pub.publish((1, seq, time.monotonic_ns(), payload))
+            await asyncio.sleep(PACE)
+        for seq in range(BURST[size]):
+            await pub.publish((0, seq, time.monotonic_ns(), payload))
+        await pub.publish((2, 0, 0, payload[:1]))
+        await asyncio.to_thread(sys.stdin.readline)
+
+
+async def _receive(address: str, topic: str, size: int) -> None:
+    import ezflow  # noqa: PLC0415 - a role of this module, in its own process
+
+    async with ezflow.GraphContext(address, auto_start=False) as ctx:
+        sub = await ctx.subscriber(topic)
+        print("ready", flush=True)
+        latencies, first, count = [], 0, 0
+        while True:
+            phase, _, sent, _ = await sub.recv()
+            now = time.monotonic_ns()
+            if phase == 1:
+                latencies.append(now - sent)
+            elif phase == 0:
+                first = first or now
+                count += 1
+            else:
+                break
+        ordered = sorted(latencies[len(latencies) // 10 :])  # the first ones warm up
+        print(
+            json.dumps(
+                {
+                    "p50_us": ordered[len(ordered) // 2] / 1e3,
+                    "msgs_per_s": count / max(1e-9, (now - first) / 1e9),
+                }
+            ),
+            flush=True,
+        )
+
+
+# -- orchestration ------------------------------------------------------------------------
+
+
+def _in(ns: str, *args: str) -> list[str]:
+    return ["ip", "netns", "exec", ns, sys.executable, *args]
+
+
+@contextlib.asynccontextmanager
+async def _process(argv: list[str], ready: str, env: dict[str, str]) -> AsyncIterator[Any]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        while True:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            if not line:
+                raise RuntimeError(f"{argv[4:]} exited before {ready!r}")
+            if ready in line:
+                proc.first_line = line  # type: ignore[attr-defined]
+                break
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+def _address(banner: str) -> str:
+    found = re.search(r"listening on ([^\s,;]+)", banner)
+    if found is None:
+        raise RuntimeError(f"no address in the graph server's banner: {banner!r}")
+    return found.group(1)
+
+
+async def _serve(ns: str, host: str, env: dict[str, str]) -> Any:
+    return _process(_in(ns, "-m", "ezflow", "serve", "-a", f"{host}:0"), "listening on", env)
+
+
+async def _measure(a: str, b: str, path: str, size: int, env: dict[str, str]) -> dict[str, Any]:
+    me = ["-m", "ezflow._perf._zenoh_bridge", "--role"]
+    topic = "/bench"
+    async with contextlib.AsyncExitStack() as stack:
+        if path == "direct":
+            server = await stack.enter_async_context(await _serve(a, HOST_A, env))
+            address = _address(server.first_line)
+            send_at, receive_at = address, address
+        else:
+            addresses = []
+            for ns in (a, b):
+                server = await stack.enter_async_context(await _serve(ns, "127.0.0.1", env))
+                addresses.append(_address(server.first_line))
+            router = f"tcp/{HOST_A}:7447"
+            await stack.enter_async_context(
+                _process(
+                    _in(a, "-m", "ezflow", "zenoh", "router", "--listen", router), "listening", env
+                )
+            )
+            for ns, where, mapping in (
+                (a, addresses[0], ["--export", f"{topic}=bench/data"]),
+                (b, addresses[1], ["--import", f"bench/data={topic}"]),
+            ):
+                await stack.enter_async_context(
+                    _process(
+                        _in(
+                            ns,
+                            "-m",
+                            "ezflow",
+                            "zenoh",
+                            "bridge",
+                            "--connect",
+                            router,
+                            "-a",
+                            where,
+                            "--lossless",
+                            *mapping,
+                        ),
+                        "export" if "--export" in mapping else "import",
+                        env,
+                    )
+                )
+            send_at, receive_at = addresses
+            await asyncio.sleep(1.0)  # Zenoh routes the import to the export
+        receiver = await stack.enter_async_context(
+            _process(_in(b, *me, "receive", receive_at, topic, str(size)), "ready", env)
+        )
+        sender = await stack.enter_async_context(
+            _process(_in(a, *me, "send", send_at, topic, str(size)), "ready", env)
+        )
+        assert sender.stdin is not None and receiver.stdout is not None
+        sender.stdin.write(b"go\n")
+        await sender.stdin.drain()
+        line = await asyncio.wait_for(receiver.stdout.readline(), 300)
+        sender.stdin.write(b"done\n")
+        await sender.stdin.drain()
+        return dict(json.loads(line))
+
+
+async def _run(rounds: int) -> None:
+    env = dict(os.environ, EZFLOW_TOKEN=os.urandom(16).hex(), PYTHONWARNINGS="ignore")
+    results: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    with _namespaces() as (a, b):
+        for _ in range(rounds):
+            for size in (64, 1 << 20):
+                for path in ("direct", "bridge"):
+                    found = await _measure(a, b, path, size, env)
+                    results.setdefault((path, size), []).append(found)
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians of {rounds}")
+    print(f"{'path':8} {'size':>8} {'p50 latency':>12} {'msgs/s':>10}")
+    for (path, size), runs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        p50 = statistics.median(r["p50_us"] for r in runs)
+        rate = statistics.median(r["msgs_per_s"] for r in runs)
+        label = "64 B" if size == 64 else "1 MiB"
+        print(f"{path:8} {label:>8} {p50:9.0f} µs {rate:10,.0f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--role", nargs=4, metavar=("ROLE", "ADDRESS", "TOPIC", "SIZE"))
+    args = parser.parse_args(argv)
+    if args.role:
+        role, address, topic, size = args.role
+        import ezflow  # noqa: PLC0415
+
+        coroutine = _send if role == "send" else _receive
+        ezflow.run_coroutine(coroutine(address, topic, int(size)))
+        return
+    asyncio.run(_run(args.rounds))
+
+
+if __name__ == "__main__":
+    main()
