@@ -83,6 +83,9 @@ __all__ = [
     "TCP_KEEPALIVE_PROBES",
     "TELEMETRY_MAX_WRITE_BUFFER",
     "TRANSPORTS",
+    "ZENOH_ANSWER_TIMEOUT",
+    "ZENOH_EXPORT_BATCH",
+    "ZENOH_QUEUE",
     "Address",
     "ShmOptions",
     "TransportName",
@@ -113,6 +116,13 @@ ENV_GRAPH_ADDRESS: Final = "EZFLOW_GRAPH_ADDRESS"
 ENV_TRANSPORT: Final = "EZFLOW_TRANSPORT"
 ENV_MAX_MESSAGE_SIZE: Final = "EZFLOW_MAX_MESSAGE_SIZE"
 ENV_EVENT_LOOP: Final = "EZFLOW_EVENT_LOOP"
+
+#: Zenoh bridge (ezflow.zenoh; the core does not import Zenoh): messages a mapping
+#: queues at each end, messages an export hands to Zenoh per trip to its worker thread,
+#: and seconds a host takes at most to answer a fleet query.
+ZENOH_QUEUE: Final = 64
+ZENOH_EXPORT_BATCH: Final = 64
+ZENOH_ANSWER_TIMEOUT: Final = 5.0
 
 #: Where GraphContext looks for (or starts) the graph server when given no address.
 DEFAULT_GRAPH_ADDRESS: Final[Address] = ("127.0.0.1", 25990)

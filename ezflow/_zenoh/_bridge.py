@@ -38,6 +38,7 @@ import msgpack
 import zenoh
 
 from .._core._codec import Codec
+from .._core._config import ZENOH_EXPORT_BATCH, ZENOH_QUEUE
 from .._core._exceptions import ClosedResourceError, ConfigurationError, EndOfStream
 from .._graph._context import GraphContext
 from ._fleet import announce, fleet_key
@@ -50,10 +51,6 @@ log = logging.getLogger("ezflow.zenoh")
 
 #: The Zenoh encoding of a bridged payload.
 ENCODING = "application/x-ezflow-codec;v=1"
-#: Default per-mapping queue (messages) at each end.
-DEFAULT_QUEUE = 64
-#: Most messages an export hands to Zenoh in one trip to its worker thread.
-EXPORT_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ class Export:
     topic: str
     key: str | None = None
     lossless: bool = False
-    queue: int = DEFAULT_QUEUE
+    queue: int = ZENOH_QUEUE
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,7 @@ class Import:
     key: str
     topic: str
     lossless: bool = False
-    queue: int = DEFAULT_QUEUE
+    queue: int = ZENOH_QUEUE
 
 
 @dataclass
@@ -221,7 +218,7 @@ class ZenohBridge:
                 batch = []
                 try:
                     batch.append(await subscriber.recv())
-                    while len(batch) < EXPORT_BATCH:
+                    while len(batch) < ZENOH_EXPORT_BATCH:
                         batch.append(subscriber.recv_nowait())
                 except asyncio.QueueEmpty:
                     pass

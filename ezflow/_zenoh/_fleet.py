@@ -10,7 +10,7 @@ host of a domain at once (``ezflow graph --fleet``, ``ezflow top --fleet``).
 
 Zenoh calls the queryable on its own thread; the answer is computed on the bridge's
 event loop (``run_coroutine_threadsafe``) and sent from Zenoh's thread, so the loop never
-waits for Zenoh and Zenoh waits at most :data:`ANSWER_TIMEOUT` for the loop.
+waits for Zenoh and Zenoh waits at most :data:`ZENOH_ANSWER_TIMEOUT` for the loop.
 """
 
 from __future__ import annotations
@@ -24,17 +24,16 @@ from typing import Any
 import msgpack
 import zenoh
 
+from .._core._config import ZENOH_ANSWER_TIMEOUT
 from .._core._exceptions import ConfigurationError
 from .._graph._context import GraphContext
 from ._keys import expand_host
 
-__all__ = ["ANSWER_TIMEOUT", "FLEET_PREFIX", "announce", "fleet_key", "query_fleet"]
+__all__ = ["FLEET_PREFIX", "announce", "fleet_key", "query_fleet"]
 
 log = logging.getLogger("ezflow.zenoh")
 
 FLEET_PREFIX = "ezflow/fleet"
-#: Seconds a host takes at most to answer a fleet query.
-ANSWER_TIMEOUT = 5.0
 _WHAT = ("graph", "top")
 
 
@@ -71,7 +70,7 @@ async def announce(
             return
         future = asyncio.run_coroutine_threadsafe(_answer(context, host, what), loop)
         try:
-            payload = future.result(ANSWER_TIMEOUT)
+            payload = future.result(ZENOH_ANSWER_TIMEOUT)
         except Exception as exc:
             future.cancel()
             log.warning("fleet query %s: no answer (%s)", query.key_expr, exc)
@@ -90,7 +89,7 @@ async def announce(
 
 
 async def query_fleet(
-    session: Any, domain: str, what: str, timeout: float = ANSWER_TIMEOUT
+    session: Any, domain: str, what: str, timeout: float = ZENOH_ANSWER_TIMEOUT
 ) -> dict[str, dict[str, Any]]:
     """Ask every host of fleet *domain* for its ``"graph"`` or ``"top"``: the decoded
     replies by host name. Hosts that do not answer within *timeout* are left out."""
