@@ -235,6 +235,21 @@ async def collect(args: dict[str, Any]) -> None:
         await wait_for_stdin_close()
 
 
+async def publish_ints(args: dict[str, Any]) -> None:
+    """Publish 0..count-1 as fast as it can once a channel is connected, then close the
+    publisher (its end of stream goes out); idle until stdin closes."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        pub = await ctx.publisher(args["topic"])
+        report("ready", publisher_id=pub.id)
+        await pub.wait_for_channels(1)
+        await asyncio.to_thread(sys.stdin.readline)  # the parent says go
+        for i in range(args["count"]):
+            await pub.publish(i)
+        await pub.aclose()
+        report("done")
+        await wait_for_stdin_close()
+
+
 async def publish(args: dict[str, Any]) -> None:
     """Publish `count` payload messages (optionally tagged) once `channels` are
     connected; then idle until stdin closes."""
@@ -304,6 +319,19 @@ async def progress(args: dict[str, Any]) -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def collect_slowly(args: dict[str, Any]) -> None:
+    """Receive until the stream ends, `delay` seconds per message; report the values."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        sub = await ctx.subscriber(args["topic"])
+        report("ready", subscriber_id=sub.id)
+        values = []
+        async for message in sub:
+            values.append(int(message))
+            await asyncio.sleep(args.get("delay", 0.002))
+        report("done", values=values)
+        await wait_for_stdin_close()
+
+
 async def publish_until_closed(args: dict[str, Any]) -> None:
     """Publish an increasing counter every `pace` seconds until stdin closes."""
     async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
@@ -350,6 +378,8 @@ ROLES = {
     "serve": serve,
     "progress": progress,
     "publish_until_closed": publish_until_closed,
+    "collect_slowly": collect_slowly,
+    "publish_ints": publish_ints,
 }
 
 if __name__ == "__main__":

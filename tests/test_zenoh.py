@@ -218,6 +218,16 @@ class Cli:
         assert ready in line.decode(), line
         return self
 
+    async def stats(self) -> dict[str, Any]:
+        """Stop the command (SIGTERM) and return the statistics it prints on the way out."""
+        assert self.process is not None and self.process.stdout is not None
+        self.process.send_signal(signal.SIGTERM)
+        out = (await asyncio.wait_for(self.process.stdout.read(), 20)).decode()
+        await self.process.wait()
+        lines = [line for line in out.splitlines() if line.startswith("stats ")]
+        assert lines, out
+        return dict(json.loads(lines[-1][len("stats ") :]))
+
     async def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is not None and self.process.returncode is None:
             self.process.send_signal(sig)
@@ -399,3 +409,34 @@ async def test_graph_and_top_fleet_list_both_hosts(hosts: netns.TwoHosts) -> Non
     assert "/b/data" in graphs["station-b"]["topics"]
     hosts_seen = {(row["host_name"], row["topic"]) for row in top["channels"]}
     assert ("robot-a", "/a/data") in hosts_seen and ("station-b", "/b/data") in hosts_seen
+
+
+@ONE_LOOP
+async def test_a_leaky_mapping_between_hosts_counts_every_drop(hosts: netns.TwoHosts) -> None:
+    count = 3000
+    async with fleet(hosts, lossless=False) as (addresses, clis, child):
+        receiver = await child(
+            "collect_slowly", hosts.b, address=addresses[1], topic="/b/data", delay=0.002
+        )
+        await receiver.event("ready")
+        sender = await child(
+            "publish_ints", hosts.a, address=addresses[0], topic="/a/data", count=count
+        )
+        await sender.event("ready")
+        await asyncio.sleep(1.0)  # Zenoh routes the import to the export
+        assert sender.process.stdin is not None
+        sender.process.stdin.write(b"go\n")
+        await sender.event("done")
+        # The end crosses over: the receiver's stream ends once it has taken everything.
+        values = (await receiver.event("done", timeout=120))["values"]
+        exported = next(iter((await clis[1].stats()).values()))
+        imported = next(iter((await clis[2].stats()).values()))
+    assert values == sorted(values) and len(set(values)) == len(values)
+    assert exported["messages"] + exported["dropped_local"] == count
+    assert (
+        imported["messages"] + imported["dropped_local"] + imported["lost_remote"]
+        == exported["messages"]
+    )
+    assert len(values) == imported["messages"]  # lossless from the bridge to the receiver
+    drops = exported["dropped_local"] + imported["dropped_local"] + imported["lost_remote"]
+    assert drops > 0 and len(values) + drops == count

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
 import signal
 from typing import Annotated, Any
@@ -164,7 +165,8 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
     address: AddressOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
 ) -> None:
-    """Bridge topics of a running graph to and from Zenoh, until Ctrl-C or SIGTERM.
+    """Bridge topics of a running graph to and from Zenoh, until Ctrl-C or SIGTERM;
+    then print one line, `stats {JSON}`: per mapping, what it carried and lost.
 
     Each --export publishes a topic of the graph at --address on Zenoh, each --import
     publishes a Zenoh key (wildcards allowed) on a topic there; --lossless makes every
@@ -220,6 +222,8 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
             if fleet is not None:
                 typer.echo(f"fleet {fleet} as {running.host}")
             await _until_stopped()
+            # What each mapping carried and lost, for the log and for scripts.
+            typer.echo("stats " + json.dumps(running.summary()))
 
     run_async(main)
 

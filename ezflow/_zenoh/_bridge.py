@@ -140,6 +140,21 @@ class ZenohBridge:
         self._session_cm: Any = None
         self._announcer: Any = None
 
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """:attr:`stats` as plain data, by mapping (latency: the median of the latest
+        samples, in microseconds)."""
+        return {
+            name: {
+                "messages": stats.messages,
+                "bytes": stats.bytes,
+                "dropped_local": stats.dropped_local,
+                "lost_remote": stats.lost_remote,
+                "dropped_remote": stats.dropped_remote,
+                "latency_p50_us": stats.latency_p50_us(),
+            }
+            for name, stats in self.stats.items()
+        }
+
     def export_key(self, export: Export) -> str:
         """The key expression *export* publishes on."""
         if export.key is None:
