@@ -12,7 +12,9 @@
     ):
         ...
 
-Or, as a process next to a running graph: ``ezflow zenoh bridge --connect tcp/... --export
+Or as a unit of a graph (``ZenohBridgeUnit(ZenohBridgeSettings(connect=(...),
+exports=(Export("SRC/OUTPUT"),)))`` in ``ezflow.run``), or as a process next to a running
+graph: ``ezflow zenoh bridge --connect tcp/... --export
 /camera/raw --import 'ezflow/robot1/**=/robot1'``; a router: ``ezflow zenoh router``.
 Same-host edges never go through Zenoh: it is for the hops between hosts.
 """
@@ -24,7 +26,15 @@ try:
 except ImportError as exc:  # pragma: no cover - the CI installs the extra
     raise ImportError("ezflow.zenoh needs Eclipse Zenoh: pip install 'ezflow[zenoh]'") from exc
 
-from ._zenoh._bridge import ENCODING, Export, Import, MappingStats, ZenohBridge
+from ._zenoh._bridge import (
+    ENCODING,
+    Export,
+    Import,
+    MappingStats,
+    ZenohBridge,
+    ZenohBridgeSettings,
+    ZenohBridgeUnit,
+)
 from ._zenoh._fleet import announce, query_fleet
 from ._zenoh._keys import key_to_topic, topic_to_key
 from ._zenoh._session import ZenohSettings, open_session
@@ -35,6 +45,8 @@ __all__ = [
     "Import",
     "MappingStats",
     "ZenohBridge",
+    "ZenohBridgeSettings",
+    "ZenohBridgeUnit",
     "ZenohSettings",
     "announce",
     "key_to_topic",

@@ -29,6 +29,8 @@ from ezflow.zenoh import (
     Export,
     Import,
     ZenohBridge,
+    ZenohBridgeSettings,
+    ZenohBridgeUnit,
     ZenohSettings,
     key_to_topic,
     open_session,
@@ -440,3 +442,50 @@ async def test_a_leaky_mapping_between_hosts_counts_every_drop(hosts: netns.TwoH
     assert len(values) == imported["messages"]  # lossless from the bridge to the receiver
     drops = exported["dropped_local"] + imported["dropped_local"] + imported["lost_remote"]
     assert drops > 0 and len(values) + drops == count
+
+
+class Ticks(ezflow.Unit):
+    """Publishes 0..COUNT-1, 5 ms apart, after a second (Zenoh routes meanwhile)."""
+
+    COUNT = 40
+    OUTPUT = ezflow.OutputStream(int)
+
+    @ezflow.publisher(OUTPUT)
+    async def generate(self) -> AsyncIterator[tuple[Any, int]]:
+        await asyncio.sleep(1.0)
+        for i in range(self.COUNT):
+            yield self.OUTPUT, i
+            await asyncio.sleep(0.005)
+
+
+async def test_bridge_unit_in_its_own_process(router: str) -> None:
+    ticks = Ticks()
+    bridge = ZenohBridgeUnit(
+        ZenohBridgeSettings(
+            connect=(router,),
+            exports=(Export("TICKS/OUTPUT", key="unit/ticks", lossless=True),),
+        )
+    )
+    async with (
+        ezflow.GraphServer(("127.0.0.1", 0)) as server_b,
+        ezflow.GraphContext(server_b.address, auto_start=False) as b,
+        ZenohBridge(
+            b,
+            ZenohSettings(mode="client", connect=(router,)),
+            imports=[Import("unit/ticks", "/ticks", lossless=True)],
+        ),
+    ):
+        sink = await b.subscriber("/ticks")
+        async with ezflow.GraphRunner(
+            TICKS=ticks, BRIDGE=bridge, process_components=[bridge], graph_address="127.0.0.1:0"
+        ) as runner:
+            assert "BRIDGE" in runner.processes
+            received = [await asyncio.wait_for(sink.recv(), 30) for _ in range(Ticks.COUNT)]
+    assert received == list(range(Ticks.COUNT))
+
+
+def test_bridge_unit_settings_are_checked_where_written() -> None:
+    with pytest.raises(ezflow.ConfigurationError, match="has no protocol"):
+        ZenohBridgeSettings(connect=("127.0.0.1:7447",))
+    with pytest.raises(ezflow.ConfigurationError, match="queue=0"):
+        ZenohBridgeSettings(connect=("tcp/127.0.0.1:7447",), exports=(Export("/x", queue=0),))

@@ -167,6 +167,19 @@ def _underlying(publisher: Publisher) -> Publisher:
     return publisher
 
 
+_CONTEXT_ATTRIBUTE = "_ezflow_graph_context"
+
+
+def graph_context_of(unit: Unit) -> GraphContext:
+    """The GraphContext *unit* runs on, from ``initialize()`` on: for units whose topics
+    are not known when the class is written (a bridge's, named in its settings). Raises
+    RuntimeError for a unit that is not running."""
+    context = unit.__dict__.get(_CONTEXT_ATTRIBUTE)
+    if not isinstance(context, GraphContext):
+        raise RuntimeError(f"{unit.path or type(unit).__qualname__} is not running in a graph")
+    return context
+
+
 class UnitHost:
     """Runs *units* on *context*: :meth:`setup`, then :meth:`start`, then :meth:`stop`.
 
@@ -218,6 +231,7 @@ class UnitHost:
         """Create each unit's state, call ``initialize()``, register its streams.
         A failure is reported and re-raised (the owner then stops)."""
         for unit in self.units:
+            unit.__dict__[_CONTEXT_ATTRIBUTE] = self.context
             try:
                 state_type = type(unit).state_type()
                 unit.STATE = state_type() if state_type is not None else None
@@ -595,6 +609,7 @@ class UnitHost:
                     self._fail(unit.path, "shutdown()", exc)
             for unit in self.units:
                 unit._ezflow_outlets = {}
+                unit.__dict__.pop(_CONTEXT_ATTRIBUTE, None)  # a unit may run (and move) again
             if self._closing:
                 # (Publisher.aclose is bounded: each channel has CLOSE_TIMEOUT to read
                 # up to END, the graph server REQUEST_TIMEOUT to answer.)

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 import zenoh
@@ -41,11 +41,23 @@ from .._core._codec import Codec
 from .._core._config import ZENOH_EXPORT_BATCH, ZENOH_QUEUE
 from .._core._exceptions import ClosedResourceError, ConfigurationError, EndOfStream
 from .._graph._context import GraphContext
+from .._units._component import Unit
+from .._units._decorators import task
+from .._units._host import graph_context_of
+from .._units._settings import Settings
 from ._fleet import announce, fleet_key
 from ._keys import expand_host, key_to_topic, topic_to_key
 from ._session import ZenohSettings, open_session
 
-__all__ = ["ENCODING", "Export", "Import", "MappingStats", "ZenohBridge"]
+__all__ = [
+    "ENCODING",
+    "Export",
+    "Import",
+    "MappingStats",
+    "ZenohBridge",
+    "ZenohBridgeSettings",
+    "ZenohBridgeUnit",
+]
 
 log = logging.getLogger("ezflow.zenoh")
 
@@ -182,10 +194,10 @@ class ZenohBridge:
 
     async def aclose(self) -> None:
         """Stop every mapping and close the session. Idempotent."""
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        pending, self._tasks = self._tasks, []
+        for mapping_task in pending:
+            mapping_task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         announcer, self._announcer = self._announcer, None
         if announcer is not None:
             await announcer.__aexit__(None, None, None)
@@ -429,3 +441,59 @@ def _put_all(publisher: Any, puts: list[tuple[bytes, bytes]]) -> None:
 
 def _kind(lossless: bool) -> str:
     return "lossless" if lossless else "leaky"
+
+
+# -- as a unit of a graph -------------------------------------------------------------------
+
+
+class ZenohBridgeSettings(Settings):
+    """A :class:`ZenohBridgeUnit`'s settings: the session's (``mode``, ``connect``,
+    ``listen``, ``config_file``, as :class:`ZenohSettings`), the mappings, and the fleet
+    domain and host name (as :class:`ZenohBridge`)."""
+
+    mode: Literal["peer", "client"] = "client"
+    connect: tuple[str, ...] = ()
+    listen: tuple[str, ...] = ()
+    config_file: str | None = None
+    exports: tuple[Export, ...] = ()
+    imports: tuple[Import, ...] = ()
+    fleet: str | None = None
+    host: str | None = None
+
+    def __post_init__(self) -> None:
+        self.zenoh_settings()  # checks the endpoints and mode now, where they are written
+        mappings: list[Export | Import] = [*self.exports, *self.imports]
+        for mapping in mappings:
+            _check_queue(mapping.queue, repr(mapping))
+
+    def zenoh_settings(self) -> ZenohSettings:
+        return ZenohSettings(
+            mode=self.mode,
+            connect=tuple(self.connect),
+            listen=tuple(self.listen),
+            config_file=self.config_file,
+        )
+
+
+class ZenohBridgeUnit(Unit):
+    """A :class:`ZenohBridge` as a unit of a graph: put it in ``ezflow.run(...)`` (in a
+    process of its own if you like) and it bridges its settings' mappings on the graph the
+    unit runs on, until the graph stops. It has no streams: the topics it exports and
+    imports are named in its settings. It never finishes by itself, so a graph run with
+    ``end_when_done`` waits for it: end such graphs with ``NormalTermination``."""
+
+    SETTINGS: ZenohBridgeSettings
+
+    @task
+    async def bridge(self) -> None:
+        settings: ZenohBridgeSettings = self.SETTINGS
+        async with ZenohBridge(
+            graph_context_of(self),
+            settings.zenoh_settings(),
+            exports=settings.exports,
+            imports=settings.imports,
+            fleet=settings.fleet,
+            host=settings.host,
+        ) as bridge:
+            self.bridge_stats = bridge.stats  # inspectable while the graph runs
+            await asyncio.Event().wait()  # until the graph stops and cancels this task
