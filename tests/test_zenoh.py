@@ -411,6 +411,12 @@ async def test_graph_and_top_fleet_list_both_hosts(hosts: netns.TwoHosts) -> Non
     assert "/b/data" in graphs["station-b"]["topics"]
     hosts_seen = {(row["host_name"], row["topic"]) for row in top["channels"]}
     assert ("robot-a", "/a/data") in hosts_seen and ("station-b", "/b/data") in hosts_seen
+    # The bridges' own counters: what crossed, what was lost, the cross-host latency.
+    mappings = {row["host_name"]: row for row in top["bridges"]}
+    assert mappings["robot-a"]["mapping"] == "export /a/data -> fleet/a/data"
+    assert mappings["station-b"]["mapping"] == "import fleet/a/data -> /b/data"
+    assert mappings["station-b"]["messages"] >= 5
+    assert mappings["station-b"]["latency_p50_us"] > 0
 
 
 @ONE_LOOP

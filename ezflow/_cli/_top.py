@@ -286,6 +286,7 @@ def _fleet_top(domain: str, connect: list[str] | None, as_json: bool) -> None:
     now = time.time()
     data: dict[str, list[dict[str, Any]]] = {"channels": [], "publishers": []}
     per_host = {}
+    bridges: list[dict[str, Any]] = []
     for host, reply in sorted(replies.items()):
         processes = {
             cid: ProcessSnapshot.from_wire(wire) for cid, wire in reply["processes"].items()
@@ -293,10 +294,25 @@ def _fleet_top(domain: str, connect: list[str] | None, as_json: bool) -> None:
         per_host[host] = rows(processes, now)
         for kind in data:
             data[kind] += [{"host_name": host, **row} for row in per_host[host][kind]]
+        for mapping, counters in (reply.get("bridge") or {}).items():
+            bridges.append({"host_name": host, "mapping": mapping, **counters})
     if as_json:
-        typer.echo(json.dumps({"fleet": domain, **data}, indent=2))
+        typer.echo(json.dumps({"fleet": domain, **data, "bridges": bridges}, indent=2))
         return
     if not per_host:
         fail(f"no host of fleet {domain!r} answered (are its bridges started with --fleet?)")
     for host, host_rows in per_host.items():
         console.print(_tables(host_rows, f"host {host}", console.width))
+    table = Table(title="bridge mappings", title_justify="left")
+    for header in ("host", "mapping", "messages", "dropped", "lost", "lat p50"):
+        table.add_column(header, no_wrap=header != "mapping")
+    for row in bridges:
+        table.add_row(
+            escape(row["host_name"]),
+            escape(row["mapping"]),
+            str(row["messages"]),
+            _errors(row["dropped_local"] + row["dropped_remote"]),
+            _errors(row["lost_remote"]),
+            _lat(row["latency_p50_us"]),
+        )
+    console.print(table)

@@ -178,7 +178,9 @@ class ZenohBridge:
         self._session = await self._session_cm.__aenter__()
         try:
             if self.fleet is not None:
-                self._announcer = announce(self._session, self.fleet, self.host, self._context)
+                self._announcer = announce(
+                    self._session, self.fleet, self.host, self._context, self.summary
+                )
                 await self._announcer.__aenter__()
             for export in self.exports:
                 await self._start_export(export)

@@ -5,8 +5,10 @@ runs a :class:`FleetAnnouncer`: a liveliness token ``ezflow/fleet/<domain>/<host
 watchers see hosts join and leave) and a queryable on ``ezflow/fleet/<domain>/<host>/*``
 answering ``graph`` (the graph server's view, what ``ezflow graph`` shows) and ``top``
 (every process's telemetry snapshot, what ``ezflow top`` shows). Replies are msgpack maps
-``{"v": 1, "host": ..., "graph" | "processes": ...}``. :func:`query_fleet` asks every
-host of a domain at once (``ezflow graph --fleet``, ``ezflow top --fleet``).
+``{"v": 1, "host": ..., "graph" | "processes": ...}`` (``top`` also carries the bridge's
+per-mapping counters, ``"bridge"``: drops, losses between hosts, cross-host latency).
+:func:`query_fleet` asks every host of a domain at once (``ezflow graph --fleet``,
+``ezflow top --fleet``).
 
 Zenoh calls the queryable on its own thread; the answer is computed on the bridge's
 event loop (``run_coroutine_threadsafe``) and sent from Zenoh's thread, so the loop never
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgpack
@@ -46,21 +48,30 @@ def fleet_key(domain: str, host: str = "*") -> str:
     return f"{FLEET_PREFIX}/{domain}/" + (host if host == "*" else expand_host("{host}", host))
 
 
-async def _answer(context: GraphContext, host: str, what: str) -> bytes:
+async def _answer(
+    context: GraphContext, host: str, what: str, bridge: Callable[[], dict[str, Any]] | None
+) -> bytes:
     if what == "graph":
         body: dict[str, Any] = {"graph": await context.graph()}
     else:
         telemetry = await context.graph_telemetry()
         body = {"processes": {cid: snap.to_wire() for cid, snap in telemetry.items()}}
+        if bridge is not None:  # the bridge's mappings: cross-host drops, losses, latency
+            body["bridge"] = bridge()
     return msgpack.packb({"v": 1, "host": host, **body})  # type: ignore[no-any-return]
 
 
 @contextlib.asynccontextmanager
 async def announce(
-    session: Any, domain: str, host: str, context: GraphContext
+    session: Any,
+    domain: str,
+    host: str,
+    context: GraphContext,
+    bridge: Callable[[], dict[str, Any]] | None = None,
 ) -> AsyncIterator[None]:
     """Announce this host's graph in fleet *domain* while the context is open (see the
-    module doc); undeclared on the way out, also on error or cancellation."""
+    module doc); *bridge* gives the announcing bridge's per-mapping counters for ``top``.
+    Undeclared on the way out, also on error or cancellation."""
     loop = asyncio.get_running_loop()
     key = fleet_key(domain, host)
 
@@ -68,7 +79,7 @@ async def announce(
         what = str(query.key_expr).rsplit("/", 1)[-1]
         if what not in _WHAT:
             return
-        future = asyncio.run_coroutine_threadsafe(_answer(context, host, what), loop)
+        future = asyncio.run_coroutine_threadsafe(_answer(context, host, what, bridge), loop)
         try:
             payload = future.result(ZENOH_ANSWER_TIMEOUT)
         except Exception as exc:
