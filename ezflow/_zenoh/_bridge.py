@@ -411,6 +411,10 @@ class ZenohBridge:
                         slots.release()
                 stats.messages += 1
                 stats.bytes += len(body)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("import of %s failed; it stops (the other mappings go on)", mapping.key)
         finally:
             for publisher in publishers.values():
                 with contextlib.suppress(Exception):
