@@ -236,6 +236,29 @@ def test_report_is_self_contained_html(perf_results: dict[str, Any]) -> None:
     assert "the stand-in peer has no tcp" in page
 
 
+def test_report_summary_explains_and_names_the_biggest_changes(
+    perf_results: dict[str, Any],
+) -> None:
+    plain = _report.render(perf_results, title="tiny")
+    summary = plain[plain.index('<section class="summary">') : plain.index("</section>")]
+    assert "<b>relay</b>: source -&gt; N relays -&gt; sink" in summary  # what was measured
+    assert "<b>CPU µs/msg</b>" in summary and "socketpair round trip / 2" in summary
+    assert "--base OLD" in summary  # no base: says how to get the changes
+    base = copy.deepcopy(perf_results)
+    new = copy.deepcopy(perf_results)
+    _cell(new, "ezflow", "relay", "tcp")["metrics"]["msgs_per_s"] *= 0.5  # 2x worse
+    _cell(new, "ezflow", "relay", "local")["metrics"]["msgs_per_s"] *= 0.8  # 1.25x worse
+    _cell(new, "ezflow", "relay", "local")["metrics"]["latency_p50_us"] *= 0.25  # 4x better
+    page = _report.render(new, title="tiny", base=base)
+    summary = page[page.index('<section class="summary">') : page.index("</section>")]
+    regressions = summary[summary.index("Biggest regressions") : summary.index("Biggest gains")]
+    gains = summary[summary.index("Biggest gains") :]
+    assert regressions.index("relay tcp") < regressions.index("relay local")  # worst first
+    assert "msgs/s" in regressions and "(<b>0.50x</b> worse)" in regressions
+    assert "relay local" in gains and "(<b>4.00x</b> better)" in gains
+    assert regressions.count("<li>") <= _report.SUMMARY_CHANGES
+
+
 # -- the commands on real files
 
 
@@ -266,7 +289,7 @@ def test_report_and_peers_commands(
 ) -> None:
     _, path = perf_run
     target = tmp_path / "report.html"
-    written = ezflow_cli("perf", "report", str(path), "-o", str(target))
+    written = ezflow_cli("perf", "report", str(path), "-o", str(target), "--base", str(path))
     assert written.returncode == 0, written.stderr
     assert "<svg" in target.read_text()
     table = ezflow_cli("perf", "peers", str(path), "--markdown")

@@ -363,12 +363,18 @@ def report(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="HTML file (default: RESULTS with .html).")
     ] = None,
+    base: Annotated[
+        Path | None,
+        typer.Option("--base", help="An earlier results file: the summary names the changes."),
+    ] = None,
 ) -> None:
-    """Write a self-contained HTML report (tables and plots, no external files)."""
+    """Write a self-contained HTML report (tables and plots, no external files), with a
+    one-screen summary at the top (with --base: the biggest regressions and gains)."""
     document = _load(results)
+    earlier = _load(base) if base is not None else None
     target = output or results.with_suffix(".html")
     try:
-        target.write_text(_report.render(document, title=results.name))
+        target.write_text(_report.render(document, title=results.name, base=earlier))
     except OSError as exc:
         _fail(f"cannot write {target}: {exc.strerror or exc}")
     _console.print(f"wrote {target}", highlight=False)

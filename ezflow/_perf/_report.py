@@ -4,7 +4,9 @@ For each suite and transport two plots against message size (log-log): msgs/s an
 paced one-way latency p50, one line per framework and N (p2p: per framework and
 variant, ``ordinary`` being the program users write), the latency plot with the
 socketpair floor (RTT/2) of each size as a dashed line. Then the tables: every cell,
-the peer ratios when the run had a peer, the floor and the environment.
+the peer ratios when the run had a peer, the floor and the environment. At the top, a
+one-screen summary: what each suite measures, what the columns mean, the floor, and
+(given a base run) the biggest regressions and gains.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ._compare import PEER_BAR, peer_rows, variant_label
-from ._spec import SUITES, TRANSPORTS, format_size
+from ._compare import FIGURES, PEER_BAR, Change, compare, peer_rows, variant_label
+from ._spec import SUITE_DESCRIPTIONS, SUITES, TRANSPORTS, format_size
 
 __all__ = ["render"]
 
@@ -199,11 +201,91 @@ tr.error td{color:#b00}tr.unavailable td{color:#888}
 tr.pass td{background:#e9f7ec}tr.miss td{background:#fbeaea}
 .plots{display:flex;flex-wrap:wrap;gap:12px}svg{font-size:11px;background:#fff}
 svg .t{font-size:13px;font-weight:600}svg .frame{fill:none;stroke:#999}svg .grid{stroke:#eee}
+.summary{background:#f6f8fa;border:1px solid #ddd;padding:0 1em;max-width:70em}
+.summary h3{margin:.6em 0 .2em}.summary ul{margin:.2em 0}
 """
 
 
-def render(document: dict[str, Any], *, title: str = "results") -> str:
-    """The HTML page for *document* (a validated results file)."""
+#: What the columns of the tables mean (the summary at the top of the report).
+_COLUMNS = (
+    ("msgs/s", "messages per second summed over the sinks, published back to back"),
+    ("MB/s", "the same in payload megabytes"),
+    ("p50 / p99 / max µs", "one-way latency publish -> handled, with messages paced apart"),
+    ("loaded p50 µs", "the same while the back-to-back stream runs"),
+    ("CPU µs/msg", "CPU time of every process of the cell, per message delivered"),
+    ("drops", "messages lost (leaky edges only; lossless cells must show 0)"),
+)
+#: How many of the biggest regressions and gains the summary names.
+SUMMARY_CHANGES = 3
+
+
+def _figure(metric: str, value: float | None) -> str:
+    if value is None:
+        return "—"
+    if metric == "cpu_s_per_msg":
+        return f"{value * 1e6:,.2f} µs"
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def _change_line(change: Change) -> str:
+    framework, suite, transport, size, clients, variant = change.key
+    label = dict((metric, name) for metric, name, _ in FIGURES).get(change.metric, change.metric)
+    where = f"{framework} {suite} {transport} {format_size(size)} N={clients}"
+    where += f" {variant}" if variant else ""
+    gain = change.gain or 0.0
+    return (
+        f"<li>{_esc(where)}: {_esc(label)} {_figure(change.metric, change.base)} → "
+        f"{_figure(change.metric, change.new)} "
+        f"(<b>{gain:.2f}x</b> {'better' if gain >= 1 else 'worse'})</li>"
+    )
+
+
+def _summary(document: dict[str, Any], base: dict[str, Any] | None) -> str:
+    """One screen: what the suites measure, what the columns mean, the floor, and the
+    biggest regressions and gains against *base* (when given)."""
+    suites = sorted({cell["suite"] for cell in document["cells"]}, key=SUITES.index)
+    measured = "".join(
+        f"<li><b>{_esc(suite)}</b>: {_esc(SUITE_DESCRIPTIONS[suite])}</li>" for suite in suites
+    )
+    columns = "".join(f"<li><b>{_esc(n)}</b>: {_esc(text)}</li>" for n, text in _COLUMNS)
+    rtt = document["floor"]["socketpair_rtt_us"]
+    floor = (
+        "the raw floor measured in the same run: a socketpair round trip / 2 of "
+        + ", ".join(f"{entry['p50'] / 2:.1f} µs at {format_size(entry['size'])}" for entry in rtt)
+        + ", and memcpy; a figure near its floor has little left to win"
+        if rtt
+        else "no floor was measured in this run"
+    )
+    if base is None:
+        changes = (
+            "<p>No base run given: <code>ezflow perf report RESULTS --base OLD</code> "
+            "names the biggest regressions and gains here.</p>"
+        )
+    else:
+        ranked = sorted(
+            (c for c in compare(base, document) if c.gain and c.base and c.new),
+            key=lambda c: c.gain or 1.0,
+        )
+        worst = [c for c in ranked if (c.gain or 1.0) < 1][:SUMMARY_CHANGES]
+        best = [c for c in reversed(ranked) if (c.gain or 1.0) > 1][:SUMMARY_CHANGES]
+        changes = (
+            f"<h3>Biggest regressions against the base ({_esc(base.get('created', '?'))})</h3>"
+            f"<ul>{''.join(map(_change_line, worst)) or '<li>none</li>'}</ul>"
+            f"<h3>Biggest gains</h3><ul>{''.join(map(_change_line, best)) or '<li>none</li>'}</ul>"
+        )
+    return (
+        '<section class="summary"><h2>Summary</h2>'
+        f"<h3>What was measured</h3><ul>{measured}</ul>"
+        f"<h3>The columns</h3><ul>{columns}</ul>"
+        f"<h3>The floor</h3><p>{_esc(floor)}.</p>{changes}</section>"
+    )
+
+
+def render(
+    document: dict[str, Any], *, title: str = "results", base: dict[str, Any] | None = None
+) -> str:
+    """The HTML page for *document* (a validated results file); with *base* (an
+    earlier results file) its summary names the biggest regressions and gains."""
     cells: list[dict[str, Any]] = document["cells"]
     floor = document["floor"]
     floor_line = [(float(entry["size"]), entry["p50"] / 2) for entry in floor["socketpair_rtt_us"]]
@@ -253,6 +335,7 @@ def render(document: dict[str, Any], *, title: str = "results") -> str:
 <p>{_esc(document["created"])} · {_esc(frameworks)} · {_esc(env["cpu_model"])},
 {env["cores"]} cores · Python {_esc(env["python"])} · git {_esc(revision)} ·
 {document["wall_seconds"]:.0f} s · plan <code>{_esc(json.dumps(document["plan"]))}</code></p>
+{_summary(document, base)}
 <h2>Plots</h2>
 <p>msgs/s: summed over the sinks, back-to-back. Latency: one-way, paced, median; dashed:
 the raw socketpair floor (round trip / 2) of the same size.</p>

@@ -78,6 +78,7 @@ __all__ = [
     "RECEIVES",
     "STANDARD",
     "SUITES",
+    "SUITE_DESCRIPTIONS",
     "TRANSPORTS",
     "WARMUP",
     "Cell",
@@ -98,6 +99,15 @@ __all__ = [
 ]
 
 SUITES: Final = ("fanout", "fanin", "relay", "spread", "p2p")
+#: What each suite measures, in one line (the report's summary, docs/perf.md).
+SUITE_DESCRIPTIONS: Final = {
+    "p2p": "the ordinary program: one source, one sink, two processes, tuples and "
+    "await recv() (variants: bare arrays, uvloop, on_message, loaned buffers)",
+    "fanout": "1 source -> N sinks on one topic",
+    "fanin": "N sources -> 1 sink on one topic",
+    "relay": "source -> N relays -> sink, units alternating between two processes",
+    "spread": "the relay chain with every unit in its own process (N+2 processes)",
+}
 TRANSPORTS: Final = ("local", "shm", "tcp")
 
 RATE: Final = 0
