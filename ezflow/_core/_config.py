@@ -18,6 +18,7 @@ __all__ = [
     "AUTH_NONCE_SIZE",
     "BAD_PEER_LOG_FIRST",
     "BAD_PEER_LOG_INTERVAL",
+    "CHILD_STOP_TIMEOUT",
     "COMPAT_MAIN_POLL_INTERVAL",
     "CONNECT_TIMEOUT",
     "CONTROL_MAX_FRAME_SIZE",
@@ -80,8 +81,11 @@ __all__ = [
     "REQUEST_TIMEOUT",
     "ROUTE_APPLY_TIMEOUT",
     "SHM_LOAN_ROOM",
+    "SHUTDOWN_TIMEOUT",
+    "START_TIMEOUT",
     "TCP_KEEPALIVE_PROBES",
     "TELEMETRY_MAX_WRITE_BUFFER",
+    "THREAD_JOIN_TIMEOUT",
     "TRANSPORTS",
     "ZENOH_ANSWER_TIMEOUT",
     "ZENOH_EXPORT_BATCH",
@@ -116,6 +120,16 @@ ENV_GRAPH_ADDRESS: Final = "EZFLOW_GRAPH_ADDRESS"
 ENV_TRANSPORT: Final = "EZFLOW_TRANSPORT"
 ENV_MAX_MESSAGE_SIZE: Final = "EZFLOW_MAX_MESSAGE_SIZE"
 ENV_EVENT_LOOP: Final = "EZFLOW_EVENT_LOOP"
+
+#: Unit graphs (ezflow.run, GraphRunner): seconds every unit process has to load,
+#: initialize and register its streams; seconds a unit process has to stop after being
+#: told to (beyond the drain timeout) before it is killed; seconds a stopping process
+#: waits for its ``@thread`` methods; seconds an ``async`` ``shutdown()`` may take before
+#: it is cancelled and reported.
+START_TIMEOUT: Final = 30.0
+CHILD_STOP_TIMEOUT: Final = 12.0
+THREAD_JOIN_TIMEOUT: Final = 2.0
+SHUTDOWN_TIMEOUT: Final = 5.0
 
 #: Zenoh bridge (ezflow.zenoh; the core does not import Zenoh): messages a mapping
 #: queues at each end, messages an export hands to Zenoh per trip to its worker thread,

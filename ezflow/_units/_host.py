@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
+from .._core._config import SHUTDOWN_TIMEOUT, THREAD_JOIN_TIMEOUT
 from .._core._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
 from .._graph._context import GraphContext
 from .._graph._publisher import Publisher
@@ -50,19 +51,14 @@ from ._plan import stream_topic
 from ._streams import InputStream, OutputStream, message_check, type_name
 
 __all__ = [
-    "SHUTDOWN_TIMEOUT",
-    "THREAD_JOIN_TIMEOUT",
     "DrainCut",
     "UnitHost",
     "format_failure",
+    "graph_context_of",
 ]
 
 log = logging.getLogger("ezflow.units")
 
-#: Seconds a stopping process waits for its ``@thread`` methods to return.
-THREAD_JOIN_TIMEOUT = 2.0
-#: Seconds an ``async`` ``shutdown()`` may take before it is cancelled and reported.
-SHUTDOWN_TIMEOUT = 5.0
 
 FailureCallback = Callable[[str, str], None]  # (component path, formatted details)
 CompleteCallback = Callable[[str], None]  # (component path)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core._config import (
+    CHILD_STOP_TIMEOUT,
+    START_TIMEOUT,
     Address,
     check_drain_timeout,
     check_types_from_env,
@@ -34,15 +36,9 @@ from ._process import ChildProcess, preparation
 from ._settings import Settings
 from ._streams import OutputStream
 
-__all__ = ["CHILD_STOP_TIMEOUT", "START_TIMEOUT", "GraphRunner", "run"]
+__all__ = ["GraphRunner", "run"]
 
 log = logging.getLogger("ezflow.units")
-
-#: Seconds every unit process has to load, initialize and register its streams.
-START_TIMEOUT = 30.0
-#: Seconds a unit process has to stop after being told to (beyond the drain timeout),
-#: before it is killed.
-CHILD_STOP_TIMEOUT = 12.0
 
 
 @dataclass
