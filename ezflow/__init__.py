@@ -27,6 +27,7 @@ from ._core._exceptions import (
 )
 from ._core._loop import loop_factory, run_coroutine
 from ._core._outlet import PublisherStats
+from ._core._tracing import set_trace_rate
 from ._graph._context import GraphContext
 from ._graph._publisher import Publisher
 from ._graph._routing import ChannelInfo
@@ -105,6 +106,7 @@ __all__ = [
     "register_message",
     "run",
     "run_coroutine",
+    "set_trace_rate",
     "subscriber",
     "task",
     "telemetry",

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Annotated, Any
 
 import typer
 
-from .._core._config import check_drain_timeout
+from .._core._config import ENV_TRACE, check_drain_timeout
 from .._core._exceptions import ConfigurationError, EzflowError
+from .._core._tracing import set_trace_rate
 from .._units._component import Component
 from .._units._errors import GraphDefinitionError, ProcessDiedError, UnitError
 from .._units._plan import adaptable, adaptable_class
@@ -152,6 +154,16 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             "(default EZFLOW_DRAIN_TIMEOUT, else 5; 0: no drain).",
         ),
     ] = None,
+    trace: Annotated[
+        int | None,
+        typer.Option(
+            "--trace",
+            metavar="N",
+            min=0,
+            help="Trace one message in N that each source publishes, through every hop "
+            "(see `ezflow trace`; default EZFLOW_TRACE, else off).",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
     quiet: Annotated[
         bool,
@@ -194,6 +206,10 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             check_drain_timeout(drain_timeout, setting="--drain-timeout")
         except ConfigurationError as exc:
             fail(str(exc), 2)
+    if trace is not None:
+        # In the environment too: the graph's unit processes inherit it.
+        os.environ[ENV_TRACE] = str(trace)
+        set_trace_rate(trace)
     name, obj = load_object(target)
     try:
         arguments = load_graph(name, obj)

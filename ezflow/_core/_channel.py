@@ -36,9 +36,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from time import perf_counter_ns, time_ns
+from time import monotonic_ns, perf_counter_ns, time_ns
 from typing import Any, Final, NoReturn, cast
 
 import numpy as np
@@ -51,6 +51,7 @@ from ._exceptions import (
     UndecodableMessageError,
 )
 from ._telemetry import DELIVER_HOOKS, DROP_HOOKS, DeliverEvent, DropEvent, Histogram, emit
+from ._tracing import CURRENT, TRACING, Hop, WireTrace
 
 __all__ = [
     "DECODE_SAMPLE_MASK",
@@ -143,6 +144,33 @@ class _Undecodable:
         raise self.error
 
 
+class _TracedItem:
+    """Takes the place, in an inbox, of a traced message's ``(attachment, seq,
+    message)``: unpacking it - which :meth:`Inbox.get_nowait` does with every item -
+    starts the hop's handler stage in the task that takes it. Untraced messages stay
+    plain tuples, so tracing costs the message path nothing."""
+
+    __slots__ = ("attachment", "hop", "message", "seq")
+
+    def __init__(self, hop: Hop, attachment: Attachment, seq: int, message: Any) -> None:
+        self.hop = hop
+        self.attachment = attachment
+        self.seq = seq
+        self.message = message
+
+    def __iter__(self) -> Iterator[Any]:
+        hop = self.hop
+        hop.t_taken = monotonic_ns()
+        hop.open = True
+        self.attachment.inbox._open_hop = hop
+        CURRENT.set(hop)  # (in the context of the task taking it)
+        return iter((self.attachment, self.seq, self.message))
+
+    def __getitem__(self, index: int) -> Any:
+        # (what inspects a queued item without taking it: an overflowing leaky inbox)
+        return (self.attachment, self.seq, self.message)[index]
+
+
 def _release_taken(attachment: Attachment, seq: int) -> None:
     """Release message *seq*, taken from *attachment*'s inbox, unless the attachment was
     detached meanwhile (detaching already stopped it holding anything)."""
@@ -178,6 +206,7 @@ class Inbox:
         "_had_publisher",
         "_handed_ns",
         "_items",
+        "_open_hop",
         "_routed",
         "_waiter",
         "handler_time",
@@ -201,6 +230,7 @@ class Inbox:
         self._callback = callback
         self._drop_hooks = DROP_HOOKS
         self._handed_ns = 0  # perf_counter_ns when the last message was taken, 0: none
+        self._open_hop: Hop | None = None  # the traced message being handled, if any
         self.handler_time = Histogram()
         self.leaky = leaky
         self.maxlen = maxlen if leaky and callback is None else None
@@ -335,6 +365,8 @@ class Inbox:
         *loop* - as soon as the caller yields to it (the same loop iteration), so that
         the release bookkeeping does not delay the caller.
         """
+        if self._open_hop is not None:
+            self._finish_hop()  # asking for the next message ends the handler stage
         attachment, seq, message = self._items.popleft()
         stats = self.stats
         stats.taken += 1
@@ -363,13 +395,16 @@ class Inbox:
         end: called again, it waits (for a publisher that may be routed to it later).
         Cancellation-safe: a cancelled ``get`` takes nothing.
         """
-        if not self._items and self._handed_ns:
+        if not self._items:
             # The subscriber is done with the previous message: its handler time ends
             # here, not when the next message arrives.
-            spent = perf_counter_ns() - self._handed_ns
-            self.handler_time.buckets[spent.bit_length()] += 1
-            self.handler_time.total += spent
-            self._handed_ns = 0
+            if self._handed_ns:
+                spent = perf_counter_ns() - self._handed_ns
+                self.handler_time.buckets[spent.bit_length()] += 1
+                self.handler_time.total += spent
+                self._handed_ns = 0
+            if self._open_hop is not None:
+                self._finish_hop()
         loop = None
         while not self._items:
             if self._closed:
@@ -384,6 +419,22 @@ class Inbox:
             await waiter
         # Woken by a delivery (a paced stream): hand the message over first.
         return self.get_nowait(loop)
+
+    def mark_traced(self, attachment: Attachment, seq: int, hop: Hop) -> None:
+        """Message *seq*, just put by *attachment*'s channel, is traced as *hop*."""
+        items = self._items
+        if items:
+            last = items[-1]
+            if type(last) is tuple and last[0] is attachment and last[1] == seq:
+                items[-1] = cast("tuple[Attachment, int, Any]", _TracedItem(hop, *last))
+
+    def _finish_hop(self) -> None:
+        hop = self._open_hop
+        assert hop is not None
+        self._open_hop = None
+        hop.finish(monotonic_ns())
+        if CURRENT.get() is hop:
+            CURRENT.set(None)
 
     def close(self) -> None:
         """Stop accepting messages and wake a waiting :meth:`get`. Messages already
@@ -643,6 +694,83 @@ class Channel:
             self.deliver(seq, message, len(body), upstream_drops, sent_ns, now, decode_ns)
         else:
             self.deliver(seq, message, len(body), upstream_drops, sent_ns)
+
+    def deliver_body_traced(
+        self,
+        trace: WireTrace,
+        seq: int,
+        body: bytes | memoryview,
+        upstream_drops: int,
+        sent_ns: int,
+    ) -> None:
+        """:meth:`deliver_body` for a traced message (*trace* came with it): records a
+        :class:`~ezflow._core._tracing.Hop` for every attached subscriber."""
+        received = monotonic_ns()
+        try:
+            message = self.codec.decode(body)
+        except ProtocolError:
+            self.deliver_body(seq, body, upstream_drops, sent_ns)  # (counts and tells)
+            return
+        self.stats.decoded += 1
+        self.deliver_traced(
+            trace, seq, message, len(body), upstream_drops, sent_ns, received, monotonic_ns()
+        )
+
+    def deliver_traced(  # noqa: PLR0917 - deliver's arguments and the stage times
+        self,
+        trace: WireTrace,
+        seq: int,
+        message: Any,
+        nbytes: int,
+        upstream_drops: int,
+        sent_ns: int,
+        received_ns: int = 0,
+        decoded_ns: int = 0,
+    ) -> None:
+        """:meth:`deliver` for a traced message (*trace* came with it), received and
+        decoded at *received_ns* and *decoded_ns* (``monotonic_ns``; now when 0, as for
+        the local transport): each attached subscriber's take of it is a hop. An
+        ``on_message`` callback handles it during this call: its hop's queue stage is
+        0 and its handler stage ends when every local callback of this message returned
+        (or at the first publish it caused)."""
+        TRACING.active = True  # (publishes from here on carry traces on)
+        attachments = self._attachments  # (a callback may attach or detach meanwhile)
+        if not received_ns:
+            received_ns = decoded_ns = monotonic_ns()
+        hops = [
+            Hop(
+                trace,
+                self.topic,
+                self.publisher_id,
+                attachment.inbox.name,
+                self.transport,
+                received_ns,
+                decoded_ns,
+            )
+            for attachment in attachments
+        ]
+        called = [
+            hop
+            for hop, attachment in zip(hops, attachments, strict=True)
+            if attachment.inbox.callback is not None
+        ]
+        token = None
+        if called:
+            for hop in called:
+                hop.t_taken = decoded_ns
+                hop.open = True
+            token = CURRENT.set(called[0])
+        try:
+            self.deliver(seq, message, nbytes, upstream_drops, sent_ns)
+        finally:
+            if token is not None:
+                CURRENT.reset(token)
+        now = monotonic_ns()
+        for hop in called:
+            hop.finish(now)
+        for hop, attachment in zip(hops, attachments, strict=True):
+            if attachment.inbox.callback is None:
+                attachment.inbox.mark_traced(attachment, seq, hop)
 
     def deliver(  # noqa: PLR0917 - the message path: positional arguments are cheapest
         self,

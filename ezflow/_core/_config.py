@@ -49,6 +49,7 @@ __all__ = [
     "ENV_TLS_KEY",
     "ENV_TOKEN",
     "ENV_TOKEN_FILE",
+    "ENV_TRACE",
     "ENV_TRANSPORT",
     "ENV_WATCH_RINGS",
     "EZRING_ATTACH_TIMEOUT",
@@ -86,6 +87,9 @@ __all__ = [
     "TCP_KEEPALIVE_PROBES",
     "TELEMETRY_MAX_WRITE_BUFFER",
     "THREAD_JOIN_TIMEOUT",
+    "TRACE_BUFFER",
+    "TRACE_REPORT_MAX",
+    "TRACE_SERVER_KEEP",
     "TRANSPORTS",
     "ZENOH_ANSWER_TIMEOUT",
     "ZENOH_EXPORT_BATCH",
@@ -580,6 +584,20 @@ def check_types_from_env() -> bool:
         return True
     raise ConfigurationError(f"{ENV_CHECK_TYPES}={text!r} must be 1 (check) or 0 (do not)")
 
+
+# -- tracing (see docs/tracing.md) -----------------------------------------------------------
+
+#: ``N`` traces one message in N that each publisher of a process publishes on its own;
+#: ``0`` or unset starts no traces. ``ezflow.set_trace_rate`` and ``ezflow run --trace``
+#: set it too; the processes of a unit graph inherit it.
+ENV_TRACE: Final = "EZFLOW_TRACE"
+#: Finished trace hops a process keeps until the telemetry reporter takes them to the
+#: graph server; beyond it the oldest are overwritten (and counted).
+TRACE_BUFFER: Final = 4096
+#: Trace hops one telemetry report carries at most (the rest wait for the next report).
+TRACE_REPORT_MAX: Final = 1024
+#: Trace hops the graph server keeps (the newest, from every process), for ``ezflow trace``.
+TRACE_SERVER_KEEP: Final = 20_000
 
 # -- rings (see docs/ezring.md) ------------------------------------------------------------
 

@@ -52,6 +52,9 @@ __all__ = [
     "SHM_DATA",
     "SHM_HEADER",
     "SHM_PREFIX",
+    "TRACE",
+    "TRACE_BODY",
+    "TRACE_PREFIX",
     "WELCOME",
     "FrameReader",
     "FramedProtocol",
@@ -70,6 +73,7 @@ SHM_DATA: Final = 7  # publisher -> channel: SHM_HEADER + segment name (ASCII)
 FREE: Final = 8  # channel -> publisher: FREE_HEADER + count x FREE_ENTRY
 RETIRE: Final = 9  # publisher -> channel: kind byte + name of a segment it unlinked
 HEARTBEAT: Final = 10  # either way, after the handshake: HEARTBEAT_BODY (tcp only)
+TRACE: Final = 11  # publisher -> channel: TRACE_BODY; the next DATA/SHM_DATA is traced
 
 #: kind u8, flags u8, 6 pad bytes, seq u64, publish time (time.time_ns) i64, and the
 #: publisher's cumulative count of messages it dropped for this (leaky) channel u64.
@@ -89,6 +93,13 @@ SHM_PREFIX: Final = struct.Struct("<IBB6xQqQQQQQ")
 #: kind u8, 3 pad bytes, the sender's heartbeat deadline in milliseconds u32 (0: its
 #: heartbeats are off). See :mod:`ezflow._core._liveness`.
 HEARTBEAT_BODY: Final = struct.Struct("<B3xI")
+#: kind u8, 7 pad bytes, trace id u64, parent span id u64 (0: the trace starts here),
+#: publish time i64 and send time i64 (CLOCK_MONOTONIC ns of the publisher), and the
+#: publisher's clock id u64 (see ezflow._core._tracing). Sent right before the message
+#: frame it applies to, on the same connection; 48 bytes.
+TRACE_BODY: Final = struct.Struct("<B7xQQqqQ")
+#: The length prefix and TRACE_BODY in one go.
+TRACE_PREFIX: Final = struct.Struct("<IB7xQQqqQ")
 #: kind u8, 3 pad bytes, count u32 of FREE_ENTRY records that follow.
 FREE_HEADER: Final = struct.Struct("<B3xI")
 #: block id u64, block generation u64: the channel no longer refers to that block.

@@ -40,6 +40,7 @@ from ._codec import Codec, EncodedMessage
 from ._config import PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
 from ._exceptions import ClosedResourceError, MessageTooLargeError
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
+from ._tracing import TRACING, WireTrace, carry
 
 __all__ = ["Link", "Outlet", "PublisherStats"]
 
@@ -173,6 +174,19 @@ class Link(ABC):
         wraps *body* and calls :meth:`send`."""
         self.send(seq, time_ns, message, EncodedMessage([body], len(body)))
 
+    def send_traced(
+        self,
+        seq: int,
+        time_ns: int,
+        message: Any,
+        encoded: EncodedMessage | None,
+        trace: WireTrace,
+    ) -> None:
+        """:meth:`send` for a traced message: the channel gets *trace* with it (see
+        :mod:`ezflow._core._tracing`). Transports override it; this one sends the
+        message untraced."""
+        self.send(seq, time_ns, message, encoded)
+
     @abstractmethod
     def close(self) -> None:
         """Close the link (idempotent); the channel sees a clean end."""
@@ -229,6 +243,8 @@ class Outlet:
         # _voluntary_switches() at the last paced-looking publish or wait for room: tells
         # a publisher that slept from one that was busy or preempted (see _hand_off).
         self._slept = -1
+        #: messages until the next one that starts a trace (see _tracing.carry)
+        self.trace_countdown = 1
 
     @property
     def links(self) -> tuple[Link, ...]:
@@ -319,6 +335,8 @@ class Outlet:
         """
         if self._closed:
             raise ClosedResourceError("publisher is closed")
+        # (tracing: the publish stage starts at the call, before any wait for room)
+        trace = carry(self) if TRACING.active else None
         if self._blocked():
             self._unyielded = self._unyielded_bytes = 0
             await self._wait_for_room()
@@ -332,7 +350,7 @@ class Outlet:
                 await asyncio.sleep(0)
                 if self._blocked():  # things may have changed meanwhile
                     await self._wait_for_room()
-        self.send_now(message)
+        self.send_now(message, trace)
 
     def publish_nowait(self, message: Any) -> bool:
         """Send *message* now and return True when :meth:`publish` would neither wait
@@ -358,6 +376,11 @@ class Outlet:
                 ):
                     return False
         self._unyielded += 1
+        if TRACING.active:
+            trace = carry(self)
+            if trace is not None:
+                self.send_now(message, trace)
+                return True
         if self._small_limit >= 0:
             # A small array, or container of a cached shape: one bytes body. (Arrays
             # call small_array_body directly: one call less on a paced array's path.)
@@ -486,8 +509,9 @@ class Outlet:
         self.remove_link(link)
         link.cut()
 
-    def send_now(self, message: Any) -> None:
-        """Send without waiting for room (used after the room check)."""
+    def send_now(self, message: Any, trace: WireTrace | None = None) -> None:
+        """Send without waiting for room (used after the room check), carrying *trace*
+        to every link with room (a message parked for a leaky link travels untraced)."""
         if self._closed:
             raise ClosedResourceError("publisher is closed")
         links = self._links
@@ -520,7 +544,10 @@ class Outlet:
         for link in links:
             link_message = message if link.needs_encoding else local_message
             if link.lossless or link.has_room(self):
-                link.send(seq, now, link_message, encoded)
+                if trace is None:
+                    link.send(seq, now, link_message, encoded)
+                else:
+                    link.send_traced(seq, now, link_message, encoded, trace)
                 sends += 1
             else:
                 before = link.drops

@@ -66,6 +66,8 @@ REQUEST_OPS: Final = frozenset(
         "ping",
         "shutdown",
         "telemetry",
+        "traces",
+        "trace_rate",
     }
 )
 

@@ -36,6 +36,7 @@ from .._core._exceptions import (
 from .._core._framing import FramedProtocol
 from .._core._liveness import Heartbeat, tune_keepalive
 from .._core._protocol import PROTOCOL, field, pack_message, unpack_message
+from .._core._tracing import set_graph_trace_rate
 
 __all__ = ["GraphClient", "host_id"]
 
@@ -291,6 +292,9 @@ class _ClientConnection(FramedProtocol):
                 except AuthenticationError as exc:
                     self._refused(exc)
                     return
+            rate = message.get("trace_rate")
+            if rate is not None:
+                set_graph_trace_rate(field(message, "trace_rate", int))
             if self._welcome is not None and not self._welcome.done():
                 self._welcome.set_result(message)
                 self.heartbeat = Heartbeat(self, self.heartbeat_deadline)
@@ -302,6 +306,9 @@ class _ClientConnection(FramedProtocol):
                 self._refused(exc)
                 return
             self.send_message({"op": "auth", **answer})
+        elif op == "trace_rate":
+            rate = message.get("rate")
+            set_graph_trace_rate(None if rate is None else field(message, "rate", int))
         elif op == "heartbeat":
             if self.heartbeat is not None:
                 self.heartbeat.peer_announced(float(field(message, "deadline", (int, float))))

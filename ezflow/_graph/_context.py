@@ -73,6 +73,7 @@ from .._core._exceptions import (
 from .._core._outlet import Outlet
 from .._core._protocol import check_topic
 from .._core._telemetry import ProcessSnapshot
+from .._core._tracing import trace_rate_from_env
 from .._transports._ezring import read_ring_header
 from .._transports._local import LocalTransport
 from .._transports._shm import ShmTransport
@@ -142,6 +143,7 @@ class GraphContext:
             else check_positive(max_message_size, setting="max_message_size")
         )
         self._env_transport = check_transport(transport_from_env(), setting="EZFLOW_TRANSPORT")
+        trace_rate_from_env()  # (read at import; an unusable value is reported here)
         self._codec = Codec(max_message_size=self._max_message_size)
         self._client: GraphClient | None = None
         # Connections made so far; callbacks of an older one are ignored.
@@ -623,6 +625,18 @@ class GraphContext:
         return {
             str(client_id): ProcessSnapshot.from_wire(data) for client_id, data in processes.items()
         }
+
+    async def graph_traces(self) -> list[dict[str, Any]]:
+        """The trace hops the graph server keeps (the newest ``TRACE_SERVER_KEEP``, from
+        every process; see :func:`ezflow.set_trace_rate` and docs/tracing.md), oldest
+        first, each a dict of the hop's fields (``trace_id``, ``span_id``,
+        ``parent_id``, ``topic``, ``subscriber``, stage times in ``CLOCK_MONOTONIC`` ns,
+        ``process`` and ``wall_offset``). Raises as :meth:`graph_telemetry`."""
+        reply = await self._request("traces")
+        fields, hops = reply.get("fields"), reply.get("hops")
+        if not isinstance(fields, list) or not isinstance(hops, list):
+            raise BrokenResourceError("the graph server sent a malformed traces reply")
+        return [dict(zip(fields, row, strict=True)) for row in hops]
 
     def _shm_in_use(self, outlet: Outlet) -> int:
         """Shared-memory blocks of *outlet* leased or being written (0 without shm)."""

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from .._core._channel import Attachment, Channel
-from .._core._config import MAX_TELEMETRY_ENTRIES
+from .._core._config import MAX_TELEMETRY_ENTRIES, TRACE_REPORT_MAX
 from .._core._outlet import Outlet
 from .._core._telemetry import (
     MAX_SNAPSHOT_SUBSCRIBERS,
@@ -35,6 +35,7 @@ from .._core._telemetry import (
     emit,
     snapshot_entries,
 )
+from .._core._tracing import TRACING, wall_offset
 from ._routing import ChannelRecord
 
 __all__ = ["ReportSource", "TelemetryReporter"]
@@ -202,10 +203,17 @@ class TelemetryReporter:
         snapshot = self.snapshot(advance=True)
         if SNAPSHOT_HOOKS:
             emit(SNAPSHOT_HOOKS, snapshot)
-        if self._source.send_report(snapshot.to_wire()):
+        wire = snapshot.to_wire()
+        hops = TRACING.take(TRACE_REPORT_MAX) if TRACING.hops else []
+        if hops:
+            # The hops this process finished since the last report, with what turns
+            # their monotonic times into wall-clock times (OpenTelemetry wants those).
+            wire["trace"] = {"offset": wall_offset(), "hops": [hop.row() for hop in hops]}
+        if self._source.send_report(wire):
             self.reports_sent += 1
         else:
             self.reports_skipped += 1
+            TRACING.lost += len(hops)
         return snapshot
 
     async def run(self) -> None:

@@ -54,6 +54,7 @@ from .._core._config import (
     MAX_TELEMETRY_REPORT_SIZE,
     MIN_TELEMETRY_INTERVAL,
     ROUTE_APPLY_TIMEOUT,
+    TRACE_SERVER_KEEP,
     Address,
     format_address,
     graph_address_from_env,
@@ -81,6 +82,7 @@ from .._core._protocol import (
     field as message_field,
 )
 from .._core._telemetry import HistogramSnapshot, ProcessSnapshot, PublisherSnapshot
+from .._core._tracing import HOP_FIELDS, check_rows, check_trace_rate
 from .._transports._shm import SegmentSweeper
 from ._client import host_id
 from ._metrics import MetricsServer
@@ -217,6 +219,11 @@ class GraphServer:
                 (address[0], metrics_port), lambda: self.telemetry().items()
             )
         self.ignored_reports = 0
+        #: the newest trace hops every client reported (TRACE_SERVER_KEEP), each row
+        #: HOP_FIELDS plus the reporting process's name and wall-clock offset
+        self.trace_hops: deque[list[Any]] = deque(maxlen=TRACE_SERVER_KEEP)
+        #: the trace rate pushed to every client (None: each keeps its own setting)
+        self.trace_rate: int | None = None
         #: Whether a GraphContext runs this server (EmbeddedGraphServer): told to
         #: clients in ``welcome``, so that they take over an embedded server whose
         #: process left, but wait for a standalone one (``ezflow serve``) to come back.
@@ -472,6 +479,20 @@ class GraphServer:
                     for client_id, snapshot in self.telemetry().items()
                 }
             }
+        if op == "traces":
+            return {
+                "fields": [*HOP_FIELDS, "process", "wall_offset"],
+                "hops": list(self.trace_hops),
+            }
+        if op == "trace_rate":
+            rate = message.get("rate")
+            if rate is not None:
+                check_trace_rate(rate, setting="rate")
+            previous, self.trace_rate = self.trace_rate, rate
+            for other in self._clients.values():
+                if other.connection is not None:
+                    other.connection.send_message({"op": "trace_rate", "rate": rate})
+            return {"previous": previous}
         if op == "shutdown":
             log.info("graph server: shutdown requested by client %s (%s)", client.id, client.name)
             # After this reply is written; keep a reference, the loop only holds tasks weakly.
@@ -804,6 +825,14 @@ class GraphServer:
             publishers=tuple(publishers),
         )
 
+    def _trace_reported(self, client: _Client, trace: object) -> None:
+        """Keep the trace hops of a report (:class:`ProtocolError` when malformed)."""
+        if not isinstance(trace, dict) or type(trace.get("offset")) is not int:
+            raise ProtocolError("a report's trace must be a map with an integer offset")
+        offset = trace["offset"]
+        extra = [client.name, offset]
+        self.trace_hops.extend(row + extra for row in check_rows(trace.get("hops", ())))
+
     def _report(self, client: _Client, message: dict[str, Any], size: int) -> None:
         """Keep *client*'s latest snapshot. A report that is too large, too early
         (faster than half of ``MIN_TELEMETRY_INTERVAL``) or malformed is ignored and
@@ -816,10 +845,12 @@ class GraphServer:
             reason = "reports arrive faster than MIN_TELEMETRY_INTERVAL"
         else:
             try:
-                client.telemetry = ProcessSnapshot.from_wire(
-                    message.get("snapshot"), limit=MAX_TELEMETRY_ENTRIES
-                )
+                snapshot = message.get("snapshot")
+                trace = snapshot.pop("trace", None) if isinstance(snapshot, dict) else None
+                client.telemetry = ProcessSnapshot.from_wire(snapshot, limit=MAX_TELEMETRY_ENTRIES)
                 client.reported_at = now
+                if trace is not None:
+                    self._trace_reported(client, trace)
                 return
             except ProtocolError as exc:
                 reason = str(exc)
@@ -1089,6 +1120,7 @@ class _ServerConnection(FramedProtocol):
                     "client_id": client.id,
                     "server_id": self.server.server_id,
                     "embedded": self.server.embedded,
+                    "trace_rate": self.server.trace_rate,
                 }
             )
             self._worker = asyncio.ensure_future(self._serve_requests(client))

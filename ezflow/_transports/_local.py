@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from time import monotonic_ns
 from typing import Any, ClassVar
 
 from .._core._channel import Channel
@@ -17,6 +18,7 @@ from .._core._codec import EncodedMessage
 from .._core._exceptions import BrokenResourceError
 from .._core._outlet import Link, Outlet
 from .._core._protocol import PublisherInfo
+from .._core._tracing import WireTrace
 from ._base import Inbound, Transport
 
 __all__ = ["LocalTransport"]
@@ -40,6 +42,18 @@ class _LocalLink(Link):
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
         self.sent_count += 1
         self.channel.deliver(seq, message, 0, self.drops, time_ns)
+
+    def send_traced(
+        self,
+        seq: int,
+        time_ns: int,
+        message: Any,
+        encoded: EncodedMessage | None,
+        trace: WireTrace,
+    ) -> None:
+        self.sent_count += 1
+        trace.t_sent = monotonic_ns()
+        self.channel.deliver_traced(trace, seq, message, 0, self.drops, time_ns)
 
     def cut(self) -> None:
         # The stall policy: the channel loses its publisher (no clean end).

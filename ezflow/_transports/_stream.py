@@ -77,6 +77,7 @@ from .._core._framing import (
     HEARTBEAT_BODY,
     HELLO,
     MODE,
+    TRACE,
     WELCOME,
     FramedProtocol,
     frame,
@@ -85,6 +86,7 @@ from .._core._liveness import Heartbeat
 from .._core._outlet import Link, Outlet
 from .._core._peerlog import BadPeerLog
 from .._core._protocol import PROTOCOL, PublisherInfo, field, pack_message, unpack_message
+from .._core._tracing import WireTrace
 from ._base import Inbound, Transport
 from ._writer import VectoredWriter, WriteHalf, vectored_writes_pay
 
@@ -190,6 +192,24 @@ class StreamLink(Link):
         queued.append(head)
         queued.extend(parts)
         self._queued_one(size)
+
+    def send_traced(
+        self,
+        seq: int,
+        time_ns: int,
+        message: Any,
+        encoded: EncodedMessage | None,
+        trace: WireTrace,
+    ) -> None:
+        # A TRACE frame right before the message's own frame, the same way (at once or
+        # queued) so that nothing comes between them.
+        frame = trace.frame()
+        out = self.connection.out
+        if self._flush_scheduled:
+            self._queued.append(frame)
+        elif out is not None and not out.is_closing():
+            out.write(frame)
+        self.send(seq, time_ns, message, encoded)
 
     def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
         # send(), for one small bytes body written at once: the paced publisher's path,
@@ -567,6 +587,29 @@ class PublisherConnection(FramedProtocol):
 # -- subscriber side -----------------------------------------------------------------------
 
 
+class _TracedDelivery:
+    """Stands in for a connection's channel between a TRACE frame and the message frame
+    it applies to: delivers that message traced, then puts the channel back."""
+
+    __slots__ = ("_channel", "_connection", "_trace")
+
+    def __init__(self, connection: ChannelConnection, trace: WireTrace) -> None:
+        self._connection = connection
+        self._channel = connection.channel
+        self._trace = trace
+
+    def deliver_body(
+        self, seq: int, body: bytes | memoryview, upstream_drops: int = 0, sent_ns: int = 0
+    ) -> None:
+        channel = self._connection.channel = self._channel
+        channel.deliver_body_traced(self._trace, seq, body, upstream_drops, sent_ns)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else (a second TRACE frame, the connection's bookkeeping) sees the
+        # channel itself.
+        return getattr(self._channel, name)
+
+
 class ChannelConnection(FramedProtocol):
     """This process's channel, connected to a publisher elsewhere."""
 
@@ -643,6 +686,10 @@ class ChannelConnection(FramedProtocol):
                 raise ProtocolError(f"DATA frame of {len(body)} bytes")
             _, _, seq, sent_ns, drops = DATA_HEADER.unpack_from(body)
             self.channel.deliver_body(seq, memoryview(body)[HEADER_SIZE:], drops, sent_ns)
+        elif kind == TRACE:
+            # The next message frame is traced: its delivery goes through a stand-in
+            # for the channel (no check on the message path of untraced messages).
+            self.channel = cast(Channel, _TracedDelivery(self, WireTrace.from_frame(body)))
         elif kind == END:
             # Everything the publisher sent came before END: close our side now, which
             # also tells the publisher its last messages arrived.

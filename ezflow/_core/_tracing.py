@@ -1,0 +1,358 @@
+"""Per-hop tracing of sampled messages (docs/tracing.md).
+
+With tracing on (:func:`set_trace_rate`, ``EZFLOW_TRACE``), each publisher of a process
+marks one message in ``rate`` that it publishes on its own - not caused by a traced
+message - as the start of a *trace*. A traced message carries a small trace record
+(``TRACE_BODY``: trace id, parent span, publish and send times, the sender's clock) to
+every subscriber, and every subscriber that takes it records one :class:`Hop`::
+
+    publish   publish() called -> written to the link (room wait, encode, write)
+    transport written -> the receiving process has the whole frame
+    decode    -> decoded (0 for the local transport: nothing to decode)
+    queue     -> taken by the subscriber (recv returned, or on_message called)
+    handler   -> the subscriber's first publish caused by it, else its next recv
+
+A message published by a task while it handles a traced message - the task that took it
+with ``recv()``, or inside that message's ``on_message`` callback - carries the same
+trace on, with that hop as its parent: a trace follows a message through every hop of a
+graph, and forks where a publisher feeds several subscribers.
+
+Clocks: every timestamp is ``CLOCK_MONOTONIC`` (``time.monotonic_ns``), which all
+processes of one boot of one host share. A hop whose publisher ran on another host (its
+clock id differs, see :data:`CLOCK_ID`) has no comparable publish and transport stages:
+they are reported as unknown (``None``) and left out of path totals.
+
+Cost when off: a publisher reads one module attribute (``TRACING.active``) per publish;
+receivers pay nothing (a traced message arrives as its own frame kind). Records are
+kept per process in a bounded buffer (``TRACE_BUFFER`` hops; older ones are overwritten
+and counted) until the telemetry reporter takes them to the graph server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from collections import deque
+from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
+from time import monotonic_ns, time_ns
+from typing import Any, Final, Protocol
+
+from ._config import ENV_TRACE, TRACE_BUFFER
+from ._exceptions import ConfigurationError, ProtocolError
+from ._framing import TRACE, TRACE_BODY, TRACE_PREFIX
+
+__all__ = [
+    "CLOCK_ID",
+    "CURRENT",
+    "HOP_FIELDS",
+    "STAGES",
+    "TRACING",
+    "Hop",
+    "HopRow",
+    "TraceState",
+    "WireTrace",
+    "carry",
+    "check_rows",
+    "check_trace_rate",
+    "hop_stages",
+    "new_id",
+    "set_graph_trace_rate",
+    "set_trace_rate",
+    "trace_rate_from_env",
+    "wall_offset",
+]
+
+#: The stages of one hop, in order (see the module docstring).
+STAGES: Final = ("publish", "transport", "decode", "queue", "handler")
+
+
+def _clock_id() -> int:
+    # CLOCK_MONOTONIC counts from boot: processes that share a boot id share the clock.
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = os.urandom(16)  # no boot id: only this process is known to share it
+    return int.from_bytes(hashlib.blake2b(boot, digest_size=8).digest(), "little") or 1
+
+
+#: This host's (and boot's) clock: equal for every process whose monotonic_ns agrees.
+CLOCK_ID: Final = _clock_id()
+
+_random = random.Random(os.urandom(16))
+
+
+def new_id() -> int:
+    """A random non-zero 64-bit id (trace and span ids)."""
+    return _random.getrandbits(64) or 1
+
+
+def check_trace_rate(value: int, *, setting: str = "trace rate") -> int:
+    """*value* if it is a valid rate: 0 (off) or N >= 1 (one message in N)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(
+            f"{setting}={value!r} must be 0 (tracing off) or a whole number N >= 1 "
+            "(trace one message in N)"
+        )
+    return value
+
+
+def trace_rate_from_env() -> int:
+    """``EZFLOW_TRACE``: unset or ``0`` off, ``N`` traces one message in N."""
+    text = os.environ.get(ENV_TRACE, "").strip()
+    if not text:
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigurationError(
+            f"{ENV_TRACE}={text!r} must be 0 (tracing off) or a whole number N >= 1 "
+            "(trace one message in N)"
+        )
+    return value
+
+
+class TraceState:
+    """The tracing state of this process (one instance: :data:`TRACING`)."""
+
+    __slots__ = ("active", "graph_rate", "hops", "lost", "own_rate", "rate", "recorded")
+
+    def __init__(self) -> None:
+        #: True once this process samples (rate > 0) or has seen a traced message: only
+        #: then does a publish look for a trace to carry on
+        self.active = False
+        #: one message in this many starts a trace (0: this process starts none): the
+        #: graph server's rate while it sets one, else this process's own
+        self.rate = 0
+        self.own_rate = 0  #: this process's rate (set_trace_rate, EZFLOW_TRACE)
+        #: the rate the graph server pushes (``ezflow trace --sample``); None: none
+        self.graph_rate: int | None = None
+        #: finished hops not yet taken by the reporter (bounded; oldest overwritten)
+        self.hops: deque[Hop] = deque(maxlen=TRACE_BUFFER)
+        self.recorded = 0  #: hops recorded by this process
+        #: of those, hops never reported: overwritten in the buffer, or in a report
+        #: that could not be sent
+        self.lost = 0
+
+    def update(self) -> None:
+        self.rate = self.own_rate if self.graph_rate is None else self.graph_rate
+        if self.rate:
+            self.active = True
+
+    def record(self, hop: Hop) -> None:
+        hops = self.hops
+        if len(hops) == hops.maxlen:
+            self.lost += 1
+        hops.append(hop)
+        self.recorded += 1
+
+    def take(self, limit: int) -> list[Hop]:
+        """Up to *limit* finished hops, oldest first, removed from the buffer."""
+        hops = self.hops
+        return [hops.popleft() for _ in range(min(limit, len(hops)))]
+
+
+TRACING: Final = TraceState()
+
+
+def set_trace_rate(rate: int) -> None:
+    """Trace one message in *rate* of those each publisher of this process publishes on
+    its own (0 starts no traces; messages caused by traced messages from other
+    processes are still traced on). Takes effect at each publisher's next message; a
+    rate the graph server pushes (``ezflow trace --sample N``) wins while it is set.
+    Raises :class:`~ezflow.ConfigurationError` for anything but a whole number >= 0.
+    ``EZFLOW_TRACE=N`` sets it at import, and processes of a unit graph inherit it."""
+    TRACING.own_rate = check_trace_rate(rate)
+    TRACING.update()
+
+
+def set_graph_trace_rate(rate: int | None) -> None:
+    """The rate the graph server pushes to this process (None: back to its own);
+    :class:`ProtocolError` for one that is not a rate."""
+    if rate is not None and (type(rate) is not int or rate < 0):
+        raise ProtocolError(f"the graph server pushed the trace rate {rate!r}")
+    TRACING.graph_rate = rate
+    TRACING.update()
+
+
+def _rate_at_import() -> int:
+    # An unusable EZFLOW_TRACE must not make importing ezflow fail: it is ignored here
+    # and reported by GraphContext, which checks it (trace_rate_from_env) when created.
+    try:
+        return trace_rate_from_env()
+    except ConfigurationError:
+        return 0
+
+
+TRACING.own_rate = _rate_at_import()
+TRACING.update()
+
+
+def wall_offset() -> int:
+    """``time_ns() - monotonic_ns()`` now: add it to this host's monotonic times to get
+    wall-clock times (as exact as the wall clock is)."""
+    return time_ns() - monotonic_ns()
+
+
+class WireTrace:
+    """What a traced message carries to its subscribers (``TRACE_BODY``)."""
+
+    __slots__ = ("clock", "parent_id", "t_publish", "t_sent", "trace_id")
+
+    def __init__(
+        self, trace_id: int, parent_id: int, t_publish: int, t_sent: int = 0, clock: int = CLOCK_ID
+    ) -> None:
+        self.trace_id = trace_id
+        self.parent_id = parent_id
+        self.t_publish = t_publish
+        self.t_sent = t_sent
+        self.clock = clock
+
+    def frame(self) -> bytes:
+        """The TRACE frame (length prefix included), stamped as sent now."""
+        self.t_sent = now = monotonic_ns()
+        return TRACE_PREFIX.pack(
+            TRACE_BODY.size, TRACE, self.trace_id, self.parent_id, self.t_publish, now, self.clock
+        )
+
+    @classmethod
+    def from_frame(cls, body: bytes | memoryview) -> WireTrace:
+        """Parse a TRACE frame body (no length prefix); :class:`ProtocolError` when it
+        is not one."""
+        if len(body) != TRACE_BODY.size:
+            raise ProtocolError(f"TRACE frame of {len(body)} bytes")
+        _, trace_id, parent_id, t_publish, t_sent, clock = TRACE_BODY.unpack(body)
+        return cls(trace_id, parent_id, t_publish, t_sent, clock)
+
+
+#: The hop whose message the current task (or on_message callback) is handling: what a
+#: publish from it carries on.
+CURRENT: Final[ContextVar[Hop | None]] = ContextVar("ezflow_trace_hop", default=None)
+
+#: The fields of a hop as they travel to the graph server and out of ``ezflow trace
+#: --json`` (one row per hop, in this order).
+HOP_FIELDS: Final = (
+    "trace_id",
+    "span_id",
+    "parent_id",
+    "topic",
+    "publisher_id",
+    "subscriber",
+    "transport",
+    "pid",
+    "same_clock",
+    "t_publish",
+    "t_sent",
+    "t_received",
+    "t_decoded",
+    "t_taken",
+    "t_done",
+)
+HopRow = list[Any]
+
+
+class Hop:
+    """One traced message, taken by one subscriber (see the module docstring)."""
+
+    __slots__ = (*HOP_FIELDS, "open")
+
+    def __init__(  # noqa: PLR0917 - one field per stage boundary
+        self,
+        wire: WireTrace,
+        topic: str,
+        publisher_id: str,
+        subscriber: str,
+        transport: str,
+        t_received: int,
+        t_decoded: int,
+    ) -> None:
+        self.trace_id = wire.trace_id
+        self.span_id = new_id()
+        self.parent_id = wire.parent_id
+        self.topic = topic
+        self.publisher_id = publisher_id
+        self.subscriber = subscriber
+        self.transport = transport
+        self.pid = os.getpid()
+        self.same_clock = wire.clock == CLOCK_ID
+        self.t_publish = wire.t_publish
+        self.t_sent = wire.t_sent
+        self.t_received = t_received
+        self.t_decoded = t_decoded
+        self.t_taken = 0
+        self.t_done = 0
+        #: taken and not yet finished (its handler may still publish)
+        self.open = False
+
+    def row(self) -> HopRow:
+        return [getattr(self, name) for name in HOP_FIELDS]
+
+    def finish(self, now: int) -> None:
+        """The subscriber is done with it (asked for its next message): record it."""
+        self.open = False
+        if not self.t_done:
+            self.t_done = now
+        TRACING.record(self)
+
+
+class Sampled(Protocol):
+    #: messages until the next one that starts a trace (1: the next one)
+    trace_countdown: int
+
+
+def carry(publisher: Sampled) -> WireTrace | None:
+    """The trace a publish starting now carries, if any (only called while
+    ``TRACING.active``): the current hop's trace, with that hop as parent, else a new
+    trace for one message in ``TRACING.rate`` of *publisher*'s. Ends the current hop's
+    handler stage at its first publish.
+    """
+    now = monotonic_ns()
+    hop = CURRENT.get()
+    if hop is not None and hop.open:
+        if not hop.t_done:
+            hop.t_done = now
+        return WireTrace(hop.trace_id, hop.span_id, now)
+    rate = TRACING.rate
+    if not rate:
+        return None
+    left = publisher.trace_countdown - 1
+    if left > 0:
+        publisher.trace_countdown = left
+        return None
+    publisher.trace_countdown = rate
+    return WireTrace(new_id(), 0, now)
+
+
+def hop_stages(row: Sequence[Any]) -> dict[str, int | None]:
+    """A hop row's stage durations (ns) by name, in :data:`STAGES` order; ``None`` for
+    stages whose clocks are not comparable (another host) and, while a hop is being
+    handled, for its handler."""
+    (_, _, _, _, _, _, _, _, same_clock, t_pub, t_sent, t_recv, t_dec, t_taken, t_done) = row
+    return {
+        "publish": t_sent - t_pub if same_clock else None,
+        "transport": t_recv - t_sent if same_clock else None,
+        "decode": t_dec - t_recv,
+        "queue": t_taken - t_dec,
+        "handler": t_done - t_taken if t_done else None,
+    }
+
+
+def check_rows(rows: Iterable[Any]) -> list[HopRow]:
+    """Hop rows from the wire, checked (:class:`ProtocolError` for anything else)."""
+    checked: list[HopRow] = []
+    for row in rows:
+        if not isinstance(row, list) or len(row) != len(HOP_FIELDS):
+            raise ProtocolError(f"a trace hop must be a list of {len(HOP_FIELDS)} fields")
+        ids, names, numbers = row[:3], row[3:7], row[9:]
+        if not all(type(v) is int for v in (*ids, row[7], *numbers)) or not all(
+            type(v) is str for v in names
+        ):
+            raise ProtocolError("a trace hop has a field of the wrong type")
+        if type(row[8]) is not bool:
+            raise ProtocolError("a trace hop has a field of the wrong type")
+        checked.append(row)
+    return checked

@@ -1,0 +1,200 @@
+"""Trace hops assembled into pipeline paths: what ``ezflow trace``, ``ezflow perf
+waterfall`` and the OpenTelemetry export read.
+
+A *trace* is every hop recorded for one sampled message and what it caused (see
+:mod:`ezflow._core._tracing`): hops link to the hop whose handler published them
+(``parent_id`` = that hop's ``span_id``; 0 for the first hop). A *path* is one chain
+from a first hop to a last one (a hop no recorded hop has as parent); traces that fork
+(a publisher with subscribers in several processes) give one path per branch. Paths
+with the same sequence of hops - topic, subscribing process and subscriber - are one
+pipeline path; :func:`summarize` gives each its stage quantiles.
+
+End to end, for a path, runs from the first hop's publish to the last hop's take (its
+subscriber has the message): the sum of every stage of every hop but the last hop's
+handler. Hops whose publisher ran on another host have unknown publish and transport
+stages (different clocks); such a path has no end-to-end figure.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._core._tracing import HOP_FIELDS, STAGES, hop_stages
+
+__all__ = ["HopSummary", "PathSummary", "Quantiles", "paths_of", "quantiles", "summarize"]
+
+Hop = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Quantiles:
+    """p50 and p99 (nearest rank) of some durations, in ns; None without values."""
+
+    p50: int | None
+    p99: int | None
+    count: int
+
+    def to_json(self) -> dict[str, float | int | None]:
+        return {
+            "p50_us": None if self.p50 is None else round(self.p50 / 1e3, 3),
+            "p99_us": None if self.p99 is None else round(self.p99 / 1e3, 3),
+            "count": self.count,
+        }
+
+
+def quantiles(values: Iterable[int | None]) -> Quantiles:
+    known = sorted(v for v in values if v is not None)
+    if not known:
+        return Quantiles(None, None, 0)
+
+    def rank(q: float) -> int:
+        return known[min(len(known) - 1, max(0, round(q * len(known) + 0.5) - 1))]
+
+    return Quantiles(rank(0.5), rank(0.99), len(known))
+
+
+def _row_of(hop: Hop) -> list[Any]:
+    return [hop[name] for name in HOP_FIELDS]
+
+
+def stages_of(hop: Hop) -> dict[str, int | None]:
+    """*hop*'s stage durations (ns) by name (see :func:`~ezflow._core._tracing.hop_stages`)."""
+    return hop_stages(_row_of(hop))
+
+
+def _total(stages: Mapping[str, int | None]) -> int | None:
+    known = [v for v in stages.values() if v is not None]
+    return sum(known) if len(known) == len(stages) else None
+
+
+def paths_of(hops: Iterable[Hop]) -> list[list[Hop]]:
+    """Every path of every trace in *hops*, each first hop first. A hop whose parent is
+    not among *hops* (not reported yet, or overwritten) starts a path of its own."""
+    by_trace: dict[int, list[Hop]] = defaultdict(list)
+    for hop in hops:
+        by_trace[hop["trace_id"]].append(hop)
+    paths: list[list[Hop]] = []
+    for trace in by_trace.values():
+        spans = {hop["span_id"]: hop for hop in trace}
+        children: dict[int, list[Hop]] = defaultdict(list)
+        roots = []
+        for hop in trace:
+            if hop["parent_id"] in spans:
+                children[hop["parent_id"]].append(hop)
+            else:
+                roots.append(hop)
+        for root in sorted(roots, key=lambda h: h["t_publish"]):
+            stack: list[list[Hop]] = [[root]]
+            while stack:
+                path = stack.pop()
+                below = children.get(path[-1]["span_id"])
+                if not below:
+                    paths.append(path)
+                    continue
+                stack.extend([*path, child] for child in below)
+    paths.sort(key=lambda p: p[0]["t_publish"])
+    return paths
+
+
+def end_to_end(path: Sequence[Hop]) -> int | None:
+    """First publish to last take, in ns; None when a hop crossed hosts."""
+    if not all(hop["same_clock"] for hop in path):
+        return None
+    return int(path[-1]["t_taken"] - path[0]["t_publish"])
+
+
+def hop_label(hop: Hop) -> str:
+    """What identifies a hop of a pipeline path: topic, and who took it."""
+    process = hop.get("process") or f"pid {hop['pid']}"
+    return f"{hop['topic']} -> {process}"
+
+
+@dataclass(frozen=True, slots=True)
+class HopSummary:
+    """One hop of a pipeline path, over every trace that took it."""
+
+    topic: str
+    process: str
+    subscriber: str
+    transport: str
+    stages: dict[str, Quantiles]
+    total: Quantiles
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "process": self.process,
+            "subscriber": self.subscriber,
+            "transport": self.transport,
+            "stages": {name: q.to_json() for name, q in self.stages.items()},
+            "total": self.total.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PathSummary:
+    """One pipeline path: its hops and end-to-end latency over every trace of it, plus
+    the stages of its most recent traces (ns; newest last)."""
+
+    hops: list[HopSummary]
+    end_to_end: Quantiles
+    traces: int
+    recent: list[list[dict[str, int | None]]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        if not self.hops:
+            return ""
+        return " -> ".join([self.hops[0].topic, *(h.process for h in self.hops)])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.name,
+            "traces": self.traces,
+            "end_to_end": self.end_to_end.to_json(),
+            "hops": [hop.to_json() for hop in self.hops],
+            "recent": [
+                [{k: None if v is None else round(v / 1e3, 3) for k, v in hop.items()} for hop in t]
+                for t in self.recent
+            ],
+        }
+
+
+def summarize(hops: Iterable[Hop], *, recent: int = 5) -> list[PathSummary]:
+    """The pipeline paths of *hops* with their stage quantiles, busiest first; each
+    keeps the stages of its *recent* newest traces. Only finished hops count (a hop
+    still being handled has no handler time yet and is left out)."""
+    grouped: dict[tuple[tuple[str, str, str], ...], list[list[Hop]]] = defaultdict(list)
+    for path in paths_of(hop for hop in hops if hop["t_done"]):
+        key = tuple((h["topic"], str(h.get("process", h["pid"])), h["subscriber"]) for h in path)
+        grouped[key].append(path)
+    summaries = []
+    for instances in grouped.values():
+        first = instances[0]
+        hop_summaries = []
+        for index, hop in enumerate(first):
+            stages = [stages_of(path[index]) for path in instances]
+            totals = [_total(s) for s in stages]
+            hop_summaries.append(
+                HopSummary(
+                    topic=hop["topic"],
+                    process=str(hop.get("process") or f"pid {hop['pid']}"),
+                    subscriber=hop["subscriber"],
+                    transport=hop["transport"],
+                    stages={name: quantiles(s[name] for s in stages) for name in STAGES},
+                    total=quantiles(totals),
+                )
+            )
+        summaries.append(
+            PathSummary(
+                hops=hop_summaries,
+                end_to_end=quantiles(end_to_end(path) for path in instances),
+                traces=len(instances),
+                recent=[[stages_of(hop) for hop in path] for path in instances[-recent:]],
+            )
+        )
+    summaries.sort(key=lambda s: -s.traces)
+    return summaries
