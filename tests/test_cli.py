@@ -33,7 +33,7 @@ EDGES = {
     ("TICKER/SOURCE/OUTPUT", "TICKER/RELAY/INPUT"),
     ("TICKER/RELAY/OUTPUT", "TICKER/SINK/INPUT"),
 }
-COMMANDS = ["serve", "shutdown", "run", "graph", "topics", "echo", "hz", "top"]
+COMMANDS = ["serve", "shutdown", "run", "graph", "topics", "echo", "hz", "top", "trace", "otel"]
 
 
 def ezflow_cli(
@@ -154,6 +154,7 @@ def test_every_command_has_help_with_examples_and_the_address_option(command: st
         ["echo", "/x"],
         ["hz", "/x"],
         ["top", "--once"],
+        ["trace"],
         ["shutdown"],
     ],
 )

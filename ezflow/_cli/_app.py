@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from .._core._exceptions import EzflowError
-from . import _echo, _inspect, _perf, _run, _serve, _top, _trace, _zenoh
+from . import _echo, _inspect, _otel, _perf, _run, _serve, _top, _trace, _zenoh
 from ._connection import TlsCaOption, TlsCertOption, TlsKeyOption, TokenFileOption, apply_security
 
 __all__ = ["app", "main"]
@@ -73,6 +73,7 @@ app.command()(_echo.echo)
 app.command()(_echo.hz)
 app.command()(_top.top)
 app.command()(_trace.trace)
+app.command()(_otel.otel)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import importlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -69,6 +70,7 @@ __all__ = [
     "resolve_address",
     "run_async",
     "unreachable",
+    "until_stopped",
 ]
 
 T = TypeVar("T")
@@ -303,3 +305,16 @@ def run_async(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
         fail(str(exc))
     except asyncio.CancelledError:
         raise typer.Exit(0) from None
+
+
+async def until_stopped() -> None:
+    """Wait for Ctrl-C or SIGTERM (either ends the command cleanly, exit 0)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -5,17 +5,23 @@ Zenoh is imported when a command runs, so ``ezflow --help`` works without the ex
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import logging
-import signal
 from typing import Annotated, Any
 
 import typer
 
 from .._core._exceptions import ConfigurationError
-from ._connection import AddressOption, errors, fail, graph_context, resolve_address, run_async
+from ._connection import (
+    AddressOption,
+    errors,
+    fail,
+    graph_context,
+    resolve_address,
+    run_async,
+    until_stopped,
+)
 
 __all__ = ["app", "fleet_query"]
 
@@ -42,19 +48,6 @@ def _zenoh_modules() -> Any:
     except ImportError as exc:
         fail(str(exc), 2)
     return ezflow_zenoh
-
-
-async def _until_stopped() -> None:
-    """Wait for Ctrl-C or SIGTERM (either ends the command cleanly, exit 0)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
 
 
 def _is_loopback(endpoint: str) -> bool:
@@ -109,7 +102,7 @@ def router(
     async def main() -> None:
         async with zenoh_api.open_session(settings) as session:
             typer.echo(f"zenoh router {session.zid()} listening on {', '.join(endpoints)}")
-            await _until_stopped()
+            await until_stopped()
 
     run_async(main)
 
@@ -221,7 +214,7 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
                 typer.echo(f"import {import__.key} -> {import__.topic}")
             if fleet is not None:
                 typer.echo(f"fleet {fleet} as {running.host}")
-            await _until_stopped()
+            await until_stopped()
             # What each mapping carried and lost, for the log and for scripts.
             typer.echo("stats " + json.dumps(running.summary()))
 

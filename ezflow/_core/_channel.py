@@ -161,7 +161,7 @@ class _TracedItem:
     def __iter__(self) -> Iterator[Any]:
         hop = self.hop
         hop.t_taken = monotonic_ns()
-        hop.open = True
+        hop.carries = True
         self.attachment.inbox._open_hop = hop
         CURRENT.set(hop)  # (in the context of the task taking it)
         return iter((self.attachment, self.seq, self.message))
@@ -438,8 +438,10 @@ class Inbox:
 
     def close(self) -> None:
         """Stop accepting messages and wake a waiting :meth:`get`. Messages already
-        queued can still be taken."""
+        queued can still be taken. A traced message being handled is done."""
         self._closed = True
+        if self._open_hop is not None:
+            self._finish_hop()
         self._wake()
 
     def _wake(self) -> None:
@@ -758,7 +760,7 @@ class Channel:
         if called:
             for hop in called:
                 hop.t_taken = decoded_ns
-                hop.open = True
+                hop.carries = hop.called = True
             token = CURRENT.set(called[0])
         try:
             self.deliver(seq, message, nbytes, upstream_drops, sent_ns)

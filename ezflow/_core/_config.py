@@ -72,6 +72,9 @@ __all__ = [
     "MIN_HEARTBEAT_DEADLINE",
     "MIN_TELEMETRY_INTERVAL",
     "MIN_TOKEN_BYTES",
+    "OTEL_DEFAULT_ENDPOINT",
+    "OTEL_POLL_INTERVAL",
+    "OTEL_REMEMBER",
     "OTHER_ADDRESS_HINT",
     "PUBLISH_YIELD_BYTES",
     "PUBLISH_YIELD_EVERY",
@@ -598,6 +601,15 @@ TRACE_BUFFER: Final = 4096
 TRACE_REPORT_MAX: Final = 1024
 #: Trace hops the graph server keeps (the newest, from every process), for ``ezflow trace``.
 TRACE_SERVER_KEEP: Final = 20_000
+
+#: ``ezflow otel``: where an OpenTelemetry collector listens for OTLP over HTTP by
+#: default (loopback: sending elsewhere is asked for) ...
+OTEL_DEFAULT_ENDPOINT: Final = "http://127.0.0.1:4318"
+#: ... seconds between two polls of the graph server (and two metric exports) ...
+OTEL_POLL_INTERVAL: Final = 2.0
+#: ... and span ids of exported hops remembered, so that a hop the graph server still
+#: keeps is not exported twice (at least TRACE_SERVER_KEEP: what one poll returns).
+OTEL_REMEMBER: Final = 100_000
 
 # -- rings (see docs/ezring.md) ------------------------------------------------------------
 

@@ -258,7 +258,7 @@ HopRow = list[Any]
 class Hop:
     """One traced message, taken by one subscriber (see the module docstring)."""
 
-    __slots__ = (*HOP_FIELDS, "open")
+    __slots__ = (*HOP_FIELDS, "carries", "called")
 
     def __init__(  # noqa: PLR0917 - one field per stage boundary
         self,
@@ -285,15 +285,18 @@ class Hop:
         self.t_decoded = t_decoded
         self.t_taken = 0
         self.t_done = 0
-        #: taken and not yet finished (its handler may still publish)
-        self.open = False
+        #: publishes from the context that took it carry its trace on: from its take
+        #: until the subscriber asks for the next message (or, for an on_message
+        #: callback, for good: tasks the callback started run in copies of its context)
+        self.carries = False
+        self.called = False  #: handed to an on_message callback
 
     def row(self) -> HopRow:
         return [getattr(self, name) for name in HOP_FIELDS]
 
     def finish(self, now: int) -> None:
         """The subscriber is done with it (asked for its next message): record it."""
-        self.open = False
+        self.carries = self.called
         if not self.t_done:
             self.t_done = now
         TRACING.record(self)
@@ -312,7 +315,7 @@ def carry(publisher: Sampled) -> WireTrace | None:
     """
     now = monotonic_ns()
     hop = CURRENT.get()
-    if hop is not None and hop.open:
+    if hop is not None and hop.carries:
         if not hop.t_done:
             hop.t_done = now
         return WireTrace(hop.trace_id, hop.span_id, now)

@@ -129,6 +129,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             await source.aclose()
             loop = asyncio.get_running_loop()
             for relay in relays:
+                assert relay.stdin is not None
+                relay.stdin.close()  # (a relay's stdin reader keeps it from exiting)
+            for relay in relays:
                 try:
                     await loop.run_in_executor(None, relay.wait, 10)
                 except subprocess.TimeoutExpired:
