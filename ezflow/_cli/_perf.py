@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .._core._loop import run_coroutine
-from .._perf import _compare, _report, _runner, _schema, _tables
+from .._perf import _compare, _report, _runner, _schema, _tables, _waterfall
 from .._perf._spec import (
     QUICK,
     STANDARD,
@@ -473,6 +473,111 @@ def peers(  # noqa: PLR0917 - one parameter per command-line option
         failed = _command.failures(document)
         if failed:
             _fail(f"{len(failed)} cell(s) failed after every retry; see above", code=1)
+
+
+@app.command()
+def waterfall(  # noqa: PLR0917 - one parameter per command-line option
+    base: Annotated[str, typer.Option("--base", help="The git ref before (e.g. main, HEAD~3).")],
+    new: Annotated[str, typer.Option("--new", help="The git ref after.")] = "HEAD",
+    hops: Annotated[int, typer.Option("--hops", min=1, help="Hops of the pipeline.")] = 3,
+    frame: Annotated[
+        str, typer.Option("--frame", help="The pipeline's frame: 4k, WxHxC or NB (bytes).")
+    ] = "4k",
+    count: Annotated[int, typer.Option("--count", min=1, help="Frames per pipeline run.")] = 60,
+    period: Annotated[
+        float, typer.Option("--period", min=0.0, help="Seconds between frames (default 30 fps).")
+    ] = 1 / 30,
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, help="Runs per ref, alternating between refs.")
+    ] = 1,
+    p2p: Annotated[
+        bool, typer.Option("--p2p/--no-p2p", help="Also run `perf run -s p2p` at both refs.")
+    ] = True,
+    p2p_transport: Annotated[
+        str, typer.Option("--p2p-transport", help="p2p transports (comma-separated).")
+    ] = "shm,tcp",
+    p2p_size: Annotated[
+        str, typer.Option("--p2p-size", help="p2p message sizes (comma-separated).")
+    ] = "64B,1MiB",
+    p2p_duration: Annotated[
+        float, typer.Option("--p2p-duration", min=0.1, help="Seconds per p2p cell.")
+    ] = 1.0,
+    reuse_deps: Annotated[
+        bool,
+        typer.Option(
+            "--reuse-deps",
+            help="Install ezflow alone (--no-deps) into venvs that see this environment's "
+            "packages: quick and offline.",
+        ),
+    ] = False,
+    cache: Annotated[
+        Path,
+        typer.Option("--cache", help="Where the venvs of each commit are kept between runs."),
+    ] = _waterfall.DEFAULT_CACHE,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Also write the waterfall as an HTML report.")
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Also write every result as JSON.")
+    ] = None,
+) -> None:
+    """The same pipeline and p2p scenarios at two git refs: where the time moved.
+
+    Each ref is checked out into a temporary worktree and installed, with the project's
+    own install command, into a virtualenv of its own (kept in --cache per commit). Then,
+    alternating between the refs, a pipeline of --hops hops (one process per relay, a
+    4K frame by default, paced at 30 fps) and the ordinary p2p program run under each.
+    Prints the pipeline's end to end and frames/s before and after, the waterfall of
+    every hop's stages (publish, transport, decode, queue, handler) at both refs with
+    the change per stage, and the p2p cells. A ref whose ezflow does not trace shows end
+    to end only. Run it from a checkout of ezflow (git is all it needs besides).
+
+    Examples:
+
+        ezflow perf waterfall --base main
+
+        ezflow perf waterfall --base HEAD~3 --new HEAD --rounds 3 --html waterfall.html
+
+        ezflow perf waterfall --base v0.1.0 --hops 5 --frame 1920x1080x3 --no-p2p
+    """
+    scenario = _waterfall.Scenario(
+        hops=hops,
+        frame=frame,
+        count=count,
+        period=period,
+        p2p=p2p,
+        p2p_transports=tuple(t for t in p2p_transport.split(",") if t),
+        p2p_sizes=tuple(s for s in p2p_size.split(",") if s),
+        p2p_duration=p2p_duration,
+        rounds=rounds,
+    )
+
+    def log(line: str) -> None:
+        _console.print(f"[dim]{line}[/]", highlight=False)
+
+    try:
+        repo = _waterfall.repository_root(Path.cwd())
+        refs = [
+            _waterfall.install_ref(
+                repo,
+                name,
+                _waterfall.resolve_ref(repo, name),
+                cache.expanduser(),
+                reuse_deps=reuse_deps,
+                log=log,
+            )
+            for name in (base, new)
+        ]
+        results = _waterfall.run_waterfall(refs, scenario, log)
+    except _waterfall.WaterfallError as exc:
+        _fail(str(exc), code=1)
+    _console.print(_waterfall.render_waterfall(results))
+    if output is not None:
+        output.write_text(json.dumps([r.to_json() for r in results], indent=1) + "\n")
+        _console.print(f"wrote {output}", highlight=False)
+    if html is not None:
+        html.write_text(_waterfall.render_html(results))
+        _console.print(f"wrote {html}", highlight=False)
 
 
 @app.command()

@@ -18,20 +18,12 @@ from .._core._exceptions import ProtocolError
 from .._core._telemetry import format_ns
 from .._core._tracing import STAGES, check_trace_rate
 from .._graph._client import GraphClient
-from .._graph._traces import PathSummary, summarize
+from .._graph._traces import STAGE_STYLES, PathSummary, summarize
 from ._connection import AddressOption, console, errors, fail, graph_client, resolve_address
 from ._connection import run_async as run_command
 
 __all__ = ["STAGE_STYLES", "fetch_hops", "render_paths", "trace"]
 
-#: One colour per stage, in the waterfall bars and their legend.
-STAGE_STYLES = {
-    "publish": "magenta",
-    "transport": "red",
-    "decode": "yellow",
-    "queue": "cyan",
-    "handler": "green",
-}
 _BAR_WIDTH = 40
 
 

@@ -24,9 +24,26 @@ from typing import Any
 
 from .._core._tracing import HOP_FIELDS, STAGES, hop_stages
 
-__all__ = ["HopSummary", "PathSummary", "Quantiles", "paths_of", "quantiles", "summarize"]
+__all__ = [
+    "STAGE_STYLES",
+    "HopSummary",
+    "PathSummary",
+    "Quantiles",
+    "paths_of",
+    "quantiles",
+    "summarize",
+]
 
 Hop = Mapping[str, Any]
+
+#: One colour per stage (rich and CSS names alike), in waterfall bars and legends.
+STAGE_STYLES = {
+    "publish": "magenta",
+    "transport": "red",
+    "decode": "yellow",
+    "queue": "cyan",
+    "handler": "green",
+}
 
 
 @dataclass(frozen=True, slots=True)

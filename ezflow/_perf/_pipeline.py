@@ -13,8 +13,9 @@ process takes ``/hop{N-1}``: N hops over N - 1 relay processes plus this one. Fr
 
 Measured: end to end per frame (CLOCK_MONOTONIC before ``publish`` at the source to
 ``recv`` returning at the sink) and, when the installed ezflow traces
-(``ezflow.set_trace_rate``), every hop's stages: the source traces each frame (1 in 1),
-relays carry the trace on, and the hops are read back from the graph server.
+(``ezflow.set_trace_rate``) and ``--no-trace`` is not given, every hop's stages: the
+source traces each frame (1 in 1), relays carry the trace on, and the hops are read
+back from the graph server.
 
 ``--hold`` keeps the graph running once the result is written, until stdin closes or
 SIGTERM (what a test uses to look at the live graph with ``ezflow trace``).
@@ -85,7 +86,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     shape = _parse_frame(args.frame)
     frame = np.zeros(shape, np.uint8)
     frame.flat[:: max(1, frame.size // 64)] = 7  # not all zeros, not worth compressing
-    traces = hasattr(ezflow, "set_trace_rate")
+    can_trace = hasattr(ezflow, "set_trace_rate")
+    traces = can_trace and args.trace
     async with ezflow.GraphContext((args.host, 0), name="source+sink") as ctx:
         address = ctx.address
         sink = await ctx.subscriber(f"/hop{args.hops - 1}")
@@ -114,6 +116,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                     raise RuntimeError(f"a relay process failed to start (exit {relay.poll()})")
             result = await _measure(args, ctx, source, sink, frame=frame, traces=traces)
             result["address"] = f"{address[0]}:{address[1]}"
+            result["can_trace"] = can_trace
             if args.output:
                 with open(args.output + ".tmp", "w") as f:  # noqa: ASYNC230 - at the end
                     json.dump(result, f)
@@ -213,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="graph server host (port: any)")
     parser.add_argument("-o", "--output", help="write the result here (JSON; else stdout)")
     parser.add_argument("--hold", action="store_true", help="keep running after the result")
+    parser.add_argument(
+        "--no-trace",
+        dest="trace",
+        action="store_false",
+        help="trace nothing (end to end only: what tracing costs is left out)",
+    )
     parser.add_argument("--relay", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
