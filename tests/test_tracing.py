@@ -429,3 +429,115 @@ def test_the_graph_server_keeps_the_newest_hops_and_refuses_malformed_ones() -> 
     for bad in ({"hops": rows}, {"offset": 1, "hops": [rows[0][:5]]}, ["x"]):
         with pytest.raises(ProtocolError):
             server._trace_reported(client, bad)
+
+
+# -- `ezflow top`: each channel's stage split ---------------------------------------------------
+
+
+def _top_json(address: str) -> dict[str, Any]:
+    result = ezflow_cli("top", "--once", "--json", "--address", address)
+    assert result.returncode == 0, result.stderr
+    found: dict[str, Any] = json.loads(result.stdout)
+    return found
+
+
+def test_ezflow_top_json_gives_each_channel_its_stage_split(pipeline: dict[str, Any]) -> None:
+    channels = {row["topic"]: row for row in _top_json(pipeline["address"])["channels"]}
+    # The same p50s as `ezflow trace` gives each hop of the path (nearest rank, ns).
+    (path,) = summarize(pipeline["traces"])
+    for hop in path.hops:
+        row = channels[hop.topic]
+        assert row["process"] == hop.process
+        assert row["traced"] == 30
+        assert list(row["stages_p50_us"]) == list(STAGES)
+        for stage in STAGES:
+            p50 = row["stages_p50_us"][stage]
+            assert p50 is not None and p50 >= 0, row["stages_p50_us"]
+            assert hop.stages[stage].p50 is not None
+            assert p50 == pytest.approx(hop.stages[stage].p50 / 1e3)
+    assert sorted(channels) == ["/hop0", "/hop1", "/hop2"]
+
+
+def test_ezflow_top_shows_the_stages_column(pipeline: dict[str, Any]) -> None:
+    result = ezflow_cli("top", "--once", "--address", pipeline["address"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if "topic" in line)  # the channel table's
+    assert [cell.strip() for cell in header.split("┃")][-2] == "stages", header
+    for topic in ("/hop0", "/hop1", "/hop2"):
+        row = next(line for line in lines if line.startswith(f"│ {topic} "))
+        # The bar (a stage's initial per cell, by its share), then the sum of the p50s.
+        bar, total = row.split("│")[-2].strip().split(" ", 1)
+        assert len(bar) == 10 and set(bar) <= set("ptdqh"), row
+        assert total.split(" ")[1] in ("ns", "µs", "ms") and float(total.split(" ")[0]) > 0
+
+
+def test_ezflow_top_fits_80_columns_and_drops_the_stages_first(pipeline: dict[str, Any]) -> None:
+    from ezflow._cli._top import _tables  # noqa: PLC0415
+
+    snapshot = _top_json(pipeline["address"])
+
+    def render(width: int) -> str:
+        console = Console(width=width, record=True)
+        console.print(_tables(snapshot, pipeline["address"], width))
+        return console.export_text()
+
+    text = render(80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text  # no cell cut short
+    assert "stages" in text.split("not shown for width: ")[1].splitlines()[0]
+    # One cell narrower than the whole channel table: only the stages go.
+    wide = render(1000)
+    assert "not shown" not in wide and "stages" in wide
+    table_width = max(len(line.rstrip()) for line in wide.splitlines())
+    narrower = render(table_width - 1)
+    assert "not shown for width: stages (widen, or --json)" in narrower
+
+
+async def test_ezflow_top_without_traced_hops_shows_no_stages(
+    server: ezflow.GraphServer,
+) -> None:
+    from ezflow._cli._top import _tables, fetch_traces, rows  # noqa: PLC0415
+
+    async with ezflow.GraphContext(server.address, telemetry_interval=0.1) as ctx:
+        pub = await ctx.publisher("/untraced", transport="tcp")
+        await ctx.subscriber("/untraced", transport="tcp")
+        await pub.wait_for_channels()
+        address = f"{server.address[0]}:{server.address[1]}"
+        report: dict[str, Any] = {}
+        for _ in range(50):  # until the context reported its channel
+            cli = await asyncio.create_subprocess_exec(
+                *(sys.executable, "-m", "ezflow", "top", "--once", "--json"),
+                *("--address", address),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            out, err = await cli.communicate()
+            assert cli.returncode == 0, err
+            report = json.loads(out)
+            if report["channels"]:
+                break
+            await asyncio.sleep(0.1)
+    (row,) = report["channels"]
+    assert row["traced"] == 0 and row["stages_p50_us"] == dict.fromkeys(STAGES)
+    console = Console(width=400, record=True)
+    console.print(_tables(report, address, 400))
+    line = next(line for line in console.export_text().splitlines() if "/untraced" in line)
+    assert line.split("│")[-2].strip() == "-", line
+
+    # A server that refuses `traces` (older than tracing) or answers it malformed: top
+    # shows its telemetry without stages instead of failing.
+    class Refusing:
+        def __init__(self, reply: dict[str, Any] | None) -> None:
+            self.reply = reply
+
+        async def request(self, op: str, **_: Any) -> dict[str, Any]:
+            assert op == "traces"
+            if self.reply is None:
+                raise ezflow.GraphError("graph server refused 'traces': unknown op")
+            return self.reply
+
+    for reply in (None, {"fields": None, "hops": []}):
+        client: Any = Refusing(reply)
+        assert await fetch_traces(client) == []
+    assert rows({}, time.time(), []) == {"channels": [], "publishers": []}

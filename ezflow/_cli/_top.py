@@ -1,13 +1,14 @@
 """``ezflow top``: live per-channel telemetry from the graph server (``--once --json``
-for scripts)."""
+for scripts), with each channel's stage split from the trace hops the server keeps."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import Callable
-from typing import Annotated, Any
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, NamedTuple
 
 import typer
 from rich.console import Group
@@ -17,9 +18,11 @@ from rich.table import Table
 from rich.text import Text
 
 from .._core._config import format_address
-from .._core._exceptions import ProtocolError
+from .._core._exceptions import GraphError, ProtocolError
 from .._core._telemetry import ProcessSnapshot, format_ns
+from .._core._tracing import STAGES
 from .._graph._client import GraphClient
+from .._graph._traces import quantiles, stages_of
 from ._connection import (
     AddressOption,
     console,
@@ -28,6 +31,7 @@ from ._connection import (
     resolve_address,
     run_async,
 )
+from ._trace import STAGE_STYLES, fetch_hops
 
 __all__ = ["rows", "top"]
 
@@ -41,14 +45,69 @@ async def fetch(client: GraphClient) -> dict[str, ProcessSnapshot]:
     return {str(cid): ProcessSnapshot.from_wire(data) for cid, data in processes.items()}
 
 
+async def fetch_traces(client: GraphClient) -> list[dict[str, Any]]:
+    """The trace hops the graph server keeps (see :func:`~._trace.fetch_hops`), or none
+    when it cannot give them: a server from before tracing refuses the request, and
+    top then shows its telemetry without stage splits rather than failing."""
+    try:
+        return await fetch_hops(client)
+    except (GraphError, ProtocolError):
+        return []
+
+
 def _us(value: int | None) -> float | None:
     return None if value is None else value / 1e3
 
 
-def rows(processes: dict[str, ProcessSnapshot], now: float) -> dict[str, list[dict[str, Any]]]:
+class _Split(NamedTuple):
+    """A channel's stage split: how many finished hops it has among the traced ones,
+    and the p50 of each stage over them in microseconds (None: no hop knows it)."""
+
+    traced: int
+    p50_us: dict[str, float | None]
+
+
+#: What a channel without traced hops shows.
+_UNTRACED = _Split(0, dict.fromkeys(STAGES))
+
+#: A channel: its publisher, and the name and pid of the process that receives it.
+_ChannelKey = tuple[str, str, int]
+
+
+def _splits(hops: Iterable[Mapping[str, Any]]) -> dict[_ChannelKey, _Split]:
+    """The stage split of every channel with finished hops (``t_done`` set: a hop still
+    being handled has no handler time yet) among *hops*. The p50 is the nearest-rank
+    one of ``ezflow trace``, so both commands show the same figure for a channel."""
+    stages: dict[_ChannelKey, list[dict[str, int | None]]] = defaultdict(list)
+    for hop in hops:
+        if hop["t_done"]:
+            # The receiving process's name, as the graph server knows its client: the
+            # name its channel rows carry. (A process with two contexts reports its
+            # hops through either one: those under the other's name are not counted.)
+            key = (hop["publisher_id"], str(hop.get("process")), hop["pid"])
+            stages[key].append(stages_of(hop))
+    return {
+        key: _Split(
+            len(split),
+            {name: _us(quantiles(s[name] for s in split).p50) for name in STAGES},
+        )
+        for key, split in stages.items()
+    }
+
+
+def rows(
+    processes: dict[str, ProcessSnapshot],
+    now: float,
+    hops: Iterable[Mapping[str, Any]] = (),
+) -> dict[str, list[dict[str, Any]]]:
     """Flat rows, one per channel and one per publisher, sorted by topic (what the table
     shows and ``--json`` prints). Latencies are in microseconds, over the whole life of
-    the channel (p50, p99, max)."""
+    the channel (p50, p99, max).
+
+    Each channel row also has ``traced``, how many of the trace *hops* (dicts as
+    :func:`~._trace.fetch_hops` gives them) are finished hops of that channel, and
+    ``stages_p50_us``, the p50 of each stage over them (every stage None when none is)."""
+    splits = _splits(hops)
     channels = []
     publishers = []
     for client_id, snap in processes.items():
@@ -60,6 +119,7 @@ def rows(processes: dict[str, ProcessSnapshot], now: float) -> dict[str, list[di
             "age": round(max(0.0, now - snap.time), 3),
         }
         for ch in snap.channels:
+            split = splits.get((ch.publisher_id, snap.name, snap.pid), _UNTRACED)
             channels.append(
                 {
                     **process,
@@ -85,6 +145,8 @@ def rows(processes: dict[str, ProcessSnapshot], now: float) -> dict[str, list[di
                     "callback_errors": sum(s.callback_errors for s in ch.subscribers),
                     "queue_depth": ch.queue_depth,
                     "buffers_in_use": ch.buffers_in_use,
+                    "traced": split.traced,
+                    "stages_p50_us": dict(split.p50_us),
                     "subscriber_stats": [
                         {
                             "subscriber_id": s.subscriber_id,
@@ -136,6 +198,36 @@ def _lat(value_us: float | None) -> str:
     return format_ns(None if value_us is None else value_us * 1e3)
 
 
+#: Cells of the stages column's bar (its width is fixed: a bar and a total).
+_SPLIT_CELLS = 10
+
+
+def _split(row: dict[str, Any]) -> str:
+    """A channel's stage split: a bar of ``_SPLIT_CELLS`` cells, each stage's share of it
+    filled with the stage's initial in its ``ezflow trace`` colour (``ppttttttqh``:
+    readable without colour too), then the sum of the stage p50s. A stage no hop knows
+    (timed on another host's clock) is left out and the sum marked ``≥``; ``-`` for a
+    channel with no traced hops."""
+    if not row["traced"]:
+        return "-"
+    p50 = row["stages_p50_us"]
+    known = {name: p50[name] for name in STAGES if p50.get(name) is not None}
+    total = sum(known.values())
+    bar = []
+    done = 0.0
+    drawn = 0
+    for name, value in known.items():
+        # Cumulative rounding: the segments always add up to the whole bar.
+        done += value
+        end = round(done / total * _SPLIT_CELLS) if total > 0 else 0
+        if end > drawn:
+            bar.append(f"[reverse {STAGE_STYLES[name]}]{name[0] * (end - drawn)}[/]")
+            drawn = end
+    bar.append(" " * (_SPLIT_CELLS - drawn))
+    at_least = "≥" if len(known) < len(STAGES) else ""
+    return f"{''.join(bar)} {at_least}{_lat(total)}"
+
+
 #: Columns of the two tables in display order: (header, priority, cell of a row).
 #: When the terminal is too narrow for all, the columns with the highest priority
 #: number go first; topic and process (priority 0) always stay, whole.
@@ -154,6 +246,8 @@ _CHANNEL_COLUMNS: list[_Column] = [
     ("queue", 9, lambda r: str(r["queue_depth"])),
     ("in use", 10, lambda r: str(r["buffers_in_use"])),
     ("messages", 11, lambda r: str(r["messages"])),
+    # Telemetry first: the split is only there while messages are traced.
+    ("stages", 12, _split),
 ]
 _PUBLISHER_COLUMNS: list[_Column] = [
     ("topic", 0, lambda r: escape(r["topic"])),
@@ -241,6 +335,17 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
     Every process reports about once a second (EZFLOW_TELEMETRY_INTERVAL), so figures
     are up to that old; rates cover each process's last report interval.
 
+    stages: where a channel's traced messages spend their time - a bar split by the p50
+    of each stage of their hops, each stage drawn with its initial in its `ezflow trace`
+    colour: p (publish: room wait, encode, write), t (transport), d (decode), q (queue,
+    until the subscriber takes it), h (handler, until the publish it causes or its next
+    recv) - then the sum of those p50s. It covers the channel's hops among the newest
+    the graph server keeps, so it needs traced messages (`ezflow run --trace N`,
+    EZFLOW_TRACE=N, or `ezflow trace --sample N` meanwhile): `-` for a channel with
+    none; a sum marked >= leaves out stages timed on another host's clock. It is the
+    first column to go on a narrow terminal. --json has stages_p50_us (every stage,
+    µs) and traced (how many hops).
+
     Examples:
 
         ezflow top
@@ -257,8 +362,15 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
 
     async def main() -> None:
         async with graph_client(where, "ezflow top") as client:
+
+            async def snapshot() -> dict[str, list[dict[str, Any]]]:
+                # Every refresh takes all the hops the server keeps (TRACE_SERVER_KEEP):
+                # a full server (20 000 hops) costs a few MB and ~0.15 s per --interval.
+                processes, hops = await asyncio.gather(fetch(client), fetch_traces(client))
+                return rows(processes, time.time(), hops)
+
             if once:
-                data = rows(await fetch(client), time.time())
+                data = await snapshot()
                 if as_json:
                     typer.echo(json.dumps({"address": label, **data}, indent=2))
                 else:
@@ -266,12 +378,12 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
                 return
             if as_json:
                 while True:
-                    data = rows(await fetch(client), time.time())
+                    data = await snapshot()
                     typer.echo(json.dumps({"address": label, "time": time.time(), **data}))
                     await asyncio.sleep(interval)
             with Live(console=console, auto_refresh=False) as live:
                 while True:
-                    data = rows(await fetch(client), time.time())
+                    data = await snapshot()
                     live.update(_tables(data, label, console.width), refresh=True)
                     await asyncio.sleep(interval)
 

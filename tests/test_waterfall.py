@@ -1,0 +1,111 @@
+"""``ezflow perf waterfall``: two git refs of a temporary clone, each installed in a venv
+of its own, the same short scenarios at both, rendered as tables, JSON and HTML; and
+the clear errors for a directory that is no checkout and a ref that is no commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ezflow
+from ezflow._core._tracing import STAGES
+
+REPO = Path(ezflow.__file__).resolve().parent.parent
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A temporary clone of this repository with its own HEAD~1 (a commit on top of the
+    clone's HEAD, so that the test does not depend on the history it is given)."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not run from a git checkout of ezflow")
+    root = tmp_path_factory.mktemp("waterfall")
+    target = root / "ezflow"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(target)], check=True)
+    # HEAD~1 is the tip of this checkout, HEAD a commit that changes nothing of the code.
+    (target / "WATERFALL-TEST").write_text("a commit for the test\n")
+    _git(target, "add", "WATERFALL-TEST")
+    _git(target, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "test")
+    yield target
+    subprocess.run(["git", "-C", str(target), "worktree", "prune"], check=False)
+
+
+def test_waterfall_of_head_1_and_head_runs_and_renders(clone: Path, tmp_path: Path) -> None:
+    html = tmp_path / "waterfall.html"
+    output = tmp_path / "waterfall.json"
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["COLUMNS"] = "160"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "ezflow", "perf", "waterfall"),
+            *("--base", "HEAD~1", "--new", "HEAD", "--reuse-deps", "--cache", str(cache)),
+            *("--hops", "2", "--frame", "200000B", "--count", "8", "--period", "0.01"),
+            *("--p2p-transport", "shm", "--p2p-size", "64B", "--p2p-duration", "0.2"),
+            *("--html", str(html), "-o", str(output)),
+        ],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    head, base = _git(clone, "rev-parse", "HEAD"), _git(clone, "rev-parse", "HEAD~1")
+    assert f"ezflow perf waterfall: HEAD~1 ({base[:10]}) -> HEAD ({head[:10]})" in out
+    for line in ("end to end p50", "frames/s (paced)", "1. /hop0 (shm)", "2. /hop1 (shm)"):
+        assert line in out
+    assert "shm 64 B tuple recv" in out  # the p2p cell, at both refs
+    results = json.loads(output.read_text())
+    assert [r["commit"] for r in results] == [base, head]
+    for result in results:
+        (run,) = result["pipelines"]
+        assert run["hops"] == 2 and len(run["end_to_end_ns"]) == 8 and run["traces"] is None
+        (traced,) = result["traced"]  # both refs trace: this checkout's code
+        assert len(traced["traces"]) == 16
+        assert [c["transport"] for c in result["p2p"]] == ["shm"]
+    page = html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    for stage in STAGES:
+        assert f"&nbsp;&nbsp;{stage}</td>" in page
+    assert page.count('<td class=bar><div style="margin-left:') == 2 * 2 * len(STAGES)
+    # The venvs are kept per commit; the worktrees are gone.
+    assert sorted(p.name for p in cache.iterdir()) == sorted([f"{base}-reuse", f"{head}-reuse"])
+    assert _git(clone, "worktree", "list").count("\n") == 0
+
+
+def test_waterfall_errors_are_one_line(tmp_path: Path, clone: Path) -> None:
+    outside = subprocess.run(
+        [sys.executable, "-m", "ezflow", "perf", "waterfall", "--base", "HEAD"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert outside.returncode == 1
+    assert "is not in a git checkout of ezflow" in outside.stderr
+    unknown = subprocess.run(
+        [sys.executable, "-m", "ezflow", "perf", "waterfall", "--base", "no-such-ref"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert unknown.returncode == 1
+    assert "'no-such-ref' is not a commit of" in unknown.stderr
