@@ -82,6 +82,16 @@ def _clock_id() -> int:
 CLOCK_ID: Final = _clock_id()
 
 _random = random.Random(os.urandom(16))
+_pid = os.getpid()  # (a system call: read once per process)
+
+
+def _forked() -> None:
+    global _pid  # (this process's pid, kept across a fork)
+    _pid = os.getpid()
+    _random.seed(os.urandom(16))
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def new_id() -> int:
@@ -277,7 +287,7 @@ class Hop:
         self.publisher_id = publisher_id
         self.subscriber = subscriber
         self.transport = transport
-        self.pid = os.getpid()
+        self.pid = _pid
         self.same_clock = wire.clock == CLOCK_ID
         self.t_publish = wire.t_publish
         self.t_sent = wire.t_sent

@@ -201,15 +201,20 @@ class StreamLink(Link):
         encoded: EncodedMessage | None,
         trace: WireTrace,
     ) -> None:
-        # A TRACE frame right before the message's own frame, the same way (at once or
-        # queued) so that nothing comes between them.
-        frame = trace.frame()
-        out = self.connection.out
+        # A TRACE frame right before the message's own frame, queued with it so that
+        # nothing comes between them; written with it in one call unless a batch of
+        # this loop iteration is being collected anyway.
+        self._queued.append(trace.frame())
         if self._flush_scheduled:
-            self._queued.append(frame)
-        elif out is not None and not out.is_closing():
-            out.write(frame)
-        self.send(seq, time_ns, message, encoded)
+            self.send(seq, time_ns, message, encoded)
+            return
+        self._flush_scheduled = True  # (send queues)
+        try:
+            self.send(seq, time_ns, message, encoded)
+        finally:
+            self._flush_scheduled = False
+        self.flush()
+        self._written_ns = time_ns
 
     def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
         # send(), for one small bytes body written at once: the paced publisher's path,
