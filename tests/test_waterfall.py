@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 import ezflow
 from ezflow._core._tracing import STAGES
+from ezflow._perf import _waterfall
 
 REPO = Path(ezflow.__file__).resolve().parent.parent
 
@@ -53,8 +55,9 @@ def test_waterfall_of_head_1_and_head_runs_and_renders(clone: Path, tmp_path: Pa
             *(sys.executable, "-m", "ezflow", "perf", "waterfall"),
             *("--base", "HEAD~1", "--new", "HEAD", "--reuse-deps", "--cache", str(cache)),
             *("--hops", "2", "--frame", "200000B", "--count", "8", "--period", "0.01"),
-            *("--p2p-transport", "shm", "--p2p-size", "64B", "--p2p-duration", "0.2"),
-            *("--html", str(html), "-o", str(output)),
+            # (the p2p scenario is `ezflow perf run -s p2p` of each ref, tested in
+            # test_cli_perf.py; its 8 s per ref would double this test)
+            *("--no-p2p", "--html", str(html), "-o", str(output)),
         ],
         cwd=clone,
         env=env,
@@ -69,7 +72,6 @@ def test_waterfall_of_head_1_and_head_runs_and_renders(clone: Path, tmp_path: Pa
     assert f"ezflow perf waterfall: HEAD~1 ({base[:10]}) -> HEAD ({head[:10]})" in out
     for line in ("end to end p50", "frames/s (paced)", "1. /hop0 (shm)", "2. /hop1 (shm)"):
         assert line in out
-    assert "shm 64 B tuple recv" in out  # the p2p cell, at both refs
     results = json.loads(output.read_text())
     assert [r["commit"] for r in results] == [base, head]
     for result in results:
@@ -77,7 +79,7 @@ def test_waterfall_of_head_1_and_head_runs_and_renders(clone: Path, tmp_path: Pa
         assert run["hops"] == 2 and len(run["end_to_end_ns"]) == 8 and run["traces"] is None
         (traced,) = result["traced"]  # both refs trace: this checkout's code
         assert len(traced["traces"]) == 16
-        assert [c["transport"] for c in result["p2p"]] == ["shm"]
+        assert result["p2p"] == []
     page = html.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     for stage in STAGES:
@@ -86,6 +88,33 @@ def test_waterfall_of_head_1_and_head_runs_and_renders(clone: Path, tmp_path: Pa
     # The venvs are kept per commit; the worktrees are gone.
     assert sorted(p.name for p in cache.iterdir()) == sorted([f"{base}-reuse", f"{head}-reuse"])
     assert _git(clone, "worktree", "list").count("\n") == 0
+
+
+def _ref_result(name: str, rates: list[float], p50s: list[float]) -> _waterfall.RefResult:
+    result = _waterfall.RefResult(_waterfall.Ref(name, name * 8, Path("python")))
+    for rate, p50 in zip(rates, p50s, strict=True):
+        result.p2p.append(
+            {
+                "transport": "shm",
+                "size": 64,
+                "variant": {"message": "tuple", "receive": "recv"},
+                "metrics": {"msgs_per_s": rate, "latency_p50_us": p50},
+            }
+        )
+    return result
+
+
+def test_the_p2p_cells_are_medians_over_rounds_with_gains() -> None:
+    base = _ref_result("a", [100.0, 300.0, 200.0], [10.0, 30.0, 20.0])
+    new = _ref_result("b", [400.0, 400.0], [5.0, 5.0])
+    assert _waterfall.p2p_rows(base, new) == [("shm 64 B tuple recv", 200.0, 400.0, 20.0, 5.0)]
+    console = Console(record=True, width=160)
+    console.print(_waterfall.render_waterfall([base, new]))
+    text = console.export_text()
+    (row,) = [line for line in text.splitlines() if "shm 64 B tuple recv" in line]
+    cells = [cell.strip() for cell in row.split("│")[1:-1]]
+    assert cells == ["shm 64 B tuple recv", "200", "400", "2.00x", "20.0 µs", "5.0 µs", "4.00x"]
+    assert "no stages at a (aaaaaaaa), b (bbbbbbbb)" in text  # neither traced
 
 
 def test_waterfall_errors_are_one_line(tmp_path: Path, clone: Path) -> None:
