@@ -55,3 +55,8 @@ def test_nested_collection() -> None:
     out = run_example("nested_collection.py", "--count", "40")
     assert "PIPELINE/GAIN: gain is now 10.0" in out
     assert "printer: 40 values, last 375.00" in out  # mean of 36..39, times 10
+
+
+def test_video_pipeline() -> None:
+    out = run_example("video_pipeline.py", "--seconds", "1")
+    assert "display: 30 frames," in out

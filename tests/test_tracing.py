@@ -107,6 +107,26 @@ def test_stages_of_a_hop_from_another_host_leave_out_the_other_clock() -> None:
     }
 
 
+def test_a_units_input_loop_starts_no_trace_of_its_own() -> None:
+    """Its publishes are caused by what it takes: sampling is the sources' (a relay of
+    an untraced message publishes untraced; one of a traced message carries it on)."""
+    import contextvars  # noqa: PLC0415
+
+    from ezflow._core._tracing import HANDLING, carry  # noqa: PLC0415
+
+    class Publisher:
+        trace_countdown = 1
+
+    ezflow.set_trace_rate(1)
+    assert carry(Publisher()) is not None
+
+    def in_a_loop() -> object:
+        HANDLING.set(True)
+        return carry(Publisher())
+
+    assert contextvars.copy_context().run(in_a_loop) is None
+
+
 # -- in one process, every transport ---------------------------------------------------------
 
 

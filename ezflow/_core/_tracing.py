@@ -2,7 +2,9 @@
 
 With tracing on (:func:`set_trace_rate`, ``EZFLOW_TRACE``), each publisher of a process
 marks one message in ``rate`` that it publishes on its own - not caused by a traced
-message - as the start of a *trace*. A traced message carries a small trace record
+message, and not from a unit's input loop (:data:`HANDLING`: those publish because of a
+message, so sampling happens at the sources) - as the start of a *trace*. A traced
+message carries a small trace record
 (``TRACE_BODY``: trace id, parent span, publish and send times, the sender's clock) to
 every subscriber, and every subscriber that takes it records one :class:`Hop`::
 
@@ -46,6 +48,7 @@ from ._framing import TRACE, TRACE_BODY, TRACE_PREFIX
 __all__ = [
     "CLOCK_ID",
     "CURRENT",
+    "HANDLING",
     "HOP_FIELDS",
     "STAGES",
     "TRACING",
@@ -243,6 +246,11 @@ class WireTrace:
 #: publish from it carries on.
 CURRENT: Final[ContextVar[Hop | None]] = ContextVar("ezflow_trace_hop", default=None)
 
+#: True in a context that handles received messages (a unit's input loop): its
+#: publishes are caused by messages, so only a traced one gives them a trace - they
+#: start none of their own, and sampling happens at the sources.
+HANDLING: Final[ContextVar[bool]] = ContextVar("ezflow_trace_handling", default=False)
+
 #: The fields of a hop as they travel to the graph server and out of ``ezflow trace
 #: --json`` (one row per hop, in this order).
 HOP_FIELDS: Final = (
@@ -330,7 +338,7 @@ def carry(publisher: Sampled) -> WireTrace | None:
             hop.t_done = now
         return WireTrace(hop.trace_id, hop.span_id, now)
     rate = TRACING.rate
-    if not rate:
+    if not rate or HANDLING.get():
         return None
     left = publisher.trace_countdown - 1
     if left > 0:

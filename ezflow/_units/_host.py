@@ -41,6 +41,7 @@ from typing import Any, cast
 
 from .._core._config import SHUTDOWN_TIMEOUT, THREAD_JOIN_TIMEOUT
 from .._core._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
+from .._core._tracing import HANDLING
 from .._graph._context import GraphContext
 from .._graph._publisher import Publisher
 from .._graph._subscriber import Subscriber
@@ -521,6 +522,9 @@ class UnitHost:
         # to each subscriber method in turn. The loop ends when the subscriber is closed
         # and empty, at its end of stream, or when its last method raised Complete; any
         # other exception from a method ends it too (and fails the unit).
+        # What this loop publishes is caused by what it takes: traced only when that
+        # is (sampling starts traces at the sources, whole paths and not halves).
+        HANDLING.set(True)
         recv_nowait = subscriber.recv_nowait
         recv = subscriber.recv
         single = handlers[0].call if len(handlers) == 1 and handlers[0].is_async else None
