@@ -190,7 +190,7 @@ async def test_a_relay_chain_records_linked_hops_and_delivers_the_same_messages(
         await relaying
         got = await taking
     assert all(_same(_message(i), m) for i, m in enumerate(got))
-    hops = [_as_dict(hop.row()) for hop in TRACING.hops]
+    hops = await _server_hops(server, 16)
     paths = paths_of(hops)
     assert len(paths) == 8
     for path in paths:
@@ -207,8 +207,15 @@ async def test_a_relay_chain_records_linked_hops_and_delivers_the_same_messages(
             assert stages[0]["decode"] == 0
 
 
-def _as_dict(row: list[Any]) -> dict[str, Any]:
-    return dict(zip(HOP_FIELDS, row, strict=True))
+async def _server_hops(server: ezflow.GraphServer, count: int) -> list[dict[str, Any]]:
+    """The hops the graph server keeps, once it has *count* (the last ones come with the
+    report of a closing context, which it reads on this loop)."""
+    fields = [*HOP_FIELDS, "process", "wall_offset"]
+    for _ in range(200):
+        if len(server.trace_hops) >= count:
+            break
+        await asyncio.sleep(0.01)
+    return [dict(zip(fields, row, strict=True)) for row in server.trace_hops]
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -218,7 +225,6 @@ async def test_traced_and_untraced_messages_arrive_the_same(
     """The traced path against the general one: every message, in order, unchanged,
     whether one in three is traced or none is; off records nothing at all."""
     for rate in (0, 3):
-        TRACING.hops.clear()
         ezflow.set_trace_rate(rate)
         async with ezflow.GraphContext(server.address) as ctx:
             pub = await ctx.publisher(f"/diff{rate}", transport=transport)
@@ -230,7 +236,8 @@ async def test_traced_and_untraced_messages_arrive_the_same(
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(sub.recv(), 0.01)
         assert all(_same(_message(i), m) for i, m in enumerate(got))
-        assert len(TRACING.hops) == (0 if rate == 0 else 8)
+        hops = await _server_hops(server, 0 if rate == 0 else 8)
+        assert len(hops) == (0 if rate == 0 else 8)
         if rate == 0:
             assert not TRACING.active
 
@@ -258,7 +265,7 @@ async def test_an_on_message_callback_carries_the_trace_on(server: ezflow.GraphS
             await pub.publish(i)
             await asyncio.sleep(0.001)
         assert await taking == [0, 1, 2]
-    paths = paths_of([_as_dict(hop.row()) for hop in TRACING.hops])
+    paths = paths_of(await _server_hops(server, 6))
     assert sorted(len(p) for p in paths) == [2, 2, 2]
     assert all(p[0]["topic"] == "/in" and p[1]["parent_id"] == p[0]["span_id"] for p in paths)
     assert all(p[0]["t_taken"] == p[0]["t_decoded"] for p in paths)  # no queue for a callback
@@ -274,6 +281,27 @@ async def test_a_leaky_inbox_drops_traced_messages_like_any(server: ezflow.Graph
             await pub.publish(i)
         assert [sub.recv_nowait(), sub.recv_nowait()] == [3, 4]
         assert sub.stats.dropped_overflow == 3
+
+
+async def test_a_context_that_closes_reports_its_last_hops(server: ezflow.GraphServer) -> None:
+    """A process that ends within a report interval of its last traced message still
+    leaves its hops at the graph server (its context's close reports them)."""
+    ezflow.set_trace_rate(1)
+    async with (
+        ezflow.GraphContext(server.address, telemetry_interval=3600) as sender,
+        ezflow.GraphContext(server.address, telemetry_interval=3600) as receiver,
+    ):
+        pub = await sender.publisher("/brief", transport="tcp")
+        sub = await receiver.subscriber("/brief", transport="tcp")
+        await pub.wait_for_channels()
+        for i in range(3):
+            await pub.publish(i)
+        assert [await sub.recv() for _ in range(3)] == [0, 1, 2]
+    assert not TRACING.hops  # reported at close, not waiting for an hour
+    async with ezflow.GraphContext(server.address) as reader:
+        hops = await reader.graph_traces()
+    assert sorted(h["topic"] for h in hops) == ["/brief"] * 3
+    assert all(h["t_done"] for h in hops)  # the last one finished when its inbox closed
 
 
 # -- three processes, and `ezflow trace` -------------------------------------------------------

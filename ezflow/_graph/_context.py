@@ -325,6 +325,13 @@ class GraphContext:
         if self._router is not None:
             self._router.close()
         try:
+            if self._client is not None and self._reporter.interval > 0:
+                # The trace hops its subscribers just finished, before the process may
+                # end (a report is one write; nothing here waits for the server).
+                try:
+                    await self._reporter.report_traces()
+                except Exception:
+                    log.exception("the last telemetry report failed")
             # Remote channels read up to END before this process leaves the graph (and
             # its registrations vanish), so nothing already published is lost.
             await self._local.aclose()

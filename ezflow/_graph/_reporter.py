@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from .._core._channel import Attachment, Channel
-from .._core._config import MAX_TELEMETRY_ENTRIES, TRACE_REPORT_MAX
+from .._core._config import MAX_TELEMETRY_ENTRIES, MIN_TELEMETRY_INTERVAL, TRACE_REPORT_MAX
 from .._core._outlet import Outlet
 from .._core._telemetry import (
     MAX_SNAPSHOT_SUBSCRIBERS,
@@ -86,6 +86,7 @@ class TelemetryReporter:
         self.reports_sent = 0
         self.reports_skipped = 0
         self._failures = 0
+        self._reported_at = float("-inf")  # monotonic time of the last report
 
     # -- building --------------------------------------------------------------------------
 
@@ -200,6 +201,7 @@ class TelemetryReporter:
     def report(self) -> ProcessSnapshot:
         """Take the periodic snapshot: hand it to the hooks and send it to the server
         (skipped, not queued, when the connection cannot take it now)."""
+        self._reported_at = time.monotonic()
         snapshot = self.snapshot(advance=True)
         if SNAPSHOT_HOOKS:
             emit(SNAPSHOT_HOOKS, snapshot)
@@ -215,6 +217,18 @@ class TelemetryReporter:
             self.reports_skipped += 1
             TRACING.lost += len(hops)
         return snapshot
+
+    async def report_traces(self) -> None:
+        """Report now if trace hops are waiting (a context that closes: its process
+        may end before the next periodic report). Waits first, at most
+        ``MIN_TELEMETRY_INTERVAL``, so that the server does not take it for a report
+        sent too soon after the last one."""
+        if not TRACING.hops:
+            return
+        wait = self._reported_at + MIN_TELEMETRY_INTERVAL - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self.report()
 
     async def run(self) -> None:
         """Report every :attr:`interval` seconds until cancelled; errors are logged
