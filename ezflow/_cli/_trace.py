@@ -18,7 +18,7 @@ from .._core._exceptions import ProtocolError
 from .._core._telemetry import format_ns
 from .._core._tracing import STAGES, check_trace_rate
 from .._graph._client import GraphClient
-from .._graph._traces import STAGE_STYLES, PathSummary, summarize
+from .._graph._traces import STAGE_STYLES, PathSummary, stage_bar, summarize
 from ._connection import AddressOption, console, errors, fail, graph_client, resolve_address
 from ._connection import run_async as run_command
 
@@ -38,15 +38,6 @@ async def fetch_hops(client: GraphClient) -> list[dict[str, Any]]:
 
 def _us(ns: int | None) -> str:
     return "-" if ns is None else format_ns(ns)
-
-
-def _bar(offset: int, length: int, scale: float, style: str) -> Text:
-    """A bar of *length* ns starting *offset* ns in, *scale* cells per ns."""
-    start = round(offset * scale)
-    cells = max(1, round((offset + length) * scale) - start) if length > 0 else 0
-    text = Text(" " * start)
-    text.append("█" * cells, style=style)
-    return text
 
 
 def render_paths(paths: Sequence[PathSummary], *, title: str = "") -> RenderableType:
@@ -95,7 +86,7 @@ def render_paths(paths: Sequence[PathSummary], *, title: str = "") -> Renderable
                     f"   {name}",
                     _us(q.p50),
                     _us(q.p99),
-                    _bar(offset, q.p50 or 0, scale, STAGE_STYLES[name]),
+                    stage_bar(offset, q.p50 or 0, scale, STAGE_STYLES[name]),
                 )
                 offset += q.p50 or 0
         parts.append(table)

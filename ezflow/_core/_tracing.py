@@ -50,7 +50,9 @@ __all__ = [
     "CURRENT",
     "HANDLING",
     "HOP_FIELDS",
+    "PUBLISHER_TIMES",
     "STAGES",
+    "STAGE_BOUNDS",
     "TRACING",
     "Hop",
     "HopRow",
@@ -67,8 +69,19 @@ __all__ = [
     "wall_offset",
 ]
 
-#: The stages of one hop, in order (see the module docstring).
-STAGES: Final = ("publish", "transport", "decode", "queue", "handler")
+#: The stages of one hop, in order (see the module docstring), each with the hop fields
+#: it runs from and to: the one definition of a stage (``hop_stages``, the spans of
+#: ``ezflow.otel``).
+STAGE_BOUNDS: Final = {
+    "publish": ("t_publish", "t_sent"),
+    "transport": ("t_sent", "t_received"),
+    "decode": ("t_received", "t_decoded"),
+    "queue": ("t_decoded", "t_taken"),
+    "handler": ("t_taken", "t_done"),
+}
+STAGES: Final = tuple(STAGE_BOUNDS)
+#: The times taken on the publisher's clock (the others are the receiver's).
+PUBLISHER_TIMES: Final = frozenset({"t_publish", "t_sent"})
 
 
 def _clock_id() -> int:
@@ -271,6 +284,7 @@ HOP_FIELDS: Final = (
     "t_done",
 )
 HopRow = list[Any]
+_FIELD_INDEX: Final = {name: index for index, name in enumerate(HOP_FIELDS)}
 
 
 class Hop:
@@ -350,16 +364,16 @@ def carry(publisher: Sampled) -> WireTrace | None:
 
 def hop_stages(row: Sequence[Any]) -> dict[str, int | None]:
     """A hop row's stage durations (ns) by name, in :data:`STAGES` order; ``None`` for
-    stages whose clocks are not comparable (another host) and, while a hop is being
-    handled, for its handler."""
-    (_, _, _, _, _, _, _, _, same_clock, t_pub, t_sent, t_recv, t_dec, t_taken, t_done) = row
-    return {
-        "publish": t_sent - t_pub if same_clock else None,
-        "transport": t_recv - t_sent if same_clock else None,
-        "decode": t_dec - t_recv,
-        "queue": t_taken - t_dec,
-        "handler": t_done - t_taken if t_done else None,
-    }
+    stages whose clocks are not comparable (a bound on another host's clock:
+    :data:`PUBLISHER_TIMES` when ``same_clock`` is false) and, while a hop is being
+    handled, for its handler (``t_done`` is 0)."""
+    same_clock = row[_FIELD_INDEX["same_clock"]]
+    stages: dict[str, int | None] = {}
+    for name, (first, last) in STAGE_BOUNDS.items():
+        end = row[_FIELD_INDEX[last]]
+        foreign = not same_clock and (first in PUBLISHER_TIMES or last in PUBLISHER_TIMES)
+        stages[name] = None if foreign or not end else end - row[_FIELD_INDEX[first]]
+    return stages
 
 
 def check_rows(rows: Iterable[Any]) -> list[HopRow]:

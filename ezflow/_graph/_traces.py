@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.text import Text
+
 from .._core._tracing import HOP_FIELDS, STAGES, hop_stages
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "Quantiles",
     "paths_of",
     "quantiles",
+    "stage_bar",
     "summarize",
 ]
 
@@ -60,6 +63,18 @@ class Quantiles:
             "p99_us": None if self.p99 is None else round(self.p99 / 1e3, 3),
             "count": self.count,
         }
+
+
+def stage_bar(offset: float, length: float | None, scale: float, style: str) -> Text:
+    """A waterfall bar: *length* ns starting *offset* ns in, at *scale* cells per ns, in
+    *style* (at least one cell when there is a length; empty when it is unknown)."""
+    if length is None:
+        return Text("")
+    start = round(offset * scale)
+    cells = max(1, round((offset + length) * scale) - start) if length > 0 else 0
+    text = Text(" " * start)
+    text.append("█" * cells, style=style)
+    return text
 
 
 def quantiles(values: Iterable[int | None]) -> Quantiles:

@@ -55,6 +55,7 @@ from .._core._config import (
 )
 from .._core._exceptions import ClosedResourceError, ConfigurationError, EzflowError
 from .._core._telemetry import ChannelSnapshot, ProcessSnapshot
+from .._core._tracing import STAGE_BOUNDS
 from .._graph._context import GraphContext
 from .._graph._traces import hop_label, stages_of
 
@@ -80,16 +81,6 @@ FAILURE_LOG_INTERVAL: Final = 60.0
 
 _SCOPE: Final = InstrumentationScope("ezflow", __version__)
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
-#: The times that bound each stage, the same subtractions as ``hop_stages`` (a test
-#: pins every stage span's length to its ``ezflow.stage.*`` attribute).
-_STAGE_BOUNDS: Final = {
-    "publish": ("t_publish", "t_sent"),
-    "transport": ("t_sent", "t_received"),
-    "decode": ("t_received", "t_decoded"),
-    "queue": ("t_decoded", "t_taken"),
-    "handler": ("t_taken", "t_done"),
-}
-
 Hop = Mapping[str, Any]
 
 
@@ -167,7 +158,7 @@ def spans_from_hops(hops: Iterable[Hop], resource: Resource | None = None) -> li
         for name, duration in stages.items():
             if duration is None:
                 continue
-            first, last = _STAGE_BOUNDS[name]
+            first, last = STAGE_BOUNDS[name]
             spans.append(
                 ReadableSpan(
                     name=name,

@@ -42,7 +42,7 @@ from rich.text import Text
 from .._core._exceptions import EzflowError
 from .._core._telemetry import format_ns
 from .._core._tracing import STAGES
-from .._graph._traces import STAGE_STYLES, PathSummary, summarize
+from .._graph._traces import STAGE_STYLES, PathSummary, stage_bar, summarize
 from ._report import _STYLE, _esc
 
 __all__ = [
@@ -430,16 +430,6 @@ def summary_rows(base: RefResult, new: RefResult) -> list[tuple[str, str, str, s
     return rows
 
 
-def _bar(offset: float, length: float | None, scale: float, style: str) -> Text:
-    if length is None:
-        return Text("")
-    start = round(offset * scale)
-    cells = max(1, round((offset + length) * scale) - start) if length > 0 else 0
-    text = Text(" " * start)
-    text.append("█" * cells, style=style)
-    return text
-
-
 def _span(rows: Sequence[tuple[str, str, int | None, int | None]]) -> int:
     """The longer of the two refs' paths: the sum of their stages (the bars' scale)."""
     stages = [row for row in rows if row[1] != "hop total"]
@@ -480,7 +470,7 @@ def render_waterfall(results: Sequence[RefResult]) -> RenderableType:
             style = STAGE_STYLES[stage]
             bars = []
             for i, value in enumerate((before, after)):
-                bars.append(_bar(offsets[i], value, scale, style))
+                bars.append(stage_bar(offsets[i], value, scale, style))
                 offsets[i] += value or 0
             stages.add_row(
                 f"   {stage}", _time(before), _time(after), _change(before, after), *bars
