@@ -511,9 +511,13 @@ def waterfall(  # noqa: PLR0917 - one parameter per command-line option
         ),
     ] = False,
     cache: Annotated[
-        Path,
-        typer.Option("--cache", help="Where the venvs of each commit are kept between runs."),
-    ] = _waterfall.DEFAULT_CACHE,
+        Path | None,
+        typer.Option(
+            "--cache",
+            help="Where the venvs of each commit are kept between runs "
+            "(default ~/.cache/ezflow/waterfall, or under XDG_CACHE_HOME).",
+        ),
+    ] = None,
     html: Annotated[
         Path | None, typer.Option("--html", help="Also write the waterfall as an HTML report.")
     ] = None,
@@ -562,7 +566,7 @@ def waterfall(  # noqa: PLR0917 - one parameter per command-line option
                 repo,
                 name,
                 _waterfall.resolve_ref(repo, name),
-                cache.expanduser(),
+                (cache or _waterfall.default_cache()).expanduser(),
                 reuse_deps=reuse_deps,
                 log=log,
             )

@@ -13,7 +13,8 @@ scenarios run under each ref's ezflow:
 * **p2p**: ``ezflow perf run -s p2p`` of the ref itself (the ordinary program, a tuple
   under plain ``asyncio.run``): msgs/s and paced one-way p50 per transport and size.
 
-Venvs are kept per commit in a cache directory (``~/.cache/ezflow/waterfall``), so a
+Venvs are kept per commit in a cache directory (``waterfall`` in ezflow's cache
+directory, as the peers' venvs: ``~/.cache/ezflow/waterfall``), so a
 second run at the same refs installs nothing. ``--reuse-deps`` makes each venv see the
 running environment's packages (numpy, uvloop, pip, ...) and installs ezflow alone
 (``--no-deps``; pip still fetches the build backend): quick, and what the tests use.
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import venv
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +45,20 @@ from .._core._exceptions import EzflowError
 from .._core._telemetry import format_ns
 from .._core._tracing import STAGES
 from .._graph._traces import STAGE_STYLES, PathSummary, stage_bar, summarize
+from ._peers._install import (
+    INSTALL_TIMEOUT,
+    cache_root,
+    output_tail,
+    python_of,
+    site_packages,
+)
 from ._report import _STYLE, _esc
 
 __all__ = [
     "Ref",
     "Scenario",
     "WaterfallError",
+    "default_cache",
     "install_ref",
     "render_html",
     "render_waterfall",
@@ -58,9 +68,7 @@ __all__ = [
 ]
 
 PIPELINE_SCRIPT = Path(__file__).with_name("_pipeline.py")
-DEFAULT_CACHE = Path.home() / ".cache" / "ezflow" / "waterfall"
-# Seconds any one step may take (an install from PyPI is the slow one).
-INSTALL_TIMEOUT = 900.0
+# Seconds a scenario run may take (an install: INSTALL_TIMEOUT, as a peer's).
 RUN_TIMEOUT = 600.0
 
 
@@ -168,9 +176,15 @@ def _run_step(argv: Sequence[str], what: str, timeout: float, **kwargs: Any) -> 
     except subprocess.TimeoutExpired as exc:
         raise WaterfallError(f"{what} took more than {timeout:.0f} s") from exc
     if done.returncode != 0:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+        tail = output_tail(done.stdout + done.stderr, Path(argv[0]).name)
         raise WaterfallError(f"{what} failed (exit {done.returncode}):\n{tail}")
     return str(done.stdout)
+
+
+def default_cache() -> Path:
+    """Where the venvs of each commit are kept: ``waterfall`` in ezflow's cache
+    directory (``$XDG_CACHE_HOME/ezflow``, else ``~/.cache/ezflow``)."""
+    return cache_root() / "waterfall"
 
 
 def install_ref(
@@ -184,32 +198,31 @@ def install_ref(
 ) -> Ref:
     """A virtualenv with *commit*'s ezflow installed: from *cache* when an earlier run
     made it, else made there now (from a temporary worktree, removed afterwards)."""
-    venv = cache / f"{commit}{'-reuse' if reuse_deps else ''}"
-    python = venv / "bin" / "python"
-    if (venv / "ezflow-installed").exists() and python.exists():
-        log(f"{name}: using the venv of {commit[:10]} in {venv}")
+    venv_dir = cache / f"{commit}{'-reuse' if reuse_deps else ''}"
+    python = python_of(venv_dir)
+    if (venv_dir / "ezflow-installed").exists() and python.exists():
+        log(f"{name}: using the venv of {commit[:10]} in {venv_dir}")
         return Ref(name, commit, python)
-    shutil.rmtree(venv, ignore_errors=True)
+    shutil.rmtree(venv_dir, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ezflow-waterfall-") as tmp:
         tree = Path(tmp) / "tree"
         log(f"{name}: checking out {commit[:10]} into a temporary worktree")
         _git(repo, "worktree", "add", "--detach", str(tree), commit)
         try:
-            log(f"{name}: creating {venv}")
+            log(f"{name}: creating {venv_dir}")
             # (--reuse-deps: no pip of its own; this environment's serves)
-            without_pip = ["--without-pip"] if reuse_deps else []
-            _run_step(
-                [sys.executable, "-m", "venv", *without_pip, str(venv)], "creating the venv", 120
-            )
+            venv.EnvBuilder(
+                with_pip=not reuse_deps, clear=True, symlinks=sys.platform != "win32"
+            ).create(venv_dir)
             if reuse_deps:
                 # The running environment's packages after the venv's own: ezflow comes
                 # from the venv (only .pth files of site dirs run, so an editable
                 # ezflow of the running environment stays out).
-                site = Path(_run_step([str(python), "-c", _SITE], "reading the venv", 60).strip())
                 paths = dict.fromkeys(
                     [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
                 )
+                site = site_packages(venv_dir)
                 (site / "_ezflow_waterfall_deps.pth").write_text("\n".join(paths) + "\n")
             install = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
             if reuse_deps:
@@ -217,16 +230,13 @@ def install_ref(
             log(f"{name}: pip install {'--no-deps ' if reuse_deps else ''}<worktree>")
             _run_step([*install, str(tree)], f"installing {name} ({commit[:10]})", INSTALL_TIMEOUT)
         except BaseException:
-            shutil.rmtree(venv, ignore_errors=True)
+            shutil.rmtree(venv_dir, ignore_errors=True)
             raise
         finally:
             with contextlib.suppress(WaterfallError):
                 _git(repo, "worktree", "remove", "--force", str(tree))
-    (venv / "ezflow-installed").write_text(commit + "\n")
+    (venv_dir / "ezflow-installed").write_text(commit + "\n")
     return Ref(name, commit, python)
-
-
-_SITE = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
 
 def _clean_env() -> dict[str, str]:

@@ -39,16 +39,21 @@ from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
+    "INSTALL_TIMEOUT",
     "PEERS",
     "STAMP",
     "Peer",
     "PeerInstallError",
     "PeerSetupError",
     "cache_dir",
+    "cache_root",
     "ensure",
     "install",
     "is_current",
+    "output_tail",
+    "python_of",
     "requirements",
+    "site_packages",
 ]
 
 
@@ -80,7 +85,7 @@ PEERS: Final = {
 EZFLOW_PACKAGE: Final = Path(__file__).resolve().parents[2]
 #: The stamp file of a complete venv (JSON: what it was made with).
 STAMP: Final = "ezflow-peer.json"
-#: Seconds one ``pip install`` of a peer may take.
+#: Seconds one ``pip install`` of a peer (or of a ref, ``perf waterfall``) may take.
 INSTALL_TIMEOUT: Final = 900.0
 #: Lines of pip's output quoted in an install error.
 PIP_TAIL_LINES: Final = 15
@@ -98,13 +103,17 @@ class PeerInstallError(RuntimeError):
     exit status, then the tail of pip's output."""
 
 
+def cache_root() -> Path:
+    """ezflow's cache directory: ``$XDG_CACHE_HOME/ezflow``, else ``~/.cache/ezflow``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ezflow"
+
+
 def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
-    """Where the peer venvs live: *override*, else ``$XDG_CACHE_HOME/ezflow/perf-peers``,
-    else ``~/.cache/ezflow/perf-peers``."""
+    """Where the peer venvs live: *override*, else ``perf-peers`` in :func:`cache_root`."""
     if override is not None:
         return Path(override).expanduser().resolve()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ezflow" / "perf-peers"
+    return cache_root() / "perf-peers"
 
 
 def python_of(venv_dir: Path) -> Path:
@@ -112,7 +121,8 @@ def python_of(venv_dir: Path) -> Path:
     return venv_dir / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
 
 
-def _site_packages(venv_dir: Path) -> Path:
+def site_packages(venv_dir: Path) -> Path:
+    """The site-packages directory of the venv *venv_dir* (made with this Python)."""
     relative = sysconfig.get_path("purelib", vars={"base": ".", "platbase": "."})
     return (venv_dir / relative).resolve()
 
@@ -167,7 +177,7 @@ def is_current(peer: Peer, venv_dir: Path) -> bool:
         stamp = json.loads((venv_dir / STAMP).read_text())
     except (OSError, ValueError):
         return False
-    link = _site_packages(venv_dir) / "ezflow"
+    link = site_packages(venv_dir) / "ezflow"
     return (
         stamp == _expected_stamp(peer)
         and python_of(venv_dir).exists()
@@ -175,9 +185,10 @@ def is_current(peer: Peer, venv_dir: Path) -> bool:
     )
 
 
-def _tail(output: str) -> str:
+def output_tail(output: str, program: str = "pip") -> str:
+    """The last ``PIP_TAIL_LINES`` non-blank lines of what *program* printed."""
     lines = [line for line in output.splitlines() if line.strip()]
-    return "\n".join(lines[-PIP_TAIL_LINES:]) or "(pip printed nothing)"
+    return "\n".join(lines[-PIP_TAIL_LINES:]) or f"({program} printed nothing)"
 
 
 def install(peer: Peer, venv_dir: Path, log: Callable[[str], None] = lambda _: None) -> Path:
@@ -211,14 +222,14 @@ def install(peer: Peer, venv_dir: Path, log: Callable[[str], None] = lambda _: N
         )
         raise PeerInstallError(
             f"installing peer {peer.name} into {venv_dir}: pip took more than "
-            f"{INSTALL_TIMEOUT:.0f} s\n{_tail(output)}"
+            f"{INSTALL_TIMEOUT:.0f} s\n{output_tail(output)}"
         ) from None
     if done.returncode != 0:
         raise PeerInstallError(
             f"installing peer {peer.name} ({peer.requirement}) into {venv_dir} failed "
-            f"(pip exit status {done.returncode}):\n{_tail(done.stdout + done.stderr)}"
+            f"(pip exit status {done.returncode}):\n{output_tail(done.stdout + done.stderr)}"
         )
-    link = _site_packages(venv_dir) / "ezflow"
+    link = site_packages(venv_dir) / "ezflow"
     link.symlink_to(stamp["ezflow"], target_is_directory=True)
     (venv_dir / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
     return venv_dir
