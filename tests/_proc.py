@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import ezflow
 
 SCRIPT = str(Path(__file__).with_name("_children.py"))
 
@@ -78,3 +84,52 @@ class Child:
         if self.process.stdin is not None:
             self.process.stdin.close()
         await self.process.wait()
+
+
+def ezflow_cli(
+    *args: str,
+    timeout: float = 30,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ezflow ARGS`` as a real process (*env*: its whole environment)."""
+    return subprocess.run(
+        [sys.executable, "-m", "ezflow", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        check=False,
+    )
+
+
+PIPELINE = str(Path(ezflow.__file__).parent / "_perf" / "_pipeline.py")
+
+
+@contextlib.contextmanager
+def held_pipeline(folder: Path, *args: str, timeout: float = 60) -> Iterator[dict[str, Any]]:
+    """Run ``ezflow/_perf/_pipeline.py ARGS --hold`` (its graph stays up) and yield its
+    result once written (within *timeout* s); at the end close its stdin, which ends
+    it, and check that it exited 0. Killed if anything fails."""
+    result = folder / "result.json"
+    process = subprocess.Popen(
+        [sys.executable, PIPELINE, *args, "--hold", "-o", str(result)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while not result.exists():
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, f"the pipeline gave no result in {timeout} s"
+            time.sleep(0.05)
+        yield json.loads(result.read_text())
+        _, stderr = process.communicate("", timeout=30)  # stdin closes: it ends
+        assert process.returncode == 0, stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -14,6 +14,7 @@ import pytest
 import ezflow
 from ezflow._core._config import ENV_WATCH_RINGS
 from ezflow._core._exceptions import EzflowError
+from ezflow._core._tracing import TRACING
 from ezflow._transports._ezring import PREFIX as RING_PREFIX
 from ezflow._transports._ezring import read_ring_header
 
@@ -121,3 +122,20 @@ async def server() -> AsyncIterator[ezflow.GraphServer]:
 async def ctx(server: ezflow.GraphServer) -> AsyncIterator[ezflow.GraphContext]:
     async with ezflow.GraphContext(server.address, auto_start=False) as context:
         yield context
+
+
+@pytest.fixture
+def tracing_off() -> Iterator[None]:
+    """The test starts and ends with this process tracing nothing (for the tests of
+    tracing: ``pytestmark = pytest.mark.usefixtures("tracing_off")``)."""
+
+    def reset() -> None:
+        ezflow.set_trace_rate(0)
+        TRACING.graph_rate = None
+        TRACING.update()
+        TRACING.active = False
+        TRACING.hops.clear()
+
+    reset()
+    yield
+    reset()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _proc import ezflow_cli
 from _prometheus import http_get, parse_exposition
 from rich.console import Console
 from typer.testing import CliRunner
@@ -34,19 +35,6 @@ EDGES = {
     ("TICKER/RELAY/OUTPUT", "TICKER/SINK/INPUT"),
 }
 COMMANDS = ["serve", "shutdown", "run", "graph", "topics", "echo", "hz", "top", "trace", "otel"]
-
-
-def ezflow_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 30
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ezflow", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
 
 
 def invoke(*args: str, env: dict[str, str] | None = None) -> Any:

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import gzip
 import itertools
-import json
 import logging
 import os
 import signal
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 import typer
+from _proc import held_pipeline
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -43,28 +43,14 @@ import ezflow
 from ezflow import otel
 from ezflow._cli import _otel as cli_otel
 from ezflow._core._config import TRACE_SERVER_KEEP
-from ezflow._core._tracing import HOP_FIELDS, STAGES, TRACING
+from ezflow._core._tracing import HOP_FIELDS, STAGES
 from ezflow._graph._traces import stages_of
 
 PACKAGE = Path(ezflow.__file__).parent
-PIPELINE = str(PACKAGE / "_perf" / "_pipeline.py")
 WALL = 1_700_000_000_000_000_000  # a wall_offset: monotonic 0 is this epoch time
 
 
-@pytest.fixture(autouse=True)
-def tracing_off() -> Iterator[None]:
-    """Every test starts and ends with this process tracing nothing."""
-
-    def reset() -> None:
-        ezflow.set_trace_rate(0)
-        TRACING.graph_rate = None
-        TRACING.update()
-        TRACING.active = False
-        TRACING.hops.clear()
-
-    reset()
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("tracing_off")
 
 
 def _hop(**fields: Any) -> dict[str, Any]:
@@ -160,27 +146,11 @@ def test_hops_become_linked_spans_with_a_child_per_known_stage() -> None:
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The pipeline's result (its hops under "traces"), while its graph keeps running."""
-    output = tmp_path_factory.mktemp("otel") / "pipeline.json"
-    process = subprocess.Popen(
-        [sys.executable, PIPELINE, "--hops", "3", "--frame", "1000B", "--count", "10",
-         "--period", "0.01", "-o", str(output), "--hold"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while not output.exists():
-            assert process.poll() is None, f"the pipeline exited with {process.returncode}"
-            assert time.monotonic() < deadline, "the pipeline wrote no result in 30 s"
-            time.sleep(0.05)
-        yield json.loads(output.read_text())
-        process.communicate(timeout=30)  # stdin closes: it ends
-        assert process.returncode == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    with held_pipeline(
+        tmp_path_factory.mktemp("otel"),
+        *("--hops", "3", "--frame", "1000B", "--count", "10", "--period", "0.01"),
+    ) as result:
+        yield result
 
 
 def _check_pipeline_traces(hop_spans: list[Any], stage_parents: dict[int, list[Any]]) -> None:

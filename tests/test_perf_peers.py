@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _proc import ezflow_cli
 from rich.console import Console
 
 from ezflow._perf import _runner
@@ -32,14 +33,8 @@ CRASH_PEER = Path(__file__).with_name("_crashpeer.py")
 VENV_TIMEOUT = 240
 
 
-def ezflow_cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ezflow", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+#: Seconds a `perf peers` command may take here.
+PEERS_TIMEOUT = 150
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +77,9 @@ def test_a_missing_or_outdated_venv_says_to_pass_install(tmp_path: Path) -> None
     assert not _install.is_current(_install.PEERS["pyzmq"], stale)
     with pytest.raises(_install.PeerSetupError, match=r"peer pyzmq is outdated .* --install"):
         _install.ensure(["pyzmq"], install_missing=False, cache=tmp_path)
-    failed = ezflow_cli("perf", "peers", "--peers", "pyzmq", "--cache-dir", str(tmp_path))
+    failed = ezflow_cli(
+        "perf", "peers", "--peers", "pyzmq", "--cache-dir", str(tmp_path), timeout=PEERS_TIMEOUT
+    )
     assert failed.returncode == 2
     assert "pass --install" in failed.stderr
     assert "Traceback" not in failed.stderr
@@ -105,7 +102,7 @@ def test_pyzmq_runs_next_to_ezflow_over_shm_and_tcp(cache: Path, tmp_path: Path)
     output = tmp_path / "peers.json"
     run = ezflow_cli(
         "perf", "peers", "--peers", "pyzmq", "--quick", "--size", "64B",
-        "--cache-dir", str(cache), "-o", str(output),
+        "--cache-dir", str(cache), "-o", str(output), timeout=PEERS_TIMEOUT,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     document = json.loads(output.read_text())
@@ -135,7 +132,7 @@ def test_pyzmq_runs_next_to_ezflow_over_shm_and_tcp(cache: Path, tmp_path: Path)
         assert row.floor is not None
         assert row.floor > 0
     # The same table again from the file, as markdown.
-    again = ezflow_cli("perf", "peers", "--from", str(output), "--markdown")
+    again = ezflow_cli("perf", "peers", "--from", str(output), "--markdown", timeout=PEERS_TIMEOUT)
     assert again.returncode == 0, again.stderr
     assert again.stdout == _command.markdown(document)
     assert again.stdout.startswith("| metric | size | transport | ezflow | pyzmq | ezflow/pyzmq |")

@@ -13,12 +13,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from _proc import ezflow_cli, held_pipeline
 from conftest import loop_kind
 from rich.console import Console
 
@@ -36,23 +36,7 @@ from ezflow._core._tracing import (
 )
 from ezflow._graph._traces import end_to_end, paths_of, stages_of, summarize
 
-PIPELINE = str(Path(ezflow.__file__).parent / "_perf" / "_pipeline.py")
-
-
-@pytest.fixture(autouse=True)
-def tracing_off() -> Iterator[None]:
-    """Every test starts and ends with this process tracing nothing."""
-
-    def reset() -> None:
-        ezflow.set_trace_rate(0)
-        TRACING.graph_rate = None
-        TRACING.update()
-        TRACING.active = False
-        TRACING.hops.clear()
-
-    reset()
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("tracing_off")
 
 
 # -- the wire and the settings ---------------------------------------------------------------
@@ -307,44 +291,16 @@ async def test_a_context_that_closes_reports_its_last_hops(server: ezflow.GraphS
 # -- three processes, and `ezflow trace` -------------------------------------------------------
 
 
-def ezflow_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ezflow", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The 3-hop pipeline of ``ezflow perf waterfall``: this source+sink process and two
     relay processes, tracing 1 in 1, 2 MB frames every 20 ms; held alive for
     ``ezflow trace`` until the test module ends."""
-    result = tmp_path_factory.mktemp("pipeline") / "result.json"
-    process = subprocess.Popen(
-        [
-            *(sys.executable, PIPELINE, "--hops", "3", "--frame", "2000000B"),
-            *("--count", "30", "--period", "0.02", "--hold", "-o", str(result)),
-        ],
-        stdin=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not result.exists():
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, "the pipeline gave no result in 60 s"
-            time.sleep(0.1)
-        yield json.loads(result.read_text())
-        _, stderr = process.communicate("", timeout=30)  # stdin closes: it ends
-        assert process.returncode == 0, stderr
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    with held_pipeline(
+        tmp_path_factory.mktemp("pipeline"),
+        *("--hops", "3", "--frame", "2000000B", "--count", "30", "--period", "0.02"),
+    ) as result:
+        yield result
 
 
 def test_a_three_process_pipeline_records_every_stage_of_every_message(

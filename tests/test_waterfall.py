@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _proc import ezflow_cli
 from rich.console import Console
 
 import ezflow
@@ -50,21 +50,16 @@ def test_waterfall_of_head_1_and_head_runs_and_renders(clone: Path, tmp_path: Pa
     cache = tmp_path / "cache"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["COLUMNS"] = "160"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "ezflow", "perf", "waterfall"),
-            *("--base", "HEAD~1", "--new", "HEAD", "--reuse-deps", "--cache", str(cache)),
-            *("--hops", "2", "--frame", "200000B", "--count", "8", "--period", "0.01"),
-            # (the p2p scenario is `ezflow perf run -s p2p` of each ref, tested in
-            # test_cli_perf.py; its 8 s per ref would double this test)
-            *("--no-p2p", "--html", str(html), "-o", str(output)),
-        ],
+    done = ezflow_cli(
+        *("perf", "waterfall", "--base", "HEAD~1", "--new", "HEAD", "--reuse-deps"),
+        *("--cache", str(cache), "--hops", "2", "--frame", "200000B"),
+        *("--count", "8", "--period", "0.01"),
+        # (the p2p scenario is `ezflow perf run -s p2p` of each ref, tested in
+        # test_cli_perf.py; its 8 s per ref would double this test)
+        *("--no-p2p", "--html", str(html), "-o", str(output)),
         cwd=clone,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=240,
-        check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
@@ -118,23 +113,9 @@ def test_the_p2p_cells_are_medians_over_rounds_with_gains() -> None:
 
 
 def test_waterfall_errors_are_one_line(tmp_path: Path, clone: Path) -> None:
-    outside = subprocess.run(
-        [sys.executable, "-m", "ezflow", "perf", "waterfall", "--base", "HEAD"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    outside = ezflow_cli("perf", "waterfall", "--base", "HEAD", cwd=tmp_path, timeout=60)
     assert outside.returncode == 1
     assert "is not in a git checkout of ezflow" in outside.stderr
-    unknown = subprocess.run(
-        [sys.executable, "-m", "ezflow", "perf", "waterfall", "--base", "no-such-ref"],
-        cwd=clone,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    unknown = ezflow_cli("perf", "waterfall", "--base", "no-such-ref", cwd=clone, timeout=60)
     assert unknown.returncode == 1
     assert "'no-such-ref' is not a commit of" in unknown.stderr
