@@ -27,14 +27,13 @@ from ezflow import ConfigurationError, ProtocolError
 from ezflow._core._config import ENV_TRACE, TRACE_SERVER_KEEP
 from ezflow._core._tracing import (
     CLOCK_ID,
-    HOP_FIELDS,
     STAGES,
     TRACING,
     WireTrace,
     check_rows,
     hop_stages,
 )
-from ezflow._graph._traces import end_to_end, paths_of, stages_of, summarize
+from ezflow._graph._traces import REPORTED_FIELDS, end_to_end, paths_of, stages_of, summarize
 
 pytestmark = pytest.mark.usefixtures("tracing_off")
 
@@ -194,7 +193,7 @@ async def test_a_relay_chain_records_linked_hops_and_delivers_the_same_messages(
 async def _server_hops(server: ezflow.GraphServer, count: int) -> list[dict[str, Any]]:
     """The hops the graph server keeps, once it has *count* (the last ones come with the
     report of a closing context, which it reads on this loop)."""
-    fields = [*HOP_FIELDS, "process", "wall_offset"]
+    fields = REPORTED_FIELDS
     for _ in range(200):
         if len(server.trace_hops) >= count:
             break

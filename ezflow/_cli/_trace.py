@@ -14,11 +14,16 @@ from rich.table import Table
 from rich.text import Text
 
 from .._core._config import format_address
-from .._core._exceptions import ProtocolError
 from .._core._telemetry import format_ns
 from .._core._tracing import STAGES, check_trace_rate
 from .._graph._client import GraphClient
-from .._graph._traces import STAGE_STYLES, PathSummary, stage_bar, summarize
+from .._graph._traces import (
+    STAGE_STYLES,
+    PathSummary,
+    hops_from_reply,
+    stage_bar,
+    summarize,
+)
 from ._connection import AddressOption, console, errors, fail, graph_client, resolve_address
 from ._connection import run_async as run_command
 
@@ -29,11 +34,7 @@ _BAR_WIDTH = 40
 
 async def fetch_hops(client: GraphClient) -> list[dict[str, Any]]:
     """Every trace hop the graph server keeps, as dicts (oldest first)."""
-    reply = await client.request("traces")
-    fields, hops = reply.get("fields"), reply.get("hops")
-    if not isinstance(fields, list) or not isinstance(hops, list):
-        raise ProtocolError("the graph server sent a malformed traces reply")
-    return [dict(zip(fields, row, strict=True)) for row in hops]
+    return hops_from_reply(await client.request("traces"))
 
 
 def _us(ns: int | None) -> str:

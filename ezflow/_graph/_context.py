@@ -69,6 +69,7 @@ from .._core._exceptions import (
     ConfigurationError,
     EzflowError,
     GraphError,
+    ProtocolError,
 )
 from .._core._outlet import Outlet
 from .._core._protocol import check_topic
@@ -84,6 +85,7 @@ from ._reporter import TelemetryReporter
 from ._routing import ChannelInfo, ChannelRecord, Router
 from ._server import EmbeddedGraphServer, GraphServer
 from ._subscriber import Subscriber
+from ._traces import hops_from_reply
 
 __all__ = ["GraphContext"]
 
@@ -640,10 +642,10 @@ class GraphContext:
         ``parent_id``, ``topic``, ``subscriber``, stage times in ``CLOCK_MONOTONIC`` ns,
         ``process`` and ``wall_offset``). Raises as :meth:`graph_telemetry`."""
         reply = await self._request("traces")
-        fields, hops = reply.get("fields"), reply.get("hops")
-        if not isinstance(fields, list) or not isinstance(hops, list):
-            raise BrokenResourceError("the graph server sent a malformed traces reply")
-        return [dict(zip(fields, row, strict=True)) for row in hops]
+        try:
+            return hops_from_reply(reply)
+        except ProtocolError as exc:
+            raise BrokenResourceError(str(exc)) from exc
 
     def _shm_in_use(self, outlet: Outlet) -> int:
         """Shared-memory blocks of *outlet* leased or being written (0 without shm)."""

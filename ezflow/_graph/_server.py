@@ -82,11 +82,12 @@ from .._core._protocol import (
     field as message_field,
 )
 from .._core._telemetry import HistogramSnapshot, ProcessSnapshot, PublisherSnapshot
-from .._core._tracing import HOP_FIELDS, check_rows, check_trace_rate
+from .._core._tracing import check_rows, check_trace_rate
 from .._transports._shm import SegmentSweeper
 from ._client import host_id
 from ._metrics import MetricsServer
 from ._rings import LiveRing, scan_rings
+from ._traces import REPORTED_FIELDS
 
 __all__ = ["EmbeddedGraphServer", "GraphServer"]
 
@@ -481,7 +482,7 @@ class GraphServer:
             }
         if op == "traces":
             return {
-                "fields": [*HOP_FIELDS, "process", "wall_offset"],
+                "fields": list(REPORTED_FIELDS),
                 "hops": list(self.trace_hops),
             }
         if op == "trace_rate":

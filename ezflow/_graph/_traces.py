@@ -20,17 +20,20 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from rich.text import Text
 
+from .._core._exceptions import ProtocolError
 from .._core._tracing import HOP_FIELDS, STAGES, hop_stages
 
 __all__ = [
+    "REPORTED_FIELDS",
     "STAGE_STYLES",
     "HopSummary",
     "PathSummary",
     "Quantiles",
+    "hops_from_reply",
     "paths_of",
     "quantiles",
     "stage_bar",
@@ -38,6 +41,23 @@ __all__ = [
 ]
 
 Hop = Mapping[str, Any]
+
+#: The fields of a hop as the graph server gives it (``traces``): the hop's own, then
+#: the name of the process that reported it and that process's ``time_ns() -
+#: monotonic_ns()``.
+REPORTED_FIELDS: Final = (*HOP_FIELDS, "process", "wall_offset")
+
+
+def hops_from_reply(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The hops of a ``traces`` reply as dicts (oldest first); :class:`ProtocolError`
+    when it is not one."""
+    fields, rows = reply.get("fields"), reply.get("hops")
+    if not isinstance(fields, list) or not isinstance(rows, list):
+        raise ProtocolError("the graph server sent a malformed traces reply")
+    if not all(isinstance(row, list) and len(row) == len(fields) for row in rows):
+        raise ProtocolError("the graph server sent a traces reply with malformed hops")
+    return [dict(zip(fields, row, strict=True)) for row in rows]
+
 
 #: One colour per stage (rich and CSS names alike), in waterfall bars and legends.
 STAGE_STYLES = {
