@@ -17,6 +17,7 @@
  *     ezr_config cfg = ezr_config_default("cam0");    // ring /dev/shm/ezflow-ring-cam0
  *     cfg.slot_size = 1100000; cfg.slot_count = 16;
  *     int rc = ezr_create(&w, &cfg);                   // 0 or -errno
+ *     ezr_wait_readers(w, 1, 5000);                    // optional: see below
  *     void *p = ezr_loan(w, nbytes);                   // NULL: every slot held -> dropped
  *     if (p) { fill(p); ezr_commit(w, nbytes, "|u1", 1, shape, 0); }
  *     ezr_close(w);                                    // CLOSED, wake, unlink, unmap
@@ -25,6 +26,16 @@
  * one non-blocking datagram per live reader). A crashed reader is reclaimed the next
  * time it holds a slot the writer needs (or its wake-up address is gone). Errors are
  * negative errno values. One writer per ring; a writer object is not thread-safe.
+ *
+ * Frames committed while no reader is registered are read by nobody: a reader receives
+ * the frames committed after it registered. A producer that must not lose its first
+ * frames calls ezr_wait_readers(w, n, timeout_ms) before publishing (the graph server
+ * registers a ring within EZRING_WATCH_INTERVAL, 0.5 s, and its subscribers' readers
+ * register as they open their channels).
+ *
+ * The ring lives in the directory named by the environment variable EZFLOW_SHM_DIR (an
+ * absolute path), /dev/shm when it is unset or empty: the same directory as the ezflow
+ * processes that read it.
  */
 #ifndef EZFLOW_RING_H
 #define EZFLOW_RING_H
@@ -54,7 +65,8 @@ extern "C" {
 #define EZR_FLAG_CLOSED 1ull
 
 typedef struct ezr_config {
-    const char *name;     /* [A-Za-z0-9_-]{1,64}: the ring is /dev/shm/ezflow-ring-<name> */
+    const char *name;     /* [A-Za-z0-9_-]{1,64}: the ring is $EZFLOW_SHM_DIR/ezflow-ring-<name>
+                             (/dev/shm/ezflow-ring-<name> by default) */
     const char *topic;    /* ezflow topic (UTF-8, < 128 bytes), "" if none */
     uint32_t slot_count;  /* >= 2 */
     uint64_t slot_size;   /* payload bytes per slot, >= 1 */
@@ -79,6 +91,7 @@ int ezr_commit(ezr_writer *w, uint64_t nbytes, const char *typestr, uint32_t ndi
 int ezr_commit_meta(ezr_writer *w, uint64_t nbytes, const char *typestr, uint32_t ndim,
                     const uint64_t *shape, uint64_t t_ns, const void *meta, uint32_t meta_len);
 ezr_stats ezr_get_stats(ezr_writer *w);
+int ezr_wait_readers(ezr_writer *w, uint32_t readers, uint32_t timeout_ms);
 const char *ezr_path(const ezr_writer *w);
 int ezr_close(ezr_writer *w);
 uint64_t ezr_now_ns(void);
@@ -162,7 +175,7 @@ struct ezr_writer {
     uint64_t slot_size, slot_stride, reader_table, slot_table;
     uint64_t loaned_seq; /* seq of the outstanding loan, 0 if none */
     uint64_t published, dropped, reclaimed;
-    char path[96];
+    char path[512];
 };
 
 /* Atomics through the GCC/Clang __atomic builtins (what <stdatomic.h> maps to), so the
@@ -244,15 +257,27 @@ static int ezr__valid_name(const char *name) {
     return 1;
 }
 
-/* An existing ring whose writer is gone (no OFD lock on byte 0) is stale: remove it. */
+/* An existing ring whose writer is gone (no OFD lock on byte 0) is stale: remove it.
+ * Only a regular file of our own user is considered (opened read-only, never following a
+ * symbolic link, never blocking on a FIFO); anything else under the name is -EEXIST. */
 static int ezr__remove_if_stale(const char *path) {
-    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return -errno;
-    int locked = ezr__locked(fd, 0);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? 0 : -EEXIST;
+    struct stat st;
     int rc = -EEXIST;
-    if (locked == 0 && unlink(path) == 0) rc = 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+        ezr__locked(fd, 0) == 0 && unlink(path) == 0)
+        rc = 0;
     close(fd);
     return rc;
+}
+
+/* The shm directory: $EZFLOW_SHM_DIR if set and not empty (an absolute path), else
+ * /dev/shm. NULL for a relative path. */
+static const char *ezr__shm_dir(void) {
+    const char *dir = getenv("EZFLOW_SHM_DIR");
+    if (!dir || !*dir) return "/dev/shm";
+    return dir[0] == '/' ? dir : NULL;
 }
 
 int ezr_create(ezr_writer **out, const ezr_config *cfg) {
@@ -268,7 +293,12 @@ int ezr_create(ezr_writer **out, const ezr_config *cfg) {
     ezr_writer *w = (ezr_writer *)calloc(1, sizeof *w);
     if (!w) return -ENOMEM;
     w->fd = w->sock = -1;
-    snprintf(w->path, sizeof w->path, "/dev/shm/ezflow-ring-%s", cfg->name);
+    const char *dir = ezr__shm_dir();
+    int len = dir ? snprintf(w->path, sizeof w->path, "%s/ezflow-ring-%s", dir, cfg->name) : -1;
+    if (len < 0 || (size_t)len >= sizeof w->path) {
+        free(w);
+        return dir ? -ENAMETOOLONG : -EINVAL;
+    }
     w->slot_count = cfg->slot_count;
     w->max_readers = cfg->max_readers;
     w->slot_size = cfg->slot_size;
@@ -482,6 +512,17 @@ ezr_stats ezr_get_stats(ezr_writer *w) {
         if ((uint32_t)word == EZR_STATE_ACTIVE) st.readers_live++;
     }
     return st;
+}
+
+int ezr_wait_readers(ezr_writer *w, uint32_t readers, uint32_t timeout_ms) {
+    if (!w) return -EINVAL;
+    uint64_t deadline = ezr_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        if (ezr_get_stats(w).readers_live >= readers) return 0;
+        if (ezr_now_ns() >= deadline) return -ETIMEDOUT;
+        struct timespec ts = {0, 1000000}; /* 1 ms */
+        if (nanosleep(&ts, NULL) != 0 && errno == EINTR) return -EINTR; /* a signal handler ran */
+    }
 }
 
 const char *ezr_path(const ezr_writer *w) { return w ? w->path : NULL; }

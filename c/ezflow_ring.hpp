@@ -63,6 +63,11 @@ public:
     }
 
     ezr_stats stats() const noexcept { return ezr_get_stats(w_); }
+    // Wait up to timeout_ms for `readers` registered readers: 0, -ETIMEDOUT, or -EINTR
+    // when a signal handler ran (frames committed before any reader are read by nobody).
+    int wait_readers(uint32_t readers, uint32_t timeout_ms) noexcept {
+        return ezr_wait_readers(w_, readers, timeout_ms);
+    }
     std::string path() const { return w_ ? std::string(ezr_path(w_)) : std::string(); }
 
     // Close now (CLOSED, wake readers, unlink); the destructor does it otherwise.

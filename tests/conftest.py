@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
 import signal
+import socket
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
@@ -12,11 +16,93 @@ from typing import Any
 import pytest
 
 import ezflow
-from ezflow._core._config import ENV_WATCH_RINGS
+from ezflow._core._config import ENV_SHM_DIR, ENV_WATCH_RINGS
 from ezflow._core._exceptions import EzflowError
 from ezflow._core._tracing import TRACING
 from ezflow._transports._ezring import PREFIX as RING_PREFIX
 from ezflow._transports._ezring import read_ring_header
+
+# -- a private, hostile shm directory ---------------------------------------------------
+#
+# Every test process (each xdist worker, or the one process with -n 0) points ezflow at a
+# private directory on the /dev/shm tmpfs (EZFLOW_SHM_DIR, inherited by every child: unit
+# processes, `ezflow` commands, the C writers), so the suite's segments and rings never
+# mix with other users' or other runs', and so the leak checks below see only ours. The
+# directory holds, for the whole run, what a hostile neighbour leaves in /dev/shm under
+# ezflow's names - a FIFO, a directory, a symbolic link and a socket, each named like a
+# segment (of a dead owner: the sweeper looks at it) and like a ring - so every test runs
+# next to them and code that trips on one is caught. Its name does not start with
+# "ezflow" (other runs' leak checks list /dev/shm).
+SHM_PARENT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+SHM_PREFIX = "pytest-ezflow-shm."
+
+
+def _remove_orphaned_shm_dirs() -> None:
+    """Private directories of earlier runs whose process has died (killed workers)."""
+    for entry in os.listdir(SHM_PARENT):
+        if not entry.startswith(SHM_PREFIX):
+            continue
+        try:
+            pid = int(entry[len(SHM_PREFIX) :].split(".")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(SHM_PARENT, entry), ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
+
+
+def _make_hostile(directory: str) -> dict[str, str]:
+    """Put a FIFO, a directory, a symbolic link and a socket under segment and ring names
+    into *directory*; return their names and kinds."""
+    made: dict[str, str] = {}
+    # pid 1 runs, but not with start time 0: to the sweeper these segments' owner is dead.
+    for index, (kind, suffix) in enumerate(
+        [("fifo", "fifo"), ("dir", "directory"), ("link", "symlink"), ("sock", "socket")]
+    ):
+        for name in (f"ezflow-1-0-{index:016x}-{suffix}", f"ezflow-ring-hostile-{suffix}"):
+            path = os.path.join(directory, name)
+            if kind == "fifo":
+                os.mkfifo(path, 0o666)
+            elif kind == "dir":
+                os.mkdir(path, 0o777)
+            elif kind == "link":
+                os.symlink("/etc/passwd", path)
+            else:
+                with socket.socket(socket.AF_UNIX) as listener:
+                    listener.bind(path)
+            made[name] = kind
+    if os.geteuid() == 0:
+        # Another user's regular files under the same names (only root can make them
+        # here): never opened for writing, never removed.
+        for name in ("ezflow-1-0-00000000000000ff-others", "ezflow-ring-hostile-others"):
+            path = os.path.join(directory, name)
+            with open(path, "wb") as f:
+                f.write(bytes(8192))
+            os.chown(path, 65534, 65534)
+            os.chmod(path, 0o666)
+            made[name] = "others"
+    return made
+
+
+_remove_orphaned_shm_dirs()
+SHM_DIR = tempfile.mkdtemp(prefix=f"{SHM_PREFIX}{os.getpid()}.", dir=SHM_PARENT)
+os.chmod(SHM_DIR, 0o1777)  # as /dev/shm itself: other users (tests) may create here
+os.environ[ENV_SHM_DIR] = SHM_DIR
+HOSTILE_ENTRIES = _make_hostile(SHM_DIR)
+atexit.register(shutil.rmtree, SHM_DIR, ignore_errors=True)
+
+
+def without_shm_notices(text: str) -> str:
+    """*text* (a process's stderr) without the lines its graph server logged about the
+    run's hostile shm entries (one each: tests/test_shmfiles.py checks those lines)."""
+    notice = f"ignoring {SHM_DIR}/"
+    return "".join(line for line in text.splitlines(keepends=True) if notice not in line)
+
+
+def shm_entries() -> set[str]:
+    """The names in the run's shm directory now, but for the hostile entries."""
+    return set(os.listdir(SHM_DIR)) - HOSTILE_ENTRIES.keys()
+
 
 # Graph servers of the tests (embedded, `ezflow serve` children) do not register rings
 # by themselves: every live ring of this user - another test's, in a parallel worker -
@@ -44,10 +130,7 @@ def loop_kind() -> str:
 
 
 def _ezflow_segments() -> set[str]:
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith("ezflow")}
-    except FileNotFoundError:  # pragma: no cover - no /dev/shm on this OS
-        return set()
+    return {name for name in shm_entries() if name.startswith("ezflow")}
 
 
 def _ours_or_orphaned(name: str) -> bool:
@@ -59,7 +142,7 @@ def _ours_or_orphaned(name: str) -> bool:
         try:
             pid = read_ring_header(name[len(RING_PREFIX) :]).writer_pid
         except EzflowError:
-            return not os.path.exists(f"/dev/shm/{name}")  # closed meanwhile: not a leak
+            return not os.path.exists(os.path.join(SHM_DIR, name))  # closed: not a leak
     else:
         try:
             pid = int(name.split("-")[1])
@@ -108,6 +191,9 @@ def no_leaks() -> Iterator[None]:
         os.kill(pid, signal.SIGKILL)
     assert not stray, f"test left child processes running: {sorted(stray)}"
     assert not leaked, f"test left shared-memory segments: {sorted(leaked)}"
+    # Nothing of the hostile neighbour's was removed (or replaced).
+    missing = {name for name in HOSTILE_ENTRIES if not os.path.lexists(os.path.join(SHM_DIR, name))}
+    assert not missing, f"test removed entries that are not ezflow's: {sorted(missing)}"
 
 
 @pytest.fixture

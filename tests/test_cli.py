@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from _proc import ezflow_cli
 from _prometheus import http_get, parse_exposition
+from conftest import without_shm_notices
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -183,7 +184,7 @@ def test_serve_stops_cleanly_on_ctrl_c() -> None:
         serve.send_signal(signal.SIGINT)
         out, err = serve.communicate(timeout=10)
         assert serve.returncode == 0, err
-        assert out == "graph server stopped\n" and err == ""
+        assert out == "graph server stopped\n" and without_shm_notices(err) == ""
     finally:
         if serve.poll() is None:
             serve.kill()
@@ -416,10 +417,11 @@ def test_run_exit_codes(target: str, code: int, message: str | None) -> None:
     # --quiet: no start line (tests/test_cli_run.py checks it), so stderr is the error.
     result = ezflow_cli("run", f"{GRAPHS}:{target}", "--address", "127.0.0.1:0", "--quiet")
     assert result.returncode == code, result.stderr
+    stderr = without_shm_notices(result.stderr)
     if message is None:
-        assert result.stderr == ""
+        assert stderr == ""
     else:
-        assert result.stderr.startswith("error: ")
+        assert stderr.startswith("error: ")
         assert message in result.stderr
 
 

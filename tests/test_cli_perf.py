@@ -19,6 +19,7 @@ import pytest
 from rich.console import Console
 
 from ezflow._perf import _compare, _report, _runner, _schema, _tables
+from ezflow._transports._shmfiles import shm_dir
 
 PEER = f"{sys.executable} {Path(__file__).with_name('_perfpeer.py')}"
 #: The tiny configuration: 6 cells (one of them not applicable), ezflow and a peer;
@@ -56,7 +57,7 @@ def _run_without_leaks(
 ) -> subprocess.CompletedProcess[str]:
     before = _shm_segments()
     result = ezflow_cli("perf", "run", *args, "-o", str(path), env=env)
-    # The autouse leak check cannot see a module fixture: check /dev/shm here, for
+    # The autouse leak check cannot see a module fixture: check the shm directory here, for
     # segments of processes that are gone (others may belong to tests running alongside).
     deadline = time.monotonic() + 5
     while (leaked := _orphaned(_shm_segments() - before)) and time.monotonic() < deadline:
@@ -87,10 +88,7 @@ def p2p_run(
 
 
 def _shm_segments() -> set[str]:
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith("ezflow-")}
-    except FileNotFoundError:  # pragma: no cover - no /dev/shm on this OS
-        return set()
+    return {name for name in os.listdir(shm_dir()) if name.startswith("ezflow-")}
 
 
 def _orphaned(names: set[str]) -> set[str]:

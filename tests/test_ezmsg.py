@@ -25,6 +25,7 @@ from _ezmsg_graphs import (
     Sink,
     Source,
 )
+from conftest import without_shm_notices
 from ezmsg.util.messages.axisarray import AxisArray, CoordinateAxis
 
 import ezflow
@@ -234,7 +235,10 @@ def run_variants(name: str, tmp_path: Path) -> dict[str, list[str]]:
         assert procs[variant].returncode == 0, f"{variant}: {err}"
     # ezmsg 3.10 logs INFO on stdout (as compat's logger does), 3.9 everything on stderr:
     # read both, so the comparison holds for each.
-    return {variant: user_lines(out + err, source) for variant, (out, err) in ended.items()}
+    return {
+        variant: user_lines(out + without_shm_notices(err), source)
+        for variant, (out, err) in ended.items()
+    }
 
 
 def test_intro_example_prints_what_ezmsg_prints(tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ import ezflow
 from ezflow import BrokenResourceError, ProtocolError, RingReader, RingWriter
 from ezflow._core._config import EZRING_WATCH_INTERVAL
 from ezflow._transports._ezring import ring_path
-from ezflow._transports._segment import sweep_stale_segments
+from ezflow._transports._shm import sweep_shm_dir
+from ezflow._transports._shmfiles import shm_dir
 
 C_DIR = Path(__file__).resolve().parent.parent / "c"
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -90,7 +91,7 @@ async def start_c(camera_writer: Path) -> AsyncIterator[object]:
         if process.returncode is None:
             process.kill()
             await process.wait()
-    sweep_stale_segments()
+    sweep_shm_dir()
 
 
 def frame_number(array: np.ndarray) -> int:
@@ -168,7 +169,7 @@ async def test_kept_view_holds_its_slot_and_never_changes() -> None:
             assert writer.publish(np.full(8, 4, "<u8"))
             frame = await reader.receive()
             assert frame.seq == 5 and frame.array.tolist() == [4] * 8
-            assert "ezflow-ring-" + name not in sweep_stale_segments()  # its writer lives
+            assert "ezflow-ring-" + name not in sweep_shm_dir()  # its writer lives
 
 
 async def test_lapped_leaky_reader_detects_it_and_never_holds_the_writer() -> None:
@@ -209,9 +210,9 @@ async def test_writer_sigkill_ends_the_reader_with_an_error_and_is_swept(
         with pytest.raises(BrokenResourceError, match="died"):
             while True:
                 await asyncio.wait_for(reader.receive(), 5)
-    assert "ezflow-ring-" + name in os.listdir("/dev/shm")  # left by the dead writer
-    assert "ezflow-ring-" + name in sweep_stale_segments()
-    assert "ezflow-ring-" + name not in os.listdir("/dev/shm")
+    assert "ezflow-ring-" + name in os.listdir(shm_dir())  # left by the dead writer
+    assert "ezflow-ring-" + name in sweep_shm_dir()
+    assert "ezflow-ring-" + name not in os.listdir(shm_dir())
 
 
 READER_CHILD = """
@@ -612,3 +613,146 @@ async def top_rows(where: str, topic: str, published: int) -> list[dict[str, obj
             return rows
         assert asyncio.get_running_loop().time() < deadline, rows
         await asyncio.sleep(EZRING_WATCH_INTERVAL)
+
+
+# -- a ring-fed stream ends like every other ----------------------------------------------
+
+
+async def recv_until_end(subscriber: ezflow.Subscriber, timeout: float = 10.0) -> list[int]:
+    """Frame numbers received until EndOfStream (which must come within *timeout*)."""
+    numbers = []
+    with pytest.raises(ezflow.EndOfStream):
+        while True:
+            numbers.append(frame_number(await asyncio.wait_for(subscriber.recv(), timeout)))
+    return numbers
+
+
+async def kill_mid_stream(
+    subscriber: ezflow.Subscriber, writer: CWriter, caplog: pytest.LogCaptureFixture
+) -> float:
+    """Receive a few frames, SIGKILL the writer; seconds from the kill to EndOfStream."""
+    for _ in range(5):
+        await asyncio.wait_for(subscriber.recv(), 10)
+    writer.process.kill()
+    await writer.process.wait()
+    killed = asyncio.get_running_loop().time()
+    numbers = await recv_until_end(subscriber)
+    ended = asyncio.get_running_loop().time() - killed
+    assert numbers == sorted(numbers)  # what was committed before the kill, in order
+    return ended
+
+
+@pytest.mark.parametrize("how", ["attach_ring", "watched"])
+async def test_sigkilled_c_writer_ends_its_subscribers_stream_and_its_file_goes(
+    how: str,
+    start_c: object,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    name = fresh_name()
+    topic = f"/ring/{name}"
+    async with (
+        ezflow.GraphServer(("127.0.0.1", 0), watch_rings=how == "watched") as server,
+        ezflow.GraphContext(server.address, auto_start=False) as ctx,
+    ):
+        sub = await ctx.subscriber(topic)
+        writer = await start_c(  # type: ignore[operator]
+            name,
+            "--topic",
+            topic,
+            "--frame-size",
+            64,
+            "--count",
+            10**9,
+            "--rate",
+            500,
+            "--wait-readers",
+            1,
+        )
+        if how == "attach_ring":
+            await ctx.attach_ring(name)
+        ended = await kill_mid_stream(sub, writer, caplog)
+        assert ended < 2.0, f"EndOfStream {ended:.2f} s after the kill"
+        assert (sub.stats.publishers_ended, sub.stats.publishers_broken) == (1, 1)
+        lines = [r.getMessage() for r in caplog.records if r.name == "ezflow.ezring"]
+        assert any(
+            f"ezring {name} feeding topic {topic!r} ended" in line and "died" in line
+            for line in lines
+        ), lines
+        # The dead writer's file: removed by the reader that saw it die (and by a
+        # watching server's next scan), not left for the next server start.
+        deadline = asyncio.get_running_loop().time() + 4 * EZRING_WATCH_INTERVAL + 2
+        while os.path.exists(ring_path(name)):  # noqa: ASYNC240 - a tmpfs stat
+            assert asyncio.get_running_loop().time() < deadline, "the dead ring stays"
+            await asyncio.sleep(0.05)
+
+
+async def test_closed_c_ring_ends_the_stream_cleanly_after_every_frame(
+    server: ezflow.GraphServer,
+    ctx: ezflow.GraphContext,
+    start_c: object,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", "ezflow.ezring")
+    name = fresh_name()
+    topic = f"/ring/{name}"
+    sub = await ctx.subscriber(topic)
+    writer = await start_c(  # type: ignore[operator]
+        name,
+        "--topic",
+        topic,
+        "--frame-size",
+        64,
+        "--count",
+        50,
+        "--rate",
+        1000,
+        "--slots",
+        64,
+        "--wait-readers",
+        1,
+    )
+    await ctx.attach_ring(name)
+    assert await recv_until_end(sub) == list(range(50))  # ezr_close() after the last
+    assert (sub.stats.publishers_ended, sub.stats.publishers_broken) == (1, 0)
+    assert (await writer.stats())["published"] == 50
+    assert any(
+        f"ezring {name} feeding topic {topic!r} ended after 50 frames: its writer closed it"
+        in r.getMessage()
+        for r in caplog.records
+    )
+    assert not os.path.exists(ring_path(name))  # noqa: ASYNC240 - a tmpfs stat
+
+
+async def test_a_watched_ring_whose_writer_restarts_is_a_new_publisher(
+    watching: ezflow.GraphServer, start_c: object
+) -> None:
+    name = fresh_name()
+    topic = f"/ring/{name}"
+    async with ezflow.GraphContext(watching.address, auto_start=False) as ctx:
+        ids = []
+        for _ in range(2):  # the same name, a writer after another
+            sub = await ctx.subscriber(topic)
+            writer = await start_c(  # type: ignore[operator]
+                name,
+                "--topic",
+                topic,
+                "--frame-size",
+                64,
+                "--count",
+                10,
+                "--rate",
+                200,
+                "--slots",
+                16,
+                "--wait-readers",
+                1,
+            )
+            deadline = asyncio.get_running_loop().time() + 5
+            while (listed := await wait_for_publishers(watching, topic, 1))[0]["id"] in ids:
+                assert asyncio.get_running_loop().time() < deadline, "not registered anew"
+                await asyncio.sleep(0.05)
+            ids.append(listed[0]["id"])
+            assert await recv_until_end(sub) == list(range(10))
+            await writer.stats()
+            await sub.aclose()
+        assert ids[0] != ids[1]

@@ -31,10 +31,11 @@ from ezflow import (
     MessageTooLargeError,
 )
 from ezflow._transports._ring import Block, Descriptor, RingReader, ShmRing
+from ezflow._transports._shmfiles import shm_dir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
-SHM = Path("/dev/shm")
+SHM = Path(shm_dir())  # the run's private shm directory (conftest)
 PAGE = mmap.PAGESIZE
 
 

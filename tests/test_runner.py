@@ -32,9 +32,10 @@ from _unit_graphs import (
 )
 
 import ezflow
+from ezflow._transports._shmfiles import shm_dir
 
 SCRIPT = str(Path(__file__).with_name("_unit_graphs.py"))
-HAVE_DEV_SHM = Path("/dev/shm").is_dir()
+HAVE_DEV_SHM = Path(shm_dir()).is_dir()
 
 
 # -- in the test process (both event loops), children spawned by the runner ------------
@@ -57,7 +58,7 @@ async def test_a_unit_publishes_loaned_frames_without_a_copy(server: ezflow.Grap
         # the very bytes the unit filled, in an out-of-line block of its ring
         where = shm_location(frame)
         pid = runner.processes["SOURCE"]
-        assert where is not None and where[0].startswith(f"/dev/shm/ezflow-{pid}-")
+        assert where is not None and where[0].startswith(f"{shm_dir()}/ezflow-{pid}-")
         assert where[0].endswith("-block")
 
 

@@ -24,16 +24,17 @@ import pytest
 from ezflow import BrokenResourceError, ClosedResourceError, ConfigurationError
 from ezflow._transports import _segment
 from ezflow._transports._segment import ShmSegment, shm_available, sweep_stale_segments
+from ezflow._transports._shmfiles import shm_dir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
-SHM = Path("/dev/shm")
+SHM = Path(shm_dir())  # the run's private shm directory (conftest)
 DEAD_PID = 9_999_999  # above the largest pid_max Linux allows (2**22)
 
 
 def mapped(name: str) -> bool:
     """Whether this process still has the segment *name* mapped."""
-    return f"/dev/shm/{name}" in Path("/proc/self/maps").read_text()
+    return f"{SHM}/{name}" in Path("/proc/self/maps").read_text()
 
 
 def own_start() -> int:
@@ -219,7 +220,7 @@ def test_segments_still_owned_at_exit_are_unlinked_but_not_by_forked_children() 
             assert not kept.owner
             raise SystemExit(0)
         os.wait()
-        assert os.path.exists("/dev/shm/" + kept.name)
+        assert os.path.exists(kept._path)
         print(kept.name)
         """
     )
@@ -294,7 +295,7 @@ def test_permission_errors_say_shared_memory_is_unavailable(
     real_open = os.open
 
     def denied(path: str, *args: int, **kwargs: int) -> int:
-        if str(path).startswith("/dev/shm/ezflow"):
+        if str(path).startswith(f"{SHM}/ezflow"):
             raise PermissionError(errno.EACCES, "Permission denied", path)
         return real_open(path, *args, **kwargs)
 
@@ -347,7 +348,7 @@ def test_a_taken_name_is_never_reused(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_shm_available(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert shm_available()
     shm_available.cache_clear()
-    monkeypatch.setattr(_segment, "_SHM_DIR", str(tmp_path / "missing"))
+    monkeypatch.setenv("EZFLOW_SHM_DIR", str(tmp_path / "missing"))
     try:
         assert not shm_available()
     finally:

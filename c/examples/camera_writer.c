@@ -77,9 +77,14 @@ int main(int argc, char **argv) {
     printf("ready %s\n", ezr_path(w));
     fflush(stdout);
 
-    uint64_t deadline = ezr_now_ns() + 10000000000ull;
-    while (!stop && ezr_get_stats(w).readers_live < wait_readers && ezr_now_ns() < deadline)
-        sleep_until(ezr_now_ns() + 1000000);
+    if (wait_readers) {
+        uint64_t deadline = ezr_now_ns() + 10000000000ull;
+        int waited = -EINTR;
+        while (!stop && waited == -EINTR && ezr_now_ns() < deadline)
+            waited = ezr_wait_readers(w, wait_readers, (uint32_t)((deadline - ezr_now_ns()) / 1000000));
+        if (waited < 0 && !stop)
+            fprintf(stderr, "fewer than %u readers after 10 s: publishing anyway\n", wait_readers);
+    }
 
     uint64_t period = rate > 0 ? (uint64_t)(1e9 / rate) : 0, next = ezr_now_ns();
     uint64_t shape[1] = {frame_size};

@@ -43,6 +43,7 @@ __all__ = [
     "ENV_GRAPH_ADDRESS",
     "ENV_HEARTBEAT_DEADLINE",
     "ENV_MAX_MESSAGE_SIZE",
+    "ENV_SHM_DIR",
     "ENV_TELEMETRY_INTERVAL",
     "ENV_TLS_CA",
     "ENV_TLS_CERT",
@@ -85,6 +86,7 @@ __all__ = [
     "REQUEST_TIMEOUT",
     "ROUTE_APPLY_TIMEOUT",
     "SHM_LOAN_ROOM",
+    "SHM_REFUSED_LOG_MAX",
     "SHUTDOWN_TIMEOUT",
     "START_TIMEOUT",
     "TCP_KEEPALIVE_PROBES",
@@ -114,6 +116,7 @@ __all__ = [
     "max_message_size_from_env",
     "parse_address",
     "parse_size",
+    "shm_dir_from_env",
     "telemetry_interval_from_env",
     "transport_from_env",
     "watch_rings_from_env",
@@ -239,6 +242,32 @@ DEFAULT_SHM_INLINE_LIMIT: Final = 64 * 1024
 #: a ``(phase, seq, t_ns, frame)`` tuple needs under 100 bytes, and the array's data
 #: then starts on a page boundary of an out-of-line block.
 SHM_LOAN_ROOM: Final = 4 * 1024
+
+
+#: The directory of every shared-memory file ezflow makes or opens (segments, ezring
+#: rings): ``/dev/shm`` unless set (an absolute path: a private tmpfs, a container
+#: mount). Every process of a graph on one host must use the same directory, the C
+#: writer of ``c/ezflow_ring.h`` included (it reads the same variable); a process that
+#: cannot open a peer's segment there uses tcp for that edge.
+ENV_SHM_DIR: Final = "EZFLOW_SHM_DIR"
+#: Foreign entries of the shm directory (FIFOs, directories, symbolic links, sockets,
+#: other users' files, files of an impossible size under an ezflow name) are refused and
+#: each logged once per process; at most this many are remembered (and logged), then
+#: one line says that further ones are not.
+SHM_REFUSED_LOG_MAX: Final = 256
+
+
+def shm_dir_from_env() -> str:
+    """``EZFLOW_SHM_DIR`` (an absolute path), else ``/dev/shm``; read at each call."""
+    text = os.environ.get(ENV_SHM_DIR, "")
+    if not text:
+        return "/dev/shm"
+    if not os.path.isabs(text):
+        raise ConfigurationError(
+            f"{ENV_SHM_DIR}={text!r} must be an absolute path to a directory (a tmpfs "
+            "such as /dev/shm, shared by every process of the graph on this host)"
+        )
+    return text
 
 
 #: ezring rings (docs/ezring.md): a reader with nothing to read re-checks the CLOSED flag

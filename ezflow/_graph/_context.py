@@ -60,6 +60,7 @@ from .._core._config import (
     graph_address_from_env,
     max_message_size_from_env,
     parse_address,
+    shm_dir_from_env,
     telemetry_interval_from_env,
     transport_from_env,
 )
@@ -146,6 +147,7 @@ class GraphContext:
         )
         self._env_transport = check_transport(transport_from_env(), setting="EZFLOW_TRANSPORT")
         trace_rate_from_env()  # (read at import; an unusable value is reported here)
+        shm_dir_from_env()  # (read where shared memory is used; a relative path is an error)
         self._codec = Codec(max_message_size=self._max_message_size)
         self._client: GraphClient | None = None
         # Connections made so far; callbacks of an older one are ignored.

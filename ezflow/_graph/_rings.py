@@ -10,7 +10,7 @@ import stat
 import struct
 from dataclasses import dataclass
 
-from .._core._exceptions import BrokenResourceError, ProtocolError
+from .._core._exceptions import BrokenResourceError, EzflowError, ProtocolError
 from .._transports._ezring import (
     FLAG_CLOSED,
     HEADER_SIZE,
@@ -21,12 +21,12 @@ from .._transports._ezring import (
     OFF_WRITE_SEQ,
     PREFIX,
     READER_ENTRY_SIZE,
-    SHM_DIR,
     STATE_ACTIVE,
     RingHeader,
     RingStats,
     _locked_elsewhere,
 )
+from .._transports._shmfiles import open_shm_file, refuse_entry, shm_dir
 
 __all__ = ["LiveRing", "scan_rings"]
 
@@ -41,25 +41,45 @@ class LiveRing:
     stats: RingStats
 
 
-def _live_ring(path: str, uid: int) -> LiveRing | None:
+def _live_ring(path: str, uid: int, report: bool) -> LiveRing | None:
     """The header and counters of the ring file *path* if it is a regular mode-0600 file of *uid*,
     an initialised ezring v1 ring, not closed, and its writer holds the liveness lock
-    (byte 0); ``None`` otherwise (including a file gone meanwhile)."""
+    (byte 0); ``None`` otherwise (including a file gone meanwhile, or one being created).
+
+    Only regular files of *uid* are opened (``_shmfiles.open_shm_file``: anything else
+    under a ring's name is logged once and skipped), and a ring file that fails
+    validation (a wrong magic or version, an impossible geometry, another mode than
+    0600) is logged once with its reason: it is never registered.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+        file = open_shm_file(path, min_size=0, uid=uid, report=report)
+    except (OSError, EzflowError):  # gone, refused (logged), unreadable
         return None
+    fd = file.fd
     try:
-        info = os.fstat(fd)
-        # Only our own user's rings: another user's producer must not inject into the graph.
-        if (
-            not stat.S_ISREG(info.st_mode)
-            or info.st_uid != uid
-            or stat.S_IMODE(info.st_mode) != 0o600
-        ):
-            return None
         head = os.pread(fd, HEADER_SIZE, 0)
-        header = RingHeader.parse(head, info.st_size)
+        if file.size == 0 or _WORD.unpack_from(head.ljust(8, b"\0"))[0] == 0:
+            return None  # its writer is creating it
+        try:
+            header = RingHeader.parse(head, file.size)
+        except ProtocolError as error:
+            info = os.fstat(fd)
+            refuse_entry(
+                path, f"it is not a usable ezring v1 ring: {error}", info.st_ino, report=report
+            )
+            return None
+        # Only our own user's rings: another user's producer must not inject into the graph.
+        if stat.S_IMODE(file.mode) != 0o600:
+            info = os.fstat(fd)
+            refuse_entry(
+                path,
+                f"its mode is {stat.S_IMODE(file.mode):o}, not 600: rings readable or "
+                "writable by others are not registered by themselves (attach it with "
+                "GraphContext.attach_ring if it is meant to be read)",
+                info.st_ino,
+                report=report,
+            )
+            return None
         if _WORD.unpack_from(head, OFF_FLAGS)[0] & FLAG_CLOSED:
             return None
         # The writer holds an OFD lock on byte 0 for as long as it lives.
@@ -78,20 +98,25 @@ def _live_ring(path: str, uid: int) -> LiveRing | None:
             _WORD.unpack_from(head, OFF_RECLAIMED)[0],
         )
         return LiveRing(header, stats)
-    except (OSError, ProtocolError, BrokenResourceError):
+    except (OSError, BrokenResourceError):
         return None
     finally:
         os.close(fd)
 
 
-def scan_rings(uid: int | None = None, directory: str = SHM_DIR) -> dict[str, LiveRing]:
-    """The live rings in *directory* owned by *uid* (default: this process's user), by
-    ring name, with their headers and counters. Never raises for a ring that cannot be read: it is
-    left out (a ring being created shows up at a later scan)."""
-    uid = os.getuid() if uid is None else uid
+def scan_rings(
+    uid: int | None = None, directory: str | None = None, *, report: bool = False
+) -> dict[str, LiveRing]:
+    """The live rings in *directory* (default: the shm directory) owned by *uid*
+    (default: this process's effective user), by ring name, with their headers and
+    counters. Never raises for a ring that cannot be read: it is left out (a ring being
+    created shows up at a later scan; one that fails validation is logged, as a WARNING
+    once with *report*: see ``_shmfiles.refuse_entry``)."""
+    uid = os.geteuid() if uid is None else uid
     try:
+        directory = shm_dir() if directory is None else directory
         names = os.listdir(directory)
-    except OSError:
+    except (OSError, EzflowError):
         return {}
     rings: dict[str, LiveRing] = {}
     for entry in names:
@@ -100,7 +125,7 @@ def scan_rings(uid: int | None = None, directory: str = SHM_DIR) -> dict[str, Li
         name = entry[len(PREFIX) :]
         if NAME_RE.fullmatch(name) is None:
             continue
-        ring = _live_ring(os.path.join(directory, entry), uid)
+        ring = _live_ring(os.path.join(directory, entry), uid, report)
         if ring is not None:
             rings[name] = ring
     return rings

@@ -60,6 +60,7 @@ from .._core._config import (
     graph_address_from_env,
     heartbeat_deadline_from_env,
     parse_address,
+    shm_dir_from_env,
     watch_rings_from_env,
 )
 from .._core._exceptions import AuthenticationError, ConfigurationError, ProtocolError
@@ -83,6 +84,7 @@ from .._core._protocol import (
 )
 from .._core._telemetry import HistogramSnapshot, ProcessSnapshot, PublisherSnapshot
 from .._core._tracing import check_rows, check_trace_rate
+from .._transports._ezring import sweep_stale_rings
 from .._transports._shm import SegmentSweeper
 from ._client import host_id
 from ._metrics import MetricsServer
@@ -99,6 +101,19 @@ _MAX_WRITE_BUFFER = 64 * 1024 * 1024
 _MAX_PENDING_REQUESTS = 1024
 # The routes of a client without subscribers.
 _NO_ROUTES: dict[str, Any] = {"subscribers": {}, "publishers": {}}
+
+
+def _ring_publisher(name: str, ring: LiveRing) -> str:
+    """The publisher id of a watched ring: one per writer (the ring's creation time), so a
+    writer that restarts under the same name is a new publisher, not the one that ended."""
+    return f"p-ring-{name}-{ring.header.created_ns:x}"
+
+
+def _sweep_and_scan_rings() -> dict[str, LiveRing]:
+    """Remove the files of dead writers' rings, then find the live ones (file I/O: in a
+    worker thread)."""
+    sweep_stale_rings(report=True)
+    return scan_rings(report=True)
 
 
 @dataclass(eq=False)
@@ -184,6 +199,7 @@ class GraphServer:
         elif isinstance(address, str):
             address = parse_address(address)
         self._credentials = Credentials.resolve(token, tls)
+        shm_dir_from_env()  # (its sweeps read it; a relative path is an error here)
         if self._credentials.token is None and not insecure and not is_loopback(address[0]):
             raise ConfigurationError(
                 f"refusing to serve on {format_address(address)} without a token: anyone "
@@ -207,7 +223,7 @@ class GraphServer:
         self._closed = asyncio.Event()
         # Shared-memory segments of crashed processes on this host: swept at start and
         # after a client that published goes away.
-        self._sweeper = SegmentSweeper()
+        self._sweeper = SegmentSweeper(report=True)
         self._host_id = host_id()
         self.rejected_connections = 0
         self._shutdown: asyncio.Handle | None = None
@@ -246,6 +262,7 @@ class GraphServer:
             name="graph server ring watcher",
         )
         self._watched: dict[str, str] = {}  # ring name -> publisher id
+        self._ring_bad_topics: set[str] = set()  # rings whose topic was refused (logged)
         # Telemetry of the watched rings: the latest scan and the one before (rates).
         self._ring_scan: tuple[float, dict[str, LiveRing]] = (0.0, {})
         self._ring_previous: tuple[float, dict[str, LiveRing]] = (0.0, {})
@@ -260,8 +277,10 @@ class GraphServer:
         return self._address
 
     async def start(self) -> None:
-        """Bind and start accepting clients. Raises ``OSError`` when the address is
-        taken (a running server there can be used instead)."""
+        """Bind and start accepting clients. Raises ``OSError`` when the address (or
+        the metrics port) is taken - a running server there can be used instead - and
+        only then: whatever is in the shm directory, the start does not fail because of
+        it. A failed start leaves nothing open (the listening socket is closed)."""
         loop = asyncio.get_running_loop()
         host, port = self._requested_address
         self._server = await loop.create_server(
@@ -272,18 +291,22 @@ class GraphServer:
             backlog=256,
             ssl=self._credentials.server_ssl,
         )
-        sockname = self._server.sockets[0].getsockname()
-        self._address = (sockname[0], sockname[1])
-        await self._sweeper.sweep()
-        if self._watch_rings:
-            self._ring_task = asyncio.create_task(self._watch_rings_forever())
-        if self._metrics is not None:
+        try:
+            sockname = self._server.sockets[0].getsockname()
+            self._address = (sockname[0], sockname[1])
             try:
+                await self._sweeper.sweep()
+            except Exception:  # the sweep never raises; if it did, serving matters more
+                log.exception("graph server: sweeping the shm directory failed")
+            if self._metrics is not None:
                 await self._metrics.start()
-            except OSError:
-                self._server.close()
-                self._server = None
-                raise
+            if self._watch_rings:
+                self._ring_task = asyncio.create_task(self._watch_rings_forever())
+        except BaseException:
+            server, self._server = self._server, None
+            server.close()
+            self._address = None
+            raise
         log.info(
             "graph server %s listening on %s (%s)",
             self.server_id,
@@ -340,10 +363,11 @@ class GraphServer:
             await self._sweeper.aclose()
 
     async def _watch_rings_forever(self) -> None:
-        """Register and unregister live rings until cancelled (by :meth:`aclose`)."""
+        """Register and unregister live rings until cancelled (by :meth:`aclose`); remove
+        the files of rings whose writer died, at each scan."""
         while True:
             try:
-                rings = await asyncio.to_thread(scan_rings)  # (no file I/O on the loop)
+                rings = await asyncio.to_thread(_sweep_and_scan_rings)  # (no file I/O on the loop)
                 self._ring_previous, self._ring_scan = self._ring_scan, (time.time(), rings)
                 async with self._lock:
                     if self._update_rings(rings):
@@ -357,7 +381,12 @@ class GraphServer:
         whether anything changed."""
         changed = False
         for name, pub_id in list(self._watched.items()):
-            if name not in rings or pub_id not in self._publishers:
+            ring = rings.get(name)
+            if (
+                ring is None
+                or pub_id not in self._publishers
+                or pub_id != _ring_publisher(name, ring)
+            ):
                 del self._watched[name]
                 self._ring_client.publishers.discard(pub_id)
                 changed |= self._publishers.pop(pub_id, None) is not None
@@ -369,9 +398,12 @@ class GraphServer:
                 continue  # a client attached it, or no topic to publish it under
             try:
                 topic = check_topic(header.topic)
-            except ValueError:
+            except ValueError as error:
+                if name not in self._ring_bad_topics:  # (once per ring name)
+                    self._ring_bad_topics.add(name)
+                    log.warning("graph server: ezring %s is not registered: %s", name, error)
                 continue
-            pub_id = f"p-ring-{name}"
+            pub_id = _ring_publisher(name, ring)
             self._publishers[pub_id] = _Publisher(
                 pub_id, topic, self._ring_client, self.address, "ezring", None, name
             )

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .._transports._segment import sweep_stale_segments
+from .._transports._shm import sweep_shm_dir
 from . import _environment, _floor
 from ._schema import SCHEMA_ID
 from ._spec import Cell, Plan, latency_count, layout, suite_pacing
@@ -160,7 +160,7 @@ class Worker:
             await self.process.wait()
             if killed:
                 # A killed worker cannot remove its shared memory: do it for it.
-                sweep_stale_segments()
+                sweep_shm_dir()
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._drain, 2.0)
 

@@ -65,11 +65,20 @@ from .._core._exceptions import (
     ClosedResourceError,
     ConfigurationError,
     EndOfStream,
+    EzflowError,
     EzflowTimeoutError,
     ProtocolError,
 )
 from ._base import Inbound
-from ._segment import _process_start
+from ._shmfiles import (
+    RefusedShmFile,
+    describe_entry,
+    open_shm_file,
+    owner_alive,
+    process_start,
+    shm_dir,
+    shm_path,
+)
 
 if TYPE_CHECKING:  # numpy.typing costs ~15 ms to import; annotations only
     import numpy.typing as npt
@@ -85,11 +94,11 @@ __all__ = [
     "read_ring_header",
     "remove_ring_if_stale",
     "ring_path",
+    "sweep_stale_rings",
 ]
 
 log = logging.getLogger("ezflow.ezring")
 
-SHM_DIR: Final = "/dev/shm"
 PREFIX: Final = "ezflow-ring-"
 NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 FILE_RE: Final = re.compile(r"ezflow-ring-[A-Za-z0-9_-]{1,64}")
@@ -140,15 +149,17 @@ _F_OFD_SETLK: Final = getattr(fcntl, "F_OFD_SETLK", 37)
 # struct flock on Linux x86-64/aarch64: short type, short whence, off_t start, off_t len,
 # pid_t pid (0 for OFD locks), padded to 32 bytes.
 _FLOCK: Final = struct.Struct("hhqqi4x")
+_WORD: Final = struct.Struct("<Q")
 
 
 def ring_path(name: str) -> str:
-    """``/dev/shm/ezflow-ring-<name>``; *name* must match ``[A-Za-z0-9_-]{1,64}``."""
+    """``<shm directory>/ezflow-ring-<name>`` (``/dev/shm`` unless ``EZFLOW_SHM_DIR``);
+    *name* must match ``[A-Za-z0-9_-]{1,64}``."""
     if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
         raise ConfigurationError(
             f"ring name={name!r} must be 1 to 64 characters from A-Z, a-z, 0-9, '_' and '-'"
         )
-    return os.path.join(SHM_DIR, PREFIX + name)
+    return shm_path(PREFIX + name)
 
 
 def _lock(fd: int, offset: int) -> bool:
@@ -269,37 +280,78 @@ class RingFrame:
 
 class _Mapping:
     """The ring file mapped twice: read-write for the control words, read-only for the
-    payload views handed out (so no view can be made writable)."""
+    payload views handed out (so no view can be made writable). Make one with
+    :meth:`create` (a writer) or :meth:`open` (a reader)."""
 
-    def __init__(self, path: str, *, create_size: int = 0) -> None:
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-        if create_size:
-            flags |= os.O_CREAT | os.O_EXCL
+    def __init__(self, path: str, fd: int, size: int) -> None:
+        """Map *size* bytes of *fd* (which this object then owns and closes)."""
+        self.fd = fd
+        self.size = size
         try:
-            self.fd = os.open(path, flags, 0o600)
-        except FileNotFoundError:
-            raise
+            self.rw = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+            self.ro = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         except OSError as error:
-            raise BrokenResourceError(f"cannot open ezring {path}: {error}") from error
-        try:
-            if create_size:
-                os.fchmod(self.fd, 0o600)
-                if not _lock(self.fd, 0):  # pragma: no cover - we just created it
-                    raise BrokenResourceError(f"cannot lock the new ezring {path}")
-                os.ftruncate(self.fd, create_size)
-                os.posix_fallocate(self.fd, 0, create_size)
-            self.size = os.fstat(self.fd).st_size
-            if self.size == 0:
-                raise BrokenResourceError(f"ezring {path} is empty: its writer is starting")
-            self.rw = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED)
-            self.ro = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ)
-        except OSError as error:
-            os.close(self.fd)
+            os.close(fd)
             raise BrokenResourceError(f"cannot map ezring {path}: {error}") from error
         except BaseException:
-            os.close(self.fd)
+            os.close(fd)
             raise
         self.words = memoryview(self.rw).cast("Q")
+
+    @classmethod
+    def create(cls, path: str, size: int) -> _Mapping:
+        """Create *path* exclusively (mode 0600), take the writer lock, size it. Raises
+        ``FileExistsError`` if the name exists, :class:`BrokenResourceError` otherwise."""
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_CREAT | os.O_EXCL
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            raise
+        except OSError as error:
+            raise BrokenResourceError(f"cannot create ezring {path}: {error}") from error
+        try:
+            try:
+                os.fchmod(fd, 0o600)
+                if not _lock(fd, 0):  # pragma: no cover - we just created it
+                    raise BrokenResourceError(f"cannot lock the new ezring {path}")
+                os.ftruncate(fd, size)
+                os.posix_fallocate(fd, 0, size)
+            except OSError as error:
+                raise BrokenResourceError(f"cannot size ezring {path}: {error}") from error
+            return cls(path, fd, size)
+        except BaseException:
+            # Ours (created exclusively just now): remove the name, then drop the lock.
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
+
+    @classmethod
+    def open(cls, path: str) -> _Mapping | None:
+        """Open and map the ring file *path* for a reader, or ``None`` while it is not
+        ready (empty, or its header not written yet: the writer is starting).
+
+        Only a regular file of this user is opened (see ``_shmfiles``), and only the
+        ``segment_size`` bytes its header describes are mapped. Raises
+        ``FileNotFoundError`` when there is no such file, :class:`RefusedShmFile` for an
+        entry that is not one (logged once), :class:`ProtocolError` for a file that is not
+        an ezring v1 ring, :class:`BrokenResourceError` when it cannot be opened.
+        """
+        file = open_shm_file(path, writable=True, min_size=0)
+        try:
+            head = os.pread(file.fd, HEADER_SIZE, 0)
+            if file.size == 0 or _WORD.unpack_from(head.ljust(8, b"\0"))[0] == 0:
+                os.close(file.fd)
+                return None  # created, not initialised yet
+            header = RingHeader.parse(head, file.size)
+        except OSError as error:
+            os.close(file.fd)
+            raise BrokenResourceError(f"cannot read ezring {path}: {error}") from error
+        except BaseException:
+            os.close(file.fd)
+            raise
+        return cls(path, file.fd, header.segment_size)
 
     def load(self, offset: int) -> int:
         return self.words[offset >> 3]
@@ -356,26 +408,38 @@ class RingReader:
         """Attach to ring *name* and register a reader entry.
 
         Waits up to *timeout* seconds for the ring to exist and be initialised (polling
-        every 10 ms; the mmap itself is the only blocking call). Raises
-        :class:`EzflowTimeoutError` if it does not appear in time,
+        every 10 ms; an open, a read and the mmap of a tmpfs file are the only system
+        calls). Raises :class:`EzflowTimeoutError` if it is not ready in time,
         :class:`ProtocolError` for a segment that is not ezring v1 (another major
         version is refused), :class:`BrokenResourceError` when every reader entry is
-        taken or the ring cannot be mapped. Cancellation-safe: nothing stays registered.
+        taken or the ring cannot be mapped, and its subclass ``RefusedShmFile`` at once
+        for an entry of that name that is not a ring file of this user (a FIFO, a
+        directory, a symbolic link, another user's file; logged once).
+        Cancellation-safe: nothing stays registered.
         """
         path = ring_path(name)
         deadline = time.monotonic() + timeout
         while True:
             try:
-                mapping = _Mapping(path)
-            except (FileNotFoundError, BrokenResourceError) as error:
+                mapping = _Mapping.open(path)
+            except RefusedShmFile as error:
+                raise RefusedShmFile(
+                    error.path, f"cannot read ezring {name}: {error.reason}"
+                ) from error
+            except FileNotFoundError as error:
                 if time.monotonic() > deadline:
                     raise EzflowTimeoutError(
-                        f"ezring {name} ({path}) did not appear within {timeout} s: {error}"
+                        f"ezring {name} ({path}) did not appear within {timeout} s; start its"
+                        " writer first, or give a longer timeout"
                     ) from error
                 await asyncio.sleep(0.01)
                 continue
-            if mapping.load(OFF_MAGIC) == 0 and time.monotonic() <= deadline:
-                mapping.close()  # created but not initialised yet
+            if mapping is None:  # created but not initialised yet
+                if time.monotonic() > deadline:
+                    raise EzflowTimeoutError(
+                        f"ezring {name} ({path}) exists but its writer did not finish creating"
+                        f" it within {timeout} s"
+                    )
                 await asyncio.sleep(0.01)
                 continue
             break
@@ -703,15 +767,20 @@ class RingWriter:
         size = slot_table + slot_count * stride
         remove_ring_if_stale(path)
         try:
-            mapping = _Mapping(path, create_size=size)
+            mapping = _Mapping.create(path, size)
         except FileExistsError as error:
-            raise BrokenResourceError(f"ezring {name} exists and its writer is alive") from error
-        except BrokenResourceError:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            raise
+            what = describe_entry(path)
+            if what == "a regular file":
+                raise BrokenResourceError(
+                    f"ezring {name} exists and its writer is alive (or the file is another"
+                    f" user's): {path}"
+                ) from error
+            raise BrokenResourceError(
+                f"cannot create ezring {name}: {path} is {what} (not a ring; remove it if it"
+                " is yours, or choose another name)"
+            ) from error
         pid = os.getpid()
-        found = _process_start("self")
+        found = process_start("self")
         start = found[1] if found else 0
         _HEADER.pack_into(
             mapping.rw,
@@ -909,19 +978,27 @@ class RingWriter:
 def read_ring_header(name: str) -> RingHeader:
     """The header of ring *name* now (one open, read and close; no reader entry).
 
-    Raises :class:`BrokenResourceError` if the ring does not exist or cannot be read and
+    Raises :class:`BrokenResourceError` if the ring does not exist or cannot be read
+    (its subclass ``RefusedShmFile`` for an entry of that name that is not a ring file
+    of this user: a FIFO, a directory, a symbolic link, another user's file) and
     :class:`ProtocolError` if it is not an initialised ezring v1 ring.
     """
     path = ring_path(name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as error:
-        raise BrokenResourceError(f"cannot open ezring {name} ({path}): {error}") from error
+        file = open_shm_file(path, min_size=0)
+    except FileNotFoundError as error:
+        raise BrokenResourceError(
+            f"ezring {name} does not exist ({path}): start its writer first"
+        ) from error
+    except RefusedShmFile as error:
+        raise RefusedShmFile(error.path, f"cannot read ezring {name}: {error.reason}") from error
     try:
-        head = os.pread(fd, HEADER_SIZE, 0)
-        return RingHeader.parse(head, os.fstat(fd).st_size)
+        head = os.pread(file.fd, HEADER_SIZE, 0)
+    except OSError as error:
+        raise BrokenResourceError(f"cannot read ezring {name} ({path}): {error}") from error
     finally:
-        os.close(fd)
+        os.close(file.fd)
+    return RingHeader.parse(head, file.size)
 
 
 class RingInbound(Inbound):
@@ -951,11 +1028,19 @@ async def open_ring_channel(
     channel: Channel, ring: str, *, on_lost: Callable[[], None]
 ) -> RingInbound:
     """Attach a reader to ring *ring* and feed *channel* from it until the writer closes
-    or dies (then *on_lost* is called) or the inbound is closed. Raises as
-    :meth:`RingReader.open`."""
+    or dies, or the inbound is closed. Raises as :meth:`RingReader.open`.
+
+    The stream ends like any publisher's: after every frame committed before it, the
+    channel ends (:meth:`Channel.end`; ``broken`` when the writer died without closing,
+    or wrote a slot that does not describe its payload), one line is logged naming the
+    ring and how it ended, and *on_lost* is called. A dead writer's file is removed at
+    once (if its lock is free, as the sweeper would). Closing the inbound ends nothing.
+    """
     reader = await RingReader.open(ring)
+    path = ring_path(ring)
 
     async def feed() -> None:
+        frames = 0
         try:
             async for frame in reader:
                 seq, array = frame.seq, frame.array
@@ -963,10 +1048,40 @@ async def open_ring_channel(
                 del frame  # from here the subscribers hold the only references
                 channel.deliver(seq, array, array.nbytes, 0, sent_ns)
                 del array
-        except (BrokenResourceError, ProtocolError) as error:
-            log.warning("ezring %s feeding topic %r ended: %s", ring, channel.topic, error)
+                frames += 1
         except ClosedResourceError:
-            return
+            return  # the inbound was closed: this process stopped listening
+        except BrokenResourceError as error:
+            log.warning(
+                "ezring %s feeding topic %r ended after %d frames: %s",
+                ring,
+                channel.topic,
+                frames,
+                error,
+            )
+            channel.end(broken=True)
+            # (In a thread: a sweep is file I/O, and the loop must not wait on it.)
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(remove_ring_if_stale, path)
+        except ProtocolError as error:
+            log.error(
+                "ezring %s feeding topic %r: stopped reading after %d frames: %s",
+                ring,
+                channel.topic,
+                frames,
+                error,
+            )
+            channel.end(broken=True)
+        else:
+            log.info(
+                "ezring %s feeding topic %r ended after %d frames: its writer closed it",
+                ring,
+                channel.topic,
+                frames,
+            )
+            channel.end()
+        finally:
+            reader.close()
         on_lost()
 
     task = asyncio.ensure_future(feed())
@@ -978,32 +1093,50 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-def remove_ring_if_stale(path: str) -> bool:
-    """Remove the ring file *path* if its writer is dead; true if removed.
+def remove_ring_if_stale(path: str, *, report: bool = False) -> bool:
+    """Remove the ring file *path* if its writer is dead; true if removed. Never raises.
 
     Dead means: the header names a process that no longer runs with that start time (or
-    the header is not initialised) *and* no one holds the writer's lock (byte 0). A
-    missing file, a symlink, or a file we cannot open is left alone (false).
+    the header is not initialised) *and* no one holds the writer's lock (byte 0). Only a
+    regular file of this user is considered (opened as ``_shmfiles.open_shm_file`` does,
+    read-only: a FIFO, directory, symbolic link or another user's file is logged once and
+    left alone; *report*: as a WARNING, see ``_shmfiles.refuse_entry``); a missing file
+    is left alone too (false).
     """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+        file = open_shm_file(path, min_size=0, report=report)
+    except (OSError, EzflowError):
         return False
+    fd = file.fd
     try:
         head = os.pread(fd, _HEADER.size, 0)
         if len(head) == _HEADER.size:
             fields = _HEADER.unpack(head)
-            if fields[0] == MAGIC:
-                process = _process_start(fields[12])
-                if process is not None and process[0] not in "ZX" and process[1] == fields[14]:
-                    return False
+            if fields[0] == MAGIC and owner_alive(fields[12], fields[14]):
+                return False
         if _locked_elsewhere(fd, 0):
             return False
-        try:
-            os.unlink(path)
-        except OSError:
-            return False
-        log.info("removed stale ezring %s", path)
-        return True
+        os.unlink(path)
+    except OSError:
+        return False
     finally:
         os.close(fd)
+    log.info("removed stale ezring %s", path)
+    return True
+
+
+def sweep_stale_rings(directory: str | None = None, *, report: bool = False) -> list[str]:
+    """Remove the ring files (``ezflow-ring-<name>``) in *directory* (default: the shm
+    directory) whose writer is dead, as :func:`remove_ring_if_stale`; return their file
+    names. Never raises (a missing directory gives ``[]``)."""
+    try:
+        directory = shm_dir() if directory is None else directory
+        entries = os.listdir(directory)
+    except (OSError, ConfigurationError):
+        return []
+    return [
+        entry
+        for entry in entries
+        if FILE_RE.fullmatch(entry)
+        and remove_ring_if_stale(os.path.join(directory, entry), report=report)
+    ]

@@ -48,27 +48,32 @@ import mmap
 import os
 import re
 import secrets
-import stat
 import sys
 import warnings
 import weakref
 from types import TracebackType
 from typing import Final
 
-from .._core._exceptions import BrokenResourceError, ClosedResourceError, ConfigurationError
+from .._core._exceptions import (
+    BrokenResourceError,
+    ClosedResourceError,
+    ConfigurationError,
+    EzflowError,
+)
+from ._shmfiles import open_shm_file, owner_alive, process_start, shm_dir, shm_path
 
 __all__ = ["ShmSegment", "shm_available", "sweep_stale_segments"]
 
 log = logging.getLogger("ezflow.shm")
 
-# Where named POSIX shared memory lives on Linux. We open files here with os.open rather
-# than using multiprocessing.shared_memory.SharedMemory: before Python 3.13 that class
-# registers every segment it touches - attached ones included - with the
-# resource_tracker, which unlinks them when the *attaching* process exits and warns about
-# "leaked" segments, while here exactly one process (the creator) owns cleanup. glibc's
-# shm_open is itself open("/dev/shm/<name>", O_NOFOLLOW | O_CLOEXEC | ...), so C readers
-# using shm_open("/<name>") see the same segments. Read at call time (tests patch it).
-_SHM_DIR = "/dev/shm"
+# Named POSIX shared memory lives in the shm directory (/dev/shm, or EZFLOW_SHM_DIR; see
+# _shmfiles). We open files there with os.open rather than using
+# multiprocessing.shared_memory.SharedMemory: before Python 3.13 that class registers
+# every segment it touches - attached ones included - with the resource_tracker, which
+# unlinks them when the *attaching* process exits and warns about "leaked" segments,
+# while here exactly one process (the creator) owns cleanup. glibc's shm_open is itself
+# open("/dev/shm/<name>", O_NOFOLLOW | O_CLOEXEC | ...), so C readers using
+# shm_open("/<name>") see the same segments (in /dev/shm).
 
 _PREFIX: Final = "ezflow-"
 _TOKEN_BYTES: Final = 8  # 16 hex digits
@@ -98,27 +103,10 @@ def _require_linux() -> None:
         raise _unavailable(f"the shm transport needs Linux, this is {sys.platform}")
 
 
-def _process_start(pid: int | str) -> tuple[str, int] | None:
-    """``(state, starttime)`` of process *pid* from ``/proc/<pid>/stat``, or ``None`` if
-    there is no such process (or it is not visible to us)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read()
-    except OSError:  # ENOENT/ESRCH: gone; EACCES: hidden (hidepid) - the lock decides
-        return None
-    # comm (field 2) may contain spaces and ")", so split after the *last* ")".
-    fields = text.rpartition(b")")[2].split()
-    try:
-        # fields[0] is field 3 (state), so field 22 (starttime) is fields[19].
-        return fields[0].decode("ascii", "replace"), int(fields[19])
-    except (IndexError, ValueError):  # pragma: no cover - not a Linux /proc
-        return None
-
-
 @functools.lru_cache(maxsize=4)
 def _own_start(pid: int) -> int:
     # Keyed by pid, so a forked child does not reuse its parent's start time.
-    found = _process_start("self")
+    found = process_start("self")
     if found is None:
         raise _unavailable("cannot read /proc/self/stat to name the segment")
     return found[1]
@@ -193,9 +181,12 @@ class ShmSegment:
         owner: bool,
         writable: bool,
         lock_fd: int | None = None,
+        path: str = "",
     ) -> None:
         """Private: use :meth:`create` or :meth:`attach`."""
         self._name = name
+        # Where it was made or found (the shm directory may be set differently later).
+        self._path = path or shm_path(name)
         self._size = size
         self._mmap: mmap.mmap | None = mapping
         view = memoryview(mapping)
@@ -240,9 +231,10 @@ class ShmSegment:
         prefix = f"{_PREFIX}{pid}-{_own_start(pid)}-"
         suffix = f"-{tag}" if tag else ""
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        directory = shm_dir()
         for _ in range(_CREATE_ATTEMPTS):
             name = prefix + _new_token() + suffix
-            path = os.path.join(_SHM_DIR, name)
+            path = os.path.join(directory, name)
             try:
                 fd = os.open(path, flags, 0o600)
             except FileExistsError:
@@ -262,7 +254,7 @@ class ShmSegment:
                 os.unlink(path)
             os.close(fd)
             raise
-        return cls(name, size, mapping, owner=True, writable=True, lock_fd=fd)
+        return cls(name, size, mapping, owner=True, writable=True, lock_fd=fd, path=path)
 
     @staticmethod
     def _size_and_map(fd: int, path: str, size: int) -> mmap.mmap:
@@ -272,7 +264,7 @@ class ShmSegment:
             fs = os.fstatvfs(fd)
             free = fs.f_bavail * fs.f_frsize
             if fs.f_blocks and size > free:
-                raise OSError(errno.ENOSPC, f"{size} bytes requested, {free} free", _SHM_DIR)
+                raise OSError(errno.ENOSPC, f"{size} bytes requested, {free} free", path)
             os.ftruncate(fd, size)
             # ftruncate alone leaves a sparse file: pages are allocated on first touch,
             # and a full tmpfs then answers with SIGBUS. Reserve them now instead.
@@ -301,25 +293,21 @@ class ShmSegment:
         """
         _check_name(name)
         _require_linux()
-        path = os.path.join(_SHM_DIR, name)
-        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC
+        path = shm_path(name)
         try:
-            fd = os.open(path, flags)
+            # A regular file of our own user, not empty (what create() made); a FIFO,
+            # directory, symlink or another user's file under this name is refused.
+            file = open_shm_file(path, writable=writable, min_size=1)
         except FileNotFoundError as error:
             raise BrokenResourceError(
                 f"segment {name} no longer exists: its publisher has gone"
             ) from error
-        except OSError as error:
-            if error.errno == errno.ELOOP:  # a symlink: not something create() made
-                raise BrokenResourceError(f"{path} is a symbolic link, not a segment") from error
-            raise _unavailable(f"cannot open {path}", error) from error
+        except BrokenResourceError as error:
+            # (The OS error, when there is one, is the cause callers look at.)
+            cause = error.__cause__ if isinstance(error.__cause__, OSError) else error
+            raise _unavailable(f"cannot use {path}", error) from cause
+        fd, size = file.fd, file.size
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise BrokenResourceError(f"{path} is not a shared-memory segment")
-            if info.st_size == 0:
-                raise BrokenResourceError(f"segment {name} is empty: its publisher broke")
-            size = info.st_size
             try:
                 if writable:
                     mapping = mmap.mmap(
@@ -335,7 +323,7 @@ class ShmSegment:
         finally:
             # mmap keeps its own duplicate of the descriptor; ours is not needed.
             os.close(fd)
-        return cls(name, size, mapping, owner=False, writable=writable)
+        return cls(name, size, mapping, owner=False, writable=writable, path=path)
 
     # -- properties ---------------------------------------------------------------
 
@@ -407,7 +395,7 @@ class ShmSegment:
         self._unlinked = True
         _owned.discard(self)
         try:
-            os.unlink(os.path.join(_SHM_DIR, self._name))
+            os.unlink(self._path)
         except FileNotFoundError:
             pass
         except OSError as error:  # pragma: no cover - we created it, with this dir
@@ -470,16 +458,21 @@ def _unlink_owned_at_exit() -> None:
             segment.unlink()
 
 
-def sweep_stale_segments(directory: str = "/dev/shm") -> list[str]:
-    """Remove the segments in *directory* whose owner has died; return their names.
+def sweep_stale_segments(directory: str | None = None, *, report: bool = False) -> list[str]:
+    """Remove the segments in *directory* (default: the shm directory) whose owner has
+    died; return their names.
 
     A file is removed only if its name matches ``ezflow-<pid>-<starttime>-<16
-    hex>[-<tag>]``, it is a regular file (not a symlink or directory), its owner is dead
-    - no process *pid*, a zombie, or a process with another start time (pid reused) -
-    and no process holds the owner's lock on it (an owner in another pid namespace).
-    Everything else is left alone. Files removed by a concurrent sweeper, or that cannot
-    be opened, are skipped. Never raises for a missing *directory* or on non-Linux
-    (returns ``[]``).
+    hex>[-<tag>]``, its owner is dead - no process *pid*, a zombie, or a process with
+    another start time (pid reused) - it is a regular file of this user (opened as
+    :func:`~ezflow._transports._shmfiles.open_shm_file` does: a FIFO, directory,
+    symbolic link or another user's file is logged once and left alone), and no
+    process holds the owner's lock on it (an owner in another pid namespace).
+    Everything else is left alone. Files removed by a concurrent sweeper are skipped.
+    Never raises: a missing *directory*, non-Linux and unreadable entries give fewer
+    names, not an error. (ezring rings are swept by ``_ezring.sweep_stale_rings``.)
+    *report*: log what is refused as a WARNING, once per entry (the graph server's
+    sweeps; see ``_shmfiles.refuse_entry``).
 
     Cost: one directory listing, plus one ``/proc`` read per ezflow segment and one
     open per stale one; cheap enough at every server start and publisher creation.
@@ -487,43 +480,38 @@ def sweep_stale_segments(directory: str = "/dev/shm") -> list[str]:
     if not sys.platform.startswith("linux"):
         return []
     try:
+        directory = shm_dir() if directory is None else directory
         entries = os.listdir(directory)
-    except OSError:
+    except (OSError, ConfigurationError):
         return []
     removed: list[str] = []
     alive: dict[tuple[str, str], bool] = {}
     for name in entries:
         match = _NAME.fullmatch(name)
         if match is None:
-            if name.startswith("ezflow-ring-"):  # an ezring ring (docs/ezring.md, "Naming")
-                from ._ezring import remove_ring_if_stale  # noqa: PLC0415 - imports us
-
-                if remove_ring_if_stale(os.path.join(directory, name)):
-                    removed.append(name)
             continue
         key = (match["pid"], match["start"])
         if key not in alive:
-            process = _process_start(key[0])
-            alive[key] = (
-                process is not None and process[0] not in "ZX" and process[1] == int(key[1])
-            )
+            alive[key] = owner_alive(key[0], int(key[1]))
         if alive[key]:
             continue
-        if _remove_if_unlocked(directory, name):
+        if _remove_if_unlocked(directory, name, report):
             removed.append(name)
     if removed:
         log.info("removed %d stale shared-memory segment(s): %s", len(removed), removed)
     return removed
 
 
-def _remove_if_unlocked(directory: str, name: str) -> bool:
+def _remove_if_unlocked(directory: str, name: str, report: bool) -> bool:
     path = os.path.join(directory, name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:  # gone (another sweeper), a symlink (ELOOP), not ours (EACCES)
+        # min_size=0: a creator that died between its open and its ftruncate left an
+        # empty file, ours to remove like any other.
+        file = open_shm_file(path, min_size=0, report=report)
+    except (OSError, EzflowError):  # gone (another sweeper), refused (logged), unreadable
         return False
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _try_lock(fd):
+        if not _try_lock(file.fd):
             return False
         # Holding the lock: a live owner would hold it, and a concurrent sweeper that
         # got here first has unlinked the name (ENOENT below).
@@ -533,7 +521,7 @@ def _remove_if_unlocked(directory: str, name: str) -> bool:
             return False
         return True
     finally:
-        os.close(fd)  # releases our lock
+        os.close(file.fd)  # releases our lock
 
 
 @functools.lru_cache(maxsize=1)

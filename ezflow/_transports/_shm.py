@@ -89,11 +89,12 @@ from .._core._framing import (
 )
 from .._core._outlet import Outlet
 from .._core._protocol import PublisherInfo, field
+from ._ezring import sweep_stale_rings
 from ._ring import Block, Descriptor, RingReader, ShmRing
 from ._segment import ShmSegment, shm_available, sweep_stale_segments
 from ._stream import ChannelConnection, PublisherConnection, StreamLink, StreamTransport
 
-__all__ = ["SegmentSweeper", "ShmStats", "ShmTransport", "valid_socket_name"]
+__all__ = ["SegmentSweeper", "ShmStats", "ShmTransport", "sweep_shm_dir", "valid_socket_name"]
 
 log = logging.getLogger("ezflow.shm")
 
@@ -180,6 +181,14 @@ class _LoopCall:
             pass  # the loop is closed: nobody is left to tell
 
 
+def sweep_shm_dir(*, report: bool = False) -> list[str]:
+    """Remove every stale file of the shm directory - segments of dead processes and
+    ezring rings of dead writers - and return their names. Never raises (an entry that
+    cannot be read is skipped; a foreign one is logged, as a WARNING once with *report*).
+    Blocking file I/O: call it from a worker thread."""
+    return sweep_stale_segments(report=report) + sweep_stale_rings(report=report)
+
+
 class SegmentSweeper:
     """Removes segments of dead processes from ``/dev/shm``: now, and again a few times
     shortly after :meth:`sweep_soon` (a crashed owner's lock goes a little after it).
@@ -189,22 +198,24 @@ class SegmentSweeper:
     :meth:`aclose` cancels what is pending.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, report: bool = False) -> None:
+        """*report*: log foreign entries of the shm directory as WARNINGs, once each (the
+        graph server's sweeper; see ``_shmfiles.refuse_entry``)."""
+        self._report = report
         self._task: asyncio.Task[None] | None = None
         self._again = False
         self._closed = False
 
-    @staticmethod
-    async def sweep() -> list[str]:
-        """One sweep, now (in a worker thread); the names removed. Cancelling the
-        caller does not stop a sweep under way."""
-        return await asyncio.to_thread(sweep_stale_segments)
+    async def sweep(self) -> list[str]:
+        """One sweep, now (in a worker thread); the names removed. Never raises (but
+        ``CancelledError``); cancelling the caller does not stop a sweep under way."""
+        return await asyncio.to_thread(sweep_shm_dir, report=self._report)
 
     def sweep_soon(self) -> None:
         """Sweep at ``_SWEEP_DELAYS`` from now (restarting the delays if one is pending);
         after :meth:`aclose`, once at once."""
         if self._closed:
-            sweep_stale_segments()
+            sweep_shm_dir(report=self._report)
             return
         if self._task is not None and not self._task.done():
             self._again = True
