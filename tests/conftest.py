@@ -92,6 +92,11 @@ HOSTILE_ENTRIES = _make_hostile(SHM_DIR)
 atexit.register(shutil.rmtree, SHM_DIR, ignore_errors=True)
 
 
+def pytest_unconfigure(config: Any) -> None:
+    # (xdist workers end with os._exit: no atexit there)
+    shutil.rmtree(SHM_DIR, ignore_errors=True)
+
+
 def without_shm_notices(text: str) -> str:
     """*text* (a process's stderr) without the lines its graph server logged about the
     run's hostile shm entries (one each: tests/test_shmfiles.py checks those lines)."""
@@ -115,11 +120,36 @@ except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
     uvloop = None
 
 
+if uvloop is not None:
+
+    class ClosingUvloop(uvloop.Loop):  # type: ignore[misc, name-defined]
+        """uvloop, whose ``close()`` cannot hang on a leaked handle.
+
+        uvloop's close warns ``unclosed resource <TCPServer ...>`` (ResourceWarning) for
+        each handle still open, from inside the callback that closes it; with warnings as
+        errors (this suite) the warning raises there, the handle is never closed, and
+        close() then waits in ``uv_run`` forever - out of reach of pytest-timeout. Here
+        the warnings are only recorded while uvloop closes everything, and raised after,
+        so a leak still fails its test (as an error in its teardown), at once.
+        """
+
+        def close(self) -> None:
+            import warnings  # noqa: PLC0415 - only here
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                super().close()
+            for warning in caught:
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
+
+
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Any]:
     """Run every async test on the stock asyncio loop and on uvloop."""
     factories: dict[str, Any] = {"asyncio": asyncio.new_event_loop}
     if uvloop is not None:
-        factories["uvloop"] = uvloop.new_event_loop
+        factories["uvloop"] = ClosingUvloop
     return factories
 
 
