@@ -145,6 +145,7 @@ def rows(
                     "callback_errors": sum(s.callback_errors for s in ch.subscribers),
                     "queue_depth": ch.queue_depth,
                     "buffers_in_use": ch.buffers_in_use,
+                    "rejoins": ch.rejoins,
                     "traced": split.traced,
                     "stages_p50_us": dict(split.p50_us),
                     "subscriber_stats": [
@@ -245,6 +246,7 @@ _CHANNEL_COLUMNS: list[_Column] = [
     ("errors", 5, lambda r: _errors(r["decode_errors"] + r["callback_errors"])),
     ("queue", 9, lambda r: str(r["queue_depth"])),
     ("in use", 10, lambda r: str(r["buffers_in_use"])),
+    ("rejoins", 6, lambda r: _errors(r["rejoins"])),
     ("messages", 11, lambda r: str(r["messages"])),
     # Telemetry first: the split is only there while messages are traced.
     ("stages", 12, _split),
