@@ -116,7 +116,26 @@ async def stream(args: dict[str, Any]) -> None:
         task.cancel()
 
 
-ROLES = {"subscribe": subscribe, "stream": stream}
+async def publish(args: dict[str, Any]) -> None:
+    """Publish 0, 1, 2, ... on ``topic`` every 10 ms until stdin closes."""
+    async with ezflow.GraphContext(tuple(args["address"]), auto_start=False) as ctx:
+        pub = await ctx.publisher(args["topic"])
+        report("ready", publisher_id=pub.id)
+
+        async def run() -> None:
+            i = 0
+            while True:
+                await pub.publish(i)
+                i += 1
+                await asyncio.sleep(0.01)
+
+        task = asyncio.ensure_future(run())
+        async for _ in commands():
+            pass
+        task.cancel()
+
+
+ROLES = {"subscribe": subscribe, "stream": stream, "publish": publish}
 
 if __name__ == "__main__":
     role, raw = sys.argv[1], sys.argv[2]

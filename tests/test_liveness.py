@@ -34,7 +34,11 @@ from _netns import ip
 from _proc import Child
 
 import ezflow
-from ezflow._core._config import ENV_HEARTBEAT_DEADLINE, heartbeat_deadline_from_env
+from ezflow._core._config import (
+    ENV_HEARTBEAT_DEADLINE,
+    REJOIN_MAX_DELAY,
+    heartbeat_deadline_from_env,
+)
 from ezflow._core._protocol import PROTOCOL
 
 PEERS = str(Path(__file__).with_name("_liveness_peers.py"))
@@ -695,3 +699,36 @@ async def test_a_publisher_that_ended_cleanly_is_not_reopened(
             assert "rejoined" not in text and "the channel to publisher" not in text
     finally:
         await child.aclose()
+
+
+@ONE_LOOP
+async def test_a_lost_publisher_whose_process_died_is_not_retried_and_ends_the_stream(
+    server: ezflow.GraphServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGKILLed publisher process: its channel here is lost; the graph server drops
+    the publisher, so the routes no longer list it and no attempt to reopen it follows
+    (none for longer than ``REJOIN_MAX_DELAY``); the stream ends, broken, once."""
+    caplog.set_level(logging.DEBUG, logger="ezflow.context")
+    async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+        sub = await ctx.subscriber("/gone", transport="tcp")
+        child = await start_peer("publish", address=list(server.address), topic="/gone")
+        try:
+            await child.event("ready")
+            await asyncio.wait_for(sub.recv(), 5)
+            os.kill(child.pid, signal.SIGKILL)
+            with pytest.raises(ezflow.EndOfStream):
+                while True:
+                    await asyncio.wait_for(sub.recv(), 5)
+        finally:
+            await child.aclose()
+
+        def attempts() -> int:
+            return sum("reopen the channel" in r.getMessage() for r in caplog.records)
+
+        before = attempts()
+        await asyncio.sleep(REJOIN_MAX_DELAY + 0.5)
+        assert attempts() == before and ctx.channels == []
+        stats = sub.stats
+        assert (stats.publishers_ended, stats.publishers_broken, stats.rejoins) == (1, 1, 0)
+        with pytest.raises(asyncio.TimeoutError):  # ended once
+            await asyncio.wait_for(sub.recv(), 0.3)
