@@ -298,10 +298,21 @@ def _fit(columns: list[_Column], rows: list[dict[str, Any]], title: str, width: 
     return table
 
 
+#: Channel columns shown only when some row is not 0 there (rare events: a column of
+#: zeros would take the room of a useful one).
+_SHOWN_WHEN_NOT_ZERO = {"rejoins"}
+
+
 def _tables(data: dict[str, list[dict[str, Any]]], where: str, width: int) -> Group:
     """Both tables, fitted to *width* terminal cells."""
+    rows = data["channels"]
+    channel_columns = [
+        column
+        for column in _CHANNEL_COLUMNS
+        if column[0] not in _SHOWN_WHEN_NOT_ZERO or any(row.get(column[0]) for row in rows)
+    ]
     return Group(
-        _fit(_CHANNEL_COLUMNS, data["channels"], f"channels (graph server {where})", width),
+        _fit(channel_columns, rows, f"channels (graph server {where})", width),
         _fit(_PUBLISHER_COLUMNS, data["publishers"], "publishers", width),
     )
 
