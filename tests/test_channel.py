@@ -389,3 +389,102 @@ def test_deliver_body_array_shortcut_gives_what_the_general_decoder_gives(
             assert channel.stats.decode_errors == errors + 1
             with pytest.raises(UndecodableMessageError):
                 inbox.get_nowait()
+
+
+# -- a lost publisher: not an end, a rejoin, an end when the routes drop it ------------------
+
+
+def fed_inbox() -> tuple[Channel, Inbox]:
+    """A lossless inbox fed by publisher p1's channel, which the routes list."""
+    channel = Channel("p1", "/t", Codec())
+    inbox = Inbox()
+    inbox.routed(frozenset({"p1"}))
+    channel.attach(inbox)
+    return channel, inbox
+
+
+def test_a_lost_channel_does_not_end_the_stream_while_its_publisher_is_routed() -> None:
+    channel, inbox = fed_inbox()
+    channel.deliver(1, "a")
+    channel.lost("its connection broke without END (reset)")
+    channel.lost("again")  # idempotent: the first reason stays
+    assert channel.lost_reason == "its connection broke without END (reset)"
+    assert inbox.lost_publishers == {"p1"} and not inbox.at_end
+    assert inbox.get_nowait() == "a"
+    inbox.routed(frozenset({"p1"}))  # the same routes again: still lost, not ended
+    assert not inbox.at_end and inbox.stats.publishers_ended == 0
+    # Just after a reconnection the routes may omit it for a while: kept lost.
+    inbox.routed(frozenset(), keep_lost=True)
+    assert not inbox.at_end and inbox.lost_publishers == {"p1"}
+    # Complete routes that drop it: it has ended, broken - once.
+    inbox.routed(frozenset())
+    inbox.routed(frozenset())
+    assert inbox.at_end and inbox.tell_end() and not inbox.tell_end()
+    stats = inbox.stats
+    assert (stats.publishers_ended, stats.publishers_broken, stats.rejoins) == (1, 1, 0)
+
+
+def test_a_rejoin_is_counted_once_and_a_clean_end_afterwards_is_not_broken() -> None:
+    channel, inbox = fed_inbox()
+    channel.lost("cut")
+    again = Channel("p1", "/t", Codec())
+    again.attach(inbox)  # a new channel: being reopened (still lost until it opens)
+    assert inbox.lost_publishers == {"p1"} and not inbox.at_end
+    assert inbox.rejoined("p1") and not inbox.rejoined("p1")
+    assert inbox.stats.rejoins == 1 and not inbox.lost_publishers
+    again.deliver(7, "late joiner")
+    assert inbox.get_nowait() == "late joiner"
+    again.end()
+    assert inbox.at_end
+    stats = inbox.stats
+    assert (stats.publishers_ended, stats.publishers_broken, stats.rejoins) == (1, 0, 1)
+
+
+def test_a_failed_reopen_keeps_the_publisher_lost_and_a_late_first_open_is_no_rejoin() -> None:
+    channel, inbox = fed_inbox()
+    channel.lost("cut")
+    failed = Channel("p1", "/t", Codec())
+    failed.attach(inbox)
+    failed.lost("cut")  # the attempt failed: lost again, nothing counted
+    failed.close()
+    assert inbox.lost_publishers == {"p1"} and inbox.stats.rejoins == 0
+    opened = Channel("p1", "/t", Codec())
+    opened.attach(inbox)
+    assert inbox.rejoined("p1", count=False)  # (a channel that had never opened)
+    assert inbox.stats.rejoins == 0 and not inbox.lost_publishers and not inbox.at_end
+
+
+def test_a_publisher_that_comes_back_after_its_broken_end_is_not_counted_twice() -> None:
+    channel, inbox = fed_inbox()
+    channel.lost("cut")
+    inbox.routed(frozenset())  # dropped by the routes: ended, broken
+    assert (inbox.stats.publishers_ended, inbox.stats.publishers_broken) == (1, 1)
+    assert inbox.tell_end()
+    # It is routed again and a new channel feeds the inbox: back, no longer ended.
+    inbox.routed(frozenset({"p1"}))
+    back = Channel("p1", "/t", Codec())
+    back.attach(inbox)
+    assert inbox.rejoined("p1")
+    assert not inbox.at_end
+    stats = inbox.stats
+    assert (stats.publishers_ended, stats.publishers_broken, stats.rejoins) == (0, 0, 1)
+    back.lost("cut")
+    inbox.routed(frozenset())
+    assert (stats.publishers_ended, stats.publishers_broken) == (1, 1)
+    # A clean end is final: a channel of that publisher attached later feeds nothing.
+    clean_channel, clean = fed_inbox()
+    clean_channel.end()
+    Channel("p1", "/t", Codec()).attach(clean)
+    assert clean.at_end and not clean.rejoined("p1")
+
+
+def test_holds_tells_whether_a_channel_still_has_messages_queued() -> None:
+    channel, inbox = fed_inbox()
+    other = Channel("p2", "/t", Codec())
+    other.attach(inbox)
+    channel.deliver(1, "from p1")
+    other.deliver(1, "from p2")
+    other.deliver_body(2, b"\x01garbage")  # an undecodable stand-in holds nothing
+    assert inbox.holds(channel) and inbox.holds(other)
+    assert inbox.get_nowait() == "from p1"
+    assert not inbox.holds(channel) and inbox.holds(other)

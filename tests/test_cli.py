@@ -320,6 +320,26 @@ def test_top_fits_the_terminal_width(graph: Graph, width: int) -> None:
     assert "not shown" not in wide.export_text()
 
 
+def test_top_shows_rejoins_only_once_a_channel_rejoined(graph: Graph) -> None:
+    def data() -> dict[str, Any]:
+        result = invoke("top", "--once", "--json", "--address", graph.address)
+        found: dict[str, Any] = json.loads(result.stdout)
+        return found if found["channels"] else {}
+
+    snapshot = _wait_for(data, 10, "channels reported")
+
+    def header() -> str:
+        console = Console(width=1000, record=True)
+        console.print(_tables(snapshot, graph.address, console.width))
+        return console.export_text().splitlines()[2]  # the channel table's
+
+    assert all(row["rejoins"] == 0 for row in snapshot["channels"])
+    assert "rejoins" not in header()  # a column of zeros is left out
+    snapshot["channels"][0]["rejoins"] = 2
+    cells = [cell.strip() for cell in header().split("┃")]
+    assert "rejoins" in cells
+
+
 def _child(role: str, env: dict[str, str], **args: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, CHILDREN, role, json.dumps(args)],

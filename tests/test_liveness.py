@@ -1,20 +1,26 @@
-"""Liveness: the stall policy of lossless edges, heartbeats and dead peers.
+"""Liveness: the stall policy of lossless edges, heartbeats, dead peers, and rejoins.
 
 Real processes, real sockets: a SIGSTOPped subscriber, a subscriber behind a veth link
 that goes down (network namespaces; skipped without root and iproute2), a raw graph
-client that falls silent, and slow but healthy peers that must survive. Each test runs
-on one event loop (the behaviour under test is the loop's timers, not its I/O), and
-deadlines are short so that the whole file stays within a few seconds per case.
+client that falls silent, a tcp connection destroyed from outside (``ss -K``; skipped
+where it cannot), and slow but healthy peers that must survive. A subscriber cut by any
+of these rejoins once it is back, as a late joiner; a publisher that ended cleanly is
+never reopened. Each test runs on one event loop (the behaviour under test is the
+loop's timers, not its I/O), and deadlines are short so that the whole file stays
+within a few seconds per case.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -28,7 +34,11 @@ from _netns import ip
 from _proc import Child
 
 import ezflow
-from ezflow._core._config import ENV_HEARTBEAT_DEADLINE, heartbeat_deadline_from_env
+from ezflow._core._config import (
+    ENV_HEARTBEAT_DEADLINE,
+    REJOIN_MAX_DELAY,
+    heartbeat_deadline_from_env,
+)
 from ezflow._core._protocol import PROTOCOL
 
 PEERS = str(Path(__file__).with_name("_liveness_peers.py"))
@@ -59,6 +69,68 @@ async def until(condition: Any, timeout: float, what: str) -> float:
             raise AssertionError(f"{what}: not within {timeout} s")
         await asyncio.sleep(0.01)
     return time.monotonic() - started
+
+
+async def status(child: Child) -> dict[str, Any]:
+    """Ask a ``stream`` child (tests/_liveness_peers.py) for its status."""
+    stdin = child.process.stdin
+    assert stdin is not None
+    stdin.write(b"status\n")
+    await stdin.drain()
+    return await child.event("status", timeout=10)
+
+
+async def flowing(child: Child, value: int, timeout: float) -> dict[str, Any]:
+    """The status of a ``stream`` child once it took *value* (polled)."""
+    started = time.monotonic()
+    while True:
+        state = await status(child)
+        if state["last"] is not None and state["last"] >= value:
+            return state
+        assert time.monotonic() - started < timeout, f"not at {value} within {timeout} s: {state}"
+        await asyncio.sleep(0.05)
+
+
+async def telemetry_rejoins(ctx: ezflow.GraphContext, pid: int, timeout: float) -> int:
+    """The rejoins the process *pid* reported for its channels (polled until not 0)."""
+    found = 0
+    started = time.monotonic()
+    while not found and time.monotonic() - started < timeout:
+        snapshots = await ctx.graph_telemetry()
+        found = sum(
+            channel.rejoins for s in snapshots.values() if s.pid == pid for channel in s.channels
+        )
+        await asyncio.sleep(0.1)
+    return found
+
+
+class Feed:
+    """Publishes *first*, *first* + 1, ... every 10 ms; a subscriber of this process
+    drains the same topic into :attr:`got`."""
+
+    def __init__(self, pub: ezflow.Publisher, healthy: ezflow.Subscriber, first: int = 0) -> None:
+        self.pub = pub
+        self.first = first
+        self.got: list[int] = []
+        self._tasks = [
+            asyncio.ensure_future(self._publish()),
+            asyncio.ensure_future(self._drain(healthy)),
+        ]
+
+    async def _publish(self) -> None:
+        i = self.first
+        while True:
+            await self.pub.publish(i)
+            i += 1
+            await asyncio.sleep(0.01)
+
+    async def _drain(self, healthy: ezflow.Subscriber) -> None:
+        async for value in healthy:
+            self.got.append(value)
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
 
 
 # -- stall policy --------------------------------------------------------------------------
@@ -315,7 +387,7 @@ def remote_host() -> Iterator[tuple[str, str, str, str]]:
 
 
 @ONE_LOOP
-async def test_black_holed_tcp_subscriber_is_declared_dead_and_can_rejoin(
+async def test_black_holed_tcp_subscriber_is_declared_dead_and_rejoins_once_healed(
     remote_host: tuple[str, str, str, str],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -335,7 +407,7 @@ async def test_black_holed_tcp_subscriber_is_declared_dead_and_can_rejoin(
             ezflow.GraphContext(server.address, auto_start=False) as local_ctx,
         ):
             address = list(server.address)
-            remote = await start_peer("subscribe", prefix=prefix, address=address, topic="/bh")
+            remote = await start_peer("stream", prefix=prefix, address=address, topic="/bh")
             children.append(remote)
             await remote.event("ready")
             local = await local_ctx.subscriber("/bh")
@@ -367,24 +439,296 @@ async def test_black_holed_tcp_subscriber_is_declared_dead_and_can_rejoin(
             # The server dropped the black-holed client too (its connection fell silent).
             await until(lambda: server.dead_clients >= 1, deadline + 3, "client declared dead")
 
-            ip("-n", ns, "link", "set", there_dev, "up")  # healed: a subscriber rejoins
-            rejoined = await start_peer("subscribe", prefix=prefix, address=address, topic="/bh")
-            children.append(rejoined)
-            await rejoined.event("ready")
-            await pub.wait_for_channels(2)
-            publishing = asyncio.ensure_future(publish_until_stopped(pub, 1000))
+            # Healed: the same subscriber process reconnects to the graph server,
+            # registers again and rejoins the publisher, which never stopped.
+            ip("-n", ns, "link", "set", there_dev, "up")
+            await until(lambda: pub.channels == 2, 15, "the healed subscriber rejoined")
+            feed = Feed(pub, local, first=1000)
             try:
-                assert (await rejoined.event("got", timeout=10))["value"] >= 1000
+                rejoin = await remote.event("rejoin", timeout=10)
+                assert rejoin["value"] >= 1000 and rejoin["rejoins"] == 1
+                state = await status(remote)
+                assert state["ends"] == 0 and state["channels"] == [["tcp", 1]]
+                await until(
+                    lambda: len(server.snapshot()["subscribers"]) == 2, 10, "registered again"
+                )
+                assert server.dead_clients == 1
             finally:
-                publishing.cancel()
+                feed.close()
+            assert feed.got == list(range(1000, 1000 + len(feed.got)))
     finally:
         for child in children:
             await child.aclose()
 
 
-async def publish_until_stopped(pub: ezflow.Publisher, first: int) -> None:
-    i = first
-    while True:
-        await pub.publish(i)
-        i += 1
-        await asyncio.sleep(0.02)
+# -- rejoin: a cut subscriber that comes back receives again (issue 24) ----------------------
+
+
+@ONE_LOOP
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+async def test_stopped_subscriber_cut_by_stall_timeout_rejoins_after_sigcont(
+    server: ezflow.GraphServer, transport: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGSTOPped lossless subscriber process is cut by ``stall_timeout=2`` while the
+    subscriber here keeps receiving; after SIGCONT it receives again within 2 s from the
+    publisher that never stopped, as a late joiner: counted (stats, telemetry) and
+    logged once, and its stream did not end."""
+    child = await start_peer(
+        "stream", address=list(server.address), topic="/rejoin", transport=transport
+    )
+    try:
+        async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+            await child.event("ready")
+            healthy = await ctx.subscriber("/rejoin")
+            pub = await ctx.publisher("/rejoin", max_in_flight=4, stall_timeout=2.0)
+            await pub.wait_for_channels(2)
+            feed = Feed(pub, healthy)
+            try:
+                await child.event("got")
+                os.kill(child.pid, signal.SIGSTOP)
+                try:
+                    await until(lambda: pub.stats.stalled_cut == 1, 8, "the stopped one cut")
+                    cut_at = len(feed.got)
+                    await until(lambda: len(feed.got) > cut_at + 20, 5, "the other flows on")
+                finally:
+                    os.kill(child.pid, signal.SIGCONT)
+                continued, published = time.time(), pub.stats.messages
+                rejoin = await child.event("rejoin", timeout=10)
+                assert rejoin["t"] - continued < 2.0, rejoin["t"] - continued
+                assert rejoin["value"] >= published  # published after it came back
+                assert rejoin["rejoins"] == 1
+                await until(lambda: pub.channels == 2, 5, "two channels again")
+                state = await flowing(child, rejoin["value"] + 10, 5)
+                assert state["ends"] == 0
+                stats = state["stats"]
+                assert (stats["rejoins"], stats["publishers_ended"]) == (1, 0)
+                assert state["channels"] == [[transport, 1]]
+                [line] = state["lines"]
+                assert pub.id in line and "'/rejoin'" in line and f"over {transport}" in line
+                assert "connection broke without END" in line and "late joiners" in line
+                assert await telemetry_rejoins(ctx, child.pid, 5) == 1
+            finally:
+                feed.close()
+            # The healthy subscriber got every message, in order: it never lost one.
+            assert feed.got == list(range(len(feed.got))) and len(feed.got) > cut_at + 20
+            assert pub.stats.stalled_cut == 1
+            cut = [r for r in caplog.records if "cutting the lossless" in r.getMessage()]
+            assert len(cut) == 1
+    finally:
+        await child.aclose()
+
+
+@ONE_LOOP
+async def test_subscriber_declared_dead_by_heartbeats_reconnects_and_receives_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deadline 1 s. A tcp subscriber process SIGSTOPped for longer: the graph server
+    drops it and the publisher declares its channel dead. After SIGCONT it reconnects,
+    registers again and rejoins the publisher, which never stopped publishing."""
+    monkeypatch.setenv(ENV_HEARTBEAT_DEADLINE, "1")
+    async with ezflow.GraphServer(("127.0.0.1", 0), watch_rings=False) as server:
+        child = await start_peer(
+            "stream", address=list(server.address), topic="/dead", transport="tcp"
+        )
+        try:
+            async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+                await child.event("ready")
+                healthy = await ctx.subscriber("/dead")
+                pub = await ctx.publisher("/dead", max_in_flight=4)
+                await pub.wait_for_channels(2)
+                feed = Feed(pub, healthy)
+                try:
+                    await child.event("got")
+                    os.kill(child.pid, signal.SIGSTOP)
+                    try:
+                        await until(
+                            lambda: pub.stats.dead_channels == 1 and server.dead_clients == 1,
+                            8,
+                            "the stopped one declared dead",
+                        )
+                        assert len(server.snapshot()["subscribers"]) == 1  # ours only
+                    finally:
+                        os.kill(child.pid, signal.SIGCONT)
+                    continued, published = time.time(), pub.stats.messages
+                    rejoin = await child.event("rejoin", timeout=10)
+                    assert rejoin["t"] - continued < 5.0, rejoin["t"] - continued
+                    assert rejoin["value"] >= published
+                    assert len(server.snapshot()["subscribers"]) == 2  # registered again
+                    state = await status(child)
+                    assert state["ends"] == 0 and state["channels"] == [["tcp", 1]]
+                    assert state["stats"]["rejoins"] == 1
+                finally:
+                    feed.close()
+                assert feed.got == list(range(len(feed.got)))
+        finally:
+            await child.aclose()
+
+
+def ss_kill(port: int) -> int:
+    """Destroy every established tcp socket of this host connected to local *port*
+    (``ss -K``: the kernel resets both ends); the number destroyed."""
+    result = subprocess.run(
+        [
+            "ss",
+            "-K",
+            "-t",
+            "-n",
+            "state",
+            "established",
+            "dst",
+            "127.0.0.1",
+            "dport",
+            "=",
+            f":{port}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=5,
+    )
+    return max(0, len(result.stdout.strip().splitlines()) - 1)  # (a header line first)
+
+
+@pytest.fixture
+def socket_killer() -> None:
+    """Skip unless ``ss -K`` can destroy a socket here (root, a kernel with
+    INET_DIAG_DESTROY)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        try:
+            if shutil.which("ss") is None or not ss_kill(listener.getsockname()[1]):
+                pytest.skip(
+                    "`ss -K` cannot destroy sockets here (needs root and INET_DIAG_DESTROY)"
+                )
+        finally:
+            client.close()
+            accepted.close()
+    finally:
+        listener.close()
+
+
+@ONE_LOOP
+async def test_a_tcp_link_that_goes_down_and_up_reopens_with_backoff(
+    server: ezflow.GraphServer, socket_killer: None
+) -> None:
+    """The tcp connection of a subscriber process's channel is destroyed from outside
+    (``ss -K``), and every new one too for 1.5 s (the link is down); then it is left
+    alone (up). The channel reopens, with a backoff (a few attempts, not a spin), and
+    receives again."""
+    child = await start_peer("stream", address=list(server.address), topic="/link", transport="tcp")
+    try:
+        async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+            await child.event("ready")
+            healthy = await ctx.subscriber("/link")
+            pub = await ctx.publisher("/link", max_in_flight=4)
+            await pub.wait_for_channels(2)
+            feed = Feed(pub, healthy)
+            try:
+                await child.event("got")
+                assert ctx._tcp is not None and ctx._tcp.address is not None
+                port = ctx._tcp.address[1]
+                killed = 0
+                down_until = time.monotonic() + 1.5
+                while time.monotonic() < down_until:
+                    killed += await asyncio.to_thread(ss_kill, port)
+                    await asyncio.sleep(0.02)
+                assert killed >= 1
+                state = await flowing(child, pub.stats.messages + 20, 8)
+                rejoins = state["stats"]["rejoins"]
+                # Each reopen that was destroyed again waited longer: a few, not a spin.
+                assert 1 <= rejoins <= 6, state
+                assert state["channels"] == [["tcp", rejoins]] and state["ends"] == 0
+                assert state["stats"]["publishers_ended"] == 0
+            finally:
+                feed.close()
+            assert feed.got == list(range(len(feed.got)))
+    finally:
+        await child.aclose()
+
+
+@ONE_LOOP
+async def test_a_publisher_that_ended_cleanly_is_not_reopened(
+    server: ezflow.GraphServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A publisher ends cleanly while one of its subscriber processes is SIGSTOPped, so
+    it stays registered (it waits for that one to read END): routes applied meanwhile
+    still list it, and the channel that read END is not reopened. Both subscribers get
+    EndOfStream, once."""
+    caplog.set_level(logging.INFO, logger="ezflow")
+    child = await start_peer(
+        "stream", address=list(server.address), topic="/ended", transport="tcp"
+    )
+    try:
+        async with (
+            ezflow.GraphContext(server.address, auto_start=False) as ctx,
+            ezflow.GraphContext(server.address, auto_start=False) as sub_ctx,
+        ):
+            await child.event("ready")
+            sub = await sub_ctx.subscriber("/ended", transport="tcp")
+            pub = await ctx.publisher("/ended")
+            await pub.wait_for_channels(2)
+            for i in range(5):
+                await pub.publish(i)
+            assert [await sub.recv() for _ in range(5)] == list(range(5))
+            await child.event("got")
+            os.kill(child.pid, signal.SIGSTOP)
+            try:
+                closing = asyncio.ensure_future(pub.aclose())
+                with pytest.raises(ezflow.EndOfStream):
+                    await asyncio.wait_for(sub.recv(), 5)
+                assert pub.id in {p["id"] for p in server.snapshot()["publishers"]}
+                # New routes for sub_ctx, which still list the ended publisher.
+                await sub_ctx.subscriber("/elsewhere")
+                assert pub.id in {p["id"] for p in server.snapshot()["publishers"]}
+                await asyncio.sleep(0.5)  # past REJOIN_MIN_DELAY
+                assert sub_ctx.channels == []
+                with pytest.raises(asyncio.TimeoutError):  # no second end, no message
+                    await asyncio.wait_for(sub.recv(), 0.5)
+                stats = sub.stats
+                assert (stats.publishers_ended, stats.publishers_broken, stats.rejoins) == (1, 0, 0)
+            finally:
+                os.kill(child.pid, signal.SIGCONT)
+            assert (await child.event("end", timeout=10))["ends"] == 1
+            await asyncio.wait_for(closing, 10)
+            await asyncio.sleep(0.3)
+            state = await status(child)
+            assert state["ends"] == 1 and state["taken"] == 5 and state["stats"]["rejoins"] == 0
+            text = "\n".join(r.getMessage() for r in caplog.records)
+            assert "rejoined" not in text and "the channel to publisher" not in text
+    finally:
+        await child.aclose()
+
+
+@ONE_LOOP
+async def test_a_lost_publisher_whose_process_died_is_not_retried_and_ends_the_stream(
+    server: ezflow.GraphServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGKILLed publisher process: its channel here is lost; the graph server drops
+    the publisher, so the routes no longer list it and no attempt to reopen it follows
+    (none for longer than ``REJOIN_MAX_DELAY``); the stream ends, broken, once."""
+    caplog.set_level(logging.DEBUG, logger="ezflow.context")
+    async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+        sub = await ctx.subscriber("/gone", transport="tcp")
+        child = await start_peer("publish", address=list(server.address), topic="/gone")
+        try:
+            await child.event("ready")
+            await asyncio.wait_for(sub.recv(), 5)
+            os.kill(child.pid, signal.SIGKILL)
+            with pytest.raises(ezflow.EndOfStream):
+                while True:
+                    await asyncio.wait_for(sub.recv(), 5)
+        finally:
+            await child.aclose()
+
+        def attempts() -> int:
+            return sum("reopen the channel" in r.getMessage() for r in caplog.records)
+
+        before = attempts()
+        await asyncio.sleep(REJOIN_MAX_DELAY + 0.5)
+        assert attempts() == before and ctx.channels == []
+        stats = sub.stats
+        assert (stats.publishers_ended, stats.publishers_broken, stats.rejoins) == (1, 1, 0)
+        with pytest.raises(asyncio.TimeoutError):  # ended once
+            await asyncio.wait_for(sub.recv(), 0.3)

@@ -363,6 +363,26 @@ def test_a_report_without_callback_errors_reads_as_zero() -> None:
         telemetry.SubscriberSnapshot.from_wire({**wire, "callback_errors": "2"})
 
 
+def test_rejoins_travel_with_a_channel_report_and_reach_prometheus() -> None:
+    """A channel's ``rejoins`` (tests/test_liveness.py counts them for real) go on the
+    wire, read as 0 from versions that did not send them, and are a Prometheus counter."""
+    empty = Histogram().snapshot()
+    channel = telemetry.ChannelSnapshot(
+        "p-1", "/t", "tcp", True, 5, 50, 5, 0, 0, 0, 0, 0, empty, empty, 0.0, 1.0, 10.0, rejoins=3
+    )
+    wire = channel.to_wire()
+    assert wire["rejoins"] == 3 and telemetry.ChannelSnapshot.from_wire(wire) == channel
+    del wire["rejoins"]
+    assert telemetry.ChannelSnapshot.from_wire(wire).rejoins == 0
+    with pytest.raises(ProtocolError, match="rejoins"):
+        telemetry.ChannelSnapshot.from_wire({**wire, "rejoins": "3"})
+    process = dataclasses.replace(_snapshot(), channels=(channel,))
+    family = parse_exposition(render([("c1", process)]))["ezflow_channel_rejoins_total"]
+    assert family["type"] == "counter"
+    [(_, labels, value)] = family["samples"]
+    assert value == 3.0 and labels["publisher"] == "p-1" and labels["transport"] == "tcp"
+
+
 async def test_reporting_survives_the_server_going_away(server: ezflow.GraphServer) -> None:
     async with ezflow.GraphContext(
         server.address, auto_start=False, telemetry_interval=0.05

@@ -145,6 +145,7 @@ def rows(
                     "callback_errors": sum(s.callback_errors for s in ch.subscribers),
                     "queue_depth": ch.queue_depth,
                     "buffers_in_use": ch.buffers_in_use,
+                    "rejoins": ch.rejoins,
                     "traced": split.traced,
                     "stages_p50_us": dict(split.p50_us),
                     "subscriber_stats": [
@@ -245,6 +246,7 @@ _CHANNEL_COLUMNS: list[_Column] = [
     ("errors", 5, lambda r: _errors(r["decode_errors"] + r["callback_errors"])),
     ("queue", 9, lambda r: str(r["queue_depth"])),
     ("in use", 10, lambda r: str(r["buffers_in_use"])),
+    ("rejoins", 6, lambda r: _errors(r["rejoins"])),
     ("messages", 11, lambda r: str(r["messages"])),
     # Telemetry first: the split is only there while messages are traced.
     ("stages", 12, _split),
@@ -296,10 +298,21 @@ def _fit(columns: list[_Column], rows: list[dict[str, Any]], title: str, width: 
     return table
 
 
+#: Channel columns shown only when some row is not 0 there (rare events: a column of
+#: zeros would take the room of a useful one).
+_SHOWN_WHEN_NOT_ZERO = {"rejoins"}
+
+
 def _tables(data: dict[str, list[dict[str, Any]]], where: str, width: int) -> Group:
     """Both tables, fitted to *width* terminal cells."""
+    rows = data["channels"]
+    channel_columns = [
+        column
+        for column in _CHANNEL_COLUMNS
+        if column[0] not in _SHOWN_WHEN_NOT_ZERO or any(row.get(column[0]) for row in rows)
+    ]
     return Group(
-        _fit(_CHANNEL_COLUMNS, data["channels"], f"channels (graph server {where})", width),
+        _fit(channel_columns, rows, f"channels (graph server {where})", width),
         _fit(_PUBLISHER_COLUMNS, data["publishers"], "publishers", width),
     )
 

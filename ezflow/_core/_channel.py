@@ -13,13 +13,17 @@ publisher uses those figures to keep at most ``max_in_flight`` messages (and
 anything back: their inbox keeps the newest ``queue`` messages and counts every drop.
 
 End of stream: a transport calls :meth:`Channel.end` once its publisher has ended, after
-every message of that publisher was delivered (``broken=True`` when it went away without
-saying so: a crash, a lost connection). Each inbox keeps which publishers fed it and
-which ended, plus the publishers the latest routes list for it; it is at its end when it
-had a publisher, every publisher that fed it ended, no routed publisher is still live,
-and nothing is queued. No marker travels through the queue: an end is recorded when
-every message before it is already queued, so "ended and nothing queued" already means
-"everything before the end was taken".
+every message of that publisher was delivered. A connection that breaks without ``END``
+(a ``stall_timeout`` cut, a peer declared dead by heartbeats, a broken link, a crashed
+publisher) is not an end: the channel is *lost* (:meth:`Channel.lost`), and its
+publisher stays lost for each inbox until a new channel to it feeds the inbox again (a
+rejoin, counted in ``SubscriberStats.rejoins``) or the routes stop listing it - then it
+has ended, *broken*. Each inbox keeps which publishers fed it, which are lost and which
+ended, plus the publishers the latest routes list for it; it is at its end when it had a
+publisher, every publisher that fed it ended, none is lost, no routed publisher is still
+live, and nothing is queued. No marker travels through the queue: an end is recorded
+when every message before it is already queued, so "ended and nothing queued" already
+means "everything before the end was taken".
 
 Telemetry (docs/telemetry.md): counters live in :class:`ChannelStats` and
 :class:`SubscriberStats`, log2 histograms on the channel (``latency``, ``decode_time``)
@@ -88,6 +92,9 @@ class ChannelStats:
     deliveries: int = 0  #: message x subscriber hand-overs
     upstream_drops: int = 0  #: messages the publisher dropped for this (leaky) channel
     overflow_drops: int = 0  #: its messages that leaky inboxes discarded (message x inbox)
+    #: times this process reopened a channel to the publisher after one was cut (its
+    #: connection broke without ``END``): carried over from channel to channel
+    rejoins: int = 0
 
 
 @dataclass(slots=True)
@@ -108,8 +115,12 @@ class SubscriberStats:
     undecodable: int = 0
     #: publishers that fed this subscriber and ended (cleanly or not)
     publishers_ended: int = 0
-    #: of those, publishers that went away without ending cleanly (crash, lost connection)
+    #: of those, publishers that went away without ending cleanly: their channel was
+    #: lost (crash, cut, broken link) and the routes stopped listing them
     publishers_broken: int = 0
+    #: times a publisher whose channel was lost (cut by a stall, a dead peer, a broken
+    #: link) fed this subscriber again through a new channel, as a late joiner
+    rejoins: int = 0
 
 
 class Attachment:
@@ -197,6 +208,7 @@ class Inbox:
 
     __slots__ = (
         "_at_end",
+        "_broken",
         "_callback",
         "_closed",
         "_drop_hooks",
@@ -206,6 +218,7 @@ class Inbox:
         "_had_publisher",
         "_handed_ns",
         "_items",
+        "_lost",
         "_open_hop",
         "_routed",
         "_waiter",
@@ -238,10 +251,14 @@ class Inbox:
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self.stats = SubscriberStats()
-        # End of stream (see the module docstring): publishers that fed this inbox and
-        # have not ended, publishers that ended, the publishers the routes list.
+        # End of stream (see the module docstring): publishers that feed this inbox,
+        # publishers whose channel was lost (they may rejoin; a lost one being reopened
+        # is in both), publishers that ended (of which: broken, ended only because the
+        # routes dropped them while lost), the publishers the routes list.
         self._feeds: set[str] = set()
+        self._lost: set[str] = set()
         self._ended: set[str] = set()
+        self._broken: set[str] = set()
         self._routed: frozenset[str] = frozenset()
         self._had_publisher = False
         self._at_end = False
@@ -420,6 +437,15 @@ class Inbox:
         # Woken by a delivery (a paced stream): hand the message over first.
         return self.get_nowait(loop)
 
+    def holds(self, channel: Channel) -> bool:
+        """True while a message that *channel* delivered is still queued here (one pass
+        over the queue: for the rare checks of a cut channel, not the message path)."""
+        for item in self._items:
+            # (an undecodable message's stand-in has no attachment: it holds nothing)
+            if not isinstance(item, _Undecodable) and item[0].channel is channel:
+                return True
+        return False
+
     def mark_traced(self, attachment: Attachment, seq: int, hop: Hop) -> None:
         """Message *seq*, just put by *attachment*'s channel, is traced as *hop*."""
         items = self._items
@@ -469,12 +495,47 @@ class Inbox:
         """Ids of the publishers that fed this inbox and ended."""
         return frozenset(self._ended)
 
+    @property
+    def lost_publishers(self) -> frozenset[str]:
+        """Ids of the publishers whose channel was lost and that have not rejoined (nor
+        ended) yet."""
+        return frozenset(self._lost)
+
     def fed_by(self, publisher_id: str) -> None:
-        """A channel of *publisher_id* starts feeding this inbox (an ended publisher
-        stays ended: it never publishes again)."""
+        """A channel of *publisher_id* starts feeding this inbox. A publisher that ended
+        cleanly stays ended (it never publishes again); one that ended broken - lost,
+        then dropped by the routes - is lost again (it came back), so that
+        :meth:`rejoined` counts it and its end is not counted twice."""
+        if publisher_id in self._broken:
+            self._broken.discard(publisher_id)
+            self._ended.discard(publisher_id)
+            self._lost.add(publisher_id)
+            self.stats.publishers_ended -= 1
+            self.stats.publishers_broken -= 1
         if publisher_id not in self._ended:
             self._feeds.add(publisher_id)
             self._had_publisher = True
+            self._update_end()
+
+    def rejoined(self, publisher_id: str, *, count: bool = True) -> bool:
+        """The channel of *publisher_id* that started feeding this inbox is open: if the
+        publisher was lost, it is not any more, and true is returned; with *count*
+        (its channel had been open before: a rejoin, not a late first open), that is
+        counted in ``stats.rejoins``."""
+        if publisher_id in self._lost and publisher_id in self._feeds:
+            self._lost.discard(publisher_id)
+            if count:
+                self.stats.rejoins += 1
+            self._update_end()
+            return True
+        return False
+
+    def publisher_lost(self, publisher_id: str) -> None:
+        """The channel of *publisher_id* broke without an end: it no longer feeds this
+        inbox, but it has not ended either (see the module docstring). Idempotent."""
+        if publisher_id in self._feeds:
+            self._feeds.discard(publisher_id)
+            self._lost.add(publisher_id)
             self._update_end()
 
     def publisher_ended(self, publisher_id: str, *, broken: bool = False) -> None:
@@ -484,17 +545,24 @@ class Inbox:
             return
         self._ended.add(publisher_id)
         self._feeds.discard(publisher_id)
+        self._lost.discard(publisher_id)
         self._had_publisher = True
         self.stats.publishers_ended += 1
         if broken:
+            self._broken.add(publisher_id)
             self.stats.publishers_broken += 1
         self._update_end()
 
-    def routed(self, publisher_ids: frozenset[str]) -> None:
-        """The latest routes list *publisher_ids* as feeding this inbox."""
+    def routed(self, publisher_ids: frozenset[str], *, keep_lost: bool = False) -> None:
+        """The latest routes list *publisher_ids* as feeding this inbox. A lost
+        publisher they do not list has ended, broken - unless *keep_lost* (the routes
+        may be incomplete: just after a reconnection to the graph server)."""
         self._routed = publisher_ids
         if publisher_ids:
             self._had_publisher = True
+        if not keep_lost:
+            for gone in self._lost - publisher_ids:
+                self.publisher_ended(gone, broken=True)
         self._update_end()
 
     def tell_end(self) -> bool:
@@ -515,7 +583,12 @@ class Inbox:
         )
 
     def _update_end(self) -> None:
-        at_end = self._had_publisher and not self._feeds and self._routed <= self._ended
+        at_end = (
+            self._had_publisher
+            and not self._feeds
+            and not self._lost
+            and self._routed <= self._ended
+        )
         if at_end != self._at_end:
             self._at_end = at_end
             self._end_told = False
@@ -568,6 +641,9 @@ class Channel:
         self._error_logged = 0
         self._ended = False
         self._broken = False
+        #: how the connection to the publisher broke without an end (:meth:`lost`), or
+        #: None while it has not
+        self.lost_reason: str | None = None
 
     # -- attachments -------------------------------------------------------------------
 
@@ -598,6 +674,8 @@ class Channel:
         inbox.fed_by(self.publisher_id)
         if self._ended:
             inbox.publisher_ended(self.publisher_id, broken=self._broken)
+        elif self.lost_reason is not None:
+            inbox.publisher_lost(self.publisher_id)
         was_lossless = self.lossless
         self._attachments = (*self._attachments, attachment)
         if attachment.lossless:
@@ -911,6 +989,18 @@ class Channel:
         self._broken = broken
         for attachment in self._attachments:
             attachment.inbox.publisher_ended(self.publisher_id, broken=broken)
+
+    def lost(self, reason: str) -> None:
+        """The connection to the publisher broke without an end; *reason* says how (a
+        ``stall_timeout`` cut, a peer declared dead, a broken link). Nothing more comes
+        through this channel, and every attached inbox (and any attached later) is
+        told that the publisher is lost, not ended: it may rejoin through a new channel
+        (see the module docstring). Ignored once ended or lost."""
+        if self._ended or self.lost_reason is not None:
+            return
+        self.lost_reason = reason
+        for attachment in self._attachments:
+            attachment.inbox.publisher_lost(self.publisher_id)
 
     def close(self) -> None:
         """Detach every inbox; the inboxes themselves stay open (they may be fed by

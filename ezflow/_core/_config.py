@@ -83,6 +83,8 @@ __all__ = [
     "RECONNECT_MIN_DELAY",
     "RECONNECT_ROUTE_GRACE",
     "RECONNECT_WAIT_TIMEOUT",
+    "REJOIN_MAX_DELAY",
+    "REJOIN_MIN_DELAY",
     "REQUEST_TIMEOUT",
     "ROUTE_APPLY_TIMEOUT",
     "SHM_LOAN_ROOM",
@@ -220,6 +222,17 @@ RECONNECT_WAIT_TIMEOUT: Final = 10.0
 #: although the new server's routes do not list its publisher (yet): the publisher's
 #: process is most likely still re-registering.
 RECONNECT_ROUTE_GRACE: Final = 10.0
+
+# -- reopening a channel that was cut (see docs/architecture.md, "Rejoin") -----------------
+
+#: First pause (seconds) before a channel whose connection broke without ``END`` (a
+#: ``stall_timeout`` cut, a peer declared dead by heartbeats, a broken link) is opened
+#: again, while the routes still list its publisher; each failed attempt doubles it up
+#: to ``REJOIN_MAX_DELAY``, and each pause is drawn between half and all of it (jitter).
+REJOIN_MIN_DELAY: Final = 0.1
+#: Longest pause (seconds) between two attempts to reopen a cut channel. Attempts stop
+#: when the routes no longer list its publisher (or the context closes).
+REJOIN_MAX_DELAY: Final = 2.0
 #: Seconds ``GraphContext.aclose`` waits for its embedded server's thread to end.
 EMBEDDED_SERVER_STOP_TIMEOUT: Final = 5.0
 

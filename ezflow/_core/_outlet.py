@@ -19,7 +19,9 @@ released nothing for that many seconds while ``publish`` waits on it (its window
 transport is full) is *cut*: removed from the outlet and its connection broken
 (:meth:`Link.cut`), logged once and counted in ``PublisherStats.stalled_cut``; the
 publish goes on for the other links. A link that keeps releasing, however slowly, is
-never cut.
+never cut. The channel's process sees its publisher lost (not ended) and opens a new
+channel once its subscribers are back (``ezflow._graph._routing``, "Rejoin"): a new
+link, fed from the next message on.
 """
 
 from __future__ import annotations

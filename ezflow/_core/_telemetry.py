@@ -323,7 +323,10 @@ class ChannelSnapshot:
     is the messages waiting in the inboxes, ``buffers_in_use`` the messages the channel
     still holds against the publisher's window (delivered, not yet taken by every
     lossless subscriber). ``decode`` is a histogram of decode times sampled one message
-    in 16; ``decode_seconds`` is the total estimated from those samples.
+    in 16; ``decode_seconds`` is the total estimated from those samples. ``rejoins``
+    counts the times this process reopened a channel to the publisher after one was
+    cut (a stall, a dead peer, a broken link): unlike the other counters it carries
+    over from channel to channel (0 in reports of versions that did not send it).
     """
 
     publisher_id: str
@@ -344,6 +347,7 @@ class ChannelSnapshot:
     msgs_per_s: float
     bytes_per_s: float
     subscribers: tuple[SubscriberSnapshot, ...] = ()
+    rejoins: int = 0
 
     @property
     def drops(self) -> int:
@@ -384,6 +388,7 @@ class ChannelSnapshot:
                 SubscriberSnapshot.from_wire(s)
                 for s in _list(data, "subscribers", MAX_SNAPSHOT_SUBSCRIBERS)
             ),
+            rejoins=_int(data, "rejoins") if "rejoins" in data else 0,
         )
 
 

@@ -134,6 +134,12 @@ def render(processes: Iterable[tuple[str, ProcessSnapshot]], *, now: float | Non
                 labels, ch.decode_seconds
             )
             family(
+                "ezflow_channel_rejoins_total",
+                "counter",
+                "Times the channel was reopened after it was cut (stall, dead peer, broken "
+                "link): its subscribers rejoined as late joiners.",
+            ).add(labels, ch.rejoins)
+            family(
                 "ezflow_channel_latency_seconds",
                 "histogram",
                 "Publish to deliver latency (publisher's and receiver's wall clocks).",

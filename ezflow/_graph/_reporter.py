@@ -174,6 +174,7 @@ class TelemetryReporter:
                 )
                 for sub_id, attachment in subscribers
             ),
+            rejoins=stats.rejoins,
         )
 
     @staticmethod

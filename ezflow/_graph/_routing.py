@@ -11,18 +11,33 @@ After a reconnection to the graph server (possibly a new one), :meth:`Router.hol
 keeps the channels that exist for a grace period even when the new server's routes do
 not list their publishers: the publishers' processes are re-registering too, and closing
 a channel that still receives data would lose what is published meanwhile.
+
+Rejoin: a channel whose connection breaks without ``END`` - its publisher cut it
+(``stall_timeout``) or declared it dead (heartbeats), a link went down, this side
+declared the publisher dead - is *lost*, not ended (only a clean ``END`` ends a
+publisher for good). While the routes list its publisher for a subscriber here, the
+router opens it again, as a new channel that receives from then on (a late joiner):
+first once the lossless subscribers it fed have taken what it delivered (a subscriber
+still stuck is not fed again only to be cut again), after ``REJOIN_MIN_DELAY``, then
+with a backoff doubling to ``REJOIN_MAX_DELAY`` while attempts fail. A rejoin is logged
+(one line: topic, publisher, how it was lost) and counted (``ChannelStats.rejoins``,
+``SubscriberStats.rejoins``). A channel that fails to open at all is retried the same
+way. When the routes drop a lost publisher, the attempts stop, and the subscribers it
+fed count it as ended, broken.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+import random
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core._channel import Attachment, Channel, ChannelStats
+from .._core._channel import Attachment, Channel, ChannelStats, Inbox
 from .._core._codec import Codec
+from .._core._config import REJOIN_MAX_DELAY, REJOIN_MIN_DELAY
 from .._core._exceptions import EzflowError
 from .._core._protocol import PublisherInfo
 from .._transports._base import Inbound, Transport
@@ -65,6 +80,39 @@ class ChannelRecord:
     attachments: dict[str, Attachment] = field(default_factory=dict)
 
 
+def _no_ack(version: int) -> None:
+    """Routes re-applied to reopen a lost channel were acknowledged already."""
+
+
+@dataclass(eq=False)
+class _Lost:
+    """A publisher whose channel to this process was lost (or could not open) while
+    the routes list it: reopened with backoff (see the module docstring)."""
+
+    topic: str
+    reason: str  #: how it was lost, for the rejoin's log line
+    since: float  #: loop time of the loss
+    #: a channel to it was open before (a rejoin); false: it never opened yet
+    cut: bool
+    delay: float = REJOIN_MIN_DELAY  #: the pause before the next attempt (before jitter)
+    attempts: int = 0  #: attempts to reopen it that failed
+    #: the next attempt may open it (the timer fired and its subscribers caught up)
+    due: bool = False
+    timer: asyncio.TimerHandle | None = None
+    #: each lost channel with the lossless inboxes it fed: reopened only once those
+    #: hold nothing more from it
+    waiting: list[tuple[Channel, list[Inbox]]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Rejoins:
+    """The rejoins of one publisher's channels in this process (while it is routed)."""
+
+    count: int  #: so far: each new channel carries it (ChannelStats.rejoins)
+    delay: float  #: the pause (before jitter) the last one had reached
+    at: float  #: loop time of the last one
+
+
 class Router:
     """The channels of one GraphContext, kept in line with the latest routes.
 
@@ -95,9 +143,12 @@ class Router:
         # Publishers whose shm edges failed to open: their edges use tcp from then on.
         self._shm_refused: set[str] = set()
         self._warned: set[tuple[str, str]] = set()
-        # Publishers whose channel saw their end: the routes may list them a little
-        # longer (they unregister after their channels read END); never reopen those.
+        # Publishers whose channel saw their clean END: the routes may list them a
+        # little longer (they unregister after their channels read END); never reopen
+        # those. Publishers whose channel was lost instead are reopened (rejoin).
         self._ended: set[str] = set()
+        self._lost: dict[str, _Lost] = {}
+        self._rejoins: dict[str, _Rejoins] = {}
         self._routes: tuple[int, dict[str, Any], RoutesAck] | None = None
         self._latest: tuple[int, dict[str, Any], RoutesAck] | None = None
         self._routes_ready = asyncio.Event()
@@ -182,6 +233,10 @@ class Router:
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
+        for lost in self._lost.values():
+            if lost.timer is not None:
+                lost.timer.cancel()
+        self._lost.clear()
         for record in list(self.channels.values()):
             self.close_record(record)
 
@@ -241,9 +296,14 @@ class Router:
         }
         wanted: dict[tuple[str, str], list[Subscriber]] = {}
         routes = dict(message.get("subscribers") or {})
+        # Just after a reconnection the routes may not list every live publisher yet.
+        holding = self._hold_timer is not None
         for sub_id, known in self._subscribers.items():
             # Which publishers may still feed it: part of its end of stream.
-            known._inbox.routed(frozenset(p for p in routes.get(sub_id, ()) if p in publishers))
+            known._inbox.routed(
+                frozenset(p for p in routes.get(sub_id, ()) if p in publishers),
+                keep_lost=holding,
+            )
         for sub_id, pub_ids in routes.items():
             subscriber = self._subscribers.get(sub_id)
             if subscriber is None or subscriber.closed:
@@ -254,6 +314,8 @@ class Router:
                     continue
                 key = (pub_id, self.choose_transport(info, subscriber))
                 wanted.setdefault(key, []).append(subscriber)
+        if not holding:
+            self._forget_unrouted({key[0] for key in wanted}, publishers)
         # Detach what is no longer routed; close channels nobody listens to. A held
         # channel (see hold) that routes omit entirely stays as it is for now.
         self._held -= wanted.keys()
@@ -270,6 +332,9 @@ class Router:
         for key, subscribers in wanted.items():
             existing = self.channels.get(key)
             if existing is None:
+                lost = self._lost.get(key[0])
+                if lost is not None and not lost.due:
+                    continue  # reopened when its timer says (_rejoin_due)
                 opening.append(self._open_record(key, publishers[key[0]], subscribers))
                 continue
             for subscriber in subscribers:
@@ -301,13 +366,14 @@ class Router:
                     if self._fall_back_to_tcp(record, info, exc):
                         continue  # the same record, now over tcp
                     return  # joined the tcp channel this process has to it already
-                log.warning("cannot open a channel to %s: %s", info.publisher_id, exc)
-                self.close_record(record)
+                self._open_failed(record, exc)
                 return
             break
         if self.channels.get(record.key) is not record:
-            # Closed (context closing, subscribers gone) while we were connecting.
+            # Closed (context closing, subscribers gone, lost) while we were connecting.
             record.inbound.close()
+            return
+        self._opened(record, self._lost.pop(info.publisher_id, None))
 
     def _fall_back_to_tcp(
         self, record: ChannelRecord, info: PublisherInfo, error: EzflowError
@@ -342,10 +408,176 @@ class Router:
         return False
 
     def _lost_record(self, record: ChannelRecord) -> None:
-        if record.channel.ended:
+        channel = record.channel
+        if channel.ended:
             self._ended.add(record.key[0])
+        elif self.channels.get(record.key) is record:
+            channel.lost("its feed stopped")  # (when the transport did not say how)
+            self._lose(record.key[0], channel, record.attachments.values(), cut=True)
         record.inbound = None
         self.close_record(record)
+
+    # -- rejoin (see the module docstring) -------------------------------------------------
+
+    def _lose(
+        self, publisher_id: str, channel: Channel, attachments: Iterable[Attachment], *, cut: bool
+    ) -> None:
+        """*channel* to *publisher_id* was lost (*cut*) or could not open: reopen it
+        when due (while the routes list it)."""
+        reason = channel.lost_reason or "its feed stopped"
+        lost = self._lost.get(publisher_id)
+        if lost is None:
+            now = asyncio.get_running_loop().time()
+            lost = self._lost[publisher_id] = _Lost(channel.topic, reason, now, cut)
+            rejoins = self._rejoins.get(publisher_id)
+            if rejoins is not None and now - rejoins.at < REJOIN_MAX_DELAY:
+                # Lost again right after it rejoined (flapping): go on with the backoff.
+                lost.delay = min(rejoins.delay * 2, REJOIN_MAX_DELAY)
+        else:
+            lost.reason = reason
+            lost.cut = lost.cut or cut
+        lost.due = False
+        lost.waiting.append((channel, [a.inbox for a in attachments if a.lossless]))
+        self._schedule_rejoin(publisher_id, lost)
+
+    def _schedule_rejoin(self, publisher_id: str, lost: _Lost) -> None:
+        if lost.timer is not None:
+            lost.timer.cancel()
+        pause = random.uniform(lost.delay / 2, lost.delay)
+        lost.timer = asyncio.get_running_loop().call_later(pause, self._rejoin_due, publisher_id)
+
+    def _rejoin_due(self, publisher_id: str) -> None:
+        """The pause before reopening *publisher_id*'s channel is over: reopen it now if
+        the lossless subscribers it fed took everything it delivered, else look again
+        after a longer pause."""
+        lost = self._lost.get(publisher_id)
+        if lost is None:
+            return
+        lost.timer = None
+        lost.waiting = [
+            (channel, still)
+            for channel, inboxes in lost.waiting
+            if (still := [i for i in inboxes if not i.closed and i.holds(channel)])
+        ]
+        if lost.waiting:
+            lost.delay = min(lost.delay * 2, REJOIN_MAX_DELAY)
+            self._schedule_rejoin(publisher_id, lost)
+            return
+        lost.due = True
+        # The routes have not changed (the server pushes changes only): apply the
+        # latest ones again, which opens what is missing. Before any routes of this
+        # connection arrived (just reconnected), the next routes will.
+        if self._latest is not None and self._routes is None:
+            version, message, _ = self._latest
+            self._routes = (version, message, _no_ack)
+            self._routes_ready.set()
+
+    def _open_failed(self, record: ChannelRecord, error: EzflowError) -> None:
+        """Opening *record*'s channel failed: try again later, while routed."""
+        publisher_id = record.key[0]
+        if self.channels.get(record.key) is record:
+            lost = self._lost.get(publisher_id)
+            if lost is None or lost.attempts == 0:
+                log.info(
+                    "cannot %s the channel to publisher %s on topic %r: %s; retrying (pauses "
+                    "up to %g s) while the routes list it",
+                    "open" if lost is None or not lost.cut else "reopen",
+                    publisher_id,
+                    record.channel.topic,
+                    error,
+                    REJOIN_MAX_DELAY,
+                )
+            else:
+                log.debug(
+                    "attempt %d to reopen the channel to publisher %s failed: %s",
+                    lost.attempts + 1,
+                    publisher_id,
+                    error,
+                )
+            # (Its subscribers' inboxes take the publisher for lost, not ended.)
+            if lost is None:
+                record.channel.lost(f"its channel could not open ({error})")
+                self._lose(publisher_id, record.channel, (), cut=False)
+                self._lost[publisher_id].attempts = 1
+            else:
+                record.channel.lost(lost.reason)
+                lost.attempts += 1
+                lost.delay = min(lost.delay * 2, REJOIN_MAX_DELAY)
+                lost.due = False
+                self._schedule_rejoin(publisher_id, lost)
+        self.close_record(record)
+
+    def _opened(self, record: ChannelRecord, lost: _Lost | None) -> None:
+        """*record*'s channel is open: if its publisher was *lost* (or had ended broken
+        for a subscriber, and came back), its subscribers rejoined: count and log it."""
+        if lost is not None and lost.timer is not None:
+            lost.timer.cancel()
+        publisher_id, transport = record.key
+        cut = lost is None or lost.cut
+        rejoining = sum(
+            attachment.inbox.rejoined(publisher_id, count=cut)
+            for attachment in record.attachments.values()
+        )
+        if lost is None and not rejoining:
+            return  # an ordinary first open
+        if not cut:
+            assert lost is not None
+            log.info(
+                "opened the channel to publisher %s on topic %r over %s after %d failed attempts",
+                publisher_id,
+                lost.topic,
+                transport,
+                lost.attempts,
+            )
+            return
+        now = asyncio.get_running_loop().time()
+        rejoins = self._rejoins.get(publisher_id)
+        if rejoins is None:
+            rejoins = self._rejoins[publisher_id] = _Rejoins(0, REJOIN_MIN_DELAY, now)
+        rejoins.count += 1
+        rejoins.at = now
+        record.channel.stats.rejoins = rejoins.count
+        if lost is None:
+            log.info(
+                "rejoined publisher %s on topic %r over %s: it had been lost, then no longer "
+                "routed here; %d subscribers receive from now on, as late joiners",
+                publisher_id,
+                record.channel.topic,
+                transport,
+                rejoining,
+            )
+            return
+        rejoins.delay = lost.delay
+        log.info(
+            "rejoined publisher %s on topic %r over %s, %.1f s after its channel was lost "
+            "(%s; %d failed attempts since): %d subscribers receive from now on, as late "
+            "joiners",
+            publisher_id,
+            lost.topic,
+            transport,
+            now - lost.since,
+            lost.reason,
+            lost.attempts,
+            rejoining,
+        )
+
+    def _forget_unrouted(self, routed: set[str], publishers: Mapping[str, Any]) -> None:
+        """The latest routes (complete: not held) feed no subscriber here from the
+        publishers outside *routed*: stop reopening those, and forget what was kept
+        about the ones the routes no longer list at all."""
+        for publisher_id in [p for p in self._lost if p not in routed]:
+            lost = self._lost.pop(publisher_id)
+            if lost.timer is not None:
+                lost.timer.cancel()
+            log.debug(
+                "publisher %s on topic %r, lost (%s), is no longer routed here: not reopening it",
+                publisher_id,
+                lost.topic,
+                lost.reason,
+            )
+        self._ended.intersection_update(publishers)
+        for publisher_id in [p for p in self._rejoins if p not in publishers]:
+            del self._rejoins[publisher_id]
 
     def close_record(self, record: ChannelRecord) -> None:
         """Close *record*'s channel and inbound half and forget it."""

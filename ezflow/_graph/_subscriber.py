@@ -24,16 +24,24 @@ class Subscriber:
     A subscriber created with ``on_message`` queues nothing: its callback gets each
     message as it is delivered, and :meth:`recv` is refused.
 
+    Rejoin: when its channel to a publisher is cut (the publisher's ``stall_timeout``,
+    a peer declared dead by heartbeats, a broken link) while the routes still list that
+    publisher, this process opens a new channel to it (once this subscriber took what
+    the old one delivered) and the subscriber receives again from then on, like one
+    that just joined: what was published meanwhile is not replayed. Counted in
+    ``stats.rejoins`` and logged. A cut does not end the stream.
+
     End of stream: once every publisher that fed it has ended (closed: ``aclose()`` or
-    leaving its context; or gone: its process died, its connection broke), no
-    publisher that has not ended is routed to it, and every message was received,
-    :meth:`recv` raises :class:`~ezflow.EndOfStream` and ``async for`` ends (see
-    :attr:`ended`) - once per end: after that, ``recv`` waits again, for a publisher
-    that may be routed to it later (a long-lived subscriber can catch ``EndOfStream``
-    and go on). A subscriber that never had a publisher keeps waiting; a publisher
-    that is only disconnected (``GraphContext.disconnect``) has not ended. Routes are
-    those this process knows: a publisher registered elsewhere a moment before the
-    last one ended may come too late to keep the stream open.
+    leaving its context; or gone: its channel was lost and the routes no longer list
+    it - its process died or left the graph), no publisher that has not ended is
+    routed to it, and every message was received, :meth:`recv` raises
+    :class:`~ezflow.EndOfStream` and ``async for`` ends (see :attr:`ended`) - once per
+    end: after that, ``recv`` waits again, for a publisher that may be routed to it
+    later (a long-lived subscriber can catch ``EndOfStream`` and go on). A subscriber
+    that never had a publisher keeps waiting; a publisher that is only disconnected
+    (``GraphContext.disconnect``) has not ended. Routes are those this process knows:
+    a publisher registered elsewhere a moment before the last one ended may come too
+    late to keep the stream open.
     """
 
     def __init__(

@@ -43,8 +43,10 @@ class Transport(ABC):
         self, channel: Channel, publisher: PublisherInfo, *, on_lost: Callable[[], None]
     ) -> Inbound:
         """Connect *channel* to *publisher*; return once messages published from now on
-        will reach it. *on_lost* is called if the publisher goes away (cleanly or not)
-        before :meth:`Inbound.close` is called.
+        will reach it. *on_lost* is called if the publisher goes away before
+        :meth:`Inbound.close` is called: after ``channel.end()`` for a clean end, else
+        (the connection broke) after ``channel.lost(reason)`` when the transport can
+        say how.
 
         Raises :class:`~ezflow.BrokenResourceError` when the publisher cannot be reached,
         :class:`~ezflow.EzflowTimeoutError` when it does not answer in time.

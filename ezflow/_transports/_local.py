@@ -59,6 +59,7 @@ class _LocalLink(Link):
         # The stall policy: the channel loses its publisher (no clean end).
         on_lost, self.on_lost = self.on_lost, None
         if on_lost is not None:
+            self.channel.lost("the publisher cut it (stall_timeout)")
             on_lost()
 
     def close(self) -> None:

@@ -805,6 +805,9 @@ class ChannelConnection(FramedProtocol):
 
     def peer_silent(self, silence: float, deadline: float) -> None:
         self._dead = True
+        self.channel.lost(
+            f"the publisher fell silent for {silence:.1f} s (heartbeat deadline {deadline:g} s)"
+        )
         log.warning(
             "publisher %s on topic %r at %s silent for %.1f s (heartbeat deadline %g s): "
             "declaring it dead and closing the channel",
@@ -846,16 +849,18 @@ class ChannelConnection(FramedProtocol):
         if on_lost is not None and self.channel.on_release == self._on_release:
             if self.ended:
                 log.debug("publisher %s ended cleanly", self.publisher.publisher_id)
-            elif not self._dead:  # (peer_silent logged it)
+            elif not self._dead:  # (peer_silent logged it, and lost the channel)
                 log.info(
                     "publisher %s on topic %r went away without closing (%s)",
                     self.publisher.publisher_id,
                     self.publisher.topic,
                     exc or "connection closed",
                 )
-                # Nothing more can come from it: its subscribers may end (counted as
-                # broken in their stats).
-                self.channel.end(broken=True)
+                # Nothing more comes over this connection, but the publisher has not
+                # ended: it may have cut us (stall_timeout, heartbeats) or the link
+                # broke. The router reopens the channel while the routes list it, and
+                # the subscribers' streams end (broken) if the routes drop it.
+                self.channel.lost(f"its connection broke without END ({exc or 'closed'})")
             on_lost()
 
 
