@@ -650,12 +650,15 @@ AUTH_NONCE_SIZE: Final = 32
 
 # -- logging of bad connections --------------------------------------------------------------
 
-#: Per cause (authentication failed, protocol violation, handshake timeout, too many
-#: connections), the graph server and each data listener log the first this many bad
-#: connections one line each ...
+#: Per cause (authentication failed, protocol violation before or after the handshake,
+#: handshake timeout, too many connections, a silent peer...), each listener (the graph
+#: server, each data server, the metrics endpoint) logs at most this many bad
+#: connections one line each per period of BAD_PEER_LOG_INTERVAL (a period opens with
+#: the first of its cause) ...
 BAD_PEER_LOG_FIRST: Final = 5
-#: ... and after that one summary line per this many seconds with the count per cause,
-#: so a flood of hostile connections costs a bounded number of log lines.
+#: ... and counts the rest, with one summary line per this many seconds at most (and
+#: one when the listener closes) giving the counts per cause: a flood of hostile
+#: connections costs a bounded number of log lines (ezflow._core._peerlog).
 BAD_PEER_LOG_INTERVAL: Final = 60.0
 
 # -- ezmsg's API (ezflow.compat.ezmsg) ----------------------------------------------------------
