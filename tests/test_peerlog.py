@@ -9,7 +9,7 @@ import pytest
 from conftest import loop_kind
 
 from ezflow._core import _peerlog
-from ezflow._core._config import BAD_PEER_LOG_FIRST
+from ezflow._core._config import BAD_PEER_LOG_FIRST, BAD_PEER_LOG_MAX_CHARS
 from ezflow._core._peerlog import BadPeerLog
 
 INTERVAL = 0.4
@@ -88,3 +88,15 @@ async def test_a_flood_costs_the_bound_whatever_its_length(
         one_by_one = [line for line in lines if line.startswith(f"flooded: bad {cause}")]
         assert BAD_PEER_LOG_FIRST * 2 <= len(one_by_one) <= BAD_PEER_LOG_FIRST * periods
     assert sum(bad.counts.values()) > len(lines) * 10  # the flood was mostly counted
+
+
+def test_a_line_quoting_a_peer_is_cut_to_its_limit(caplog: pytest.LogCaptureFixture) -> None:
+    """A 100,000-character command name in a line is cut to BAD_PEER_LOG_MAX_CHARS."""
+    caplog.set_level(logging.WARNING, logger=log.name)
+    bad = BadPeerLog(log, "cut")
+    bad("request", "closing connection: %s", f"unknown command {'x' * 100_000!r}")
+    [line] = _lines(caplog)
+    assert line.startswith("cut: closing connection: unknown command 'xxx")
+    cut = 100_000 + len("closing connection: unknown command ''") - BAD_PEER_LOG_MAX_CHARS
+    assert line.endswith(f"xxx... ({cut} more characters)")
+    assert len(line) < BAD_PEER_LOG_MAX_CHARS + 50

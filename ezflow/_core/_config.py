@@ -18,6 +18,7 @@ __all__ = [
     "AUTH_NONCE_SIZE",
     "BAD_PEER_LOG_FIRST",
     "BAD_PEER_LOG_INTERVAL",
+    "BAD_PEER_LOG_MAX_CHARS",
     "CHILD_STOP_TIMEOUT",
     "COMPAT_MAIN_POLL_INTERVAL",
     "CONNECT_TIMEOUT",
@@ -660,6 +661,9 @@ BAD_PEER_LOG_FIRST: Final = 5
 #: one when the listener closes) giving the counts per cause: a flood of hostile
 #: connections costs a bounded number of log lines (ezflow._core._peerlog).
 BAD_PEER_LOG_INTERVAL: Final = 60.0
+#: Characters of one such line at most: what a peer sent (an unknown command's name, a
+#: field's value) may be quoted in it, and is cut beyond this.
+BAD_PEER_LOG_MAX_CHARS: Final = 1000
 
 # -- ezmsg's API (ezflow.compat.ezmsg) ----------------------------------------------------------
 

@@ -14,7 +14,8 @@ the limit, a peer gone silent - to its :class:`BadPeerLog`, which logs at most
 * a connection of the cause after its period has ended opens a new period.
 
 So a listener writes at most ``BAD_PEER_LOG_FIRST`` lines per cause per period, plus one
-summary line per ``BAD_PEER_LOG_INTERVAL`` and one when it closes: 5,000 hostile
+summary line per ``BAD_PEER_LOG_INTERVAL`` and one when it closes, each line at most
+``BAD_PEER_LOG_MAX_CHARS`` long however much of a peer's text it quotes: 5,000 hostile
 connections cost a handful of lines, and a slow trickle (fewer than
 ``BAD_PEER_LOG_FIRST`` a period) still shows every offender. The same class bounds
 other peer-made faults that do not close a connection (*summary* names them).
@@ -26,7 +27,7 @@ import asyncio
 import logging
 from collections import Counter
 
-from ._config import BAD_PEER_LOG_FIRST, BAD_PEER_LOG_INTERVAL
+from ._config import BAD_PEER_LOG_FIRST, BAD_PEER_LOG_INTERVAL, BAD_PEER_LOG_MAX_CHARS
 
 __all__ = ["BadPeerLog"]
 
@@ -72,7 +73,11 @@ class BadPeerLog:
                 if logged + 1 == BAD_PEER_LOG_FIRST
                 else ""
             )
-            self._log.warning(f"{self._what}: {message}{suffix}", *args)
+            text = message % args if args else message
+            if len(text) > BAD_PEER_LOG_MAX_CHARS:  # (a peer's text quoted in it)
+                cut = len(text) - BAD_PEER_LOG_MAX_CHARS
+                text = f"{text[:BAD_PEER_LOG_MAX_CHARS]}... ({cut} more characters)"
+            self._log.warning("%s: %s%s", self._what, text, suffix)
             return
         self._unlogged[cause] += 1
         if self._timer is None and loop is not None:
