@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import ezflow
 
 
@@ -115,6 +117,35 @@ class Counter(ezflow.Unit):
     async def count(self) -> AsyncIterator[tuple[Any, int]]:
         for index in range(self.SETTINGS.count):
             yield self.OUTPUT, index
+
+
+class ArraySource(ezflow.Unit):
+    """Publishes *count* arrays of *size* bytes (large ones travel through shared-memory
+    blocks), then ends."""
+
+    SETTINGS: CountSettings
+    OUTPUT = ezflow.OutputStream(np.ndarray)
+
+    @ezflow.publisher(OUTPUT)
+    async def arrays(self) -> AsyncIterator[tuple[Any, np.ndarray]]:
+        for index in range(self.SETTINGS.count):
+            yield self.OUTPUT, np.full(256 * 1024, index, dtype=np.uint8)
+
+
+class ArraySinkState(ezflow.State):
+    received: int = 0
+
+
+class ArraySink(ezflow.Unit):
+    """Counts the arrays it receives, checking each one's fill."""
+
+    STATE: ArraySinkState
+    INPUT = ezflow.InputStream(np.ndarray)
+
+    @ezflow.subscriber(INPUT)
+    def on_array(self, message: np.ndarray) -> None:
+        assert int(message[0]) == int(message[-1]) == self.STATE.received
+        self.STATE.received += 1
 
 
 class Relay(ezflow.Unit):

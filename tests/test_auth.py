@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -25,6 +26,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from _proc import ezflow_cli
 from _unit_graphs import Checker, Counter
 from conftest import loop_kind
 
@@ -34,6 +36,7 @@ from ezflow._core._channel import Channel, Inbox
 from ezflow._core._codec import Codec
 from ezflow._core._config import BAD_PEER_LOG_FIRST
 from ezflow._core._protocol import PublisherInfo
+from ezflow._graph._client import GraphClient
 from ezflow._transports._tcp import TcpTransport
 
 TOKEN = "s3cret-" + "7f" * 16
@@ -218,6 +221,113 @@ def test_serve_on_a_routable_address_needs_a_token_or_insecure(tmp_path: Path) -
             out, err = serving.communicate(timeout=30)
         assert serving.returncode == 0, err
         assert TOKEN not in out + err
+
+
+# -- insecure on a routable address: loud --------------------------------------------------
+
+
+def test_serve_insecure_on_a_routable_address_warns_at_start_and_in_top_and_graph() -> None:
+    """`ezflow serve --insecure` on 0.0.0.0 starts with one WARNING line, and tells its
+    clients (``welcome``): `ezflow top` and `ezflow graph` show it in their header, or on
+    stderr when stdout is JSON or a picture."""
+    env = {**os.environ, "EZFLOW_TOKEN": "", "EZFLOW_TOKEN_FILE": ""}
+    serving = run_cli("serve", "--address", "0.0.0.0:0", "--insecure", env=env)
+    try:
+        assert serving.stdout is not None
+        line = serving.stdout.readline()
+        port = line.split("0.0.0.0:")[1].split(";")[0].split(",")[0]
+        where = f"127.0.0.1:{port}"
+        warning = (
+            f"WARNING: the graph server at {where} runs insecure (no token, on an address "
+            "other than loopback): anyone who can reach it can read, inject and stop the graph"
+        )
+        top = ezflow_cli("top", "--once", "--address", where, env=env)
+        assert top.returncode == 0 and top.stderr == "", top.stderr
+        # (the header wraps at the terminal's width, 160 here)
+        assert " ".join(top.stdout.split()).startswith(warning), top.stdout
+        top_json = ezflow_cli("top", "--once", "--json", "--address", where, env=env)
+        assert json.loads(top_json.stdout)["insecure"] is True
+        assert top_json.stderr.startswith(warning) and top_json.stderr.count("\n") == 1
+        tree = ezflow_cli("graph", "--address", where, env=env)
+        assert tree.returncode == 0 and tree.stderr == "", tree.stderr
+        assert tree.stdout.startswith("graph server ")
+        assert warning in " ".join(tree.stdout.split()[:40]), tree.stdout
+        for machine in ("--json", "--mermaid", "--dot"):
+            shown = ezflow_cli("graph", machine, "--address", where, env=env)
+            assert shown.returncode == 0
+            assert shown.stderr.startswith(warning) and shown.stderr.count("\n") == 1
+            assert "insecure" not in shown.stdout or machine == "--json"
+    finally:
+        serving.terminate()
+        _, err = serving.communicate(timeout=30)
+    assert serving.returncode == 0, err
+    [start] = err.splitlines()  # one line, at start
+    assert " ezflow.server WARNING graph server " in start
+    assert f"on 0.0.0.0:{port} runs insecure (no token, on an address other than loopback)" in (
+        start
+    )
+    assert "--token-file" in start
+
+
+def test_top_and_graph_say_nothing_of_a_server_with_a_token(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    env = {**os.environ, "EZFLOW_TOKEN": "", "EZFLOW_TOKEN_FILE": str(token_file)}
+    serving = run_cli("serve", "--address", "0.0.0.0:0", env=env)
+    try:
+        assert serving.stdout is not None
+        port = serving.stdout.readline().split("0.0.0.0:")[1].split(";")[0].split(",")[0]
+        where = f"127.0.0.1:{port}"
+        top = ezflow_cli("top", "--once", "--json", "--address", where, env=env)
+        assert top.returncode == 0 and top.stderr == "", top.stderr
+        assert json.loads(top.stdout)["insecure"] is False
+        tree = ezflow_cli("graph", "--address", where, env=env)
+        assert tree.returncode == 0 and tree.stderr == ""
+        assert "WARNING" not in tree.stdout
+    finally:
+        serving.terminate()
+        _, err = serving.communicate(timeout=30)
+    assert serving.returncode == 0 and err == "", err
+
+
+async def test_an_insecure_graph_server_logs_one_warning_and_tells_its_clients(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EZFLOW_TOKEN", raising=False)
+    monkeypatch.delenv("EZFLOW_TOKEN_FILE", raising=False)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "runs insecure" in r.getMessage()]
+
+    for host, token, insecure in [
+        ("0.0.0.0", None, True),  # (any address other than loopback is routable)
+        ("127.0.0.1", None, False),  # loopback: insecure=True changes nothing
+        ("0.0.0.0", TOKEN, False),  # a token: secure whatever insecure= says
+    ]:
+        caplog.clear()
+        async with ezflow.GraphServer((host, 0), token=token, insecure=True) as server:
+            assert server.insecure is insecure
+            port = server.address[1]
+            [started] = warnings() or [""]
+            if insecure:
+                assert started.startswith(
+                    f"graph server {server.server_id} on 0.0.0.0:{port} runs insecure"
+                )
+            else:
+                assert not warnings()
+            credentials = Credentials.resolve(token)
+            for _ in range(2):  # told to every client; logged once
+                client = await GraphClient.connect(
+                    ("127.0.0.1", port),
+                    name="observer",
+                    on_routes=lambda version, routes: None,
+                    on_lost=lambda exc: None,
+                    credentials=credentials,
+                )
+                assert client.server_insecure is insecure
+                client.close()
+        assert len(warnings()) == (1 if insecure else 0)
 
 
 # -- TLS ----------------------------------------------------------------------------------

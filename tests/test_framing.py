@@ -99,6 +99,30 @@ def test_oversized_header_rejected_before_allocation() -> None:
         list(reader.buffer_updated(4))
 
 
+@pytest.mark.parametrize(
+    ("first", "hint"),
+    [
+        (b"GET /metrics HTTP/1.1\r\n", "look like an HTTP request"),
+        (b"\x16\x03\x01\x02\x00\x01", "look like a TLS handshake (is TLS set on one end only?"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "look like an SSH client"),
+        (b"\xff\xff\xff\xff", None),
+    ],
+)
+def test_a_refused_header_of_another_protocol_says_so(first: bytes, hint: str | None) -> None:
+    reader = FrameReader(max_frame_size=65536)
+    buffer = reader.get_buffer()
+    buffer[: len(first)] = first
+    with pytest.raises(ProtocolError) as refused:
+        list(reader.buffer_updated(len(first)))
+    message = str(refused.value)
+    assert message.startswith("frame header claims ")
+    if hint is None:
+        assert "look like" not in message
+    else:
+        assert f"its bytes {first[:4]!r} {hint}" in message
+        assert message.endswith("this port speaks ezflow's length-prefixed frames)")
+
+
 def test_frames_before_a_bad_header_are_not_lost() -> None:
     reader = FrameReader(max_frame_size=100)
     data = frame(b"one") + frame(b"two") + (0xFFFFFFFF).to_bytes(4, "little")

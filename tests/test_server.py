@@ -6,8 +6,15 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import random
+import re
+import signal
 import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -16,6 +23,7 @@ from _rawpeer import closed_by_peer
 from conftest import loop_kind
 
 import ezflow
+from ezflow._core._config import BAD_PEER_LOG_FIRST, BAD_PEER_LOG_INTERVAL
 from ezflow._core._protocol import PROTOCOL
 from ezflow._graph import _server
 
@@ -89,6 +97,81 @@ async def test_bad_input_closes_only_that_connection(
         assert await sub.recv() == "still here"
         await bystander.connect("/b", "/c")  # the bystander's control connection works
     assert "closing connection" in caplog.text
+    await assert_still_serving(server)
+
+
+async def read_until_closed(reader: asyncio.StreamReader, timeout: float) -> list[Any]:
+    """Every message the server sends until it closes the connection (within
+    *timeout*, else TimeoutError)."""
+    data = bytearray()
+    with contextlib.suppress(ConnectionError):
+        while chunk := await asyncio.wait_for(reader.read(65536), timeout):
+            data += chunk
+    messages, at = [], 0
+    while at + 4 <= len(data):
+        (size,) = struct.unpack_from("<I", data, at)
+        messages.append(msgpack.unpackb(bytes(data[at + 4 : at + 4 + size])))
+        at += 4 + size
+    return messages
+
+
+@pytest.mark.parametrize(
+    ("payload", "told"),
+    [
+        pytest.param(
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            [{"op": "error", "cause": "protocol", "error": "look like an HTTP request"}],
+            id="http",
+        ),
+        pytest.param(
+            struct.pack("<I", 0xFFFFFFFF),
+            [{"op": "error", "error": "frame header claims 4294967295 bytes"}],
+            id="4GB-header",
+        ),
+        pytest.param(
+            frame({"op": "ping", "id": 1}),
+            [{"op": "error", "error": "expected 'hello' first, got 'ping'"}],
+            id="request-before-hello",
+        ),
+        pytest.param(
+            frame({**HELLO, "pid": "one"}),
+            [{"op": "error", "error": "'hello' message field 'pid' must be int, got str"}],
+            id="bad-hello",
+        ),
+        pytest.param(
+            frame(HELLO) + frame({"op": "register_publisher", "id": 3}),
+            [
+                {"op": "welcome"},
+                {"op": "reply", "id": 3, "ok": False, "error": "field 'publisher_id' must be"},
+            ],
+            id="malformed-request",
+        ),
+        pytest.param(
+            frame(HELLO) + frame({"op": "explode", "id": 1}),
+            [{"op": "welcome"}, {"op": "error", "error": "unknown command 'explode'"}],
+            id="unknown-command",
+        ),
+        pytest.param(
+            frame(HELLO) + struct.pack("<I", 1 << 30),
+            [{"op": "welcome"}, {"op": "error", "error": "claims 1073741824 bytes"}],
+            id="1GB-after-hello",
+        ),
+    ],
+)
+async def test_a_bad_peer_is_told_why_before_the_close(
+    server: ezflow.GraphServer, payload: bytes, told: list[dict[str, Any]]
+) -> None:
+    reader, writer = await asyncio.open_connection(*server.address)
+    writer.write(payload)
+    messages = await read_until_closed(reader, 5)
+    writer.close()
+    assert len(messages) == len(told), messages
+    for message, expected in zip(messages, told, strict=True):
+        for key, value in expected.items():
+            if key == "error":
+                assert value in message[key], message
+            else:
+                assert message[key] == value, message
     await assert_still_serving(server)
 
 
@@ -298,3 +381,106 @@ async def test_no_objects_left_behind_by_bad_connections(
     # 300 bad connections; a leak of one object each would be 300
     assert len(gc.get_objects()) - before < 100
     assert server.clients == ()
+
+
+# -- a flood of garbage against `ezflow serve` ----------------------------------------------
+
+#: The malformed requests an admitted client sends in the flood, in turn.
+_MALFORMED = [
+    frame({"op": "register_publisher", "id": 1}),  # fields missing
+    frame({"op": "connect", "id": 1, "src": 5, "dst": "/x"}),  # a field of the wrong type
+    frame({"op": "explode", "id": 1}),  # an unknown command
+    frame([1, 2, 3]),  # not a map
+]
+
+
+async def test_a_flood_of_five_kinds_of_garbage_costs_a_bounded_number_of_stderr_lines(
+    tmp_path: Path,
+) -> None:
+    """5,000 bad connections to an `ezflow serve` process, on both sides of the
+    handshake: random bytes, an HTTP request and a truncated frame left hanging before
+    it; a 4 GB frame header and malformed requests after it. Each is told why it is
+    closed, the server's stderr holds at most BAD_PEER_LOG_FIRST lines per cause plus
+    the summaries (which count every one), and a normal client is served afterwards."""
+    rng = random.Random(24)
+    handshake = frame(HELLO)
+    kinds: dict[str, tuple[int, Any]] = {
+        "random": (1125, lambda i: rng.randbytes(rng.randint(5, 256))),
+        "http": (1125, lambda i: b"GET /metrics HTTP/1.1\r\nHost: graph\r\n\r\n"),
+        "truncated": (500, lambda i: struct.pack("<I", 100) + b"\x81\xa2op"),
+        "4GB-after-hello": (1125, lambda i: handshake + struct.pack("<I", 0xFFFFFFF0)),
+        "malformed-after-hello": (1125, lambda i: handshake + _MALFORMED[i % 4]),
+    }
+    assert sum(count for count, _ in kinds.values()) == 5000
+    stderr_path = tmp_path / "serve.stderr"
+    env = dict(os.environ, EZFLOW_EVENT_LOOP=loop_kind(), EZFLOW_TOKEN="", EZFLOW_TOKEN_FILE="")
+    with stderr_path.open("wb") as stderr:  # a file: a pipe nobody reads would block it
+        serve = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "ezflow", "serve", "--address", "127.0.0.1:0"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+        )
+    started = time.monotonic()
+    try:
+        assert serve.stdout is not None
+        banner = (await asyncio.wait_for(serve.stdout.readline(), 60)).decode()
+        found = re.search(r"listening on (\S+):(\d+);", banner)
+        assert found, banner
+        address = (found.group(1), int(found.group(2)))
+        told: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+        gate = asyncio.Semaphore(64)  # the hanging truncated frames do not take a place
+
+        async def attack(kind: str, payload: bytes) -> None:
+            async with contextlib.AsyncExitStack() as stack:
+                if kind != "truncated":
+                    await stack.enter_async_context(gate)
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), 30)
+                writer.write(payload)
+                messages = await read_until_closed(reader, 30)
+                writer.close()
+            told[kind].append(messages[-1] if messages else {})
+
+        await asyncio.gather(
+            *(attack(kind, make(i)) for kind, (count, make) in kinds.items() for i in range(count))
+        )
+
+        def count(kind: str, op: str, error: str) -> int:
+            return sum(1 for m in told[kind] if m.get("op") == op and error in m.get("error", ""))
+
+        # Each offender was told why (the random bytes: whatever they amount to).
+        assert len(told["random"]) == 1125
+        assert count("http", "error", "look like an HTTP request") == 1125
+        assert count("truncated", "error", "handshake not done within 5 s") == 500
+        assert count("4GB-after-hello", "error", "claims 4294967280 bytes") == 1125
+        assert count("malformed-after-hello", "reply", "'publisher_id' must be str") == 282
+        assert count("malformed-after-hello", "reply", "'src' must be str, got int") == 281
+        assert count("malformed-after-hello", "error", "unknown command 'explode'") == 281
+        assert count("malformed-after-hello", "error", "frame is a list, expected a map") == 281
+        async with ezflow.GraphContext(address, auto_start=False) as ctx:
+            sub = await ctx.subscriber("/after")
+            pub = await ctx.publisher("/after")
+            await pub.publish("still serving")
+            assert await sub.recv() == "still serving"
+        serve.send_signal(signal.SIGTERM)  # its summary of what was not logged comes now
+        assert await asyncio.wait_for(serve.wait(), 30) == 0
+    finally:
+        if serve.returncode is None:
+            serve.kill()
+            await serve.wait()
+    elapsed = time.monotonic() - started
+    lines = stderr_path.read_text().splitlines()
+    assert all("ezflow.server WARNING graph server: " in line for line in lines), lines
+    summaries = [line for line in lines if "more bad connections closed" in line]
+    # At most one summary per BAD_PEER_LOG_INTERVAL, and one at the stop.
+    periods = 1 + int(elapsed // BAD_PEER_LOG_INTERVAL)
+    assert 1 <= len(summaries) <= periods + 1, summaries
+    totals = {
+        cause: int(n)
+        for cause, n in re.findall(r"(\w+) (\d+)", summaries[-1].split("totals so far: ")[1])
+    }
+    assert sum(totals.values()) == 5000, totals  # every one counted, once
+    assert {"protocol", "timeout", "request"} <= set(totals), totals
+    bound = BAD_PEER_LOG_FIRST * len(totals) * periods + len(summaries)
+    assert len(lines) <= bound, "\n".join(lines)
+    assert any("closing connection of client c" in line for line in lines)  # after hello

@@ -48,8 +48,9 @@ from ezflow._core._framing import (
     WELCOME,
 )
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
+from ezflow._transports._ring import ShmRing
 from ezflow._transports._segment import ShmSegment
-from ezflow._transports._shm import ShmTransport
+from ezflow._transports._shm import SegmentUnlinker, ShmTransport
 from ezflow._transports._shmfiles import shm_dir
 
 pytestmark = [
@@ -904,6 +905,52 @@ def leave_a_stale_segment() -> str:
 
 def segment_exists(name: str) -> bool:
     return os.path.exists(os.path.join(shm_dir(), name))
+
+
+# -- unlinking off the loop ------------------------------------------------------------------
+
+
+async def test_segments_a_publisher_gives_up_are_unlinked_off_the_loop() -> None:
+    """A ring handing its segments to a SegmentUnlinker: closed at once, unlinked in a
+    worker thread (each while still owned: the unlink itself checks), all gone once
+    ``wait`` returns; the caller's cancellation stops none of it."""
+    unlinker = SegmentUnlinker()
+    threads: list[int] = []
+
+    def unlink(segment: ShmSegment) -> None:
+        def recorded() -> None:
+            threads.append(threading.get_ident())
+            original()
+
+        original = segment.unlink
+        segment.unlink = recorded  # type: ignore[method-assign]
+        unlinker.unlink(segment)
+
+    for cancel in (False, True):
+        threads.clear()
+        ring = ShmRing(4, 4 * KiB, max_bytes=4 * MiB, unlink=unlink)
+        blocks = [ring.acquire(n) for n in (KiB, 600 * KiB, 700 * KiB)]  # the ring, 2 out of line
+        names = {block.descriptor.segment for block in blocks if block is not None}
+        assert len(names) == 3 and all(segment_exists(name) for name in names)
+        del blocks
+        ring.close()
+        waiting = asyncio.ensure_future(unlinker.wait())
+        if cancel:
+            await asyncio.sleep(0)
+            waiting.cancel()
+            for _ in range(500):  # the worker goes on: gone within 5 s
+                if not any(segment_exists(name) for name in names):
+                    break
+                await asyncio.sleep(0.01)
+        else:
+            await asyncio.wait_for(waiting, 10)
+        assert not any(segment_exists(name) for name in names)
+        assert len(threads) == 3 and threading.get_ident() not in threads
+    # Without a running loop (nothing to keep free), at once.
+    segment = ShmSegment.create(KiB)
+    await asyncio.to_thread(unlinker.unlink, segment)
+    assert not segment_exists(segment.name)
+    segment.close()
 
 
 async def test_segments_of_dead_processes_are_swept_when_a_server_starts() -> None:

@@ -28,6 +28,7 @@ from ezflow._core._channel import Channel, Inbox
 from ezflow._core._codec import Codec
 from ezflow._core._framing import ACK, DATA, DATA_PREFIX, END, HELLO, WELCOME
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
+from ezflow._transports import _stream
 from ezflow._transports._tcp import TcpTransport
 
 
@@ -81,7 +82,61 @@ async def test_garbage_on_the_data_port_closes_only_that_connection(
     assert pub.channels == 1
 
 
-async def test_misbehaving_channel_after_handshake_is_dropped(ctx: ezflow.GraphContext) -> None:
+@pytest.mark.parametrize(
+    ("payload", "cause", "error"),
+    [
+        pytest.param(
+            b"\x16\x03\x01\x02\x00" + b"\x00" * 200,
+            "protocol",
+            "look like a TLS handshake",
+            id="tls-hello",
+        ),
+        pytest.param(
+            struct.pack("<I", 0xFFFFFFFF), "protocol", "claims 4294967295 bytes", id="4GB-header"
+        ),
+        pytest.param(
+            struct.pack("<I", 3) + b"\x09\x00\x00",
+            "protocol",
+            "expected HELLO, got frame kind 9",
+            id="unknown-kind",
+        ),
+        pytest.param(
+            control(HELLO, {"op": "hello", "protocol": PROTOCOL}),
+            "protocol",
+            "field 'publisher_id' must be str",
+            id="missing-fields",
+        ),
+        pytest.param(
+            hello("p-nobody"), "refused", "no publisher 'p-nobody' in this process", id="unknown"
+        ),
+        pytest.param(struct.pack("<I", 40) + b"\x03", "timeout", "handshake not done", id="late"),
+    ],
+)
+async def test_a_channel_refused_in_its_handshake_is_told_why(
+    ctx: ezflow.GraphContext,
+    monkeypatch: pytest.MonkeyPatch,
+    payload: bytes,
+    cause: str,
+    error: str,
+) -> None:
+    monkeypatch.setattr(_stream, "HANDSHAKE_TIMEOUT", 0.3)
+    await ctx.publisher("/told")
+    reader, writer = await asyncio.open_connection(*data_port(ctx))
+    writer.write(payload)
+    (size,) = struct.unpack("<I", await asyncio.wait_for(reader.readexactly(4), 5))
+    body = await reader.readexactly(size)
+    assert body[0] == WELCOME
+    refusal = msgpack.unpackb(body[1:])
+    assert refusal["ok"] is False and refusal["cause"] == cause, refusal
+    assert error in refusal["error"], refusal
+    assert await closed_by_peer(reader)
+    writer.close()
+    assert ctx._tcp is not None and ctx._tcp.bad_peers.counts == {cause: 1}
+
+
+async def test_misbehaving_channel_after_handshake_is_dropped(
+    ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
+) -> None:
     pub = await ctx.publisher("/m")
     sub = await ctx.subscriber("/m", transport="tcp")
     reader, writer = await asyncio.open_connection(*data_port(ctx))
@@ -92,6 +147,9 @@ async def test_misbehaving_channel_after_handshake_is_dropped(ctx: ezflow.GraphC
     writer.close()
     await pub.publish("still fine")
     assert await sub.recv() == "still fine"
+    # Logged per cause (rate-limited), naming the publisher it was admitted to.
+    assert ctx._tcp is not None and ctx._tcp.bad_peers.counts == {"frame": 1}
+    assert f"to publisher {pub.id} on topic '/m': ACK frame of 5 bytes" in caplog.text
 
 
 async def test_leaky_channel_that_never_reads_does_not_hold_the_publisher(

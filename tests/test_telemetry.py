@@ -24,7 +24,7 @@ import ezflow
 from ezflow import ConfigurationError, telemetry
 from ezflow._core._channel import Channel, Inbox
 from ezflow._core._codec import Codec
-from ezflow._core._config import MAX_TELEMETRY_REPORT_SIZE
+from ezflow._core._config import BAD_PEER_LOG_FIRST, MAX_TELEMETRY_REPORT_SIZE
 from ezflow._core._exceptions import ProtocolError
 from ezflow._core._telemetry import (
     HISTOGRAM_BUCKETS,
@@ -32,6 +32,7 @@ from ezflow._core._telemetry import (
     bucket_bounds,
     bucket_index,
 )
+from ezflow._graph import _metrics
 from ezflow._graph._client import GraphClient
 from ezflow._graph._metrics import render
 
@@ -492,6 +493,48 @@ async def _raw_requests(host: str, port: int) -> None:
     assert (await ask(b"POST /metrics HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 405")
     assert (await ask(b"garbage\r\n\r\n")).startswith(b"HTTP/1.1 400")
     assert (await ask(b"GET /" + b"x" * 20_000 + b" HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 431")
+
+
+async def test_bad_requests_to_the_metrics_endpoint_are_answered_and_logged_bounded(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each bad request gets the status that says why; the log holds at most
+    BAD_PEER_LOG_FIRST lines per cause, and the summary at close counts the rest."""
+    if loop_kind() == "uvloop":
+        pytest.skip("the log limit does not depend on the event loop; once is enough")
+    monkeypatch.setattr(_metrics, "METRICS_REQUEST_TIMEOUT", 0.3)
+    async with ezflow.GraphServer(("127.0.0.1", 0), metrics_port=0) as server:
+        assert server.metrics_address is not None
+        gate = asyncio.Semaphore(8)  # (below MAX_METRICS_CONNECTIONS)
+
+        async def ask(data: bytes) -> bytes:
+            async with gate:
+                reader, writer = await asyncio.open_connection(*server.metrics_address)
+                writer.write(data)
+                answer = await asyncio.wait_for(reader.read(), 5)
+                writer.close()
+                return answer
+
+        bad = [b"POST /metrics HTTP/1.1\r\n\r\n", b"garbage\r\n\r\n", b"GET /x HTTP/1.1\r\n\r\n"]
+        answers = await asyncio.gather(*(ask(bad[i % 3]) for i in range(300)))
+        assert {a.split(b"\r\n", 1)[0] for a in answers} == {
+            b"HTTP/1.1 405 Method Not Allowed",
+            b"HTTP/1.1 400 Bad Request",
+            b"HTTP/1.1 404 Not Found",
+        }
+        assert answers[2].endswith(b"no b'/x', try /metrics\n")
+        late = await ask(b"GET /metrics HTTP/1.1\r\n")  # the head never ends
+        assert late.startswith(b"HTTP/1.1 408 Request Timeout")
+        assert b"METRICS_REQUEST_TIMEOUT" in late
+        assert (await ask(b"GET /metrics HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    lines = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("metrics server: ")
+    ]
+    assert len(lines) == BAD_PEER_LOG_FIRST + 1 + 1, lines  # request, timeout, summary
+    assert lines[-1] == (
+        f"metrics server: {300 - BAD_PEER_LOG_FIRST} more bad connections closed "
+        f"(request {300 - BAD_PEER_LOG_FIRST}); totals so far: request 300, timeout 1"
+    )
 
 
 # -- exact counts across real processes --------------------------------------------------

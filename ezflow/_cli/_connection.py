@@ -66,6 +66,7 @@ __all__ = [
     "graph_client",
     "graph_context",
     "import_module_or_file",
+    "insecure_warning",
     "print_user_traceback",
     "resolve_address",
     "run_async",
@@ -247,6 +248,16 @@ def print_user_traceback(exc: BaseException) -> None:
 
     trace.stack = traceback.StackSummary.from_list([f for f in trace.stack if mine(f)])
     sys.stderr.write("".join(trace.format()))
+
+
+def insecure_warning(address: Address) -> str:
+    """The line ``ezflow top`` and ``ezflow graph`` show for a server that says in
+    ``welcome`` that it runs insecure (``ezflow serve --insecure`` on a routable address)."""
+    return (
+        f"WARNING: the graph server at {format_address(address)} runs insecure (no token, "
+        "on an address other than loopback): anyone who can reach it can read, inject and "
+        "stop the graph (docs/security.md)"
+    )
 
 
 @contextlib.asynccontextmanager

@@ -11,19 +11,31 @@ from rich.table import Table
 from rich.tree import Tree
 
 from .._core._config import format_address
-from ._connection import AddressOption, console, fail, graph_client, resolve_address, run_async
+from ._connection import (
+    AddressOption,
+    console,
+    errors,
+    fail,
+    graph_client,
+    insecure_warning,
+    resolve_address,
+    run_async,
+)
 
 __all__ = ["dot", "fetch_graph", "graph", "mermaid", "topics"]
 
 
 async def fetch_graph(address: tuple[str, int], name: str) -> dict[str, Any]:
-    """The graph server's view, without the client asking for it."""
+    """The graph server's view, without the client asking for it, and ``insecure``:
+    whether the server said in ``welcome`` that it runs insecure."""
     async with graph_client(address, name) as client:
         reply = await client.request("graph")
         own = client.client_id
+        insecure = client.server_insecure
     for key in ("op", "id", "ok"):
         reply.pop(key, None)
     reply["clients"] = [c for c in reply.get("clients", []) if c.get("client_id") != own]
+    reply["insecure"] = insecure
     return reply
 
 
@@ -86,8 +98,11 @@ def dot(snapshot: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _tree(snapshot: dict[str, Any], address: str) -> Tree:
-    root = Tree(f"[bold]graph server {snapshot.get('server_id', '?')}[/] at {address}")
+def _tree(snapshot: dict[str, Any], address: str, warning: str | None = None) -> Tree:
+    label = f"[bold]graph server {snapshot.get('server_id', '?')}[/] at {address}"
+    if warning is not None:
+        label += f"\n[bold red]{escape(warning)}[/]"
+    root = Tree(label)
     by_client = {c["client_id"]: c for c in snapshot["clients"]}
     topics = root.add(f"[bold]topics[/] ({len(snapshot['topics'])})")
     for topic in snapshot["topics"]:
@@ -169,6 +184,9 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
         return
     where = resolve_address(address)
     snapshot = run_async(lambda: fetch_graph(where, "ezflow graph"))
+    warning = insecure_warning(where) if snapshot["insecure"] else None
+    if warning is not None and (as_mermaid or as_dot or as_json):
+        errors.print(warning, highlight=False, markup=False)  # (stdout is for the format)
     if as_mermaid:
         typer.echo(mermaid(snapshot), nl=False)
     elif as_dot:
@@ -176,7 +194,7 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
     elif as_json:
         typer.echo(json.dumps(snapshot, indent=2))
     else:
-        console.print(_tree(snapshot, format_address(where)), highlight=False)
+        console.print(_tree(snapshot, format_address(where), warning), highlight=False)
 
 
 def _fleet_graph(domain: str, connect: list[str] | None, as_json: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import signal
 from typing import Annotated
 
@@ -75,7 +76,12 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
     with --address / EZFLOW_GRAPH_ADDRESS; it keeps the latest telemetry of each and
     serves it to `ezflow top` (and to Prometheus with --metrics-port). On an address
     other than loopback it requires a token (--token-file or EZFLOW_TOKEN) of every
-    client unless --insecure is given; see docs/security.md.
+    client unless --insecure is given, and with --insecure it starts with a WARNING line
+    (and tells `ezflow top` and `ezflow graph`, which show it); see docs/security.md.
+
+    Its log (stderr) holds warnings only; bad connections (garbage, failed tokens,
+    malformed requests, clients declared dead...) take at most 5 lines per cause a
+    minute, and one summary line a minute counts the rest (docs/security.md).
 
     Examples:
 
@@ -85,6 +91,9 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
     """
     where = resolve_address(address)
     apply_security(token_file, tls_cert, tls_key, tls_ca)
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
 
     async def main() -> None:
         try:

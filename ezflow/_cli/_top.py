@@ -26,8 +26,10 @@ from .._graph._traces import quantiles, stages_of
 from ._connection import (
     AddressOption,
     console,
+    errors,
     fail,
     graph_client,
+    insecure_warning,
     resolve_address,
     run_async,
 )
@@ -303,18 +305,23 @@ def _fit(columns: list[_Column], rows: list[dict[str, Any]], title: str, width: 
 _SHOWN_WHEN_NOT_ZERO = {"rejoins"}
 
 
-def _tables(data: dict[str, list[dict[str, Any]]], where: str, width: int) -> Group:
-    """Both tables, fitted to *width* terminal cells."""
+def _tables(
+    data: dict[str, list[dict[str, Any]]], where: str, width: int, warning: str | None = None
+) -> Group:
+    """Both tables, fitted to *width* terminal cells, under *warning* if there is one."""
     rows = data["channels"]
     channel_columns = [
         column
         for column in _CHANNEL_COLUMNS
         if column[0] not in _SHOWN_WHEN_NOT_ZERO or any(row.get(column[0]) for row in rows)
     ]
-    return Group(
+    tables = [
         _fit(channel_columns, rows, f"channels (graph server {where})", width),
         _fit(_PUBLISHER_COLUMNS, data["publishers"], "publishers", width),
-    )
+    ]
+    if warning is None:
+        return Group(*tables)
+    return Group(Text(warning, style="bold red"), *tables)
 
 
 def top(  # noqa: PLR0917 - one parameter per command-line option
@@ -375,6 +382,10 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
 
     async def main() -> None:
         async with graph_client(where, "ezflow top") as client:
+            warning = insecure_warning(where) if client.server_insecure else None
+            if warning is not None and as_json:
+                errors.print(warning, highlight=False, markup=False)  # (stdout is JSON)
+            document = {"address": label, "insecure": client.server_insecure}
 
             async def snapshot() -> dict[str, list[dict[str, Any]]]:
                 # Every refresh takes all the hops the server keeps (TRACE_SERVER_KEEP):
@@ -385,19 +396,19 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
             if once:
                 data = await snapshot()
                 if as_json:
-                    typer.echo(json.dumps({"address": label, **data}, indent=2))
+                    typer.echo(json.dumps({**document, **data}, indent=2))
                 else:
-                    console.print(_tables(data, label, console.width))
+                    console.print(_tables(data, label, console.width, warning))
                 return
             if as_json:
                 while True:
                     data = await snapshot()
-                    typer.echo(json.dumps({"address": label, "time": time.time(), **data}))
+                    typer.echo(json.dumps({**document, "time": time.time(), **data}))
                     await asyncio.sleep(interval)
             with Live(console=console, auto_refresh=False) as live:
                 while True:
                     data = await snapshot()
-                    live.update(_tables(data, label, console.width), refresh=True)
+                    live.update(_tables(data, label, console.width, warning), refresh=True)
                     await asyncio.sleep(interval)
 
     run_async(main)

@@ -18,6 +18,7 @@ __all__ = [
     "AUTH_NONCE_SIZE",
     "BAD_PEER_LOG_FIRST",
     "BAD_PEER_LOG_INTERVAL",
+    "BAD_PEER_LOG_MAX_CHARS",
     "CHILD_STOP_TIMEOUT",
     "COMPAT_MAIN_POLL_INTERVAL",
     "CONNECT_TIMEOUT",
@@ -692,13 +693,19 @@ AUTH_NONCE_SIZE: Final = 32
 
 # -- logging of bad connections --------------------------------------------------------------
 
-#: Per cause (authentication failed, protocol violation, handshake timeout, too many
-#: connections), the graph server and each data listener log the first this many bad
-#: connections one line each ...
+#: Per cause (authentication failed, protocol violation before or after the handshake,
+#: handshake timeout, too many connections, a silent peer...), each listener (the graph
+#: server, each data server, the metrics endpoint) logs at most this many bad
+#: connections one line each per period of BAD_PEER_LOG_INTERVAL (a period opens with
+#: the first of its cause) ...
 BAD_PEER_LOG_FIRST: Final = 5
-#: ... and after that one summary line per this many seconds with the count per cause,
-#: so a flood of hostile connections costs a bounded number of log lines.
+#: ... and counts the rest, with one summary line per this many seconds at most (and
+#: one when the listener closes) giving the counts per cause: a flood of hostile
+#: connections costs a bounded number of log lines (ezflow._core._peerlog).
 BAD_PEER_LOG_INTERVAL: Final = 60.0
+#: Characters of one such line at most: what a peer sent (an unknown command's name, a
+#: field's value) may be quoted in it, and is cut beyond this.
+BAD_PEER_LOG_MAX_CHARS: Final = 1000
 
 # -- ezmsg's API (ezflow.compat.ezmsg) ----------------------------------------------------------
 

@@ -117,6 +117,25 @@ _POOL_BYTES: Final = 64 * 1024 * 1024
 log = logging.getLogger("ezflow.framing")
 
 
+#: First bytes of other protocols that reach our ports by mistake, and what to say.
+_FOREIGN: Final = (
+    ((b"GET ", b"POST", b"HEAD", b"PUT ", b"OPTI", b"DELE", b"PATC", b"CONN"), "an HTTP request"),
+    ((b"\x16\x03",), "a TLS handshake (is TLS set on one end only? EZFLOW_TLS_* on both)"),
+    ((b"SSH-",), "an SSH client"),
+)
+
+
+def _looks_like(header: bytes) -> str:
+    """A hint for a refused header whose bytes are another protocol's, else ``""``."""
+    for prefixes, what in _FOREIGN:
+        if header.startswith(prefixes):
+            return (
+                f" (its bytes {header!r} look like {what}: this port speaks ezflow's "
+                "length-prefixed frames)"
+            )
+    return ""
+
+
 class FrameReader:
     """Incremental parser of length-prefixed frames.
 
@@ -209,6 +228,7 @@ class FrameReader:
                 raise ProtocolError(
                     f"frame header claims {size} bytes, more than the limit of "
                     f"{self.max_frame_size} bytes on this connection"
+                    + _looks_like(bytes(view[start : start + 4]))
                 )
             frame_end = start + 4 + size
             if frame_end <= end:

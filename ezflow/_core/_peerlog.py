@@ -1,12 +1,24 @@
 """Rate-limited logging of bad connections, per cause.
 
-A listener (the graph server, a data server) reports each connection it closes for a
-reason of the peer's making - a failed authentication, a protocol violation, a late
-handshake, a connection over the limit - to its :class:`BadPeerLog`. The first
-``BAD_PEER_LOG_FIRST`` of each cause are logged one line each; later ones are counted,
-and one summary line per ``BAD_PEER_LOG_INTERVAL`` seconds gives the counts per cause.
-So 5,000 hostile connections cost a handful of lines, and a slow trickle still shows
-each offender.
+A listener (the graph server, a data server, the metrics endpoint) reports each
+connection it closes for a reason of the peer's making - a failed authentication, a
+protocol violation before or after the handshake, a late handshake, a connection over
+the limit, a peer gone silent - to its :class:`BadPeerLog`, which logs at most
+``BAD_PEER_LOG_FIRST`` lines one by one per cause and ``BAD_PEER_LOG_INTERVAL``:
+
+* the first connection of a cause opens a period of ``BAD_PEER_LOG_INTERVAL`` seconds
+  for that cause; the first ``BAD_PEER_LOG_FIRST`` of the cause in the period are logged
+  one line each (the last of them says that more are only counted);
+* later ones of the period are counted, and one summary line, at most one per
+  ``BAD_PEER_LOG_INTERVAL`` for all causes together, gives their counts per cause;
+* a connection of the cause after its period has ended opens a new period.
+
+So a listener writes at most ``BAD_PEER_LOG_FIRST`` lines per cause per period, plus one
+summary line per ``BAD_PEER_LOG_INTERVAL`` and one when it closes, each line at most
+``BAD_PEER_LOG_MAX_CHARS`` long however much of a peer's text it quotes: 5,000 hostile
+connections cost a handful of lines, and a slow trickle (fewer than
+``BAD_PEER_LOG_FIRST`` a period) still shows every offender. The same class bounds
+other peer-made faults that do not close a connection (*summary* names them).
 """
 
 from __future__ import annotations
@@ -15,7 +27,7 @@ import asyncio
 import logging
 from collections import Counter
 
-from ._config import BAD_PEER_LOG_FIRST, BAD_PEER_LOG_INTERVAL
+from ._config import BAD_PEER_LOG_FIRST, BAD_PEER_LOG_INTERVAL, BAD_PEER_LOG_MAX_CHARS
 
 __all__ = ["BadPeerLog"]
 
@@ -24,37 +36,51 @@ class BadPeerLog:
     """Counts bad connections of one listener, named *what* in every line, by cause.
 
     Call it from the event loop's thread. :attr:`counts` holds the totals per cause.
+    *summary* says what the summary line counts (default: bad connections closed).
     :meth:`close` logs the summary still pending (when the listener stops).
     """
 
-    def __init__(self, logger: logging.Logger, what: str) -> None:
+    def __init__(
+        self, logger: logging.Logger, what: str, *, summary: str = "bad connections closed"
+    ) -> None:
         self._log = logger
         self._what = what
+        self._noun = summary
         #: bad connections so far, by cause
         self.counts: Counter[str] = Counter()
         self._unlogged: Counter[str] = Counter()
+        # Per cause: when its current period began (loop time), and lines logged in it.
+        self._periods: dict[str, tuple[float, int]] = {}
         self._timer: asyncio.TimerHandle | None = None
 
     def __call__(self, cause: str, message: str, *args: object) -> None:
         """Count one bad connection of *cause*; log ``message % args`` if it is among
-        the first of that cause. The message must not contain secrets."""
+        the first of that cause in its period. The message must not contain secrets."""
         self.counts[cause] += 1
-        count = self.counts[cause]
-        if count <= BAD_PEER_LOG_FIRST:
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - always called from a protocol
+            loop = None
+        now = loop.time() if loop is not None else 0.0
+        start, logged = self._periods.get(cause, (now, 0))
+        if now - start >= BAD_PEER_LOG_INTERVAL:
+            start, logged = now, 0
+        if logged < BAD_PEER_LOG_FIRST:
+            self._periods[cause] = (start, logged + 1)
             suffix = (
-                f" (more of this cause are counted and summarized every "
+                f" (further ones of this cause are counted and summarized, for up to "
                 f"{BAD_PEER_LOG_INTERVAL:.0f} s)"
-                if count == BAD_PEER_LOG_FIRST
+                if logged + 1 == BAD_PEER_LOG_FIRST
                 else ""
             )
-            self._log.warning(f"{self._what}: {message}{suffix}", *args)
+            text = message % args if args else message
+            if len(text) > BAD_PEER_LOG_MAX_CHARS:  # (a peer's text quoted in it)
+                cut = len(text) - BAD_PEER_LOG_MAX_CHARS
+                text = f"{text[:BAD_PEER_LOG_MAX_CHARS]}... ({cut} more characters)"
+            self._log.warning("%s: %s%s", self._what, text, suffix)
             return
         self._unlogged[cause] += 1
-        if self._timer is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # pragma: no cover - always called from a protocol
-                return
+        if self._timer is None and loop is not None:
             self._timer = loop.call_later(BAD_PEER_LOG_INTERVAL, self._summary)
 
     def _summary(self) -> None:
@@ -65,9 +91,10 @@ class BadPeerLog:
         total = sum(self._unlogged.values())
         self._unlogged.clear()
         self._log.warning(
-            "%s: %d more bad connections closed (%s); totals so far: %s",
+            "%s: %d more %s (%s); totals so far: %s",
             self._what,
             total,
+            self._noun,
             causes,
             ", ".join(f"{cause} {n}" for cause, n in sorted(self.counts.items())),
         )

@@ -2,15 +2,18 @@
 
 Every control-plane frame body is one msgpack map with a string ``"op"``. A client opens
 with ``hello`` (carrying a random ``nonce``) and the server answers ``welcome`` (with
-``embedded``: whether a GraphContext runs it; or ``error`` and closes). A server with a
+``embedded``: whether a GraphContext runs it, and ``insecure``: whether it serves an
+address other than loopback without a token; or ``error`` and closes). A server with a
 token first answers ``challenge`` (its nonce and its proof of the token), the client
 answers ``auth`` (its proof), and only then comes ``welcome``; see
 :mod:`ezflow._core._auth`. An ``error`` in the handshake carries ``"cause"``: ``"auth"``
 (a failed authentication, :class:`AuthenticationError` on the client) or ``"protocol"``
-(anything else, :class:`ProtocolError`). After that
-the client sends requests (``{"op": ..., "id": n, ...}``) and the server answers each with
-``{"op": "reply", "id": n, "ok": true, ...}`` or ``{"op": "reply", "id": n, "ok": false,
-"error": "..."}``. The server also pushes ``routes`` whenever the set of publishers that
+(anything else, :class:`ProtocolError`). After that the client sends requests
+(``{"op": ..., "id": n, ...}``) and the server answers each with ``{"op": "reply",
+"id": n, "ok": true, ...}`` or ``{"op": "reply", "id": n, "ok": false, "error": "..."}``
+(a request it refuses). A malformed request gets that refusal too, and then the server
+closes the connection; any other breach of the protocol gets an ``error`` naming it
+before the close. The server also pushes ``routes`` whenever the set of publishers that
 feed one of the client's subscribers changes; the client answers ``routes_applied`` once
 its channels match, which is what lets a request such as ``connect`` return only when
 data already flows along the new edge. Before it stops on a ``shutdown`` request, the

@@ -75,6 +75,9 @@ class GraphClient:
         self.server_id: str = welcome["server_id"]
         #: Whether a GraphContext embeds the server (else: a standalone `ezflow serve`).
         self.server_embedded = welcome.get("embedded") is True
+        #: Whether the server serves an address other than loopback without a token
+        #: (``ezflow serve --insecure``): anyone who reaches it controls the graph.
+        self.server_insecure = welcome.get("insecure") is True
         self.local_host: str = protocol.local_host
 
     @classmethod
@@ -323,8 +326,9 @@ class _ClientConnection(FramedProtocol):
                 error = ProtocolError(f"graph server refused us: {message.get('error', '?')}")
             if self._welcome is not None and not self._welcome.done():
                 self._welcome.set_exception(error)
-            else:
+            else:  # it closes the connection next: that is why
                 log.error("%s", error)
+                self._lost_reason = error
         else:
             raise ProtocolError(f"unknown message {op!r} from the graph server")
 

@@ -4,8 +4,11 @@
 text format (version 0.0.4); :class:`MetricsServer` serves it at ``GET /metrics`` with
 the standard library only. The HTTP side is deliberately small and bounded: one request
 per connection, at most ``MAX_METRICS_REQUEST_SIZE`` bytes of request head read within
-``METRICS_REQUEST_TIMEOUT`` seconds, at most ``MAX_METRICS_CONNECTIONS`` connections at
-once (more get ``503``).
+``METRICS_REQUEST_TIMEOUT`` seconds (else ``408``), at most ``MAX_METRICS_CONNECTIONS``
+connections at once (more get ``503``). Requests it cannot answer with metrics get the
+status that says why, and are logged per cause, rate-limited like every listener's bad
+connections (:class:`~ezflow._core._peerlog.BadPeerLog`: ``limit``, ``timeout``,
+``request``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .._core._config import (
     Address,
     format_address,
 )
+from .._core._peerlog import BadPeerLog
 from .._core._telemetry import HistogramSnapshot, ProcessSnapshot
 
 __all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "MetricsServer", "render"]
@@ -220,6 +224,8 @@ class MetricsServer:
         self._address: Address | None = None
         self._connections = 0
         self.requests = 0
+        #: requests answered with an error status, logged per cause and rate-limited
+        self.bad_peers = BadPeerLog(log, "metrics server")
 
     @property
     def address(self) -> Address:
@@ -238,6 +244,7 @@ class MetricsServer:
         log.info("Prometheus metrics at http://%s/metrics", format_address(self._address))
 
     async def aclose(self) -> None:
+        self.bad_peers.close()
         server, self._server = self._server, None
         if server is not None:
             server.close()
@@ -250,28 +257,47 @@ class MetricsServer:
         self._connections += 1
         try:
             if self._connections > MAX_METRICS_CONNECTIONS:
-                await self._respond(writer, 503, "too many connections\n")
+                await self._refuse(
+                    writer,
+                    "limit",
+                    503,
+                    f"already {MAX_METRICS_CONNECTIONS} connections (MAX_METRICS_CONNECTIONS)",
+                )
                 return
             try:
                 head = await asyncio.wait_for(
                     reader.readuntil(b"\r\n\r\n"), METRICS_REQUEST_TIMEOUT
                 )
             except (TimeoutError, asyncio.TimeoutError):
+                await self._refuse(
+                    writer,
+                    "timeout",
+                    408,
+                    f"no complete request head within {METRICS_REQUEST_TIMEOUT:.0f} s "
+                    "(METRICS_REQUEST_TIMEOUT)",
+                )
                 return
             except asyncio.LimitOverrunError:
-                await self._respond(writer, 431, "request head too large\n")
+                await self._refuse(
+                    writer,
+                    "request",
+                    431,
+                    f"request head over {MAX_METRICS_REQUEST_SIZE} bytes "
+                    "(MAX_METRICS_REQUEST_SIZE)",
+                )
                 return
             except (asyncio.IncompleteReadError, ConnectionError):
-                return
-            parts = head.split(b"\r\n", 1)[0].split()
+                return  # it went away: nothing to answer
+            line = head.split(b"\r\n", 1)[0]
+            parts = line.split()
             if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
-                await self._respond(writer, 400, "bad request\n")
+                await self._refuse(writer, "request", 400, f"not an HTTP request: {line[:80]!r}")
                 return
             method, target = parts[0], parts[1].split(b"?", 1)[0]
             if method != b"GET":
-                await self._respond(writer, 405, "only GET\n")
+                await self._refuse(writer, "request", 405, f"method {method[:20]!r}, only GET")
             elif target not in (b"/metrics", b"/"):
-                await self._respond(writer, 404, "try /metrics\n")
+                await self._refuse(writer, "request", 404, f"no {target[:80]!r}, try /metrics")
             else:
                 self.requests += 1
                 await self._respond(writer, 200, render(self._source()), CONTENT_TYPE)
@@ -280,6 +306,15 @@ class MetricsServer:
         finally:
             self._connections -= 1
             writer.close()
+
+    async def _refuse(
+        self, writer: asyncio.StreamWriter, cause: str, status: int, reason: str
+    ) -> None:
+        """Answer *status* with *reason* as the body, and log it per *cause*."""
+        peer = writer.get_extra_info("peername")
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.bad_peers(cause, "answering %d to %s: %s", status, where, reason)
+        await self._respond(writer, status, reason + "\n")
 
     @staticmethod
     async def _respond(
@@ -293,6 +328,7 @@ class MetricsServer:
             400: "Bad Request",
             404: "Not Found",
             405: "Method Not Allowed",
+            408: "Request Timeout",
             431: "Request Header Fields Too Large",
             503: "Service Unavailable",
         }

@@ -17,13 +17,18 @@ Guarantees:
   the subscribers of ``b``.
 * Bad input closes only the connection it arrived on, with a logged reason: a frame
   that is not msgpack, a length header above the limit (checked before allocating), an
-  unknown command, a handshake that is missing, late or of another protocol version.
-  Connections are capped at ``MAX_SERVER_CONNECTIONS``. Such connections are logged per
-  cause and rate-limited (:class:`~ezflow._core._peerlog.BadPeerLog`).
+  unknown command or a malformed request, a handshake that is missing, late or of
+  another protocol version. Connections are capped at ``MAX_SERVER_CONNECTIONS``. The
+  peer is told why first (``error``, or the ``reply`` of the request at fault), unless
+  it is not reading. Such connections are logged per cause and rate-limited, before the
+  handshake and after it (:class:`~ezflow._core._peerlog.BadPeerLog`; causes ``limit``,
+  ``timeout``, ``protocol``, ``auth`` before, ``request``, ``silent``, ``unread``
+  after), and so are the telemetry reports and route updates a client gets wrong.
 * With a token, only clients that prove they know it are admitted (challenge-response,
   :mod:`ezflow._core._auth`); without one, a server refuses to bind a non-loopback
-  address unless told ``insecure=True``. With TLS files, clients must present a
-  certificate signed by the graph's CA.
+  address unless told ``insecure=True``, and then it logs a warning at start and tells
+  every client so in ``welcome`` (``insecure``: ``ezflow top`` and ``ezflow graph``
+  show it). With TLS files, clients must present a certificate signed by the graph's CA.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ from .._core._config import (
     watch_rings_from_env,
 )
 from .._core._exceptions import AuthenticationError, ConfigurationError, ProtocolError
-from .._core._framing import FramedProtocol
+from .._core._framing import FramedProtocol, frame
 from .._core._liveness import Heartbeat, tune_keepalive
 from .._core._loop import loop_factory
 from .._core._peerlog import BadPeerLog
@@ -173,7 +178,8 @@ class GraphServer:
     (default ``EZFLOW_TLS_CERT``/``_KEY``/``_CA``) makes the connections TLS with
     certificates verified both ways. Bound to an address other than loopback without a
     token, the constructor raises :class:`~ezflow.ConfigurationError` unless *insecure*
-    is true (a trusted network).
+    is true (a trusted network); then :attr:`insecure` is true, :meth:`start` logs a
+    warning, and every client is told in ``welcome``.
 
     Rings (docs/ezring.md): with *watch_rings* (default ``EZFLOW_WATCH_RINGS``, else on)
     the server scans the shm
@@ -207,7 +213,16 @@ class GraphServer:
                 "(--token-file PATH, EZFLOW_TOKEN or token=) or, on a trusted network, "
                 "--insecure (insecure=True)"
             )
+        #: Whether it serves an address other than loopback without a token
+        #: (``insecure=True``): warned about at start and told to every client.
+        self.insecure = self._credentials.token is None and not is_loopback(address[0])
+        #: bad connections, logged per cause and rate-limited (see the module docstring)
         self.bad_peers = BadPeerLog(log, "graph server")
+        #: faults of admitted clients that cost them no connection (a telemetry report
+        #: ignored, routes not applied in time), logged the same way
+        self.client_faults = BadPeerLog(
+            log, "graph server", summary="client faults (ignored reports, late routes)"
+        )
         self._requested_address: Address = address
         self._server: asyncio.AbstractServer | None = None
         self._address: Address | None = None
@@ -318,6 +333,14 @@ class GraphServer:
                 ]
             ),
         )
+        if self.insecure:
+            log.warning(
+                "graph server %s on %s runs insecure (no token, on an address other than "
+                "loopback): anyone who can reach it can read, inject and stop the graph; "
+                "give it a token (--token-file PATH) unless this network is trusted",
+                self.server_id,
+                format_address(self._address),
+            )
 
     @property
     def metrics_address(self) -> Address | None:
@@ -344,6 +367,7 @@ class GraphServer:
             connection.abort()
         self._closed.set()
         self.bad_peers.close()
+        self.client_faults.close()
         ring_task, self._ring_task = self._ring_task, None
         if ring_task is not None:
             ring_task.cancel()
@@ -429,11 +453,11 @@ class GraphServer:
     def _connection_opened(self, connection: _ServerConnection) -> bool:
         if len(self._connections) >= MAX_SERVER_CONNECTIONS:
             self.rejected_connections += 1
-            self.bad_peers(
+            connection.close_for(
                 "limit",
-                "refusing connection from %s: already %d connections (MAX_SERVER_CONNECTIONS)",
-                connection.peer_name(),
-                len(self._connections),
+                f"the graph server holds {len(self._connections)} connections already "
+                "(MAX_SERVER_CONNECTIONS); try again later",
+                verb="refusing",
             )
             return False
         self._connections.add(connection)
@@ -731,7 +755,8 @@ class GraphServer:
             while client.applied_version < version and client.id in self._clients:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    log.warning(
+                    self.client_faults(
+                        "routes",
                         "client %s (%s, pid %d) has not applied routes version %d after "
                         "%.0f s; answering without it",
                         client.id,
@@ -888,14 +913,14 @@ class GraphServer:
             except ProtocolError as exc:
                 reason = str(exc)
         self.ignored_reports += 1
-        if self.ignored_reports <= 5 or self.ignored_reports % 1000 == 0:
-            log.warning(
-                "graph server: ignoring a telemetry report of client %s (%s, pid %d): %s",
-                client.id,
-                client.name,
-                client.pid,
-                reason,
-            )
+        self.client_faults(
+            "report",
+            "ignoring a telemetry report of client %s (%s, pid %d): %s",
+            client.id,
+            client.name,
+            client.pid,
+            reason,
+        )
 
 
 class EmbeddedGraphServer:
@@ -1051,8 +1076,7 @@ class _ServerConnection(FramedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         if not self.server._connection_opened(self):
-            self.abort()
-            return
+            return  # (closed, with a reason)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             tune_keepalive(sock, self.server.heartbeat_deadline)
@@ -1068,12 +1092,13 @@ class _ServerConnection(FramedProtocol):
         client = self.client
         self.server.dead_clients += 1
         if client is None:  # (heartbeats start with the client's registration)
-            log.warning("graph server: connection from %s silent; closing it", self.peer_name())
+            self.server.bad_peers("silent", "closing connection from %s: silent", self.peer_name())
         else:
-            log.warning(
-                "graph server: client %s (%s, pid %d) at %s silent for %.1f s (heartbeat "
-                "deadline %g s): declaring it dead and dropping its %d publishers, %d "
-                "subscribers and %d edges",
+            self.server.bad_peers(
+                "silent",
+                "client %s (%s, pid %d) at %s silent for %.1f s (heartbeat deadline %g s): "
+                "declaring it dead and dropping its %d publishers, %d subscribers and %d "
+                "edges",
                 client.id,
                 client.name,
                 client.pid,
@@ -1088,17 +1113,45 @@ class _ServerConnection(FramedProtocol):
 
     def _handshake_timeout(self) -> None:
         if self.client is None:
-            self.server.bad_peers(
-                "timeout",
-                "closing connection from %s: handshake not done within %.0f s",
-                self.peer_name(),
-                HANDSHAKE_TIMEOUT,
-            )
-            self.abort()
+            self.close_for("timeout", f"handshake not done within {HANDSHAKE_TIMEOUT:.0f} s")
 
     def protocol_error(self, exc: ProtocolError) -> None:
-        self.server.bad_peers("protocol", "closing connection from %s: %s", self.peer_name(), exc)
-        self.abort()
+        self.close_for("protocol" if self.client is None else "request", str(exc))
+
+    def describe_peer(self) -> str:
+        """Who is at the other end, for log lines: the client once admitted."""
+        client = self.client
+        if client is None:
+            return f"connection from {self.peer_name()}"
+        return (
+            f"connection of client {client.id} ({client.name}, pid {client.pid}) from "
+            f"{self.peer_name()}"
+        )
+
+    def close_for(
+        self,
+        cause: str,
+        error: str,
+        reply: dict[str, Any] | None = None,
+        *,
+        verb: str = "closing",
+    ) -> None:
+        """Close the connection for a fault of the peer's: logged by the server per
+        *cause*, rate-limited (``bad_peers``), and told to the peer first - *reply*, by
+        default ``{"op": "error", "cause": "protocol", "error": error}`` - unless it
+        leaves what we sent unread (then it is dropped at once)."""
+        self.server.bad_peers(cause, "%s %s: %s", verb, self.describe_peer(), error)
+        self._broken = True  # nothing more is read from it
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if reply is None:
+            reply = {"op": "error", "cause": "protocol", "error": error}
+        transport.write(frame(pack_message(reply)))
+        if transport.get_write_buffer_size():
+            transport.abort()  # (it does not read: do not wait on it)
+        else:
+            transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.heartbeat is not None:
@@ -1115,9 +1168,10 @@ class _ServerConnection(FramedProtocol):
             return
         self.send_frame(pack_message(message))
         if transport.get_write_buffer_size() > _MAX_WRITE_BUFFER:
-            log.warning(
-                "graph server: dropping client at %s: it left %d bytes of pushed data unread",
-                self.peer_name(),
+            self.server.bad_peers(
+                "unread",
+                "dropping %s: it left %d bytes of pushed data unread",
+                self.describe_peer(),
                 transport.get_write_buffer_size(),
             )
             self.abort()
@@ -1133,15 +1187,12 @@ class _ServerConnection(FramedProtocol):
                     return  # challenged: the answer comes next
                 client = self.server._hello(self, hello)
             except AuthenticationError as exc:
-                self.send_message({"op": "error", "cause": "auth", "error": str(exc)})
-                self.server.bad_peers(
-                    "auth", "refusing connection from %s: %s", self.peer_name(), exc
-                )
-                self.abort()
+                reply = {"op": "error", "cause": "auth", "error": str(exc)}
+                self.close_for("auth", str(exc), reply, verb="refusing")
                 return
             except ProtocolError as exc:
-                self.send_message({"op": "error", "cause": "protocol", "error": str(exc)})
-                raise
+                self.close_for("protocol", str(exc))
+                return
             self.client = client
             if self._handshake_timer is not None:
                 self._handshake_timer.cancel()
@@ -1153,6 +1204,7 @@ class _ServerConnection(FramedProtocol):
                     "client_id": client.id,
                     "server_id": self.server.server_id,
                     "embedded": self.server.embedded,
+                    "insecure": self.server.insecure,
                     "trace_rate": self.server.trace_rate,
                 }
             )
@@ -1215,8 +1267,10 @@ class _ServerConnection(FramedProtocol):
                 self.send_message({"op": "reply", "id": request_id, "ok": False, "error": str(exc)})
                 continue
             except ProtocolError as exc:
-                self.send_message({"op": "reply", "id": request_id, "ok": False, "error": str(exc)})
-                log.warning("graph server: closing connection of client %s: %s", client.id, exc)
-                self.abort()
+                self.close_for(
+                    "request",
+                    str(exc),
+                    {"op": "reply", "id": request_id, "ok": False, "error": str(exc)},
+                )
                 return
             self.send_message({"op": "reply", "id": request_id, "ok": True, **result})

@@ -154,6 +154,12 @@ class ShmRing:
     every out-of-line block, in use or pooled - never exceeds *max_bytes*, which must
     hold at least the ring.
 
+    A segment the ring gives up (all of them at :meth:`close`, the oldest pooled blocks
+    when room is needed) is closed here and handed to *unlink* (default
+    :meth:`ShmSegment.unlink`, at once), which removes its name: the shm transport passes
+    one that does it off the event loop. The ring never touches a segment again after
+    handing it over.
+
     Not thread-safe: use it from one thread (the publisher's event loop). Raises
     :class:`ConfigurationError` for non-positive sizes or a ring larger than
     *max_bytes*; :meth:`open` / :meth:`acquire` raise :class:`BrokenResourceError` when
@@ -166,7 +172,9 @@ class ShmRing:
         slot_size: int = DEFAULT_SLOT_SIZE,
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        unlink: Callable[[ShmSegment], None] = ShmSegment.unlink,
     ) -> None:
+        self._unlink = unlink
         self._slot_count = _positive_int("slot_count", slot_count)
         self._slot_size = _positive_int("slot_size", slot_size)
         self._max_bytes = _positive_int("max_bytes", max_bytes)
@@ -283,7 +291,8 @@ class ShmRing:
             self._free_slots.append(slot)
 
     def close(self) -> None:
-        """Close and unlink every segment, pooled and in-use ones too; idempotent.
+        """Close every segment, pooled and in-use ones too, and have each unlinked (by
+        *unlink*); idempotent.
 
         The owner is going away: channels that still map a block keep their mapping
         (the kernel frees the memory when they unmap), but nobody can attach anew.
@@ -308,11 +317,7 @@ class ShmRing:
         self._in_use = 0
         self._oob_bytes = 0
         for segment in segments.values():
-            try:
-                if segment.owner:  # not in a forked child: the parent still uses them
-                    segment.unlink()
-            finally:
-                segment.close()
+            self._give_up(segment)
 
     def __enter__(self) -> ShmRing:
         return self
@@ -418,10 +423,15 @@ class ShmRing:
         del self._blocks[slot.id]
         self._oob_bytes -= slot.capacity
         self._retired.append(slot.segment.name)
-        try:
-            slot.segment.unlink()
-        finally:
-            slot.segment.close()
+        self._give_up(slot.segment)
+
+    def _give_up(self, segment: ShmSegment) -> None:
+        """Unmap *segment* and have its name removed (by *unlink*); in a child forked
+        from the owner only unmap it (the parent still uses it)."""
+        owned = segment.owner
+        segment.close()  # (never raises: live views keep the mapping, see there)
+        if owned:
+            self._unlink(segment)
 
     def publish(self, block: Block, channels: Iterable[Hashable]) -> Descriptor:
         """Lease *block* to each channel in *channels*; return its descriptor.

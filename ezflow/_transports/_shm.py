@@ -47,13 +47,14 @@ Crashes and cleanup
     outlive the segments' names), and the dead publisher's segments are swept from
     ``/dev/shm`` (see :class:`SegmentSweeper`). A channel that dies drops its socket;
     the publisher then drops all its leases at once, so it is never blocked for long.
-    A publisher closes its ring (unlinking every segment) once every channel it fed has
-    read up to ``END``.
+    A publisher closes its ring (unlinking every segment, in a worker thread:
+    :class:`SegmentUnlinker`) once every channel it fed has read up to ``END``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -242,6 +243,71 @@ class SegmentSweeper:
             await self.sweep()
 
 
+class SegmentUnlinker:
+    """Removes the names of segments this process owns and gave up, in a worker thread:
+    an unlink frees the segment's pages, which is no work for the event loop.
+
+    :meth:`unlink` takes a segment that its owner will not touch again (closed, or to be
+    closed by nobody else), so the worker thread is the only one using it from then on -
+    :class:`ShmSegment` asks for one thread at a time. The segment stays owned (its
+    name, and the lock that keeps sweepers off it) until the worker has unlinked it;
+    at a normal interpreter exit whatever is left is unlinked by ``ShmSegment``'s own
+    ``atexit`` hook, and after a crash the sweeper removes it. :meth:`unlink` only
+    queues, so a cancelled caller cannot stop an unlink half-way; :meth:`wait` waits
+    until the queue is empty (a transport's ``aclose``).
+    """
+
+    def __init__(self) -> None:
+        self._pending: collections.deque[ShmSegment] = collections.deque()
+        self._job: asyncio.Future[None] | None = None
+
+    def unlink(self, segment: ShmSegment) -> None:
+        """Have *segment* unlinked (owner only): soon, in a worker thread; at once when
+        no event loop runs here (nothing to keep free)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            segment.unlink()
+            return
+        self._pending.append(segment)
+        if self._job is None:
+            self._start(loop)
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            job = loop.run_in_executor(None, self._drain)
+        except RuntimeError:  # the executor is shut down: the loop is ending
+            self._drain()
+            return
+        self._job = job
+        job.add_done_callback(self._drained)
+
+    def _drain(self) -> None:
+        # In the worker thread: deque.popleft is atomic, the loop only appends.
+        pending = self._pending
+        while pending:
+            segment = pending.popleft()
+            try:
+                segment.unlink()
+            except Exception:  # (logged; the others still go)
+                log.exception("cannot remove shared-memory segment %s", segment.name)
+
+    def _drained(self, job: asyncio.Future[None]) -> None:
+        # On the loop: a segment queued after the worker found the queue empty (and
+        # before this callback) starts another round.
+        self._job = None
+        if self._pending:
+            self._start(asyncio.get_running_loop())
+
+    async def wait(self) -> None:
+        """Return once every segment queued so far is unlinked. Cancelling the caller
+        does not stop the unlinks."""
+        while (job := self._job) is not None:
+            # (asyncio.wait yields even for a done job, so that its done-callback, which
+            # may start the next round, runs first; it never cancels the job)
+            await asyncio.wait({job})
+
+
 # -- publisher side ------------------------------------------------------------------------
 
 
@@ -285,11 +351,20 @@ class _Loan:
 class _OutletShm:
     """One publisher's shared memory: its ring, its loans, and its shm links."""
 
-    def __init__(self, outlet: Outlet, options: ShmOptions, codec: Codec, call: _LoopCall) -> None:
+    def __init__(
+        self,
+        outlet: Outlet,
+        options: ShmOptions,
+        codec: Codec,
+        call: _LoopCall,
+        unlink: Callable[[ShmSegment], None],
+    ) -> None:
         self.outlet = outlet
         self.options = options
         self.codec = codec
-        self.ring = ShmRing(options.slot_count, options.slot_size, max_bytes=options.max_bytes)
+        self.ring = ShmRing(
+            options.slot_count, options.slot_size, max_bytes=options.max_bytes, unlink=unlink
+        )
         self.stats = ShmStats()
         self.links: set[_ShmLink] = set()
         self.lost_inline = 0  # inline sends of links gone by
@@ -786,6 +861,8 @@ class ShmTransport(StreamTransport[str]):
         self._probe: ShmSegment | None = None
         self._probe_error: str | None = None
         self.sweeper = SegmentSweeper()
+        #: removes the names of the segments our publishers give up, off the loop
+        self.unlinker = SegmentUnlinker()
 
     @staticmethod
     def available() -> bool:
@@ -845,7 +922,7 @@ class ShmTransport(StreamTransport[str]):
     def add_outlet(self, outlet: Outlet, options: ShmOptions | None = None) -> None:
         super().add_outlet(outlet)
         self._shm[outlet.publisher_id] = _OutletShm(
-            outlet, options or ShmOptions(), self._codec, self.call
+            outlet, options or ShmOptions(), self._codec, self.call, self.unlinker.unlink
         )
 
     def remove_outlet(self, outlet: Outlet) -> None:
@@ -937,9 +1014,11 @@ class ShmTransport(StreamTransport[str]):
             self._shm.clear()
             probe, self._probe = self._probe, None
             if probe is not None:
-                try:
-                    if probe.owner:  # not in a forked child
-                        probe.unlink()
-                finally:
-                    probe.close()
-            await self.sweeper.aclose()
+                owned = probe.owner  # (not in a forked child)
+                probe.close()
+                if owned:
+                    self.unlinker.unlink(probe)
+            try:
+                await self.unlinker.wait()  # every segment we gave up is gone from here on
+            finally:
+                await self.sweeper.aclose()

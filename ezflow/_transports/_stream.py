@@ -11,8 +11,13 @@ Authentication (:mod:`ezflow._core._auth`): ``HELLO`` carries the channel's ``no
 A data server with a token answers it with a ``WELCOME`` frame whose map is
 ``{"op": "challenge", "nonce", "proof"}``; the channel checks the proof and sends a
 ``HELLO`` frame ``{"op": "auth", "proof"}``, and only then comes the real ``WELCOME``
-(or a refusal with ``"cause": "auth"``). Refused and bad connections are logged per
-cause, rate-limited (:class:`~ezflow._core._peerlog.BadPeerLog`).
+(or a refusal with ``"cause": "auth"``). A connection that breaks the protocol or is
+late in its handshake gets such a refusal too (``"cause"``: ``"protocol"``,
+``"timeout"``); past the handshake one is only closed (no frame says why). Refused and
+bad connections are logged per cause, rate-limited
+(:class:`~ezflow._core._peerlog.BadPeerLog`): ``timeout``, ``protocol``, ``auth`` and
+``refused`` before the handshake, ``frame`` (a malformed frame) and ``silent`` (past the
+heartbeat deadline) after it.
 
 Sending is batched without delaying a lone message: the first message of an event-loop
 iteration is written at once (lowest latency for paced publishers). Unless it came
@@ -356,16 +361,22 @@ class PublisherConnection(FramedProtocol):
 
     def _late(self) -> None:
         if self.link is None:
-            self.server.bad_peers(
-                "timeout",
-                "closing connection from %s: handshake not done within %.0f s",
-                self.peer_name(),
-                HANDSHAKE_TIMEOUT,
-            )
-            self.abort()
+            self._refuse(f"handshake not done within {HANDSHAKE_TIMEOUT:.0f} s", cause="timeout")
 
     def protocol_error(self, exc: ProtocolError) -> None:
-        self.server.bad_peers("protocol", "closing connection from %s: %s", self.peer_name(), exc)
+        outlet = self.outlet
+        if self.link is None or outlet is None:
+            self._refuse(str(exc), cause="protocol")  # (the refusal tells it why)
+            return
+        # Past the handshake the data protocol has no frame to say why: only close.
+        self.server.bad_peers(
+            "frame",
+            "closing channel from %s to publisher %s on topic %r: %s",
+            self.describe_peer(),
+            outlet.publisher_id,
+            outlet.topic,
+            exc,
+        )
         self.abort()
 
     def frame_received(self, body: bytes | memoryview) -> None:
@@ -442,7 +453,8 @@ class PublisherConnection(FramedProtocol):
         outlet = self.outlet
         if outlet is not None:
             outlet.stats.dead_channels += 1
-        log.warning(
+        self.server.bad_peers(
+            "silent",
             "publisher %s on topic %r: %s channel from %s silent for %.1f s (heartbeat "
             "deadline %g s): declaring it dead and closing its connection",
             "?" if outlet is None else outlet.publisher_id,
@@ -566,13 +578,20 @@ class PublisherConnection(FramedProtocol):
         super().abort()
 
     def _refuse(self, reason: str, *, cause: str = "refused") -> None:
-        self.server.bad_peers(cause, "refusing channel from %s: %s", self.peer_name(), reason)
+        """Refuse the channel in its handshake: logged per *cause* (rate-limited), and
+        told in a ``WELCOME`` refusal unless it leaves what we send unread."""
+        self.server.bad_peers(cause, "refusing channel from %s: %s", self.describe_peer(), reason)
         self._broken = True  # whatever else arrived with it is not read
-        assert self.transport is not None
-        self.transport.write(
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(
             control(WELCOME, {"op": "welcome", "ok": False, "cause": cause, "error": reason})
         )
-        self.transport.close()
+        if transport.get_write_buffer_size():
+            transport.abort()  # (it does not read: do not wait on it)
+        else:
+            transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.heartbeat is not None:

@@ -78,7 +78,9 @@ async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 def preparation() -> dict[str, Any]:
     """What a child needs to import the classes the parent pickled: ``sys.path``, the
     working directory, and how the main module was started (for classes defined in a
-    script, which are pickled as ``__main__.X``)."""
+    script, which are pickled as ``__main__.X``). It asks the file system
+    (``os.getcwd``, ``os.path.abspath``): call it off the event loop
+    (``asyncio.to_thread``)."""
     cwd = os.getcwd()
     data: dict[str, Any] = {"sys_path": [cwd if p == "" else p for p in sys.path], "dir": cwd}
     main = sys.modules.get("__main__")

@@ -310,7 +310,7 @@ class GraphRunner:
             await self._check_not_running_already(context)
         loop_module = type(asyncio.get_running_loop()).__module__
         loop_kind = "uvloop" if loop_module.startswith("uvloop") else "asyncio"
-        prep = preparation()
+        prep = await asyncio.to_thread(preparation)  # (os.getcwd: file-system calls)
         for child in self._children:
             child.send(
                 {
