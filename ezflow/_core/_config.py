@@ -93,6 +93,7 @@ __all__ = [
     "TRACE_BUFFER",
     "TRACE_FLUSH_MARGIN",
     "TRACE_FLUSH_MAX_WAIT",
+    "TRACE_FLUSH_SETTLE",
     "TRACE_LEASE_CONFIRM_TIMEOUT",
     "TRACE_LEASE_GRACE",
     "TRACE_LEASE_MAX",
@@ -618,9 +619,12 @@ TRACE_LEASE_GRACE: Final = 1.0
 #: ... the server answers a lease request (or its end) once every process confirmed it,
 #: or after this many seconds (the others are named in the answer) ...
 TRACE_LEASE_CONFIRM_TIMEOUT: Final = 2.0
-#: ... and after a lease ends, ``ezflow trace`` waits for every process's first report
-#: since (the hops it finished under the lease) at most its report interval plus this
-#: margin ...
+#: ... after a lease ends, traced messages sent before every process left it may still
+#: be on their way: a process's report counts as having every hop of the lease once it
+#: was sent this many seconds after the process left the lease ...
+TRACE_FLUSH_SETTLE: Final = 0.1
+#: ... and ``ezflow trace`` waits for such a report of every process at most the
+#: longest report interval plus this margin ...
 TRACE_FLUSH_MARGIN: Final = 0.5
 #: ... and never more than this many seconds in all.
 TRACE_FLUSH_MAX_WAIT: Final = 10.0

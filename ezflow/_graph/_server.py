@@ -55,6 +55,7 @@ from .._core._config import (
     MAX_TELEMETRY_REPORT_SIZE,
     MIN_TELEMETRY_INTERVAL,
     ROUTE_APPLY_TIMEOUT,
+    TRACE_FLUSH_SETTLE,
     TRACE_LEASE_CONFIRM_TIMEOUT,
     TRACE_SERVER_KEEP,
     Address,
@@ -129,6 +130,7 @@ class _Client:
     trace_version: int = 0
     report_interval: float = 0.0
     left_lease: str | None = None
+    left_at: float = float("-inf")
     flushed_lease: str | None = None
 
 
@@ -1042,18 +1044,22 @@ class GraphServer:
             self._trace_confirmed.set()
 
     def _trace_state(self, client: _Client, state: dict[str, Any], *, reported: bool) -> None:
-        """Keep *client*'s trace *state*. When it left a lease, its hops of that lease
-        are all at the server with its next report (or this one, if it is one:
-        built after leaving)."""
+        """Keep *client*'s trace *state*. Once it left a lease, its hops of that lease
+        are all at the server with its first report sent ``TRACE_FLUSH_SETTLE`` or
+        more after (traced messages sent just before may still be on their way)."""
+        now = asyncio.get_running_loop().time()
         held = client.trace_state["lease"] if client.trace_state is not None else None
         if held is not None and state["lease"] != held:
             client.left_lease = held
-            if reported:
-                client.flushed_lease = held
-        elif reported and client.left_lease is not None:
+            client.left_at = now
+        if (
+            reported
+            and client.left_lease is not None
+            and now - client.left_at >= TRACE_FLUSH_SETTLE
+        ):
             client.flushed_lease = client.left_lease
         client.trace_state = state
-        client.trace_state_at = asyncio.get_running_loop().time()
+        client.trace_state_at = now
 
     @staticmethod
     def _trace_name(client: _Client) -> str:
