@@ -270,7 +270,9 @@ async def test_a_killed_sample_command_leaves_no_process_tracing_after_its_lease
     assert pub.state["rate"] == 0 and sub.state["rate"] == 0  # (their own: none)
     await sub.still_records_none()
     report = await graph.json("trace", "--rate")
-    assert report["lease"] is None
+    assert report["lease"] is None and report["last_ended"]["id"] == lease
+    ender = f"ended by ezflow trace (pid {command.pid})"
+    assert report["last_ended"]["how"] == ("expired" if how == signal.SIGKILL else ender)
     assert {p["name"]: (p["rate"], p["source"]) for p in report["processes"]} == {
         "pub": (0, "own"),
         "sub": (0, "own"),
@@ -581,7 +583,6 @@ async def test_a_malformed_lease_request_gets_a_precise_error_and_the_server_kee
             ("trace_lease", {"rate": 1, "duration": 1e9}, "at most 3600 (TRACE_LEASE_MAX)"),
             ("trace_lease", {"rate": 1}, "trace_lease needs rate"),
             ("end_trace_lease", {"lease": 5}, "end_trace_lease lease=5 must be a lease id"),
-            ("traces", {"since": -1}, "traces since=-1 must be a hop index"),
         ):
             with pytest.raises(GraphError, match=re.escape(text)):
                 await client.request(op, **fields)
@@ -591,6 +592,23 @@ async def test_a_malformed_lease_request_gets_a_precise_error_and_the_server_kee
         reply = await client.request("trace_lease", rate=4, duration=30)
         assert reply["lease"]["rate"] == 4 and reply["unconfirmed"] == []
         assert TRACING.lease is not None and TRACING.rate == 4  # (this process is a client)
+        # A process that connects while the lease runs gets the rest of it in welcome ...
+        TRACING.lease = None
+        TRACING.update()
+        late = await GraphClient.connect(
+            server.address, name="late", on_routes=lambda *_: None, on_lost=lambda _: None
+        )
+        late.close()
+        assert TRACING.lease is not None and TRACING.lease.id == reply["lease"]["id"]
+        assert 0 < TRACING.state()["left"] <= 30 + TRACE_LEASE_GRACE
+        # ... and one that connects to a server without a lease (a new one) drops it.
+        async with ezflow.GraphServer(("127.0.0.1", 0), watch_rings=False) as new:
+            fresh = await GraphClient.connect(
+                new.address, name="fresh", on_routes=lambda *_: None, on_lost=lambda _: None
+            )
+            fresh.close()
+        assert TRACING.lease is None and TRACING.rate == 0
+        apply_lease({"id": reply["lease"]["id"], "rate": 4, "remaining": 30})
         ended = await client.request("end_trace_lease", lease="not it")
         assert ended["ended"] is None and server.trace_lease is not None
         ended = await client.request("end_trace_lease", lease=reply["lease"]["id"])

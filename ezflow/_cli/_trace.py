@@ -62,12 +62,19 @@ CLEARS = (
 )
 
 
-async def fetch_hops(client: GraphClient, since: int | None = None) -> list[dict[str, Any]]:
-    """The trace hops the graph server keeps, as dicts (oldest first); with *since* (a
-    hop index the server gave), only those reported from then on."""
-    if since is None:
-        return hops_from_reply(await client.request("traces"))
-    return hops_from_reply(await client.request("traces", since=since))
+async def fetch_hops(client: GraphClient) -> list[dict[str, Any]]:
+    """Every trace hop the graph server keeps, as dicts (oldest first)."""
+    return hops_from_reply(await client.request("traces"))
+
+
+def window(reply: dict[str, Any], since: int) -> tuple[list[dict[str, Any]], int]:
+    """The hops of a ``traces`` *reply* of the traces with a hop reported since hop
+    index *since* (what a lease taken then sampled, with the earlier hops of traces it
+    caught running), and how many hops reported since are no longer kept."""
+    hops = hops_from_reply(reply)
+    first = int(reply.get("received") or 0) - len(hops)  # (the oldest kept's index)
+    caught = {hop["trace_id"] for hop in hops[max(0, since - first) :]}
+    return [hop for hop in hops if hop["trace_id"] in caught], max(0, first - since)
 
 
 def _us(ns: int | None) -> str:
@@ -137,13 +144,13 @@ def render_paths(
 def render_incomplete(incomplete: IncompleteSummary) -> RenderableType:
     """The incomplete traces: a table of their fragments (what was reported of them),
     left out of the paths and their end-to-end figures."""
-    table = Table(
-        title=f"incomplete traces: {incomplete.traces} ({incomplete.hops} hops) - not all "
-        "their hops were reported (cut by the end of sampling, a lost report, or "
-        "overwritten at the server); left out of the paths above",
-        title_justify="left",
-        expand=False,
+    heading = Text(
+        f"incomplete traces: {incomplete.traces} ({incomplete.hops} hops) - not all their "
+        "hops were reported (cut by the end of sampling, a lost report, or overwritten at "
+        "the server); left out of the paths above",
+        style="bold",
     )
+    table = Table(expand=False)
     table.add_column("fragment (incomplete)")
     table.add_column("traces", justify="right")
     table.add_column("missing")
@@ -153,7 +160,7 @@ def render_incomplete(incomplete: IncompleteSummary) -> RenderableType:
             str(fragment.traces),
             " and ".join(f"its {part}" for part in fragment.missing),
         )
-    return table
+    return Group(heading, table)
 
 
 def paths_json(
@@ -208,9 +215,12 @@ def _source(state: dict[str, Any], age: float) -> str:
 
 
 def rates_json(address: str, reply: dict[str, Any], *, cleared: bool = False) -> dict[str, Any]:
-    """What ``--rate --json`` prints: the lease and every process's rates (``rate`` in
-    force, ``source`` ``"lease"`` or ``"own"``, ``own``, ``own_source``, ``lease``,
-    ``lease_left`` in seconds, ``age``: seconds since the process said so)."""
+    """What ``--rate --json`` prints: the lease, the last one that ended
+    (``last_ended``: ``id``, ``rate``, ``ago``, ``how``) and every process's rates
+    (``rate`` in force, ``source`` ``"lease"`` or ``"own"``, ``own``, ``own_source``,
+    ``lease``, ``lease_left`` in seconds, ``age``: seconds since the process said so);
+    for ``--rate 0`` also ``cleared`` (the lease it ended), ``clears`` and
+    ``unconfirmed``."""
     processes = []
     for process in reply.get("processes") or ():
         state = process.get("state")
@@ -241,6 +251,8 @@ def rates_json(address: str, reply: dict[str, Any], *, cleared: bool = False) ->
         "lease": reply.get("lease"),
         "processes": processes,
     }
+    if "ended" in reply and not cleared:
+        report["last_ended"] = reply["ended"]  # (id, rate, ago, how)
     if cleared:
         report["cleared"] = reply.get("ended")
         report["clears"] = CLEARS
@@ -510,9 +522,7 @@ def trace(  # noqa: PLR0917 - one parameter per command-line option
             sampling = None
             if sample is not None:
                 sampling = await _sample(client, sample, seconds, quiet=as_json)
-                reply = await client.request("traces", since=sampling.since)
-                sampling.overwritten = int(reply.get("overwritten") or 0)
-                hops = hops_from_reply(reply)
+                hops, sampling.overwritten = window(await client.request("traces"), sampling.since)
             else:
                 hops = await fetch_hops(client)
         return hops, sampling

@@ -40,7 +40,6 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 from .._core._auth import Credentials, Responder, TlsFiles, Token, is_loopback
@@ -257,8 +256,7 @@ class GraphServer:
         #: the newest trace hops every client reported (TRACE_SERVER_KEEP), each row
         #: HOP_FIELDS plus the reporting process's name and wall-clock offset
         self.trace_hops: deque[list[Any]] = deque(maxlen=TRACE_SERVER_KEEP)
-        #: how many hops were ever reported (the index the next one gets: ``traces``
-        #: with ``since`` gives those from an index on)
+        #: how many hops were ever reported (the index the next one gets)
         self.trace_hops_received = 0
         #: the graph's trace lease, pushed to every client (None: each traces at its own
         #: rate); ended by its timer, a newer lease or an ``end_trace_lease`` request
@@ -524,7 +522,7 @@ class GraphServer:
                 }
             }
         if op == "traces":
-            return self._traces(message)
+            return self._traces()
         if op == "trace_lease":
             return await self._grant_trace_lease(client, message)
         if op == "end_trace_lease":
@@ -888,28 +886,13 @@ class GraphServer:
 
     # -- tracing: the graph's lease ----------------------------------------------------------
 
-    def _traces(self, message: dict[str, Any]) -> dict[str, Any]:
-        """The ``traces`` request: the hops kept, or with ``since`` (an index, as
-        ``received`` and ``trace_lease`` give it) those reported from then on, and how
-        many of those are no longer kept (``overwritten``)."""
-        since = message.get("since")
-        hops = self.trace_hops
-        first = self.trace_hops_received - len(hops)  # the index of the oldest kept
-        if since is None:
-            rows, overwritten = list(hops), 0
-        elif type(since) is not int or since < 0:
-            raise ValueError(
-                f"traces since={since!r} must be a hop index >= 0 (the 'received' of an "
-                "earlier traces or trace_lease answer)"
-            )
-        else:
-            rows = list(islice(hops, max(0, since - first), None))
-            overwritten = max(0, first - since)
+    def _traces(self) -> dict[str, Any]:
+        """The ``traces`` request: the hops kept (oldest first), and how many hops were
+        ever reported (``received``: the last kept hop's index plus one)."""
         return {
             "fields": list(REPORTED_FIELDS),
-            "hops": rows,
+            "hops": list(self.trace_hops),
             "received": self.trace_hops_received,
-            "overwritten": overwritten,
         }
 
     def _trace_welcome(self, client: _Client) -> dict[str, Any] | None:
