@@ -282,6 +282,8 @@ def set_trace_rate(rate: int) -> None:
 
 def set_own_rate(rate: int, source: str) -> None:
     """:func:`set_trace_rate`, saying where the rate came from (:data:`OWN_SOURCES`)."""
+    if source not in OWN_SOURCES:
+        raise ValueError(f"trace rate source {source!r} is not one of {OWN_SOURCES}")
     TRACING.own_rate = check_trace_rate(rate)
     TRACING.own_source = source
     TRACING.update()
