@@ -232,7 +232,15 @@ def rates_json(address: str, reply: dict[str, Any], *, cleared: bool = False) ->
             "hostname": process.get("hostname"),
         }
         if state is None:
-            entry.update(rate=None, source=None, own=None, own_source=None, lease=None)
+            entry.update(
+                rate=None,
+                source=None,
+                own=None,
+                own_source=None,
+                lease=None,
+                lease_left=None,
+                age=None,
+            )
         else:
             entry.update(
                 rate=state["rate"],
