@@ -18,7 +18,7 @@ import pytest
 import ezflow
 from ezflow._core._config import ENV_SHM_DIR, ENV_WATCH_RINGS
 from ezflow._core._exceptions import EzflowError
-from ezflow._core._tracing import TRACING
+from ezflow._core._tracing import TRACING, set_own_rate
 from ezflow._transports._ezring import PREFIX as RING_PREFIX
 from ezflow._transports._ezring import read_ring_header
 
@@ -246,8 +246,8 @@ def tracing_off() -> Iterator[None]:
     tracing: ``pytestmark = pytest.mark.usefixtures("tracing_off")``)."""
 
     def reset() -> None:
-        ezflow.set_trace_rate(0)
-        TRACING.graph_rate = None
+        set_own_rate(0, "default")
+        TRACING.lease = None
         TRACING.update()
         TRACING.active = False
         TRACING.hops.clear()

@@ -62,6 +62,7 @@ def _hop(**fields: Any) -> dict[str, Any]:
         "transport": "shm",
         "pid": 100,
         "same_clock": True,
+        "forwarded": 0,
         "process": "relay1",
         "wall_offset": WALL,
     }

@@ -9,6 +9,7 @@ from typing import Any
 
 from ezflow._core._codec import Codec
 from ezflow._core._outlet import Outlet
+from ezflow._core._tracing import TRACING
 from ezflow._graph import _reporter
 from ezflow._graph._reporter import TelemetryReporter
 from ezflow._graph._routing import ChannelRecord
@@ -49,7 +50,12 @@ def test_reporter_snapshots_and_sends_what_its_source_gives() -> None:
         ("p-view", "/view", 3)
     ]
     assert snapshot.channels == ()
-    assert source.sent == [snapshot.to_wire()] and reporter.reports_sent == 1
+    (sent,) = source.sent
+    # The snapshot, plus the process's trace hops (none here) and trace rates.
+    trace = sent.pop("trace")
+    assert sent == snapshot.to_wire() and reporter.reports_sent == 1
+    assert trace["hops"] == [] and trace["interval"] == 1.0
+    assert trace["state"] == TRACING.state()
 
 
 def test_reporter_module_does_not_import_the_context() -> None:

@@ -73,7 +73,7 @@ def test_a_bad_environment_rate_is_reported_by_the_context(
 
 
 def test_malformed_hop_rows_are_refused() -> None:
-    good = [1, 2, 0, "/t", "p", "s", "tcp", 9, True, 1, 2, 3, 4, 5, 6]
+    good = [1, 2, 0, "/t", "p", "s", "tcp", 9, True, 1, 2, 3, 4, 5, 6, 0]
     assert check_rows([good]) == [good]
     for bad in ([good[:-1]], [[*good[:3], 4, *good[4:]]], [[*good[:8], 1, *good[9:]]], ["x"]):
         with pytest.raises(ProtocolError):
@@ -81,7 +81,7 @@ def test_malformed_hop_rows_are_refused() -> None:
 
 
 def test_stages_of_a_hop_from_another_host_leave_out_the_other_clock() -> None:
-    row = [1, 2, 0, "/t", "p", "s", "tcp", 9, False, 10, 20, 1000, 1010, 1050, 1100]
+    row = [1, 2, 0, "/t", "p", "s", "tcp", 9, False, 10, 20, 1000, 1010, 1050, 1100, 0]
     assert hop_stages(row) == {
         "publish": None,
         "transport": None,
@@ -395,7 +395,8 @@ async def test_ezflow_trace_sample_turns_tracing_on_for_a_while(
         talking = asyncio.ensure_future(cli.communicate())
         seen_rate = None
         while not talking.done():
-            seen_rate = seen_rate or TRACING.graph_rate
+            if TRACING.lease is not None:
+                seen_rate = seen_rate or TRACING.lease.rate
             await asyncio.wait([talking], timeout=0.05)
         out, err = talking.result()
         running = False
@@ -404,7 +405,7 @@ async def test_ezflow_trace_sample_turns_tracing_on_for_a_while(
         await tasks[1]
     assert cli.returncode == 0, err
     assert seen_rate == 5
-    assert TRACING.graph_rate is None and server.trace_rate is None  # restored
+    assert TRACING.lease is None and server.trace_lease is None  # ended
     (path,) = json.loads(out)["paths"]
     assert path["hops"][0]["topic"] == "/sampled" and path["traces"] >= 5
 
@@ -429,7 +430,7 @@ async def test_ezflow_trace_without_traces_says_how_to_get_some(
 def test_the_graph_server_keeps_the_newest_hops_and_refuses_malformed_ones() -> None:
     server = ezflow.GraphServer(("127.0.0.1", 0))
     client: Any = SimpleNamespace(name="proc")
-    rows = [[i, i + 1, 0, "/t", "p", "s", "tcp", 9, True, 1, 2, 3, 4, 5, 6] for i in range(10)]
+    rows = [[i, i + 1, 0, "/t", "p", "s", "tcp", 9, True, 1, 2, 3, 4, 5, 6, 0] for i in range(10)]
     for _ in range(TRACE_SERVER_KEEP // 10 + 1):
         server._trace_reported(client, {"offset": 42, "hops": rows})
     assert len(server.trace_hops) == TRACE_SERVER_KEEP

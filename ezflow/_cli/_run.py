@@ -27,7 +27,7 @@ import typer
 
 from .._core._config import ENV_TRACE, check_drain_timeout
 from .._core._exceptions import ConfigurationError, EzflowError
-from .._core._tracing import set_trace_rate
+from .._core._tracing import set_own_rate
 from .._units._component import Component
 from .._units._errors import GraphDefinitionError, ProcessDiedError, UnitError
 from .._units._plan import adaptable, adaptable_class
@@ -209,7 +209,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     if trace is not None:
         # In the environment too: the graph's unit processes inherit it.
         os.environ[ENV_TRACE] = str(trace)
-        set_trace_rate(trace)
+        set_own_rate(trace, "ezflow run --trace")
     name, obj = load_object(target)
     try:
         arguments = load_graph(name, obj)

@@ -96,6 +96,12 @@ __all__ = [
     "TELEMETRY_MAX_WRITE_BUFFER",
     "THREAD_JOIN_TIMEOUT",
     "TRACE_BUFFER",
+    "TRACE_FLUSH_MARGIN",
+    "TRACE_FLUSH_MAX_WAIT",
+    "TRACE_FLUSH_SETTLE",
+    "TRACE_LEASE_CONFIRM_TIMEOUT",
+    "TRACE_LEASE_GRACE",
+    "TRACE_LEASE_MAX",
     "TRACE_REPORT_MAX",
     "TRACE_SERVER_KEEP",
     "TRANSPORTS",
@@ -110,6 +116,7 @@ __all__ = [
     "check_positive",
     "check_stall_timeout",
     "check_telemetry_interval",
+    "check_trace_lease_duration",
     "check_transport",
     "check_types_from_env",
     "drain_timeout_from_env",
@@ -644,6 +651,43 @@ TRACE_BUFFER: Final = 4096
 TRACE_REPORT_MAX: Final = 1024
 #: Trace hops the graph server keeps (the newest, from every process), for ``ezflow trace``.
 TRACE_SERVER_KEEP: Final = 20_000
+#: ``ezflow trace --sample N --duration S``: the graph's trace rate is a *lease* the graph
+#: server pushes to every process, of at most this many seconds (a longer look: give
+#: the processes a rate of their own, ``EZFLOW_TRACE``) ...
+TRACE_LEASE_MAX: Final = 3600.0
+#: ... which the server ends on time while it runs; each process also ends it by itself
+#: this many seconds after the end the server announced (when the server died, or its
+#: word was lost), so that no lease outlives its duration by more than this ...
+TRACE_LEASE_GRACE: Final = 1.0
+#: ... the server answers a lease request (or its end) once every process confirmed it,
+#: or after this many seconds (the others are named in the answer) ...
+TRACE_LEASE_CONFIRM_TIMEOUT: Final = 2.0
+#: ... after a lease ends, traced messages sent before every process left it may still
+#: be on their way: a process's report counts as having every hop of the lease once it
+#: was sent this many seconds after the process left the lease ...
+TRACE_FLUSH_SETTLE: Final = 0.1
+#: ... and ``ezflow trace`` waits for such a report of every process at most the
+#: longest report interval plus this margin ...
+TRACE_FLUSH_MARGIN: Final = 0.5
+#: ... and never more than this many seconds in all.
+TRACE_FLUSH_MAX_WAIT: Final = 10.0
+
+
+def check_trace_lease_duration(value: float, *, setting: str = "duration") -> float:
+    """A trace lease's duration: seconds above 0, at most ``TRACE_LEASE_MAX``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or not 0 < value <= TRACE_LEASE_MAX
+    ):
+        raise ConfigurationError(
+            f"{setting}={value!r} must be a number of seconds above 0 and at most "
+            f"{TRACE_LEASE_MAX:g} (TRACE_LEASE_MAX); to trace for longer, give the processes "
+            "a rate of their own (EZFLOW_TRACE=N, ezflow run --trace N)"
+        )
+    return float(value)
+
 
 #: ``ezflow otel``: where an OpenTelemetry collector listens for OTLP over HTTP by
 #: default (loopback: sending elsewhere is asked for) ...

@@ -106,6 +106,10 @@ class Link(ABC):
         #: True while the transport cannot take more, whatever the in-flight window
         #: (its unsent backlog is over its bound): the link then has no room.
         self.stalled = False
+        #: whether traced messages go to this link traced: False when the channel's
+        #: process reports no trace hops (its telemetry is off), so that a trace
+        #: does not count on hops that never come (see ezflow._graph._traces)
+        self.traced = True
         self.outlet: Outlet | None = None
         self._parked: tuple[int, int, Any, EncodedMessage | None] | None = None
 
@@ -542,14 +546,17 @@ class Outlet:
             local_message.flags.writeable = False
         self._seq = seq = self._seq + 1
         now = time_ns()
-        sends = drops = 0
+        sends = drops = traced = 0
         for link in links:
             link_message = message if link.needs_encoding else local_message
             if link.lossless or link.has_room(self):
                 if trace is None:
                     link.send(seq, now, link_message, encoded)
-                else:
+                elif link.traced:
                     link.send_traced(seq, now, link_message, encoded, trace)
+                    traced += 1
+                else:
+                    link.send(seq, now, link_message, encoded)
                 sends += 1
             else:
                 before = link.drops
@@ -557,6 +564,9 @@ class Outlet:
                 drops += link.drops - before
         if self._handoff:
             self._hand_off(now)
+        if trace is not None and trace.cause is not None:
+            # (the hop this carries on: so many deliveries of its trace follow from it)
+            trace.cause.forwarded += traced
         # Counted once the message is on its way (the first write is latency).
         stats = self.stats
         stats.messages += 1

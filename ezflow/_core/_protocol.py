@@ -23,7 +23,23 @@ a requested stop from a crash.
 Telemetry: a client sends ``{"op": "report", "snapshot": {...}}`` (one-way, no reply)
 about once a second; the server keeps the latest per client and answers the
 ``telemetry`` request with ``{"processes": {client_id: snapshot}}`` (see
-:mod:`ezflow._core._telemetry`).
+:mod:`ezflow._core._telemetry`). A snapshot's ``trace`` map carries the trace hops the
+process finished since its last report and its trace state (below).
+
+Tracing (docs/tracing.md): the graph's trace rate is a *lease*, ``{"id": str, "rate":
+N, "remaining": seconds}`` - a duration, not a time, since clocks of hosts differ. The
+``trace_lease`` request (``rate``, ``duration``) makes one; the server sends it to every
+client in ``{"op": "trace_lease", "version": v, "lease": {...}}`` and to clients that
+connect while it runs in ``welcome``'s ``trace_lease`` (``None``: no lease, so a client
+drops any it held), and pushes ``"lease": None`` when it ends (on time, or on an
+``end_trace_lease`` request: of any lease, or only of the one its ``lease`` names). A
+client holds the lease until then, and at most ``TRACE_LEASE_GRACE`` longer by its own
+clock. It answers each push, and ``welcome`` (version 0), with the one-way ``{"op":
+"trace_state", "version": v, "state": {...}}`` (its rates: ``rate``, ``own``,
+``own_source``, ``lease``, ``left``); the server answers ``trace_lease`` and
+``end_trace_lease`` once every client did (or after ``TRACE_LEASE_CONFIRM_TIMEOUT``),
+and ``trace_status`` with the lease and every process's state. Its data channels tell
+publishers (``HELLO``'s ``traces``) whether the process reports trace hops at all.
 
 The data plane (publisher <-> channel) uses the same framing with a kind byte in front
 of each body; see :mod:`ezflow._core._framing`.
@@ -54,8 +70,10 @@ __all__ = [
 
 #: Spoken in ``hello``/``welcome`` (graph) and ``HELLO``/``WELCOME`` (data). A peer with
 #: another value is refused with a message naming both. Version 2 added the
-#: challenge-response handshake (``nonce``, ``challenge``, ``auth``).
-PROTOCOL: Final = "ezflow/2"
+#: challenge-response handshake (``nonce``, ``challenge``, ``auth``); version 3 made the
+#: graph's trace rate a lease (``trace_lease``, ``end_trace_lease``, ``trace_status``,
+#: ``trace_state``, replacing ``trace_rate``) and gave trace hops a ``forwarded`` field.
+PROTOCOL: Final = "ezflow/3"
 
 #: Requests a client may send after the handshake.
 REQUEST_OPS: Final = frozenset(
@@ -70,12 +88,14 @@ REQUEST_OPS: Final = frozenset(
         "shutdown",
         "telemetry",
         "traces",
-        "trace_rate",
+        "trace_lease",
+        "end_trace_lease",
+        "trace_status",
     }
 )
 
 #: One-way messages a client may send after the handshake (no reply).
-NOTICE_OPS: Final = frozenset({"routes_applied", "report"})
+NOTICE_OPS: Final = frozenset({"routes_applied", "report", "trace_state"})
 
 
 def pack_message(message: dict[str, Any]) -> bytes:

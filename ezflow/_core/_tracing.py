@@ -28,6 +28,19 @@ Cost when off: a publisher reads one module attribute (``TRACING.active``) per p
 receivers pay nothing (a traced message arrives as its own frame kind). Records are
 kept per process in a bounded buffer (``TRACE_BUFFER`` hops; older ones are overwritten
 and counted) until the telemetry reporter takes them to the graph server.
+
+Rates: a process has its *own* rate (``EZFLOW_TRACE``, :func:`set_trace_rate`,
+``ezflow run --trace``) and may hold the graph's *lease* (``ezflow trace --sample N
+--duration S``): a rate the graph server pushes with the seconds it has left
+(:func:`apply_lease`). While the lease runs it wins; it ends when the server says so,
+and at the latest ``TRACE_LEASE_GRACE`` after its announced end by this process's own
+clock (:class:`Lease`: a deadline in ``CLOCK_MONOTONIC``, checked where a trace would
+start) - whether or not the server or the command that asked for it is still there.
+The lease is per process: a process in two graphs follows the latest word of either.
+
+Completeness: a hop also counts the traced messages its handler sent on (``forwarded``:
+one per receiving process, per publish), so that a reader can tell a trace whose hops
+were all reported from one cut short (see :mod:`ezflow._graph._traces`).
 """
 
 from __future__ import annotations
@@ -41,7 +54,7 @@ from contextvars import ContextVar
 from time import monotonic_ns, time_ns
 from typing import Any, Final, Protocol
 
-from ._config import ENV_TRACE, TRACE_BUFFER
+from ._config import ENV_TRACE, TRACE_BUFFER, TRACE_LEASE_GRACE
 from ._exceptions import ConfigurationError, ProtocolError
 from ._framing import TRACE, TRACE_BODY, TRACE_PREFIX
 
@@ -50,20 +63,24 @@ __all__ = [
     "CURRENT",
     "HANDLING",
     "HOP_FIELDS",
+    "OWN_SOURCES",
     "PUBLISHER_TIMES",
     "STAGES",
     "STAGE_BOUNDS",
     "TRACING",
     "Hop",
     "HopRow",
+    "Lease",
     "TraceState",
     "WireTrace",
+    "apply_lease",
     "carry",
     "check_rows",
     "check_trace_rate",
+    "check_trace_state",
     "hop_stages",
     "new_id",
-    "set_graph_trace_rate",
+    "set_own_rate",
     "set_trace_rate",
     "trace_rate_from_env",
     "wall_offset",
@@ -142,32 +159,99 @@ def trace_rate_from_env() -> int:
     return value
 
 
+#: Where a process's own rate came from: nothing (off), ``EZFLOW_TRACE`` (read at
+#: import; the processes of ``ezflow run --trace`` inherit it), :func:`set_trace_rate`,
+#: or ``ezflow run --trace`` in the process that runs the graph.
+OWN_SOURCES: Final = ("default", "EZFLOW_TRACE", "set_trace_rate", "ezflow run --trace")
+
+#: ``lease_deadline`` without a lease: never.
+_NEVER: Final = 2**63 - 1
+
+
+class Lease:
+    """The graph's trace lease as this process holds it: *rate* until *deadline*
+    (``monotonic_ns``), when this process ends it by itself."""
+
+    __slots__ = ("deadline", "id", "rate")
+
+    def __init__(self, lease_id: str, rate: int, deadline: int) -> None:
+        self.id = lease_id
+        self.rate = rate
+        self.deadline = deadline
+
+
 class TraceState:
     """The tracing state of this process (one instance: :data:`TRACING`)."""
 
-    __slots__ = ("active", "graph_rate", "hops", "lost", "own_rate", "rate", "recorded")
+    __slots__ = (
+        "active",
+        "hops",
+        "lease",
+        "lease_deadline",
+        "lost",
+        "own_rate",
+        "own_source",
+        "rate",
+        "recorded",
+        "reporters",
+    )
 
     def __init__(self) -> None:
         #: True once this process samples (rate > 0) or has seen a traced message: only
         #: then does a publish look for a trace to carry on
         self.active = False
         #: one message in this many starts a trace (0: this process starts none): the
-        #: graph server's rate while it sets one, else this process's own
+        #: graph's lease while this process holds one, else its own rate
         self.rate = 0
         self.own_rate = 0  #: this process's rate (set_trace_rate, EZFLOW_TRACE)
-        #: the rate the graph server pushes (``ezflow trace --sample``); None: none
-        self.graph_rate: int | None = None
+        self.own_source = "default"  #: where own_rate came from (:data:`OWN_SOURCES`)
+        #: the graph's lease (``ezflow trace --sample``) this process holds, if any
+        self.lease: Lease | None = None
+        #: the lease's deadline (``monotonic_ns``; a huge number without a lease): read
+        #: where a trace would start, so that an ended lease starts none
+        self.lease_deadline = _NEVER
         #: finished hops not yet taken by the reporter (bounded; oldest overwritten)
         self.hops: deque[Hop] = deque(maxlen=TRACE_BUFFER)
         self.recorded = 0  #: hops recorded by this process
+        #: telemetry reporters running in this process: without one, its hops never
+        #: reach the graph server, and its channels ask publishers for no traces
+        self.reporters = 0
         #: of those, hops never reported: overwritten in the buffer, or in a report
         #: that could not be sent
         self.lost = 0
 
     def update(self) -> None:
-        self.rate = self.own_rate if self.graph_rate is None else self.graph_rate
+        lease = self.lease
+        if lease is None:
+            self.rate = self.own_rate
+            self.lease_deadline = _NEVER
+        else:
+            self.rate = lease.rate
+            self.lease_deadline = lease.deadline
         if self.rate:
             self.active = True
+
+    def expire(self, now: int) -> None:
+        """End the lease if its deadline is past at *now* (``monotonic_ns``)."""
+        lease = self.lease
+        if lease is not None and now >= lease.deadline:
+            self.lease = None
+            self.update()
+
+    def state(self) -> dict[str, Any]:
+        """This process's rates now, as reported to the graph server (``trace_state``):
+        ``rate`` (in force), ``own`` and ``own_source``, ``lease`` (its id, or None) and
+        ``left`` (seconds until this process ends the lease by itself, or None)."""
+        now = monotonic_ns()
+        self.expire(now)
+        lease = self.lease
+        return {
+            "rate": self.rate,
+            "own": self.own_rate,
+            "own_source": self.own_source,
+            "lease": None if lease is None else lease.id,
+            "left": None if lease is None else round((lease.deadline - now) / 1e9, 3),
+        }
 
     def record(self, hop: Hop) -> None:
         hops = self.hops
@@ -188,21 +272,71 @@ TRACING: Final = TraceState()
 def set_trace_rate(rate: int) -> None:
     """Trace one message in *rate* of those each publisher of this process publishes on
     its own (0 starts no traces; messages caused by traced messages from other
-    processes are still traced on). Takes effect at each publisher's next message; a
-    rate the graph server pushes (``ezflow trace --sample N``) wins while it is set.
-    Raises :class:`~ezflow.ConfigurationError` for anything but a whole number >= 0.
-    ``EZFLOW_TRACE=N`` sets it at import, and processes of a unit graph inherit it."""
+    processes are still traced on). Takes effect at each publisher's next message; the
+    graph's lease (``ezflow trace --sample N --duration S``) wins while it runs, and this
+    rate is back when it ends. Raises :class:`~ezflow.ConfigurationError` for anything
+    but a whole number >= 0. ``EZFLOW_TRACE=N`` sets it at import, and processes of a
+    unit graph inherit it."""
+    set_own_rate(rate, "set_trace_rate")
+
+
+def set_own_rate(rate: int, source: str) -> None:
+    """:func:`set_trace_rate`, saying where the rate came from (:data:`OWN_SOURCES`)."""
+    if source not in OWN_SOURCES:
+        raise ValueError(f"trace rate source {source!r} is not one of {OWN_SOURCES}")
     TRACING.own_rate = check_trace_rate(rate)
+    TRACING.own_source = source
     TRACING.update()
 
 
-def set_graph_trace_rate(rate: int | None) -> None:
-    """The rate the graph server pushes to this process (None: back to its own);
-    :class:`ProtocolError` for one that is not a rate."""
-    if rate is not None and (type(rate) is not int or rate < 0):
-        raise ProtocolError(f"the graph server pushed the trace rate {rate!r}")
-    TRACING.graph_rate = rate
+def apply_lease(wire: object) -> None:
+    """Hold the lease the graph server sent (``{"id": str, "rate": N, "remaining":
+    seconds}``, in ``welcome`` or a ``trace_lease`` push) until its end plus
+    ``TRACE_LEASE_GRACE`` by this process's clock, or end the one held (``None``: the
+    server has none). :class:`ProtocolError` for anything else."""
+    if wire is None:
+        TRACING.lease = None
+        TRACING.update()
+        return
+    if not isinstance(wire, dict):
+        raise ProtocolError(f"the graph server sent the trace lease {wire!r}")
+    lease_id, rate, remaining = wire.get("id"), wire.get("rate"), wire.get("remaining")
+    if (
+        not isinstance(lease_id, str)
+        or type(rate) is not int
+        or rate < 0
+        or isinstance(remaining, bool)
+        or not isinstance(remaining, (int, float))
+        or not 0 <= remaining < float("inf")
+    ):
+        raise ProtocolError(f"the graph server sent the malformed trace lease {wire!r}")
+    deadline = monotonic_ns() + int((remaining + TRACE_LEASE_GRACE) * 1e9)
+    TRACING.lease = Lease(lease_id, rate, deadline)
     TRACING.update()
+
+
+def check_trace_state(state: object) -> dict[str, Any]:
+    """A process's trace state from the wire (:meth:`TraceState.state`), checked
+    (:class:`ProtocolError` for anything else)."""
+    if not isinstance(state, dict):
+        raise ProtocolError("a trace state must be a map")
+    rate, own, source = state.get("rate"), state.get("own"), state.get("own_source")
+    lease, left = state.get("lease"), state.get("left")
+    if type(rate) is not int or type(own) is not int or rate < 0 or own < 0:
+        raise ProtocolError("a trace state's rates must be whole numbers >= 0")
+    if source not in OWN_SOURCES:
+        raise ProtocolError(f"a trace state's own_source must be one of {OWN_SOURCES}")
+    if lease is None:
+        if left is not None:
+            raise ProtocolError("a trace state without a lease has no time left")
+    elif (
+        not isinstance(lease, str)
+        or len(lease) > 64
+        or isinstance(left, bool)
+        or not isinstance(left, (int, float))
+    ):
+        raise ProtocolError("a trace state's lease must be an id (str) with seconds left")
+    return {"rate": rate, "own": own, "own_source": source, "lease": lease, "left": left}
 
 
 def _rate_at_import() -> int:
@@ -215,6 +349,8 @@ def _rate_at_import() -> int:
 
 
 TRACING.own_rate = _rate_at_import()
+if os.environ.get(ENV_TRACE, "").strip():
+    TRACING.own_source = "EZFLOW_TRACE"
 TRACING.update()
 
 
@@ -225,18 +361,27 @@ def wall_offset() -> int:
 
 
 class WireTrace:
-    """What a traced message carries to its subscribers (``TRACE_BODY``)."""
+    """What a traced message carries to its subscribers (``TRACE_BODY``); on the
+    sending side also the hop it carries on (*cause*), whose ``forwarded`` the
+    publisher counts up per receiving process."""
 
-    __slots__ = ("clock", "parent_id", "t_publish", "t_sent", "trace_id")
+    __slots__ = ("cause", "clock", "parent_id", "t_publish", "t_sent", "trace_id")
 
-    def __init__(
-        self, trace_id: int, parent_id: int, t_publish: int, t_sent: int = 0, clock: int = CLOCK_ID
+    def __init__(  # noqa: PLR0917 - the frame's fields, in its order
+        self,
+        trace_id: int,
+        parent_id: int,
+        t_publish: int,
+        t_sent: int = 0,
+        clock: int = CLOCK_ID,
+        cause: Hop | None = None,
     ) -> None:
         self.trace_id = trace_id
         self.parent_id = parent_id
         self.t_publish = t_publish
         self.t_sent = t_sent
         self.clock = clock
+        self.cause = cause
 
     def frame(self) -> bytes:
         """The TRACE frame (length prefix included), stamped as sent now."""
@@ -282,6 +427,7 @@ HOP_FIELDS: Final = (
     "t_decoded",
     "t_taken",
     "t_done",
+    "forwarded",
 )
 HopRow = list[Any]
 _FIELD_INDEX: Final = {name: index for index, name in enumerate(HOP_FIELDS)}
@@ -317,6 +463,9 @@ class Hop:
         self.t_decoded = t_decoded
         self.t_taken = 0
         self.t_done = 0
+        #: the traced messages its handler sent on, one per receiving process per
+        #: publish: so many deliveries of this trace have this hop as parent
+        self.forwarded = 0
         #: publishes from the context that took it carry its trace on: from its take
         #: until the subscriber asks for the next message (or, for an on_message
         #: callback, for good: tasks the callback started run in copies of its context)
@@ -350,7 +499,9 @@ def carry(publisher: Sampled) -> WireTrace | None:
     if hop is not None and hop.carries:
         if not hop.t_done:
             hop.t_done = now
-        return WireTrace(hop.trace_id, hop.span_id, now)
+        return WireTrace(hop.trace_id, hop.span_id, now, cause=hop)
+    if now >= TRACING.lease_deadline:  # (the lease ran out: this process ends it)
+        TRACING.expire(now)
     rate = TRACING.rate
     if not rate or HANDLING.get():
         return None

@@ -36,7 +36,7 @@ from .._core._exceptions import (
 from .._core._framing import FramedProtocol
 from .._core._liveness import Heartbeat, tune_keepalive
 from .._core._protocol import PROTOCOL, field, pack_message, unpack_message
-from .._core._tracing import set_graph_trace_rate
+from .._core._tracing import TRACING, apply_lease
 
 __all__ = ["GraphClient", "host_id"]
 
@@ -295,12 +295,13 @@ class _ClientConnection(FramedProtocol):
                 except AuthenticationError as exc:
                     self._refused(exc)
                     return
-            rate = message.get("trace_rate")
-            if rate is not None:
-                set_graph_trace_rate(field(message, "trace_rate", int))
+            # The graph's trace lease, or none: a server without one (a new server
+            # after a restart) ends any this process held.
+            apply_lease(message.get("trace_lease"))
             if self._welcome is not None and not self._welcome.done():
                 self._welcome.set_result(message)
                 self.heartbeat = Heartbeat(self, self.heartbeat_deadline)
+                self._trace_state(0)
         elif op == "challenge" and not self._challenged:
             self._challenged = True
             try:
@@ -309,9 +310,10 @@ class _ClientConnection(FramedProtocol):
                 self._refused(exc)
                 return
             self.send_message({"op": "auth", **answer})
-        elif op == "trace_rate":
-            rate = message.get("rate")
-            set_graph_trace_rate(None if rate is None else field(message, "rate", int))
+        elif op == "trace_lease":
+            version = field(message, "version", int)
+            apply_lease(message.get("lease"))
+            self._trace_state(version)
         elif op == "heartbeat":
             if self.heartbeat is not None:
                 self.heartbeat.peer_announced(float(field(message, "deadline", (int, float))))
@@ -331,6 +333,11 @@ class _ClientConnection(FramedProtocol):
                 self._lost_reason = error
         else:
             raise ProtocolError(f"unknown message {op!r} from the graph server")
+
+    def _trace_state(self, version: int) -> None:
+        """Tell the server this process's trace rates, answering its ``trace_lease``
+        push *version* (0: its ``welcome``)."""
+        self.send_message({"op": "trace_state", "version": version, "state": TRACING.state()})
 
     def _refused(self, exc: AuthenticationError) -> None:
         """The handshake failed authentication on our side: fail it and close. After a

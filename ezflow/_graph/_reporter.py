@@ -208,10 +208,16 @@ class TelemetryReporter:
             emit(SNAPSHOT_HOOKS, snapshot)
         wire = snapshot.to_wire()
         hops = TRACING.take(TRACE_REPORT_MAX) if TRACING.hops else []
-        if hops:
-            # The hops this process finished since the last report, with what turns
-            # their monotonic times into wall-clock times (OpenTelemetry wants those).
-            wire["trace"] = {"offset": wall_offset(), "hops": [hop.row() for hop in hops]}
+        # The hops this process finished since the last report, with what turns their
+        # monotonic times into wall-clock times (OpenTelemetry wants those), and its
+        # trace rates now (``ezflow trace --rate``; after a lease ended, the server
+        # knows from it that this report has every hop finished under the lease).
+        wire["trace"] = {
+            "offset": wall_offset(),
+            "hops": [hop.row() for hop in hops],
+            "state": TRACING.state(),
+            "interval": self.interval,
+        }
         if self._source.send_report(wire):
             self.reports_sent += 1
         else:
@@ -233,12 +239,17 @@ class TelemetryReporter:
 
     async def run(self) -> None:
         """Report every :attr:`interval` seconds until cancelled; errors are logged
-        (rate-limited) and never end the task."""
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                self.report()
-            except Exception:
-                self._failures += 1
-                if self._failures <= 3 or self._failures % 100 == 0:
-                    log.exception("telemetry report failed (%d so far)", self._failures)
+        (rate-limited) and never end the task. While it runs, the process reports trace
+        hops (``TRACING.reporters``)."""
+        TRACING.reporters += 1
+        try:
+            while True:
+                await asyncio.sleep(self.interval)
+                try:
+                    self.report()
+                except Exception:
+                    self._failures += 1
+                    if self._failures <= 3 or self._failures % 100 == 0:
+                        log.exception("telemetry report failed (%d so far)", self._failures)
+        finally:
+            TRACING.reporters -= 1

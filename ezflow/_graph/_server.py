@@ -59,8 +59,11 @@ from .._core._config import (
     MAX_TELEMETRY_REPORT_SIZE,
     MIN_TELEMETRY_INTERVAL,
     ROUTE_APPLY_TIMEOUT,
+    TRACE_FLUSH_SETTLE,
+    TRACE_LEASE_CONFIRM_TIMEOUT,
     TRACE_SERVER_KEEP,
     Address,
+    check_trace_lease_duration,
     format_address,
     graph_address_from_env,
     heartbeat_deadline_from_env,
@@ -88,7 +91,7 @@ from .._core._protocol import (
     field as message_field,
 )
 from .._core._telemetry import HistogramSnapshot, ProcessSnapshot, PublisherSnapshot
-from .._core._tracing import check_rows, check_trace_rate
+from .._core._tracing import check_rows, check_trace_rate, check_trace_state
 from .._transports._ezring import sweep_stale_rings
 from .._transports._shm import SegmentSweeper
 from ._client import host_id
@@ -138,6 +141,16 @@ class _Client:
     applied: asyncio.Event = field(default_factory=asyncio.Event)
     telemetry: ProcessSnapshot | None = None  # latest report
     reported_at: float = float("-inf")  # loop time of the latest report
+    # Tracing: the client's latest trace state (``trace_state`` or a report) and when
+    # it came, the latest lease push it confirmed, its report interval, the lease it
+    # left last and the last lease whose hops it reported in full (a report since).
+    trace_state: dict[str, Any] | None = None
+    trace_state_at: float = float("-inf")
+    trace_version: int = 0
+    report_interval: float = 0.0
+    left_lease: str | None = None
+    left_at: float = float("-inf")
+    flushed_lease: str | None = None
 
 
 @dataclass(eq=False)
@@ -149,6 +162,26 @@ class _Publisher:
     transport: str | None
     shm_address: str | None
     ring: str | None = None  # an ezring ring attached with GraphContext.attach_ring
+
+
+@dataclass(eq=False)
+class _TraceLease:
+    """The graph's trace rate for a while (``ezflow trace --sample N --duration S``)."""
+
+    id: str
+    rate: int
+    duration: float
+    expires_at: float  # loop time
+    by: str  # who asked for it
+    timer: asyncio.TimerHandle | None = None
+
+    def to_wire(self, now: float) -> dict[str, Any]:
+        """What clients get: a duration (``remaining``), not a time - clocks differ."""
+        remaining = round(max(0.0, self.expires_at - now), 3)
+        return {"id": self.id, "rate": self.rate, "remaining": remaining}
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {**self.to_wire(now), "duration": self.duration, "by": self.by}
 
 
 @dataclass(eq=False)
@@ -254,8 +287,16 @@ class GraphServer:
         #: the newest trace hops every client reported (TRACE_SERVER_KEEP), each row
         #: HOP_FIELDS plus the reporting process's name and wall-clock offset
         self.trace_hops: deque[list[Any]] = deque(maxlen=TRACE_SERVER_KEEP)
-        #: the trace rate pushed to every client (None: each keeps its own setting)
-        self.trace_rate: int | None = None
+        #: how many hops were ever reported (the index the next one gets)
+        self.trace_hops_received = 0
+        #: the graph's trace lease, pushed to every client (None: each traces at its own
+        #: rate); ended by its timer, a newer lease or an ``end_trace_lease`` request
+        self.trace_lease: _TraceLease | None = None
+        #: the last lease that ended: id, rate, loop time, how
+        self._trace_lease_ended: dict[str, Any] | None = None
+        self._trace_leases = 0
+        self._trace_version = 0  # lease pushes so far
+        self._trace_confirmed = asyncio.Event()  # a client confirmed a lease push
         #: Whether a GraphContext runs this server (EmbeddedGraphServer): told to
         #: clients in ``welcome``, so that they take over an embedded server whose
         #: process left, but wait for a standalone one (``ezflow serve``) to come back.
@@ -537,19 +578,13 @@ class GraphServer:
                 }
             }
         if op == "traces":
-            return {
-                "fields": list(REPORTED_FIELDS),
-                "hops": list(self.trace_hops),
-            }
-        if op == "trace_rate":
-            rate = message.get("rate")
-            if rate is not None:
-                check_trace_rate(rate, setting="rate")
-            previous, self.trace_rate = self.trace_rate, rate
-            for other in self._clients.values():
-                if other.connection is not None:
-                    other.connection.send_message({"op": "trace_rate", "rate": rate})
-            return {"previous": previous}
+            return self._traces()
+        if op == "trace_lease":
+            return await self._grant_trace_lease(client, message)
+        if op == "end_trace_lease":
+            return await self._end_trace_lease_request(client, message)
+        if op == "trace_status":
+            return self._trace_status(client)
         if op == "shutdown":
             log.info("graph server: shutdown requested by client %s (%s)", client.id, client.name)
             # After this reply is written; keep a reference, the loop only holds tasks weakly.
@@ -884,12 +919,230 @@ class GraphServer:
         )
 
     def _trace_reported(self, client: _Client, trace: object) -> None:
-        """Keep the trace hops of a report (:class:`ProtocolError` when malformed)."""
+        """Keep the trace hops of a report, and the reporter's trace state and report
+        interval when it sends them (:class:`ProtocolError` when malformed)."""
         if not isinstance(trace, dict) or type(trace.get("offset")) is not int:
             raise ProtocolError("a report's trace must be a map with an integer offset")
         offset = trace["offset"]
         extra = [client.name, offset]
-        self.trace_hops.extend(row + extra for row in check_rows(trace.get("hops", ())))
+        rows = check_rows(trace.get("hops", ()))
+        state = trace.get("state")
+        interval = trace.get("interval")
+        if state is not None:
+            state = check_trace_state(state)
+        if interval is not None and (
+            isinstance(interval, bool) or not isinstance(interval, (int, float))
+        ):
+            raise ProtocolError("a report's trace interval must be a number of seconds")
+        self.trace_hops.extend(row + extra for row in rows)
+        self.trace_hops_received += len(rows)
+        if interval is not None:
+            client.report_interval = float(interval)
+        if state is not None:
+            self._trace_state(client, state, reported=True)
+
+    # -- tracing: the graph's lease ----------------------------------------------------------
+
+    def _traces(self) -> dict[str, Any]:
+        """The ``traces`` request: the hops kept (oldest first), and how many hops were
+        ever reported (``received``: the last kept hop's index plus one)."""
+        return {
+            "fields": list(REPORTED_FIELDS),
+            "hops": list(self.trace_hops),
+            "received": self.trace_hops_received,
+        }
+
+    def _trace_welcome(self, client: _Client) -> dict[str, Any] | None:
+        """The lease for *client*'s ``welcome`` (None: it drops any it holds). It gets
+        the lease there, so no earlier push is waited for from it."""
+        client.trace_version = self._trace_version
+        lease = self.trace_lease
+        return None if lease is None else lease.to_wire(asyncio.get_running_loop().time())
+
+    async def _grant_trace_lease(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
+        """``trace_lease``: every client traces one message in ``rate`` for
+        ``duration`` seconds (replacing a running lease). ``ValueError`` naming the
+        field for a request that is not one: the requester keeps its connection."""
+        rate = message.get("rate")
+        duration = message.get("duration")
+        if rate is None or duration is None:
+            raise ValueError(
+                "trace_lease needs rate (0, or N >= 1: one message in N) and duration "
+                "(seconds); to end a lease, send end_trace_lease"
+            )
+        check_trace_rate(rate, setting="trace_lease rate")
+        duration = check_trace_lease_duration(duration, setting="trace_lease duration")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        since = self.trace_hops_received
+        replaced = self._close_trace_lease("replaced", now)
+        self._trace_leases += 1
+        lease = self.trace_lease = _TraceLease(
+            id=f"L{self._trace_leases}-{self.server_id}",
+            rate=rate,
+            duration=duration,
+            expires_at=now + duration,
+            by=f"{client.name or client.id} (pid {client.pid})",
+        )
+        lease.timer = loop.call_at(lease.expires_at, self._trace_lease_expired, lease)
+        log.info(
+            "graph server: trace lease %s: one message in %d for %g s, for %s",
+            lease.id,
+            rate,
+            duration,
+            lease.by,
+        )
+        unconfirmed = await self._wait_trace_confirmed(self._push_trace_lease())
+        return {
+            "lease": lease.describe(loop.time()),
+            "replaced": replaced,
+            "received": since,
+            "processes": self._trace_processes(client),
+            "unconfirmed": [self._trace_name(c) for c in unconfirmed],
+        }
+
+    async def _end_trace_lease_request(
+        self, client: _Client, message: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``end_trace_lease``: end the running lease now (only if it is ``lease``, when
+        given: a command ending its own, which may have been replaced meanwhile)."""
+        lease_id = message.get("lease")
+        if lease_id is not None and not isinstance(lease_id, str):
+            raise ValueError(
+                f"end_trace_lease lease={lease_id!r} must be a lease id (a str, as trace_lease "
+                "answered) or absent (any lease)"
+            )
+        loop = asyncio.get_running_loop()
+        lease = self.trace_lease
+        ended = None
+        unconfirmed: list[_Client] = []
+        if lease is not None and lease_id in (None, lease.id):
+            ended = self._close_trace_lease(
+                f"ended by {client.name or client.id} (pid {client.pid})", loop.time()
+            )
+            unconfirmed = await self._wait_trace_confirmed(self._push_trace_lease())
+        return {
+            "ended": ended,
+            "lease": None if self.trace_lease is None else self.trace_lease.describe(loop.time()),
+            "processes": self._trace_processes(client),
+            "unconfirmed": [self._trace_name(c) for c in unconfirmed],
+        }
+
+    def _trace_lease_expired(self, lease: _TraceLease) -> None:
+        if self.trace_lease is not lease or self._closed.is_set():
+            return
+        self._close_trace_lease("expired", asyncio.get_running_loop().time())
+        self._push_trace_lease()
+
+    def _close_trace_lease(self, how: str, now: float) -> dict[str, Any] | None:
+        """Forget the running lease (nothing pushed); what it was, or None."""
+        lease, self.trace_lease = self.trace_lease, None
+        if lease is None:
+            return None
+        if lease.timer is not None:
+            lease.timer.cancel()
+        described = lease.describe(now)
+        self._trace_lease_ended = {"id": lease.id, "rate": lease.rate, "at": now, "how": how}
+        log.info("graph server: trace lease %s %s", lease.id, how)
+        return described
+
+    def _push_trace_lease(self) -> int:
+        """Send the lease (or its end) to every client; return the push's version."""
+        self._trace_version += 1
+        version = self._trace_version
+        lease = self.trace_lease
+        wire = None if lease is None else lease.to_wire(asyncio.get_running_loop().time())
+        for other in self._clients.values():
+            if other.connection is not None:
+                other.connection.send_message(
+                    {"op": "trace_lease", "version": version, "lease": wire}
+                )
+        return version
+
+    async def _wait_trace_confirmed(self, version: int) -> list[_Client]:
+        """Wait until every client confirmed push *version*, at most
+        ``TRACE_LEASE_CONFIRM_TIMEOUT``; return those that did not."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TRACE_LEASE_CONFIRM_TIMEOUT
+        while True:
+            waiting = [c for c in self._clients.values() if c.trace_version < version]
+            remaining = deadline - loop.time()
+            if not waiting or remaining <= 0:
+                return waiting
+            # (no wake-up lost: nothing runs between the check and the wait)
+            self._trace_confirmed.clear()
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._trace_confirmed.wait(), remaining)
+
+    def _trace_state_notice(self, client: _Client, message: dict[str, Any]) -> None:
+        """A client's ``trace_state``: its rates after a lease push (or welcome)."""
+        version = message_field(message, "version", int)
+        state = check_trace_state(message.get("state"))
+        self._trace_state(client, state, reported=False)
+        if version > client.trace_version:
+            client.trace_version = version
+            self._trace_confirmed.set()
+
+    def _trace_state(self, client: _Client, state: dict[str, Any], *, reported: bool) -> None:
+        """Keep *client*'s trace *state*. Once it left a lease, its hops of that lease
+        are all at the server with its first report sent ``TRACE_FLUSH_SETTLE`` or
+        more after (traced messages sent just before may still be on their way)."""
+        now = asyncio.get_running_loop().time()
+        held = client.trace_state["lease"] if client.trace_state is not None else None
+        if held is not None and state["lease"] != held:
+            client.left_lease = held
+            client.left_at = now
+        if (
+            reported
+            and client.left_lease is not None
+            and now - client.left_at >= TRACE_FLUSH_SETTLE
+        ):
+            client.flushed_lease = client.left_lease
+        client.trace_state = state
+        client.trace_state_at = now
+
+    @staticmethod
+    def _trace_name(client: _Client) -> str:
+        return f"{client.name or client.id} (pid {client.pid})"
+
+    def _trace_processes(self, requester: _Client) -> list[dict[str, Any]]:
+        """The trace state of every process of the graph (clients with registrations
+        or telemetry; not *requester*, nor other inspecting commands)."""
+        now = asyncio.get_running_loop().time()
+        return [
+            {
+                "client_id": c.id,
+                "name": c.name,
+                "pid": c.pid,
+                "hostname": c.hostname,
+                "state": c.trace_state,
+                "age": None if c.trace_state is None else round(now - c.trace_state_at, 3),
+                "interval": c.report_interval or None,
+                "left_lease": c.left_lease,
+                "flushed_lease": c.flushed_lease,
+            }
+            for c in self._clients.values()
+            if c is not requester and (c.telemetry is not None or c.publishers or c.subscribers)
+        ]
+
+    def _trace_status(self, client: _Client) -> dict[str, Any]:
+        """``trace_status``: the lease, the last one that ended, every process's rates."""
+        now = asyncio.get_running_loop().time()
+        lease = self.trace_lease
+        ended = self._trace_lease_ended
+        return {
+            "lease": None if lease is None else lease.describe(now),
+            "ended": None
+            if ended is None
+            else {
+                "id": ended["id"],
+                "rate": ended["rate"],
+                "ago": round(now - ended["at"], 3),
+                "how": ended["how"],
+            },
+            "received": self.trace_hops_received,
+            "processes": self._trace_processes(client),
+        }
 
     def _report(self, client: _Client, message: dict[str, Any], size: int) -> None:
         """Keep *client*'s latest snapshot. A report that is too large, too early
@@ -1205,7 +1458,7 @@ class _ServerConnection(FramedProtocol):
                     "server_id": self.server.server_id,
                     "embedded": self.server.embedded,
                     "insecure": self.server.insecure,
-                    "trace_rate": self.server.trace_rate,
+                    "trace_lease": self.server._trace_welcome(client),
                 }
             )
             self._worker = asyncio.ensure_future(self._serve_requests(client))
@@ -1220,6 +1473,8 @@ class _ServerConnection(FramedProtocol):
         if op in NOTICE_OPS:
             if op == "routes_applied":
                 self.server._routes_applied(client, message_field(message, "version", int))
+            elif op == "trace_state":
+                self.server._trace_state_notice(client, message)
             else:
                 self.server._report(client, message, len(body))
             return

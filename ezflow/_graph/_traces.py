@@ -13,6 +13,14 @@ End to end, for a path, runs from the first hop's publish to the last hop's take
 subscriber has the message): the sum of every stage of every hop but the last hop's
 handler. Hops whose publisher ran on another host have unknown publish and transport
 stages (different clocks); such a path has no end-to-end figure.
+
+A trace is *incomplete* when some of its hops were not reported (:func:`missing_of`):
+its ``start`` is missing when a hop's parent hop is not among the hops (not reported
+yet, lost with a report, overwritten, or reported before the window read), its ``end``
+when a hop sent the trace on (``forwarded``: one per receiving process per publish) to
+more places than hops of it were reported. Its paths are cut short and their end to end
+means nothing: :func:`summarize` leaves incomplete traces out of the pipeline paths, and
+:func:`incomplete_of` counts them, per fragment.
 """
 
 from __future__ import annotations
@@ -30,14 +38,19 @@ from .._core._tracing import HOP_FIELDS, STAGES, hop_stages
 __all__ = [
     "REPORTED_FIELDS",
     "STAGE_STYLES",
+    "Fragment",
     "HopSummary",
+    "IncompleteSummary",
     "PathSummary",
     "Quantiles",
     "hops_from_reply",
+    "incomplete_of",
+    "missing_of",
     "paths_of",
     "quantiles",
     "stage_bar",
     "summarize",
+    "traces_of",
 ]
 
 Hop = Mapping[str, Any]
@@ -122,14 +135,42 @@ def _total(stages: Mapping[str, int | None]) -> int | None:
     return sum(known) if len(known) == len(stages) else None
 
 
-def paths_of(hops: Iterable[Hop]) -> list[list[Hop]]:
-    """Every path of every trace in *hops*, each first hop first. A hop whose parent is
-    not among *hops* (not reported yet, or overwritten) starts a path of its own."""
+def traces_of(hops: Iterable[Hop]) -> dict[int, list[Hop]]:
+    """*hops* by trace id (each trace's hops in the order given)."""
     by_trace: dict[int, list[Hop]] = defaultdict(list)
     for hop in hops:
         by_trace[hop["trace_id"]].append(hop)
+    return by_trace
+
+
+def missing_of(trace: Sequence[Hop]) -> tuple[str, ...]:
+    """What is missing of one trace's hops: ``("start",)``, ``("end",)``, both, or
+    ``()`` for a complete trace (see the module docstring). A receiving process is one
+    delivery of a hop's publish however many of its subscribers took it: deliveries
+    are told apart by sending publisher, publish time and receiving process. Hops of an
+    ezflow without ``forwarded`` count as sending nothing on."""
+    spans = {hop["span_id"] for hop in trace}
+    deliveries: dict[int, set[tuple[Any, ...]]] = defaultdict(set)
+    start = False
+    for hop in trace:
+        parent = hop["parent_id"]
+        if not parent:
+            continue
+        if parent in spans:
+            deliveries[parent].add(
+                (hop["publisher_id"], hop["t_publish"], hop["pid"], hop.get("process"))
+            )
+        else:
+            start = True
+    end = any(hop.get("forwarded", 0) > len(deliveries.get(hop["span_id"], ())) for hop in trace)
+    return ("start",) * start + ("end",) * end
+
+
+def paths_of(hops: Iterable[Hop]) -> list[list[Hop]]:
+    """Every path of every trace in *hops*, each first hop first. A hop whose parent is
+    not among *hops* (not reported yet, or overwritten) starts a path of its own."""
     paths: list[list[Hop]] = []
-    for trace in by_trace.values():
+    for trace in traces_of(hops).values():
         spans = {hop["span_id"]: hop for hop in trace}
         children: dict[int, list[Hop]] = defaultdict(list)
         roots = []
@@ -162,6 +203,17 @@ def hop_label(hop: Hop) -> str:
     """What identifies a hop of a pipeline path: topic, and who took it."""
     process = hop.get("process") or f"pid {hop['pid']}"
     return f"{hop['topic']} -> {process}"
+
+
+def _process(hop: Hop) -> str:
+    return str(hop.get("process") or f"pid {hop['pid']}")
+
+
+def path_name(path: Sequence[Hop]) -> str:
+    """A path as ``ezflow trace`` names it: the first topic, then each hop's process."""
+    if not path:
+        return ""
+    return " -> ".join([path[0]["topic"], *(_process(h) for h in path)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,12 +267,75 @@ class PathSummary:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Fragment:
+    """What was reported of incomplete traces: one cut-short path, how many incomplete
+    traces have it, and what they miss (``start``, ``end``)."""
+
+    path: str
+    traces: int
+    missing: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "traces": self.traces,
+            "missing": list(self.missing),
+            "incomplete": True,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class IncompleteSummary:
+    """The incomplete traces among some hops: how many, with how many hops, and their
+    fragments (most frequent first)."""
+
+    traces: int = 0
+    hops: int = 0
+    fragments: list[Fragment] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "traces": self.traces,
+            "hops": self.hops,
+            "fragments": [fragment.to_json() for fragment in self.fragments],
+        }
+
+
+def _finished(hops: Iterable[Hop]) -> dict[int, list[Hop]]:
+    # (a hop still being handled has no handler time yet: left out)
+    return traces_of(hop for hop in hops if hop["t_done"])
+
+
+def incomplete_of(hops: Iterable[Hop]) -> IncompleteSummary:
+    """The incomplete traces of *hops* (:func:`missing_of`; finished hops only), with
+    their fragments: what :func:`summarize` leaves out."""
+    count = hop_count = 0
+    grouped: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
+    for trace in _finished(hops).values():
+        missing = missing_of(trace)
+        if not missing:
+            continue
+        count += 1
+        hop_count += len(trace)
+        for name in {path_name(path) for path in paths_of(trace)}:
+            grouped[name, missing] += 1
+    fragments = [
+        Fragment(path=name, traces=traces, missing=missing)
+        for (name, missing), traces in grouped.items()
+    ]
+    fragments.sort(key=lambda f: (-f.traces, f.path))
+    return IncompleteSummary(traces=count, hops=hop_count, fragments=fragments)
+
+
 def summarize(hops: Iterable[Hop], *, recent: int = 5) -> list[PathSummary]:
-    """The pipeline paths of *hops* with their stage quantiles, busiest first; each
-    keeps the stages of its *recent* newest traces. Only finished hops count (a hop
-    still being handled has no handler time yet and is left out)."""
+    """The pipeline paths of the complete traces of *hops* with their stage quantiles,
+    busiest first; each keeps the stages of its *recent* newest traces. Only finished
+    hops count (a hop still being handled has no handler time yet and is left out);
+    incomplete traces are left out (:func:`incomplete_of` counts them)."""
+    complete = [hop for trace in _finished(hops).values() if not missing_of(trace) for hop in trace]
     grouped: dict[tuple[tuple[str, str, str], ...], list[list[Hop]]] = defaultdict(list)
-    for path in paths_of(hop for hop in hops if hop["t_done"]):
+    for path in paths_of(complete):
         key = tuple((h["topic"], str(h.get("process", h["pid"])), h["subscriber"]) for h in path)
         grouped[key].append(path)
     summaries = []

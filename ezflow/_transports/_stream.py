@@ -91,7 +91,7 @@ from .._core._liveness import Heartbeat
 from .._core._outlet import Link, Outlet
 from .._core._peerlog import BadPeerLog
 from .._core._protocol import PROTOCOL, PublisherInfo, field, pack_message, unpack_message
-from .._core._tracing import WireTrace
+from .._core._tracing import TRACING, WireTrace
 from ._base import Inbound, Transport
 from ._writer import VectoredWriter, WriteHalf, vectored_writes_pay
 
@@ -419,6 +419,7 @@ class PublisherConnection(FramedProtocol):
         except BrokenResourceError as exc:
             self._refuse(str(exc))
             return
+        link.traced = hello.get("traces") is not False
         if self._timer is not None:
             self._timer.cancel()
         out = self.out = self._open_write_half()
@@ -674,6 +675,8 @@ class ChannelConnection(FramedProtocol):
             "publisher_id": self.publisher.publisher_id,
             "lossless": self.channel.lossless,
             "max_message_size": self.max_size,
+            # (whether this process reports trace hops: else it asks for no traces)
+            "traces": TRACING.reporters > 0,
             **self.initiator.hello_fields(),
         }
 
