@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import ezflow
+from ezflow._core import _loop
 from ezflow._core._config import ENV_SHM_DIR, ENV_WATCH_RINGS
 from ezflow._core._exceptions import EzflowError
 from ezflow._core._tracing import TRACING, set_own_rate
@@ -155,8 +156,7 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Any]:
 
 def loop_kind() -> str:
     """'uvloop' or 'asyncio': the loop the running test uses (children copy it)."""
-    loop = asyncio.get_running_loop()
-    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+    return _loop.loop_kind(asyncio.get_running_loop())
 
 
 def _ezflow_segments() -> set[str]:

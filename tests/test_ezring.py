@@ -756,3 +756,24 @@ async def test_a_watched_ring_whose_writer_restarts_is_a_new_publisher(
             await writer.stats()
             await sub.aclose()
         assert ids[0] != ids[1]
+
+
+async def test_a_publisher_of_a_ring_never_reads_the_next_writers_ring_of_that_name(
+    server: ezflow.GraphServer, ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The registration stands for one writer: another ring under the same name (the
+    first writer gone, a new one started) is another stream, never read through it
+    (which would deliver its frames twice next to the new publisher)."""
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, topic="/again"):
+        await ctx.attach_ring(name)
+    with RingWriter.create(name, slot_size=64, topic="/again") as second:
+        sub = await ctx.subscriber("/again")
+        with pytest.raises(ezflow.EndOfStream):
+            await asyncio.wait_for(sub.recv(), 10)
+        assert (sub.stats.publishers_ended, sub.stats.publishers_broken) == (1, 1)
+        assert second.stats().readers_live == 0  # it was let go at once
+        assert second.publish(np.zeros(8, "<u8"))
+        await asyncio.sleep(0.2)
+        assert sub.stats.received == 0
+    assert any("made a new ring under the name" in r.getMessage() for r in caplog.records)

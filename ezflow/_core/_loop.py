@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from ._config import ENV_EVENT_LOOP
 from ._exceptions import ConfigurationError
 
-__all__ = ["loop_factory", "run_coroutine"]
+__all__ = ["loop_factory", "loop_kind", "run_coroutine"]
 
 T = TypeVar("T")
 
@@ -43,6 +43,12 @@ def loop_factory(kind: str | None = None) -> Callable[[], asyncio.AbstractEventL
     raise ConfigurationError(
         f"{ENV_EVENT_LOOP}={choice!r} is not an event loop; use 'uvloop' or 'asyncio'"
     )
+
+
+def loop_kind(loop: asyncio.AbstractEventLoop) -> str:
+    """``"uvloop"`` for a uvloop loop (a subclass of one included), else ``"asyncio"``."""
+    is_uvloop = any(cls.__module__.startswith("uvloop") for cls in type(loop).__mro__)
+    return "uvloop" if is_uvloop else "asyncio"
 
 
 def run_coroutine(main: Coroutine[Any, Any, T], *, loop: str | None = None) -> T:

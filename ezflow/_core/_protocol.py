@@ -158,6 +158,17 @@ def optional_str_field(message: dict[str, Any], name: str) -> str | None:
     return value
 
 
+def optional_int_field(message: dict[str, Any], name: str) -> int | None:
+    """``message[name]`` when it is an int (not a bool), ``None`` when absent or nil."""
+    value = message.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ProtocolError(
+            f"'{message.get('op')}' message field {name!r} must be an int or nil, "
+            f"got {type(value).__name__}"
+        )
+    return value
+
+
 def check_topic(topic: object) -> str:
     """Validate a topic name; raise ``ValueError`` saying what is wrong.
 
@@ -194,6 +205,9 @@ class PublisherInfo:
     #: name of the ezring ring (docs/ezring.md) this publisher stands for, or None: its
     #: frames are read from /dev/shm/ezflow-ring-<ring> by each subscribing process
     ring: str | None = None
+    #: the ``created_ns`` in that ring's header: which writer of the name it stands for
+    #: (a writer restarted under the same name makes another ring, another publisher)
+    ring_created_ns: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -206,6 +220,7 @@ class PublisherInfo:
             "transport": self.transport,
             "shm": self.shm_address,
             "ring": self.ring,
+            "ring_created": self.ring_created_ns,
         }
 
     @classmethod
@@ -223,4 +238,5 @@ class PublisherInfo:
             transport=optional_str_field(data, "transport"),
             shm_address=optional_str_field(data, "shm"),
             ring=optional_str_field(data, "ring"),
+            ring_created_ns=optional_int_field(data, "ring_created"),
         )

@@ -498,6 +498,8 @@ class GraphContext:
             "transport": "ezring",  # shown by `ezflow graph`; routers read `ring`
             "shm": None,
             "ring": name,
+            # This writer's ring: one that replaces it under the name is another stream.
+            "ring_created": header.created_ns,
         }
         # Kept with the other registrations: restored after a reconnection.
         self._registrations[publisher_id] = request

@@ -355,7 +355,10 @@ class Router:
             try:
                 if info.ring is not None:
                     record.inbound = await open_ring_channel(
-                        channel, info.ring, on_lost=lambda: self._lost_record(record)
+                        channel,
+                        info.ring,
+                        created_ns=info.ring_created_ns,
+                        on_lost=lambda: self._lost_record(record),
                     )
                     break
                 record.inbound = await self._transport(record.key[1]).open_channel(

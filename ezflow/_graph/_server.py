@@ -83,6 +83,7 @@ from .._core._protocol import (
     PublisherInfo,
     address_field,
     check_topic,
+    optional_int_field,
     optional_str_field,
     pack_message,
     unpack_message,
@@ -162,6 +163,7 @@ class _Publisher:
     transport: str | None
     shm_address: str | None
     ring: str | None = None  # an ezring ring attached with GraphContext.attach_ring
+    ring_created_ns: int | None = None  # which writer of that name (its header's)
 
 
 @dataclass(eq=False)
@@ -470,7 +472,14 @@ class GraphServer:
                 continue
             pub_id = _ring_publisher(name, ring)
             self._publishers[pub_id] = _Publisher(
-                pub_id, topic, self._ring_client, self.address, "ezring", None, name
+                pub_id,
+                topic,
+                self._ring_client,
+                self.address,
+                "ezring",
+                None,
+                name,
+                ring.header.created_ns,
             )
             self._ring_client.publishers.add(pub_id)
             self._watched[name] = pub_id
@@ -621,7 +630,8 @@ class GraphServer:
                 address,
                 transport,
                 shm_address,
-                optional_str_field(message, "ring"),
+                ring,
+                optional_int_field(message, "ring_created"),
             )
             client.publishers.add(pub_id)
             return True
@@ -760,6 +770,7 @@ class GraphServer:
             transport=pub.transport,
             shm_address=pub.shm_address,
             ring=pub.ring,
+            ring_created_ns=pub.ring_created_ns,
         ).to_wire()
 
     def _push_routes(self) -> int:

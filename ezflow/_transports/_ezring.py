@@ -1025,7 +1025,11 @@ class RingInbound(Inbound):
 
 
 async def open_ring_channel(
-    channel: Channel, ring: str, *, on_lost: Callable[[], None]
+    channel: Channel,
+    ring: str,
+    *,
+    on_lost: Callable[[], None],
+    created_ns: int | None = None,
 ) -> RingInbound:
     """Attach a reader to ring *ring* and feed *channel* from it until the writer closes
     or dies, or the inbound is closed. Raises as :meth:`RingReader.open`.
@@ -1035,12 +1039,29 @@ async def open_ring_channel(
     or wrote a slot that does not describe its payload), one line is logged naming the
     ring and how it ended, and *on_lost* is called. A dead writer's file is removed at
     once (if its lock is free, as the sweeper would). Closing the inbound ends nothing.
+
+    *created_ns*: the ``created_ns`` of the writer's ring the publisher stands for; a
+    ring of another writer found under the name (the first one is gone, a new one took
+    the name) is not read: the channel ends at once, broken, logged.
     """
     reader = await RingReader.open(ring)
     path = ring_path(ring)
 
     async def feed() -> None:
         frames = 0
+        if created_ns is not None and reader.header.created_ns != created_ns:
+            reader.close()
+            log.warning(
+                "ezring %s feeding topic %r: the writer it stood for is gone and pid %d"
+                " made a new ring under the name: that stream ended (the new writer is"
+                " another publisher)",
+                ring,
+                channel.topic,
+                reader.header.writer_pid,
+            )
+            channel.end(broken=True)
+            on_lost()
+            return
         try:
             async for frame in reader:
                 seq, array = frame.seq, frame.array

@@ -22,7 +22,7 @@ from .._core._config import (
     format_address,
 )
 from .._core._exceptions import ClosedResourceError
-from .._core._loop import run_coroutine
+from .._core._loop import loop_kind, run_coroutine
 from .._graph._context import GraphContext
 from .._graph._publisher import Publisher
 from . import _process
@@ -308,15 +308,14 @@ class GraphRunner:
         self._context = context
         if context.server is None:  # a server others may use: is this graph there already?
             await self._check_not_running_already(context)
-        loop_module = type(asyncio.get_running_loop()).__module__
-        loop_kind = "uvloop" if loop_module.startswith("uvloop") else "asyncio"
+        loop = loop_kind(asyncio.get_running_loop())
         prep = await asyncio.to_thread(preparation)  # (os.getcwd: file-system calls)
         for child in self._children:
             child.send(
                 {
                     "name": child.name,
                     "address": list(context.address),
-                    "loop": loop_kind,
+                    "loop": loop,
                     "prep": prep,
                     "units": payloads[child.name],
                     "messages": shipped_message_types(self.plan, child.name),
