@@ -495,3 +495,12 @@ def test_bridge_unit_settings_are_checked_where_written() -> None:
         ZenohBridgeSettings(connect=("127.0.0.1:7447",))
     with pytest.raises(ezflow.ConfigurationError, match="queue=0"):
         ZenohBridgeSettings(connect=("tcp/127.0.0.1:7447",), exports=(Export("/x", queue=0),))
+
+
+def test_a_mapping_names_its_encoding() -> None:
+    assert Export("/x").encoding == "ezflow" and Import("k", "/x").encoding == "ezflow"
+    assert Export("/x", encoding="raw").encoding == "raw"
+    with pytest.raises(
+        ezflow.ConfigurationError, match=r"encoding='xml' is not one of 'ezflow', 'raw', 'json'"
+    ):
+        Import("a/b", "/x", encoding="xml")

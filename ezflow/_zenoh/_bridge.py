@@ -51,6 +51,7 @@ from ._session import ZenohSettings, open_session
 
 __all__ = [
     "ENCODING",
+    "ENCODINGS",
     "Export",
     "Import",
     "MappingStats",
@@ -64,16 +65,34 @@ log = logging.getLogger("ezflow.zenoh")
 #: The Zenoh encoding of a bridged payload.
 ENCODING = "application/x-ezflow-codec;v=1"
 
+#: What a mapping's samples hold (``Export.encoding``, ``Import.encoding``): ``"ezflow"``,
+#: ezflow codec bodies (any message); ``"raw"``, the bytes of a bytes-like message;
+#: ``"json"``, a JSON text (UTF-8).
+ENCODINGS = ("ezflow", "raw", "json")
+
+
+def _check_encoding(mapping: Export | Import) -> None:
+    if mapping.encoding not in ENCODINGS:
+        raise ConfigurationError(
+            f"{mapping!r}: encoding={mapping.encoding!r} is not one of "
+            f"{', '.join(repr(e) for e in ENCODINGS)}"
+        )
+
 
 @dataclass(frozen=True)
 class Export:
     """Publish ezflow *topic* on Zenoh *key* (``{host}`` is replaced by the bridge's host
-    name; default: ``ezflow/{host}/`` and the escaped topic)."""
+    name; default: ``ezflow/{host}/`` and the escaped topic). *encoding* (one of
+    :data:`ENCODINGS`): what a sample holds; ConfigurationError for another value."""
 
     topic: str
     key: str | None = None
     lossless: bool = False
     queue: int = ZENOH_QUEUE
+    encoding: str = "ezflow"
+
+    def __post_init__(self) -> None:
+        _check_encoding(self)
 
 
 @dataclass(frozen=True)
@@ -81,12 +100,17 @@ class Import:
     """Publish the samples of Zenoh *key* (wildcards allowed) on ezflow *topic*. With a
     wildcard, *topic* is a prefix: the part of the sample's key after the key's literal
     prefix is unescaped and appended (``fleet/*/camera`` → ``/robots`` gives
-    ``/robots/robot1/camera`` for ``fleet/robot1/camera``)."""
+    ``/robots/robot1/camera`` for ``fleet/robot1/camera``). *encoding* (one of
+    :data:`ENCODINGS`): what a sample holds; ConfigurationError for another value."""
 
     key: str
     topic: str
     lossless: bool = False
     queue: int = ZENOH_QUEUE
+    encoding: str = "ezflow"
+
+    def __post_init__(self) -> None:
+        _check_encoding(self)
 
 
 @dataclass
