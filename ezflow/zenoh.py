@@ -28,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - the CI installs the extra
 
 from ._zenoh._bridge import (
     ENCODING,
+    ENCODINGS,
     Export,
     Import,
     MappingStats,
@@ -41,6 +42,7 @@ from ._zenoh._session import ZenohSettings, open_session
 
 __all__ = [
     "ENCODING",
+    "ENCODINGS",
     "Export",
     "Import",
     "MappingStats",

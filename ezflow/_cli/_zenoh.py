@@ -215,6 +215,7 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
             if fleet is not None:
                 typer.echo(f"fleet {fleet} as {running.host}")
             await until_stopped()
+            await running.drain()  # within drain_timeout; counts what it cuts
             # What each mapping carried and lost, for the log and for scripts.
             typer.echo("stats " + json.dumps(running.summary()))
 

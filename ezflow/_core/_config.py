@@ -107,7 +107,14 @@ __all__ = [
     "TRANSPORTS",
     "ZENOH_ANSWER_TIMEOUT",
     "ZENOH_EXPORT_BATCH",
+    "ZENOH_EXPORT_BATCH_BYTES",
+    "ZENOH_FLEET_HOSTS",
+    "ZENOH_IMPORT_STALL",
+    "ZENOH_IMPORT_TOPICS",
     "ZENOH_QUEUE",
+    "ZENOH_QUEUE_BYTES",
+    "ZENOH_RESTART_FIRST",
+    "ZENOH_RESTART_MAX",
     "Address",
     "ShmOptions",
     "TransportName",
@@ -151,12 +158,29 @@ CHILD_STOP_TIMEOUT: Final = 12.0
 THREAD_JOIN_TIMEOUT: Final = 2.0
 SHUTDOWN_TIMEOUT: Final = 5.0
 
-#: Zenoh bridge (ezflow.zenoh; the core does not import Zenoh): messages a mapping
-#: queues at each end, messages an export hands to Zenoh per trip to its worker thread,
-#: and seconds a host takes at most to answer a fleet query.
+#: Zenoh bridge (ezflow.zenoh; the core does not import Zenoh): samples a mapping
+#: queues at each end (``queue``), and bytes an import's queue holds at most (it admits
+#: one sample when empty, whatever its size); messages and bytes an export packs into
+#: one Zenoh sample (a batch stops growing at either); seconds a host takes at most to
+#: answer a fleet query.
 ZENOH_QUEUE: Final = 64
+ZENOH_QUEUE_BYTES: Final = 16 * 1024 * 1024
 ZENOH_EXPORT_BATCH: Final = 64
+ZENOH_EXPORT_BATCH_BYTES: Final = 256 * 1024
 ZENOH_ANSWER_TIMEOUT: Final = 5.0
+#: Seconds Zenoh's delivery thread waits for room in a full lossless import queue while
+#: the graph takes nothing from it; then that sample, and every one until the graph takes
+#: one again, is dropped and counted (``dropped_local``) - Zenoh's thread is never held
+#: for longer (a Zenoh router itself closes a link it cannot send on for 5 s).
+ZENOH_IMPORT_STALL: Final = 10.0
+#: A mapping that fails (not a bad sample: those are refused one by one) restarts after
+#: this many seconds, doubled after each failure in a row up to the maximum.
+ZENOH_RESTART_FIRST: Final = 0.1
+ZENOH_RESTART_MAX: Final = 5.0
+#: Topics (keys) one wildcard import publishes on at most; samples of further keys are
+#: refused (cause ``key``). Hosts a fleet announcer remembers (seen and gone).
+ZENOH_IMPORT_TOPICS: Final = 1024
+ZENOH_FLEET_HOSTS: Final = 1024
 
 #: Where GraphContext looks for (or starts) the graph server when given no address.
 DEFAULT_GRAPH_ADDRESS: Final[Address] = ("127.0.0.1", 25990)

@@ -64,6 +64,12 @@ class Publisher:
         return len(self._outlet.links)
 
     @property
+    def in_flight(self) -> int:
+        """Messages sent on its lossless channels and not released by them yet, on the
+        channel furthest behind (0 when every subscriber took everything)."""
+        return max((link.in_flight for link in self._outlet.links if link.lossless), default=0)
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

@@ -1,11 +1,12 @@
 """The Zenoh bridge: ezflow topics exported to Zenoh key expressions and key expressions
 imported into ezflow topics, against a running graph (a :class:`~ezflow.GraphContext`).
 
-Payload: the message's ezflow codec body, as the receiving graph would get it over tcp,
-with Zenoh encoding :data:`ENCODING`; the attachment is a msgpack map ``{"v": 1,
-"seq": n, "t": publish time (unix ns, CLOCK_REALTIME), "drops": messages the exporter
-dropped so far}``. The importer counts a gap in ``seq`` as messages lost between the
-hosts, and ``t`` gives a cross-host latency (as good as the hosts' clock sync).
+What a sample carries is docs/wire-format.md (and :mod:`._wire`); how each side moves
+data is :mod:`._export` and :mod:`._import`. Here: the mappings' settings, the bridge
+that runs them - each under a supervisor that restarts it with a backoff when it fails
+(a bad sample is only refused and counted, it never fails a mapping) - and its stop:
+:meth:`ZenohBridge.drain` delivers what was received within ``drain_timeout`` and counts
+what it cuts (``lost_in_flight``).
 
 Flow control, per mapping:
 
@@ -13,41 +14,40 @@ Flow control, per mapping:
   messages, Zenoh drops when its link is busy (``CongestionControl.DROP``), and the
   importer keeps the newest *queue* samples; every drop is counted.
 * **lossless**: the exporter's subscriber is lossless, its Zenoh publisher is
-  ``RELIABLE`` with ``CongestionControl.BLOCK`` (``put`` waits, in a worker thread, while
-  the link is busy), and the importer holds at most *queue* samples: when they are all
-  taken, Zenoh's delivery thread waits for a slot, so Zenoh's reliable link, and then the
-  exporter, wait too. Nothing is dropped while the Zenoh path stays up. Limits: samples
-  in flight when a router or link goes down are lost (the importer counts the gap and
-  logs it); the exporter does not keep a window to resend them.
+  ``RELIABLE`` with ``CongestionControl.BLOCK`` (``put`` waits, in the export's thread,
+  while the link is busy), and the importer holds at most *queue* samples and
+  ``ZENOH_QUEUE_BYTES``: when they are all taken, Zenoh's delivery thread waits for room
+  (bounded: ``ZENOH_IMPORT_STALL``), so Zenoh's reliable link, then the exporter's put,
+  then its ezflow subscriber and the publishing unit wait too. Nothing is dropped while
+  the Zenoh path stays up. Limits: samples in flight when a router or link goes down are
+  lost (the importer counts the gap and logs it); the exporter keeps no window to resend
+  them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import socket
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-import msgpack
-import zenoh
-
 from .._core._codec import Codec
-from .._core._config import ZENOH_EXPORT_BATCH, ZENOH_QUEUE
-from .._core._exceptions import ClosedResourceError, ConfigurationError, EndOfStream
+from .._core._config import ZENOH_QUEUE, check_drain_timeout, drain_timeout_from_env
+from .._core._exceptions import ConfigurationError
 from .._graph._context import GraphContext
 from .._units._component import Unit
 from .._units._decorators import task
 from .._units._host import graph_context_of
 from .._units._settings import Settings
+from ._export import ExportRun
 from ._fleet import announce, fleet_key
-from ._keys import expand_host, key_to_topic, topic_to_key
+from ._import import ImportRun
+from ._keys import expand_host, topic_to_key
+from ._mapping import MappingStats, supervise
 from ._session import ZenohSettings, open_session
+from ._wire import ENCODING
 
 __all__ = [
     "ENCODING",
@@ -61,9 +61,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("ezflow.zenoh")
-
-#: The Zenoh encoding of a bridged payload.
-ENCODING = "application/x-ezflow-codec;v=1"
 
 #: What a mapping's samples hold (``Export.encoding``, ``Import.encoding``): ``"ezflow"``,
 #: ezflow codec bodies (any message); ``"raw"``, the bytes of a bytes-like message;
@@ -113,40 +110,27 @@ class Import:
         _check_encoding(self)
 
 
-@dataclass
-class MappingStats:
-    """Counters of one mapping."""
-
-    messages: int = 0  #: exported, or imported and published
-    bytes: int = 0
-    dropped_local: int = 0  #: dropped by this end's queue (leaky)
-    lost_remote: int = 0  #: gaps in the importer's sequence: lost between hosts
-    dropped_remote: int = 0  #: drops the exporter reported (its leaky queue)
-    latency_ns: collections.deque[int] = field(
-        default_factory=lambda: collections.deque(maxlen=1024)
-    )
-
-    def latency_p50_us(self) -> float | None:
-        """Median publish → import latency of the latest samples (cross-host clocks)."""
-        if not self.latency_ns:
-            return None
-        ordered = sorted(self.latency_ns)
-        return ordered[len(ordered) // 2] / 1e3
-
-
 def _check_queue(queue: int, what: str) -> None:
     if queue < 1:
         raise ConfigurationError(f"{what}: queue={queue} must be >= 1")
+
+
+_Run = ExportRun | ImportRun
 
 
 class ZenohBridge:
     """Exports and imports topics of the graph *context* is on, through a Zenoh session
     opened from *zenoh* settings: ``async with ZenohBridge(ctx, settings, exports=[...],
     imports=[...]) as bridge``. With *fleet*, it also announces the graph in that fleet
-    domain (``ezflow graph --fleet``; see :mod:`._fleet`). Leaving it stops every mapping
-    and closes the session (cancellation-safe). :attr:`stats` has each mapping's
-    counters. A mapping whose ezflow topic ends stops; a failure in one mapping is logged
-    and stops that mapping only."""
+    domain (``ezflow graph --fleet``; see :mod:`._fleet`).
+
+    :attr:`stats` has each mapping's counters and state. A bad sample is refused and
+    counted (``refused``, by cause), never more; a mapping that fails otherwise restarts
+    with a backoff (state ``restarting``) and the others go on; an export whose topic
+    ends stays armed for the topic's next publisher. Leaving the ``async with`` normally
+    (or :meth:`aclose`) first drains (:meth:`drain`, within *drain_timeout* seconds:
+    default ``EZFLOW_DRAIN_TIMEOUT`` or 5 s); leaving it on an error or cancellation
+    stops at once. Cancellation-safe."""
 
     def __init__(
         self,
@@ -157,6 +141,7 @@ class ZenohBridge:
         imports: list[Import] | tuple[Import, ...] = (),
         host: str | None = None,
         fleet: str | None = None,
+        drain_timeout: float | None = None,
     ) -> None:
         self._context = context
         self.fleet = fleet
@@ -168,28 +153,29 @@ class ZenohBridge:
             _check_queue(mapping.queue, repr(mapping))
         self.exports = tuple(exports)
         self.imports = tuple(imports)
+        self.drain_timeout = (
+            drain_timeout_from_env()
+            if drain_timeout is None
+            else check_drain_timeout(drain_timeout)
+        )
         self.stats: dict[str, MappingStats] = {}
         self._codec = Codec()
+        self._runs: list[_Run] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._closers: list[Callable[[], None]] = []
         self._session: Any = None
         self._session_cm: Any = None
         self._announcer: Any = None
+        self._drained = False
 
     def summary(self) -> dict[str, dict[str, Any]]:
-        """:attr:`stats` as plain data, by mapping (latency: the median of the latest
-        samples, in microseconds)."""
-        return {
-            name: {
-                "messages": stats.messages,
-                "bytes": stats.bytes,
-                "dropped_local": stats.dropped_local,
-                "lost_remote": stats.lost_remote,
-                "dropped_remote": stats.dropped_remote,
-                "latency_p50_us": stats.latency_p50_us(),
-            }
-            for name, stats in self.stats.items()
-        }
+        """:attr:`stats` as plain data, by mapping: its state (and why), counters,
+        refusals by cause, and the latency (the median of the latest samples, in
+        microseconds)."""
+        for run in self._runs:
+            if isinstance(run, ImportRun):
+                run.sync()
+            run.update_state()
+        return {name: stats.to_wire() for name, stats in self.stats.items()}
 
     def export_key(self, export: Export) -> str:
         """The key expression *export* publishes on."""
@@ -207,270 +193,125 @@ class ZenohBridge:
                 )
                 await self._announcer.__aenter__()
             for export in self.exports:
-                await self._start_export(export)
+                key = self.export_key(export)
+                name = f"export {export.topic} -> {key}"
+                stats = self.stats[name] = MappingStats()
+                run: _Run = ExportRun(
+                    export,
+                    key,
+                    session=self._session,
+                    context=self._context,
+                    codec=self._codec,
+                    stats=stats,
+                    name=name,
+                )
+                self._runs.append(run)
+                await run.open()
+                log.info("exporting %s as %s (%s)", export.topic, key, _kind(export))
             for mapping in self.imports:
-                self._start_import(mapping)
+                key = expand_host(mapping.key, self.host)
+                name = f"import {key} -> {mapping.topic}"
+                stats = self.stats[name] = MappingStats()
+                run = ImportRun(
+                    mapping,
+                    key,
+                    session=self._session,
+                    context=self._context,
+                    codec=self._codec,
+                    stats=stats,
+                    name=name,
+                )
+                self._runs.append(run)
+                await run.open()
+                log.info("importing %s as %s (%s)", key, mapping.topic, _kind(mapping))
+            for run in self._runs:
+                self._tasks.append(
+                    asyncio.ensure_future(supervise(run.name, run.stats, run.run, run.progress))
+                )
         except BaseException:
-            await self.aclose()
+            await self._close()
             raise
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            await self.aclose()
+        else:
+            await self._close()
 
     async def aclose(self) -> None:
-        """Stop every mapping and close the session. Idempotent."""
+        """Drain (:meth:`drain`), then stop every mapping and close the session.
+        Idempotent."""
+        try:
+            await self.drain()
+        finally:
+            await self._close()
+
+    async def drain(self) -> None:
+        """Stop taking data in and deliver what was taken, within :attr:`drain_timeout`:
+        exports put what their subscribers queued and send their end markers; imports stop
+        receiving, publish what they queued and wait for the graph to take it. What the
+        timeout cuts is counted in ``lost_in_flight`` (one warning line). Once."""
+        if self._drained or not self._runs:
+            return
+        self._drained = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_timeout
+        undeclares = [
+            asyncio.ensure_future(asyncio.to_thread(run.stop_receiving))
+            for run in self._runs
+            if isinstance(run, ImportRun)
+        ]
+        for run in self._runs:
+            if isinstance(run, ExportRun):
+                await run.start_drain()
+        try:
+            while loop.time() < deadline and any(  # noqa: ASYNC110 - threads' and peers' counters
+                run.busy or (isinstance(run, ExportRun) and run.queued) for run in self._runs
+            ):
+                await asyncio.sleep(0.01)
+            await self._cancel_tasks()
+            await asyncio.gather(*(run.finish(deadline) for run in self._runs))
+        finally:
+            for run in self._runs:
+                if isinstance(run, ImportRun):
+                    run.close_queue()
+            await asyncio.gather(*undeclares, return_exceptions=True)
+        cut = {name: s.lost_in_flight for name, s in self.stats.items() if s.lost_in_flight}
+        if cut:
+            log.warning(
+                "the bridge stopped with messages in flight (drain_timeout %g s): %s",
+                self.drain_timeout,
+                ", ".join(f"{name}: {n}" for name, n in cut.items()),
+            )
+
+    async def _cancel_tasks(self) -> None:
         pending, self._tasks = self._tasks, []
         for mapping_task in pending:
             mapping_task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _close(self) -> None:
+        """Stop every mapping and close the session, without draining. Idempotent."""
+        await self._cancel_tasks()
+        runs, self._runs = self._runs, []
+        for run in runs:
+            with contextlib.suppress(Exception):
+                await run.close()
         announcer, self._announcer = self._announcer, None
         if announcer is not None:
             await announcer.__aexit__(None, None, None)
-        closers, self._closers = self._closers, []
-        for close in closers:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(close)
         cm, self._session_cm = self._session_cm, None
         if cm is not None:
             await cm.__aexit__(None, None, None)
-
-    # -- export --------------------------------------------------------------------------
-
-    async def _start_export(self, export: Export) -> None:
-        key = self.export_key(export)
-        publisher = self._session.declare_publisher(
-            key,
-            encoding=zenoh.Encoding(ENCODING),
-            congestion_control=(
-                zenoh.CongestionControl.BLOCK if export.lossless else zenoh.CongestionControl.DROP
-            ),
-            reliability=zenoh.Reliability.RELIABLE,
-        )
-        self._closers.append(publisher.undeclare)
-        subscriber = (
-            await self._context.subscriber(export.topic)  # bounded by the publisher's window
-            if export.lossless
-            else await self._context.subscriber(export.topic, leaky=True, queue=export.queue)
-        )
-        stats = self.stats[f"export {export.topic} -> {key}"] = MappingStats()
-        self._tasks.append(
-            asyncio.ensure_future(self._export(export, subscriber, publisher, stats))
-        )
-        log.info("exporting %s as %s (%s)", export.topic, key, _kind(export.lossless))
-
-    async def _export(
-        self, export: Export, subscriber: Any, publisher: Any, stats: MappingStats
-    ) -> None:
-        seq = 0
-        ended = False
-        try:
-            while not ended:
-                # One message (waiting), then whatever else is queued, up to a batch:
-                # one trip to the worker thread per batch, not per message.
-                batch = []
-                try:
-                    batch.append(await subscriber.recv())
-                    while len(batch) < ZENOH_EXPORT_BATCH:
-                        batch.append(subscriber.recv_nowait())
-                except asyncio.QueueEmpty:
-                    pass
-                except (EndOfStream, ClosedResourceError):
-                    ended = True
-                puts = []
-                for message in batch:
-                    body = b"".join(bytes(part) for part in self._codec.encode(message).parts)
-                    drops = subscriber.stats.dropped
-                    meta = {"v": 1, "seq": seq, "t": time.time_ns(), "drops": drops}
-                    puts.append((body, msgpack.packb(meta)))
-                    seq += 1
-                if export.lossless:  # BLOCK: put may wait for the link
-                    await asyncio.to_thread(_put_all, publisher, puts)
-                else:
-                    _put_all(publisher, puts)
-                stats.messages += len(puts)
-                stats.bytes += sum(len(body) for body, _ in puts)
-                stats.dropped_local = subscriber.stats.dropped
-            log.info("export of %s: the topic ended", export.topic)
-            await self._send_end(publisher, seq, stats.dropped_local)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("export of %s failed; it stops (the other mappings go on)", export.topic)
-        finally:
-            with contextlib.suppress(Exception):
-                await subscriber.aclose()
-
-    async def _send_end(self, publisher: Any, seq: int, drops: int) -> None:
-        # The end marker: an empty payload whose attachment says where the sequence
-        # ended, sent reliably (BLOCK) even on a leaky mapping, so the importer counts
-        # the samples Zenoh dropped at the tail and ends its topic too.
-        attachment = msgpack.packb(
-            {"v": 1, "seq": seq, "t": time.time_ns(), "drops": drops, "end": True}
-        )
-        key = str(publisher.key_expr)
-        await asyncio.to_thread(
-            self._session.put,
-            key,
-            b"",
-            attachment=attachment,
-            congestion_control=zenoh.CongestionControl.BLOCK,
-            encoding=zenoh.Encoding(ENCODING),
-        )
-
-    # -- import --------------------------------------------------------------------------
-
-    def _start_import(self, mapping: Import) -> None:
-        loop = asyncio.get_running_loop()
-        key = expand_host(mapping.key, self.host)
-        literal = key.split("*")[0].rsplit("/", 1)[0] if "*" in key else None
-        pending: collections.deque[Any] = collections.deque()
-        wake = asyncio.Event()
-        stats = self.stats[f"import {key} -> {mapping.topic}"] = MappingStats()
-        slots = threading.Semaphore(mapping.queue) if mapping.lossless else None
-        closed = threading.Event()
-        skipped: dict[str, int] = {}  # per key: samples the leaky queue dropped
-
-        def push(item: tuple[str, bytes, bytes | None]) -> None:  # on the loop
-            # Leaky: keep the newest; an end marker (empty body) is never dropped. What
-            # is dropped here is counted here, not again as a gap in the sequence.
-            if slots is None and item[1] and len(pending) >= mapping.queue:
-                dropped = pending.popleft()
-                stats.dropped_local += 1
-                skipped[dropped[0]] = skipped.get(dropped[0], 0) + 1
-            pending.append(item)
-            wake.set()
-
-        def on_sample(sample: Any) -> None:  # on a Zenoh thread: never blocks the loop
-            attachment = sample.attachment
-            item = (
-                str(sample.key_expr),
-                sample.payload.to_bytes(),
-                None if attachment is None else attachment.to_bytes(),
-            )
-            if slots is not None:
-                # Lossless: wait here for room, so that Zenoh's reliable link waits too.
-                while not slots.acquire(timeout=0.2):
-                    if closed.is_set():
-                        return
-            with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
-                loop.call_soon_threadsafe(push, item)
-
-        subscriber = self._session.declare_subscriber(key, on_sample)
-
-        def close() -> None:
-            closed.set()
-            subscriber.undeclare()
-
-        self._closers.append(close)
-        task = asyncio.ensure_future(
-            self._import(
-                mapping,
-                literal=literal,
-                pending=pending,
-                wake=wake,
-                slots=slots,
-                stats=stats,
-                skipped=skipped,
-            )
-        )
-        self._tasks.append(task)
-        log.info("importing %s as %s (%s)", key, mapping.topic, _kind(mapping.lossless))
-
-    def _topic_of(self, mapping: Import, literal: str | None, key: str) -> str:
-        if literal is None:
-            return mapping.topic
-        suffix = key_to_topic(key, literal)
-        return mapping.topic.rstrip("/") + "/" + suffix.lstrip("/")
-
-    async def _import(
-        self,
-        mapping: Import,
-        *,
-        literal: str | None,
-        pending: collections.deque[Any],
-        wake: asyncio.Event,
-        slots: threading.Semaphore | None,
-        stats: MappingStats,
-        skipped: dict[str, int],
-    ) -> None:
-        publishers: dict[str, Any] = {}
-        expected: dict[str, int] = {}
-        try:
-            while True:
-                while not pending:
-                    wake.clear()
-                    await wake.wait()
-                key, body, attachment = pending.popleft()
-                meta = msgpack.unpackb(attachment) if attachment is not None else {}
-                if meta.get("end"):
-                    _count_gap(key, meta, expected, stats, skipped)
-                    if slots is not None:
-                        slots.release()
-                    publisher = publishers.pop(self._topic_of(mapping, literal, key), None)
-                    if publisher is not None:  # the end crosses over: subscribers see it
-                        await publisher.aclose()
-                    expected.pop(key, None)
-                    continue
-                try:
-                    message = self._codec.decode(body)
-                    topic = self._topic_of(mapping, literal, key)
-                except Exception as exc:
-                    log.warning(
-                        "import of %s: a sample on %s was refused: %s", mapping.key, key, exc
-                    )
-                    if slots is not None:
-                        slots.release()
-                    continue
-                if meta:
-                    _count_gap(key, meta, expected, stats, skipped)
-                    stats.latency_ns.append(time.time_ns() - int(meta.get("t", 0)))
-                publisher = publishers.get(topic)
-                if publisher is None:
-                    publisher = publishers[topic] = await self._context.publisher(topic)
-                try:
-                    await publisher.publish(message)
-                finally:
-                    if slots is not None:
-                        slots.release()
-                stats.messages += 1
-                stats.bytes += len(body)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("import of %s failed; it stops (the other mappings go on)", mapping.key)
-        finally:
-            for publisher in publishers.values():
-                with contextlib.suppress(Exception):
-                    await publisher.aclose()
+        for run in runs:
+            if isinstance(run, ExportRun):
+                await run.join()
 
 
-def _count_gap(
-    key: str,
-    meta: dict[str, Any],
-    expected: dict[str, int],
-    stats: MappingStats,
-    skipped: dict[str, int],
-) -> None:
-    """Count a gap in *key*'s sequence, less what our own queue dropped (*skipped*), as
-    samples lost between the hosts (the first sample seen of a key sets where counting
-    starts)."""
-    seq = int(meta.get("seq", -1))
-    gap = seq - expected.get(key, seq) - skipped.pop(key, 0)
-    if gap > 0:
-        stats.lost_remote += gap
-        log.warning("import of %s: %d messages lost between hosts", key, gap)
-    expected[key] = seq + 1
-    stats.dropped_remote = int(meta.get("drops", 0))
-
-
-def _put_all(publisher: Any, puts: list[tuple[bytes, bytes]]) -> None:
-    for body, attachment in puts:
-        publisher.put(body, attachment=attachment)
-
-
-def _kind(lossless: bool) -> str:
-    return "lossless" if lossless else "leaky"
+def _kind(mapping: Export | Import) -> str:
+    kind = "lossless" if mapping.lossless else f"leaky, queue {mapping.queue}"
+    return kind if mapping.encoding == "ezflow" else f"{kind}, {mapping.encoding}"
 
 
 # -- as a unit of a graph -------------------------------------------------------------------
