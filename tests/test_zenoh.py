@@ -34,6 +34,7 @@ from ezflow.zenoh import (
     ZenohSettings,
     key_to_topic,
     open_session,
+    query_fleet,
     topic_to_key,
 )
 
@@ -69,9 +70,10 @@ def free_port() -> int:
         return port
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def router() -> Iterator[str]:
-    """``ezflow zenoh router`` on a free loopback port: its endpoint."""
+    """``ezflow zenoh router`` on a free loopback port: its endpoint (one for the module:
+    each test uses keys of its own)."""
     endpoint = f"tcp/127.0.0.1:{free_port()}"
     process = subprocess.Popen(
         [sys.executable, "-m", "ezflow", "zenoh", "router", "--listen", endpoint],
@@ -504,3 +506,211 @@ def test_a_mapping_names_its_encoding() -> None:
         ezflow.ConfigurationError, match=r"encoding='xml' is not one of 'ezflow', 'raw', 'json'"
     ):
         Import("a/b", "/x", encoding="xml")
+
+
+# -- a bridge that holds: garbage, slow consumers, restarted publishers (issue 25) --------
+
+
+def plain_session(router: str) -> Any:
+    """A plain zenoh-python client session, as a foreign program would open one."""
+    import zenoh  # noqa: PLC0415 - only where a plain Zenoh client stands in for a peer
+
+    config = zenoh.Config()
+    config.insert_json5("mode", '"client"')
+    config.insert_json5("connect/endpoints", json.dumps([router]))
+    config.insert_json5("scouting/multicast/enabled", "false")
+    return zenoh.open(config)
+
+
+def garbage(kind: int) -> tuple[bytes, bytes | None]:
+    """Four kinds of bad sample: random bytes, JSON, a payload with an attachment that is
+    not msgpack, and one whose attachment is a msgpack list."""
+    import msgpack  # noqa: PLC0415
+
+    body = ezflow.Codec().encode(np.arange(4)).to_bytes()
+    return [
+        (bytes(np.random.default_rng(kind).integers(0, 256, 100, dtype=np.uint8)), None),
+        (b'{"not": "an ezflow body"}', None),
+        (body, b"\xc1\xc1 not msgpack"),
+        (body, msgpack.packb([1, "seq", 2])),
+    ][kind % 4]
+
+
+async def test_bad_samples_are_refused_and_counted_while_good_ones_flow(router: str) -> None:
+    import zenoh  # noqa: PLC0415
+
+    count, bad = 320, 40  # a bad sample every 8 good messages, of each kind in turn
+    settings = ZenohSettings(mode="client", connect=(router,))
+    names = {"lossless": True, "leaky": False, "other": True}
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(
+            a,
+            settings,
+            exports=[
+                Export(f"/a/{n}", key=f"bad/{n}", lossless=lossless)
+                for n, lossless in names.items()
+            ],
+        ),
+        ZenohBridge(
+            b,
+            settings,
+            imports=[
+                Import(f"bad/{n}", f"/b/{n}", lossless=lossless, queue=count * 2)
+                for n, lossless in names.items()
+            ],
+            drain_timeout=1.0,
+        ) as importer,
+    ):
+        sinks = {n: await b.subscriber(f"/b/{n}") for n in names}
+        publishers = {n: await a.publisher(f"/a/{n}") for n in names}
+        for publisher in publishers.values():
+            await publisher.wait_for_channels(1)
+        await asyncio.sleep(1.0)  # Zenoh routes the imports to the exports
+        session = await asyncio.to_thread(plain_session, router)
+        try:
+            for i in range(count):
+                for publisher in publishers.values():
+                    await publisher.publish(np.full(8, i))
+                if i % (count // bad) == 0:
+                    for target in ("bad/lossless", "bad/leaky"):
+                        payload, attachment = garbage(i // (count // bad))
+                        await asyncio.to_thread(
+                            session.put,
+                            target,
+                            payload,
+                            attachment=attachment,
+                            congestion_control=zenoh.CongestionControl.BLOCK,
+                        )
+            received = {
+                n: [int((await asyncio.wait_for(sink.recv(), 20))[0]) for _ in range(count)]
+                for n, sink in sinks.items()
+            }
+            await wait_for(
+                lambda: all(
+                    sum(s.refused.values()) == bad
+                    for name, s in importer.stats.items()
+                    if "other" not in name
+                )
+            )
+        finally:
+            await asyncio.to_thread(session.close)
+        summary = importer.summary()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await importer.aclose()
+        took = loop.time() - started
+    assert all(values == list(range(count)) for values in received.values()), received
+    for name, row in summary.items():
+        assert row["state"] == "live" and row["restarts"] == 0, row
+        if "other" in name:
+            assert row["refused"] == {}
+        else:  # random bytes and JSON are no ezflow body; the other two no attachment
+            assert row["refused"] == {"attachment": bad // 2, "body": bad // 2}, row
+        assert row["messages"] == count and row["lost_remote"] == 0
+    assert took < importer.drain_timeout + 1.0
+
+
+async def test_lossless_backpressure_reaches_the_publisher_and_a_stop_counts_its_cut(
+    router: str,
+) -> None:
+    count, delay, pause = 150, 0.01, 120  # 2 KiB messages, a subscriber taking 10 ms each
+    settings = ZenohSettings(mode="client", connect=(router,))
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(
+            a, settings, exports=[Export("/a/slow", key="slow/x", lossless=True)]
+        ) as exporter,
+    ):
+        importer = ZenohBridge(
+            b,
+            settings,
+            imports=[Import("slow/x", "/b/slow", lossless=True, queue=16)],
+            drain_timeout=0.05,
+        )
+        await importer.__aenter__()
+        sink = await b.subscriber("/b/slow")
+        publisher = await a.publisher("/a/slow", max_in_flight=4)
+        await publisher.wait_for_channels(1)
+        await asyncio.sleep(1.0)
+        loop = asyncio.get_running_loop()
+        received: list[int] = []
+        resume = asyncio.Event()
+
+        async def consume() -> None:
+            with contextlib.suppress(ezflow.EndOfStream, ezflow.ClosedResourceError):
+                while True:
+                    received.append(int((await sink.recv())[0]))
+                    await asyncio.sleep(delay)
+                    if len(received) == pause:  # the subscriber stops taking anything
+                        await resume.wait()
+
+        consumer = asyncio.ensure_future(consume())
+        started = loop.time()
+        for i in range(count):
+            await publisher.publish(np.full(256, i, dtype=np.int64))  # 2 KiB
+            if len(received) >= pause:
+                break
+        published = loop.time() - started
+        out = next(iter(exporter.stats.values()))
+        exported = -1  # the export waits for credit: what it sent stops growing
+        while exported != out.messages:
+            exported = out.messages
+            await asyncio.sleep(0.3)
+        ahead = exported - len(received)
+        stopping = loop.time()
+        await importer.aclose()  # cuts what its queue and the graph's window hold
+        took = loop.time() - stopping
+        stats = next(iter(importer.stats.values()))
+        await wait_for(lambda: not exporter._runs[0]._importers)  # (its goodbye arrived)
+        resume.set()
+        await asyncio.wait_for(consumer, 30)
+    # Backpressure: the publisher went at the consumer's pace, and the export stopped at
+    # what the import's queue and its graph window hold (16 + 16, and a batch).
+    assert published >= 0.8 * pause * delay, published
+    assert 0 < ahead <= 16 + 16 + 4, ahead
+    assert received == list(range(len(received))) and len(received) < exported
+    # Every exported message arrived or is counted (by the importer: cut from its queue,
+    # or not yet taken by the subscriber; by the exporter: in flight to the importer).
+    assert len(received) + stats.lost_in_flight + out.lost_in_flight >= exported
+    assert stats.lost_in_flight + out.lost_in_flight > 0 and stats.lost_remote == 0
+    assert took < importer.drain_timeout + 1.0
+
+
+async def test_an_export_follows_its_topic_to_the_next_publisher(router: str) -> None:
+    settings = ZenohSettings(mode="client", connect=(router,))
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(
+            a, settings, exports=[Export("/a/cam", key="cam/x")], fleet="lab", host="robot"
+        ),
+        ZenohBridge(b, settings, imports=[Import("cam/x", "/b/cam", queue=16)]),
+        open_session(settings) as watcher,
+    ):
+
+        async def state() -> str:
+            replies = await query_fleet(watcher, "lab", "top")
+            return str(replies["robot"]["bridge"]["export /a/cam -> cam/x"]["state"])
+
+        assert await state() == "waiting"  # armed: no publisher yet
+        sink = await b.subscriber("/b/cam")
+        for generation in range(2):  # a camera, then the camera restarted
+            publisher = await a.publisher("/a/cam")
+            await publisher.wait_for_channels(1)
+            await wait_for(lambda: True)
+            assert await state() == "live"
+            await asyncio.sleep(0.5 if generation == 0 else 0.0)  # Zenoh routes (once)
+            started = asyncio.get_running_loop().time()
+            for i in range(5):
+                await publisher.publish(generation * 100 + i)
+            got = [await asyncio.wait_for(sink.recv(), 5) for _ in range(5)]
+            assert got == [generation * 100 + i for i in range(5)]
+            assert asyncio.get_running_loop().time() - started < 5.0
+            await publisher.aclose()  # the end crosses over: /b/cam ends too
+            with pytest.raises(ezflow.EndOfStream):
+                await asyncio.wait_for(sink.recv(), 5)
+            await wait_for(lambda: True)
+            deadline = asyncio.get_running_loop().time() + 5
+            while await state() != "waiting":
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)

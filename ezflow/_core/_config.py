@@ -105,6 +105,8 @@ __all__ = [
     "TRACE_REPORT_MAX",
     "TRACE_SERVER_KEEP",
     "TRANSPORTS",
+    "ZENOH_ACK_INTERVAL",
+    "ZENOH_ACK_TIMEOUT",
     "ZENOH_ANSWER_TIMEOUT",
     "ZENOH_EXPORT_BATCH",
     "ZENOH_EXPORT_BATCH_BYTES",
@@ -177,6 +179,12 @@ ZENOH_IMPORT_STALL: Final = 10.0
 #: this many seconds, doubled after each failure in a row up to the maximum.
 ZENOH_RESTART_FIRST: Final = 0.1
 ZENOH_RESTART_MAX: Final = 5.0
+#: Lossless flow control between a bridge pair (docs/wire-format.md): an import
+#: acknowledges what its graph took at least every ZENOH_ACK_INTERVAL seconds (and
+#: whenever a quarter of its window was taken); an export forgets an importer it has
+#: not heard from for ZENOH_ACK_TIMEOUT seconds (gone without saying goodbye).
+ZENOH_ACK_INTERVAL: Final = 0.5
+ZENOH_ACK_TIMEOUT: Final = 10.0
 #: Topics (keys) one wildcard import publishes on at most; samples of further keys are
 #: refused (cause ``key``). Hosts a fleet announcer remembers (seen and gone).
 ZENOH_IMPORT_TOPICS: Final = 1024

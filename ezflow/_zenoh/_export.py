@@ -18,6 +18,8 @@ waits, armed, for the topic's next publisher.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import collections
 import contextlib
 import logging
 import threading
@@ -28,16 +30,24 @@ from typing import TYPE_CHECKING, Any
 import zenoh
 
 from .._core._codec import Codec
-from .._core._config import ZENOH_EXPORT_BATCH, ZENOH_EXPORT_BATCH_BYTES
+from .._core._config import (
+    ZENOH_ACK_INTERVAL,
+    ZENOH_ACK_TIMEOUT,
+    ZENOH_EXPORT_BATCH,
+    ZENOH_EXPORT_BATCH_BYTES,
+)
 from .._core._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
 from ._mapping import MappingStats, Refusals
 from ._wire import (
+    ACK_CHUNK,
     BATCH_ALIGNMENT,
     ENCODING,
     JSON_ENCODING,
     RAW_ENCODING,
+    Ack,
     Refused,
     pack_attachment,
+    parse_ack,
     to_json,
     to_raw,
 )
@@ -148,6 +158,19 @@ class _Sender:
             log.warning("%s: its Zenoh put did not return; leaving it", self._thread.name)
 
 
+class _Importer:
+    """What a lossless export knows of one importer: every message before *next* was
+    taken, *window* messages and *nbytes* bytes beyond it may be in flight."""
+
+    __slots__ = ("heard", "nbytes", "next", "window")
+
+    def __init__(self, next_seq: int, window: int, nbytes: int, heard: float) -> None:
+        self.next = next_seq
+        self.window = window
+        self.nbytes = nbytes
+        self.heard = heard
+
+
 class ExportRun:
     """The runtime of one :class:`~ezflow.zenoh.Export` (see the module doc)."""
 
@@ -178,6 +201,13 @@ class ExportRun:
         self._ended = True  # the end of the topic was sent (or nothing was sent yet)
         self.draining = False
         self._zenoh_encoding = zenoh.Encoding(zenoh_encoding(export.encoding))
+        # Lossless flow control: the importers that acknowledge this key, the byte count
+        # sent before each sample still unacknowledged by one of them, the total.
+        self._importers: dict[str, _Importer] = {}
+        self._sent: collections.deque[tuple[int, int]] = collections.deque()
+        self._sent_bytes = 0
+        self._credit = asyncio.Event()
+        self._acks: Any = None
 
     async def open(self) -> None:
         """Declare the Zenoh publisher and the ezflow subscriber (ConfigurationError for
@@ -197,6 +227,22 @@ class ExportRun:
             else await self._context.subscriber(export.topic, leaky=True, queue=export.queue)
         )
         self._sender = _Sender(f"ezflow-zenoh-export {export.topic}")
+        if export.lossless:
+            loop = asyncio.get_running_loop()
+
+            def on_ack(sample: Any) -> None:  # on a Zenoh thread
+                try:
+                    ack: Ack | Refused = parse_ack(sample.payload.to_bytes())
+                except Refused as refused:
+                    ack = refused
+                except Exception as exc:  # nothing from a peer may escape into Zenoh
+                    ack = Refused("ack", f"unreadable acknowledgement: {exc!r}")
+                with contextlib.suppress(RuntimeError):  # the loop closed: stopping
+                    loop.call_soon_threadsafe(self._on_ack, ack)
+
+            self._acks = self._session.declare_subscriber(
+                f"{self.key}/{ACK_CHUNK}", zenoh.handlers.Callback(on_ack, indirect=False)
+            )
 
     def progress(self) -> int:
         return self.stats.messages + sum(self.stats.refused.values())
@@ -223,7 +269,7 @@ class ExportRun:
         """Export until cancelled (or the graph closes: ClosedResourceError)."""
         sub = self._subscriber
         assert sub is not None and self._sender is not None
-        batch_max = ZENOH_EXPORT_BATCH if self.export.encoding == "ezflow" else 1
+        ezflow = self.export.encoding == "ezflow"
         while True:
             self._check_sender()
             self.update_state()
@@ -240,6 +286,7 @@ class ExportRun:
                     return
                 raise
             ended = False
+            batch_max = self._batch_limit() if ezflow else 1
             while len(batch) < batch_max:
                 try:
                     batch.append(sub.recv_nowait())
@@ -266,6 +313,103 @@ class ExportRun:
             if ended:
                 await self._send_end()
 
+    # -- lossless flow control (credits) ---------------------------------------------
+
+    def _on_ack(self, ack: Ack | Refused) -> None:
+        if isinstance(ack, Refused):
+            self._refused(ack, f"{self.key}/{ACK_CHUNK}")
+            return
+        if ack.bye:
+            if self._importers.pop(ack.id, None) is not None:
+                # It stopped: what it never received was in flight, and is counted here.
+                lost = max(0, self._seq - (ack.next if ack.next is not None else self._seq))
+                self.stats.lost_in_flight += lost
+                log.info(
+                    "export of %s: importer %s left (%d messages in flight to it)",
+                    self.export.topic,
+                    ack.id,
+                    lost,
+                )
+        else:
+            # A hello (next None) counts from now; an acknowledgement past what was sent
+            # is from before this export restarted its sequence: also from now.
+            next_seq = self._seq if ack.next is None or ack.next > self._seq else ack.next
+            importer = self._importers.get(ack.id)
+            now = time.monotonic()
+            if importer is None:
+                self._importers[ack.id] = _Importer(next_seq, ack.window, ack.nbytes, now)
+                log.info("export of %s: importer %s joined", self.export.topic, ack.id)
+            else:
+                importer.next = (
+                    max(importer.next, next_seq) if ack.next is not None else importer.next
+                )
+                importer.window, importer.nbytes, importer.heard = ack.window, ack.nbytes, now
+        self._prune()
+        self._credit.set()
+
+    def _prune(self) -> None:
+        """Forget the byte counts every importer acknowledged."""
+        oldest = min((i.next for i in self._importers.values()), default=self._seq)
+        sent = self._sent
+        while len(sent) > 1 and sent[1][0] <= oldest:
+            sent.popleft()
+        if not self._importers:
+            sent.clear()
+
+    def _bytes_before(self, seq: int) -> int:
+        """Bytes sent before message *seq* (an acknowledged point)."""
+        sent = self._sent
+        if not sent or seq >= self._seq:
+            return self._sent_bytes
+        index = bisect.bisect_right(sent, (seq, self._sent_bytes + 1)) - 1
+        return sent[max(index, 0)][1]
+
+    def _room(self, messages: int, nbytes: int) -> bool:
+        """True when every importer takes *messages* more (of *nbytes*), or has nothing
+        in flight (one batch always goes)."""
+        for importer in self._importers.values():
+            in_flight = self._seq - importer.next
+            if in_flight <= 0:
+                continue
+            if in_flight + messages > importer.window:
+                return False
+            if self._sent_bytes - self._bytes_before(importer.next) + nbytes > importer.nbytes:
+                return False
+        return True
+
+    def _batch_limit(self) -> int:
+        limit = ZENOH_EXPORT_BATCH
+        for importer in self._importers.values():
+            limit = min(limit, importer.window)
+        return max(1, limit)
+
+    async def _wait_for_credit(self, messages: int, nbytes: int) -> None:
+        """Wait until every importer has room (lossless exports): backpressure. An
+        importer silent for ``ZENOH_ACK_TIMEOUT`` is forgotten (it went away)."""
+        while not self._room(messages, nbytes):
+            now = time.monotonic()
+            for name, importer in list(self._importers.items()):
+                if now - importer.heard > ZENOH_ACK_TIMEOUT:
+                    del self._importers[name]
+                    log.warning(
+                        "export of %s: importer %s sent no acknowledgement for %.0f s; "
+                        "no longer waiting for it",
+                        self.export.topic,
+                        name,
+                        ZENOH_ACK_TIMEOUT,
+                    )
+            if self._room(messages, nbytes):
+                return
+            self._credit.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._credit.wait(), ZENOH_ACK_INTERVAL)
+
+    def _record(self, messages: int, nbytes: int) -> None:
+        """Count a sample sent (for the importers' byte windows)."""
+        if self._importers:
+            self._sent.append((self._seq - messages, self._sent_bytes))
+        self._sent_bytes += nbytes
+
     def _check_sender(self) -> None:
         """Raise the error of a put job that failed, its messages counted as lost."""
         assert self._sender is not None
@@ -277,11 +421,11 @@ class ExportRun:
             raise error
 
     async def _send(self, batch: list[Any]) -> None:
-        """Encode *batch* and hand it to the sender thread (waiting while it is busy)."""
+        """Encode *batch*, wait for credit (lossless), hand it to the sender thread."""
         encoding = self.export.encoding
-        drops = self._subscriber.stats.dropped if self._subscriber is not None else 0
-        publisher = self._publisher
-        puts: list[tuple[bytes, bytes]] = []
+        # Samples as (payload parts, body sizes): one per batch of ezflow bodies (split at
+        # ZENOH_EXPORT_BATCH_BYTES), one per message for raw and json.
+        samples: list[tuple[list[bytes | memoryview], list[int]]] = []
         nbytes = count = 0
         if encoding == "ezflow":
             codec = self._codec
@@ -295,7 +439,7 @@ class ExportRun:
                     self._refused(Refused("encoding", f"{type(exc).__name__}: {exc}"), self.key)
                     continue
                 if sizes and pos + encoded.nbytes > ZENOH_EXPORT_BATCH_BYTES:
-                    puts.append(self._batch(parts, sizes, drops))
+                    samples.append((parts, sizes))
                     parts, sizes, pos = [], [], 0
                 pad = -pos & (BATCH_ALIGNMENT - 1)
                 if pad:
@@ -306,7 +450,7 @@ class ExportRun:
                 nbytes += encoded.nbytes
                 count += 1
             if sizes:
-                puts.append(self._batch(parts, sizes, drops))
+                samples.append((parts, sizes))
         else:
             convert = to_raw if encoding == "raw" else to_json
             for message in batch:
@@ -315,12 +459,24 @@ class ExportRun:
                 except Refused as refused:
                     self._refused(refused, self.key)
                     continue
-                puts.append((body, pack_attachment(self._seq, time.time_ns(), drops)))
-                self._seq += 1
+                samples.append(([body], [len(body)]))
                 nbytes += len(body)
                 count += 1
-        if not puts:
+        if not samples:
             return
+        if self._importers:
+            await self._wait_for_credit(count, nbytes)
+        drops = self._subscriber.stats.dropped if self._subscriber is not None else 0
+        puts = []
+        now = time.time_ns()
+        for parts, sizes in samples:
+            n = len(sizes)
+            seq = self._seq
+            self._seq += n
+            self._record(n, sum(sizes))
+            payload = parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
+            puts.append((payload, pack_attachment(seq, now, drops, sizes)))
+        publisher = self._publisher
 
         def put_all() -> None:
             for payload, attachment in puts:
@@ -333,14 +489,6 @@ class ExportRun:
         stats.messages += count
         stats.bytes += nbytes
         stats.dropped_local = drops
-
-    def _batch(
-        self, parts: list[bytes | memoryview], sizes: list[int], drops: int
-    ) -> tuple[bytes, bytes]:
-        """One sample of a batch: its payload and attachment (the next sequence numbers)."""
-        seq = self._seq
-        self._seq += len(sizes)
-        return b"".join(parts), pack_attachment(seq, time.time_ns(), drops, sizes)
 
     async def _send_end(self) -> None:
         """The end marker: an empty payload whose attachment says where the sequence
@@ -399,10 +547,11 @@ class ExportRun:
         sender = self._sender
         if sender is not None:
             sender.stop()
-        publisher, self._publisher = self._publisher, None
-        if publisher is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(publisher.undeclare)
+        for entity in (self._acks, self._publisher):
+            if entity is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(entity.undeclare)
+        self._acks = self._publisher = None
         sub, self._subscriber = self._subscriber, None
         if sub is not None:
             with contextlib.suppress(Exception):

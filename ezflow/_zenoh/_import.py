@@ -32,12 +32,14 @@ import json
 import logging
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import zenoh
 
 from .._core._codec import Codec
 from .._core._config import (
+    ZENOH_ACK_INTERVAL,
     ZENOH_IMPORT_STALL,
     ZENOH_IMPORT_TOPICS,
     ZENOH_QUEUE_BYTES,
@@ -50,7 +52,7 @@ from .._core._exceptions import (
 )
 from ._keys import key_to_topic
 from ._mapping import MappingStats, Refusals
-from ._wire import Meta, Refused, parse_attachment, split_batch
+from ._wire import ACK_CHUNK, Meta, Refused, pack_ack, parse_attachment, split_batch
 
 if TYPE_CHECKING:
     from .._graph._context import GraphContext
@@ -83,6 +85,11 @@ class _Sample:
         meta = self.meta
         return 1 if meta is None else (0 if meta.end else meta.n)
 
+    @property
+    def weight(self) -> int:
+        """What it counts against a queue of ``queue`` messages (an end marker: 1)."""
+        return max(1, self.messages)
+
 
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
@@ -94,15 +101,15 @@ class SampleQueue:
     :meth:`put` from any thread, :meth:`get` and :meth:`done` on the loop. Samples taken
     by :meth:`get` count against the bounds until :meth:`done`."""
 
-    def __init__(self, *, samples: int, nbytes: int, lossless: bool) -> None:
+    def __init__(self, *, messages: int, nbytes: int, lossless: bool) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._cond = threading.Condition()
         self._items: collections.deque[_Sample] = collections.deque()
-        self._samples = samples
+        self._messages = messages
         self._bytes = nbytes
         self._lossless = lossless
-        self._count = 0  # samples held (queued and taken), and their payload bytes
+        self._count = 0  # messages held (queued and taken; a sample weighs >= 1), bytes
         self._size = 0
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
@@ -117,20 +124,22 @@ class SampleQueue:
     def __len__(self) -> int:
         return self._count
 
-    def _full(self, size: int) -> bool:
-        return self._count > 0 and (self._count >= self._samples or self._size + size > self._bytes)
+    def _full(self, size: int, weight: int) -> bool:
+        return self._count > 0 and (
+            self._count + weight > self._messages or self._size + size > self._bytes
+        )
 
     def put(self, item: _Sample) -> None:
         """Queue *item*; see the module doc for what happens when the queue is full."""
-        size = len(item.payload)
+        size, weight = len(item.payload), item.weight
         waker = None
         with self._cond:
             if self._closed:
                 self.cut += item.messages
                 return
             if self._lossless:
-                if self._full(size) and threading.get_ident() != self._loop_thread:
-                    waited = self._wait_for_room(size)
+                if self._full(size, weight) and threading.get_ident() != self._loop_thread:
+                    waited = self._wait_for_room(size, weight)
                     if waited == "closed":
                         self.cut += item.messages
                         return
@@ -138,28 +147,28 @@ class SampleQueue:
                         self._drop(item)
                         return
             elif item.messages:  # (an end marker is never dropped, nor drops another)
-                while self._full(size):
+                while self._full(size, weight):
                     oldest = next((i for i in self._items if i.messages), None)
                     if oldest is None:
                         break
                     self._items.remove(oldest)
                     self._drop(oldest, queued=True)
             self._items.append(item)
-            self._count += 1
+            self._count += weight
             self._size += size
             waker, self._waiter = self._waiter, None
         if waker is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
                 self._loop.call_soon_threadsafe(_wake, waker)
 
-    def _wait_for_room(self, size: int) -> str:
+    def _wait_for_room(self, size: int, weight: int) -> str:
         # (holding the lock) Bounded: "room", "closed" (a stop), or "stalled" (the graph
         # took nothing for ZENOH_IMPORT_STALL).
         if self._stalled:
             return "stalled"
         deadline = time.monotonic() + ZENOH_IMPORT_STALL
         taken = self._count
-        while self._full(size):
+        while self._full(size, weight):
             if self._closed:
                 return "closed"
             if self._count < taken:  # progress: the graph took one
@@ -183,7 +192,7 @@ class SampleQueue:
         if item.meta is not None and n:
             self.skipped[item.key] = self.skipped.get(item.key, 0) + n
         if queued:
-            self._count -= 1
+            self._count -= item.weight
             self._size -= len(item.payload)
 
     async def get(self) -> _Sample:
@@ -198,7 +207,7 @@ class SampleQueue:
     def done(self, item: _Sample) -> None:
         """*item* (from :meth:`get`) is handled: its room is free again."""
         with self._cond:
-            self._count -= 1
+            self._count -= item.weight
             self._size -= len(item.payload)
             self._stalled = False
             self._cond.notify_all()
@@ -253,12 +262,18 @@ class ImportRun:
         self._topics: dict[str, str] = {}  # key -> topic (bounded: ZENOH_IMPORT_TOPICS)
         self._expected: dict[str, int] = {}  # key -> next sequence number
         self._drops: dict[str, int] = {}  # key -> its exporter's drops
-        self._dropped_seen = 0
+        # Lossless flow control: this importer's name in acknowledgements, per key the
+        # next sequence number its graph has not taken yet, and what was acknowledged.
+        self._id = f"{uuid.uuid4().hex[:12]}"
+        self._taken: dict[str, int] = {}
+        self._acked: dict[str, int] = {}
+        self._received: dict[str, int] = {}  # key -> next sequence number not received
+        self._acker: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         """Declare the Zenoh subscriber (ConfigurationError for a key Zenoh refuses)."""
         self._queue = SampleQueue(
-            samples=self.mapping.queue, nbytes=ZENOH_QUEUE_BYTES, lossless=self.mapping.lossless
+            messages=self.mapping.queue, nbytes=ZENOH_QUEUE_BYTES, lossless=self.mapping.lossless
         )
         try:
             self._subscriber = self._session.declare_subscriber(
@@ -266,6 +281,8 @@ class ImportRun:
             )
         except Exception as exc:
             raise ConfigurationError(f"import of {self.key!r}: Zenoh refused it: {exc}") from exc
+        if self.mapping.lossless:
+            self._acker = asyncio.ensure_future(self._ack_periodically())
 
     def progress(self) -> int:
         return self.stats.messages + sum(self.stats.refused.values())
@@ -308,6 +325,8 @@ class ImportRun:
                         refused = exc
         except Exception as exc:  # nothing from a peer may escape into Zenoh's thread
             key, payload, refused = "?", b"", Refused("body", f"unreadable sample: {exc!r}")
+        if meta is not None and refused is None:
+            self._received[key] = meta.seq + (0 if meta.end else meta.n)
         queue.put(_Sample(key, payload, meta, refused))
 
     # -- on the event loop ---------------------------------------------------------------
@@ -326,6 +345,9 @@ class ImportRun:
             await self._handle(item)
             self._current = None
             queue.done(item)
+            meta = item.meta
+            if meta is not None and self._acker is not None and item.refused is None:
+                self._took(item.key, meta.seq + item.messages, empty=not len(queue))
 
     async def _handle(self, item: _Sample) -> None:
         key, meta = item.key, item.meta
@@ -465,6 +487,49 @@ class ImportRun:
             await asyncio.sleep(0.01)
         stats.lost_in_flight += sum(p.in_flight for p in self._publishers.values())
 
+    # -- lossless flow control: acknowledgements ----------------------------------------
+
+    def _took(self, key: str, next_seq: int, *, empty: bool) -> None:
+        """The graph took every message of *key* before *next_seq*: acknowledge it once
+        a quarter of the window went (or the queue is empty), so the export sends more."""
+        self._taken[key] = next_seq
+        acked = self._acked.get(key)
+        if acked is None or empty or next_seq - acked >= max(1, self.mapping.queue // 4):
+            self._ack(key, next_seq)
+
+    def _ack(self, key: str, next_seq: int | None, *, bye: bool = False) -> None:
+        if next_seq is not None:
+            self._acked[key] = next_seq
+        payload = pack_ack(self._id, next_seq, self.mapping.queue, ZENOH_QUEUE_BYTES, bye=bye)
+        try:
+            self._session.put(
+                f"{key}/{ACK_CHUNK}", payload, congestion_control=zenoh.CongestionControl.DROP
+            )
+        except Exception as exc:  # the session is closing; the next one repeats it
+            log.debug("import of %s: acknowledgement not sent: %s", key, exc)
+
+    def _goodbye(self, keys: list[str]) -> None:
+        for key in keys:
+            payload = pack_ack(
+                self._id, self._received.get(key), self.mapping.queue, ZENOH_QUEUE_BYTES, bye=True
+            )
+            with contextlib.suppress(Exception):  # (the session is closing)
+                self._session.put(
+                    f"{key}/{ACK_CHUNK}", payload, congestion_control=zenoh.CongestionControl.BLOCK
+                )
+
+    async def _ack_periodically(self) -> None:
+        """Repeat each key's acknowledgement every ``ZENOH_ACK_INTERVAL`` (a lost one is
+        repaired, and the export knows this importer is alive); for a key without
+        wildcards not seen yet, a hello."""
+        exact = "*" not in self.key
+        while True:
+            if exact and self.key not in self._taken:
+                self._ack(self.key, None)
+            for key, next_seq in list(self._taken.items()):
+                self._ack(key, next_seq)
+            await asyncio.sleep(ZENOH_ACK_INTERVAL)
+
     def close_queue(self) -> None:
         """Refuse further samples (a waiting Zenoh thread returns); count what is left."""
         queue = self._queue
@@ -480,6 +545,7 @@ class ImportRun:
 
     async def close(self) -> None:
         """Undeclare, refuse what still comes (counted), close the topics. Idempotent."""
+        acker, self._acker = self._acker, None
         queue = self._queue
         if queue is not None:
             self.stats.lost_in_flight += queue.close()
@@ -487,6 +553,13 @@ class ImportRun:
         if queue is not None:
             self.stats.lost_in_flight += queue.cut
             queue.cut = 0
+        if acker is not None:
+            acker.cancel()
+            await asyncio.gather(acker, return_exceptions=True)
+            # Goodbye: the export counts what it sent that never reached us, and stops
+            # waiting for us. Sent reliably (BLOCK), off the loop.
+            keys = list(self._received) or ([self.key] if "*" not in self.key else [])
+            await asyncio.to_thread(self._goodbye, keys)
         self.sync()
         publishers, self._publishers = self._publishers, {}
         for publisher in publishers.values():

@@ -30,16 +30,20 @@ from typing import Any, Final, NamedTuple
 import msgpack
 
 __all__ = [
+    "ACK_CHUNK",
     "BATCH_ALIGNMENT",
     "CAUSES",
     "ENCODING",
     "JSON_ENCODING",
     "RAW_ENCODING",
     "VERSION",
+    "Ack",
     "Meta",
     "Refused",
     "join_batch",
+    "pack_ack",
     "pack_attachment",
+    "parse_ack",
     "parse_attachment",
     "split_batch",
     "to_json",
@@ -64,7 +68,8 @@ BATCH_ALIGNMENT: Final = 16
 #: ``publish`` - the graph refused the message (too large for a subscriber);
 #: ``encoding`` - an exported message the export's encoding cannot carry (raw: not
 #: bytes-like; json: not JSON-able; ezflow: the codec refuses it);
-#: ``undecodable`` - an exported topic's message that could not be decoded here.
+#: ``undecodable`` - an exported topic's message that could not be decoded here;
+#: ``ack`` - an acknowledgement an export received that is not of this format.
 CAUSES: Final = (
     "attachment",
     "batch",
@@ -74,7 +79,11 @@ CAUSES: Final = (
     "publish",
     "encoding",
     "undecodable",
+    "ack",
 )
+#: The last chunk of the key an importer acknowledges a key's samples on (a verbatim
+#: chunk: no wildcard import matches it).
+ACK_CHUNK: Final = "@ack"
 
 _MAX_BATCH: Final = 0xFFFF  # sizes listed per sample, at most
 _PADDING: Final = tuple(b"\0" * n for n in range(BATCH_ALIGNMENT))
@@ -148,6 +157,52 @@ def parse_attachment(raw: bytes) -> Meta:
     if type(end) is not bool:
         raise Refused("attachment", f"attachment field 'end' is {end!r}, not a bool")
     return Meta(_int(meta, "seq"), _int(meta, "t", 0), _int(meta, "drops", 0), n, sizes, end)
+
+
+class Ack(NamedTuple):
+    """A parsed acknowledgement: importer *id* took every message before *next* (None: a
+    hello, from the next one on), and takes *window* messages and *nbytes* bytes beyond;
+    *bye*: it stops importing the key."""
+
+    id: str
+    next: int | None
+    window: int
+    nbytes: int
+    bye: bool
+
+
+def pack_ack(
+    importer: str, next_seq: int | None, window: int, nbytes: int, *, bye: bool = False
+) -> bytes:
+    """An acknowledgement (see :class:`Ack` and docs/wire-format.md)."""
+    ack: dict[str, Any] = {"v": VERSION, "id": importer, "next": next_seq, "window": window}
+    ack["bytes"] = nbytes
+    if bye:
+        ack["bye"] = True
+    return msgpack.packb(ack)  # type: ignore[no-any-return]
+
+
+def parse_ack(raw: bytes) -> Ack:
+    """*raw* as :class:`Ack`; :class:`Refused` (``"ack"``) when it is not one."""
+    try:
+        ack = msgpack.unpackb(raw)
+    except Exception as exc:
+        raise Refused("ack", f"acknowledgement is not msgpack ({type(exc).__name__})") from exc
+    if type(ack) is not dict or ack.get("v") != VERSION:
+        raise Refused("ack", "acknowledgement is not a version-1 msgpack map")
+    importer, next_seq = ack.get("id"), ack.get("next")
+    window, nbytes, bye = ack.get("window"), ack.get("bytes"), ack.get("bye", False)
+    if (
+        type(importer) is not str
+        or not (next_seq is None or (type(next_seq) is int and next_seq >= 0))
+        or type(window) is not int
+        or window < 1
+        or type(nbytes) is not int
+        or nbytes < 1
+        or type(bye) is not bool
+    ):
+        raise Refused("ack", f"acknowledgement with bad fields: {ack!r}"[:200])
+    return Ack(importer, next_seq, window, nbytes, bye)
 
 
 def join_batch(bodies: list[bytes | memoryview]) -> tuple[bytes, list[int]]:
