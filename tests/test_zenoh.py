@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import _netns as netns
@@ -714,3 +716,129 @@ async def test_an_export_follows_its_topic_to_the_next_publisher(router: str) ->
             while await state() != "waiting":
                 assert asyncio.get_running_loop().time() < deadline
                 await asyncio.sleep(0.05)
+
+
+@dataclasses.dataclass
+class Reading:
+    """A registered message class for the wire test (its default name on the wire)."""
+
+    sensor: str
+    value: float
+    samples: np.ndarray
+
+
+ezflow.register_message(Reading)
+
+
+@ONE_LOOP  # (the reader is a process of its own; the bridge runs on both loops elsewhere)
+async def test_a_plain_zenoh_reader_written_from_the_wire_doc_decodes_exports(
+    router: str,
+) -> None:
+    messages = [
+        (7, "seven", np.arange(6, dtype=np.float32).reshape(2, 3)),
+        Reading("left", 0.5, np.array([1, 2, 3], dtype=np.int16)),
+        {"a": 1, "b": [1.5, None, True], "c": b"xy" * 600},
+    ]
+    settings = ZenohSettings(mode="client", connect=(router,))
+    reader = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(Path(__file__).with_name("_wire_reader.py")),
+        router,
+        "wire/x",
+        str(len(messages) * 2),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert reader.stdout is not None
+        assert b"ready" in await asyncio.wait_for(reader.stdout.readline(), 30)
+        async with (
+            ezflow.GraphContext("127.0.0.1:0") as a,
+            ZenohBridge(a, settings, exports=[Export("/w", key="wire/x", lossless=True)]),
+        ):
+            publisher = await a.publisher("/w")
+            await publisher.wait_for_channels(1)
+            await asyncio.sleep(1.0)  # Zenoh routes the reader's subscription
+            for message in messages:  # one by one, then all at once (a batch)
+                await publisher.publish(message)
+                await asyncio.sleep(0.05)
+            for message in messages:  # (queued together: the export sends one sample)
+                await publisher.publish(message)
+            out, _ = await asyncio.wait_for(reader.communicate(), 30)
+    finally:
+        if reader.returncode is None:
+            reader.kill()
+            await reader.wait()
+    lines = [json.loads(line) for line in out.decode().splitlines()]
+    assert lines[-1] == {"ezflow_imported": False}
+    decoded = [line["message"] for line in lines[:-1]]
+    assert [line["seq"] for line in lines[:-1]] == list(range(6))
+    assert [line["batch"] for line in lines[:-1]] == [1, 1, 1, 3, 3, 3]
+    expected = [
+        {
+            "tuple": [
+                7,
+                "seven",
+                {"ndarray": "<f4", "shape": [2, 3], "data": [[0, 1, 2], [3, 4, 5]]},
+            ]
+        },
+        {
+            "dataclass": f"{__name__}.Reading",
+            "fields": {
+                "sensor": "left",
+                "value": 0.5,
+                "samples": {"ndarray": "<i2", "shape": [3], "data": [1, 2, 3]},
+            },
+        },
+        {"a": 1, "b": [1.5, None, True], "c": {"bytes": ("xy" * 600).encode().hex()}},
+    ]
+    assert decoded == expected * 2
+
+
+async def test_plain_json_and_raw_enter_a_graph_and_raw_leaves_it(router: str) -> None:
+    import zenoh  # noqa: PLC0415
+
+    settings = ZenohSettings(mode="client", connect=(router,))
+    session = await asyncio.to_thread(plain_session, router)
+    raw_out: list[bytes] = []
+    try:
+        session.declare_subscriber("plain/out", lambda s: raw_out.append(s.payload.to_bytes()))
+        async with (
+            ezflow.GraphContext("127.0.0.1:0") as ctx,
+            ZenohBridge(
+                ctx,
+                settings,
+                imports=[
+                    Import("plain/json", "/json", encoding="json", lossless=True),
+                    Import("plain/raw", "/raw", encoding="raw"),
+                ],
+                exports=[Export("/out", key="plain/out", encoding="raw")],
+            ) as bridge,
+        ):
+            json_in = await ctx.subscriber("/json")
+            raw_in = await ctx.subscriber("/raw")
+            out = await ctx.publisher("/out")
+            await out.wait_for_channels(1)
+            await asyncio.sleep(1.0)  # Zenoh routes both ways
+            documents = [{"robot": "r1", "pose": [1.0, 2.5], "ok": True}, [1, "two", None]]
+            for document in documents:  # as any JSON publisher would put it
+                session.put(
+                    "plain/json", json.dumps(document), encoding=zenoh.Encoding.APPLICATION_JSON
+                )
+            session.put("plain/json", b"{not json", attachment=b"their own metadata")
+            session.put("plain/raw", b"\x00\x01raw", attachment=b"their own metadata")
+            got = [await asyncio.wait_for(json_in.recv(), 10) for _ in documents]
+            raw = await asyncio.wait_for(raw_in.recv(), 10)
+            await out.publish(b"bytes out")
+            await out.publish(np.arange(3, dtype=np.uint8))
+            await out.publish("not bytes-like")  # refused: counted, nothing sent
+            await wait_for(lambda: len(raw_out) == 2)
+            sent = list(raw_out)  # (leaving, the export sends its end marker: b"")
+            summary = bridge.summary()
+    finally:
+        await asyncio.to_thread(session.close)
+    assert got == documents and raw == b"\x00\x01raw"
+    assert sent == [b"bytes out", b"\x00\x01\x02"]
+    assert raw_out[2:] == [b""]
+    assert summary["import plain/json -> /json"]["refused"] == {"json": 1}
+    assert summary["import plain/raw -> /raw"]["refused"] == {}
+    assert summary["export /out -> plain/out"]["refused"] == {"encoding": 1}
