@@ -36,7 +36,7 @@ from ._zenoh._bridge import (
     ZenohBridgeSettings,
     ZenohBridgeUnit,
 )
-from ._zenoh._fleet import announce, query_fleet
+from ._zenoh._fleet import announce, query_fleet, silent_hosts
 from ._zenoh._keys import key_to_topic, topic_to_key
 from ._zenoh._session import ZenohSettings, open_session
 
@@ -54,5 +54,6 @@ __all__ = [
     "key_to_topic",
     "open_session",
     "query_fleet",
+    "silent_hosts",
     "topic_to_key",
 ]

@@ -364,9 +364,26 @@ async def test_the_flow_resumes_after_the_router_restarts(hosts: netns.TwoHosts)
     assert took < 5.0, f"the flow resumed {took:.1f} s after the router restarted"
 
 
+async def ask_fleet(host: str, *args: str) -> Any:
+    """``ezflow ARGS --fleet lab --connect ROUTER --json`` on *host*: its JSON and stderr."""
+    asked = await asyncio.create_subprocess_exec(
+        *netns.on(host),
+        sys.executable,
+        "-m",
+        "ezflow",
+        *args,
+        *("--fleet", "lab", "--connect", ROUTER, "--json"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(asked.communicate(), 30)
+    assert asked.returncode == 0, err.decode()
+    return json.loads(out), err.decode()
+
+
 @ONE_LOOP
 async def test_graph_and_top_fleet_list_both_hosts(hosts: netns.TwoHosts) -> None:
-    async with fleet(hosts, lossless=False) as (addresses, _, child):
+    async with fleet(hosts, lossless=False) as (addresses, clis, child):
         receiver = await child("progress", hosts.b, address=addresses[1], topic="/b/data")
         await receiver.event("ready")
         sender = await child(
@@ -410,7 +427,17 @@ async def test_graph_and_top_fleet_list_both_hosts(hosts: netns.TwoHosts) -> Non
         out, err = await asyncio.wait_for(asked.communicate(), 30)
         assert asked.returncode == 0, err.decode()
         top = json.loads(out)
+        # A host whose bridge went away is named, with how long since it was last seen.
+        await clis[2].stop(signal.SIGKILL)
+        await asyncio.sleep(1.0)
+        without_b, _ = await ask_fleet(hosts.a, "top")
+        _, said_too = await ask_fleet(hosts.a, "graph")
     assert set(graphs) == {"robot-a", "station-b"}
+    assert top["silent_hosts"] == []
+    (silent,) = without_b["silent_hosts"]
+    assert silent["host"] == "station-b" and not silent["alive"]
+    assert 0 <= silent["seconds_since_seen"] < 20
+    assert "host station-b did not answer: last seen" in said_too  # (graph --json: stderr)
     assert "/a/data" in graphs["robot-a"]["topics"]
     assert "/b/data" in graphs["station-b"]["topics"]
     hosts_seen = {(row["host_name"], row["topic"]) for row in top["channels"]}
@@ -421,6 +448,8 @@ async def test_graph_and_top_fleet_list_both_hosts(hosts: netns.TwoHosts) -> Non
     assert mappings["station-b"]["mapping"] == "import fleet/a/data -> /b/data"
     assert mappings["station-b"]["messages"] >= 5
     assert mappings["station-b"]["latency_p50_us"] > 0
+    assert mappings["robot-a"]["state"] == mappings["station-b"]["state"] == "live"
+    assert mappings["station-b"]["refused"] == {} and mappings["station-b"]["lost_in_flight"] == 0
 
 
 @ONE_LOOP

@@ -198,17 +198,20 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
 
 
 def _fleet_graph(domain: str, connect: list[str] | None, as_json: bool) -> None:
-    from ._zenoh import fleet_query  # noqa: PLC0415 - Zenoh only when asked for
+    from ..zenoh import silent_hosts  # noqa: PLC0415 - Zenoh only when asked for
+    from ._top import _print_silent  # noqa: PLC0415
+    from ._zenoh import fleet_query  # noqa: PLC0415
 
     replies = fleet_query(domain, "graph", connect, None)
     graphs = {host: reply["graph"] for host, reply in sorted(replies.items())}
     if as_json:
         typer.echo(json.dumps(graphs, indent=2))
-        return
-    if not graphs:
+    elif not graphs:
         fail(f"no host of fleet {domain!r} answered (are its bridges started with --fleet?)")
-    for host, snapshot in graphs.items():
-        console.print(_tree(snapshot, f"host {host}"), highlight=False)
+    else:
+        for host, snapshot in graphs.items():
+            console.print(_tree(snapshot, f"host {host}"), highlight=False)
+    _print_silent(silent_hosts(replies))  # (on stderr)
 
 
 def topics(

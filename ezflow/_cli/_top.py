@@ -416,10 +416,12 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
 
 def _fleet_top(domain: str, connect: list[str] | None, as_json: bool) -> None:
     """Every host's rows, with a ``host`` field; one table pair per host."""
-    from ._zenoh import fleet_query  # noqa: PLC0415 - Zenoh only when asked for
+    from ..zenoh import silent_hosts  # noqa: PLC0415 - Zenoh only when asked for
+    from ._zenoh import fleet_query  # noqa: PLC0415
 
     replies = fleet_query(domain, "top", connect, None)
     now = time.time()
+    silent = silent_hosts(replies, now)
     data: dict[str, list[dict[str, Any]]] = {"channels": [], "publishers": []}
     per_host = {}
     bridges: list[dict[str, Any]] = []
@@ -433,22 +435,42 @@ def _fleet_top(domain: str, connect: list[str] | None, as_json: bool) -> None:
         for mapping, counters in (reply.get("bridge") or {}).items():
             bridges.append({"host_name": host, "mapping": mapping, **counters})
     if as_json:
-        typer.echo(json.dumps({"fleet": domain, **data, "bridges": bridges}, indent=2))
+        document = {"fleet": domain, **data, "bridges": bridges, "silent_hosts": silent}
+        typer.echo(json.dumps(document, indent=2))
         return
     if not per_host:
         fail(f"no host of fleet {domain!r} answered (are its bridges started with --fleet?)")
     for host, host_rows in per_host.items():
         console.print(_tables(host_rows, f"host {host}", console.width))
     table = Table(title="bridge mappings", title_justify="left")
-    for header in ("host", "mapping", "messages", "dropped", "lost", "lat p50"):
-        table.add_column(header, no_wrap=header != "mapping")
+    headers = ("host", "mapping", "state", "messages", "dropped", "lost", "refused", "lat p50")
+    for header in headers:
+        table.add_column(header, no_wrap=header not in ("mapping", "state"))
     for row in bridges:
+        state = row.get("state", "")
+        if row.get("reason"):
+            state = f"{state}: {row['reason']}"
+        refused = row.get("refused") or {}
         table.add_row(
             escape(row["host_name"]),
             escape(row["mapping"]),
+            escape(state) if state in ("live", "waiting") else f"[red]{escape(state)}[/]",
             str(row["messages"]),
             _errors(row["dropped_local"] + row["dropped_remote"]),
-            _errors(row["lost_remote"]),
+            _errors(row["lost_remote"] + row.get("lost_in_flight", 0)),
+            _errors(sum(refused.values())) + "".join(f" {k} {v}" for k, v in refused.items()),
             _lat(row["latency_p50_us"]),
         )
     console.print(table)
+    _print_silent(silent)
+
+
+def _print_silent(silent: list[dict[str, Any]]) -> None:
+    """One line per fleet host that did not answer (ezflow graph/top --fleet)."""
+    for host in silent:
+        when = (
+            "its bridge is up but did not answer in time"
+            if host["alive"]
+            else f"last seen {host['seconds_since_seen']:.0f} s ago"
+        )
+        errors.print(f"host {host['host']} did not answer: {when}", highlight=False, markup=False)

@@ -5,10 +5,13 @@ runs a :class:`FleetAnnouncer`: a liveliness token ``ezflow/fleet/<domain>/<host
 watchers see hosts join and leave) and a queryable on ``ezflow/fleet/<domain>/<host>/*``
 answering ``graph`` (the graph server's view, what ``ezflow graph`` shows) and ``top``
 (every process's telemetry snapshot, what ``ezflow top`` shows). Replies are msgpack maps
-``{"v": 1, "host": ..., "graph" | "processes": ...}`` (``top`` also carries the bridge's
-per-mapping counters, ``"bridge"``: drops, losses between hosts, cross-host latency).
-:func:`query_fleet` asks every host of a domain at once (``ezflow graph --fleet``,
-``ezflow top --fleet``).
+``{"v": 1, "host": ..., "graph" | "processes": ..., "hosts": ...}`` (``top`` also carries
+the bridge's per-mapping state and counters, ``"bridge"``: state, refusals, drops, losses
+between hosts, cross-host latency). ``"hosts"`` is what the announcer saw of the fleet's
+liveliness tokens: ``{host: {"alive": bool, "last_seen": unix time}}`` (at most
+``ZENOH_FLEET_HOSTS``), so that a watcher can name the hosts that did not answer and
+how long ago they were last seen (:func:`silent_hosts`). :func:`query_fleet` asks every
+host of a domain at once (``ezflow graph --fleet``, ``ezflow top --fleet``).
 
 Zenoh calls the queryable on its own thread; the answer is computed on the bridge's
 event loop (``run_coroutine_threadsafe``) and sent from Zenoh's thread, so the loop never
@@ -20,18 +23,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import msgpack
 import zenoh
 
-from .._core._config import ZENOH_ANSWER_TIMEOUT
+from .._core._config import ZENOH_ANSWER_TIMEOUT, ZENOH_FLEET_HOSTS
 from .._core._exceptions import ConfigurationError
 from .._graph._context import GraphContext
 from ._keys import expand_host
 
-__all__ = ["FLEET_PREFIX", "announce", "fleet_key", "query_fleet"]
+__all__ = ["FLEET_PREFIX", "announce", "fleet_key", "query_fleet", "silent_hosts"]
 
 log = logging.getLogger("ezflow.zenoh")
 
@@ -49,13 +54,25 @@ def fleet_key(domain: str, host: str = "*") -> str:
 
 
 async def _answer(
-    context: GraphContext, host: str, what: str, bridge: Callable[[], dict[str, Any]] | None
+    context: GraphContext,
+    host: str,
+    what: str,
+    bridge: Callable[[], dict[str, Any]] | None,
+    hosts: dict[str, dict[str, Any]],
 ) -> bytes:
+    now = time.time()
+    seen = {
+        name: {"alive": h["alive"], "last_seen": now if h["alive"] else h["last_seen"]}
+        for name, h in hosts.items()
+    }
     if what == "graph":
-        body: dict[str, Any] = {"graph": await context.graph()}
+        body: dict[str, Any] = {"graph": await context.graph(), "hosts": seen}
     else:
         telemetry = await context.graph_telemetry()
-        body = {"processes": {cid: snap.to_wire() for cid, snap in telemetry.items()}}
+        body = {
+            "processes": {cid: snap.to_wire() for cid, snap in telemetry.items()},
+            "hosts": seen,
+        }
         if bridge is not None:  # the bridge's mappings: cross-host drops, losses, latency
             body["bridge"] = bridge()
     return msgpack.packb({"v": 1, "host": host, **body})  # type: ignore[no-any-return]
@@ -74,12 +91,30 @@ async def announce(
     Undeclared on the way out, also on error or cancellation."""
     loop = asyncio.get_running_loop()
     key = fleet_key(domain, host)
+    hosts: dict[str, dict[str, Any]] = {}  # (read and written on the loop only)
+
+    def seen(name: str, alive: bool) -> None:  # on the loop
+        if name not in hosts and len(hosts) >= ZENOH_FLEET_HOSTS:
+            gone = [h for h, v in hosts.items() if not v["alive"]]
+            if not gone:
+                return
+            del hosts[min(gone, key=lambda h: hosts[h]["last_seen"])]
+        hosts[name] = {"alive": alive, "last_seen": time.time()}
+
+    def on_token(sample: Any) -> None:  # on a Zenoh thread
+        try:
+            name = unquote(str(sample.key_expr).rsplit("/", 1)[-1])
+            alive = sample.kind == zenoh.SampleKind.PUT
+        except Exception:  # nothing from a peer may escape into Zenoh
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
+            loop.call_soon_threadsafe(seen, name, alive)
 
     def on_query(query: Any) -> None:  # on a Zenoh thread
         what = str(query.key_expr).rsplit("/", 1)[-1]
         if what not in _WHAT:
             return
-        future = asyncio.run_coroutine_threadsafe(_answer(context, host, what, bridge), loop)
+        future = asyncio.run_coroutine_threadsafe(_answer(context, host, what, bridge, hosts), loop)
         try:
             payload = future.result(ZENOH_ANSWER_TIMEOUT)
         except Exception as exc:
@@ -89,12 +124,15 @@ async def announce(
         query.reply(f"{key}/{what}", payload)
 
     token = session.liveliness().declare_token(key)
+    watcher = session.liveliness().declare_subscriber(
+        fleet_key(domain), zenoh.handlers.Callback(on_token, indirect=False), history=True
+    )
     queryable = session.declare_queryable(f"{key}/*", on_query)
     log.info("announcing this graph as %s", key)
     try:
         yield
     finally:
-        for entity in (queryable, token):
+        for entity in (queryable, watcher, token):
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(entity.undeclare)
 
@@ -128,3 +166,36 @@ async def query_fleet(
         return found
 
     return await asyncio.to_thread(ask)
+
+
+def silent_hosts(
+    replies: dict[str, dict[str, Any]], now: float | None = None
+) -> list[dict[str, Any]]:
+    """The hosts that did not answer a :func:`query_fleet`, as the answering hosts saw the
+    fleet: ``{"host", "alive" (its token is still there: it did not answer in time),
+    "seconds_since_seen" (None while alive)}``, by host name."""
+    now = time.time() if now is None else now
+    known: dict[str, dict[str, Any]] = {}
+    for reply in replies.values():
+        hosts = reply.get("hosts")
+        if not isinstance(hosts, dict):
+            continue
+        for name, seen in hosts.items():
+            if name in replies or not isinstance(seen, dict):
+                continue
+            alive, last = bool(seen.get("alive")), seen.get("last_seen")
+            if not isinstance(last, (int, float)):
+                continue
+            mine = known.get(name)
+            if mine is None or last > mine["last_seen"]:
+                known[name] = {"alive": alive, "last_seen": last}
+    return [
+        {
+            "host": name,
+            "alive": seen["alive"],
+            "seconds_since_seen": None
+            if seen["alive"]
+            else round(max(0.0, now - seen["last_seen"]), 1),
+        }
+        for name, seen in sorted(known.items())
+    ]
