@@ -332,6 +332,33 @@ async def collect_slowly(args: dict[str, Any]) -> None:
         await wait_for_stdin_close()
 
 
+async def consume_slowly(args: dict[str, Any]) -> None:
+    """Receive until the stream ends, `delay` seconds per message, reporting how many
+    arrived every 0.1 s; then report them all (the first element of each array) and the
+    time from the first to the last."""
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        sub = await ctx.subscriber(args["topic"])
+        report("ready", subscriber_id=sub.id)
+        values: list[int] = []
+        loop = asyncio.get_running_loop()
+        first = last = 0.0
+
+        async def tick() -> None:
+            while True:
+                await asyncio.sleep(0.1)
+                report("progress", n=len(values))
+
+        ticking = asyncio.ensure_future(tick())
+        async for message in sub:
+            values.append(int(message[0]))
+            first = first or loop.time()
+            last = loop.time()
+            await asyncio.sleep(args["delay"])
+        ticking.cancel()
+        report("done", values=values, elapsed=last - first)
+        await wait_for_stdin_close()
+
+
 async def publish_until_closed(args: dict[str, Any]) -> None:
     """Publish an increasing counter every `pace` seconds until stdin closes."""
     async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
@@ -377,6 +404,7 @@ ROLES = {
     "subscribe_forever": subscribe_forever,
     "serve": serve,
     "progress": progress,
+    "consume_slowly": consume_slowly,
     "publish_until_closed": publish_until_closed,
     "collect_slowly": collect_slowly,
     "publish_ints": publish_ints,
