@@ -713,7 +713,7 @@ async def test_bad_samples_are_refused_and_counted_while_good_ones_flow(router: 
 async def test_lossless_backpressure_reaches_the_publisher_and_a_stop_counts_its_cut(
     router: str,
 ) -> None:
-    count, delay, pause = 150, 0.01, 120  # 2 KiB messages, a subscriber taking 10 ms each
+    count, delay, pause = 220, 0.01, 180  # 2 KiB messages, a subscriber taking 10 ms each
     settings = ZenohSettings(mode="client", connect=(router,))
     async with (
         two_graphs() as (a, b),

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from .._core._config import ZENOH_QUEUE
 from .._core._exceptions import ConfigurationError
 from ._connection import (
     AddressOption,
@@ -141,7 +142,9 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
     lossless: Annotated[
         bool, typer.Option("--lossless", help="Every mapping lossless (default: leaky).")
     ] = False,
-    queue: Annotated[int, typer.Option("--queue", min=1, help="Messages queued per end.")] = 64,
+    queue: Annotated[
+        int, typer.Option("--queue", min=1, help="Samples queued per end (docs/limits.md).")
+    ] = ZENOH_QUEUE,
     mode: Annotated[str, typer.Option("--mode", help="peer or client.")] = "client",
     config: ConfigOption = None,
     fleet: Annotated[

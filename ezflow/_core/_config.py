@@ -111,6 +111,7 @@ __all__ = [
     "ZENOH_EXPORT_BATCH",
     "ZENOH_EXPORT_BATCH_BYTES",
     "ZENOH_FLEET_HOSTS",
+    "ZENOH_IMPORT_CHANNEL",
     "ZENOH_IMPORT_STALL",
     "ZENOH_IMPORT_TOPICS",
     "ZENOH_QUEUE",
@@ -165,11 +166,14 @@ SHUTDOWN_TIMEOUT: Final = 5.0
 #: one sample when empty, whatever its size); messages and bytes an export packs into
 #: one Zenoh sample (a batch stops growing at either); seconds a host takes at most to
 #: answer a fleet query.
-ZENOH_QUEUE: Final = 64
+ZENOH_QUEUE: Final = 256
 ZENOH_QUEUE_BYTES: Final = 16 * 1024 * 1024
 ZENOH_EXPORT_BATCH: Final = 64
 ZENOH_EXPORT_BATCH_BYTES: Final = 256 * 1024
 ZENOH_ANSWER_TIMEOUT: Final = 5.0
+#: Samples Zenoh's channel holds for an import (``zenoh.handlers.FifoChannel``) before
+#: Zenoh's delivery waits; the import's thread takes them from it.
+ZENOH_IMPORT_CHANNEL: Final = 64
 #: Seconds Zenoh's delivery thread waits for room in a full lossless import queue while
 #: the graph takes nothing from it; then that sample, and every one until the graph takes
 #: one again, is dropped and counted (``dropped_local``) - Zenoh's thread is never held

@@ -378,9 +378,11 @@ class ExportRun:
         return True
 
     def _batch_limit(self) -> int:
+        """Messages a batch takes at most: ``ZENOH_EXPORT_BATCH``, and half the smallest
+        importer window (they acknowledge every quarter window: credit keeps coming)."""
         limit = ZENOH_EXPORT_BATCH
         for importer in self._importers.values():
-            limit = min(limit, importer.window)
+            limit = min(limit, importer.window // 2)
         return max(1, limit)
 
     async def _wait_for_credit(self, messages: int, nbytes: int) -> None:
@@ -426,7 +428,6 @@ class ExportRun:
         # Samples as (payload parts, body sizes): one per batch of ezflow bodies (split at
         # ZENOH_EXPORT_BATCH_BYTES), one per message for raw and json.
         samples: list[tuple[list[bytes | memoryview], list[int]]] = []
-        nbytes = count = 0
         if encoding == "ezflow":
             codec = self._codec
             parts: list[bytes | memoryview] = []
@@ -447,8 +448,6 @@ class ExportRun:
                 parts += encoded.parts
                 sizes.append(encoded.nbytes)
                 pos += pad + encoded.nbytes
-                nbytes += encoded.nbytes
-                count += 1
             if sizes:
                 samples.append((parts, sizes))
         else:
@@ -460,10 +459,26 @@ class ExportRun:
                     self._refused(refused, self.key)
                     continue
                 samples.append(([body], [len(body)]))
-                nbytes += len(body)
-                count += 1
         if not samples:
             return
+        # Jobs of at most half the smallest importer window in bytes (one sample at
+        # least): credit for one comes back while the one before is in flight.
+        limit = min((i.nbytes // 2 for i in self._importers.values()), default=0)
+        job: list[tuple[list[bytes | memoryview], list[int]]] = []
+        job_bytes = 0
+        for sample in samples:
+            size = sum(sample[1])
+            if job and limit and job_bytes + size > limit:
+                await self._submit(job)
+                job, job_bytes = [], 0
+            job.append(sample)
+            job_bytes += size
+        await self._submit(job)
+
+    async def _submit(self, samples: list[tuple[list[bytes | memoryview], list[int]]]) -> None:
+        """Wait for credit (lossless), then hand *samples* to the sender thread."""
+        count = sum(len(sizes) for _, sizes in samples)
+        nbytes = sum(sum(sizes) for _, sizes in samples)
         if self._importers:
             await self._wait_for_credit(count, nbytes)
         drops = self._subscriber.stats.dropped if self._subscriber is not None else 0
@@ -484,9 +499,10 @@ class ExportRun:
 
         assert self._sender is not None
         await self._sender.submit(put_all, count)
-        self._held = 0  # (handed over: counted below, or as lost if the put fails)
+        self._held = max(0, self._held - count)  # (handed over: counted, or lost if it fails)
         stats = self.stats
         stats.messages += count
+        stats.samples += len(puts)
         stats.bytes += nbytes
         stats.dropped_local = drops
 

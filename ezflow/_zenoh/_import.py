@@ -1,15 +1,19 @@
 """One import: the samples of a Zenoh key expression published on ezflow topics.
 
-Zenoh calls :meth:`ImportRun._on_sample` on its own thread (a direct callback: no
-channel of zenoh-python's in between, so Zenoh holds no sample of ours). The callback
-copies the sample out (key, payload, attachment parsed inside a guard) and puts it in the
-import's :class:`SampleQueue`, bounded in samples (``queue``) and bytes
+Zenoh delivers the samples into a channel of ``ZENOH_IMPORT_CHANNEL`` samples (a
+``zenoh.handlers.FifoChannel``: when it is full, Zenoh's own delivery waits). The
+import's thread takes them from it (waiting there without the GIL: a Python callback
+run by Zenoh's threads would cost ~8 µs a sample, creating a thread state each time),
+copies each out (key, payload, attachment parsed inside a guard) and puts it in the
+import's :class:`SampleQueue`, bounded in messages (``queue``) and bytes
 (``ZENOH_QUEUE_BYTES``, one sample admitted whatever its size):
 
-* **lossless**: when the queue is full, the callback waits for room - so Zenoh's
-  delivery thread waits, its reliable link fills, and the exporter's ``put`` (BLOCK)
-  waits: backpressure. It waits in slices, and gives up on a stop or when the graph took
-  nothing for ``ZENOH_IMPORT_STALL`` seconds (then drops, counted in ``dropped_local``);
+* **lossless**: the exporters do not send more than the import acknowledged room for
+  (docs/wire-format.md: acknowledgements), so the queue does not fill; a publisher that
+  ignores acknowledgements (a plain Zenoh one) is held back: the thread waits for room,
+  then Zenoh's channel fills and Zenoh's delivery waits. It waits in slices, and gives
+  up on a stop or when the graph took nothing for ``ZENOH_IMPORT_STALL`` seconds (then
+  drops, counted in ``dropped_local``);
 * **leaky**: it never waits: the oldest queued sample is dropped and counted.
 
 A task on the event loop takes the samples in order and, for each, inside one guard:
@@ -39,10 +43,13 @@ import zenoh
 
 from .._core._codec import Codec
 from .._core._config import (
+    DEFAULT_MAX_IN_FLIGHT,
     ZENOH_ACK_INTERVAL,
+    ZENOH_IMPORT_CHANNEL,
     ZENOH_IMPORT_STALL,
     ZENOH_IMPORT_TOPICS,
     ZENOH_QUEUE_BYTES,
+    ShmOptions,
 )
 from .._core._exceptions import (
     ConfigurationError,
@@ -63,32 +70,54 @@ __all__ = ["ImportRun", "SampleQueue"]
 
 log = logging.getLogger("ezflow.zenoh")
 
-_WAIT_SLICE = 0.1  # seconds the callback waits for room at a time (it rechecks the stop)
+_WAIT_SLICE = 0.1  # seconds the import's thread waits for room at a time (rechecking the stop)
+_RECEIVER_JOIN = 2.0  # seconds a stop waits for the import's thread
 
 
 class _Sample:
-    """One received sample: its key, payload, parsed attachment (or why it is refused),
-    and how many of its messages are published already (a restart resumes there)."""
+    """One received sample: Zenoh's sample until :meth:`parse` copies it out (its key,
+    payload, attachment - or why it is refused), then how many of its messages are
+    published already (a restart resumes there)."""
 
-    __slots__ = ("done", "key", "meta", "payload", "refused", "seen")
+    __slots__ = ("done", "encoding", "key", "meta", "payload", "raw", "refused", "seen", "size")
 
-    def __init__(self, key: str, payload: bytes, meta: Meta | None, refused: Refused | None):
-        self.key = key
-        self.payload = payload
-        self.meta = meta
-        self.refused = refused
+    def __init__(self, raw: Any, size: int, encoding: str) -> None:
+        self.raw = raw
+        self.size = size
+        self.encoding = encoding
+        self.key = "?"
+        self.payload = b""
+        self.meta: Meta | None = None
+        self.refused: Refused | None = None
         self.done = 0
         self.seen = False  # its sequence was accounted for
 
-    @property
-    def messages(self) -> int:
-        meta = self.meta
-        return 1 if meta is None else (0 if meta.end else meta.n)
+    def parse(self) -> None:
+        """Copy the sample out of Zenoh, its attachment parsed inside a guard (once)."""
+        raw, self.raw = self.raw, None
+        if raw is None:
+            return
+        try:
+            self.key = str(raw.key_expr)
+            self.payload = raw.payload.to_bytes()
+            attachment = raw.attachment
+            if attachment is not None:
+                try:
+                    self.meta = parse_attachment(attachment.to_bytes())
+                except Refused as exc:
+                    # Raw and json imports take any publisher's samples: an attachment
+                    # that is not ezflow's is theirs to have, not a fault.
+                    if self.encoding == "ezflow":
+                        self.refused = exc
+        except Exception as exc:  # nothing from a peer may escape
+            self.payload, self.meta = b"", None
+            self.refused = Refused("body", f"unreadable sample: {exc!r}")
 
     @property
-    def weight(self) -> int:
-        """What it counts against a queue of ``queue`` messages (an end marker: 1)."""
-        return max(1, self.messages)
+    def messages(self) -> int:
+        self.parse()
+        meta = self.meta
+        return 1 if meta is None or self.refused is not None else (0 if meta.end else meta.n)
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -101,74 +130,76 @@ class SampleQueue:
     :meth:`put` from any thread, :meth:`get` and :meth:`done` on the loop. Samples taken
     by :meth:`get` count against the bounds until :meth:`done`."""
 
-    def __init__(self, *, messages: int, nbytes: int, lossless: bool) -> None:
+    def __init__(self, *, samples: int, nbytes: int, lossless: bool) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._cond = threading.Condition()
         self._items: collections.deque[_Sample] = collections.deque()
-        self._messages = messages
+        self._samples = samples
         self._bytes = nbytes
         self._lossless = lossless
-        self._count = 0  # messages held (queued and taken; a sample weighs >= 1), bytes
+        self._count = 0  # samples held (queued and taken), and their payload bytes
         self._size = 0
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._stalled = False  # the graph took nothing for ZENOH_IMPORT_STALL
-        #: counted under the lock, from Zenoh's thread: messages dropped here (leaky, or
+        #: counted under the lock, from the import's thread: messages dropped here (leaky, or
         #: a stalled lossless queue), per key (the sequence accounting subtracts them),
         #: and messages that came after the stop
         self.dropped = 0
         self.skipped: dict[str, int] = {}
         self.cut = 0
+        #: per key, the next sequence number after the samples cut by the stop
+        self.reached: dict[str, int] = {}
 
     def __len__(self) -> int:
         return self._count
 
-    def _full(self, size: int, weight: int) -> bool:
-        return self._count > 0 and (
-            self._count + weight > self._messages or self._size + size > self._bytes
-        )
+    def _full(self, size: int) -> bool:
+        return self._count > 0 and (self._count >= self._samples or self._size + size > self._bytes)
 
     def put(self, item: _Sample) -> None:
         """Queue *item*; see the module doc for what happens when the queue is full."""
-        size, weight = len(item.payload), item.weight
+        size = item.size
         waker = None
         with self._cond:
             if self._closed:
                 self.cut += item.messages
+                self._reached(item)
                 return
             if self._lossless:
-                if self._full(size, weight) and threading.get_ident() != self._loop_thread:
-                    waited = self._wait_for_room(size, weight)
+                if self._full(size) and threading.get_ident() != self._loop_thread:
+                    waited = self._wait_for_room(size)
                     if waited == "closed":
                         self.cut += item.messages
+                        self._reached(item)
                         return
                     if waited == "stalled":  # drop it, counted
                         self._drop(item)
                         return
-            elif item.messages:  # (an end marker is never dropped, nor drops another)
-                while self._full(size, weight):
+            elif self._full(size) and item.messages:  # (an end marker is never dropped)
+                while self._full(size):
                     oldest = next((i for i in self._items if i.messages), None)
                     if oldest is None:
                         break
                     self._items.remove(oldest)
                     self._drop(oldest, queued=True)
             self._items.append(item)
-            self._count += weight
+            self._count += 1
             self._size += size
             waker, self._waiter = self._waiter, None
         if waker is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
                 self._loop.call_soon_threadsafe(_wake, waker)
 
-    def _wait_for_room(self, size: int, weight: int) -> str:
+    def _wait_for_room(self, size: int) -> str:
         # (holding the lock) Bounded: "room", "closed" (a stop), or "stalled" (the graph
         # took nothing for ZENOH_IMPORT_STALL).
         if self._stalled:
             return "stalled"
         deadline = time.monotonic() + ZENOH_IMPORT_STALL
         taken = self._count
-        while self._full(size, weight):
+        while self._full(size):
             if self._closed:
                 return "closed"
             if self._count < taken:  # progress: the graph took one
@@ -192,8 +223,8 @@ class SampleQueue:
         if item.meta is not None and n:
             self.skipped[item.key] = self.skipped.get(item.key, 0) + n
         if queued:
-            self._count -= item.weight
-            self._size -= len(item.payload)
+            self._count -= 1
+            self._size -= item.size
 
     async def get(self) -> _Sample:
         """The next sample (it counts against the bounds until :meth:`done`)."""
@@ -207,8 +238,8 @@ class SampleQueue:
     def done(self, item: _Sample) -> None:
         """*item* (from :meth:`get`) is handled: its room is free again."""
         with self._cond:
-            self._count -= item.weight
-            self._size -= len(item.payload)
+            self._count -= 1
+            self._size -= item.size
             self._stalled = False
             self._cond.notify_all()
 
@@ -218,14 +249,23 @@ class SampleQueue:
             return sum(item.messages for item in self._items)
 
     def close(self) -> int:
-        """Refuse further samples (counted in :attr:`cut`), wake a waiting callback, and
+        """Refuse further samples (counted in :attr:`cut`), wake a waiting thread, and
         return the messages of the samples still queued (they are cut too)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            left = sum(item.messages for item in self._items)
+            left = 0
+            for item in self._items:
+                left += item.messages
+                self._reached(item)
             self._items.clear()
             return left
+
+    def _reached(self, item: _Sample) -> None:
+        # (holding the lock) A cut sample reached this import: the goodbye says so.
+        meta = item.meta
+        if meta is not None and item.refused is None:
+            self.reached[item.key] = max(self.reached.get(item.key, 0), meta.seq + item.messages)
 
     def taken_skips(self, key: str) -> int:
         with self._cond:
@@ -257,6 +297,7 @@ class ImportRun:
         self._literal = key.split("*", maxsplit=1)[0].rsplit("/", 1)[0] if "*" in key else None
         self._queue: SampleQueue | None = None
         self._subscriber: Any = None
+        self._receiver: threading.Thread | None = None
         self._current: _Sample | None = None  # taken from the queue, not done
         self._publishers: dict[str, Publisher] = {}
         self._topics: dict[str, str] = {}  # key -> topic (bounded: ZENOH_IMPORT_TOPICS)
@@ -267,20 +308,29 @@ class ImportRun:
         self._id = f"{uuid.uuid4().hex[:12]}"
         self._taken: dict[str, int] = {}
         self._acked: dict[str, int] = {}
+        self._unacked_bytes: dict[str, int] = {}
+        self._ackers: dict[str, Any] = {}  # key -> its acknowledgement publisher
         self._received: dict[str, int] = {}  # key -> next sequence number not received
         self._acker: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         """Declare the Zenoh subscriber (ConfigurationError for a key Zenoh refuses)."""
         self._queue = SampleQueue(
-            messages=self.mapping.queue, nbytes=ZENOH_QUEUE_BYTES, lossless=self.mapping.lossless
+            samples=self.mapping.queue, nbytes=ZENOH_QUEUE_BYTES, lossless=self.mapping.lossless
         )
         try:
             self._subscriber = self._session.declare_subscriber(
-                self.key, zenoh.handlers.Callback(self._on_sample, indirect=False)
+                self.key, zenoh.handlers.FifoChannel(ZENOH_IMPORT_CHANNEL)
             )
         except Exception as exc:
             raise ConfigurationError(f"import of {self.key!r}: Zenoh refused it: {exc}") from exc
+        self._receiver = threading.Thread(
+            target=self._receive,
+            args=(self._subscriber.handler,),
+            name=f"ezflow-zenoh-import {self.key}",
+            daemon=True,
+        )
+        self._receiver.start()
         if self.mapping.lossless:
             self._acker = asyncio.ensure_future(self._ack_periodically())
 
@@ -293,7 +343,7 @@ class ImportRun:
         self.stats.state = "live" if self._publishers else "waiting"
 
     def sync(self) -> None:
-        """Bring the counters kept by Zenoh's thread into :attr:`stats`."""
+        """Bring the counters kept by the import's thread into :attr:`stats`."""
         queue = self._queue
         if queue is not None:
             self.stats.dropped_local = queue.dropped
@@ -303,31 +353,40 @@ class ImportRun:
         queue = self._queue
         return self._current is not None or (queue is not None and len(queue) > 0)
 
-    # -- on Zenoh's thread ---------------------------------------------------------------
+    # -- on the import's thread --------------------------------------------------------------
+
+    def _receive(self, handler: Any) -> None:
+        """The import's thread: take each sample from Zenoh's channel (it waits there
+        without the GIL) until the subscriber is undeclared and the channel is empty."""
+        while True:
+            try:
+                sample = handler.recv()
+            except Exception:  # (ZError: the channel is empty and closed)
+                return
+            # Then whatever else is there, without waiting: try_recv keeps the GIL, recv
+            # gives it up - and taking it back behind the event loop's thread is what
+            # costs (a GIL convoy), not the call.
+            self._on_sample(sample)
+            for _ in range(ZENOH_IMPORT_CHANNEL):
+                try:
+                    sample = handler.try_recv()
+                except Exception:
+                    break
+                if sample is None:
+                    break
+                self._on_sample(sample)
 
     def _on_sample(self, sample: Any) -> None:
+        # As little as possible here (the event loop copies the sample out): every
+        # moment this thread holds the GIL, the loop may be waiting to take it back.
         queue = self._queue
         if queue is None:
             return
-        meta: Meta | None = None
-        refused: Refused | None = None
         try:
-            key = str(sample.key_expr)
-            payload = sample.payload.to_bytes()
-            attachment = sample.attachment
-            if attachment is not None:
-                try:
-                    meta = parse_attachment(attachment.to_bytes())
-                except Refused as exc:
-                    # Raw and json imports take any publisher's samples: an attachment
-                    # that is not ezflow's is theirs to have, not a fault.
-                    if self.mapping.encoding == "ezflow":
-                        refused = exc
-        except Exception as exc:  # nothing from a peer may escape into Zenoh's thread
-            key, payload, refused = "?", b"", Refused("body", f"unreadable sample: {exc!r}")
-        if meta is not None and refused is None:
-            self._received[key] = meta.seq + (0 if meta.end else meta.n)
-        queue.put(_Sample(key, payload, meta, refused))
+            size = len(sample.payload)
+        except Exception:  # (never seen; and then the loop refuses it)
+            size = 0
+        queue.put(_Sample(sample, size, self.mapping.encoding))
 
     # -- on the event loop ---------------------------------------------------------------
 
@@ -347,9 +406,14 @@ class ImportRun:
             queue.done(item)
             meta = item.meta
             if meta is not None and self._acker is not None and item.refused is None:
-                self._took(item.key, meta.seq + item.messages, empty=not len(queue))
+                self._took(item.key, meta.seq + item.messages, item.size)
 
     async def _handle(self, item: _Sample) -> None:
+        if item.raw is not None:
+            item.parse()
+            self.stats.samples += 1
+            if item.meta is not None and item.refused is None:
+                self._received[item.key] = item.meta.seq + item.messages
         key, meta = item.key, item.meta
         if item.refused is not None:
             self._refused(item.refused, key)
@@ -432,7 +496,12 @@ class ImportRun:
 
     async def _publisher(self, topic: str) -> Publisher:
         publisher = await self._context.publisher(
-            topic, max_in_flight=self.mapping.queue, max_in_flight_bytes=ZENOH_QUEUE_BYTES
+            topic,
+            max_in_flight=min(self.mapping.queue, DEFAULT_MAX_IN_FLIGHT),
+            max_in_flight_bytes=ZENOH_QUEUE_BYTES,
+            # No CPU handoff after a paced publish: the yield would hand the GIL to the
+            # import's thread, and the loop would queue behind it to take it back.
+            shm=ShmOptions(handoff=False),
         )
         self._publishers[topic] = publisher
         self.update_state()
@@ -489,22 +558,34 @@ class ImportRun:
 
     # -- lossless flow control: acknowledgements ----------------------------------------
 
-    def _took(self, key: str, next_seq: int, *, empty: bool) -> None:
-        """The graph took every message of *key* before *next_seq*: acknowledge it once
-        a quarter of the window went (or the queue is empty), so the export sends more."""
+    def _took(self, key: str, next_seq: int, nbytes: int) -> None:
+        """The graph took every message of *key* before *next_seq* (the last sample had
+        *nbytes*): acknowledge once a quarter of the window went, in messages or bytes,
+        so the export (whose batches take at most half of it) always has room for one
+        while this import keeps up."""
         self._taken[key] = next_seq
         acked = self._acked.get(key)
-        if acked is None or empty or next_seq - acked >= max(1, self.mapping.queue // 4):
+        unacked = self._unacked_bytes.get(key, 0) + nbytes
+        if (
+            acked is None
+            or next_seq - acked >= max(1, self.mapping.queue // 4)
+            or unacked >= ZENOH_QUEUE_BYTES // 4
+        ):
             self._ack(key, next_seq)
+            unacked = 0
+        self._unacked_bytes[key] = unacked
 
     def _ack(self, key: str, next_seq: int | None, *, bye: bool = False) -> None:
         if next_seq is not None:
             self._acked[key] = next_seq
         payload = pack_ack(self._id, next_seq, self.mapping.queue, ZENOH_QUEUE_BYTES, bye=bye)
         try:
-            self._session.put(
-                f"{key}/{ACK_CHUNK}", payload, congestion_control=zenoh.CongestionControl.DROP
-            )
+            publisher = self._ackers.get(key)
+            if publisher is None:  # (one per key: a declared publisher puts faster)
+                publisher = self._ackers[key] = self._session.declare_publisher(
+                    f"{key}/{ACK_CHUNK}", congestion_control=zenoh.CongestionControl.DROP
+                )
+            publisher.put(payload)
         except Exception as exc:  # the session is closing; the next one repeats it
             log.debug("import of %s: acknowledgement not sent: %s", key, exc)
 
@@ -537,11 +618,16 @@ class ImportRun:
             self.stats.lost_in_flight += queue.close()
 
     def stop_receiving(self) -> None:
-        """Undeclare the Zenoh subscriber (a drain delivers what was received)."""
+        """Undeclare the Zenoh subscriber (a drain delivers what was received); its
+        thread ends once it took what Zenoh's channel still held (bounded: a full queue
+        that is closed refuses at once)."""
         subscriber, self._subscriber = self._subscriber, None
         if subscriber is not None:
             with contextlib.suppress(Exception):
                 subscriber.undeclare()
+        receiver = self._receiver
+        if receiver is not None and receiver is not threading.current_thread():
+            receiver.join(_RECEIVER_JOIN)
 
     async def close(self) -> None:
         """Undeclare, refuse what still comes (counted), close the topics. Idempotent."""
@@ -558,6 +644,9 @@ class ImportRun:
             await asyncio.gather(acker, return_exceptions=True)
             # Goodbye: the export counts what it sent that never reached us, and stops
             # waiting for us. Sent reliably (BLOCK), off the loop.
+            if queue is not None:
+                for key, reached in queue.reached.items():
+                    self._received[key] = max(self._received.get(key, 0), reached)
             keys = list(self._received) or ([self.key] if "*" not in self.key else [])
             await asyncio.to_thread(self._goodbye, keys)
         self.sync()

@@ -34,6 +34,7 @@ class MappingStats:
     """Counters and state of one mapping (see the module doc for the states)."""
 
     messages: int = 0  #: exported, or imported and published
+    samples: int = 0  #: Zenoh samples put, or received (a batch carries several messages)
     bytes: int = 0
     dropped_local: int = 0  #: dropped by this end's queue (leaky; or a stalled import)
     lost_remote: int = 0  #: gaps in the importer's sequence: lost between the hosts
@@ -64,6 +65,7 @@ class MappingStats:
             "state": self.state,
             "reason": self.reason,
             "messages": self.messages,
+            "samples": self.samples,
             "bytes": self.bytes,
             "dropped_local": self.dropped_local,
             "lost_remote": self.lost_remote,
