@@ -140,13 +140,18 @@ async def _process(argv: list[str], ready: str, env: dict[str, str]) -> AsyncIte
                 break
         yield proc
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
+        # A role ends when its stdin closes (its context closes: no shared memory left
+        # behind); commands end on SIGTERM; anything else is killed.
+        role = "--role" in argv
+        if role and proc.stdin is not None:
+            proc.stdin.close()
+        for stop in (None if role else proc.terminate, proc.terminate, proc.kill):
+            if proc.returncode is not None:
+                break
+            if stop is not None:
+                stop()
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(proc.wait(), 10)
-            except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
 
 
 def _address(banner: str) -> str:
