@@ -266,8 +266,13 @@ class ZenohBridge:
             if isinstance(run, ExportRun):
                 await run.start_drain()
         try:
-            while loop.time() < deadline and any(  # noqa: ASYNC110 - threads' and peers' counters
-                run.busy or (isinstance(run, ExportRun) and run.queued) for run in self._runs
+            # Until every import's thread took what Zenoh still held, and every mapping
+            # handed on what it holds.
+            while loop.time() < deadline and (  # noqa: ASYNC110 - threads' and peers' counters
+                not all(undeclare.done() for undeclare in undeclares)
+                or any(
+                    run.busy or (isinstance(run, ExportRun) and run.queued) for run in self._runs
+                )
             ):
                 await asyncio.sleep(0.01)
             await self._cancel_tasks()
@@ -277,6 +282,9 @@ class ZenohBridge:
                 if isinstance(run, ImportRun):
                     run.close_queue()
             await asyncio.gather(*undeclares, return_exceptions=True)
+            for run in self._runs:
+                if isinstance(run, ImportRun):
+                    run.count_cut()  # (what reached the import after the cut)
         cut = {name: s.lost_in_flight for name, s in self.stats.items() if s.lost_in_flight}
         if cut:
             log.warning(

@@ -611,6 +611,13 @@ class ImportRun:
                 self._ack(key, next_seq)
             await asyncio.sleep(ZENOH_ACK_INTERVAL)
 
+    def count_cut(self) -> None:
+        """Count the samples that reached the import after its queue closed."""
+        queue = self._queue
+        if queue is not None:
+            self.stats.lost_in_flight += queue.cut
+            queue.cut = 0
+
     def close_queue(self) -> None:
         """Refuse further samples (a waiting Zenoh thread returns); count what is left."""
         queue = self._queue
@@ -636,9 +643,7 @@ class ImportRun:
         if queue is not None:
             self.stats.lost_in_flight += queue.close()
         await asyncio.to_thread(self.stop_receiving)
-        if queue is not None:
-            self.stats.lost_in_flight += queue.cut
-            queue.cut = 0
+        self.count_cut()
         if acker is not None:
             acker.cancel()
             await asyncio.gather(acker, return_exceptions=True)
