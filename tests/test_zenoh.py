@@ -939,3 +939,32 @@ async def test_plain_json_and_raw_enter_a_graph_and_raw_leaves_it(router: str) -
     assert summary["import plain/json -> /json"]["refused"] == {"json": 1}
     assert summary["import plain/raw -> /raw"]["refused"] == {}
     assert summary["export /out -> plain/out"]["refused"] == {"encoding": 1}
+
+
+async def test_a_failing_mapping_restarts_and_says_so(router: str) -> None:
+    settings = ZenohSettings(mode="client", connect=(router,))
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(a, settings, exports=[Export("/a/r", key="restart/x", lossless=True)]) as ex,
+        ZenohBridge(b, settings, imports=[Import("restart/x", "/b/r", lossless=True)]),
+    ):
+        sink = await b.subscriber("/b/r")
+        publisher = await a.publisher("/a/r")
+        await publisher.wait_for_channels(1)
+        await asyncio.sleep(1.0)
+        await publisher.publish(0)
+        assert await asyncio.wait_for(sink.recv(), 10) == 0
+        # A fault under the export: its Zenoh publisher goes away behind its back.
+        ex._runs[0]._publisher.undeclare()
+        await publisher.publish(1)  # its put fails: counted, and the export restarts
+        name = "export /a/r -> restart/x"
+        await wait_for(lambda: ex.summary()[name]["restarts"] == 1)
+        failed = ex.summary()[name]
+        await wait_for(lambda: ex.summary()[name]["state"] == "live")
+        for i in range(2, 5):
+            await publisher.publish(i)
+        got = [await asyncio.wait_for(sink.recv(), 10) for _ in range(3)]
+        row = ex.summary()[name]
+    assert "Undeclared publisher" in failed["reason"] and failed["state"] == "restarting"
+    assert got == [2, 3, 4]
+    assert row["lost_in_flight"] == 1 and row["messages"] == 4 and row["reason"] == ""

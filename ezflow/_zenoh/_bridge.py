@@ -226,7 +226,9 @@ class ZenohBridge:
                 log.info("importing %s as %s (%s)", key, mapping.topic, _kind(mapping))
             for run in self._runs:
                 self._tasks.append(
-                    asyncio.ensure_future(supervise(run.name, run.stats, run.run, run.progress))
+                    asyncio.ensure_future(
+                        supervise(run.name, run.stats, run.run, run.progress, run.recover)
+                    )
                 )
         except BaseException:
             await self._close()

@@ -80,13 +80,13 @@ class _Sender:
     waiting for the link never holds the event loop. :meth:`submit` hands a job over
     and waits only while the previous one is still running."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_error: Callable[[Exception, int], None]) -> None:
         self._loop = asyncio.get_running_loop()
+        self._on_error = on_error
         self._cond = threading.Condition()
         self._job: Callable[[], None] | None = None
         self._busy = 0  # messages of the job being run (0: idle)
         self._stop = False
-        self._error: tuple[Exception, int] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -95,12 +95,6 @@ class _Sender:
     def busy(self) -> int:
         """Messages of the job being put (0 when idle)."""
         return self._busy
-
-    def error(self) -> tuple[Exception, int] | None:
-        """The error of the last job that failed and its messages (taken: reported once)."""
-        with self._cond:
-            error, self._error = self._error, None
-            return error
 
     async def submit(self, job: Callable[[], None], messages: int) -> None:
         """Hand *job* (putting *messages*) over once the previous one is done."""
@@ -133,12 +127,13 @@ class _Sender:
             except Exception as exc:  # the session closed, Zenoh refused: the loop decides
                 error = exc
             with self._cond:
-                if error is not None:
-                    self._error = (error, self._busy)
+                failed = self._busy
                 self._busy = 0
                 waiter, self._waiter = self._waiter, None
-            if waiter is not None:
-                with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
+            with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
+                if error is not None:  # (told on the loop, at once: the export restarts)
+                    self._loop.call_soon_threadsafe(self._on_error, error, failed)
+                if waiter is not None:
                     self._loop.call_soon_threadsafe(_wake, waiter)
 
     def stop(self) -> None:
@@ -200,6 +195,8 @@ class ExportRun:
         self._held = 0  # messages taken from the subscriber, not handed to the sender yet
         self._ended = True  # the end of the topic was sent (or nothing was sent yet)
         self.draining = False
+        self._task: asyncio.Task[Any] | None = None
+        self._broken: Exception | None = None
         self._zenoh_encoding = zenoh.Encoding(zenoh_encoding(export.encoding))
         # Lossless flow control: the importers that acknowledge this key, the byte count
         # sent before each sample still unacknowledged by one of them, the total.
@@ -213,20 +210,13 @@ class ExportRun:
         """Declare the Zenoh publisher and the ezflow subscriber (ConfigurationError for
         what Zenoh or the graph refuses)."""
         export = self.export
-        self._publisher = self._session.declare_publisher(
-            self.key,
-            encoding=self._zenoh_encoding,
-            congestion_control=(
-                zenoh.CongestionControl.BLOCK if export.lossless else zenoh.CongestionControl.DROP
-            ),
-            reliability=zenoh.Reliability.RELIABLE,
-        )
+        self._publisher = self._declare_publisher()
         self._subscriber = (
             await self._context.subscriber(export.topic)  # bounded by the publisher's window
             if export.lossless
             else await self._context.subscriber(export.topic, leaky=True, queue=export.queue)
         )
-        self._sender = _Sender(f"ezflow-zenoh-export {export.topic}")
+        self._sender = _Sender(f"ezflow-zenoh-export {export.topic}", self._put_failed)
         if export.lossless:
             loop = asyncio.get_running_loop()
 
@@ -243,6 +233,29 @@ class ExportRun:
             self._acks = self._session.declare_subscriber(
                 f"{self.key}/{ACK_CHUNK}", zenoh.handlers.Callback(on_ack, indirect=False)
             )
+
+    async def recover(self) -> None:
+        """Before a restart: declare the Zenoh publisher again (a failed put may mean it
+        broke); the ezflow subscriber and the sequence go on."""
+        old, self._publisher = self._publisher, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(old.undeclare)
+        self._publisher = self._declare_publisher()
+        if self.stats.state == "restarting":
+            self.stats.state, self.stats.reason = "waiting", ""
+        self.update_state()
+
+    def _declare_publisher(self) -> Any:
+        export = self.export
+        return self._session.declare_publisher(
+            self.key,
+            encoding=self._zenoh_encoding,
+            congestion_control=(
+                zenoh.CongestionControl.BLOCK if export.lossless else zenoh.CongestionControl.DROP
+            ),
+            reliability=zenoh.Reliability.RELIABLE,
+        )
 
     def progress(self) -> int:
         return self.stats.messages + sum(self.stats.refused.values())
@@ -266,12 +279,26 @@ class ExportRun:
         return 0 if sub is None else sub.queued
 
     async def run(self) -> None:
-        """Export until cancelled (or the graph closes: ClosedResourceError)."""
+        """Export until cancelled (or the graph closes: ClosedResourceError); raises the
+        error of a put that failed (the supervisor restarts)."""
+        self._task = asyncio.current_task()
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            broken, self._broken = self._broken, None
+            if broken is not None:  # interrupted by _put_failed: a failure, not a stop
+                self.stats.lost_in_flight += self._held  # (the batch it was preparing)
+                self._held = 0
+                raise broken from None
+            raise
+        finally:
+            self._task = None
+
+    async def _run(self) -> None:
         sub = self._subscriber
         assert sub is not None and self._sender is not None
         ezflow = self.export.encoding == "ezflow"
         while True:
-            self._check_sender()
             self.update_state()
             try:
                 batch = [await sub.recv()]
@@ -412,15 +439,15 @@ class ExportRun:
             self._sent.append((self._seq - messages, self._sent_bytes))
         self._sent_bytes += nbytes
 
-    def _check_sender(self) -> None:
-        """Raise the error of a put job that failed, its messages counted as lost."""
-        assert self._sender is not None
-        failed = self._sender.error()
-        if failed is not None:
-            error, messages = failed
-            self.stats.messages -= messages
-            self.stats.lost_in_flight += messages
-            raise error
+    def _put_failed(self, error: Exception, messages: int) -> None:
+        """(On the loop) A put job failed: its messages are lost, and the export restarts
+        now (its task is interrupted with the error), not at its next message."""
+        self.stats.messages -= messages
+        self.stats.lost_in_flight += messages
+        task = self._task
+        if task is not None and not task.done():
+            self._broken = error
+            task.cancel()
 
     async def _send(self, batch: list[Any]) -> None:
         """Encode *batch*, wait for credit (lossless), hand it to the sender thread."""

@@ -334,6 +334,13 @@ class ImportRun:
         if self.mapping.lossless:
             self._acker = asyncio.ensure_future(self._ack_periodically())
 
+    async def recover(self) -> None:
+        """Before a restart: nothing to renew (the Zenoh side never failed; the sample
+        being published is published again from where it stopped)."""
+        if self.stats.state == "restarting":
+            self.stats.state, self.stats.reason = "waiting", ""
+        self.update_state()
+
     def progress(self) -> int:
         return self.stats.messages + sum(self.stats.refused.values())
 
@@ -444,7 +451,11 @@ class ImportRun:
             bodies = [item.payload]
         publisher = self._publishers.get(topic)
         if publisher is None:
-            publisher = await self._publisher(topic)
+            try:
+                publisher = await self._publisher(topic)
+            except ConfigurationError as exc:  # the graph refuses this topic: the key's fault
+                self._refused(Refused("key", str(exc)), key)
+                return
         codec = self._codec
         stats = self.stats
         for index in range(item.done, len(bodies)):

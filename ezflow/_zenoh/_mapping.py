@@ -96,18 +96,31 @@ class Refusals:
 
 
 async def supervise(
-    name: str, stats: MappingStats, run: Callable[[], Awaitable[None]], progress: Callable[[], int]
+    name: str,
+    stats: MappingStats,
+    run: Callable[[], Awaitable[None]],
+    progress: Callable[[], int],
+    recover: Callable[[], Awaitable[None]],
 ) -> None:
     """Run *run* until it returns (a stop) or the graph closes; when it fails, log it,
-    set the state ``restarting`` and run it again after a backoff (``ZENOH_RESTART_FIRST``,
-    doubled after each failure without *progress* - a counter that moves when the
-    mapping carries something - up to ``ZENOH_RESTART_MAX``)."""
+    set the state ``restarting``, and after a backoff (``ZENOH_RESTART_FIRST``, doubled
+    after each failure without *progress* - a counter that moves when the mapping carries
+    something - up to ``ZENOH_RESTART_MAX``) call *recover* (which renews what may have
+    broken; a failure there is one more failure) and run it again."""
     delay = ZENOH_RESTART_FIRST
     while True:
         before = progress()
         started = time.monotonic()
+        inner = asyncio.ensure_future(run())
         try:
-            await run()
+            try:
+                await asyncio.shield(inner)
+            except asyncio.CancelledError:
+                if not inner.done():  # we were cancelled (a stop): so is the mapping
+                    inner.cancel()
+                    await asyncio.gather(inner, return_exceptions=True)
+                    raise
+                inner.result()  # the mapping's own failure (or its cancellation)
             return
         except asyncio.CancelledError:
             raise
@@ -130,3 +143,12 @@ async def supervise(
             )
         await asyncio.sleep(delay)
         delay = min(delay * 2, ZENOH_RESTART_MAX)
+        try:
+            await recover()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # (counted as the next failure, without running)
+            stats.reason = f"recovering: {type(exc).__name__}: {exc}"
+            log.warning("%s: %s", name, stats.reason)
+            continue
+        log.info("%s restarts", name)
