@@ -71,6 +71,27 @@ async def test_a_local_subscriber_beside_a_remote_one_gets_its_read_only_view(
     assert arr.flags.writeable  # the publisher's own array is left as it was
 
 
+async def test_an_encoded_publish_sends_its_body_as_it_is_and_the_object_locally(
+    ctx: ezflow.GraphContext,
+) -> None:
+    # A relay (the Zenoh bridge) has each message's body already: it is not encoded again.
+    pub = await ctx.publisher("/outlet/encoded")
+    local = await ctx.subscriber("/outlet/encoded", transport="local")
+    remote = await ctx.subscriber("/outlet/encoded", transport="tcp")
+    codec = Codec()
+    sent = [(i, "x", np.arange(i, i + 4, dtype=np.int16)) for i in range(5)]
+    bodies = [codec.encode(m).to_bytes() for m in sent]
+    for body in bodies:
+        view = memoryview(b"\0" * 16 + body)[16:]  # (a body inside a batch's payload)
+        await pub.publish_encoded(codec.decode(body), view)
+    for message in sent:
+        for sub in (local, remote):
+            got = await sub.recv()
+            assert got[:2] == message[:2] and np.array_equal(got[2], message[2])
+    assert pub.stats.messages == len(sent) and pub.stats.encodes == 0
+    assert pub.stats.bytes == sum(len(b) for b in bodies)
+
+
 async def test_a_cached_kind_too_large_for_a_subscriber_is_refused_before_sending(
     ctx: ezflow.GraphContext,
 ) -> None:

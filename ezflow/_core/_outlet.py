@@ -72,7 +72,7 @@ class PublisherStats:
 
     messages: int = 0  #: messages published
     bytes: int = 0  #: encoded bytes (0 when no link needed encoding)
-    encodes: int = 0  #: messages encoded (at most one per message)
+    encodes: int = 0  #: messages encoded (at most one per message; none when relayed)
     sends: int = 0  #: message x link hand-overs
     drops: int = 0  #: messages dropped on this side for leaky links that had no room
     wait_seconds: float = 0.0  #: time publish spent waiting for lossless consumers
@@ -319,7 +319,7 @@ class Outlet:
                 return True
         return False
 
-    async def publish(self, message: Any) -> None:
+    async def publish(self, message: Any, encoded: EncodedMessage | None = None) -> None:
         """Send *message* to every connected channel.
 
         Waits while any lossless channel has ``max_in_flight`` messages (or
@@ -356,7 +356,7 @@ class Outlet:
                 await asyncio.sleep(0)
                 if self._blocked():  # things may have changed meanwhile
                     await self._wait_for_room()
-        self.send_now(message, trace)
+        self.send_now(message, trace, encoded)
 
     def publish_nowait(self, message: Any) -> bool:
         """Send *message* now and return True when :meth:`publish` would neither wait
@@ -515,13 +515,17 @@ class Outlet:
         self.remove_link(link)
         link.cut()
 
-    def send_now(self, message: Any, trace: WireTrace | None = None) -> None:
+    def send_now(
+        self, message: Any, trace: WireTrace | None = None, encoded: EncodedMessage | None = None
+    ) -> None:
         """Send without waiting for room (used after the room check), carrying *trace*
-        to every link with room (a message parked for a leaky link travels untraced)."""
+        to every link with room (a message parked for a leaky link travels untraced).
+        *encoded*: *message*'s body when the caller has it already (a relay); links that
+        carry bytes send it as it is, local ones get *message*."""
         if self._closed:
             raise ClosedResourceError("publisher is closed")
         links = self._links
-        encoded: EncodedMessage | None = None
+        relayed = encoded is not None  # (not encoded here: not counted in encodes)
         local_message = message
         need_local = False
         for link in links:
@@ -573,7 +577,7 @@ class Outlet:
         nbytes = 0
         if encoded is not None:
             nbytes = encoded.nbytes
-            stats.encodes += 1
+            stats.encodes += not relayed
         stats.bytes += nbytes
         self._unyielded_bytes += nbytes
         stats.sends += sends

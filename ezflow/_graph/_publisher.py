@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._core._codec import EncodedMessage
 from .._core._exceptions import ClosedResourceError
 from .._core._outlet import Outlet, PublisherStats
 from .._transports._shm import ShmStats, ShmTransport
@@ -95,6 +96,14 @@ class Publisher:
             shm = self._shm
             if shm is not None:
                 shm.spend(self._outlet, message)
+
+    async def publish_encoded(self, message: Any, body: bytes | memoryview) -> None:
+        """:meth:`publish` *message* whose ezflow codec body is *body* already - what
+        ``Codec().encode(message)`` would produce, as a relay that received the message
+        encoded (the Zenoh bridge) has it: subscribers on tcp and shm get *body* as it
+        is (it is not encoded again), same-process ones *message*. Waits, raises and
+        counts as :meth:`publish`."""
+        await self._outlet.publish(message, EncodedMessage([body], len(body)))
 
     async def loan(
         self, shape: int | tuple[int, ...], dtype: DTypeLike = np.uint8

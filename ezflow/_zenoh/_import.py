@@ -475,7 +475,10 @@ class ImportRun:
                 self._refused(Refused("body", str(exc)), key)
                 continue
             try:
-                await publisher.publish(message)
+                if encoding == "ezflow":  # (as it came: not encoded again)
+                    await publisher.publish_encoded(message, body)
+                else:
+                    await publisher.publish(message)
             except (MessageTooLargeError, UnregisteredTypeError) as exc:
                 self._refused(Refused("publish", str(exc)), key)
                 continue
