@@ -198,7 +198,7 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
 
 
 def _fleet_graph(domain: str, connect: list[str] | None, as_json: bool) -> None:
-    from ..zenoh import silent_hosts  # noqa: PLC0415 - Zenoh only when asked for
+    from .. import zenoh as ezflow_zenoh  # noqa: PLC0415 - Zenoh only when asked for
     from ._top import _print_silent  # noqa: PLC0415
     from ._zenoh import fleet_query  # noqa: PLC0415
 
@@ -211,7 +211,7 @@ def _fleet_graph(domain: str, connect: list[str] | None, as_json: bool) -> None:
     else:
         for host, snapshot in graphs.items():
             console.print(_tree(snapshot, f"host {host}"), highlight=False)
-    _print_silent(silent_hosts(replies))  # (on stderr)
+    _print_silent(ezflow_zenoh.silent_hosts(replies))  # (on stderr)
 
 
 def topics(

@@ -416,12 +416,12 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
 
 def _fleet_top(domain: str, connect: list[str] | None, as_json: bool) -> None:
     """Every host's rows, with a ``host`` field; one table pair per host."""
-    from ..zenoh import silent_hosts  # noqa: PLC0415 - Zenoh only when asked for
+    from .. import zenoh as ezflow_zenoh  # noqa: PLC0415 - Zenoh only when asked for
     from ._zenoh import fleet_query  # noqa: PLC0415
 
     replies = fleet_query(domain, "top", connect, None)
     now = time.time()
-    silent = silent_hosts(replies, now)
+    silent = ezflow_zenoh.silent_hosts(replies, now)
     data: dict[str, list[dict[str, Any]]] = {"channels": [], "publishers": []}
     per_host = {}
     bridges: list[dict[str, Any]] = []
