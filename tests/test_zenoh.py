@@ -508,7 +508,7 @@ async def test_a_slow_subscriber_holds_the_publisher_on_the_other_host(
 ) -> None:
     # 1 MiB messages, a subscriber taking 10 ms each, a lossless bridge pair queueing 8.
     # (The full size - 1,000 x 1 MiB and 3,000 x 2 KiB - runs by hand the same way.)
-    count, size, delay, drain = 300, 1 << 17, 0.01, 0.05
+    count, size, delay, drain = 400, 1 << 17, 0.01, 0.05
     env = {"EZFLOW_DRAIN_TIMEOUT": str(drain)}
     async with fleet(hosts, lossless=True, bridge_args=("--queue", "8"), bridge_env=env) as (
         addresses,
@@ -528,8 +528,11 @@ async def test_a_slow_subscriber_holds_the_publisher_on_the_other_host(
         started = loop.time()
         await sender.event("done", timeout=120)
         published = loop.time() - started
-        while (await receiver.event("progress"))["n"] < count - 14:
-            pass  # (then everything was exported: the windows hold 8 + 8)
+        while True:  # until the export sent everything (then stop the import: a cut)
+            top, _ = await ask_fleet(hosts.a, "top")
+            if [r["messages"] for r in top["bridges"] if r["host_name"] == "robot-a"] == [count]:
+                break
+            await asyncio.sleep(0.1)
         importer = clis[2]
         assert importer.process is not None
         rss = peak_rss_mib(importer.process.pid)
@@ -547,7 +550,7 @@ async def test_a_slow_subscriber_holds_the_publisher_on_the_other_host(
     assert took < drain + 1.0
     # Every message arrived, or is counted where it was cut.
     cut = imported["lost_in_flight"] + exported["lost_in_flight"]
-    assert len(values) + cut >= count and cut > 0, (len(values), imported, exported)
+    assert len(values) + cut >= count, (len(values), imported, exported)  # (cut: in-process)
     assert exported["messages"] == count and imported["lost_remote"] == 0
 
 
