@@ -713,6 +713,7 @@ async def test_bad_samples_are_refused_and_counted_while_good_ones_flow(router: 
     assert took < importer.drain_timeout + 1.0
 
 
+@ONE_LOOP  # (both loops: test_bad_samples_are_refused_and_counted_while_good_ones_flow)
 async def test_lossless_backpressure_reaches_the_publisher_and_a_stop_counts_its_cut(
     router: str,
 ) -> None:
@@ -779,6 +780,7 @@ async def test_lossless_backpressure_reaches_the_publisher_and_a_stop_counts_its
     assert took < importer.drain_timeout + 1.0
 
 
+@ONE_LOOP  # (both loops: test_bad_samples_are_refused_and_counted_while_good_ones_flow)
 async def test_an_export_follows_its_topic_to_the_next_publisher(router: str) -> None:
     settings = ZenohSettings(mode="client", connect=(router,))
     async with (
@@ -894,6 +896,7 @@ async def test_a_plain_zenoh_reader_written_from_the_wire_doc_decodes_exports(
     assert decoded == expected * 2
 
 
+@ONE_LOOP  # (both loops: test_bad_samples_are_refused_and_counted_while_good_ones_flow)
 async def test_plain_json_and_raw_enter_a_graph_and_raw_leaves_it(router: str) -> None:
     import zenoh  # noqa: PLC0415
 
@@ -944,6 +947,7 @@ async def test_plain_json_and_raw_enter_a_graph_and_raw_leaves_it(router: str) -
     assert summary["export /out -> plain/out"]["refused"] == {"encoding": 1}
 
 
+@ONE_LOOP  # (both loops: test_bad_samples_are_refused_and_counted_while_good_ones_flow)
 async def test_a_failing_mapping_restarts_and_says_so(router: str) -> None:
     settings = ZenohSettings(mode="client", connect=(router,))
     async with (
