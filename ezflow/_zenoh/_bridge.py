@@ -79,8 +79,10 @@ def _check_encoding(mapping: Export | Import) -> None:
 @dataclass(frozen=True)
 class Export:
     """Publish ezflow *topic* on Zenoh *key* (``{host}`` is replaced by the bridge's host
-    name; default: ``ezflow/{host}/`` and the escaped topic). *encoding* (one of
-    :data:`ENCODINGS`): what a sample holds; ConfigurationError for another value."""
+    name; default: ``ezflow/{host}/`` and the escaped topic). *lossless*: wait for the
+    importers' room (acknowledgements) instead of dropping; *queue*: messages a leaky
+    export keeps (the newest). *encoding* (one of :data:`ENCODINGS`): what a sample holds;
+    ConfigurationError for another value."""
 
     topic: str
     key: str | None = None
@@ -97,7 +99,9 @@ class Import:
     """Publish the samples of Zenoh *key* (wildcards allowed) on ezflow *topic*. With a
     wildcard, *topic* is a prefix: the part of the sample's key after the key's literal
     prefix is unescaped and appended (``fleet/*/camera`` → ``/robots`` gives
-    ``/robots/robot1/camera`` for ``fleet/robot1/camera``). *encoding* (one of
+    ``/robots/robot1/camera`` for ``fleet/robot1/camera``). *queue*: samples it holds
+    (a batch is one; and at most ``ZENOH_QUEUE_BYTES``): a leaky import keeps the newest,
+    a lossless one acknowledges room for *queue* messages. *encoding* (one of
     :data:`ENCODINGS`): what a sample holds; ConfigurationError for another value."""
 
     key: str
