@@ -243,11 +243,6 @@ class SampleQueue:
             self._stalled = False
             self._cond.notify_all()
 
-    def pending(self) -> int:
-        """Messages of the samples still queued (not taken)."""
-        with self._cond:
-            return sum(item.messages for item in self._items)
-
     def close(self) -> int:
         """Refuse further samples (counted in :attr:`cut`), wake a waiting thread, and
         return the messages of the samples still queued (they are cut too)."""
