@@ -46,7 +46,7 @@ from .._units._decorators import task
 from .._units._host import graph_context_of
 from .._units._settings import Settings
 from ._fleet import announce, fleet_key
-from ._keys import expand_host, key_to_topic, topic_to_key
+from ._keys import expand_host, imported_topic, topic_to_key
 from ._session import ZenohSettings, open_session
 
 __all__ = [
@@ -74,6 +74,7 @@ class Export:
     key: str | None = None
     lossless: bool = False
     queue: int = ZENOH_QUEUE
+    encoding: str = "ezflow"
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Import:
     topic: str
     lossless: bool = False
     queue: int = ZENOH_QUEUE
+    encoding: str = "ezflow"
 
 
 @dataclass
@@ -356,8 +358,7 @@ class ZenohBridge:
     def _topic_of(self, mapping: Import, literal: str | None, key: str) -> str:
         if literal is None:
             return mapping.topic
-        suffix = key_to_topic(key, literal)
-        return mapping.topic.rstrip("/") + "/" + suffix.lstrip("/")
+        return imported_topic(mapping.topic, key, literal)
 
     async def _import(
         self,
