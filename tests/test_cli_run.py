@@ -159,10 +159,12 @@ def _commands() -> list[tuple[str, Any]]:
 
 def _examples() -> list[tuple[str, Any, list[str]]]:
     """(command name, command, the example's words) for every example line of every
-    command's help: the lines that run ``ezflow <that command>``, pipes cut off."""
+    command's help: the lines that run ``ezflow <that command>`` (a line that ends in
+    ``\\`` goes on in the next, as in a shell), pipes cut off."""
     found = []
     for name, command in _commands():
-        for text in (command.help or "").splitlines():
+        lines = re.sub(r"\\\n\s*", "", command.help or "").splitlines()
+        for text in lines:
             line = text.strip().split(" | ")[0].split(" > ")[0]
             if f"ezflow {name} " in f"{line} ":
                 found.append((name, command, shlex.split(line)))
