@@ -75,6 +75,33 @@ def test_mapping_specs_parse(text: str, kind: Any, expected: MappingSpec) -> Non
     assert parse_mapping(text, kind) == expected
 
 
+def _written(name: str) -> str:
+    return name.replace(":", "::").replace("=", "==")
+
+
+@given(
+    st.text(min_size=1, max_size=12),
+    st.text(min_size=1, max_size=12).filter(lambda t: not t.startswith("=")),
+    st.sampled_from(["", ":lossless", ":leaky=3", ":raw", ":raw:lossless=12"]),
+)
+def test_any_two_names_written_with_doubling_parse_back(
+    source: str, destination: str, options: str
+) -> None:
+    # Topics and keys may hold ':' and '=': doubled, any two names come back as they were
+    # (read from the left, a run of '=' is pairs, then the separator: so the second name
+    # cannot start with '=').
+    spec = parse_mapping(f"{_written(source)}={_written(destination)}{options}", "export")
+    assert (spec.source, spec.destination) == (source, destination)
+    assert parse_mapping(_written(source) + options, "export").source == source
+    assert (spec.lossless, spec.queue, spec.encoding) == {
+        "": (None, None, None),
+        ":lossless": (True, None, None),
+        ":leaky=3": (False, 3, None),
+        ":raw": (None, None, "raw"),
+        ":raw:lossless=12": (True, 12, "raw"),
+    }[options]
+
+
 @pytest.mark.parametrize(
     ("args", "problem"),
     [

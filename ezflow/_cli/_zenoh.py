@@ -168,7 +168,8 @@ def parse_mapping(text: str, kind: Literal["export", "import"]) -> MappingSpec:
     (``KEY[=TOPIC][:OPTION]...``) as :data:`EXPORT_GRAMMAR` / :data:`IMPORT_GRAMMAR`.
 
     Read left to right: ``::`` and ``==`` stand for a ``:`` and a ``=`` in a name; the
-    first single ``=`` separates the two names and the first single ``:`` starts the
+    first single ``=`` separates the two names (in a run of ``=``, the pairs come first:
+    the second name cannot start with ``=``) and the first single ``:`` starts the
     options, ``:``-separated: a mode, ``lossless`` or ``leaky``, each optionally
     ``=N`` (its queue, N >= 1), and an encoding, ``raw`` (and for imports ``json``), at
     most one of each. Zenoh key expressions and ezflow topics may both hold ``=`` and
@@ -215,7 +216,7 @@ def parse_mapping(text: str, kind: Literal["export", "import"]) -> MappingSpec:
                 raise bad(f"two modes (':{'lossless' if lossless else 'leaky'}', ':{word}')")
             lossless = word == "lossless"
             if sep:
-                if not value.isdigit() or int(value) < 1:
+                if not (value.isascii() and value.isdigit()) or int(value) < 1:
                     raise bad(f"in ':{option}', the queue N must be a whole number >= 1")
                 queue = int(value)
         elif word in encodings and not sep:
