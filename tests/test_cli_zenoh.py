@@ -175,8 +175,8 @@ def test_literal_prefixes_and_default_import_topics() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["graph", "--config", "ws.json5"], "--config go with --fleet DOMAIN"),
-        (["top", "--connect", "tcp/127.0.0.1:9"], "--connect go with --fleet DOMAIN"),
+        (["graph", "--config", "ws.json5"], "--config goes with --fleet DOMAIN"),
+        (["top", "--connect", "tcp/127.0.0.1:9", "--config", "f"], "--connect and --config go"),
         (["graph", "--fleet", "lab"], "--fleet needs --connect ROUTER"),
         (["top", "--fleet", "lab", "--config", "/no/such.json5"], "cannot read the Zenoh"),
     ],

@@ -440,5 +440,10 @@ def check_fleet_options(fleet: str | None, connect: list[str] | None, config: st
     """Exit 2 when --connect or --config are given without --fleet (they would be
     ignored: without --fleet the command asks the graph server at --address)."""
     if fleet is None and (connect or config is not None):
-        given = " and ".join(o for o, v in (("--connect", connect), ("--config", config)) if v)
-        fail(f"{given} go with --fleet DOMAIN (a graph server is reached with --address)", 2)
+        given = [o for o, v in (("--connect", connect), ("--config", config)) if v]
+        verb = "go" if len(given) == 2 else "goes"
+        fail(
+            f"{' and '.join(given)} {verb} with --fleet DOMAIN (a graph server is reached "
+            "with --address)",
+            2,
+        )
