@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ezflow
+from ezflow._units import _plan
 from ezflow._units._plan import build_plan
 
 
@@ -234,37 +235,45 @@ def test_nothing_to_run() -> None:
         build_plan({"X": object()})  # type: ignore[dict-item]
 
 
-class ForeignUnit:
-    """A component of another framework (its class claims the package ``otherfw``)."""
+class ForeignComponent:
+    """The base of another framework's components (its classes claim ``otherfw``)."""
 
+    __module__ = "otherfw.core"
+
+
+class ForeignStream:
+    __module__ = "otherfw.core"
+
+
+class ForeignUnit(ForeignComponent):
     __module__ = "otherfw.units"
 
     def __init__(self) -> None:
-        self.OUT = object()  # one of its streams
+        self.OUT = ForeignStream()  # one of its streams
 
 
 def test_other_frameworks_components_go_through_their_adapter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from ezflow._units import _plan  # noqa: PLC0415
+    from ezflow._units import _foreign  # noqa: PLC0415
 
     foreign, scale = ForeignUnit(), Scale()
     with pytest.raises(ezflow.GraphDefinitionError, match="is not a component"):
         build_plan({"F": foreign, "S": scale}, [(foreign.OUT, scale.INPUT)])  # type: ignore[dict-item]
     adapted = Sine()
 
-    def adapter(
-        components: dict[str, object], connections: list[object], placed: list[object]
-    ) -> tuple[dict[str, object], list[object], list[object]]:
+    class Adapter:
         swap = {id(foreign): adapted, id(foreign.OUT): adapted.OUTPUT}
-        return (
-            {name: swap.get(id(c), c) for name, c in components.items()},
-            [tuple(swap.get(id(end), end) for end in pair) for pair in connections],  # type: ignore[attr-defined]
-            [swap.get(id(entry), entry) for entry in placed],
-        )
 
-    monkeypatch.setitem(_plan._graph_adapters, "otherfw", adapter)
+        def component(self, obj: object) -> object:
+            return self.swap.get(id(obj), obj)
+
+        endpoint = placed = component
+
+    monkeypatch.setattr(_foreign, "_factories", {"otherfw": Adapter})
+    monkeypatch.setitem(_foreign.COMPONENT_BASES, "otherfw", "otherfw.core.ForeignComponent")
     assert _plan.adaptable(foreign) and not _plan.adaptable(scale)
+    assert not _plan.adaptable(foreign.OUT)  # a stream, not a component
     plan = build_plan(
         {"F": foreign, "S": scale},  # type: ignore[dict-item]
         [(foreign.OUT, scale.INPUT)],

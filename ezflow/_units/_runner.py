@@ -211,6 +211,8 @@ class GraphRunner:
                 "`if __name__ == '__main__':`"
             )
         self._state = "starting"
+        for note in self.plan.notes:
+            log.warning("%s", note)
         try:
             await self._start()
         except BaseException:

@@ -60,6 +60,7 @@ from .._units._decorators import main as _main
 from .._units._decorators import publisher, role_of, task, thread
 from .._units._decorators import subscriber as _subscriber
 from .._units._errors import Complete, GraphDefinitionError, NormalTermination
+from .._units._plan import NoUnitsError
 from .._units._runner import run as _run
 from .._units._settings import Settings, State
 from .._units._streams import InputStream as _InputStream
@@ -335,6 +336,8 @@ def _settings(
 class Unit(_Unit):
     """ezmsg's ``Unit`` on ezflow (see the module docstring)."""
 
+    _ezflow_ezmsg_wiring = True
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # A subscriber named on_settings would be called twice per settings message: by
         # ezflow's hook of that name and as a subscriber. Keep it a subscriber only.
@@ -356,6 +359,8 @@ class Unit(_Unit):
 
 class Collection(_Collection):
     """ezmsg's ``Collection`` on ezflow (see the module docstring)."""
+
+    _ezflow_ezmsg_wiring = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -405,10 +410,13 @@ def run(
                 f"duplicate component name {name!r}: given in components and as a keyword"
             )
         graph[name] = component
-    _run(
-        graph,
-        connections=connections or (),
-        process_components=process_components or (),
-        graph_address=graph_address,
-        force_single_process=force_single_process,
-    )
+    try:
+        _run(
+            graph,
+            connections=connections or (),
+            process_components=process_components or (),
+            graph_address=graph_address,
+            force_single_process=force_single_process,
+        )
+    except NoUnitsError:
+        return  # as in ezmsg: a system without units runs as nothing
