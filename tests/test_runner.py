@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import conftest
 import numpy as np
 import pytest
 from _children import shm_location
@@ -537,6 +538,12 @@ def test_the_design_example_runs_as_written(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     running.append(process)
+    # Once ezflow.run started SCALE's process (importing ezflow takes seconds on a
+    # loaded machine), and SCALE had time to initialize.
+    deadline = time.monotonic() + 30
+    while not conftest._children(process.pid):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
     time.sleep(1.5)
     assert process.poll() is None
     process.send_signal(signal.SIGINT)

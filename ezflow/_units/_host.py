@@ -34,13 +34,17 @@ import inspect
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
 from .._core._config import SHUTDOWN_TIMEOUT, THREAD_JOIN_TIMEOUT
-from .._core._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
+from .._core._exceptions import (
+    ClosedResourceError,
+    EndOfStream,
+    UndecodableMessageError,
+    UnregisteredTypeError,
+)
 from .._core._tracing import HANDLING
 from .._graph._context import GraphContext
 from .._graph._publisher import Publisher
@@ -50,23 +54,20 @@ from ._decorators import FunctionRole
 from ._errors import Complete, MessageTypeError, NormalTermination
 from ._plan import stream_topic
 from ._streams import InputStream, OutputStream, message_check, type_name
+from ._tracebacks import describe, mark_yield_site
 
 __all__ = [
     "DrainCut",
     "UnitHost",
-    "format_failure",
     "graph_context_of",
 ]
 
 log = logging.getLogger("ezflow.units")
 
 
-FailureCallback = Callable[[str, str], None]  # (component path, formatted details)
+#: (component path, what failed and the user's frames, the same with ezflow's frames)
+FailureCallback = Callable[[str, str, str], None]
 CompleteCallback = Callable[[str], None]  # (component path)
-
-
-def format_failure(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
 
 
 async def _call(result: Any) -> None:
@@ -292,6 +293,9 @@ class UnitHost:
                 queue=stream.queue,
                 transport=stream.transport,
             )
+            # A unit input without a publisher is the graph's design, not a typo (the
+            # runner checks the graph's topic names).
+            self.context._skip_typo_check(subscriber)
             self._inputs.append(_Input(subscriber, handlers, unit, name))
         for fname, role in functions.items():
             if role.publishes and role.subscribes is None:
@@ -480,13 +484,14 @@ class UnitHost:
         self._on_done()
 
     def _fail(self, path: str, what: str, exc: BaseException) -> None:
+        described = describe(exc)
         if isinstance(exc, UndecodableMessageError):
             # The message says it all; a traceback would only show ezflow's inbox.
             details = f"in {what}: {type(exc).__name__}: {exc}"
         else:
-            details = f"in {what}:\n{format_failure(exc)}"
+            details = f"in {what}:\n{described.short}"
         log.debug("unit %s failed %s", path, details)
-        self._on_failure(path, details)
+        self._on_failure(path, details, f"in {what}:\n{described.full}")
 
     def _start_thread(self, loop: asyncio.AbstractEventLoop, unit: Unit, fname: str) -> None:
         method = getattr(unit, fname)
@@ -602,9 +607,8 @@ class UnitHost:
                 try:
                     await asyncio.wait_for(_call(unit.shutdown()), SHUTDOWN_TIMEOUT)
                 except (TimeoutError, asyncio.TimeoutError):
-                    self._on_failure(
-                        unit.path, f"in shutdown(): did not return within {SHUTDOWN_TIMEOUT:g} s"
-                    )
+                    hung = f"in shutdown(): did not return within {SHUTDOWN_TIMEOUT:g} s"
+                    self._on_failure(unit.path, hung, hung)
                 except Exception as exc:
                     self._fail(unit.path, "shutdown()", exc)
             for unit in self.units:
@@ -669,11 +673,25 @@ def _explain(allowed: dict[object, Publisher], item: Any, where: str) -> Excepti
 
 
 async def _publish_all(items: Any, allowed: dict[object, Publisher], where: str) -> None:
-    """Iterate the async generator *items* and publish every ``(stream, message)``."""
+    """Iterate the async generator *items* and publish every ``(stream, message)``. What
+    publishing raises is marked with the ``yield`` that gave the message (the user's
+    line: the generator is suspended there, so its frame is not in the traceback), and
+    a message the codec cannot encode is named with the stream's topic."""
     async for item in items:
         try:
             stream, message = item
             publisher = allowed[stream]
         except (TypeError, ValueError, KeyError):
-            raise _explain(allowed, item, where) from None
-        await publisher.publish(message)
+            error = _explain(allowed, item, where)
+            mark_yield_site(error, items)
+            raise error from None
+        try:
+            await publisher.publish(message)
+        except UnregisteredTypeError as exc:
+            topic = _underlying(publisher).topic
+            error = UnregisteredTypeError(f"{topic}: {exc}").with_traceback(exc.__traceback__)
+            mark_yield_site(error, items)
+            raise error from None
+        except Exception as exc:
+            mark_yield_site(exc, items)
+            raise

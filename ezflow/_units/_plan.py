@@ -36,6 +36,7 @@ __all__ = [
     "GraphAdapter",
     "NoUnitsError",
     "Plan",
+    "TopicEnd",
     "adaptable",
     "adaptable_class",
     "build_plan",
@@ -59,6 +60,18 @@ class _End:
     direction: str | None  # effective direction at this connection: input/output/None
     message_type: Any
     ezmsg_wiring: bool = False  # its component connects as ezmsg does (see connection())
+    plain: bool = False  # a topic name, not a component's stream
+
+
+@dataclass(frozen=True)
+class TopicEnd:
+    """A connection end that is a plain topic name (not a component's stream): a likely
+    place for a typo, checked against the graph server's topics at start."""
+
+    topic: str
+    role: str  # "source" (the graph reads it) or "destination" (the graph feeds it)
+    where: str  # "connection 1", "PIPE connection 0"
+    other: str  # the stream at the other end ("SHOW.INPUT")
 
 
 @dataclass
@@ -72,6 +85,8 @@ class Plan:
     #: Warnings about the graph (likely mistakes that still run), each one line: the
     #: runner logs them when the graph starts.
     notes: list[str] = field(default_factory=list)
+    #: Connection ends that are topic names: the runner checks them at start.
+    topic_ends: list[TopicEnd] = field(default_factory=list)
 
     def units_in(self, process: str) -> list[Unit]:
         return [self.units[path] for path in self.processes.get(process, [])]
@@ -131,6 +146,7 @@ class _Builder:
         self.collections: list[Collection] = []
         self.adapters: dict[str, GraphAdapter] = {}  # one per foreign package
         self.notes: list[str] = []  # warnings about the graph (Plan.notes)
+        self.topic_ends: list[TopicEnd] = []
 
     def native(self, obj: object, kind: str) -> object:
         """*obj*, or the ezflow object that stands for it when it belongs to another
@@ -203,7 +219,7 @@ class _Builder:
                 check_topic(end)
             except ValueError as exc:
                 raise GraphDefinitionError(f"{where}: {exc}") from exc
-            return _End(end, repr(end), False, None, Any)
+            return _End(end, repr(end), False, None, Any, plain=True)
         if isinstance(end, Stream):
             raise GraphDefinitionError(
                 f"{where}: {end!r} is the stream of a class, not of a component; write "
@@ -280,6 +296,10 @@ class _Builder:
             )
         if src.topic == dst.topic:
             raise GraphDefinitionError(f"{shown} connects {src.label} to itself")
+        if src.plain:
+            self.topic_ends.append(TopicEnd(src.topic, "source", where, dst.label))
+        if dst.plain:
+            self.topic_ends.append(TopicEnd(dst.topic, "destination", where, src.label))
         return src, dst
 
 
@@ -330,7 +350,14 @@ def build_plan(
                 "a process has one main thread: put those units in different "
                 "process_components"
             )
-    return Plan(builder.units, process_of, _direct_edges(ends), processes, builder.notes)
+    return Plan(
+        builder.units,
+        process_of,
+        _direct_edges(ends),
+        processes,
+        builder.notes,
+        builder.topic_ends,
+    )
 
 
 def _as_list(items: Iterable[object] | None, where: str) -> list[object]:
