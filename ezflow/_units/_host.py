@@ -109,6 +109,7 @@ class _Input:
     unit: Unit
     name: str
     task: asyncio.Task[None] | None = None
+    external: bool = False  # fed only by other programs (Plan.external_inputs)
 
     @property
     def data(self) -> bool:
@@ -123,6 +124,12 @@ class _Input:
             return True
         sub = self.subscriber
         return not sub.queued and not sub.had_publisher
+
+    @property
+    def drained(self) -> bool:
+        """Finished, or fed only by other programs and holding nothing: a stopping
+        graph does not wait for their publishers to end."""
+        return self.finished or (self.external and not self.subscriber.queued)
 
 
 class _CheckedPublisher:
@@ -199,8 +206,10 @@ class UnitHost:
         on_done: Callable[[], None] | None = None,
         end_when_done: bool = False,
         check_types: bool = False,
+        external_inputs: frozenset[str] = frozenset(),
     ) -> None:
         self.units = units
+        self._external_inputs = external_inputs
         self._end_when_done = end_when_done
         self.check_types = check_types
         self.context = context
@@ -296,7 +305,9 @@ class UnitHost:
             # A unit input without a publisher is the graph's design, not a typo (the
             # runner checks the graph's topic names).
             self.context._skip_typo_check(subscriber)
-            self._inputs.append(_Input(subscriber, handlers, unit, name))
+            topic = stream_topic(unit.path, name)
+            external = topic in self._external_inputs
+            self._inputs.append(_Input(subscriber, handlers, unit, name, external=external))
         for fname, role in functions.items():
             if role.publishes and role.subscribes is None:
                 allowed = self._allowed(unit, role, streams, outlets)
@@ -586,7 +597,7 @@ class UnitHost:
                 await self._drain(time.monotonic() + drain_timeout, hurry)
             cut = DrainCut(
                 queued=sum(entry.subscriber.queued for entry in self._inputs if entry.data),
-                inputs=sum(1 for entry in self._inputs if entry.data and not entry.finished),
+                inputs=sum(1 for entry in self._inputs if entry.data and not entry.drained),
             )
             await asyncio.gather(
                 *(entry.subscriber.aclose() for entry in self._inputs), return_exceptions=True
@@ -628,12 +639,15 @@ class UnitHost:
         hurried = asyncio.ensure_future(hurry.wait()) if hurry is not None else None
         try:
             while not (
-                all(entry.finished for entry in self._inputs if entry.data) and not self._closing
+                all(entry.drained for entry in self._inputs if entry.data) and not self._closing
             ):
                 self._settle()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or (hurry is not None and hurry.is_set()):
                     return
+                if any(entry.external and not entry.drained for entry in self._inputs):
+                    # Nothing signals that such an input emptied its queue: look again.
+                    remaining = min(remaining, _EXTERNAL_POLL)
                 self._changed.clear()
                 changed = asyncio.ensure_future(self._changed.wait())
                 waiting = {changed} if hurried is None else {changed, hurried}
@@ -650,6 +664,8 @@ class UnitHost:
 
 #: Seconds to wait for cancelled unit tasks (a task that swallows cancellation is left).
 _CANCEL_TIMEOUT = 2.0
+#: Seconds between looks at the queue of an input fed by other programs, while draining.
+_EXTERNAL_POLL = 0.05
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

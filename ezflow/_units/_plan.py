@@ -87,6 +87,10 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     #: Connection ends that are topic names: the runner checks them at start.
     topic_ends: list[TopicEnd] = field(default_factory=list)
+    #: Unit input topics fed only by topic names (other programs' publishers, as
+    #: ``("GLOBAL_PING_TOPIC", log.INPUT)``): a stopping graph drains what they have
+    #: received without waiting for an end that is not the graph's to give.
+    external_inputs: set[str] = field(default_factory=set)
 
     def units_in(self, process: str) -> list[Unit]:
         return [self.units[path] for path in self.processes.get(process, [])]
@@ -350,13 +354,26 @@ def build_plan(
                 "a process has one main thread: put those units in different "
                 "process_components"
             )
+    edges = _direct_edges(ends)
+    plain = {end.topic for end in builder.topic_ends if end.role == "source"}
+    sources: dict[str, set[str]] = {}
+    for src, dst in edges:
+        sources.setdefault(dst, set()).add(src)
+    inputs = {
+        stream_topic(path, name)
+        for path, unit in builder.units.items()
+        for name, stream in type(unit).streams().items()
+        if stream.direction == "input"
+    }
+    external = {topic for topic, srcs in sources.items() if topic in inputs and srcs <= plain}
     return Plan(
         builder.units,
         process_of,
-        _direct_edges(ends),
+        edges,
         processes,
         builder.notes,
         builder.topic_ends,
+        external,
     )
 
 

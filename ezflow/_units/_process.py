@@ -444,6 +444,7 @@ async def _serve(
                 check_types=bool(boot.get("check_types", False)),
                 on_done=lambda: send({"op": "units_done"}),
                 end_when_done=bool(boot.get("end_when_done", False)),
+                external_inputs=frozenset(boot.get("external_inputs", ())),
             )
             hosts.append(host)
             try:

@@ -332,6 +332,7 @@ class GraphRunner:
                     "check_types": self.check_types,
                     "drain": self._drain_timeout,
                     "end_when_done": self._end_when_done,
+                    "external_inputs": sorted(self.plan.external_inputs),
                 }
             )
         host = UnitHost(
@@ -342,6 +343,7 @@ class GraphRunner:
             check_types=self.check_types,
             on_done=self._local_done,
             end_when_done=self._end_when_done,
+            external_inputs=frozenset(self.plan.external_inputs),
         )
         self._host = host
         setup = asyncio.ensure_future(host.setup())
