@@ -62,6 +62,11 @@ class _Failure:
         return f"unit {self.component}{where} failed {details}"
 
 
+#: Seconds a unit process that died of SIGINT waits to be recognised as ended by the
+#: Ctrl-C that the runner's handler is about to see (see _killed_by_our_ctrl_c).
+_SIGINT_GRACE = 0.1
+
+
 def _signal_name(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -161,6 +166,7 @@ class GraphRunner:
         self._host_done = False
         self._hurry = asyncio.Event()  # stop draining (a second signal, or a failure)
         self._interrupted = False  # a second signal: say what was cut, exit 130
+        self._sigint = False  # stopping because of SIGINT (Ctrl-C), see _killed_by_our_ctrl_c
 
     # -- public API ----------------------------------------------------------------------
 
@@ -381,6 +387,8 @@ class GraphRunner:
                 with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(child.process.wait()), 5)
                 await asyncio.sleep(0)
+                if await self._killed_by_our_ctrl_c(child):
+                    continue
                 if not any(f.process == child.name for f in self._failures):
                     self._failures.append(
                         _Failure(
@@ -537,9 +545,24 @@ class GraphRunner:
                 f"in @main:\n{described.full}",
             )
 
+    async def _killed_by_our_ctrl_c(self, child: ChildProcess) -> bool:
+        """Whether *child* died of the Ctrl-C that stops this graph: until its new
+        session begins, a unit process being started is in the terminal's process group
+        (for a few milliseconds: uvloop prepares the forked child before ``setsid``),
+        and the SIGINT meant for the runner ends it before any unit code ran — not a
+        failure."""
+        if child.process.returncode != -signal.SIGINT:
+            return False
+        if not self._sigint:
+            await asyncio.sleep(_SIGINT_GRACE)  # the runner's handler may run just after
+        if self._sigint:
+            child.stop_requested = True
+            log.debug("process %s ended by the Ctrl-C while it started", child.name)
+        return self._sigint
+
     async def _watch(self, child: ChildProcess) -> None:
         returncode = await child.process.wait()
-        if child.stop_requested:
+        if child.stop_requested or await self._killed_by_our_ctrl_c(child):
             return
         reported = any(f.process == child.name for f in self._failures)
         if not reported:
@@ -906,6 +929,8 @@ class _SignalHandler:
         if runner is None:  # pragma: no cover - attach() handles the pending ones
             return
         self.count += 1
+        if signum == signal.SIGINT:
+            runner._sigint = True
         if self.count == 1:
             drain = runner._drain_timeout
             draining = f"draining up to {drain:g} s; " if drain > 0 else ""
