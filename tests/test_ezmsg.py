@@ -33,7 +33,9 @@ from _ezmsg_graphs import (
     Source,
 )
 from conftest import without_shm_notices
+from ezmsg.util.debuglog import DebugLog, DebugLogSettings
 from ezmsg.util.messages.axisarray import AxisArray, CoordinateAxis
+from ezmsg.util.terminate import TerminateOnTimeout
 
 import ezflow
 import ezflow.compat.ezmsg as compat
@@ -326,6 +328,37 @@ class GainPair(compat.Collection):
 def test_compat_collection_listing_itself_runs_where_its_parent_puts_it() -> None:
     plan = build_plan({"PAIR": GainPair()})
     assert plan.process_of == {"PAIR/FIRST": "", "PAIR/SECOND": "PAIR/SECOND"}
+
+
+class Logged(compat.Collection):
+    """ezmsg's DebugLog and TerminateOnTimeout (ezmsg's own units) in a compat collection,
+    as ezmsg programs write them."""
+
+    GAIN = Gain()
+    LOG = DebugLog(DebugLogSettings(name="LOG"))
+    TERM = TerminateOnTimeout()
+
+    def network(self) -> compat.NetworkDefinition:
+        return ((self.LOG.OUTPUT, self.TERM.INPUT),)
+
+    def process_components(self) -> tuple[Any, ...]:
+        return (self.LOG,)
+
+
+def test_ezmsg_units_inside_a_compat_collection() -> None:
+    first, second = Logged(), Logged()
+    assert first.LOG is not second.LOG  # each instance its own copy, as ezmsg's
+    assert first.LOG is not Logged.LOG
+    plan = build_plan({"SYS": first})
+    assert list(plan.units) == ["SYS/GAIN", "SYS/LOG", "SYS/TERM"]
+    assert isinstance(plan.units["SYS/LOG"], ezflow.ezmsg.EzmsgUnit)
+    assert plan.units["SYS/LOG"].ezmsg_component is first.LOG
+    assert first.LOG.address == "SYS/LOG"  # ezmsg's address, from the ezflow path
+    assert plan.edges == [("SYS/LOG/OUTPUT", "SYS/TERM/INPUT")]
+    assert plan.process_of == {"SYS/GAIN": "", "SYS/LOG": "SYS/LOG", "SYS/TERM": ""}
+    stray = DebugLog()
+    with pytest.raises(ezflow.GraphDefinitionError, match="not in the graph"):
+        build_plan({"SYS": second}, [(stray.OUTPUT, second.TERM.INPUT)])
 
 
 def test_ezflow_run_takes_an_ezmsg_system(tmp_path: Path) -> None:

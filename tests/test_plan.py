@@ -282,3 +282,51 @@ def test_other_frameworks_components_go_through_their_adapter(
     assert plan.units["F"] is adapted
     assert plan.edges == [("F/OUTPUT", "S/INPUT")]
     assert plan.process_of == {"F": "F", "S": ""}
+
+
+def test_topic_names_are_recorded_and_inputs_they_alone_feed_drain_without_an_end() -> None:
+    sine, scale, other = Sine(), Scale(), Scale()
+    plan = build_plan(
+        {"SINE": sine, "SCALE": scale, "OTHER": other},
+        [
+            (sine.OUTPUT, "/sensor/raw"),
+            ("/sensor/rwa", scale.INPUT),
+            ("/sensor/raw", other.INPUT),
+            (sine.OUTPUT, other.INPUT),  # OTHER is fed by the graph too
+        ],
+    )
+    assert plan.topic_ends == [
+        _plan.TopicEnd("/sensor/raw", "destination", "connection 0", "SINE.OUTPUT"),
+        _plan.TopicEnd("/sensor/rwa", "source", "connection 1", "SCALE.INPUT"),
+        _plan.TopicEnd("/sensor/raw", "source", "connection 2", "OTHER.INPUT"),
+    ]
+    assert plan.external_inputs == {"SCALE/INPUT"}
+
+
+def test_ezmsg_wiring_joins_two_outputs_with_a_note_where_ezflow_refuses() -> None:
+    import ezflow.compat.ezmsg as ez  # noqa: PLC0415
+
+    class Relay(ez.Unit):
+        INPUT = ez.InputStream(int)
+        OUTPUT = ez.OutputStream(int)
+
+    class Wired(ez.Collection):
+        A = Relay()
+        B = Relay()
+        C = Relay()
+
+        def network(self) -> ez.NetworkDefinition:
+            return ((self.A.OUTPUT, self.B.OUTPUT), (self.B.OUTPUT, self.C.INPUT))
+
+    plan = build_plan({"W": Wired()})
+    # As in ezmsg: what A publishes reaches B's subscribers too (through B's topic).
+    assert plan.edges == [("W/A/OUTPUT", "W/B/OUTPUT"), ("W/B/OUTPUT", "W/C/INPUT")]
+    assert plan.notes == [
+        "W connection 0 (W/A.OUTPUT -> W/B.OUTPUT) connects two outputs; as in ezmsg, what "
+        "W/A.OUTPUT publishes also reaches the subscribers of W/B.OUTPUT (an "
+        "ezflow.Collection refuses this: it is usually a wiring mistake; connect an "
+        "OutputStream to an InputStream)"
+    ]
+    a, b = Sine(), Sine()
+    with invalid("connects two outputs"):  # ezflow's own components: refused
+        build_plan({"A": a, "B": b}, [(a.OUTPUT, b.OUTPUT)])

@@ -841,8 +841,15 @@ def _check(obj: object, depth: int) -> None:
     if entry is not None:
         if depth >= MAX_DEPTH:
             raise _too_deep()
-        for name in entry.fields:
-            _check(getattr(obj, name), depth + 1)
+        name = ""
+        try:
+            for name in entry.fields:
+                _check(getattr(obj, name), depth + 1)
+        except UnregisteredTypeError as exc:  # named as _Encoder.dataclass_ext names it
+            where = f"{_qualname(tp)}.{name}"
+            raise UnregisteredTypeError(f"{where}: {exc}").with_traceback(
+                exc.__traceback__
+            ) from None
         return
     if isinstance(obj, np.generic):
         _check_dtype(obj.dtype)
