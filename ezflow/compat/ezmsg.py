@@ -1,7 +1,10 @@
 """ezmsg's API on ezflow: ``import ezflow.compat.ezmsg as ez``.
 
-A program written for ezmsg (``import ezmsg.core as ez``) runs on ezflow with only its
-import line changed, and prints what it prints under ezmsg; ezmsg itself need not be
+A program written for ezmsg (``import ezmsg.core as ez``) runs on ezflow with only that
+import line changed, and prints what it prints under ezmsg. Its imports from
+``ezmsg.util`` (``DebugLog``, ``TerminateOnTimeout``, ``gen_to_unit``, ``AxisArray``...)
+stay as they are: ezmsg's own units run inside these collections through ezflow's
+adapter (``ezflow[ezmsg]``); a program that imports only ``ezmsg.core`` needs no ezmsg
 installed. The names are ezmsg's, with ezmsg's semantics where ezflow's differ:
 
 - ``Unit``, ``Collection``: ezflow components that take their settings positionally, as a
@@ -22,7 +25,9 @@ installed. The names are ezmsg's, with ezmsg's semantics where ezflow's differ:
   with the codec (ezmsg pickles any object; ezflow carries
   registered dataclasses, so the processes of the graph can decode them).
 - ``InputTopic``/``OutputTopic`` (and the relays): collection boundaries; ezflow joins
-  the units on either side directly, so no message is copied.
+  the units on either side directly, so no message is copied. As in ezmsg, an output
+  connected to another unit's output joins the two topics (with one warning naming the
+  connection: it is usually a mistake).
 - ``@main``: the graph goes on when it returns, as in ezmsg (ezflow's ``@main`` ends
   the graph); raising ``NormalTermination`` ends it.
 - ``@subscriber(stream, zero_copy=...)`` (ignored: ezflow never copies a message for a
@@ -32,7 +37,8 @@ installed. The names are ezmsg's, with ezmsg's semantics where ezflow's differ:
 - ``Complete`` ends the function that raised it; ``NormalTermination`` ends the graph.
 - ``run(system)`` positional (named ``SYSTEM``, as in ezmsg), or ``run(NAME=component,
   ...)`` / ``run(components={...})``, with ``connections``, ``process_components``,
-  ``graph_address`` and ``force_single_process``.
+  ``graph_address`` and ``force_single_process``; a system without units runs as
+  nothing (returns at once), as in ezmsg.
 - ``logger``: ezmsg's format, ``INFO`` and below on stdout, warnings on stderr, level
   from ``EZMSG_LOGLEVEL``.
 - ``Settings``, ``State``, ``Flag``, ``Message``, ``NetworkDefinition``, ``Component``,
