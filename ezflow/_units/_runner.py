@@ -906,23 +906,27 @@ class _SignalHandler:
         self._runner: GraphRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[int] = []
+        # attach() may run on the loop's thread while a signal arrives on the main
+        # thread (@main); reentrant: on one thread, the handler interrupts attach().
+        self._lock = threading.RLock()
 
     def arrived(self, signum: int, frame: object = None) -> None:
-        loop = self._loop
-        if loop is not None:
-            try:
-                loop.call_soon_threadsafe(self.received, signum)
+        with self._lock:
+            loop = self._loop
+            if loop is None:
+                self._pending.append(signum)
                 return
-            except RuntimeError:  # the loop is closed: run() is about to return
-                pass
-        self._pending.append(signum)
+        with contextlib.suppress(RuntimeError):  # a closed loop: run() is returning
+            loop.call_soon_threadsafe(self.received, signum)
 
     def attach(self, runner: GraphRunner, loop: asyncio.AbstractEventLoop) -> None:
         """Handle the signals that arrive from now on, and those that came before."""
-        self._runner = runner
-        self._loop = loop
-        while self._pending:
-            self.received(self._pending.pop(0))
+        with self._lock:
+            self._runner = runner
+            self._loop = loop
+            pending, self._pending = self._pending, []
+        for signum in pending:
+            self.received(signum)
 
     def received(self, signum: int) -> None:
         runner = self._runner
@@ -934,9 +938,11 @@ class _SignalHandler:
         if self.count == 1:
             drain = runner._drain_timeout
             draining = f"draining up to {drain:g} s; " if drain > 0 else ""
-            again = "Ctrl-C" if signum == signal.SIGINT else "a signal"
-            how = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
-            _say(f"stopping{how}: {draining}{again} again to stop now")
+            if signum == signal.SIGINT:
+                _say(f"stopping: {draining}Ctrl-C again to stop now")
+            else:
+                name = signal.Signals(signum).name
+                _say(f"stopping ({name}): {draining}signal again to stop now")
             runner.request_stop()
         elif self.count == 2:
             runner.hurry()
