@@ -954,11 +954,17 @@ class _SignalHandler:
 @contextlib.contextmanager
 def _catching(signals: _SignalHandler) -> Iterator[None]:
     """SIGINT and SIGTERM go to *signals* while the block runs (from the main thread:
-    elsewhere signals cannot be caught, and the caller handles them)."""
+    elsewhere signals cannot be caught, and the caller handles them), unless the program
+    ignores them."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, signals.arrived) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # A signal the program ignores (a background job's SIGINT, nohup's) stays ignored.
+    previous = {
+        sig: signal.signal(sig, signals.arrived)
+        for sig in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
