@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -330,3 +331,31 @@ def test_ezmsg_wiring_joins_two_outputs_with_a_note_where_ezflow_refuses() -> No
     a, b = Sine(), Sine()
     with invalid("connects two outputs"):  # ezflow's own components: refused
         build_plan({"A": a, "B": b}, [(a.OUTPUT, b.OUTPUT)])
+
+
+@dataclasses.dataclass
+class Unregistered:  # deliberately not registered
+    value: float
+
+
+class SendsUnregistered(ezflow.Unit):
+    OUTPUT = ezflow.OutputStream(Unregistered)
+
+
+class TakesUnregistered(ezflow.Unit):
+    INPUT = ezflow.InputStream(Unregistered)
+
+
+def test_an_unregistered_declared_class_between_processes_fails_at_start() -> None:
+    source, sink = SendsUnregistered(), TakesUnregistered()
+    graph = {"SOURCE": source, "SINK": sink}
+    connections = [(source.OUTPUT, sink.INPUT)]
+    build_plan(graph, connections)  # one process: messages pass by reference
+    build_plan(graph, connections, [sink], force_single_process=True)
+    with invalid(
+        rf"^SOURCE.OUTPUT declares {__name__}.Unregistered, a dataclass that is not "
+        r"registered, and is connected to SINK.INPUT in another process \(SINK\): its "
+        r"messages cannot travel there; decorate Unregistered with @ezflow.message \(or "
+        r"call ezflow.register_message\(Unregistered\)\) at module level$"
+    ):
+        build_plan(graph, connections, [sink])

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from .._core._codec import KNOWN_MESSAGE_MODULES, registered_name
 from .._core._protocol import check_topic
 from ._component import Collection, Component, Unit
 from ._errors import GraphDefinitionError
@@ -355,6 +356,7 @@ def build_plan(
                 "process_components"
             )
     edges = _direct_edges(ends)
+    _check_declared_classes_travel(builder, edges, process_of)
     plain = {end.topic for end in builder.topic_ends if end.role == "source"}
     sources: dict[str, set[str]] = {}
     for src, dst in edges:
@@ -375,6 +377,38 @@ def build_plan(
         builder.topic_ends,
         external,
     )
+
+
+def _check_declared_classes_travel(
+    builder: _Builder, edges: list[tuple[str, str]], process_of: dict[str, str]
+) -> None:
+    """Raise :class:`GraphDefinitionError` for an output that declares a dataclass that
+    is not registered and is connected to an input in another process: its messages
+    could not travel there (found at start, not at the first message)."""
+    owners: dict[str, tuple[str, Any, str]] = {}  # topic -> (unit path, type, label)
+    for path, unit in builder.units.items():
+        for name, stream in type(unit).streams().items():
+            bound = unit._bound_stream(stream)
+            owners[stream_topic(path, name)] = (path, bound.message_type, f"{path}.{name}")
+    for src, dst in edges:
+        source, sink = owners.get(src), owners.get(dst)
+        if source is None or sink is None or process_of[source[0]] == process_of[sink[0]]:
+            continue
+        declared = source[1]
+        if (
+            isinstance(declared, type)
+            and dataclasses.is_dataclass(declared)
+            and registered_name(declared) is None
+            and declared.__module__ not in KNOWN_MESSAGE_MODULES
+        ):
+            module = "__main__" if declared.__module__ == "__mp_main__" else declared.__module__
+            raise GraphDefinitionError(
+                f"{source[2]} declares {module}.{declared.__qualname__}, a dataclass that is "
+                f"not registered, and is connected to {sink[2]} in another process "
+                f"({process_of[sink[0]] or 'main'}): its messages cannot travel there; "
+                f"decorate {declared.__qualname__} with @ezflow.message (or call "
+                f"ezflow.register_message({declared.__qualname__})) at module level"
+            )
 
 
 def _as_list(items: Iterable[object] | None, where: str) -> list[object]:
