@@ -39,7 +39,7 @@ from ._core._config import COMPAT_MAIN_POLL_INTERVAL
 from ._units._component import Collection, Component, Connection, Unit
 from ._units._decorators import main, publisher, subscriber, task, thread
 from ._units._errors import Complete, GraphDefinitionError, NormalTermination
-from ._units._plan import register_graph_adapter
+from ._units._foreign import register_graph_adapter
 from ._units._settings import Settings
 from ._units._streams import BoundStream, InputStream, OutputStream, Stream
 
@@ -108,6 +108,7 @@ class _Adapted:
 
     _ezmsg: Any
     _ezmsg_class: ClassVar[type[Any]]
+    _ezflow_ezmsg_wiring = True
 
     def _adapted_init(self, component: Any) -> None:
         self._ezmsg = component
@@ -401,15 +402,9 @@ class _Adapter:
         return pair
 
     def placed(self, entry: Any) -> Any:
-        return self._components.get(id(entry), entry)
-
-
-def _adapt_graph(
-    components: dict[str, object], connections: list[object], placed: list[object]
-) -> tuple[dict[str, object], list[object], list[object]]:
-    adapter = _Adapter()
-    graph = {name: adapter.component(c) for name, c in components.items()}
-    return graph, [adapter.connection(p) for p in connections], [adapter.placed(e) for e in placed]
+        if isinstance(entry, ez.Component):
+            return self.component(entry)  # the plan says whether it is in the graph
+        return entry
 
 
 def adapt(component: Any) -> Component:
@@ -421,4 +416,4 @@ def adapt(component: Any) -> Component:
     return cast(Component, _Adapter().component(component))
 
 
-register_graph_adapter("ezmsg", _adapt_graph)
+register_graph_adapter("ezmsg", _Adapter, component_base="ezmsg.core.component.Component")

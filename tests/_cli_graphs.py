@@ -13,6 +13,7 @@ The functions return graphs that end in a known way (for exit codes).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -111,3 +112,84 @@ def dying() -> dict[str, Any]:
 
 
 NOT_A_GRAPH = 42
+
+
+# -- Ctrl-C and failures, as users meet them ------------------------------------------
+
+#: Directory where units of SLOW write ``shutdown-<path>`` when their shutdown() ran.
+ENV_MARKERS = "EZFLOW_TEST_MARKERS"
+
+
+def _mark(unit: ezflow.Unit) -> None:
+    directory = os.environ.get(ENV_MARKERS)
+    if directory:
+        with open(os.path.join(directory, "shutdown-" + unit.path.replace("/", "-")), "w"):
+            pass
+
+
+class Flood(ezflow.Unit):
+    OUTPUT = ezflow.OutputStream(int)
+
+    @ezflow.publisher(OUTPUT)
+    async def flood(self) -> AsyncIterator[tuple[Any, int]]:
+        i = 0
+        while True:
+            yield self.OUTPUT, i
+            i += 1
+
+    def shutdown(self) -> None:
+        _mark(self)
+
+
+class Slow(ezflow.Unit):
+    """Takes 0.2 s per message: a drain of what the flood queued takes long."""
+
+    INPUT = ezflow.InputStream(int)
+
+    @ezflow.subscriber(INPUT)
+    async def take(self, value: int) -> None:
+        await asyncio.sleep(0.2)
+
+    def shutdown(self) -> None:
+        _mark(self)
+
+
+def slow() -> dict[str, Any]:
+    """A source flooding a slow sink in its own process: stopping it drains for long."""
+    flood, sink = Flood(), Slow()
+    return {
+        "components": {"FLOOD": flood, "SINK": sink},
+        "connections": [(flood.OUTPUT, sink.INPUT)],
+        "process_components": [sink],
+    }
+
+
+@dataclasses.dataclass
+class Reading:  # deliberately not registered
+    value: float
+
+
+class SendsUnregistered(ezflow.Unit):
+    OUTPUT = ezflow.OutputStream()
+
+    @ezflow.publisher(OUTPUT)
+    async def send(self) -> AsyncIterator[tuple[Any, Reading]]:
+        yield self.OUTPUT, Reading(1.0)  # the line a failure names
+
+
+class Takes(ezflow.Unit):
+    INPUT = ezflow.InputStream()
+
+    @ezflow.subscriber(INPUT)
+    def take(self, message: Any) -> None:
+        pass
+
+
+def unregistered() -> dict[str, Any]:
+    """Ends with a UnitError: a unit in its own process yields an unregistered class."""
+    source, sink = SendsUnregistered(), Takes()
+    return {
+        "components": {"SOURCE": source, "SINK": sink},
+        "connections": [(source.OUTPUT, sink.INPUT)],
+        "process_components": [source],
+    }

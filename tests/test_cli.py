@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer.main
 from _proc import ezflow_cli
 from _prometheus import http_get, parse_exposition
 from conftest import without_shm_notices
 from rich.console import Console
+from rich.text import Text
 from typer.testing import CliRunner
 
 from ezflow._cli._app import app
@@ -132,6 +134,25 @@ def test_every_command_has_help_with_examples_and_the_address_option(command: st
     assert "ezflow " + command in result.stdout
     assert "--address" in result.stdout
     assert "EZFLOW_GRAPH_ADDRESS" in result.stdout
+
+
+def _help_texts(command: Any, path: str) -> Iterator[tuple[str, str]]:
+    yield path, command.help or ""
+    for param in command.params:
+        yield f"{path} {param.name}", getattr(param, "help", None) or ""
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _help_texts(sub, f"{path} {name}")
+
+
+def test_help_shows_every_character_as_written() -> None:
+    # Typer reads help as rich markup: "ezflow[zenoh]" lost its "[zenoh]" (a style tag).
+    # Every help text is plain text, its "[" escaped where rich would take a tag.
+    texts = list(_help_texts(typer.main.get_command(app), "ezflow"))
+    assert len(texts) > 50
+    for where, text in texts:
+        assert Text.from_markup(text).plain == text.replace("\\[", "["), where
+    assert "pip install 'ezflow[zenoh]'" in invoke("zenoh", "--help").stdout
+    assert "(ezflow[zenoh]" in " ".join(invoke("graph", "--help").stdout.split())
 
 
 @pytest.mark.parametrize(

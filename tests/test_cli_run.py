@@ -4,9 +4,11 @@ a running graph, and every example in the commands' ``--help`` run as written.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -159,10 +161,12 @@ def _commands() -> list[tuple[str, Any]]:
 
 def _examples() -> list[tuple[str, Any, list[str]]]:
     """(command name, command, the example's words) for every example line of every
-    command's help: the lines that run ``ezflow <that command>``, pipes cut off."""
+    command's help: the lines that run ``ezflow <that command>`` (a line that ends in
+    ``\\`` goes on in the next, as in a shell), pipes cut off."""
     found = []
     for name, command in _commands():
-        for text in (command.help or "").splitlines():
+        lines = re.sub(r"\\\n\s*", "", command.help or "").splitlines()
+        for text in lines:
             line = text.strip().split(" | ")[0].split(" > ")[0]
             if f"ezflow {name} " in f"{line} ":
                 found.append((name, command, shlex.split(line)))
@@ -209,3 +213,164 @@ def test_run_help_example_runs_as_written(words: list[str]) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip(), "the example printed nothing"
     assert time.monotonic() - started < 60
+
+
+# -- Ctrl-C, as a terminal sends it (SIGINT to the process group) -----------------------
+
+COMMAND = Path(sys.executable).with_name("ezflow")  # the console script
+
+
+def _start(args: list[str], err: Path, **env: str) -> subprocess.Popen[str]:
+    with open(err, "w") as stderr:
+        return subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "EZFLOW_GRAPH_ADDRESS": "127.0.0.1:0", **env},
+            start_new_session=True,  # a shell job: its own process group
+        )
+
+
+def _ctrl_c(process: subprocess.Popen[str]) -> None:
+    os.killpg(process.pid, signal.SIGINT)
+
+
+def _wait_for(path: Path, text: str, process: subprocess.Popen[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        assert process.poll() is None, path.read_text()
+        assert time.monotonic() < deadline, f"no {text!r} after {timeout} s: {path.read_text()}"
+        time.sleep(0.02)
+
+
+STOPPING = "stopping: draining up to 5 s; Ctrl-C again to stop now\n"
+
+
+def _numpy_loaded(pid: int) -> bool:
+    """Whether process *pid* is importing ezflow (numpy's extension is mapped): past
+    the interpreter's own start-up, which no program can make Ctrl-C-safe."""
+    with contextlib.suppress(OSError):
+        return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
+    return False
+
+
+def _has_child(pid: int) -> bool:
+    """Whether process *pid* started a unit process (it is still importing then)."""
+    with contextlib.suppress(OSError):
+        return any(
+            Path(f"/proc/{pid}/task/{task}/children").read_text().strip()
+            for task in os.listdir(f"/proc/{pid}/task")
+        )
+    return False
+
+
+@pytest.mark.skipif(not COMMAND.is_file(), reason="the ezflow command is not installed here")
+def test_ctrl_c_while_ezflow_run_starts_prints_no_traceback(tmp_path: Path) -> None:
+    # Four runs at once, each interrupted at another moment: as soon as ezflow imports,
+    # as soon as the first unit process exists (importing), and 0.2, 0.5 and 1 s later
+    # than ezflow began importing. (Counted from there: the interpreter's own start-up,
+    # before any code of ezflow's, is no program's to make Ctrl-C-safe, and on a loaded
+    # machine it alone can take half a second.)
+    moments: list[Any] = [0.0, _has_child, 0.2, 0.5, 1.0]
+    runs = []
+    for index in range(len(moments)):
+        err = tmp_path / f"{index}.err"
+        runs.append((_start([str(COMMAND), "run", f"{GRAPHS}:TICKER"], err), err))
+    importing: dict[int, float] = {}  # run -> when ezflow began importing
+    pending = dict(enumerate(moments))
+    deadline = time.monotonic() + 30
+    while pending:
+        now = time.monotonic()
+        for index, moment in list(pending.items()):
+            process = runs[index][0]
+            if index not in importing and _numpy_loaded(process.pid):
+                importing[index] = now
+            if isinstance(moment, float):
+                due = index in importing and now >= importing[index] + moment
+            else:
+                due = moment(process.pid)
+            if due or process.poll() is not None or now > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    _ctrl_c(process)
+                del pending[index]
+        time.sleep(0.002)
+    for (process, err), moment in zip(runs, moments, strict=True):
+        try:
+            process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+        text = without_shm_notices(err.read_text())
+        assert "Traceback" not in text and "KeyboardInterrupt" not in text, (moment, text)
+        # Before the graph exists: interrupted (130), quietly; after: it stopped (0).
+        lines = [line for line in text.splitlines(keepends=True) if "ezflow run:" not in line]
+        assert (process.returncode, lines) in ((130, []), (0, [STOPPING])), (moment, text)
+        if moment == 0.0:
+            assert process.returncode == 130  # interrupted while ezflow imported
+        if moment is _has_child:
+            assert process.returncode == 0  # the graph stopped
+
+
+@pytest.mark.skipif(not COMMAND.is_file(), reason="the ezflow command is not installed here")
+def test_a_second_ctrl_c_stops_now_says_what_it_cut_and_runs_every_shutdown(
+    tmp_path: Path,
+) -> None:
+    err = tmp_path / "slow.err"
+    process = _start(
+        [str(COMMAND), "run", f"{GRAPHS}:slow"],
+        err,
+        EZFLOW_DRAIN_TIMEOUT="60",  # the drain would take ~13 s: the flood's 64 in flight
+        EZFLOW_TEST_MARKERS=str(tmp_path),
+    )
+    try:
+        _wait_for(err, "ezflow run: graph server", process)
+        time.sleep(0.5)  # the sink's backlog builds up
+        _ctrl_c(process)
+        _wait_for(err, "stopping: draining up to 60 s", process)
+        started = time.monotonic()
+        _ctrl_c(process)
+        process.communicate(timeout=30)
+        elapsed = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    text = without_shm_notices(err.read_text())
+    assert process.returncode == 130, text
+    assert elapsed < 10, text
+    lines = text.splitlines()
+    assert lines[1:-1] == ["stopping: draining up to 60 s; Ctrl-C again to stop now"], text
+    found = re.fullmatch(
+        r"stopped now: (\d+) message\(s\) received and not handled were cut, 1 input\(s\) "
+        r"had not ended \(SINK: \1 queued, 1 open\)",
+        lines[-1],
+    )
+    assert found and int(found.group(1)) > 0, lines[-1]
+    assert (tmp_path / "shutdown-FLOOD").exists()
+    assert (tmp_path / "shutdown-SINK").exists()  # in its own process, after the cut
+
+
+def test_a_unit_failure_ends_with_the_users_file_and_line() -> None:
+    result = ezflow("run", f"{GRAPHS}:unregistered", "-a", "127.0.0.1:0", "-q")
+    assert result.returncode == 1, result.stderr
+    err = without_shm_notices(result.stderr)
+    line = next(
+        number
+        for number, text in enumerate(Path(GRAPHS).read_text().splitlines(), 1)
+        if "the line a failure names" in text
+    )
+    assert err.splitlines() == [
+        "error: unit SOURCE (process SOURCE) failed in send:",
+        f'  File "{GRAPHS}", line {line}, in send',
+        "    yield self.OUTPUT, Reading(1.0)  # the line a failure names",
+        f"{GRAPHS}:{line}: ezflow.UnregisteredTypeError: SOURCE/OUTPUT: cannot encode "
+        "_cli_graphs.Reading: it is a dataclass that is not registered; decorate it with "
+        "@ezflow.message or call ezflow.register_message(Reading) in every process that "
+        "sends or receives it",
+    ]
+    verbose = ezflow("run", f"{GRAPHS}:unregistered", "-a", "127.0.0.1:0", "-q", "-v")
+    assert verbose.returncode == 1
+    assert "ezflow/_core/_codec.py" in verbose.stderr  # -v: ezflow's frames too

@@ -3,6 +3,7 @@ limits, and that malformed bodies only ever raise ProtocolError."""
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import dataclasses
@@ -730,6 +731,26 @@ def test_unsupported_types(obj: object, name: str) -> None:
 def test_unregistered_dataclass_message_mentions_registration() -> None:
     with pytest.raises(UnregisteredTypeError, match=r"Unregistered.*register_message"):
         DEFAULT_CODEC.encode(Unregistered(1))
+
+
+def test_what_cannot_be_encoded_is_named_with_its_field_and_the_fix() -> None:
+    # A field of a dataclass (nested ones add theirs), a buffer that is not bytes-like
+    # (array.array: what to send instead), a script's class as __main__ (not the
+    # __mp_main__ a unit process imports it as).
+    nested = Frozen("x", Point(array.array("b", [0]), 0))  # type: ignore[arg-type]
+    for operation in (DEFAULT_CODEC.encode, DEFAULT_CODEC.validate):
+        with pytest.raises(UnregisteredTypeError) as info:
+            operation(nested)
+        assert str(info.value) == (
+            f"{__name__}.Frozen.point: {__name__}.Point.x: cannot encode an object of type "
+            "array.array; it holds a buffer: send numpy.asarray(x) (an array of its items) "
+            "or memoryview(x) (its bytes) instead"
+        )
+    script_class = type(Unregistered)("Reading", (), {"__module__": "__mp_main__"})
+    with pytest.raises(
+        UnregisteredTypeError, match=r"^cannot encode an object of type __main__\.Reading;"
+    ):
+        DEFAULT_CODEC.encode(script_class())
 
 
 @pytest.mark.parametrize("value", [2**64, -(2**63) - 1, 10**100])

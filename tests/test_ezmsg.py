@@ -5,11 +5,18 @@ ezmsg is installed (as with ezmsg 3.9, which ezmsg-sigproc no longer accepts).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
+import importlib.metadata
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import tarfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +33,9 @@ from _ezmsg_graphs import (
     Source,
 )
 from conftest import without_shm_notices
+from ezmsg.util.debuglog import DebugLog, DebugLogSettings
 from ezmsg.util.messages.axisarray import AxisArray, CoordinateAxis
+from ezmsg.util.terminate import TerminateOnTimeout
 
 import ezflow
 import ezflow.compat.ezmsg as compat
@@ -321,6 +330,37 @@ def test_compat_collection_listing_itself_runs_where_its_parent_puts_it() -> Non
     assert plan.process_of == {"PAIR/FIRST": "", "PAIR/SECOND": "PAIR/SECOND"}
 
 
+class Logged(compat.Collection):
+    """ezmsg's DebugLog and TerminateOnTimeout (ezmsg's own units) in a compat collection,
+    as ezmsg programs write them."""
+
+    GAIN = Gain()
+    LOG = DebugLog(DebugLogSettings(name="LOG"))
+    TERM = TerminateOnTimeout()
+
+    def network(self) -> compat.NetworkDefinition:
+        return ((self.LOG.OUTPUT, self.TERM.INPUT),)
+
+    def process_components(self) -> tuple[Any, ...]:
+        return (self.LOG,)
+
+
+def test_ezmsg_units_inside_a_compat_collection() -> None:
+    first, second = Logged(), Logged()
+    assert first.LOG is not second.LOG  # each instance its own copy, as ezmsg's
+    assert first.LOG is not Logged.LOG
+    plan = build_plan({"SYS": first})
+    assert list(plan.units) == ["SYS/GAIN", "SYS/LOG", "SYS/TERM"]
+    assert isinstance(plan.units["SYS/LOG"], ezflow.ezmsg.EzmsgUnit)
+    assert plan.units["SYS/LOG"].ezmsg_component is first.LOG
+    assert first.LOG.address == "SYS/LOG"  # ezmsg's address, from the ezflow path
+    assert plan.edges == [("SYS/LOG/OUTPUT", "SYS/TERM/INPUT")]
+    assert plan.process_of == {"SYS/GAIN": "", "SYS/LOG": "SYS/LOG", "SYS/TERM": ""}
+    stray = DebugLog()
+    with pytest.raises(ezflow.GraphDefinitionError, match="not in the graph"):
+        build_plan({"SYS": second}, [(stray.OUTPUT, second.TERM.INPUT)])
+
+
 def test_ezflow_run_takes_an_ezmsg_system(tmp_path: Path) -> None:
     """`ezflow run FILE:OBJECT` where OBJECT is a function returning an ezmsg Collection
     (ezmsg's own classes, the program as ezmsg users write it)."""
@@ -342,3 +382,291 @@ def test_ezflow_run_takes_an_ezmsg_system(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     printed = [line for line in result.stdout.splitlines() if line.startswith("Current Count")]
     assert printed == [f"Current Count: {i}" for i in range(1, 4)]
+
+
+# -- ezmsg's own examples, from its sdist, with only their import line changed -----------
+#
+# The examples of the sdist of the ezmsg installed here that import from ezmsg.util, run
+# under ezmsg and as they are but for `import ezmsg.core as ez` ->
+# `import ezflow.compat.ezmsg as ez` (their ezmsg.util units run on ezflow through the
+# adapter), all at once in the background while the tests below wait for theirs.
+
+SDIST_RUN = {
+    "ezmsg_configs.py": "eleven systems in turn: hanging publishers and subscribers, "
+    "passthrough collections, a system without units, DebugLog",
+    "ezmsg_generator.py": "generator units, AxisArray and replace(), gen_to_unit, DebugLog; "
+    "its own wiring mistake (an output connected to an output) and its own AttributeError",
+    "ezmsg_attach.py": "a second program attaching a DebugLog to ezmsg_toy.py's topic",
+}
+SDIST_NOT_RUN = {
+    "ezmsg_count.py": "its CountMessage (an unregistered dataclass, on a stream declared "
+    "int) carries an array.array: ezflow's codec carries neither (ezmsg pickles them); it "
+    "fails at the first message with one line naming the class, the stream and the fix",
+}
+_SDIST_LOG_LINE = re.compile(
+    r"^\S+ \S+ - pid: \d+ - .*? - (?:INFO|DEBUG|WARNING|ERROR) - (\S+): (.*)$"
+)
+#: ezflow's lines on stderr (not in ezmsg's log format): the Ctrl-C lines and warnings.
+_EZFLOW_SAYS = ("stopping: ", "stopped now: ", "SYSTEM connection ")
+_PIP_SDIST = ("--no-deps", "--no-binary", ":all:", "-q", "-d")
+_UTIL_IMPORT = re.compile(r"^from (ezmsg\.util[\w.]*) import", re.MULTILINE)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class _Program:
+    """A program started in a session of its own, its output in files."""
+
+    def __init__(self, path: Path, env: dict[str, str], *args: str) -> None:
+        self.path = path
+        stem = f"{path.parent.name}-{path.stem}{'-' + args[-1] if args else ''}"
+        self.out_path = path.parent.parent / f"{stem}.out"
+        self.err_path = path.parent.parent / f"{stem}.err"
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, *args] if args else [sys.executable, str(path)],
+                stdout=out,
+                stderr=err,
+                env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1", **env},
+                cwd=path.parent,
+                start_new_session=True,
+            )
+
+    @property
+    def out(self) -> str:
+        return self.out_path.read_text()
+
+    @property
+    def err(self) -> str:
+        return without_shm_notices(self.err_path.read_text())
+
+    def wait_for(self, text: str, count: int = 1, timeout: float = 30, stream: str = "out") -> None:
+        deadline = time.monotonic() + timeout
+        while (self.out + self.err if stream == "err" else self.out).count(text) < count:
+            assert self.process.poll() is None, f"{self.path.name} exited: {self.err}"
+            assert time.monotonic() < deadline, f"{self.path.name}: no {text!r} in {timeout} s"
+            time.sleep(0.05)
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+
+    def finish(self, timeout: float = 60) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def _sdist_examples(cache: Path, tmp: Path) -> Path:
+    """The sdist of the ezmsg installed here, unpacked into *tmp*: downloaded into
+    *cache* (pytest's cache directory) the first time, or a skip when pip cannot get it
+    (no network)."""
+    wanted = importlib.metadata.version("ezmsg")
+    archive_path = cache / f"ezmsg-{wanted}.tar.gz"
+    if not archive_path.is_file():
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", f"ezmsg=={wanted}", *_PIP_SDIST, str(cache)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if result.returncode != 0 or not archive_path.is_file():
+            pytest.skip(f"cannot download ezmsg {wanted}'s sdist: {result.stderr.strip()[-300:]}")
+    with tarfile.open(archive_path) as archive:
+        archive.extractall(tmp)
+    return tmp / f"ezmsg-{wanted}"
+
+
+@pytest.fixture(scope="module")
+def sdist_runs(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[dict[str, Any]]:
+    """Start every example both ways at once; the tests wait for what they need."""
+    root = tmp_path_factory.mktemp("ezmsg-sdist")
+    assert pytestconfig.cache is not None
+    sdist = _sdist_examples(pytestconfig.cache.mkdir("ezmsg-sdist"), root)
+    examples = sdist / "examples"
+    variants: dict[str, Path] = {"ezmsg": root / "ezmsg", "compat": root / "compat"}
+    for directory in variants.values():
+        directory.mkdir()
+    for source in examples.glob("*.py"):
+        text = source.read_text()
+        (variants["ezmsg"] / source.name).write_text(text)
+        (variants["compat"] / source.name).write_text(text.replace(_EZMSG_IMPORT, _COMPAT_IMPORT))
+    # Each program on a graph server of its own (ezmsg starts one on a free port when
+    # none answers at its default address), but for ezmsg's toy and attach: they share
+    # one, ezmsg's standalone server (given an address, ezmsg starts none) and ezflow's
+    # embedded in the toy's run.
+    env: dict[str, dict[str, str]] = {
+        "ezmsg": {},
+        "compat": {"EZFLOW_GRAPH_ADDRESS": "127.0.0.1:0"},
+    }
+    shared = {
+        "ezmsg": {"EZMSG_GRAPHSERVER_ADDR": f"127.0.0.1:{_free_port()}"},
+        "compat": {"EZFLOW_GRAPH_ADDRESS": f"127.0.0.1:{_free_port()}"},
+    }
+    programs: dict[tuple[str, str], _Program] = {}
+    server = _Program(variants["ezmsg"] / "serve", shared["ezmsg"], "-m", "ezmsg.core", "serve")
+    try:
+        for variant, directory in variants.items():
+            for name in ("ezmsg_configs.py", "ezmsg_generator.py"):
+                programs[variant, name] = _Program(directory / name, env[variant])
+        programs["compat", "ezmsg_count.py"] = _Program(
+            variants["compat"] / "ezmsg_count.py", env["compat"]
+        )
+        programs["compat", "ezmsg_toy.py"] = _Program(
+            variants["compat"] / "ezmsg_toy.py", shared["compat"]
+        )
+        server.wait_for("Servers running", stream="err")
+        programs["ezmsg", "ezmsg_toy.py"] = _Program(
+            variants["ezmsg"] / "ezmsg_toy.py", shared["ezmsg"]
+        )
+        for variant, directory in variants.items():
+            programs[variant, "ezmsg_toy.py"].wait_for("Spawning PING")  # its topics exist
+            programs[variant, "ezmsg_attach.py"] = _Program(
+                directory / "ezmsg_attach.py", shared[variant]
+            )
+        yield {
+            "examples": examples,
+            "sdist": sdist,
+            "variants": variants,
+            "programs": programs,
+            "shared": shared,
+        }
+    finally:
+        for program in programs.values():
+            program.interrupt()
+        for program in programs.values():
+            try:
+                program.process.wait(15)
+            except subprocess.TimeoutExpired:
+                program.kill()
+        server.kill()
+
+
+def _util_functions(sdist: Path, source: str) -> set[str]:
+    """The functions of the ezmsg.util modules *source* imports (DebugLog.log, ...):
+    their log lines are the program's output too."""
+    names: set[str] = set()
+    for module in _UTIL_IMPORT.findall(source):
+        path = sdist / "src" / Path(*module.split(".")).with_suffix(".py")
+        names |= set(re.findall(r"def (\w+)", path.read_text()))
+    return names
+
+
+def _printed(runs: dict[str, Any], variant: str, name: str, program: _Program) -> list[str]:
+    source = (runs["examples"] / name).read_text()
+    own = set(re.findall(r"def (\w+)", source)) | _util_functions(runs["sdist"], source)
+    own.add("<module>")
+    lines = []
+    for line in (program.out + program.err).splitlines():
+        match = _SDIST_LOG_LINE.match(line)
+        if match is None and line.startswith(_EZFLOW_SAYS):
+            continue  # ezflow's own words (Ctrl-C, warnings), on stderr
+        if match is None or match.group(1) in own:
+            lines.append(_NUMBER.sub("#", line if match is None else match.group(2)))
+    return lines
+
+
+def test_sdist_examples_that_import_ezmsg_util_are_all_accounted_for(
+    sdist_runs: dict[str, Any],
+) -> None:
+    importing = {
+        path.name
+        for path in sdist_runs["examples"].glob("*.py")
+        if _UTIL_IMPORT.search(path.read_text())
+    }
+    assert importing == set(SDIST_RUN) | set(SDIST_NOT_RUN)
+    for name in importing:  # only the import line changed
+        ours = (sdist_runs["variants"]["compat"] / name).read_text().splitlines()
+        theirs = (sdist_runs["examples"] / name).read_text().splitlines()
+        changed = [(a, b) for a, b in zip(theirs, ours, strict=True) if a != b]
+        assert changed == [(_EZMSG_IMPORT.strip(), _COMPAT_IMPORT.strip())]
+
+
+def test_sdist_configs_prints_what_ezmsg_prints(sdist_runs: dict[str, Any]) -> None:
+    printed = {}
+    for variant in ("ezmsg", "compat"):
+        program = sdist_runs["programs"][variant, "ezmsg_configs.py"]
+        assert program.finish() == 0, program.err
+        # A generator at 4 Hz next to a terminator after 1 s: its 4th message (3) races
+        # with the end, under ezmsg too; the three before it do not.
+        printed[variant] = [
+            line
+            for line in _printed(sdist_runs, variant, "ezmsg_configs.py", program)
+            if not re.fullmatch(r"DEBUG - msg=([3-9]|\d\d+)", line)
+        ]
+    assert printed["compat"] == printed["ezmsg"]
+    assert printed["ezmsg"].count("DEBUG - msg=2") == 3  # it printed something
+    assert sum(line.startswith("Testing ") for line in printed["ezmsg"]) == 11
+
+
+def test_sdist_generator_prints_what_ezmsg_prints(sdist_runs: dict[str, Any]) -> None:
+    printed, last = {}, {}
+    for variant in ("ezmsg", "compat"):
+        program = sdist_runs["programs"][variant, "ezmsg_generator.py"]
+        assert program.finish() == 1, program.err  # its gen_to_unit system's AttributeError
+        printed[variant] = _printed(sdist_runs, variant, "ezmsg_generator.py", program)
+        last[variant] = program.err.strip().splitlines()[-1]
+    assert (
+        printed["compat"][: printed["compat"].index("Running ezmsg system with gen-to-unit")]
+        == (printed["ezmsg"][: printed["ezmsg"].index("Running ezmsg system with gen-to-unit")])
+    )
+    assert sum("DEBUG - msg=AxisArray" in line for line in printed["compat"]) == 2
+    assert (
+        last["compat"]
+        == last["ezmsg"]
+        == ("AttributeError: 'PowUnit' object has no attribute 'INPUT'")
+    )
+    err = sdist_runs["programs"]["compat", "ezmsg_generator.py"].err
+    # Its wiring mistake runs as under ezmsg, and is named (once per run of the system).
+    wiring = "SYSTEM connection 3 (SYSTEM/ADD_12.OUTPUT -> SYSTEM/POW_0_5.OUTPUT) connects two"
+    assert err.count(wiring) == 1
+    assert "/ezflow/" not in err  # the user's frames only
+
+
+def test_sdist_attach_prints_what_ezmsg_prints(sdist_runs: dict[str, Any]) -> None:
+    attach = {
+        variant: sdist_runs["programs"][variant, "ezmsg_attach.py"]
+        for variant in ("ezmsg", "compat")
+    }
+    for program in attach.values():
+        program.wait_for("msg='PING'", count=2)
+    for program in attach.values():
+        program.interrupt()  # it runs until Ctrl-C
+    for variant, program in attach.items():
+        code = program.finish(30)
+        lines = _printed(sdist_runs, variant, "ezmsg_attach.py", program)
+        assert lines[0] == "This example attaches to the system created/run by ezmsg_toy.py."
+        assert len(lines) >= 3 and set(lines[1:]) == {"DEBUG - msg='PING'"}, lines
+    assert code == 0, program.err  # ezflow's: a Ctrl-C ends it normally, without a word
+    assert "Traceback" not in program.err
+    assert program.err.splitlines() == ["stopping: draining up to 5 s; Ctrl-C again to stop now"]
+
+
+def test_sdist_count_fails_at_its_first_message_in_one_line(sdist_runs: dict[str, Any]) -> None:
+    program = sdist_runs["programs"]["compat", "ezmsg_count.py"]
+    assert program.finish() == 1
+    err = program.err
+    last = err.strip().splitlines()[-1]
+    assert last == (
+        f"{program.path}:32: ezflow.UnregisteredTypeError: SYSTEM/COUNT/OUTPUT: cannot encode "
+        "__main__.CountMessage: it is a dataclass that is not registered; decorate it with "
+        "@ezflow.message or call ezflow.register_message(CountMessage) in every process "
+        "that sends or receives it"
+    )
+    assert "__mp_main__" not in err and "/ezflow/" not in err
+    assert err.count("cannot encode") == 1  # said once

@@ -366,6 +366,30 @@ async def test_type_checks_fail_the_publishing_unit_in_its_process(
     text = str(info.value)
     assert "unit SOURCE (process SOURCE) failed" in text and "MessageTypeError" in text
     assert "SOURCE.OUTPUT is declared OutputStream(numpy.ndarray), but a str" in text
+    # The user's line - the yield, which no traceback holds (the generator is suspended
+    # there while ezflow publishes) - and none of ezflow's; all of them in full_traceback.
+    line = Mislabelled.generate.__code__.co_firstlineno + 3
+    assert info.value.details.splitlines() == [
+        "in generate:",
+        f'  File "{__file__}", line {line}, in generate',
+        '    yield self.OUTPUT, "not an array"',
+        f"{__file__}:{line}: ezflow.MessageTypeError: SOURCE.OUTPUT is declared "
+        "OutputStream(numpy.ndarray), but a str was published on it: 'not an array'; "
+        "publish a numpy.ndarray, or declare the stream's type as what it carries",
+    ]
+    assert "ezflow/_units/_host.py" in info.value.full_traceback
+
+
+async def test_ezflow_debug_shows_ezflow_frames_in_the_message(
+    server: ezflow.GraphServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EZFLOW_DEBUG", "1")
+    runner = _mislabelled_graph(graph_address=server.address, check_types=True)
+    await runner.start()
+    with pytest.raises(ezflow.UnitError) as info:
+        await asyncio.wait_for(runner.wait(), 20)
+    assert "ezflow/_units/_host.py" in str(info.value)
+    assert "ezflow/_units/_host.py" not in info.value.details
 
 
 def test_the_environment_turns_type_checks_on(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import ezflow
+from ezflow._units import _plan
 from ezflow._units._plan import build_plan
 
 
@@ -234,37 +236,45 @@ def test_nothing_to_run() -> None:
         build_plan({"X": object()})  # type: ignore[dict-item]
 
 
-class ForeignUnit:
-    """A component of another framework (its class claims the package ``otherfw``)."""
+class ForeignComponent:
+    """The base of another framework's components (its classes claim ``otherfw``)."""
 
+    __module__ = "otherfw.core"
+
+
+class ForeignStream:
+    __module__ = "otherfw.core"
+
+
+class ForeignUnit(ForeignComponent):
     __module__ = "otherfw.units"
 
     def __init__(self) -> None:
-        self.OUT = object()  # one of its streams
+        self.OUT = ForeignStream()  # one of its streams
 
 
 def test_other_frameworks_components_go_through_their_adapter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from ezflow._units import _plan  # noqa: PLC0415
+    from ezflow._units import _foreign  # noqa: PLC0415
 
     foreign, scale = ForeignUnit(), Scale()
     with pytest.raises(ezflow.GraphDefinitionError, match="is not a component"):
         build_plan({"F": foreign, "S": scale}, [(foreign.OUT, scale.INPUT)])  # type: ignore[dict-item]
     adapted = Sine()
 
-    def adapter(
-        components: dict[str, object], connections: list[object], placed: list[object]
-    ) -> tuple[dict[str, object], list[object], list[object]]:
+    class Adapter:
         swap = {id(foreign): adapted, id(foreign.OUT): adapted.OUTPUT}
-        return (
-            {name: swap.get(id(c), c) for name, c in components.items()},
-            [tuple(swap.get(id(end), end) for end in pair) for pair in connections],  # type: ignore[attr-defined]
-            [swap.get(id(entry), entry) for entry in placed],
-        )
 
-    monkeypatch.setitem(_plan._graph_adapters, "otherfw", adapter)
+        def component(self, obj: object) -> object:
+            return self.swap.get(id(obj), obj)
+
+        endpoint = placed = component
+
+    monkeypatch.setattr(_foreign, "_factories", {"otherfw": Adapter})
+    monkeypatch.setitem(_foreign.COMPONENT_BASES, "otherfw", "otherfw.core.ForeignComponent")
     assert _plan.adaptable(foreign) and not _plan.adaptable(scale)
+    assert not _plan.adaptable(foreign.OUT)  # a stream, not a component
     plan = build_plan(
         {"F": foreign, "S": scale},  # type: ignore[dict-item]
         [(foreign.OUT, scale.INPUT)],
@@ -273,3 +283,79 @@ def test_other_frameworks_components_go_through_their_adapter(
     assert plan.units["F"] is adapted
     assert plan.edges == [("F/OUTPUT", "S/INPUT")]
     assert plan.process_of == {"F": "F", "S": ""}
+
+
+def test_topic_names_are_recorded_and_inputs_they_alone_feed_drain_without_an_end() -> None:
+    sine, scale, other = Sine(), Scale(), Scale()
+    plan = build_plan(
+        {"SINE": sine, "SCALE": scale, "OTHER": other},
+        [
+            (sine.OUTPUT, "/sensor/raw"),
+            ("/sensor/rwa", scale.INPUT),
+            ("/sensor/raw", other.INPUT),
+            (sine.OUTPUT, other.INPUT),  # OTHER is fed by the graph too
+        ],
+    )
+    assert plan.topic_ends == [
+        _plan.TopicEnd("/sensor/raw", "destination", "connection 0", "SINE.OUTPUT"),
+        _plan.TopicEnd("/sensor/rwa", "source", "connection 1", "SCALE.INPUT"),
+        _plan.TopicEnd("/sensor/raw", "source", "connection 2", "OTHER.INPUT"),
+    ]
+    assert plan.external_inputs == {"SCALE/INPUT"}
+
+
+def test_ezmsg_wiring_joins_two_outputs_with_a_note_where_ezflow_refuses() -> None:
+    import ezflow.compat.ezmsg as ez  # noqa: PLC0415
+
+    class Relay(ez.Unit):
+        INPUT = ez.InputStream(int)
+        OUTPUT = ez.OutputStream(int)
+
+    class Wired(ez.Collection):
+        A = Relay()
+        B = Relay()
+        C = Relay()
+
+        def network(self) -> ez.NetworkDefinition:
+            return ((self.A.OUTPUT, self.B.OUTPUT), (self.B.OUTPUT, self.C.INPUT))
+
+    plan = build_plan({"W": Wired()})
+    # As in ezmsg: what A publishes reaches B's subscribers too (through B's topic).
+    assert plan.edges == [("W/A/OUTPUT", "W/B/OUTPUT"), ("W/B/OUTPUT", "W/C/INPUT")]
+    assert plan.notes == [
+        "W connection 0 (W/A.OUTPUT -> W/B.OUTPUT) connects two outputs; as in ezmsg, what "
+        "W/A.OUTPUT publishes also reaches the subscribers of W/B.OUTPUT (an "
+        "ezflow.Collection refuses this: it is usually a wiring mistake; connect an "
+        "OutputStream to an InputStream)"
+    ]
+    a, b = Sine(), Sine()
+    with invalid("connects two outputs"):  # ezflow's own components: refused
+        build_plan({"A": a, "B": b}, [(a.OUTPUT, b.OUTPUT)])
+
+
+@dataclasses.dataclass
+class Unregistered:  # deliberately not registered
+    value: float
+
+
+class SendsUnregistered(ezflow.Unit):
+    OUTPUT = ezflow.OutputStream(Unregistered)
+
+
+class TakesUnregistered(ezflow.Unit):
+    INPUT = ezflow.InputStream(Unregistered)
+
+
+def test_an_unregistered_declared_class_between_processes_fails_at_start() -> None:
+    source, sink = SendsUnregistered(), TakesUnregistered()
+    graph = {"SOURCE": source, "SINK": sink}
+    connections = [(source.OUTPUT, sink.INPUT)]
+    build_plan(graph, connections)  # one process: messages pass by reference
+    build_plan(graph, connections, [sink], force_single_process=True)
+    with invalid(
+        rf"^SOURCE.OUTPUT declares {__name__}.Unregistered, a dataclass that is not "
+        r"registered, and is connected to SINK.INPUT in another process \(SINK\): its "
+        r"messages cannot travel there; decorate Unregistered with @ezflow.message \(or "
+        r"call ezflow.register_message\(Unregistered\)\) at module level$"
+    ):
+        build_plan(graph, connections, [sink])

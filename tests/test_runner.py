@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import conftest
 import numpy as np
 import pytest
 from _children import shm_location
@@ -438,11 +440,76 @@ def test_raising_unit_exits_non_zero_naming_it(
     code, out, err, _ = finish(process, timeout=30)
     assert code == 1
     assert "run returned" not in out
-    assert "UnitError: unit SINK (process SINK) failed in subscriber of INPUT" in err
-    assert "ValueError: boom from SINK at message 4" in err
+    assert "ezflow.UnitError: unit SINK (process SINK) failed in subscriber of INPUT" in err
     assert 'in on_message\n    raise ValueError(f"boom from {self.path}' in err  # the traceback
+    # Printed once, the user's frames only, ending with their file and line.
+    err = conftest.without_shm_notices(err)
+    assert err.count("boom from SINK at message 4") == 1, err
+    assert "/ezflow/" not in err and "asyncio" not in err, err
+    assert re.fullmatch(
+        rf"{re.escape(SCRIPT)}:\d+: ValueError: boom from SINK at message 4", err.splitlines()[-1]
+    ), err
     for unit in ("TICKER", "SINK", "MONITOR"):
         assert (markers / f"shutdown-{unit}").exists(), f"{unit}.shutdown() did not run"
+
+
+TICKER_SCRIPT = """\
+import ezflow
+from _cli_graphs import Ticker
+
+ticker = Ticker()
+print("running", flush=True)
+ezflow.run(TICKER=ticker)
+print("run returned", flush=True)
+"""
+STOPPING = "stopping: draining up to 5 s; Ctrl-C again to stop now\n"
+
+
+def test_ctrl_c_while_ezflow_run_starts_prints_one_line(
+    tmp_path: Path, running: list[subprocess.Popen[str]]
+) -> None:
+    # Ctrl-C at once, while unit processes still import, and once the graph runs; three
+    # runs at once.
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    for _ in range(3):
+        running.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+                env={**env, "EZFLOW_GRAPH_ADDRESS": "127.0.0.1:0"},
+            )
+        )
+    for delay, process in zip((0.05, 0.2, 0.5), running, strict=True):
+        assert process.stdout is not None
+        assert process.stdout.readline() == "running\n"
+        time.sleep(delay)
+        os.killpg(process.pid, signal.SIGINT)
+    for delay, process in zip((0.05, 0.2, 0.5), running, strict=True):
+        code, out, err, _ = finish(process, timeout=30)
+        assert (code, out, conftest.without_shm_notices(err)) == (0, "run returned\n", STOPPING), (
+            delay
+        )
+
+
+def test_ctrl_c_while_a_script_imports_ezflow_exits_quietly() -> None:
+    code = (
+        "import os, signal, threading\n"
+        "threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+        "import ezflow\n"  # takes a few tenths of a second: the Ctrl-C comes meanwhile
+        "print('imported')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "")
+    # Once imported, Ctrl-C is the program's again (ezflow.run handles it while it runs).
+    code = "import signal, ezflow\nassert signal.getsignal(2) is signal.default_int_handler"
+    assert subprocess.run([sys.executable, "-c", code], timeout=30, check=False).returncode == 0
 
 
 def test_killed_child_ends_the_run_with_a_clear_message(
@@ -537,6 +604,12 @@ def test_the_design_example_runs_as_written(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     running.append(process)
+    # Once ezflow.run started SCALE's process (importing ezflow takes seconds on a
+    # loaded machine), and SCALE had time to initialize.
+    deadline = time.monotonic() + 30
+    while not conftest._children(process.pid):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
     time.sleep(1.5)
     assert process.poll() is None
     process.send_signal(signal.SIGINT)

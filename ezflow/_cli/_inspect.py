@@ -21,6 +21,7 @@ from ._connection import (
     resolve_address,
     run_async,
 )
+from ._zenoh import FleetConfigOption, check_fleet_options
 
 __all__ = ["dot", "fetch_graph", "graph", "mermaid", "topics"]
 
@@ -152,13 +153,14 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(
             "--fleet",
             metavar="DOMAIN",
-            help="Every host's graph in Zenoh fleet DOMAIN (ezflow[zenoh]; docs/fleets.md).",
+            help="Every host's graph in Zenoh fleet DOMAIN (ezflow\\[zenoh]; docs/fleets.md).",
         ),
     ] = None,
     connect: Annotated[
         list[str] | None,
         typer.Option("--connect", help="With --fleet: the Zenoh router to ask through."),
     ] = None,
+    config: FleetConfigOption = None,
 ) -> None:
     """Show topics, publishers, subscribers, edges and processes (or a diagram).
 
@@ -177,10 +179,11 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
     """
     if as_mermaid + as_dot + as_json > 1:
         fail("choose one of --mermaid, --dot and --json", 2)
+    check_fleet_options(fleet, connect, config)
     if fleet is not None:
         if as_mermaid or as_dot:
             fail("--fleet shows a tree per host or --json", 2)
-        _fleet_graph(fleet, connect, as_json)
+        _fleet_graph(fleet, connect, config, as_json)
         return
     where = resolve_address(address)
     snapshot = run_async(lambda: fetch_graph(where, "ezflow graph"))
@@ -197,12 +200,12 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
         console.print(_tree(snapshot, format_address(where), warning), highlight=False)
 
 
-def _fleet_graph(domain: str, connect: list[str] | None, as_json: bool) -> None:
+def _fleet_graph(domain: str, connect: list[str] | None, config: str | None, as_json: bool) -> None:
     from .. import zenoh as ezflow_zenoh  # noqa: PLC0415 - Zenoh only when asked for
     from ._top import _print_silent  # noqa: PLC0415
     from ._zenoh import fleet_query  # noqa: PLC0415
 
-    replies = fleet_query(domain, "graph", connect, None)
+    replies = fleet_query(domain, "graph", connect, config)
     graphs = {host: reply["graph"] for host, reply in sorted(replies.items())}
     if as_json:
         typer.echo(json.dumps(graphs, indent=2))

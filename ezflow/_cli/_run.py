@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .._core._config import ENV_TRACE, check_drain_timeout
+from .._core._config import ENV_DEBUG, ENV_TRACE, check_drain_timeout
 from .._core._exceptions import ConfigurationError, EzflowError
 from .._core._tracing import set_own_rate
 from .._units._component import Component
@@ -33,7 +33,14 @@ from .._units._errors import GraphDefinitionError, ProcessDiedError, UnitError
 from .._units._plan import adaptable, adaptable_class
 from .._units._runner import GraphRunner
 from .._units._runner import run as run_graph
-from ._connection import AddressOption, errors, fail, import_module_or_file, resolve_address
+from ._connection import (
+    AddressOption,
+    errors,
+    fail,
+    import_module_or_file,
+    print_user_traceback,
+    resolve_address,
+)
 
 __all__ = ["load_graph", "load_object", "run"]
 
@@ -164,7 +171,15 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             "(see `ezflow trace`; default EZFLOW_TRACE, else off).",
         ),
     ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Log at INFO level, and show ezflow's own frames in the traceback of a "
+            "failure (EZFLOW_DEBUG=1 does too).",
+        ),
+    ] = False,
     quiet: Annotated[
         bool,
         typer.Option(
@@ -177,11 +192,13 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     Once every unit runs it prints one line on stderr: the graph server's address (where
     `ezflow graph`, `top` and `echo` find the graph) and each process with its units
     (--quiet: nothing). It runs until a unit raises NormalTermination, a @main returns,
-    every unit is done (--end-when-done), or Ctrl-C / SIGTERM (exit 0); stopping drains
-    what lossless edges accepted for up to --drain-timeout seconds (a second Ctrl-C stops
-    at once). A unit that fails or a unit process that dies stops the graph and exits 1;
-    an invalid graph or a target that cannot be imported exits 2 (with the traceback of
-    the error in your code).
+    every unit is done (--end-when-done), or Ctrl-C / SIGTERM (exit 0). Stopping drains
+    what lossless edges accepted for up to --drain-timeout seconds (Ctrl-C prints one
+    line saying so); a second Ctrl-C stops at once, says how many messages it cut, runs
+    every shutdown() it can and exits 130. A unit that fails or a unit process that dies
+    stops the graph and exits 1, with the traceback of your code (the line that failed;
+    ezflow's frames too with -v); an invalid graph or a target that cannot be imported
+    exits 2 (with the traceback of the error in your code).
 
     Uses the graph server at --address / EZFLOW_GRAPH_ADDRESS, starting one in this
     process when none answers there (port 0: any free port).
@@ -210,8 +227,10 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         # In the environment too: the graph's unit processes inherit it.
         os.environ[ENV_TRACE] = str(trace)
         set_own_rate(trace, "ezflow run --trace")
-    name, obj = load_object(target)
+    if verbose:
+        os.environ[ENV_DEBUG] = "1"  # failures with ezflow's frames (unit processes too)
     try:
+        name, obj = load_object(target)
         arguments = load_graph(name, obj)
         run_graph(
             **arguments,
@@ -222,6 +241,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             drain_timeout=drain_timeout,
             on_started=None if quiet else _print_start_line,
         )
+    except typer.Exit:
+        raise  # fail() said why
     except GraphDefinitionError as exc:
         fail(str(exc), 2)
     except (UnitError, ProcessDiedError) as exc:
@@ -229,4 +250,11 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     except EzflowError as exc:
         fail(str(exc), 1)
     except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+        # A second Ctrl-C (the line saying what was cut is out), or one while the
+        # target was still importing: interrupted, no traceback.
+        raise typer.Exit(130) from None
+    except Exception as exc:  # raised by the graph's own code: configure(), network()...
+        if verbose:
+            raise
+        print_user_traceback(exc)
+        fail(f"the graph could not be built: {type(exc).__name__}: {exc}", 2)

@@ -34,6 +34,7 @@ from ._connection import (
     run_async,
 )
 from ._trace import STAGE_STYLES, fetch_hops
+from ._zenoh import FleetConfigOption, check_fleet_options
 
 __all__ = ["rows", "top"]
 
@@ -338,13 +339,14 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(
             "--fleet",
             metavar="DOMAIN",
-            help="Every host's telemetry in Zenoh fleet DOMAIN, once (ezflow[zenoh]).",
+            help="Every host's telemetry in Zenoh fleet DOMAIN, once (ezflow\\[zenoh]).",
         ),
     ] = None,
     connect: Annotated[
         list[str] | None,
         typer.Option("--connect", help="With --fleet: the Zenoh router to ask through."),
     ] = None,
+    config: FleetConfigOption = None,
 ) -> None:
     """Live telemetry per channel and publisher of the whole graph.
 
@@ -374,8 +376,9 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
 
         ezflow top --fleet lab --connect tcp/127.0.0.1:7447 --json
     """
+    check_fleet_options(fleet, connect, config)
     if fleet is not None:
-        _fleet_top(fleet, connect, as_json)
+        _fleet_top(fleet, connect, config, as_json)
         return
     where = resolve_address(address)
     label = format_address(where)
@@ -414,12 +417,12 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
     run_async(main)
 
 
-def _fleet_top(domain: str, connect: list[str] | None, as_json: bool) -> None:
+def _fleet_top(domain: str, connect: list[str] | None, config: str | None, as_json: bool) -> None:
     """Every host's rows, with a ``host`` field; one table pair per host."""
     from .. import zenoh as ezflow_zenoh  # noqa: PLC0415 - Zenoh only when asked for
     from ._zenoh import fleet_query  # noqa: PLC0415
 
-    replies = fleet_query(domain, "top", connect, None)
+    replies = fleet_query(domain, "top", connect, config)
     now = time.time()
     silent = ezflow_zenoh.silent_hosts(replies, now)
     data: dict[str, list[dict[str, Any]]] = {"channels": [], "publishers": []}

@@ -8,7 +8,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-from typing import Annotated, Any
+import socket
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -24,10 +26,22 @@ from ._connection import (
     until_stopped,
 )
 
-__all__ = ["app", "fleet_query"]
+__all__ = [
+    "EXPORT_GRAMMAR",
+    "IMPORT_GRAMMAR",
+    "ConfigOption",
+    "FleetConfigOption",
+    "MappingSpec",
+    "app",
+    "check_fleet_options",
+    "fleet_query",
+    "parse_mapping",
+]
 
+# Help text is rich markup (typer's default): a literal "[" before a word is written "\\["
+# or rich takes "[zenoh]" for a style and drops it.
 app = typer.Typer(
-    help="ezflow across hosts on Eclipse Zenoh (pip install 'ezflow[zenoh]'; docs/fleets.md).",
+    help="ezflow across hosts on Eclipse Zenoh (pip install 'ezflow\\[zenoh]'; docs/fleets.md).",
     no_args_is_help=True,
 )
 
@@ -38,7 +52,19 @@ ConfigOption = Annotated[
     typer.Option(
         "--config",
         metavar="FILE",
-        help="A Zenoh JSON5 configuration (TLS, access control); the options here override it.",
+        help="A Zenoh JSON5 configuration (TLS, access control; docs/security.md); "
+        "the options given here override its own.",
+    ),
+]
+
+#: ``--config`` of ``ezflow graph --fleet`` and ``ezflow top --fleet``.
+FleetConfigOption = Annotated[
+    str | None,
+    typer.Option(
+        "--config",
+        metavar="FILE",
+        help="With --fleet: a Zenoh JSON5 configuration, as the bridges take (TLS to the "
+        "router, its certificates; docs/security.md); --connect overrides its endpoints.",
     ),
 ]
 
@@ -63,7 +89,10 @@ def _is_loopback(endpoint: str) -> bool:
 def router(
     listen: Annotated[
         list[str] | None,
-        typer.Option("--listen", help=f"Endpoint to listen on (default {DEFAULT_ROUTER_LISTEN})."),
+        typer.Option(
+            "--listen",
+            help=f"Endpoint to listen on (default: --config's, else {DEFAULT_ROUTER_LISTEN}).",
+        ),
     ] = None,
     connect: Annotated[
         list[str] | None, typer.Option("--connect", help="Another router to connect to.")
@@ -84,7 +113,20 @@ def router(
         ezflow zenoh router --listen tcp/127.0.0.1:7448
     """
     zenoh_api = _zenoh_modules()
-    endpoints = tuple(listen or [DEFAULT_ROUTER_LISTEN])
+    from .._zenoh._session import endpoints as configured  # noqa: PLC0415 - with Zenoh
+    from .._zenoh._session import session_config  # noqa: PLC0415 - with Zenoh
+
+    try:
+        endpoints = tuple(listen or ())
+        if not endpoints and config is not None:  # the file's, if it names any
+            file_settings = zenoh_api.ZenohSettings(mode="router", config_file=config)
+            endpoints = tuple(configured(session_config(file_settings), "listen", "router") or ())
+        endpoints = endpoints or (DEFAULT_ROUTER_LISTEN,)
+        settings = zenoh_api.ZenohSettings(
+            mode="router", listen=endpoints, connect=tuple(connect or ()), config_file=config
+        )
+    except ConfigurationError as exc:
+        fail(str(exc), 2)
     if config is None and not all(_is_loopback(e) for e in endpoints):
         errors.print(
             "warning: this router is reachable from the network without TLS or access "
@@ -93,12 +135,6 @@ def router(
             highlight=False,
             markup=False,
         )
-    try:
-        settings = zenoh_api.ZenohSettings(
-            mode="router", listen=endpoints, connect=tuple(connect or ()), config_file=config
-        )
-    except ConfigurationError as exc:
-        fail(str(exc), 2)
 
     async def main() -> None:
         async with zenoh_api.open_session(settings) as session:
@@ -108,11 +144,90 @@ def router(
     run_async(main)
 
 
-def _pair(text: str, option: str) -> tuple[str, str | None]:
-    left, sep, right = text.partition("=")
-    if not left or (sep and not right):
-        fail(f"{option} {text!r}: write SOURCE or SOURCE=DESTINATION", 2)
-    return left, right or None
+#: The grammar of a mapping, as errors and help show it.
+EXPORT_GRAMMAR = "TOPIC[=KEY][:lossless[=N]|:leaky[=N]][:raw]"
+IMPORT_GRAMMAR = "KEY[=TOPIC][:lossless[=N]|:leaky[=N]][:raw|:json]"
+_ESCAPES = ", with '::' for a ':' and '==' for a '=' inside a topic or key"
+
+
+@dataclass(frozen=True)
+class MappingSpec:
+    """One ``--export`` or ``--import`` as written: *source* and *destination* (None
+    when not given), the mode (*lossless*: None when not given), the queue (None when
+    not given) and the encoding (None when not given)."""
+
+    source: str
+    destination: str | None
+    lossless: bool | None
+    queue: int | None
+    encoding: str | None
+
+
+def parse_mapping(text: str, kind: Literal["export", "import"]) -> MappingSpec:
+    """Parse an ``--export`` (``TOPIC[=KEY][:OPTION]...``) or ``--import``
+    (``KEY[=TOPIC][:OPTION]...``) as :data:`EXPORT_GRAMMAR` / :data:`IMPORT_GRAMMAR`.
+
+    Read left to right: ``::`` and ``==`` stand for a ``:`` and a ``=`` in a name; the
+    first single ``=`` separates the two names (in a run of ``=``, the pairs come first:
+    the second name cannot start with ``=``) and the first single ``:`` starts the
+    options, ``:``-separated: a mode, ``lossless`` or ``leaky``, each optionally
+    ``=N`` (its queue, N >= 1), and an encoding, ``raw`` (and for imports ``json``), at
+    most one of each. Zenoh key expressions and ezflow topics may both hold ``=`` and
+    ``:``, hence the doubling; neither may be empty. Raises ConfigurationError naming
+    the spec, what is wrong and the grammar."""
+    grammar = EXPORT_GRAMMAR if kind == "export" else IMPORT_GRAMMAR
+    encodings = ("raw",) if kind == "export" else ("raw", "json")
+
+    def bad(problem: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"--{kind} {text!r}: {problem}. The form is --{kind} {grammar}{_ESCAPES}"
+        )
+
+    names, options = [""], []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char in "=:" and text[i + 1 : i + 2] == char:  # '==' or '::': the character
+            names[-1] += char
+            i += 2
+            continue
+        if char == ":":
+            options = text[i + 1 :].split(":")
+            break
+        if char == "=":
+            if len(names) == 2:
+                raise bad("a second single '=' (only one separates the two names)")
+            names.append("")
+        else:
+            names[-1] += char
+        i += 1
+    first, second = ("TOPIC", "KEY") if kind == "export" else ("KEY", "TOPIC")
+    if not names[0]:
+        raise bad(f"{first} is empty")
+    if len(names) == 2 and not names[1]:
+        raise bad(f"{second} is empty after '='")
+    lossless: bool | None = None
+    queue: int | None = None
+    encoding: str | None = None
+    for option in options:
+        word, sep, value = option.partition("=")
+        if word in ("lossless", "leaky"):
+            if lossless is not None:
+                raise bad(f"two modes (':{'lossless' if lossless else 'leaky'}', ':{word}')")
+            lossless = word == "lossless"
+            if sep:
+                if not (value.isascii() and value.isdigit()) or int(value) < 1:
+                    raise bad(f"in ':{option}', the queue N must be a whole number >= 1")
+                queue = int(value)
+        elif word in encodings and not sep:
+            if encoding is not None:
+                raise bad(f"two encodings (':{encoding}', ':{word}')")
+            encoding = word
+        elif word == "json":
+            raise bad("':json' is an import's encoding (an export takes ':raw')")
+        else:
+            raise bad(f"unknown option ':{option}'" if option else "an empty option")
+    return MappingSpec(names[0], names[1] if len(names) == 2 else None, lossless, queue, encoding)
 
 
 @app.command()
@@ -127,23 +242,35 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
         list[str] | None,
         typer.Option(
             "--export",
-            metavar="TOPIC[=KEY]",
-            help="Publish TOPIC on Zenoh KEY ({host}: this host; default ezflow/{host}/TOPIC).",
+            metavar="TOPIC[=KEY][:OPTION]...",
+            help="Publish TOPIC on Zenoh KEY ({host}: this host; default ezflow/{host}/ and "
+            "TOPIC escaped: /camera/raw is ezflow/{host}/%/camera/raw). OPTION: lossless, "
+            "leaky, lossless=N, leaky=N, raw.",
         ),
     ] = None,
     import_: Annotated[
         list[str] | None,
         typer.Option(
             "--import",
-            metavar="KEY=TOPIC",
-            help="Publish Zenoh KEY (wildcards allowed: TOPIC is then a prefix) on TOPIC.",
+            metavar="KEY[=TOPIC][:OPTION]...",
+            help="Publish Zenoh KEY (wildcards allowed: TOPIC is then a prefix, followed by "
+            "the rest of each sample's key) on TOPIC (default: /KEY). OPTION: lossless, "
+            "leaky, lossless=N, leaky=N, raw, json.",
         ),
     ] = None,
     lossless: Annotated[
-        bool, typer.Option("--lossless", help="Every mapping lossless (default: leaky).")
+        bool,
+        typer.Option(
+            "--lossless", help="Mappings that name no mode are lossless (default: leaky)."
+        ),
     ] = False,
     queue: Annotated[
-        int, typer.Option("--queue", min=1, help="Samples queued per end (docs/limits.md).")
+        int,
+        typer.Option(
+            "--queue",
+            min=1,
+            help="Samples queued per end, where a mapping names no N (docs/limits.md).",
+        ),
     ] = ZENOH_QUEUE,
     mode: Annotated[str, typer.Option("--mode", help="peer or client.")] = "client",
     config: ConfigOption = None,
@@ -164,15 +291,27 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
     """Bridge topics of a running graph to and from Zenoh, until Ctrl-C or SIGTERM;
     then print one line, `stats {JSON}`: per mapping, what it carried and lost.
 
-    Each --export publishes a topic of the graph at --address on Zenoh, each --import
-    publishes a Zenoh key (wildcards allowed) on a topic there; --lossless makes every
-    mapping lossless (docs/fleets.md: flow control and its limits).
+    Each --export publishes a topic of the graph at --address on a Zenoh key; each
+    --import publishes the samples of a Zenoh key expression (wildcards allowed) on a
+    topic there. A mapping may end in options: a mode, :lossless or :leaky, either with
+    =N (its queue; default --queue), and an encoding, :raw (bytes as they are) or, for
+    an import, :json. A mapping that names no mode is leaky, or lossless with
+    --lossless, so one bridge serves both kinds. Inside a topic or key, write :: for a
+    : and == for a =. docs/fleets.md has the rules and the flow control.
+
+    Host robot1's /camera/raw goes out as ezflow/robot1/%/camera/raw (% is the empty
+    chunk before the topic's leading /). A wildcard import puts each sample on its
+    TOPIC followed by the rest of the sample's key, unescaped, empty chunks left out:
+    ezflow/*/%/camera/raw=/cams gives /cams/robot1/camera/raw.
 
     Examples:
 
         ezflow zenoh bridge --connect tcp/127.0.0.1:7447 --export /camera/raw
 
-        ezflow zenoh bridge --connect tcp/127.0.0.1:7447 --import 'ezflow/*/camera/raw=/cams'
+        ezflow zenoh bridge --connect tcp/127.0.0.1:7447 --import 'ezflow/*/%/camera/raw=/cams'
+
+        ezflow zenoh bridge --connect tcp/127.0.0.1:7447 \\
+            --export /events:lossless --export /odometry:leaky=2
 
         ezflow zenoh bridge --connect tcp/127.0.0.1:7447 --fleet lab
     """
@@ -181,19 +320,44 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     zenoh_api = _zenoh_modules()
+    from .._zenoh._keys import expand_host  # noqa: PLC0415 - with Zenoh
+
     if not export and not import_ and fleet is None:
-        fail("nothing to bridge: give --export TOPIC, --import KEY=TOPIC or --fleet DOMAIN", 2)
+        fail(
+            f"nothing to bridge: give --export {EXPORT_GRAMMAR}, --import {IMPORT_GRAMMAR} "
+            "or --fleet DOMAIN",
+            2,
+        )
+    this_host = host or socket.gethostname()
     exports = []
-    for text in export or []:
-        topic, key = _pair(text, "--export")
-        exports.append(zenoh_api.Export(topic, key, lossless=lossless, queue=queue))
     imports = []
-    for text in import_ or []:
-        source, destination = _pair(text, "--import")
-        if destination is None:
-            fail(f"--import {text!r}: write KEY=TOPIC", 2)
-        imports.append(zenoh_api.Import(source, destination, lossless=lossless, queue=queue))
     try:
+        for text in export or []:
+            spec = parse_mapping(text, "export")
+            if spec.destination is not None:
+                _check_key(text, expand_host(spec.destination, this_host), "export")
+            exports.append(
+                zenoh_api.Export(
+                    spec.source,
+                    spec.destination,
+                    lossless=lossless if spec.lossless is None else spec.lossless,
+                    queue=queue if spec.queue is None else spec.queue,
+                    encoding=spec.encoding or "ezflow",
+                )
+            )
+        for text in import_ or []:
+            spec = parse_mapping(text, "import")
+            key = expand_host(spec.source, this_host)
+            _check_key(text, key, "import")
+            imports.append(
+                zenoh_api.Import(
+                    spec.source,
+                    _default_topic(key) if spec.destination is None else spec.destination,
+                    lossless=lossless if spec.lossless is None else spec.lossless,
+                    queue=queue if spec.queue is None else spec.queue,
+                    encoding=spec.encoding or "ezflow",
+                )
+            )
         settings = zenoh_api.ZenohSettings(
             mode=mode,
             connect=tuple(connect or ()),
@@ -212,9 +376,12 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
             ) as running,
         ):
             for export_ in running.exports:
-                typer.echo(f"export {export_.topic} -> {running.export_key(export_)}")
+                typer.echo(
+                    f"export {export_.topic} -> {running.export_key(export_)} "
+                    f"({_describe(export_)})"
+                )
             for import__ in running.imports:
-                typer.echo(f"import {import__.key} -> {import__.topic}")
+                typer.echo(f"import {import__.key} -> {import__.topic} ({_describe(import__)})")
             if fleet is not None:
                 typer.echo(f"fleet {fleet} as {running.host}")
             await until_stopped()
@@ -225,15 +392,45 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
     run_async(main)
 
 
+def _check_key(spec: str, key: str, kind: Literal["export", "import"]) -> None:
+    """Exit 2 naming *spec* when Zenoh refuses its *key* (an export's has no wildcard)."""
+    from .._zenoh._keys import check_key_expr  # noqa: PLC0415 - with Zenoh
+
+    try:
+        check_key_expr(key, wildcards=kind == "import")
+    except ConfigurationError as exc:
+        fail(f"--{kind} {spec!r}: {exc}", 2)
+
+
+def _default_topic(key: str) -> str:
+    """An import's topic when its spec names none: ``/`` and *key* (its literal prefix,
+    for a wildcard key; the rest of each sample's key follows), unescaped."""
+    from .._zenoh._keys import imported_topic, literal_prefix  # noqa: PLC0415 - with Zenoh
+
+    literal = literal_prefix(key)
+    return imported_topic("/", key if literal is None else literal, "")
+
+
+def _describe(mapping: Any) -> str:
+    kind = "lossless" if mapping.lossless else "leaky"
+    encoding = "" if mapping.encoding == "ezflow" else f", {mapping.encoding}"
+    return f"{kind}, queue {mapping.queue}{encoding}"
+
+
 def fleet_query(domain: str, what: str, connect: list[str] | None, config: str | None) -> Any:
-    """Every host's reply in fleet *domain* (``ezflow graph/top --fleet``), by host."""
+    """Every host's reply in fleet *domain* (``ezflow graph/top --fleet``), by host,
+    asked as a Zenoh client through *connect* (or the connect endpoints of *config*, a
+    Zenoh configuration file: TLS, access control)."""
     zenoh_api = _zenoh_modules()
+    from .._zenoh._session import session_config  # noqa: PLC0415 - with Zenoh
+
+    if not connect and config is None:
+        fail("--fleet needs --connect ROUTER (or a --config FILE that gives connect/endpoints)", 2)
     try:
         settings = zenoh_api.ZenohSettings(
-            mode="client" if connect else "peer",
-            connect=tuple(connect or ()),
-            config_file=config,
+            mode="client", connect=tuple(connect or ()), config_file=config
         )
+        session_config(settings)  # a file Zenoh refuses, or without an endpoint: said now
     except ConfigurationError as exc:
         fail(str(exc), 2)
 
@@ -242,3 +439,16 @@ def fleet_query(domain: str, what: str, connect: list[str] | None, config: str |
             return await zenoh_api.query_fleet(session, domain, what)
 
     return run_async(main)
+
+
+def check_fleet_options(fleet: str | None, connect: list[str] | None, config: str | None) -> None:
+    """Exit 2 when --connect or --config are given without --fleet (they would be
+    ignored: without --fleet the command asks the graph server at --address)."""
+    if fleet is None and (connect or config is not None):
+        given = [o for o, v in (("--connect", connect), ("--config", config)) if v]
+        verb = "go" if len(given) == 2 else "goes"
+        fail(
+            f"{' and '.join(given)} {verb} with --fleet DOMAIN (a graph server is reached "
+            "with --address)",
+            2,
+        )

@@ -215,7 +215,10 @@ def _ext_header(code: int, length: int) -> bytes:
 def _qualname(tp: type) -> str:
     if tp.__module__ == "builtins":
         return tp.__qualname__
-    return f"{tp.__module__}.{tp.__qualname__}"
+    # A script is __main__ where it runs and __mp_main__ in a unit process: the user
+    # knows it as __main__ (as the wire name does, see _default_name).
+    module = "__main__" if tp.__module__ == "__mp_main__" else tp.__module__
+    return f"{module}.{tp.__qualname__}"
 
 
 def _too_large(size: int, limit: int, *, at_least: bool = False) -> MessageTooLargeError:
@@ -250,7 +253,16 @@ def _unsupported(obj: object) -> UnregisteredTypeError:
             f"with @ezflow.message or call ezflow.register_message({tp.__qualname__}) in "
             "every process that sends or receives it"
         )
-    return UnregisteredTypeError(f"cannot encode an object of type {name}; supported: {_SUPPORTED}")
+    try:
+        memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        return UnregisteredTypeError(
+            f"cannot encode an object of type {name}; supported: {_SUPPORTED}"
+        )
+    return UnregisteredTypeError(
+        f"cannot encode an object of type {name}; it holds a buffer: send "
+        "numpy.asarray(x) (an array of its items) or memoryview(x) (its bytes) instead"
+    )
 
 
 def _masked(obj: object) -> UnregisteredTypeError:
@@ -714,7 +726,17 @@ class _Encoder:
 
     def dataclass_ext(self, obj: object, entry: _MessageType, depth: int) -> object:
         prep = self.prepare
-        fields = {name: prep(getattr(obj, name), depth) for name in entry.fields}
+        fields: dict[str, object] = {}
+        name = ""
+        try:
+            for name in entry.fields:
+                fields[name] = prep(getattr(obj, name), depth)
+        except UnregisteredTypeError as exc:
+            # Name the field (nested dataclasses add theirs: A.b: B.c: cannot ...).
+            where = f"{_qualname(type(obj))}.{name}"
+            raise UnregisteredTypeError(f"{where}: {exc}").with_traceback(
+                exc.__traceback__
+            ) from None
         return _ext(EXT_DATACLASS, entry.prefix + self.packer.pack(fields))
 
     def scalar(self, obj: np.generic[Any]) -> object:
@@ -819,8 +841,15 @@ def _check(obj: object, depth: int) -> None:
     if entry is not None:
         if depth >= MAX_DEPTH:
             raise _too_deep()
-        for name in entry.fields:
-            _check(getattr(obj, name), depth + 1)
+        name = ""
+        try:
+            for name in entry.fields:
+                _check(getattr(obj, name), depth + 1)
+        except UnregisteredTypeError as exc:  # named as _Encoder.dataclass_ext names it
+            where = f"{_qualname(tp)}.{name}"
+            raise UnregisteredTypeError(f"{where}: {exc}").with_traceback(
+                exc.__traceback__
+            ) from None
         return
     if isinstance(obj, np.generic):
         _check_dtype(obj.dtype)

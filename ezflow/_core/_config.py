@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_TELEMETRY_INTERVAL",
     "EMBEDDED_SERVER_STOP_TIMEOUT",
     "ENV_CHECK_TYPES",
+    "ENV_DEBUG",
     "ENV_DRAIN_TIMEOUT",
     "ENV_EVENT_LOOP",
     "ENV_GRAPH_ADDRESS",
@@ -60,6 +61,7 @@ __all__ = [
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
     "HEARTBEATS_PER_DEADLINE",
+    "INTERRUPT_STOP_TIMEOUT",
     "MAX_CHANNELS_PER_PUBLISHER",
     "MAX_DRAIN_TIMEOUT",
     "MAX_HEARTBEAT_DEADLINE",
@@ -105,6 +107,7 @@ __all__ = [
     "TRACE_REPORT_MAX",
     "TRACE_SERVER_KEEP",
     "TRANSPORTS",
+    "TYPO_GRACE_PERIOD",
     "ZENOH_ACK_INTERVAL",
     "ZENOH_ACK_TIMEOUT",
     "ZENOH_ANSWER_TIMEOUT",
@@ -129,6 +132,7 @@ __all__ = [
     "check_trace_lease_duration",
     "check_transport",
     "check_types_from_env",
+    "debug_from_env",
     "drain_timeout_from_env",
     "format_address",
     "graph_address_from_env",
@@ -160,6 +164,13 @@ START_TIMEOUT: Final = 30.0
 CHILD_STOP_TIMEOUT: Final = 12.0
 THREAD_JOIN_TIMEOUT: Final = 2.0
 SHUTDOWN_TIMEOUT: Final = 5.0
+#: Seconds a low-level subscriber (``GraphContext.subscriber``) may have no publisher
+#: before ezflow looks for a topic a typo away that has one, and warns once naming it.
+TYPO_GRACE_PERIOD: Final = 2.0
+#: ``ezflow.run`` / ``ezflow run`` after a second Ctrl-C (or SIGTERM): seconds the unit
+#: processes have, with no more draining, to join their threads, run every
+#: ``shutdown()`` and exit before they are killed (a third signal kills them at once).
+INTERRUPT_STOP_TIMEOUT: Final = 5.0
 
 #: Zenoh bridge (ezflow.zenoh; the core does not import Zenoh): samples a mapping
 #: queues at each end (``queue``), and bytes an import's queue holds at most (it admits
@@ -672,6 +683,20 @@ def check_types_from_env() -> bool:
     if text == "1":
         return True
     raise ConfigurationError(f"{ENV_CHECK_TYPES}={text!r} must be 1 (check) or 0 (do not)")
+
+
+# -- how failures are shown (see docs/units.md) --------------------------------------------
+
+#: ``1`` shows ezflow's own frames in the tracebacks of unit failures and of errors raised
+#: out of ``ezflow.run`` (``ezflow run -v`` too); ``0`` or unset shows the user's frames
+#: and the line that failed.
+ENV_DEBUG: Final = "EZFLOW_DEBUG"
+
+
+def debug_from_env() -> bool:
+    """``EZFLOW_DEBUG``: ``1`` on, ``0`` or unset off; any other value counts as on (a
+    debugging switch should not itself fail)."""
+    return os.environ.get(ENV_DEBUG, "").strip() not in ("", "0")
 
 
 # -- tracing (see docs/tracing.md) -----------------------------------------------------------

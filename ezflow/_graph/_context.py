@@ -50,6 +50,7 @@ from .._core._config import (
     RECONNECT_MIN_DELAY,
     RECONNECT_ROUTE_GRACE,
     RECONNECT_WAIT_TIMEOUT,
+    TYPO_GRACE_PERIOD,
     Address,
     ShmOptions,
     check_positive,
@@ -166,6 +167,9 @@ class GraphContext:
         self._shm: ShmTransport | None = None
         self._publishers: dict[str, Publisher] = {}
         self._subscribers: dict[str, Subscriber] = {}
+        # Subscribers with no publisher yet -> the timer of their typo check.
+        self._typo_timers: dict[str, asyncio.TimerHandle] = {}
+        self._typo_tasks: set[asyncio.Task[None]] = set()
         self._router: Router | None = None
         self._route_worker: asyncio.Task[None] | None = None
         self._reporter = TelemetryReporter(
@@ -322,6 +326,11 @@ class GraphContext:
             subscriber._closed = True
             subscriber._inbox.close()
         self._subscribers.clear()
+        for timer in self._typo_timers.values():
+            timer.cancel()
+        self._typo_timers.clear()
+        for task in list(self._typo_tasks):
+            task.cancel()
         for publisher in list(self._publishers.values()):
             publisher._closed = True
             publisher._outlet.close()
@@ -578,7 +587,51 @@ class GraphContext:
             subscriber._closed = True
             subscriber._inbox.close()
             raise
+        if not subscriber.had_publisher:
+            self._typo_timers[sub_id] = asyncio.get_running_loop().call_later(
+                TYPO_GRACE_PERIOD, self._start_typo_check, subscriber
+            )
         return subscriber
+
+    # -- topic names that are probably typos ---------------------------------------------
+
+    def _skip_typo_check(self, subscriber: Subscriber) -> None:
+        """Do not look for a typo in *subscriber*'s topic (a unit's input: the unit graph
+        checks its topic names itself)."""
+        timer = self._typo_timers.pop(subscriber.id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _start_typo_check(self, subscriber: Subscriber) -> None:
+        self._typo_timers.pop(subscriber.id, None)
+        if self._state != "open" or subscriber._closed or subscriber.had_publisher:
+            return
+        task = asyncio.ensure_future(self._typo_check(subscriber))
+        self._typo_tasks.add(task)
+        task.add_done_callback(self._typo_tasks.discard)
+
+    async def _typo_check(self, subscriber: Subscriber) -> None:
+        """One warning if *subscriber* (no publisher for ``TYPO_GRACE_PERIOD`` s)
+        listens on a topic a typo away from one that has a publisher."""
+        from ._typos import fed_topics, nearest_topic  # noqa: PLC0415 - rarely needed
+
+        try:
+            snapshot = await self.graph()
+        except Exception as exc:  # an outage, a closing context: nothing to say
+            log.debug("cannot look for a topic near %r: %r", subscriber.topic, exc)
+            return
+        fed = fed_topics(snapshot)
+        if subscriber.had_publisher or subscriber.topic in fed:
+            return
+        near = nearest_topic(subscriber.topic, fed)
+        if near is not None:
+            log.warning(
+                "the subscriber of %r has had no publisher for %g s; did you mean %r "
+                "(a topic that has a publisher)?",
+                subscriber.topic,
+                TYPO_GRACE_PERIOD,
+                near,
+            )
 
     async def connect(self, src: str, dst: str) -> None:
         """Route every message published on *src* to the subscribers of *dst* too.
@@ -681,6 +734,7 @@ class GraphContext:
         outlet.close()
 
     async def _close_subscriber(self, subscriber: Subscriber) -> None:
+        self._skip_typo_check(subscriber)
         self._registrations.pop(subscriber.id, None)
         self._subscribers.pop(subscriber.id, None)
         if self._router is not None:

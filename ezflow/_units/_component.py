@@ -13,6 +13,7 @@ import numpy as np
 from .._core._exceptions import ClosedResourceError
 from ._decorators import FunctionRole, role_of
 from ._errors import GraphDefinitionError
+from ._foreign import adaptable
 from ._settings import Settings, State
 from ._streams import BoundStream, InputStream, OutputStream, Stream
 
@@ -60,6 +61,12 @@ class Component:
 
     SETTINGS: Any
     _ezflow_streams: ClassVar[dict[str, Stream]] = {}
+    #: An ezflow component (also one generated for another framework's class, whose
+    #: ``__module__`` is that framework's): never handed to a graph adapter.
+    _ezflow_native: ClassVar[bool] = True
+    #: Connects as ezmsg does (ezflow.compat.ezmsg's and adapted ezmsg components): an
+    #: output connected to another unit's output joins the topics instead of failing.
+    _ezflow_ezmsg_wiring: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -288,9 +295,10 @@ class Collection(Component):
     """A component that groups others and wires them.
 
     Declare child components as class attributes (each Collection instance gets its own
-    deep copy) or assign them in ``configure()``; declare collection-level streams to
-    relay messages in and out (they become direct edges between the units, no
-    messages are copied)::
+    deep copy) or assign them in ``configure()`` — ezflow's, or ezmsg's units and
+    collections (with ezflow[ezmsg]: ``DEBUG = DebugLog()`` from ``ezmsg.util``);
+    declare collection-level streams to relay messages in and out (they become direct
+    edges between the units, no messages are copied)::
 
         class Pipeline(ezflow.Collection):
             INPUT = ezflow.InputStream(np.ndarray)
@@ -315,7 +323,7 @@ class Collection(Component):
         memo: dict[int, Any] = {}
         for klass in reversed(type(self).__mro__):
             for name, value in klass.__dict__.items():
-                if isinstance(value, Component):
+                if isinstance(value, Component) or adaptable(value):
                     setattr(self, name, copy.deepcopy(value, memo))
 
     def configure(self) -> None:
@@ -332,9 +340,10 @@ class Collection(Component):
         return ()
 
     def components(self) -> dict[str, Component]:
-        """The child components, by name, in declaration order."""
+        """The child components, by name, in declaration order (another framework's
+        components as they are: the graph translates them)."""
         return {
             name: value
             for name, value in self.__dict__.items()
-            if isinstance(value, Component) and not name.startswith("_")
+            if (isinstance(value, Component) or adaptable(value)) and not name.startswith("_")
         }

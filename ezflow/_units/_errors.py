@@ -56,16 +56,28 @@ class UnitError(EzflowError):
     process died).
 
     ``component`` is the path of the unit that failed (``"PIPE/FILTER"``), ``process``
-    the name of the process it ran in, ``details`` the formatted traceback; the message
-    contains all three, and names every further failure that happened while the graph
-    was stopping.
+    the name of the process it ran in, ``details`` what failed: the user's frames of the
+    traceback (ezflow's own left out; for a message a generator yielded, the ``yield``
+    line), then one line ``FILE:LINE: ExceptionType: message``; ``full_traceback`` the
+    whole traceback. The message contains all three names and ``details`` (the full
+    traceback instead with ``EZFLOW_DEBUG=1``), and names every further failure that
+    happened while the graph was stopping.
     """
 
-    def __init__(self, message: str, *, component: str, process: str, details: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        component: str,
+        process: str,
+        details: str,
+        full_traceback: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.component = component
         self.process = process
         self.details = details
+        self.full_traceback = details if full_traceback is None else full_traceback
 
 
 class ProcessDiedError(UnitError):

@@ -34,13 +34,17 @@ import inspect
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
 from .._core._config import SHUTDOWN_TIMEOUT, THREAD_JOIN_TIMEOUT
-from .._core._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
+from .._core._exceptions import (
+    ClosedResourceError,
+    EndOfStream,
+    UndecodableMessageError,
+    UnregisteredTypeError,
+)
 from .._core._tracing import HANDLING
 from .._graph._context import GraphContext
 from .._graph._publisher import Publisher
@@ -50,23 +54,20 @@ from ._decorators import FunctionRole
 from ._errors import Complete, MessageTypeError, NormalTermination
 from ._plan import stream_topic
 from ._streams import InputStream, OutputStream, message_check, type_name
+from ._tracebacks import describe, mark_yield_site
 
 __all__ = [
     "DrainCut",
     "UnitHost",
-    "format_failure",
     "graph_context_of",
 ]
 
 log = logging.getLogger("ezflow.units")
 
 
-FailureCallback = Callable[[str, str], None]  # (component path, formatted details)
+#: (component path, what failed and the user's frames, the same with ezflow's frames)
+FailureCallback = Callable[[str, str, str], None]
 CompleteCallback = Callable[[str], None]  # (component path)
-
-
-def format_failure(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
 
 
 async def _call(result: Any) -> None:
@@ -108,6 +109,7 @@ class _Input:
     unit: Unit
     name: str
     task: asyncio.Task[None] | None = None
+    external: bool = False  # fed only by other programs (Plan.external_inputs)
 
     @property
     def data(self) -> bool:
@@ -122,6 +124,12 @@ class _Input:
             return True
         sub = self.subscriber
         return not sub.queued and not sub.had_publisher
+
+    @property
+    def drained(self) -> bool:
+        """Finished, or fed only by other programs and holding nothing: a stopping
+        graph does not wait for their publishers to end."""
+        return self.finished or (self.external and not self.subscriber.queued)
 
 
 class _CheckedPublisher:
@@ -198,8 +206,10 @@ class UnitHost:
         on_done: Callable[[], None] | None = None,
         end_when_done: bool = False,
         check_types: bool = False,
+        external_inputs: frozenset[str] = frozenset(),
     ) -> None:
         self.units = units
+        self._external_inputs = external_inputs
         self._end_when_done = end_when_done
         self.check_types = check_types
         self.context = context
@@ -292,7 +302,12 @@ class UnitHost:
                 queue=stream.queue,
                 transport=stream.transport,
             )
-            self._inputs.append(_Input(subscriber, handlers, unit, name))
+            # A unit input without a publisher is the graph's design, not a typo (the
+            # runner checks the graph's topic names).
+            self.context._skip_typo_check(subscriber)
+            topic = stream_topic(unit.path, name)
+            external = topic in self._external_inputs
+            self._inputs.append(_Input(subscriber, handlers, unit, name, external=external))
         for fname, role in functions.items():
             if role.publishes and role.subscribes is None:
                 allowed = self._allowed(unit, role, streams, outlets)
@@ -480,13 +495,14 @@ class UnitHost:
         self._on_done()
 
     def _fail(self, path: str, what: str, exc: BaseException) -> None:
+        described = describe(exc)
         if isinstance(exc, UndecodableMessageError):
             # The message says it all; a traceback would only show ezflow's inbox.
             details = f"in {what}: {type(exc).__name__}: {exc}"
         else:
-            details = f"in {what}:\n{format_failure(exc)}"
+            details = f"in {what}:\n{described.short}"
         log.debug("unit %s failed %s", path, details)
-        self._on_failure(path, details)
+        self._on_failure(path, details, f"in {what}:\n{described.full}")
 
     def _start_thread(self, loop: asyncio.AbstractEventLoop, unit: Unit, fname: str) -> None:
         method = getattr(unit, fname)
@@ -581,7 +597,7 @@ class UnitHost:
                 await self._drain(time.monotonic() + drain_timeout, hurry)
             cut = DrainCut(
                 queued=sum(entry.subscriber.queued for entry in self._inputs if entry.data),
-                inputs=sum(1 for entry in self._inputs if entry.data and not entry.finished),
+                inputs=sum(1 for entry in self._inputs if entry.data and not entry.drained),
             )
             await asyncio.gather(
                 *(entry.subscriber.aclose() for entry in self._inputs), return_exceptions=True
@@ -602,9 +618,8 @@ class UnitHost:
                 try:
                     await asyncio.wait_for(_call(unit.shutdown()), SHUTDOWN_TIMEOUT)
                 except (TimeoutError, asyncio.TimeoutError):
-                    self._on_failure(
-                        unit.path, f"in shutdown(): did not return within {SHUTDOWN_TIMEOUT:g} s"
-                    )
+                    hung = f"in shutdown(): did not return within {SHUTDOWN_TIMEOUT:g} s"
+                    self._on_failure(unit.path, hung, hung)
                 except Exception as exc:
                     self._fail(unit.path, "shutdown()", exc)
             for unit in self.units:
@@ -624,12 +639,15 @@ class UnitHost:
         hurried = asyncio.ensure_future(hurry.wait()) if hurry is not None else None
         try:
             while not (
-                all(entry.finished for entry in self._inputs if entry.data) and not self._closing
+                all(entry.drained for entry in self._inputs if entry.data) and not self._closing
             ):
                 self._settle()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or (hurry is not None and hurry.is_set()):
                     return
+                if any(entry.external and not entry.drained for entry in self._inputs):
+                    # Nothing signals that such an input emptied its queue: look again.
+                    remaining = min(remaining, _EXTERNAL_POLL)
                 self._changed.clear()
                 changed = asyncio.ensure_future(self._changed.wait())
                 waiting = {changed} if hurried is None else {changed, hurried}
@@ -646,6 +664,8 @@ class UnitHost:
 
 #: Seconds to wait for cancelled unit tasks (a task that swallows cancellation is left).
 _CANCEL_TIMEOUT = 2.0
+#: Seconds between looks at the queue of an input fed by other programs, while draining.
+_EXTERNAL_POLL = 0.05
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
@@ -669,11 +689,25 @@ def _explain(allowed: dict[object, Publisher], item: Any, where: str) -> Excepti
 
 
 async def _publish_all(items: Any, allowed: dict[object, Publisher], where: str) -> None:
-    """Iterate the async generator *items* and publish every ``(stream, message)``."""
+    """Iterate the async generator *items* and publish every ``(stream, message)``. What
+    publishing raises is marked with the ``yield`` that gave the message (the user's
+    line: the generator is suspended there, so its frame is not in the traceback), and
+    a message the codec cannot encode is named with the stream's topic."""
     async for item in items:
         try:
             stream, message = item
             publisher = allowed[stream]
         except (TypeError, ValueError, KeyError):
-            raise _explain(allowed, item, where) from None
-        await publisher.publish(message)
+            error = _explain(allowed, item, where)
+            mark_yield_site(error, items)
+            raise error from None
+        try:
+            await publisher.publish(message)
+        except UnregisteredTypeError as exc:
+            topic = _underlying(publisher).topic
+            error = UnregisteredTypeError(f"{topic}: {exc}").with_traceback(exc.__traceback__)
+            mark_yield_site(error, items)
+            raise error from None
+        except Exception as exc:
+            mark_yield_site(exc, items)
+            raise

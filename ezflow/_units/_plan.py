@@ -11,22 +11,33 @@ copied to relay it.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from .._core._codec import KNOWN_MESSAGE_MODULES, registered_name
 from .._core._protocol import check_topic
 from ._component import Collection, Component, Unit
 from ._errors import GraphDefinitionError
+from ._foreign import (
+    ADAPTER_MODULES,
+    GraphAdapter,
+    adaptable,
+    adaptable_class,
+    adapter_for,
+    foreign_package,
+    register_graph_adapter,
+)
 from ._streams import BoundStream, Stream, types_compatible
 
 __all__ = [
     "ADAPTER_MODULES",
     "MAIN_PROCESS",
     "GraphAdapter",
+    "NoUnitsError",
     "Plan",
+    "TopicEnd",
     "adaptable",
     "adaptable_class",
     "build_plan",
@@ -49,6 +60,19 @@ class _End:
     relay: bool  # a collection-level stream
     direction: str | None  # effective direction at this connection: input/output/None
     message_type: Any
+    ezmsg_wiring: bool = False  # its component connects as ezmsg does (see connection())
+    plain: bool = False  # a topic name, not a component's stream
+
+
+@dataclass(frozen=True)
+class TopicEnd:
+    """A connection end that is a plain topic name (not a component's stream): a likely
+    place for a typo, checked against the graph server's topics at start."""
+
+    topic: str
+    role: str  # "source" (the graph reads it) or "destination" (the graph feeds it)
+    where: str  # "connection 1", "PIPE connection 0"
+    other: str  # the stream at the other end ("SHOW.INPUT")
 
 
 @dataclass
@@ -59,9 +83,23 @@ class Plan:
     process_of: dict[str, str]  # unit path -> process name (MAIN_PROCESS or a path)
     edges: list[tuple[str, str]]  # direct topic -> topic edges to create
     processes: dict[str, list[str]] = field(default_factory=dict)  # name -> unit paths
+    #: Warnings about the graph (likely mistakes that still run), each one line: the
+    #: runner logs them when the graph starts.
+    notes: list[str] = field(default_factory=list)
+    #: Connection ends that are topic names: the runner checks them at start.
+    topic_ends: list[TopicEnd] = field(default_factory=list)
+    #: Unit input topics fed only by topic names (other programs' publishers, as
+    #: ``("GLOBAL_PING_TOPIC", log.INPUT)``): a stopping graph drains what they have
+    #: received without waiting for an end that is not the graph's to give.
+    external_inputs: set[str] = field(default_factory=set)
 
     def units_in(self, process: str) -> list[Unit]:
         return [self.units[path] for path in self.processes.get(process, [])]
+
+
+class NoUnitsError(GraphDefinitionError):
+    """The components contain no unit (ezmsg runs such a graph as nothing: compat
+    returns at once)."""
 
 
 def _check_name(name: object, where: str) -> str:
@@ -111,8 +149,24 @@ class _Builder:
         self.components: dict[str, Component] = {}
         self.units: dict[str, Unit] = {}
         self.collections: list[Collection] = []
+        self.adapters: dict[str, GraphAdapter] = {}  # one per foreign package
+        self.notes: list[str] = []  # warnings about the graph (Plan.notes)
+        self.topic_ends: list[TopicEnd] = []
+
+    def native(self, obj: object, kind: str) -> object:
+        """*obj*, or the ezflow object that stands for it when it belongs to another
+        framework (*kind*: ``component``, ``endpoint`` or ``placed``)."""
+        package = foreign_package(obj)
+        if package is None:
+            return obj
+        adapter = self.adapters.get(package)
+        if adapter is None:
+            adapter = self.adapters[package] = adapter_for(package)
+        translated: object = getattr(adapter, kind)(obj)
+        return translated
 
     def visit(self, component: object, path: str) -> None:
+        component = self.native(component, "component")
         if not isinstance(component, Component):
             raise GraphDefinitionError(
                 f"{path}: {component!r} is not a component; pass ezflow.Unit or "
@@ -148,6 +202,7 @@ class _Builder:
             )
 
     def endpoint(self, end: object, scope: Collection | None, role: str, where: str) -> _End:
+        end = self.native(end, "endpoint")
         if isinstance(end, str):
             if end in self.components:
                 raise GraphDefinitionError(
@@ -169,7 +224,7 @@ class _Builder:
                 check_topic(end)
             except ValueError as exc:
                 raise GraphDefinitionError(f"{where}: {exc}") from exc
-            return _End(end, repr(end), False, None, Any)
+            return _End(end, repr(end), False, None, Any, plain=True)
         if isinstance(end, Stream):
             raise GraphDefinitionError(
                 f"{where}: {end!r} is the stream of a class, not of a component; write "
@@ -199,7 +254,8 @@ class _Builder:
             # Inside its own network a collection's input is where messages come from.
             direction = "output" if direction == "input" else "input"
         topic = stream_topic(path, stream.name)
-        return _End(topic, f"{path}.{stream.name}", relay, direction, end.message_type)
+        wiring = bool(getattr(component, "_ezflow_ezmsg_wiring", False))
+        return _End(topic, f"{path}.{stream.name}", relay, direction, end.message_type, wiring)
 
     def connection(self, pair: object, scope: Collection | None, where: str) -> tuple[_End, _End]:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
@@ -215,6 +271,19 @@ class _Builder:
                 "InputStream"
             )
         if src.direction == "output" and dst.direction == "output":
+            ezmsg = getattr(scope, "_ezflow_ezmsg_wiring", False) or (
+                scope is None and src.ezmsg_wiring and dst.ezmsg_wiring
+            )
+            if ezmsg and not dst.relay and src.topic != dst.topic:
+                # ezmsg joins the two topics: what src publishes reaches dst's
+                # subscribers too (dst's own unit goes on publishing there).
+                self.notes.append(
+                    f"{shown} connects two outputs; as in ezmsg, what {src.label} publishes "
+                    f"also reaches the subscribers of {dst.label} (an ezflow.Collection "
+                    "refuses this: it is usually a wiring mistake; connect an OutputStream "
+                    "to an InputStream)"
+                )
+                return src, dst
             raise GraphDefinitionError(
                 f"{shown} connects two outputs; a connection goes from an OutputStream to an "
                 "InputStream"
@@ -232,89 +301,15 @@ class _Builder:
             )
         if src.topic == dst.topic:
             raise GraphDefinitionError(f"{shown} connects {src.label} to itself")
+        if src.plain:
+            self.topic_ends.append(TopicEnd(src.topic, "source", where, dst.label))
+        if dst.plain:
+            self.topic_ends.append(TopicEnd(dst.topic, "destination", where, src.label))
         return src, dst
 
 
 def _type_name(message_type: Any) -> str:
     return getattr(message_type, "__qualname__", None) or repr(message_type)
-
-
-# -- components of other frameworks ------------------------------------------------------
-
-#: Turns a graph whose components include another framework's objects into an ezflow
-#: graph: ``(components, connections, process_components)`` in, the same three out, with
-#: that framework's components, streams and placement entries replaced by ezflow ones.
-GraphAdapter = Callable[
-    [dict[str, object], list[object], list[object]],
-    tuple[dict[str, object], list[object], list[object]],
-]
-
-_graph_adapters: dict[str, GraphAdapter] = {}
-
-#: The module that adapts the components of a package (the key: the top-level package of
-#: a class in the component's class hierarchy). It is imported only when a graph contains
-#: such a component, and registers itself with :func:`register_graph_adapter`, so ezflow
-#: never imports the other framework unless it is given one of its objects.
-ADAPTER_MODULES: dict[str, str] = {"ezmsg": "ezflow.ezmsg"}
-
-
-def register_graph_adapter(package: str, adapter: GraphAdapter) -> None:
-    """Let :func:`build_plan` accept the components of *package* (a top-level package
-    name, e.g. ``"ezmsg"``), translated by *adapter*. Registering again replaces."""
-    _graph_adapters[package] = adapter
-
-
-def adaptable(obj: object) -> bool:
-    """Whether *obj* is another framework's component that :func:`build_plan` can adapt
-    (its class comes from a package of :data:`ADAPTER_MODULES`, or one registered);
-    nothing is imported to tell."""
-    return _foreign_package(obj) is not None
-
-
-def adaptable_class(cls: type) -> bool:
-    """Whether instances of *cls* are components :func:`build_plan` can adapt (see
-    :func:`adaptable`)."""
-    return not issubclass(cls, Component) and _adapter_package(cls) is not None
-
-
-def _foreign_package(component: object) -> str | None:
-    if isinstance(component, Component):
-        return None
-    return _adapter_package(type(component))
-
-
-def _adapter_package(cls: type) -> str | None:
-    for klass in cls.__mro__:
-        package = klass.__module__.partition(".")[0]
-        if package in _graph_adapters or package in ADAPTER_MODULES:
-            return package
-    return None
-
-
-def _adapt(
-    components: Mapping[str, object], connections: Iterable[object], placed: Iterable[object]
-) -> tuple[dict[str, object], Iterable[object], Iterable[object]]:
-    """Translate the components of other frameworks (a no-op without any)."""
-    packages = sorted({p for p in map(_foreign_package, components.values()) if p is not None})
-    if not packages:
-        return dict(components), connections, placed
-    graph = dict(components)
-    pairs = _as_list(connections, "connections")
-    if isinstance(placed, (str, bytes)) or not isinstance(placed, Iterable):
-        raise GraphDefinitionError("process_components must be a list of components")
-    entries = list(placed)
-    for package in packages:
-        if package not in _graph_adapters:
-            module = ADAPTER_MODULES[package]
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise GraphDefinitionError(
-                    f"the graph has {package} components, but {module} cannot be imported "
-                    f"({exc}); install ezflow[{package}]"
-                ) from exc
-        graph, pairs, entries = _graph_adapters[package](graph, pairs, entries)
-    return graph, pairs, entries
 
 
 def build_plan(
@@ -328,13 +323,11 @@ def build_plan(
     the component, connection or entry at fault."""
     if not components:
         raise GraphDefinitionError("nothing to run: pass at least one component")
-    graph, connections, process_components = _adapt(components, connections, process_components)
-    components = cast(dict[str, Component], graph)
     builder = _Builder()
     for name, component in components.items():
         builder.visit(component, _check_name(name, "components"))
     if not builder.units:
-        raise GraphDefinitionError("nothing to run: the components contain no Unit")
+        raise NoUnitsError("nothing to run: the components contain no Unit")
 
     ends: list[tuple[_End, _End]] = []
     for index, pair in enumerate(_as_list(connections, "connections")):
@@ -362,7 +355,60 @@ def build_plan(
                 "a process has one main thread: put those units in different "
                 "process_components"
             )
-    return Plan(builder.units, process_of, _direct_edges(ends), processes)
+    edges = _direct_edges(ends)
+    _check_declared_classes_travel(builder, edges, process_of)
+    plain = {end.topic for end in builder.topic_ends if end.role == "source"}
+    sources: dict[str, set[str]] = {}
+    for src, dst in edges:
+        sources.setdefault(dst, set()).add(src)
+    inputs = {
+        stream_topic(path, name)
+        for path, unit in builder.units.items()
+        for name, stream in type(unit).streams().items()
+        if stream.direction == "input"
+    }
+    external = {topic for topic, srcs in sources.items() if topic in inputs and srcs <= plain}
+    return Plan(
+        builder.units,
+        process_of,
+        edges,
+        processes,
+        builder.notes,
+        builder.topic_ends,
+        external,
+    )
+
+
+def _check_declared_classes_travel(
+    builder: _Builder, edges: list[tuple[str, str]], process_of: dict[str, str]
+) -> None:
+    """Raise :class:`GraphDefinitionError` for an output that declares a dataclass that
+    is not registered and is connected to an input in another process: its messages
+    could not travel there (found at start, not at the first message)."""
+    owners: dict[str, tuple[str, Any, str]] = {}  # topic -> (unit path, type, label)
+    for path, unit in builder.units.items():
+        for name, stream in type(unit).streams().items():
+            bound = unit._bound_stream(stream)
+            owners[stream_topic(path, name)] = (path, bound.message_type, f"{path}.{name}")
+    for src, dst in edges:
+        source, sink = owners.get(src), owners.get(dst)
+        if source is None or sink is None or process_of[source[0]] == process_of[sink[0]]:
+            continue
+        declared = source[1]
+        if (
+            isinstance(declared, type)
+            and dataclasses.is_dataclass(declared)
+            and registered_name(declared) is None
+            and declared.__module__ not in KNOWN_MESSAGE_MODULES
+        ):
+            module = "__main__" if declared.__module__ == "__mp_main__" else declared.__module__
+            raise GraphDefinitionError(
+                f"{source[2]} declares {module}.{declared.__qualname__}, a dataclass that is "
+                f"not registered, and is connected to {sink[2]} in another process "
+                f"({process_of[sink[0]] or 'main'}): its messages cannot travel there; "
+                f"decorate {declared.__qualname__} with @ezflow.message (or call "
+                f"ezflow.register_message({declared.__qualname__})) at module level"
+            )
 
 
 def _as_list(items: Iterable[object] | None, where: str) -> list[object]:
@@ -379,6 +425,7 @@ def _place(
     listed: dict[str, str] = {}  # process path -> where it was listed
 
     def add(entry: object, where: str, within: Collection | None) -> None:
+        entry = builder.native(entry, "placed")
         if not isinstance(entry, Component):
             raise GraphDefinitionError(
                 f"{where}: {entry!r} is not a component; list Unit or Collection instances"

@@ -3,7 +3,8 @@
 A child is ``python -c "...child_main()"`` started with one end of a socket pair (no
 ``fork``: the parent runs threads and an event loop). Over that private socket the
 parent sends a bootstrap (where the graph server is, the pickled units, how to import
-the main script) and then ``start``/``stop`` (with the drain timeout); the child answers
+the main script) and then ``start``/``stop`` (with the drain timeout) and ``hurry`` (stop
+draining now: a second Ctrl-C); the child answers
 ``ready``, ``failed``, ``complete`` (a unit raised NormalTermination), ``units_done``
 (every unit is done: the parent ends an ``end_when_done`` graph once every process
 said so), ``cut`` (what the drain timeout cut) and ``done``. Frames are a 4-byte
@@ -11,9 +12,11 @@ length and a pickle — acceptable only because the socket is private to parent 
 child (never a network socket).
 
 Cleanup on every path: the child stops (every ``shutdown()`` runs) when told to, on
-SIGTERM, and when the socket reaches EOF because the parent died; it ignores SIGINT,
-so Ctrl-C in a terminal is handled once, by the parent, in order. The parent kills a
-child that does not exit in time after ``stop``.
+SIGTERM, and when the socket reaches EOF because the parent died. It starts in a session
+of its own, so Ctrl-C in a terminal (SIGINT to the terminal's foreground process group)
+never reaches it — not even while its interpreter is still importing — and is handled
+once, by the parent, in order; it also ignores a SIGINT sent to it directly. The parent
+kills a child that does not exit in time after ``stop``.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from .._core._config import Address
 from .._core._loop import run_coroutine
 from .._graph._context import GraphContext
 from ._component import Unit
-from ._host import DrainCut, UnitHost, format_failure
+from ._host import DrainCut, UnitHost
 from ._mainthread import MainThreadGate, run_beside_main
 from ._message_types import MessageTypes, UnresolvableMessageError
+from ._tracebacks import describe
 
 __all__ = ["ChildProcess", "child_main", "importing_main", "preparation"]
 
@@ -54,6 +58,18 @@ _CHILD_CODE = "from ezflow._units._process import child_main; child_main()"
 #: True while this (unit) process imports the parent's main script to find the classes
 #: defined there: a graph started by that script's top-level code must not start here.
 importing_main = False
+
+
+def _failed(component: str, heading: str, exc: BaseException) -> dict[str, Any]:
+    """The ``failed`` report of *exc*: *heading*, then the user's frames (``details``)
+    or every frame (``full``)."""
+    described = describe(exc)
+    return {
+        "op": "failed",
+        "component": component,
+        "details": f"{heading}\n{described.short}",
+        "full": f"{heading}\n{described.full}",
+    }
 
 
 def _frame(message: dict[str, Any]) -> bytes:
@@ -109,6 +125,7 @@ class ChildProcess:
         self._writer = writer
         self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.stop_requested = False
+        self.killed_by_user = False  #: killed by a third Ctrl-C: no failure to report
         self.done = False
         self.units_done = False  #: every unit of the child is done
         self.cut = DrainCut()  #: what its drain timeout cut, as it reported
@@ -133,6 +150,11 @@ class ChildProcess:
                     name,
                     pass_fds=(child_end.fileno(),),
                     stdin=asyncio.subprocess.DEVNULL,
+                    # Out of the terminal's process group: Ctrl-C is the parent's to
+                    # handle, also while this interpreter starts (no traceback of an
+                    # interrupted import). The parent's death reaches the child through
+                    # its control socket, not through the terminal.
+                    start_new_session=True,
                 )
             finally:
                 child_end.close()
@@ -147,7 +169,7 @@ class ChildProcess:
 
     def listen(
         self,
-        on_failed: Callable[[ChildProcess, str, str], None],
+        on_failed: Callable[[ChildProcess, str, str, str], None],
         on_complete: Callable[[ChildProcess, str], None],
         on_units_done: Callable[[ChildProcess], None] | None = None,
     ) -> None:
@@ -162,7 +184,9 @@ class ChildProcess:
                 if op == "ready" and not self.ready.done():
                     self.ready.set_result(True)
                 elif op == "failed":
-                    on_failed(self, str(message.get("component")), str(message.get("details")))
+                    details = str(message.get("details"))
+                    full = str(message.get("full", details))
+                    on_failed(self, str(message.get("component")), details, full)
                 elif op == "complete":
                     on_complete(self, str(message.get("component")))
                 elif op == "units_done":
@@ -189,6 +213,11 @@ class ChildProcess:
         self.stop_requested = True
         with contextlib.suppress(ConnectionError, OSError):
             self.send({"op": "stop", "drain": drain_timeout})
+
+    def hurry(self) -> None:
+        """Tell the stopping child to stop draining now (its ``shutdown()`` still runs)."""
+        with contextlib.suppress(ConnectionError, OSError):
+            self.send({"op": "hurry"})
 
     def kill(self) -> None:
         if self.process.returncode is None:
@@ -299,13 +328,12 @@ def child_main() -> None:
     try:
         units: list[Unit] = _Unpickler(boot["units"], prep).load()
     except BaseException as exc:
-        details = (
+        heading = (
             f"while loading in process {name}: {exc!r}\n"
             "units placed in another process must be importable there: define their "
-            "classes in a module, or in a script run as a file (python script.py)\n"
-            f"{format_failure(exc)}"
+            "classes in a module, or in a script run as a file (python script.py)"
         )
-        sock.sendall(_frame({"op": "failed", "component": name, "details": details}))
+        sock.sendall(_frame(_failed(name, heading, exc)))
         sys.exit(1)
     # Before any unit runs: the parent's message classes, known here too.
     types = MessageTypes(boot.get("messages", {}), name, lambda: _import_main(prep))
@@ -352,6 +380,7 @@ async def _serve(
     reader, writer = await asyncio.open_connection(sock=sock)
     started = asyncio.Event()
     stop = asyncio.Event()
+    hurry = asyncio.Event()  # stop draining now (the parent's "hurry", or it is gone)
     # Drain timeout of the stop: the parent's, given with "stop"; for SIGTERM the one of
     # the bootstrap; none when the parent is gone.
     drain = {"timeout": float(boot.get("drain", 0.0))}
@@ -366,12 +395,16 @@ async def _serve(
             message = await _read_frame(reader)
             if message is None:
                 drain["timeout"] = 0.0
-                break  # the parent is gone: stop
+                hurry.set()  # the parent is gone: stop now
+                break
             if message.get("op") == "start":
                 started.set()
-            elif message.get("op") == "stop":
+            elif message.get("op") == "stop" and not stop.is_set():
                 drain["timeout"] = float(message.get("drain", 0.0))
-                break
+            elif message.get("op") == "hurry":  # a second Ctrl-C: stop draining
+                hurry.set()
+            if message.get("op") in ("stop", "hurry"):
+                stop.set()
         stop.set()
 
     listener = asyncio.ensure_future(listen())
@@ -391,8 +424,7 @@ async def _serve(
             if exc is None:
                 message = {"op": "complete", "component": main_path}
             else:
-                details = f"in @main:\n{format_failure(exc)}"
-                message = {"op": "failed", "component": main_path, "details": details}
+                message = _failed(main_path, "in @main:", exc)
             # A closed loop: the graph already stopped while @main was finishing.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(send, message)
@@ -405,13 +437,14 @@ async def _serve(
             host = UnitHost(
                 units,
                 ctx,
-                on_failure=lambda path, details: send(
-                    {"op": "failed", "component": path, "details": details}
+                on_failure=lambda path, details, full: send(
+                    {"op": "failed", "component": path, "details": details, "full": full}
                 ),
                 on_complete=lambda path: send({"op": "complete", "component": path}),
                 check_types=bool(boot.get("check_types", False)),
                 on_done=lambda: send({"op": "units_done"}),
                 end_when_done=bool(boot.get("end_when_done", False)),
+                external_inputs=frozenset(boot.get("external_inputs", ())),
             )
             hosts.append(host)
             try:
@@ -430,11 +463,11 @@ async def _serve(
                         main[0].open()
                 await stopper
             finally:
-                cut = await host.stop(drain["timeout"] if started.is_set() else 0.0)
+                cut = await host.stop(drain["timeout"] if started.is_set() else 0.0, hurry)
                 if cut:
                     send({"op": "cut", "queued": cut.queued, "inputs": cut.inputs})
     except Exception as exc:
-        send({"op": "failed", "component": boot["name"], "details": format_failure(exc)})
+        send(_failed(boot["name"], f"in process {boot['name']}:", exc))
         code = 1
     finally:
         if main is not None:

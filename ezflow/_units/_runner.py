@@ -8,16 +8,20 @@ import logging
 import os
 import pickle
 import signal
-from collections.abc import Callable, Iterable, Mapping
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .._core._config import (
     CHILD_STOP_TIMEOUT,
+    INTERRUPT_STOP_TIMEOUT,
     START_TIMEOUT,
     Address,
     check_drain_timeout,
     check_types_from_env,
+    debug_from_env,
     drain_timeout_from_env,
     format_address,
 )
@@ -28,13 +32,14 @@ from .._graph._publisher import Publisher
 from . import _process
 from ._component import Component
 from ._errors import GraphDefinitionError, ProcessDiedError, UnitError
-from ._host import DrainCut, UnitHost, format_failure
+from ._host import DrainCut, UnitHost
 from ._mainthread import MainThreadGate, run_beside_main
 from ._message_types import shipped_message_types
 from ._plan import MAIN_PROCESS, Plan, build_plan, stream_topic
 from ._process import ChildProcess, preparation
 from ._settings import Settings
 from ._streams import OutputStream
+from ._tracebacks import describe, show_to_user
 
 __all__ = ["GraphRunner", "run"]
 
@@ -45,14 +50,21 @@ log = logging.getLogger("ezflow.units")
 class _Failure:
     component: str
     process: str
-    details: str
+    details: str  # what failed, the user's frames and the failing line
+    full: str = ""  # the same with every frame (EZFLOW_DEBUG=1)
     returncode: int | None = None  # set for a process that died
 
-    def describe(self) -> str:
+    def describe(self, debug: bool = False) -> str:
+        details = self.full if debug and self.full else self.details
         if self.returncode is not None:
-            return self.details
+            return details
         where = f" (process {self.process})" if self.process != "main" else ""
-        return f"unit {self.component}{where} failed {self.details}"
+        return f"unit {self.component}{where} failed {details}"
+
+
+#: Seconds a unit process that died of SIGINT waits to be recognised as ended by the
+#: Ctrl-C that the runner's handler is about to see (see _killed_by_our_ctrl_c).
+_SIGINT_GRACE = 0.1
 
 
 def _signal_name(returncode: int) -> str:
@@ -152,7 +164,9 @@ class GraphRunner:
         self._allow_main = False
         self._gate: MainThreadGate | None = None
         self._host_done = False
-        self._hurry = asyncio.Event()  # a second signal: stop draining
+        self._hurry = asyncio.Event()  # stop draining (a second signal, or a failure)
+        self._interrupted = False  # a second signal: say what was cut, exit 130
+        self._sigint = False  # stopping because of SIGINT (Ctrl-C), see _killed_by_our_ctrl_c
 
     # -- public API ----------------------------------------------------------------------
 
@@ -211,6 +225,8 @@ class GraphRunner:
                 "`if __name__ == '__main__':`"
             )
         self._state = "starting"
+        for note in self.plan.notes:
+            log.warning("%s", note)
         try:
             await self._start()
         except BaseException:
@@ -322,6 +338,7 @@ class GraphRunner:
                     "check_types": self.check_types,
                     "drain": self._drain_timeout,
                     "end_when_done": self._end_when_done,
+                    "external_inputs": sorted(self.plan.external_inputs),
                 }
             )
         host = UnitHost(
@@ -332,6 +349,7 @@ class GraphRunner:
             check_types=self.check_types,
             on_done=self._local_done,
             end_when_done=self._end_when_done,
+            external_inputs=frozenset(self.plan.external_inputs),
         )
         self._host = host
         setup = asyncio.ensure_future(host.setup())
@@ -369,6 +387,8 @@ class GraphRunner:
                 with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(child.process.wait()), 5)
                 await asyncio.sleep(0)
+                if await self._killed_by_our_ctrl_c(child):
+                    continue
                 if not any(f.process == child.name for f in self._failures):
                     self._failures.append(
                         _Failure(
@@ -392,6 +412,48 @@ class GraphRunner:
         host.start()
         if self._gate is not None:
             self._gate.open()
+        if self.plan.topic_ends:
+            self._watchers.append(asyncio.ensure_future(self._check_topic_ends(context)))
+
+    async def _check_topic_ends(self, context: GraphContext) -> None:
+        """Warn once about each connection to a topic name that nothing publishes on (or
+        nothing reads) while a topic a typo away does: ``/sensor/rwa`` next to
+        ``/sensor/raw``. Topic names with no such neighbour are left alone (other
+        programs may join them later)."""
+        from .._graph._typos import fed_topics, nearest_topic, read_topics  # noqa: PLC0415
+
+        try:
+            snapshot = await context.graph()
+        except Exception as exc:  # the graph server went away: the graph is stopping
+            log.debug("cannot check the graph's topic names: %r", exc)
+            return
+        fed, read = fed_topics(snapshot), read_topics(snapshot)
+        said: set[frozenset[str]] = set()  # a pair of ends of this graph: said once
+        for end in self.plan.topic_ends:
+            if end.role == "source" and end.topic not in fed:
+                near = nearest_topic(end.topic, fed)
+                if near is not None and {end.topic, near} not in said:
+                    said.add(frozenset((end.topic, near)))
+                    log.warning(
+                        "%s: nothing publishes on %r, so %s receives nothing from it; "
+                        "did you mean %r (a topic that has a publisher)?",
+                        end.where,
+                        end.topic,
+                        end.other,
+                        near,
+                    )
+            elif end.role == "destination" and end.topic not in read:
+                near = nearest_topic(end.topic, read)
+                if near is not None and {end.topic, near} not in said:
+                    said.add(frozenset((end.topic, near)))
+                    log.warning(
+                        "%s: nothing subscribes to %r, so what %s publishes there goes "
+                        "nowhere; did you mean %r (a topic that has a subscriber)?",
+                        end.where,
+                        end.topic,
+                        end.other,
+                        near,
+                    )
 
     async def _check_not_running_already(self, context: GraphContext) -> None:
         """Raise GraphDefinitionError when another client of the graph server already
@@ -424,8 +486,8 @@ class GraphRunner:
 
     # -- reports -------------------------------------------------------------------------
 
-    def _local_failed(self, component: str, details: str) -> None:
-        self._failures.append(_Failure(component, "main", details))
+    def _local_failed(self, component: str, details: str, full: str = "") -> None:
+        self._failures.append(_Failure(component, "main", details, full))
         self._failed()
 
     def _failed(self) -> None:
@@ -436,8 +498,10 @@ class GraphRunner:
     def _local_complete(self, component: str) -> None:
         self._complete(component)
 
-    def _child_failed(self, child: ChildProcess, component: str, details: str) -> None:
-        self._failures.append(_Failure(component, child.name, details))
+    def _child_failed(
+        self, child: ChildProcess, component: str, details: str, full: str = ""
+    ) -> None:
+        self._failures.append(_Failure(component, child.name, details, full))
         self._failed()
 
     def _local_done(self) -> None:
@@ -474,11 +538,31 @@ class GraphRunner:
             self._complete(local[0] if local else "main")
         else:
             local = self._local_main()
-            self._local_failed(local[0] if local else "main", f"in @main:\n{format_failure(exc)}")
+            described = describe(exc)
+            self._local_failed(
+                local[0] if local else "main",
+                f"in @main:\n{described.short}",
+                f"in @main:\n{described.full}",
+            )
+
+    async def _killed_by_our_ctrl_c(self, child: ChildProcess) -> bool:
+        """Whether *child* died of the Ctrl-C that stops this graph: until its new
+        session begins, a unit process being started is in the terminal's process group
+        (for a few milliseconds: uvloop prepares the forked child before ``setsid``),
+        and the SIGINT meant for the runner ends it before any unit code ran — not a
+        failure."""
+        if child.process.returncode != -signal.SIGINT:
+            return False
+        if not self._sigint:
+            await asyncio.sleep(_SIGINT_GRACE)  # the runner's handler may run just after
+        if self._sigint:
+            child.stop_requested = True
+            log.debug("process %s ended by the Ctrl-C while it started", child.name)
+        return self._sigint
 
     async def _watch(self, child: ChildProcess) -> None:
         returncode = await child.process.wait()
-        if child.stop_requested:
+        if child.stop_requested or await self._killed_by_our_ctrl_c(child):
             return
         reported = any(f.process == child.name for f in self._failures)
         if not reported:
@@ -536,26 +620,41 @@ class GraphRunner:
                 )
             for child in self._children:
                 child.request_stop(drain)
+                if self._hurry.is_set():
+                    child.hurry()
             if self._host is not None:
                 cuts["main"] = await self._host.stop(drain, self._hurry)
             if self._children:
                 exited = await asyncio.gather(
-                    *(child.wait_exit(drain + CHILD_STOP_TIMEOUT) for child in self._children)
+                    *(
+                        self._wait_exit(child, drain + CHILD_STOP_TIMEOUT)
+                        for child in self._children
+                    )
                 )
                 cuts.update((child.name, child.cut) for child in self._children)
                 for child, by_itself in zip(self._children, exited, strict=True):
-                    if not by_itself:
-                        self._failures.append(
-                            _Failure(
-                                child.name,
-                                child.name,
-                                f"process {child.name} (pid {child.pid}) did not stop within "
-                                f"{drain + CHILD_STOP_TIMEOUT:.0f} s and was killed",
-                                returncode=-signal.SIGKILL,
-                            )
+                    if by_itself or child.killed_by_user:
+                        continue
+                    if self._interrupted:
+                        _say(
+                            f"process {child.name} (pid {child.pid}) did not stop within "
+                            f"{INTERRUPT_STOP_TIMEOUT:g} s of the second signal and was killed "
+                            "(its shutdown() may not have run)"
                         )
-            if normal:
-                _log_cut(cuts, drain, hurried=self._hurry.is_set())
+                        continue
+                    self._failures.append(
+                        _Failure(
+                            child.name,
+                            child.name,
+                            f"process {child.name} (pid {child.pid}) did not stop within "
+                            f"{drain + CHILD_STOP_TIMEOUT:.0f} s and was killed",
+                            returncode=-signal.SIGKILL,
+                        )
+                    )
+            if self._interrupted:
+                _say_cut(cuts)
+            elif normal:
+                _log_cut(cuts, drain)
         finally:
             for child in self._children:
                 await child.aclose()
@@ -567,20 +666,55 @@ class GraphRunner:
             if self._context is not None:
                 await self._context.aclose()
 
+    async def _wait_exit(self, child: ChildProcess, timeout: float) -> bool:
+        """Wait for *child* to exit, for up to *timeout* seconds — or, once the stop is
+        hurried, for up to ``INTERRUPT_STOP_TIMEOUT`` from then — and kill it after.
+        Returns whether it exited by itself."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        exit_task = asyncio.ensure_future(child.process.wait())
+        hurried = asyncio.ensure_future(self._hurry.wait())
+        try:
+            await asyncio.wait({exit_task, hurried}, timeout=timeout, return_when="FIRST_COMPLETED")
+            if not exit_task.done() and hurried.done():
+                remaining = min(deadline - loop.time(), INTERRUPT_STOP_TIMEOUT)
+                await asyncio.wait({exit_task}, timeout=max(0.0, remaining))
+        finally:
+            hurried.cancel()
+        if exit_task.done():
+            return True
+        child.kill()
+        await exit_task
+        return False
+
+    def hurry(self) -> None:
+        """Stop draining now (a second Ctrl-C): every process cancels what it still
+        handles, joins its threads and runs its units' ``shutdown()``; a unit process
+        that has not exited ``INTERRUPT_STOP_TIMEOUT`` seconds later is killed. Says
+        how many messages were cut when the graph has stopped."""
+        self._interrupted = True
+        self._end.set()
+        self._hurry.set()
+        for child in self._children:
+            if child.stop_requested:
+                child.hurry()
+
     def kill_children(self) -> None:
-        """Kill every unit process now and stop draining (a second Ctrl-C)."""
+        """Kill every unit process now and stop draining (a third Ctrl-C)."""
         self._hurry.set()
         for child in self._children:
             child.stop_requested = True
+            child.killed_by_user = True
             child.kill()
 
     # -- failures ------------------------------------------------------------------------
 
     def _error(self) -> UnitError:
         first, *others = self._failures
-        message = first.describe()
+        debug = debug_from_env()
+        message = first.describe(debug)
         if others:
-            message += "\nwhile stopping, also:\n" + "\n".join(f.describe() for f in others)
+            message += "\nwhile stopping, also:\n" + "\n".join(f.describe(debug) for f in others)
         if first.returncode is not None:
             return ProcessDiedError(
                 message,
@@ -590,7 +724,11 @@ class GraphRunner:
                 returncode=first.returncode,
             )
         return UnitError(
-            message, component=first.component, process=first.process, details=first.details
+            message,
+            component=first.component,
+            process=first.process,
+            details=first.details,
+            full_traceback=first.full or first.details,
         )
 
     def _raise_failures(self) -> None:
@@ -603,22 +741,46 @@ async def _shielded(future: asyncio.Future[bool]) -> None:
     await asyncio.shield(future)
 
 
-def _log_cut(cuts: dict[str, DrainCut], drain: float, *, hurried: bool) -> None:
-    """One line, if the drain was cut short anywhere: what was left, per process."""
+def _log_cut(cuts: dict[str, DrainCut], drain: float) -> None:
+    """One line, if the drain timeout cut the drain short: what was left, per process."""
     cut = {name: c for name, c in cuts.items() if c}
     if not cut:
         return
+    log.warning(
+        "the drain timeout (%g s) cut the graph's drain short: %s; raise drain_timeout / "
+        "EZFLOW_DRAIN_TIMEOUT to wait longer",
+        drain,
+        _cut_text(cut),
+    )
+
+
+def _say_cut(cuts: dict[str, DrainCut]) -> None:
+    """After a second signal: one line saying what the stop cut (also when nothing)."""
+    cut = {name: c for name, c in cuts.items() if c}
+    _say(f"stopped now: {_cut_text(cut)}")
+
+
+def _cut_text(cut: dict[str, DrainCut]) -> str:
     queued = sum(c.queued for c in cut.values())
     inputs = sum(c.inputs for c in cut.values())
-    why = "a second signal" if hurried else f"the drain timeout ({drain:g} s)"
-    log.warning(
-        "%s cut the graph's drain short: %d message(s) received and not handled, %d "
-        "input(s) not ended (%s); raise drain_timeout / EZFLOW_DRAIN_TIMEOUT to wait longer",
-        why,
-        queued,
-        inputs,
-        ", ".join(f"{name}: {c.queued} queued, {c.inputs} open" for name, c in cut.items()),
-    )
+    text = f"{queued} message(s) received and not handled were cut, {inputs} input(s) had not ended"
+    if cut:
+        text += (
+            " ("
+            + ", ".join(f"{n}: {c.queued} queued, {c.inputs} open" for n, c in cut.items())
+            + ")"
+        )
+    return text
+
+
+def _say(line: str) -> None:
+    """Tell the person at the terminal (Ctrl-C): one line on stderr, whatever logging
+    is configured."""
+    try:
+        sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed: nobody to tell
+        pass
 
 
 def run(
@@ -654,13 +816,21 @@ def run(
     :meth:`GraphRunner.describe`); what it raises stops the graph.
 
     Returns normally when a unit raised :class:`~ezflow.NormalTermination`, a
-    ``@main`` method returned, every unit is done (*end_when_done*), or on SIGINT
-    (Ctrl-C) / SIGTERM — after the drain, every ``shutdown()`` ran and every process
-    exited. A second signal stops draining and kills the unit processes at once. Raises
-    :class:`~ezflow.GraphDefinitionError` before starting anything for an invalid graph,
-    :class:`~ezflow.UnitError` naming the unit and its traceback when one raised, and
-    :class:`~ezflow.ProcessDiedError` when a unit process died — in each case after the
-    rest of the graph stopped. Uncaught, these exit the script with a non-zero status.
+    ``@main`` method returned, every unit is done (*end_when_done*), or on a first
+    SIGINT (Ctrl-C) / SIGTERM — after the drain, every ``shutdown()`` ran and every
+    process exited; that signal prints one line (``stopping: draining up to 5 s; Ctrl-C
+    again to stop now``). A second signal stops draining: every process cancels what it
+    still handles, runs its units' ``shutdown()`` (unit processes are killed after
+    ``INTERRUPT_STOP_TIMEOUT`` seconds), one line says how many messages were cut, and
+    ``run`` raises :class:`KeyboardInterrupt` (uncaught, without a traceback: the
+    script exits as interrupted, status 130 in a shell); a third kills the unit
+    processes at once. A signal before the graph started stops it before anything runs.
+    Raises :class:`~ezflow.GraphDefinitionError` before starting anything for an
+    invalid graph, :class:`~ezflow.UnitError` naming the unit, the user's frames and
+    the failing line when one raised, and :class:`~ezflow.ProcessDiedError` when a unit
+    process died — in each case after the rest of the graph stopped. Uncaught, these
+    exit the script with status 1, printed with the user's frames only (ezflow's with
+    ``EZFLOW_DEBUG=1``).
 
     In a unit process, a ``run()`` executed while the parent's main script is imported
     (to find the classes it defines) returns at once, so scripts work without an
@@ -668,21 +838,39 @@ def run(
     """
     if _process.importing_main:
         return  # in a unit process, importing the script that called run() (see above)
-    runner = GraphRunner(
-        components,
-        connections=connections,
-        process_components=process_components,
-        graph_address=graph_address,
-        force_single_process=force_single_process,
-        check_types=check_types,
-        end_when_done=end_when_done,
-        drain_timeout=drain_timeout,
-        **named_components,
-    )
+    signals = _SignalHandler()
+    with _catching(signals):
+        try:
+            _run_blocking(
+                signals,
+                on_started,
+                components,
+                connections=connections,
+                process_components=process_components,
+                graph_address=graph_address,
+                force_single_process=force_single_process,
+                check_types=check_types,
+                end_when_done=end_when_done,
+                drain_timeout=drain_timeout,
+                **named_components,
+            )
+        except BaseException as exc:
+            if not isinstance(exc, (SystemExit, GeneratorExit)):
+                show_to_user(exc)  # uncaught, printed with the user's frames only
+            raise
+
+
+def _run_blocking(
+    signals: _SignalHandler,
+    on_started: Callable[[GraphRunner], None] | None,
+    components: Mapping[str, Component] | None,
+    **options: Any,
+) -> None:
+    runner = GraphRunner(components, **options)
     runner._allow_main = True
     local_main = runner._local_main()
     if local_main is None:
-        run_coroutine(_run_until_done(runner, install_signals=True, on_started=on_started))
+        run_coroutine(_run_until_done(runner, signals, on_started=on_started))
         return
     gate = runner._gate = MainThreadGate()
     state: dict[str, asyncio.AbstractEventLoop] = {}
@@ -694,10 +882,8 @@ def run(
                 loop.call_soon_threadsafe(runner.main_returned, exc)
 
     async def run_in_thread() -> None:
-        loop = state["loop"] = asyncio.get_running_loop()
-        signals = _SignalHandler(runner)
-        gate.on_signal = lambda: loop.call_soon_threadsafe(signals.received)
-        await _run_until_done(runner, install_signals=False, on_started=on_started)
+        state["loop"] = asyncio.get_running_loop()
+        await _run_until_done(runner, signals, on_started=on_started)
 
     run_beside_main(
         run_in_thread(),
@@ -705,51 +891,105 @@ def run(
         gate=gate,
         main=local_main[1],
         on_main_return=main_returned,
+        signals=(),  # run() catches them (_catching), for the whole run
     )
 
 
 class _SignalHandler:
-    def __init__(self, runner: GraphRunner) -> None:
-        self.runner = runner
-        self.count = 0
+    """SIGINT (Ctrl-C) and SIGTERM during :func:`run`: the first stops the graph,
+    draining, the second stops it now, a third kills the unit processes (see
+    :func:`run`). :meth:`arrived` is the signal handler (main thread); the rest runs
+    on the graph's event loop once :meth:`attach` was called."""
 
-    def received(self) -> None:
+    def __init__(self) -> None:
+        self.count = 0
+        self._runner: GraphRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[int] = []
+        # attach() may run on the loop's thread while a signal arrives on the main
+        # thread (@main); reentrant: on one thread, the handler interrupts attach().
+        self._lock = threading.RLock()
+
+    def arrived(self, signum: int, frame: object = None) -> None:
+        with self._lock:
+            loop = self._loop
+            if loop is None:
+                self._pending.append(signum)
+                return
+        with contextlib.suppress(RuntimeError):  # a closed loop: run() is returning
+            loop.call_soon_threadsafe(self.received, signum)
+
+    def attach(self, runner: GraphRunner, loop: asyncio.AbstractEventLoop) -> None:
+        """Handle the signals that arrive from now on, and those that came before."""
+        with self._lock:
+            self._runner = runner
+            self._loop = loop
+            pending, self._pending = self._pending, []
+        for signum in pending:
+            self.received(signum)
+
+    def received(self, signum: int) -> None:
+        runner = self._runner
+        if runner is None:  # pragma: no cover - attach() handles the pending ones
+            return
         self.count += 1
+        if signum == signal.SIGINT:
+            runner._sigint = True
         if self.count == 1:
-            log.info(
-                "stopping the graph: draining for up to %g s (signal again to stop at once)",
-                self.runner._drain_timeout,
-            )
-            self.runner.request_stop()
+            drain = runner._drain_timeout
+            draining = f"draining up to {drain:g} s; " if drain > 0 else ""
+            if signum == signal.SIGINT:
+                _say(f"stopping: {draining}Ctrl-C again to stop now")
+            else:
+                name = signal.Signals(signum).name
+                _say(f"stopping ({name}): {draining}signal again to stop now")
+            runner.request_stop()
+        elif self.count == 2:
+            runner.hurry()
         else:
-            self.runner.kill_children()
+            _say("killing the unit processes")
+            runner.kill_children()
+
+
+@contextlib.contextmanager
+def _catching(signals: _SignalHandler) -> Iterator[None]:
+    """SIGINT and SIGTERM go to *signals* while the block runs (from the main thread:
+    elsewhere signals cannot be caught, and the caller handles them), unless the program
+    ignores them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    # A signal the program ignores (a background job's SIGINT, nohup's) stays ignored.
+    previous = {
+        sig: signal.signal(sig, signals.arrived)
+        for sig in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 async def _run_until_done(
     runner: GraphRunner,
+    signals: _SignalHandler,
     *,
-    install_signals: bool,
     on_started: Callable[[GraphRunner], None] | None = None,
 ) -> None:
-    loop = asyncio.get_running_loop()
-    handler = _SignalHandler(runner)
-    installed = []
-    if install_signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, handler.received)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError):  # pragma: no cover - not main thread
-                pass
-    try:
+    signals.attach(runner, asyncio.get_running_loop())
+    if signals.count:
+        interrupted = signals.count > 1
+    else:
         await runner.start()
-        if on_started is not None:
+        if on_started is not None and not runner._end.is_set():
             try:
                 on_started(runner)
             except BaseException:
                 await runner.stop()
                 raise
         await runner.wait()
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        interrupted = runner._interrupted
+    if interrupted:
+        raise KeyboardInterrupt  # a second signal: stopped now (run() says how)

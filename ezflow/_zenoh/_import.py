@@ -57,7 +57,7 @@ from .._core._exceptions import (
     ProtocolError,
     UnregisteredTypeError,
 )
-from ._keys import key_to_topic
+from ._keys import imported_topic, literal_prefix
 from ._mapping import MappingStats, Refusals
 from ._wire import ACK_CHUNK, Meta, Refused, pack_ack, parse_attachment, split_batch
 
@@ -289,7 +289,7 @@ class ImportRun:
         self._context = context
         self._codec = codec
         self._refused = Refusals(name, stats)
-        self._literal = key.split("*", maxsplit=1)[0].rsplit("/", 1)[0] if "*" in key else None
+        self._literal = literal_prefix(key)
         self._queue: SampleQueue | None = None
         self._subscriber: Any = None
         self._receiver: threading.Thread | None = None
@@ -492,10 +492,9 @@ class ImportRun:
             topic = mapping.topic
         else:
             try:
-                suffix = key_to_topic(key, self._literal)
+                topic = imported_topic(mapping.topic, key, self._literal)
             except (ConfigurationError, UnicodeDecodeError, ValueError) as exc:
                 raise Refused("key", f"key {key!r} maps to no topic: {exc}") from None
-            topic = mapping.topic.rstrip("/") + "/" + suffix.lstrip("/")
         if len(self._topics) >= ZENOH_IMPORT_TOPICS:
             raise Refused(
                 "key", f"more than {ZENOH_IMPORT_TOPICS} keys (ZENOH_IMPORT_TOPICS): {key!r}"

@@ -7,6 +7,13 @@ each chunk: ``%`` and the four forbidden characters (and anything not printable)
 ``%XX`` (uppercase hex of the UTF-8 bytes), and an empty chunk (a leading, trailing or
 doubled ``/``) becomes ``%``. A lone ``%`` cannot come from escaping, so the mapping is
 one-to-one; :func:`key_to_topic` inverts it.
+
+An import of a wildcard key expression (``ezflow/*/%/camera/raw`` → ``/robots``) puts each
+sample on a topic of its own, :func:`imported_topic`: the import's topic, then the chunks
+of the sample's key after the expression's literal prefix, unescaped, empty ones left out
+(``ezflow/robot1/%/camera/raw`` → ``/robots/robot1/camera/raw``). Leaving them out is what
+a reader of the topic expects: the ``%`` of an exported topic's leading ``/`` would
+otherwise make a doubled ``/`` in the middle of the imported one.
 """
 
 from __future__ import annotations
@@ -15,7 +22,14 @@ from urllib.parse import quote, unquote
 
 from .._core._exceptions import ConfigurationError
 
-__all__ = ["expand_host", "key_to_topic", "topic_to_key"]
+__all__ = [
+    "check_key_expr",
+    "expand_host",
+    "imported_topic",
+    "key_to_topic",
+    "literal_prefix",
+    "topic_to_key",
+]
 
 _SAFE = "".join(
     chr(c) for c in range(0x21, 0x7F) if chr(c) not in "%*$?#/"
@@ -49,3 +63,41 @@ def key_to_topic(key: str, prefix: str = "") -> str:
 def expand_host(text: str, host: str) -> str:
     """*text* with ``{host}`` replaced by *host*, escaped as one key-expression chunk."""
     return text.replace("{host}", _escape_chunk(host).replace("/", "%2F"))
+
+
+def literal_prefix(key_expr: str) -> str | None:
+    """The chunks of *key_expr* before its first chunk with a wildcard (``*``, ``**``,
+    ``$*``), joined with ``/`` (``""`` when the first chunk has one); None when it has
+    no wildcard."""
+    if "*" not in key_expr:
+        return None
+    return key_expr.split("*", 1)[0].rpartition("/")[0]
+
+
+def imported_topic(topic: str, key: str, literal: str) -> str:
+    """The topic a sample on *key* arrives on, for an import of a wildcard key
+    expression whose :func:`literal_prefix` is *literal*, under *topic*: *topic*, then
+    the chunks of *key* after *literal*, each unescaped, empty ones (``%``) left out,
+    joined with ``/`` (``("/robots", "ezflow/robot1/%/camera/raw", "ezflow")`` gives
+    ``/robots/robot1/camera/raw``). Raises ConfigurationError for a key outside
+    *literal*."""
+    chunks = key.split("/")
+    head = literal.split("/") if literal else []
+    if chunks[: len(head)] != head:
+        raise ConfigurationError(f"key {key!r} is not under {literal!r}")
+    rest = [unquote(c, errors="strict") for c in chunks[len(head) :] if c != _EMPTY]
+    return "/".join([topic.rstrip("/"), *(part for part in rest if part)]) or topic
+
+
+def check_key_expr(key_expr: str, *, wildcards: bool = True) -> None:
+    """Raise ConfigurationError (with Zenoh's reason) when Zenoh refuses *key_expr*, or
+    when it holds a wildcard and *wildcards* is false (a key to publish on)."""
+    import zenoh  # noqa: PLC0415 - this module's other functions do without it
+
+    try:
+        zenoh.KeyExpr(key_expr)
+    except Exception as exc:  # zenoh raises ZError
+        reason = str(exc).split(" at /", 1)[0]  # (Zenoh adds where in its Rust source)
+        raise ConfigurationError(f"{key_expr!r} is not a Zenoh key expression: {reason}") from exc
+    if not wildcards and "*" in key_expr:
+        raise ConfigurationError(f"{key_expr!r} has a wildcard: a key to publish on has none")

@@ -1,9 +1,10 @@
 """Opening a Zenoh session from ezflow settings.
 
 Secure defaults: peer mode with multicast scouting off (a session finds only the
-endpoints it is given), and no listening endpoint unless one is given. TLS, mutual TLS
-and access control come from a Zenoh configuration file (JSON5) named by
-``config_file``, whose settings the explicit ones here override.
+endpoints it is given), and no listening endpoint unless one is given (here or in the
+file). TLS, mutual TLS and access control come from a Zenoh configuration file (JSON5)
+named by ``config_file``, whose settings the explicit ones here override: mode and
+scouting always, endpoints when some are given (none given, the file's stand).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import zenoh
 
 from .._core._exceptions import ConfigurationError
 
-__all__ = ["ZenohSettings", "open_session", "session_config"]
+__all__ = ["ZenohSettings", "endpoints", "open_session", "session_config"]
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,15 @@ class ZenohSettings:
                     f"Zenoh endpoint {endpoint!r} has no protocol: write it like "
                     "tcp/10.0.0.5:7447 (or tls/..., quic/...)"
                 )
-        if self.mode == "client" and not self.connect:
+        if self.mode == "client" and not self.connect and self.config_file is None:
             raise ConfigurationError("a Zenoh client needs connect=[a router's endpoint]")
 
 
 def session_config(settings: ZenohSettings) -> Any:
-    """The ``zenoh.Config`` for *settings*; ConfigurationError naming the file or value
-    that Zenoh refused."""
+    """The ``zenoh.Config`` for *settings*: the file's, then *mode* and *scouting*, and
+    the *connect* and *listen* endpoints when any are given (none given: the file's
+    stand). ConfigurationError naming the file or value that Zenoh refused, or a client
+    left without an endpoint to connect to."""
     try:
         config = (
             zenoh.Config.from_file(settings.config_file) if settings.config_file else zenoh.Config()
@@ -62,18 +65,39 @@ def session_config(settings: ZenohSettings) -> Any:
         raise ConfigurationError(
             f"cannot read the Zenoh configuration {settings.config_file}: {exc}"
         ) from exc
-    values = {
+    values: dict[str, Any] = {
         "mode": settings.mode,
         "scouting/multicast/enabled": settings.scouting,
-        "connect/endpoints": list(settings.connect),
-        "listen/endpoints": list(settings.listen),
     }
+    for kind, given in (("connect", settings.connect), ("listen", settings.listen)):
+        # Given ones override the file's; none given, the file's stand, and where it sets
+        # none either, none (Zenoh's default listens on every interface).
+        if given or endpoints(config, kind, settings.mode) is None:
+            values[f"{kind}/endpoints"] = list(given)
     for key, value in values.items():
         try:
             config.insert_json5(key, json.dumps(value))
         except Exception as exc:
             raise ConfigurationError(f"Zenoh refused {key}={value!r}: {exc}") from exc
+    if settings.mode == "client" and not endpoints(config, "connect", "client"):
+        raise ConfigurationError(
+            f"a Zenoh client needs a router's endpoint: give connect=[...] (--connect), or "
+            f"connect/endpoints in {settings.config_file}"
+        )
     return config
+
+
+def endpoints(config: Any, kind: str, mode: str) -> list[str] | None:
+    """The *kind* endpoints a ``zenoh.Config`` gives a session in *mode* (Zenoh takes a
+    list, or lists per mode: ``{"router": [...], "client": [...]}``); None when it leaves
+    them at Zenoh's default."""
+    found = config.get_json(f"{kind}/endpoints")
+    if found == zenoh.Config().get_json(f"{kind}/endpoints"):
+        return None
+    listed = json.loads(found)
+    if isinstance(listed, dict):
+        listed = listed.get(mode, [])
+    return [str(endpoint) for endpoint in listed]
 
 
 @contextlib.asynccontextmanager

@@ -1,7 +1,10 @@
 """ezmsg's API on ezflow: ``import ezflow.compat.ezmsg as ez``.
 
-A program written for ezmsg (``import ezmsg.core as ez``) runs on ezflow with only its
-import line changed, and prints what it prints under ezmsg; ezmsg itself need not be
+A program written for ezmsg (``import ezmsg.core as ez``) runs on ezflow with only that
+import line changed, and prints what it prints under ezmsg. Its imports from
+``ezmsg.util`` (``DebugLog``, ``TerminateOnTimeout``, ``gen_to_unit``, ``AxisArray``...)
+stay as they are: ezmsg's own units run inside these collections through ezflow's
+adapter (``ezflow[ezmsg]``); a program that imports only ``ezmsg.core`` needs no ezmsg
 installed. The names are ezmsg's, with ezmsg's semantics where ezflow's differ:
 
 - ``Unit``, ``Collection``: ezflow components that take their settings positionally, as a
@@ -22,7 +25,9 @@ installed. The names are ezmsg's, with ezmsg's semantics where ezflow's differ:
   with the codec (ezmsg pickles any object; ezflow carries
   registered dataclasses, so the processes of the graph can decode them).
 - ``InputTopic``/``OutputTopic`` (and the relays): collection boundaries; ezflow joins
-  the units on either side directly, so no message is copied.
+  the units on either side directly, so no message is copied. As in ezmsg, an output
+  connected to another unit's output joins the two topics (with one warning naming the
+  connection: it is usually a mistake).
 - ``@main``: the graph goes on when it returns, as in ezmsg (ezflow's ``@main`` ends
   the graph); raising ``NormalTermination`` ends it.
 - ``@subscriber(stream, zero_copy=...)`` (ignored: ezflow never copies a message for a
@@ -32,7 +37,8 @@ installed. The names are ezmsg's, with ezmsg's semantics where ezflow's differ:
 - ``Complete`` ends the function that raised it; ``NormalTermination`` ends the graph.
 - ``run(system)`` positional (named ``SYSTEM``, as in ezmsg), or ``run(NAME=component,
   ...)`` / ``run(components={...})``, with ``connections``, ``process_components``,
-  ``graph_address`` and ``force_single_process``.
+  ``graph_address`` and ``force_single_process``; a system without units runs as
+  nothing (returns at once), as in ezmsg.
 - ``logger``: ezmsg's format, ``INFO`` and below on stdout, warnings on stderr, level
   from ``EZMSG_LOGLEVEL``.
 - ``Settings``, ``State``, ``Flag``, ``Message``, ``NetworkDefinition``, ``Component``,
@@ -60,6 +66,7 @@ from .._units._decorators import main as _main
 from .._units._decorators import publisher, role_of, task, thread
 from .._units._decorators import subscriber as _subscriber
 from .._units._errors import Complete, GraphDefinitionError, NormalTermination
+from .._units._plan import NoUnitsError
 from .._units._runner import run as _run
 from .._units._settings import Settings, State
 from .._units._streams import InputStream as _InputStream
@@ -335,6 +342,8 @@ def _settings(
 class Unit(_Unit):
     """ezmsg's ``Unit`` on ezflow (see the module docstring)."""
 
+    _ezflow_ezmsg_wiring = True
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # A subscriber named on_settings would be called twice per settings message: by
         # ezflow's hook of that name and as a subscriber. Keep it a subscriber only.
@@ -356,6 +365,8 @@ class Unit(_Unit):
 
 class Collection(_Collection):
     """ezmsg's ``Collection`` on ezflow (see the module docstring)."""
+
+    _ezflow_ezmsg_wiring = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -405,10 +416,13 @@ def run(
                 f"duplicate component name {name!r}: given in components and as a keyword"
             )
         graph[name] = component
-    _run(
-        graph,
-        connections=connections or (),
-        process_components=process_components or (),
-        graph_address=graph_address,
-        force_single_process=force_single_process,
-    )
+    try:
+        _run(
+            graph,
+            connections=connections or (),
+            process_components=process_components or (),
+            graph_address=graph_address,
+            force_single_process=force_single_process,
+        )
+    except NoUnitsError:
+        return  # as in ezmsg: a system without units runs as nothing

@@ -1,0 +1,21 @@
+"""The ``ezflow`` command's entry point.
+
+It lives outside the ``ezflow`` package so that importing ezflow and its command line
+(a few tenths of a second) happens where a Ctrl-C can be caught: interrupted there, or
+anywhere no command handles it, the command exits with status 130 and no traceback
+(``python -m ezflow`` imports the package before any of its code runs: there, importing
+ezflow itself is quiet, see ezflow/_core/_interrupts.py).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    try:
+        from ezflow._cli._app import main as cli  # noqa: PLC0415 - the point of this module
+
+        cli()
+    except KeyboardInterrupt:  # a Ctrl-C no command handled (while starting): quietly
+        sys.exit(130)
