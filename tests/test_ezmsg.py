@@ -496,8 +496,12 @@ def sdist_runs(
 ) -> Iterator[dict[str, Any]]:
     """Start every example both ways at once; the tests wait for what they need."""
     root = tmp_path_factory.mktemp("ezmsg-sdist")
-    assert pytestconfig.cache is not None
-    sdist = _sdist_examples(pytestconfig.cache.mkdir("ezmsg-sdist"), root)
+    # The download is kept in pytest's cache between runs (a fresh directory without it:
+    # -p no:cacheprovider).
+    cache = getattr(pytestconfig, "cache", None)
+    downloads = cache.mkdir("ezmsg-sdist") if cache is not None else root / "download"
+    downloads.mkdir(exist_ok=True)
+    sdist = _sdist_examples(downloads, root)
     examples = sdist / "examples"
     variants: dict[str, Path] = {"ezmsg": root / "ezmsg", "compat": root / "compat"}
     for directory in variants.values():
