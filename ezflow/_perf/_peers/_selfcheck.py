@@ -1,0 +1,418 @@
+"""``ezflow perf peers --selfcheck``: each peer's own throughput example next to our
+worker on that peer, on this machine, at 64 B.
+
+Is each peer worker written the way its library's documentation and examples write a
+stream? The check runs, in alternating rounds, for every peer (each flavour) and
+transport:
+
+* **the library's example** (:mod:`._examples`: pyzmq's ``perf/perf.py thr``, Zenoh's
+  ``z_pub_thr``/``z_sub_thr``, the calls of iceoryx2's Python examples in a loop,
+  ezmsg's ``ezmsg perf benchmark``), its sink counting what arrives;
+* **our worker, the same loop** (``python -m ezflow._perf._peers._NAME throughput``,
+  :func:`ezflow._perf._worker.main`): the source publishes the p2p message ``(phase,
+  seq, t_ns, payload)`` back to back through the worker's own adapter (its
+  publisher, ``publish_function``, codec, subscriber and ``consume``: everything the
+  p2p cells use), the sink only counts.
+
+The worker must reach :data:`BAR` of the example (the medians of the rounds), else the
+check fails: a worker below it uses its library worse than the library's own example
+does (a wrong idiom, a slow codec). Both sides run the same kind of loop on purpose:
+the p2p cells add the measurement itself to every framework alike (a clock read and a
+tuple per message at the source; sequence, phase and timing checks at the sink: a few
+microseconds, as much for ezflow as for any peer), which at 64 B weighs more than some
+libraries' whole per-message cost; ``ezflow perf peers`` shows those figures.
+
+The results document (``"schema": "ezflow-perf-selfcheck/1"``) holds every round of
+both sides, the environment (machine, load, commit) and the cost of the harness codec
+(:class:`._common.StreamCodec`, encode and decode of one 64 B message).
+
+Uses rich: never imported by workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+from rich.table import Table
+
+from .. import _environment
+from .._noise import Figure, figure, ratio_range
+from .._runner import SETUP_TIMEOUT, Worker, WorkerError
+from .._spec import RATE
+from ._common import StreamCodec, encode_header
+from ._install import PEERS, Peer, python_of
+
+__all__ = [
+    "BAR",
+    "SCHEMA_ID",
+    "Check",
+    "codec_cost_us",
+    "failures",
+    "markdown",
+    "plan",
+    "rich_table",
+    "run",
+]
+
+SCHEMA_ID: Final = "ezflow-perf-selfcheck/1"
+#: Our worker must reach this fraction of the library's example (medians).
+BAR: Final = 0.8
+#: The message size of the check, in bytes.
+SIZE: Final = 64
+#: Seconds of each stream before and while it is counted.
+WARMUP: Final = 0.5
+WINDOW: Final = 1.5
+#: Rounds by default (each side of each check measured once per round, alternating).
+ROUNDS: Final = 3
+#: Transports each library is checked over (those its worker has).
+TRANSPORTS: Final = {"ezmsg": ("shm", "tcp"), "pyzmq": ("shm", "tcp"), "zenoh": ("shm", "tcp"),
+                     "iceoryx2": ("shm",)}  # fmt: skip
+#: The example module run in each peer's venv.
+EXAMPLES: Final = "ezflow._perf._peers._examples"
+#: What each library's example is, for the table's notes.
+EXAMPLE_NAMES: Final = {
+    "pyzmq": "pyzmq perf/perf.py thr (DEALER -> ROUTER, blocking, one frame)",
+    "zenoh": "Zenoh examples/z_pub_thr.py + z_sub_thr.py (callback counts)",
+    "iceoryx2": "iceoryx2 Python examples' calls in a loop (no throughput example ships)",
+    "ezmsg": "ezmsg perf benchmark (relay config, no relay: source unit -> sink unit)",
+}
+
+
+@dataclass(slots=True)
+class Check:
+    """One peer framework over one transport: the example's and the worker's rounds."""
+
+    framework: str
+    library: str
+    transport: str
+    example: list[float] = field(default_factory=list)
+    worker: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> tuple[float, float, float] | None:
+        ours, theirs = figure(self.worker), figure(self.example)
+        if ours is None or theirs is None:
+            return None
+        return ratio_range(ours, theirs)
+
+    @property
+    def passed(self) -> bool | None:
+        """Whether the worker reached :data:`BAR` of the example (None: not measured)."""
+        ratio = self.ratio
+        return None if ratio is None else ratio[0] >= BAR
+
+    def to_json(self) -> dict[str, Any]:
+        ratio = self.ratio
+        return {
+            "framework": self.framework,
+            "library": self.library,
+            "transport": self.transport,
+            "size": SIZE,
+            "example": EXAMPLE_NAMES[self.library],
+            "example_msgs_per_s": self.example,
+            "worker_msgs_per_s": self.worker,
+            "ratio": None if ratio is None else ratio[0],
+            "passed": self.passed,
+            "notes": self.notes,
+        }
+
+
+def plan(frameworks: dict[str, list[str]], transports: Sequence[str] | None = None) -> list[Check]:
+    """The checks of *frameworks* (framework name -> worker command, as
+    :func:`._install.ensure` returns them) over their library's transports (only
+    those in *transports*, when given)."""
+    checks = []
+    for name in frameworks:
+        library = name.partition("-")[0]
+        for transport in TRANSPORTS[library]:
+            if transports is None or transport in transports:
+                checks.append(Check(name, library, transport))
+    return checks
+
+
+def codec_cost_us(repeats: int = 15, batch: int = 2000) -> float:
+    """Microseconds to encode and decode one 64 B p2p message with the cached codec
+    (the best of *repeats* batches: the cost, not the machine's noise)."""
+    payload = np.ones(SIZE // 4, np.float32)
+    out, into = StreamCodec(), StreamCodec()
+    join: Callable[[Any], bytes] = b"".join  # (numpy arrays are buffers)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for seq in range(batch):
+            into.decode(join((out.header(RATE, seq, seq, payload), payload)))
+        best = min(best, (time.perf_counter() - started) / batch)
+    return best * 1e6
+
+
+def general_codec_cost_us(repeats: int = 5, batch: int = 2000) -> float:
+    """The same with the general :func:`._common.encode_header` and ``decode``."""
+    from ._common import decode  # noqa: PLC0415
+
+    payload = np.ones(SIZE // 4, np.float32)
+    join: Callable[[Any], bytes] = b"".join  # (numpy arrays are buffers)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for seq in range(batch):
+            decode(join((encode_header(RATE, seq, seq, payload), payload)))
+        best = min(best, (time.perf_counter() - started) / batch)
+    return best * 1e6
+
+
+async def _result(sink: Worker, timeout: float) -> float:
+    event = await sink.event({"result", "unavailable"}, timeout)
+    if event["event"] == "unavailable":
+        raise WorkerError(f"{sink.name}: unavailable: {event['reason']}")
+    return float(event["msgs_per_s"])
+
+
+MEASURE_TIMEOUT: Final = SETUP_TIMEOUT + WARMUP + WINDOW + 30.0
+
+
+async def _measure_example(python: str, check: Check) -> float:
+    """One round of *check*'s library example."""
+    spec = {"transport": check.transport, "size": SIZE, "warmup": WARMUP, "window": WINDOW}
+    base = [python, "-m", EXAMPLES, check.library]
+    label = f"{check.library} example over {check.transport}"
+    if check.library == "ezmsg":
+        run = await Worker.start(label, [*base, "run", json.dumps(spec)])
+        try:
+            return await _result(run, MEASURE_TIMEOUT)
+        finally:
+            await run.close()
+    sink = await Worker.start(f"{label} (sink)", [*base, "sink", json.dumps(spec)])
+    source: Worker | None = None
+    try:
+        ready = await sink.event({"ready"}, SETUP_TIMEOUT)
+        spec["endpoint"] = ready["endpoint"]
+        source = await Worker.start(f"{label} (source)", [*base, "source", json.dumps(spec)])
+        return await _result(sink, MEASURE_TIMEOUT)
+    finally:
+        await asyncio.gather(
+            *(w.close(timeout=2.0) for w in (source, sink) if w is not None),
+            return_exceptions=True,
+        )
+
+
+async def _measure_worker(command: list[str], graph: tuple[str, int], check: Check) -> float:
+    """One round of our worker on *check*'s framework, the same loop as the example."""
+    spec: dict[str, Any] = {
+        "graph": list(graph),
+        "topic": f"/selfcheck/{uuid.uuid4().hex[:12]}",
+        "transport": check.transport,
+        "size": SIZE,
+        "warmup": WARMUP,
+        "window": WINDOW,
+        "seed": int.from_bytes(os.urandom(4), "little"),
+    }
+    label = f"{check.framework} worker over {check.transport}"
+    sink = await Worker.start(
+        f"{label} (sink)", [*command, "throughput", json.dumps(spec | {"role": "sink"})]
+    )
+    source: Worker | None = None
+    try:
+        ready = await sink.event({"ready", "unavailable"}, SETUP_TIMEOUT)
+        if ready["event"] == "unavailable":
+            raise WorkerError(f"{label}: unavailable: {ready['reason']}")
+        source = await Worker.start(
+            f"{label} (source)", [*command, "throughput", json.dumps(spec | {"role": "source"})]
+        )
+        return await _result(sink, MEASURE_TIMEOUT)
+    finally:
+        await asyncio.gather(
+            *(w.close(timeout=3.0) for w in (source, sink) if w is not None),
+            return_exceptions=True,
+        )
+
+
+async def run(
+    frameworks: dict[str, list[str]],
+    *,
+    rounds: int = ROUNDS,
+    transports: Sequence[str] | None = None,
+    cache: Any = None,
+    log: Callable[[str], None] = lambda _: None,
+    command: Sequence[str] = (),
+    peers: dict[str, Peer] | None = None,
+) -> dict[str, Any]:
+    """Run the checks of *frameworks* (framework name -> worker command) for *rounds*
+    alternating rounds; the results document. A side that fails in a round is noted
+    in its check (and leaves that round out)."""
+    from ._install import cache_dir  # noqa: PLC0415
+
+    table = PEERS if peers is None else peers
+    checks = plan(frameworks, transports)
+    started = time.perf_counter()
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load_before = list(os.getloadavg())
+    graphs: dict[str, Worker] = {}
+    addresses: dict[str, tuple[str, int]] = {}
+    try:
+        for name, worker in frameworks.items():
+            graph = await Worker.start(f"{name} rendezvous", [*worker, "graph"])
+            graphs[name] = graph
+            ready = await graph.event({"ready"}, SETUP_TIMEOUT)
+            addresses[name] = (ready["address"][0], int(ready["address"][1]))
+        for round_ in range(1, rounds + 1):
+            examples: dict[tuple[str, str], float | None] = {}
+            for check in checks:
+                key = (check.library, check.transport)
+                if key not in examples:
+                    python = str(python_of(cache_dir(cache) / table[check.library].name))
+                    log(f"round {round_}/{rounds}: {check.library} example over {check.transport}")
+                    try:
+                        examples[key] = await _measure_example(python, check)
+                    except WorkerError as exc:
+                        examples[key] = None
+                        check.notes.append(f"round {round_}: example: {exc}")
+                if examples[key] is not None:
+                    check.example.append(examples[key])  # type: ignore[arg-type]
+                log(f"round {round_}/{rounds}: {check.framework} worker over {check.transport}")
+                try:
+                    check.worker.append(
+                        await _measure_worker(
+                            frameworks[check.framework], addresses[check.framework], check
+                        )
+                    )
+                except WorkerError as exc:
+                    check.notes.append(f"round {round_}: worker: {exc}")
+    finally:
+        await asyncio.gather(*(g.close() for g in graphs.values()), return_exceptions=True)
+    return {
+        "schema": SCHEMA_ID,
+        "created": created,
+        "command": list(command),
+        "wall_seconds": time.perf_counter() - started,
+        "environment": _environment.capture("asyncio")
+        | {
+            "load_before": load_before,
+            "load_after": list(os.getloadavg()),
+        },
+        "rounds": rounds,
+        "bar": BAR,
+        "size": SIZE,
+        "warmup": WARMUP,
+        "window": WINDOW,
+        "codec_us": codec_cost_us(),
+        "general_codec_us": general_codec_cost_us(),
+        "checks": [check.to_json() for check in checks],
+    }
+
+
+def _checks(document: dict[str, Any]) -> list[Check]:
+    return [
+        Check(
+            entry["framework"],
+            entry["library"],
+            entry["transport"],
+            list(entry["example_msgs_per_s"]),
+            list(entry["worker_msgs_per_s"]),
+            list(entry["notes"]),
+        )
+        for entry in document["checks"]
+    ]
+
+
+def failures(document: dict[str, Any]) -> list[str]:
+    """One line per check that failed or could not be measured."""
+    lines = []
+    for check in _checks(document):
+        ratio = check.ratio
+        where = f"{check.framework} over {check.transport}"
+        if ratio is None:
+            lines.append(f"{where}: not measured ({'; '.join(check.notes) or 'no rounds'})")
+        elif ratio[0] < BAR:
+            lines.append(f"{where}: {ratio[0]:.2f}x of its library's example, below {BAR:g}x")
+    return lines
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _fig(values: list[float]) -> str:
+    found: Figure | None = figure(values)
+    return "—" if found is None else found.text(_rate)
+
+
+def _rows(document: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for check in _checks(document):
+        ratio = check.ratio
+        ratio_text = "—" if ratio is None else f"{ratio[0]:.2f}x ({ratio[1]:.2f}-{ratio[2]:.2f})"
+        verdict = {True: "pass", False: "FAIL", None: "not measured"}[check.passed]
+        rows.append(
+            [
+                check.framework,
+                check.transport,
+                _fig(check.example),
+                _fig(check.worker),
+                ratio_text,
+                verdict,
+            ]
+        )
+    return rows
+
+
+_HEADER = ["framework", "transport", "library's example msgs/s", "our worker, same loop msgs/s",
+           "worker / example", f"bar {BAR:g}x"]  # fmt: skip
+
+
+def rich_table(document: dict[str, Any]) -> Table:
+    """The selfcheck table for the terminal."""
+    table = Table(
+        title=f"ezflow perf peers --selfcheck: {document['size']} B, medians of "
+        f"{document['rounds']} round(s) (min-max), same run",
+        caption=f"harness codec (cached per stream): {document['codec_us']:.2f} µs per "
+        f"message, encode + decode (general: {document['general_codec_us']:.2f} µs)",
+        title_justify="left",
+        caption_justify="left",
+    )
+    for index, name in enumerate(_HEADER):
+        table.add_column(name, justify="left" if index < 2 else "right", no_wrap=index < 2)
+    for row in _rows(document):
+        style = {"pass": "green", "FAIL": "bold red"}.get(row[-1], "dim")
+        table.add_row(*row[:-1], f"[{style}]{row[-1]}[/]")
+    return table
+
+
+def markdown(document: dict[str, Any]) -> str:
+    """The selfcheck table as GitHub markdown (for docs/perf.md)."""
+    lines = ["| " + " | ".join(_HEADER) + " |", "|---|---|---:|---:|---:|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in _rows(document)]
+    return "\n".join(lines) + "\n"
+
+
+def notes(document: dict[str, Any]) -> list[str]:
+    """What each library's example is, and every round that failed."""
+    libraries = list(dict.fromkeys(entry["library"] for entry in document["checks"]))
+    lines = [f"{library}: {EXAMPLE_NAMES[library]}" for library in libraries]
+    for check in _checks(document):
+        lines += [f"{check.framework} over {check.transport}: {note}" for note in check.notes]
+    return lines
+
+
+def median_ratio(document: dict[str, Any]) -> float | None:
+    """The lowest median ratio of the document's checks (None when none measured)."""
+    ratios = [c.ratio[0] for c in _checks(document) if c.ratio is not None]
+    return min(ratios) if ratios else None
+
+
+def is_selfcheck(document: Any) -> bool:
+    """Whether *document* is a selfcheck results file."""
+    return isinstance(document, dict) and document.get("schema") == SCHEMA_ID
+
+
+_ = statistics  # (kept for readers: medians come from _noise.figure)
