@@ -149,9 +149,15 @@ def test_pyzmq_runs_next_to_ezflow_over_shm_and_tcp(cache: Path, tmp_path: Path)
     again = ezflow_cli("perf", "peers", "--from", str(output), "--markdown", timeout=PEERS_TIMEOUT)
     assert again.returncode == 0, again.stderr
     assert again.stdout == _command.markdown(document)
-    assert again.stdout.startswith(
-        "| metric | size | transport | ezflow | pyzmq-sync | ezflow/pyzmq-sync |"
-    )
+    lines = again.stdout.splitlines()
+    assert lines[:4] == [
+        "**msgs/s back-to-back**",
+        "",
+        "| | 64 B shm | 64 B tcp |",
+        "|---|---:|---:|",
+    ]
+    assert lines[4].startswith("| ezflow | ") and lines[5].startswith("| pyzmq-sync | ")
+    assert any(line.startswith("| ezflow / pyzmq-sync | ") for line in lines)
 
 
 @pytest.mark.timeout(VENV_TIMEOUT)
@@ -175,7 +181,7 @@ def test_a_peer_that_crashes_is_retried_and_counted(
     assert rows
     assert all("pyzmq-sync 1" in line for line in rows)
     assert any("crashed:" in line and "status 3" in line for line in _command.notes(document))
-    assert "| pyzmq-sync 1 |" in _command.markdown(document)
+    assert "Crashes: pyzmq-sync 1." in _command.markdown(document)
 
 
 def test_prepare_checks_the_options() -> None:
@@ -430,14 +436,15 @@ def test_selfcheck_runs_the_library_example_next_to_our_worker(cache: Path, tmp_
     (check,) = document["checks"]
     assert (check["framework"], check["transport"], check["size"]) == ("pyzmq-sync", "shm", 64)
     assert check["example"].startswith("pyzmq perf/perf.py thr")
-    assert len(check["example_msgs_per_s"]) == len(check["worker_msgs_per_s"]) == 1
-    assert check["example_msgs_per_s"][0] > 1000 and check["worker_msgs_per_s"][0] > 1000
+    assert check["gated"]  # the flavour pyzmq's script is written in
+    rounds = (check[f"{side}_msgs_per_s"] for side in ("example", "example_message", "worker"))
+    assert all(len(values) == 1 and values[0] > 1000 for values in rounds)
     ratio = check["worker_msgs_per_s"][0] / check["example_msgs_per_s"][0]
     assert check["ratio"] == pytest.approx(ratio)
     assert check["passed"] == (ratio >= _selfcheck.BAR)
     # Whatever this loaded machine measured, the exit status says it: 1 below the bar.
     assert run.returncode == (0 if check["passed"] else 1), run.stderr
-    assert "library's example" in run.stdout and "harness codec" in run.stdout
+    assert "ezflow perf peers --selfcheck: 64 B" in run.stdout and "pyzmq-sync" in run.stdout
     assert 0 < document["codec_us"] < document["general_codec_us"]
     again = ezflow_cli("perf", "peers", "--from", str(output), "--markdown", timeout=60)
     assert again.returncode == 0, again.stderr

@@ -366,20 +366,38 @@ def rich_table(document: dict[str, Any], title: str = "ezflow perf peers") -> Ta
 
 
 def markdown(document: dict[str, Any]) -> str:
-    """The peers table of *document* as GitHub markdown (for docs/perf.md)."""
+    """The peers table of *document* as GitHub markdown (for docs/perf.md): per metric,
+    a table with a row per framework (and the floor) and a column per size and
+    transport, each figure the median of the rounds with their range; then the ratios
+    ezflow / peer with theirs, marked ``even`` where the range holds 1."""
     names = frameworks(document)
     peers = names[1:]
-    header = ["metric", "size", "transport", *names, *(f"ezflow/{p}" for p in peers)]
-    header += ["floor", "memcpy µs", "crashes"]
-    align = ["---"] * 3 + ["---:"] * (len(names) + len(peers) + 2) + ["---"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    for row in table_rows(document):
-        cells = [row.label, format_size(row.size), row.transport]
-        cells += [_figure(row, name) for name in names]
-        cells += [_ratio(row, name)[0] for name in peers]
-        cells += [_floor_text(row), _memcpy_text(row), _crashes(row)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = table_rows(document)
+    out: list[str] = []
+    for metric, label, _ in METRICS:
+        chosen = [row for row in rows if row.metric == metric]
+        if not chosen:
+            continue
+        columns = [f"{format_size(row.size)} {row.transport}" for row in chosen]
+        align = "|---|" + "---:|" * len(columns)
+        out += [f"**{label}**", "", "| | " + " | ".join(columns) + " |", align]
+        for name in names:
+            out.append(f"| {name} | " + " | ".join(_figure(row, name) for row in chosen) + " |")
+        out.append("| floor | " + " | ".join(_floor_text(row) for row in chosen) + " |")
+        out += ["", f"**ezflow / peer, {label}**", "", "| | " + " | ".join(columns) + " |"]
+        out.append(align)
+        for name in peers:
+            ratios = " | ".join(_ratio(row, name)[0] for row in chosen)
+            out.append(f"| ezflow / {name} | {ratios} |")
+        out.append("")
+    crashes = {name: 0 for name in names}
+    for row in rows:
+        if row.metric == METRICS[0][0]:
+            for name, count in row.crashes.items():
+                crashes[name] += count
+    counted = [f"{name} {count}" for name, count in crashes.items() if count]
+    out.append(f"Crashes: {', '.join(counted) or 'none'}.")
+    return "\n".join(out) + "\n"
 
 
 def notes(document: dict[str, Any]) -> list[str]:

@@ -35,8 +35,12 @@ the source publishes until its stdin closes.
   ``ROLE`` is ``run`` (one process does it all).
 
 SPEC (JSON): ``transport`` (``shm`` or ``tcp``), ``size`` (bytes of the payload),
-``warmup`` and ``window`` (seconds), and for a source the ``endpoint`` its sink
-reported (``{"event": "ready", "endpoint": ...}``).
+``warmup`` and ``window`` (seconds), for a source the ``endpoint`` its sink reported
+(``{"event": "ready", "endpoint": ...}``), and ``message``: ``"bytes"`` (the example as
+it is: one fixed payload) or ``"p2p"`` - the example's loop carrying the p2p message
+instead, a new ``(phase, seq, t_ns, payload)`` of a 64 B float32 array every time,
+encoded with the harness codec (:class:`._common.StreamCodec`) and decoded by the sink:
+what any stream of changing arrays adds to the example, without our worker.
 """
 
 from __future__ import annotations
@@ -50,8 +54,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import numpy as np
+
+from ._common import StreamCodec
 
 #: Seconds a sink waits for its first message.
 FIRST_MESSAGE_TIMEOUT = 60.0
@@ -101,6 +109,22 @@ def _in_thread(work: Callable[[], None]) -> None:
     threading.Thread(target=work, name="measure", daemon=True).start()
 
 
+def _p2p(spec: dict[str, Any]) -> bool:
+    return spec.get("message") == "p2p"
+
+
+def _messages(spec: dict[str, Any]) -> Iterator[bytes]:
+    """The p2p messages of the ``"p2p"`` variant: a new header every time (the codec of
+    the harness), the same 64 B array, joined into one ``bytes``."""
+    codec = StreamCodec()
+    join: Callable[[Any], bytes] = b"".join  # (numpy arrays are buffers)
+    payload = np.full(int(spec["size"]) // 4, 1.5, np.float32)
+    seq = 0
+    while True:
+        yield join((codec.header(0, seq, 0, payload), payload))
+        seq += 1
+
+
 # -- pyzmq: perf/perf.py, thr ---------------------------------------------------------------
 
 
@@ -118,6 +142,11 @@ def pyzmq_sink(spec: dict[str, Any]) -> None:
     received = [0]
     _in_thread(lambda: _measure(lambda: received[0], spec))
     _emit("ready", endpoint=s.getsockopt_string(zmq.LAST_ENDPOINT))
+    if _p2p(spec):
+        decode = StreamCodec().decode
+        while True:
+            decode(s.recv_multipart(copy=True)[1])
+            received[0] += 1
     while True:  # thr_sink: recv_multipart per message
         s.recv_multipart(copy=True)
         received[0] += 1
@@ -134,6 +163,9 @@ def pyzmq_source(spec: dict[str, Any]) -> None:
     data = b" " * int(spec["size"])
     _leave_when_stdin_closes()
     _emit("ready")
+    if _p2p(spec):
+        for message in _messages(spec):
+            s.send(message, 0, copy=True)
     while True:  # throughput: one blocking send per message, copy=True
         s.send(data, 0, copy=True)
 
@@ -165,12 +197,18 @@ def zenoh_sink(spec: dict[str, Any]) -> None:
         path = os.path.join(tempfile.gettempdir(), f"ezflow-selfcheck-{uuid.uuid4().hex}.sock")
         endpoint = f"unixsock-stream/{path}"
     count = [0]
+    decode = StreamCodec().decode
 
     def listener(_sample: Any) -> None:  # z_sub_thr's listener: it counts
         count[0] += 1
 
+    def decoding(sample: Any) -> None:  # the same, decoding the p2p message first
+        decode(sample.payload.to_bytes())
+        count[0] += 1
+
     session = zenoh.open(_zenoh_config(spec["transport"], listen=[endpoint], connect=[]))
-    session.declare_subscriber("test/thr", zenoh.handlers.Callback(listener))
+    handler = decoding if _p2p(spec) else listener
+    session.declare_subscriber("test/thr", zenoh.handlers.Callback(handler))
     _emit("ready", endpoint=endpoint)
     try:
         _measure(lambda: count[0], spec, then_exit=False)
@@ -200,6 +238,9 @@ def zenoh_source(spec: dict[str, Any]) -> None:
         time.sleep(0.001)
     _leave_when_stdin_closes()
     _emit("ready")
+    if _p2p(spec):
+        for message in _messages(spec):
+            pub.put(message)
     while True:
         pub.put(payload)
 
@@ -211,7 +252,8 @@ def _iceoryx2_services(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     import iceoryx2 as iox2  # noqa: PLC0415 - only in the iceoryx2 venv
 
     iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
-    payload_type = ctypes.c_uint8 * int(spec["size"])
+    size = int(spec["size"]) + (40 if _p2p(spec) else 0)  # (+ the p2p header of a 1-D array)
+    payload_type = ctypes.c_uint8 * size
     node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
     name = iox2.ServiceName.new(spec["endpoint"])
     data = (
@@ -234,13 +276,16 @@ def iceoryx2_sink(spec: dict[str, Any]) -> None:
     _in_thread(lambda: _measure(lambda: count[0], spec))
     _emit("ready", endpoint=spec["endpoint"])
     wait = iox2.Duration.from_secs_f64(0.05)
+    decode = StreamCodec().decode if _p2p(spec) else None
     while True:
         listener.timed_wait(wait)
         while True:
             sample = subscriber.receive()
             if sample is None:
                 break
-            sample.payload()
+            data = sample.payload()
+            if decode is not None:
+                decode(data.contents)
             count[0] += 1
 
 
@@ -255,6 +300,13 @@ def iceoryx2_source(spec: dict[str, Any]) -> None:
     value = (ctypes.c_uint8 * int(spec["size"]))(*(i % 10 for i in range(int(spec["size"]))))
     _leave_when_stdin_closes()
     _emit("ready")
+    if _p2p(spec):
+        kind = ctypes.c_uint8 * (int(spec["size"]) + 40)
+        for message in _messages(spec):
+            sample = publisher.loan_uninit()
+            sample = sample.write_payload(kind.from_buffer_copy(message))
+            sample.send()
+            notifier.notify()
     while True:
         sample = publisher.loan_uninit()
         sample = sample.write_payload(value)
