@@ -21,6 +21,11 @@ With ``"profile": DIR`` in its spec, a units worker writes its cProfile statisti
 A units worker goes ``subscribed`` -> ``published`` -> ``warm`` -> ``result`` (or
 ``unavailable`` with a reason, when the framework refuses the transport); a graph
 worker prints ``ready`` with its address and serves until end of file.
+
+``... throughput SPEC_JSON`` runs one end of a bare stream through the framework's
+adapter for ``ezflow perf peers --selfcheck`` (a source publishing the p2p message back
+to back, a sink that only counts and reports msgs/s over a window; see
+:func:`_run_throughput`): the loop of a library's own throughput example.
 """
 
 from __future__ import annotations
