@@ -14,9 +14,15 @@ transport:
   publisher, ``publish_function``, codec, subscriber and ``consume``: everything the
   p2p cells use), the sink only counts.
 
-The worker must reach :data:`BAR` of the example (the medians of the rounds), else the
-check fails: a worker below it uses its library worse than the library's own example
-does (a wrong idiom, a slow codec). Both sides run the same kind of loop on purpose:
+Each library's example also runs carrying the p2p message (``"message": "p2p"``: the
+example's own loop, building a new header per message with the harness codec and
+decoding it at the sink). Our worker must reach :data:`BAR` of that variant (the median
+of the rounds' paired ratios), else the check fails: a worker below it uses its library
+worse than the library's own example does (a wrong idiom, a slow adapter). Where no such
+variant exists (ezmsg's benchmark sends its own messages), the bar applies to the
+example as it ships. The ratio to the example as it ships is always shown: for a library
+that moves a fixed payload in well under a microsecond (Zenoh), no Python program that
+builds and reads a message per send comes near it, and the table says by how much. Both sides run the same kind of loop on purpose:
 the p2p cells add the measurement itself to every framework alike (a clock read and a
 tuple per message at the source; sequence, phase and timing checks at the sink: a few
 microseconds, as much for ezflow as for any peer), which at 64 B weighs more than some
@@ -117,11 +123,21 @@ class Check:
         return _paired(self.worker, self.example_message)
 
     @property
+    def gate(self) -> Figure | None:
+        """The ratio :data:`BAR` applies to: our worker against the library's example
+        carrying the same p2p message where that variant exists (both sides then build,
+        send, receive and decode the same bytes, and differ only in how they use the
+        library), else against the example as it ships (ezmsg's sends its own messages)."""
+        if any(self.example_message):
+            return self.message_ratio
+        return self.ratio
+
+    @property
     def passed(self) -> bool | None:
-        """Whether the worker reached :data:`BAR` of the example (median of the
-        rounds' ratios; None: not measured)."""
-        ratio = self.ratio
-        return None if ratio is None else ratio.median >= BAR
+        """Whether the worker reached :data:`BAR` of the example (:attr:`gate`, the
+        median of the rounds' ratios; None: not measured)."""
+        gate = self.gate
+        return None if gate is None else gate.median >= BAR
 
     def to_json(self) -> dict[str, Any]:
         ratio = self.ratio
@@ -393,12 +409,15 @@ def failures(document: dict[str, Any]) -> list[str]:
     for check in _checks(document):
         if not check.gated:
             continue
-        ratio = check.ratio
+        gate = check.gate
         where = f"{check.framework} over {check.transport}"
-        if ratio is None:
+        if gate is None:
             lines.append(f"{where}: not measured ({'; '.join(check.notes) or 'no rounds'})")
-        elif ratio.median < BAR:
-            lines.append(f"{where}: {ratio.median:.2f}x of its library's example, below {BAR:g}x")
+        elif gate.median < BAR:
+            example = "carrying the p2p message" if any(check.example_message) else "as it ships"
+            lines.append(
+                f"{where}: {gate.median:.2f}x of its library's example {example}, below {BAR:g}x"
+            )
     return lines
 
 
@@ -441,7 +460,8 @@ def rich_table(document: dict[str, Any]) -> Table:
         title=f"ezflow perf peers --selfcheck: {document['size']} B, medians of "
         f"{document['rounds']} round(s) (min-max), same run",
         caption=f"ratios: per round (each pair back to back), their median (min-max). "
-        f"The bar applies to the flavour the example is written in. {codec_text(document)}",
+        f"The bar applies to the flavour the example is written in, against the example "
+        f"carrying the p2p message where it runs (else as it ships). {codec_text(document)}",
         title_justify="left",
         caption_justify="left",
     )
