@@ -12,7 +12,7 @@ transport:
   :func:`ezflow._perf._worker.main`): the source publishes the p2p message ``(phase,
   seq, t_ns, payload)`` back to back through the worker's own adapter (its
   publisher, ``publish_function``, codec, subscriber and ``consume``: everything the
-  p2p cells use), the sink only counts.
+  p2p cells use), the sink decodes each message and counts it.
 
 Each library's example also runs carrying the p2p message (``"message": "p2p"``: the
 example's own loop, building a new header per message with the harness codec and
@@ -22,11 +22,13 @@ worse than the library's own example does (a wrong idiom, a slow adapter). Where
 variant exists (ezmsg's benchmark sends its own messages), the bar applies to the
 example as it ships. The ratio to the example as it ships is always shown: for a library
 that moves a fixed payload in well under a microsecond (Zenoh), no Python program that
-builds and reads a message per send comes near it, and the table says by how much. Both sides run the same kind of loop on purpose:
-the p2p cells add the measurement itself to every framework alike (a clock read and a
-tuple per message at the source; sequence, phase and timing checks at the sink: a few
-microseconds, as much for ezflow as for any peer), which at 64 B weighs more than some
-libraries' whole per-message cost; ``ezflow perf peers`` shows those figures.
+builds and reads a message per send comes near it, and the table says by how much.
+
+Both sides run the same kind of loop on purpose: the p2p cells add the measurement
+itself to every framework alike (a clock read and a tuple per message at the source;
+sequence, phase and timing checks at the sink: a few microseconds, as much for ezflow as
+for any peer), which at 64 B weighs more than some libraries' whole per-message cost;
+``ezflow perf peers`` shows those figures.
 
 The results document (``"schema": "ezflow-perf-selfcheck/1"``) holds every round of
 both sides, the environment (machine, load, commit) and the cost of the harness codec
