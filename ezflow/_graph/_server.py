@@ -29,6 +29,12 @@ Guarantees:
   address unless told ``insecure=True``, and then it logs a warning at start and tells
   every client so in ``welcome`` (``insecure``: ``ezflow top`` and ``ezflow graph``
   show it). With TLS files, clients must present a certificate signed by the graph's CA.
+
+This module is the server proper: its lifecycle, the requests and the connection
+protocol. What registrations make (routes) is :mod:`._registry`'s, without sockets; the
+rings it registers by itself :mod:`._ringwatch`'s; trace hops and leases
+:mod:`._tracestore`'s; a connection's handshake state :mod:`ezflow._core._handshake`'s
+(shared with the data servers); :mod:`._embedded` runs a server in a thread.
 """
 
 from __future__ import annotations
