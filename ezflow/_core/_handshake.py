@@ -14,8 +14,8 @@ returns, in its own framing::
     auth {"proof"}                    --->  receive(): the hello (proof right), or raises
     error {...}                       --->  raises: the peer found that our tokens differ
 
-A handshake that is not :meth:`~AcceptingHandshake.admit`\\ ted within its deadline calls
-the caller's *late* with ``"handshake not done within N s"``.
+A handshake not admitted (:meth:`~AcceptingHandshake.admit`) within its deadline calls the
+caller's *late* with ``"handshake not done within N s"``.
 """
 
 from __future__ import annotations
