@@ -45,7 +45,8 @@ def ezflow(
 def test_version() -> None:
     result = ezflow("--version")
     assert result.returncode == 0
-    assert result.stdout == f"ezflow {version('ezflow')}\n"
+    # The distribution is ezflow-pubsub (`ezflow` on PyPI is another project).
+    assert result.stdout == f"ezflow {version('ezflow-pubsub')}\n"
 
 
 def test_run_prints_the_real_address_and_the_processes_once() -> None:
