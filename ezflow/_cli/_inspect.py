@@ -153,12 +153,16 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(
             "--fleet",
             metavar="DOMAIN",
-            help="Every host's graph in Zenoh fleet DOMAIN (ezflow\\[zenoh]; docs/fleets.md).",
+            help="Every host's graph in Zenoh fleet DOMAIN (ezflow-pubsub[zenoh]; docs/fleets.md).",
         ),
     ] = None,
     connect: Annotated[
         list[str] | None,
-        typer.Option("--connect", help="With --fleet: the Zenoh router to ask through."),
+        typer.Option(
+            "--connect",
+            metavar="ENDPOINT",
+            help="With --fleet: the Zenoh router to ask through.",
+        ),
     ] = None,
     config: FleetConfigOption = None,
 ) -> None:

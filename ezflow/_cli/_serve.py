@@ -45,6 +45,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         int | None,
         typer.Option(
             "--metrics-port",
+            metavar="PORT",
             help="Also serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
             min=0,
             max=65535,

@@ -339,12 +339,16 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(
             "--fleet",
             metavar="DOMAIN",
-            help="Every host's telemetry in Zenoh fleet DOMAIN, once (ezflow\\[zenoh]).",
+            help="Every host's telemetry in Zenoh fleet DOMAIN, once (ezflow-pubsub[zenoh]).",
         ),
     ] = None,
     connect: Annotated[
         list[str] | None,
-        typer.Option("--connect", help="With --fleet: the Zenoh router to ask through."),
+        typer.Option(
+            "--connect",
+            metavar="ENDPOINT",
+            help="With --fleet: the Zenoh router to ask through.",
+        ),
     ] = None,
     config: FleetConfigOption = None,
 ) -> None:
