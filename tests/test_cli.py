@@ -9,6 +9,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -294,8 +295,22 @@ def test_serve_stops_cleanly_on_ctrl_c() -> None:
 def test_serve_refuses_a_port_in_use(graph: Graph) -> None:
     result = invoke("serve", "--address", graph.address)
     assert result.exit_code == 1
-    assert "address in use" in result.stderr
+    assert result.stderr.startswith(f"error: cannot listen on {graph.address}: address in use")
+    assert f"`ezflow shutdown --address {graph.address}` stops it" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_serve_names_the_metrics_port_when_it_is_the_one_in_use() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = invoke("serve", "--address", "127.0.0.1:0", "--metrics-port", str(port))
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: cannot serve metrics on port {port} (127.0.0.1:{port}): address in use; "
+        "choose another --metrics-port (0 takes a free one)\n"
+    )
 
 
 # -- the known graph -------------------------------------------------------------------
