@@ -4,14 +4,19 @@ through typer's runner where speed matters), checking what they print."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import queue
 import re
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -425,7 +430,8 @@ def test_top_fits_the_terminal_width(graph: Graph, width: int) -> None:
     assert "…" not in text  # no cell cut short
     for row in snapshot["channels"] + snapshot["publishers"]:
         assert row["topic"] in text and f"({row['pid']})" in text
-    for header in ("topic", "process", "msgs/s", "drops"):  # the most important stay
+    # The most important stay: latency too, over less useful columns.
+    for header in ("topic", "process", "msgs/s", "lat p50", "drops"):
         assert re.search(rf"\b{re.escape(header)}\b", lines[2]), lines[2]
     if width == 80:
         assert "not shown for width: " in text
@@ -433,6 +439,45 @@ def test_top_fits_the_terminal_width(graph: Graph, width: int) -> None:
     wide = Console(width=1000, record=True)
     wide.print(all_columns)
     assert "not shown" not in wide.export_text()
+
+
+def test_top_shows_a_header_and_quits_on_q(graph: Graph) -> None:
+    once = ezflow_cli("top", "--once", "--address", graph.address)
+    assert once.returncode == 0, once.stderr
+    assert re.match(
+        rf"ezflow top: graph server {re.escape(graph.address)}, \d\d:\d\d:\d\d\n", once.stdout
+    )
+    # Live, on a terminal of 80 columns: the header says how to quit, and q does.
+    master, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
+    top = subprocess.Popen(
+        [sys.executable, "-m", "ezflow", "top", "--address", graph.address, "--interval", "0.2"],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        start_new_session=True,
+        env=dict(graph.env, COLUMNS="80"),
+    )
+    os.close(terminal)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 30
+        while b"quits" not in screen or b"lat p50" not in screen:
+            assert time.monotonic() < deadline, screen.decode(errors="replace")
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                screen += os.read(master, 65536)
+        os.write(master, b"q")
+        assert top.wait(timeout=15) == 0
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.wait()
+        os.close(master)
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.decode(errors="replace"))
+    assert f"ezflow top: graph server {graph.address}, " in text
+    assert "; q or Ctrl-C quits" in text
+    assert "Traceback" not in text
 
 
 def test_top_shows_rejoins_only_once_a_channel_rejoined(graph: Graph) -> None:
