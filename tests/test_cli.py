@@ -34,6 +34,7 @@ from typer.testing import CliRunner
 
 from ezflow._cli._app import app
 from ezflow._cli._top import _tables
+from ezflow._transports._ezring import RingWriter
 
 GRAPHS = str(Path(__file__).with_name("_cli_graphs.py"))
 CHILDREN = str(Path(__file__).with_name("_children.py"))
@@ -360,6 +361,63 @@ def test_graph_dot_and_tree(graph: Graph) -> None:
     assert "processes (2)" in tree.stdout  # the runner and RELAY's process, not us
     assert "publisher p-" in tree.stdout
     assert invoke("graph", "--dot", "--mermaid", "--address", graph.address).exit_code == 2
+
+
+def test_graph_lists_the_rings_it_reads_under_their_own_heading(tmp_path: Path) -> None:
+    """A graph server registers every live ring of its user: `ezflow graph` lists the
+    rings this graph reads (a subscriber of their topic) under "rings", and only counts
+    the others - another program's - unless --all-rings."""
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "ezflow", "serve", "-a", "127.0.0.1:0", "--watch-rings"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    tag = f"t{os.getpid()}"
+    collector = None
+    try:
+        assert serve.stdout is not None
+        address = re.search(r"listening on (\S+);", serve.stdout.readline()).group(1)  # type: ignore[union-attr]
+        with (
+            RingWriter.create(f"{tag}-cam", slot_size=64, topic=f"/rings/{tag}/cam"),
+            RingWriter.create(f"{tag}-other", slot_size=64, topic=f"/rings/{tag}/other"),
+        ):
+            collector = _child(
+                "collect", dict(os.environ), address=address, topic=f"/rings/{tag}/cam", count=1
+            )
+            _event(collector, "ready")
+
+            def both_registered() -> bool:
+                result = invoke("graph", "--json", "--address", address)
+                rings = [
+                    p for p in json.loads(result.stdout)["publishers"] if p["transport"] == "ezring"
+                ]
+                return len(rings) == 2
+
+            _wait_for(both_registered, 15, "the graph server to register both rings")
+            tree = invoke("graph", "--address", address, env={"COLUMNS": "200"}).stdout
+            every = invoke(
+                "graph", "--all-rings", "--address", address, env={"COLUMNS": "200"}
+            ).stdout
+    finally:
+        if collector is not None:
+            assert collector.stdin is not None
+            collector.stdin.close()
+            collector.wait(timeout=20)
+            assert collector.stdout is not None
+            collector.stdout.close()
+        serve.send_signal(signal.SIGINT)
+        serve.communicate(timeout=20)
+    rings = tree.split("rings (1)")[1]
+    assert f"{tag}-cam -> /rings/{tag}/cam (registered by the graph server)" in rings
+    assert "1 more ring of this user that no one in this graph reads (--all-rings" in rings
+    assert f"/rings/{tag}/other" not in tree  # not among the topics either
+    assert f"ezring {tag}-cam" in tree.split("edges (")[0]  # the publisher of its topic
+    assert "rings (2)" in every
+    assert (
+        f"{tag}-other -> /rings/{tag}/other (registered by the graph server, read by no one here)"
+        in every
+    )
 
 
 def test_topics(graph: Graph) -> None:
