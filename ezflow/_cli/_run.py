@@ -27,6 +27,7 @@ import typer
 
 from .._core._config import ENV_DEBUG, ENV_TRACE, check_drain_timeout
 from .._core._exceptions import ConfigurationError, EzflowError
+from .._core._interrupts import InterruptLatch
 from .._core._tracing import set_own_rate
 from .._units._component import Component
 from .._units._errors import GraphDefinitionError, ProcessDiedError, UnitError
@@ -267,18 +268,21 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         os.environ[ENV_DEBUG] = "1"  # failures with ezflow's frames (unit processes too)
     settings = parse_settings(set_fields or [])
     try:
-        name, obj = load_object(target)
-        arguments = load_graph(name, obj)
-        run_graph(
-            **arguments,
-            graph_address=where,
-            force_single_process=single_process,
-            check_types=True if check_types else None,
-            end_when_done=end_when_done,
-            drain_timeout=drain_timeout,
-            on_started=None if quiet else _print_start_line,
-            settings=settings,
-        )
+        # Until ezflow.run takes Ctrl-C over, one that Python swallows (importing the
+        # target can run into it) is not lost (ezflow/_core/_interrupts.py).
+        with InterruptLatch(KeyboardInterrupt).installed():
+            name, obj = load_object(target)
+            arguments = load_graph(name, obj)
+            run_graph(
+                **arguments,
+                graph_address=where,
+                force_single_process=single_process,
+                check_types=True if check_types else None,
+                end_when_done=end_when_done,
+                drain_timeout=drain_timeout,
+                on_started=None if quiet else _print_start_line,
+                settings=settings,
+            )
     except typer.Exit:
         raise  # fail() said why
     except GraphDefinitionError as exc:

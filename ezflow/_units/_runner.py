@@ -26,6 +26,7 @@ from .._core._config import (
     format_address,
 )
 from .._core._exceptions import ClosedResourceError
+from .._core._interrupts import take_interrupt
 from .._core._loop import loop_kind, run_coroutine
 from .._graph._context import GraphContext
 from .._graph._publisher import Publisher
@@ -973,6 +974,8 @@ def _catching(signals: _SignalHandler) -> Iterator[None]:
         for sig in (signal.SIGINT, signal.SIGTERM)
         if signal.getsignal(sig) is not signal.SIG_IGN
     }
+    if take_interrupt(previous.get(signal.SIGINT)):
+        signals.arrived(signal.SIGINT)  # a Ctrl-C that Python swallowed just before
     try:
         yield
     finally:
