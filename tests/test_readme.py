@@ -7,7 +7,10 @@ import importlib.metadata
 import re
 from pathlib import Path
 
-from ezflow._cli._app import DISTRIBUTION
+import ezflow
+from ezflow._core._config import DISTRIBUTION
+from ezflow._perf import _environment
+from ezflow._perf._peers import _install
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -16,9 +19,7 @@ README = (ROOT / "README.md").read_text()
 def _texts() -> dict[Path, str]:
     """Where install lines are written: the README, the docs, the package's messages."""
     paths = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    # ezflow/_perf is merged from another branch as this is written: its docstrings
-    # mention extras, none installs anything by name.
-    paths += [p for p in sorted((ROOT / "ezflow").rglob("*.py")) if "_perf" not in p.parts]
+    paths += sorted((ROOT / "ezflow").rglob("*.py"))
     return {path: path.read_text() for path in paths}
 
 
@@ -28,6 +29,10 @@ def test_the_distribution_is_installed_under_its_own_name() -> None:
     assert DISTRIBUTION == "ezflow-pubsub"
     assert importlib.metadata.version(DISTRIBUTION)
     assert DISTRIBUTION in importlib.metadata.packages_distributions()["ezflow"]
+    # ezflow perf reads the metadata too: the environment of its results, the
+    # requirements of the peers' venvs.
+    assert _environment.capture("asyncio")["packages"]["ezflow"] == ezflow.__version__
+    assert _install._ezflow_requirements()
 
 
 def test_no_line_installs_another_project() -> None:

@@ -13,16 +13,13 @@ from typing import Annotated
 
 import typer
 
+from .._core._config import DISTRIBUTION
 from .._core._exceptions import EzflowError
 from . import _echo, _inspect, _otel, _perf, _run, _serve, _top, _trace, _zenoh
 from ._connection import TlsCaOption, TlsCertOption, TlsKeyOption, TokenFileOption, apply_security
 from ._style import RootGroup, plain
 
-__all__ = ["DISTRIBUTION", "app", "main"]
-
-#: The name ezflow is installed under (``pip install ezflow-pubsub``): ``ezflow`` on PyPI
-#: is another project. The package is ``import ezflow``, the command ``ezflow``.
-DISTRIBUTION = "ezflow-pubsub"
+__all__ = ["app", "main"]
 
 app = typer.Typer(
     name="ezflow",
