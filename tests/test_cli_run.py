@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import typer
 from conftest import without_shm_notices
+from typer.testing import CliRunner
 
 from ezflow._cli._app import app
 
@@ -45,7 +46,8 @@ def ezflow(
 def test_version() -> None:
     result = ezflow("--version")
     assert result.returncode == 0
-    assert result.stdout == f"ezflow {version('ezflow')}\n"
+    # The distribution is ezflow-pubsub (`ezflow` on PyPI is another project).
+    assert result.stdout == f"ezflow {version('ezflow-pubsub')}\n"
 
 
 def test_run_prints_the_real_address_and_the_processes_once() -> None:
@@ -98,6 +100,26 @@ def test_a_wrong_object_name_lists_what_the_file_offers() -> None:
         "error: examples/units_quickstart.py has no attribute 'grpah'; it has: Sine, Scale, "
         "Check, graph, main\n"
     )
+
+
+def test_set_with_a_wrong_field_or_form_exits_2_naming_it() -> None:
+    wrong = ezflow(
+        "run", "examples/nested_collection.py:graph", "--set", "PIPELINE/GAIN.gian=2", "-q"
+    )
+    assert wrong.returncode == 2
+    assert without_shm_notices(wrong.stderr) == (
+        "error: cannot set PIPELINE/GAIN.gian: GainSettings has no field 'gian' (did you "
+        "mean 'gain'?); its fields: gain\n"
+    )
+    assert wrong.stdout == ""  # refused before anything ran
+    for spec in ("PIPELINE=2", "width=2", "PIPELINE.width"):
+        result = CliRunner().invoke(app, ["run", "nowhere.py:graph", "--set", spec])
+        assert result.exit_code == 2
+        assert result.stderr == (
+            f"error: --set {spec!r}: expected PATH.FIELD=VALUE, a component's path and a "
+            "field of its settings (e.g. --set SINE.rate=500 or --set "
+            "PIPELINE/FILTER.cutoff=30)\n"
+        )
 
 
 @pytest.fixture

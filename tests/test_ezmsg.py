@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("ezmsg.core", reason="ezmsg is not installed (pip install 'ezflow[ezmsg]')")
+pytest.importorskip(
+    "ezmsg.core", reason="ezmsg is not installed (pip install 'ezflow-pubsub[ezmsg]')"
+)
 
 from _ezmsg_graphs import (
     EzflowSink,
@@ -49,7 +51,9 @@ PROGRAMS = Path(__file__).parent / "ezmsg_programs"
 @pytest.fixture
 def sigproc() -> Any:
     """tests/_sigproc_graphs.py, or a skip when ezmsg-sigproc is not installed."""
-    pytest.importorskip("ezmsg.sigproc", reason="ezmsg-sigproc is not installed (ezflow[ezmsg])")
+    pytest.importorskip(
+        "ezmsg.sigproc", reason="ezmsg-sigproc is not installed (ezflow-pubsub[ezmsg])"
+    )
     return importlib.import_module("_sigproc_graphs")
 
 

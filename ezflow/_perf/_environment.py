@@ -27,7 +27,10 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _version(distribution: str) -> str | None:
+def _version(package: str) -> str | None:
+    # ezflow's distribution is ezflow-pubsub (_core._config.DISTRIBUTION; this module
+    # imports nothing of ezflow's); the results keep the key "ezflow".
+    distribution = "ezflow-pubsub" if package == "ezflow" else package
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:

@@ -134,6 +134,7 @@ class GraphRunner:
         check_types: bool | None = None,
         end_when_done: bool = False,
         drain_timeout: float | None = None,
+        settings: Mapping[str, Mapping[str, object]] | None = None,
         **named_components: Component,
     ) -> None:
         self.check_types = check_types_from_env() if check_types is None else bool(check_types)
@@ -148,6 +149,7 @@ class GraphRunner:
             connections,
             process_components,
             force_single_process=force_single_process,
+            settings=settings,
         )
         self._graph_address = graph_address
         self._state = "new"
@@ -795,6 +797,7 @@ def run(
     end_when_done: bool = False,
     drain_timeout: float | None = None,
     on_started: Callable[[GraphRunner], None] | None = None,
+    settings: Mapping[str, Mapping[str, object]] | None = None,
     **named_components: Component,
 ) -> None:
     """Run a graph until it ends; block meanwhile.
@@ -814,7 +817,11 @@ def run(
     stopping graph keeps handling messages already accepted (default
     ``EZFLOW_DRAIN_TIMEOUT``, else 5 seconds; 0: no drain). *on_started* is called
     once, on the graph's event loop, when every unit runs (e.g. to print
-    :meth:`GraphRunner.describe`); what it raises stops the graph.
+    :meth:`GraphRunner.describe`); what it raises stops the graph. *settings* sets
+    fields of components' settings by path before the graph starts, as ``ezflow run
+    --set PATH.FIELD=VALUE`` does (``{"PIPE/FILTER": {"cutoff": 30.0}}``; a str for a
+    field that takes no str is read as text; each component's before its
+    ``configure()``).
 
     Returns normally when a unit raised :class:`~ezflow.NormalTermination`, a
     ``@main`` method returned, every unit is done (*end_when_done*), or on a first
@@ -853,6 +860,7 @@ def run(
                 check_types=check_types,
                 end_when_done=end_when_done,
                 drain_timeout=drain_timeout,
+                settings=settings,
                 **named_components,
             )
         except BaseException as exc:

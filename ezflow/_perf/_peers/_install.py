@@ -140,7 +140,8 @@ def _ezflow_requirements() -> list[str]:
     """ezflow's own dependencies, pinned to the versions installed here (markers kept,
     pip evaluates them)."""
     try:
-        declared = importlib.metadata.requires("ezflow") or []
+        # ezflow's distribution (_core._config.DISTRIBUTION: `ezflow` on PyPI is another).
+        declared = importlib.metadata.requires("ezflow-pubsub") or []
     except importlib.metadata.PackageNotFoundError:
         raise PeerSetupError(
             "ezflow's package metadata is missing: install ezflow (pip install -e .) "
