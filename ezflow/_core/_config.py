@@ -814,7 +814,7 @@ BAD_PEER_LOG_MAX_CHARS: Final = 1000
 
 # -- ezmsg's API (ezflow.compat.ezmsg) ----------------------------------------------------------
 
-#: Seconds between two looks at ``running`` by an ezmsg ``@main`` (ezflow.ezmsg, or
+#: Seconds between two looks at ``running`` by an ezmsg ``@main`` (an ezmsg unit, or
 #: ezflow.compat.ezmsg's) that returned: as
 #: under ezmsg, the graph goes on, and that thread waits for it to stop.
 COMPAT_MAIN_POLL_INTERVAL: Final = 0.05
