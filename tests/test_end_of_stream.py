@@ -135,7 +135,7 @@ def _run(runner: ezflow.GraphRunner, timeout: float = 60) -> None:
         async with runner:
             await asyncio.wait_for(runner.wait(), timeout)
 
-    ezflow.run_coroutine(run())
+    ezflow.lowlevel.run_coroutine(run())
 
 
 def test_complete_ends_the_source_only_and_every_message_arrives() -> None:
@@ -198,7 +198,7 @@ def test_end_when_done_through_the_cli(tmp_path: Path) -> None:
 
 def test_replayer_through_three_processes_ends_when_done(tmp_path: Path) -> None:
     path = tmp_path / "numbers.rec"
-    codec = ezflow.Codec()
+    codec = ezflow.lowlevel.Codec()
     with path.open("wb") as file:
         file.write(msgpack.packb({"format": "ezflow-recording", "version": 1, "created": 0.0}))
         for i in range(500):

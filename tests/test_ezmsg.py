@@ -209,10 +209,10 @@ def test_axis_array_needs_no_registration(monkeypatch: pytest.MonkeyPatch) -> No
     # A process that never met AxisArray: empty registry, both when encoding and decoding.
     monkeypatch.setattr(_codec, "_TYPES_BY_NAME", {})
     monkeypatch.setattr(_codec, "_TYPES_BY_CLASS", {})
-    body = ezflow.Codec().encode(axis_array()).to_bytes()
+    body = ezflow.lowlevel.Codec().encode(axis_array()).to_bytes()
     monkeypatch.setattr(_codec, "_TYPES_BY_NAME", {})
     monkeypatch.setattr(_codec, "_TYPES_BY_CLASS", {})
-    assert_same_axis_array(ezflow.Codec().decode(body), axis_array())
+    assert_same_axis_array(ezflow.lowlevel.Codec().decode(body), axis_array())
 
 
 # -- ezmsg's example programs, with only their import line changed ------------------------

@@ -22,11 +22,12 @@ from _proc import Child
 from conftest import loop_kind
 
 import ezflow
-from ezflow import BrokenResourceError, ProtocolError, RingReader, RingWriter
+from ezflow import BrokenResourceError, ProtocolError
 from ezflow._core._config import EZRING_WATCH_INTERVAL
 from ezflow._transports._ezring import ring_path
 from ezflow._transports._shm import sweep_shm_dir
 from ezflow._transports._shmfiles import shm_dir
+from ezflow.ezring import RingReader, RingWriter
 
 C_DIR = Path(__file__).resolve().parent.parent / "c"
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -217,7 +218,7 @@ async def test_writer_sigkill_ends_the_reader_with_an_error_and_is_swept(
 
 READER_CHILD = """
 import asyncio, sys
-from ezflow import RingReader
+from ezflow.ezring import RingReader
 async def main():
     reader = await RingReader.open(sys.argv[1])
     frame = await reader.receive()  # kept: its slot stays held

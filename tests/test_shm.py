@@ -1309,7 +1309,7 @@ def test_no_resource_tracker_and_nothing_on_stderr() -> None:
                 assert (await sub.recv()).sum() == (await sub.recv()).sum() == 1 << 20
                 print(sorted(c.transport for c in ctx.channels))
 
-        ezflow.run_coroutine(main())
+        ezflow.lowlevel.run_coroutine(main())
         print(sorted(m for m in sys.modules if "resource_tracker" in m or "shared_memory" in m))
     """
     done = subprocess.run(
