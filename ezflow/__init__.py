@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import importlib as _importlib
 import typing as _typing
-import warnings as _warnings
 
+from ._core._deprecation import warn_deprecated as _warn_deprecated
 from ._core._interrupts import quiet_while_importing as _quiet_while_importing
 
 # A Ctrl-C while a script imports ezflow exits quietly (status 130), not with a traceback
@@ -38,6 +38,7 @@ try:
         ProtocolError,
         UndecodableMessageError,
         UnregisteredTypeError,
+        WouldBlock,
     )
     from ._core._outlet import PublisherStats
     from ._core._tracing import set_trace_rate
@@ -97,12 +98,7 @@ if not _typing.TYPE_CHECKING:  # (hidden from type checkers: a typo stays an err
         home = _MOVED.get(name)
         if home is None:
             raise AttributeError(f"module 'ezflow' has no attribute {name!r}")
-        _warnings.warn(
-            f"ezflow.{name} is deprecated and will be removed in the next release; "
-            f"use {home}.{name}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        _warn_deprecated(f"ezflow.{name}", f"{home}.{name}", stacklevel=3)
         return getattr(_importlib.import_module(home), name)
 
 
@@ -147,6 +143,7 @@ __all__ = [
     "Unit",
     "UnitError",
     "UnregisteredTypeError",
+    "WouldBlock",
     "__version__",
     "ezring",
     "lowlevel",

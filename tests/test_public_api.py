@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import importlib
 import inspect
 from pathlib import Path
@@ -72,6 +73,7 @@ def test_exceptions_are_named_by_cause_and_share_a_base() -> None:
         ezflow.GraphError,
         ezflow.ConfigurationError,
         ezflow.UnregisteredTypeError,
+        ezflow.WouldBlock,
     ]
     for error in errors:
         assert issubclass(error, ezflow.EzflowError)
@@ -79,6 +81,7 @@ def test_exceptions_are_named_by_cause_and_share_a_base() -> None:
     assert issubclass(ezflow.EzflowTimeoutError, TimeoutError)
     assert issubclass(ezflow.UnregisteredTypeError, TypeError)
     assert issubclass(ezflow.ConfigurationError, ValueError)
+    assert issubclass(ezflow.WouldBlock, asyncio.QueueEmpty)
 
 
 def test_py_typed_is_shipped() -> None:

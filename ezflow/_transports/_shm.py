@@ -133,7 +133,7 @@ def valid_socket_name(name: str) -> bool:
 
 @dataclasses.dataclass(slots=True)
 class ShmStats:
-    """Counters of one publisher's use of shared memory (see ``Publisher.shm_stats``).
+    """Counters of one publisher's use of shared memory (see ``Publisher.shm_statistics()``).
 
     * ``zero_copy`` - message x channel hand-overs through a shared-memory block;
     * ``inline`` - hand-overs inline on the socket because the message was small;
