@@ -31,6 +31,8 @@ from typing import Final, cast
 
 import numpy as np
 
+from ._config import RECV_POOL_BUFFERS as _POOL_BUFFERS
+from ._config import RECV_POOL_BYTES as _POOL_BYTES
 from ._exceptions import ProtocolError
 
 __all__ = [
@@ -110,9 +112,6 @@ _SCRATCH_SIZE: Final = 64 * 1024
 # buffer and is read into directly; smaller ones wait in scratch.
 _DIRECT_READ_THRESHOLD: Final = 16 * 1024
 
-# Recycled large-frame buffers per reader (see the module docstring).
-_POOL_BUFFERS: Final = 4
-_POOL_BYTES: Final = 64 * 1024 * 1024
 
 log = logging.getLogger("ezflow.framing")
 

@@ -71,6 +71,8 @@ from .._core._config import (
     shm_dir_from_env,
     watch_rings_from_env,
 )
+from .._core._config import MAX_PENDING_REQUESTS as _MAX_PENDING_REQUESTS
+from .._core._config import SERVER_CLIENT_BACKLOG as _MAX_WRITE_BUFFER
 from .._core._exceptions import AuthenticationError, ConfigurationError, ProtocolError
 from .._core._framing import FramedProtocol, frame
 from .._core._liveness import Heartbeat, tune_keepalive
@@ -104,10 +106,6 @@ __all__ = ["EmbeddedGraphServer", "GraphServer"]
 
 log = logging.getLogger("ezflow.server")
 
-# A client that lets this much pushed data pile up unread is dropped.
-_MAX_WRITE_BUFFER = 64 * 1024 * 1024
-# Requests a client may have waiting for an answer at once.
-_MAX_PENDING_REQUESTS = 1024
 # The routes of a client without subscribers.
 _NO_ROUTES: dict[str, Any] = {"subscribers": {}, "publishers": {}}
 
