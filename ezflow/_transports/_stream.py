@@ -687,7 +687,8 @@ class ChannelConnection(FramedProtocol):
         self.heard = True
         reader = self._reader
         if nbytes >= _DATA_PREFIX_SIZE and not reader.end and reader.big is None:
-            # (FrameReader.fresh_read, inlined: a call costs a microsecond, cold)
+            # (the reader held nothing: see FrameReader; tests/test_stream.py pins this
+            # to the general path, FramedProtocol.buffer_updated)
             data = reader.view
             size, kind, _, seq, sent_ns, drops = DATA_PREFIX.unpack_from(data)
             if (
