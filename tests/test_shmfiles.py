@@ -25,12 +25,13 @@ import pytest
 from _proc import ezflow_cli
 
 import ezflow
-from ezflow import BrokenResourceError, ProtocolError, RingReader, RingWriter
+from ezflow import BrokenResourceError, ProtocolError
 from ezflow._graph._rings import scan_rings
 from ezflow._transports._ezring import read_ring_header
 from ezflow._transports._segment import ShmSegment
 from ezflow._transports._shm import sweep_shm_dir
 from ezflow._transports._shmfiles import RefusedShmFile, open_shm_file, shm_dir
+from ezflow.ezring import RingReader, RingWriter
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -247,7 +248,7 @@ def test_a_failed_start_leaves_no_listening_socket() -> None:
             for line in listening.splitlines()[1:]
         )
 
-    ezflow.run_coroutine(main())
+    ezflow.lowlevel.run_coroutine(main())
 
 
 def own_inodes() -> set[int]:

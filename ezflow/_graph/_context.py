@@ -43,6 +43,7 @@ from .._core._auth import Credentials, TlsFiles, Token
 from .._core._channel import Inbox
 from .._core._codec import Codec
 from .._core._config import (
+    DEFAULT_LEAKY_QUEUE,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
     OTHER_ADDRESS_HINT,
@@ -566,7 +567,7 @@ class GraphContext:
                 "subscriber is bounded by each publisher's max_in_flight"
             )
         if leaky and on_message is None:
-            queue = check_positive(1 if queue is None else queue, setting="queue")
+            queue = check_positive(DEFAULT_LEAKY_QUEUE if queue is None else queue, setting="queue")
         transport = check_transport(transport, setting="transport")
         sub_id = f"s-{uuid.uuid4().hex[:16]}"
         inbox = Inbox(leaky=leaky, maxlen=queue, name=sub_id, callback=on_message)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._core._codec import EncodedMessage
+from .._core._deprecation import warn_deprecated
 from .._core._exceptions import ClosedResourceError
 from .._core._outlet import Outlet, PublisherStats
 from .._transports._shm import ShmStats, ShmTransport
@@ -47,17 +49,29 @@ class Publisher:
     def topic(self) -> str:
         return self._outlet.topic
 
-    @property
-    def stats(self) -> PublisherStats:
-        """Live counters: messages, bytes, encodes, drops, time spent waiting."""
-        return self._outlet.stats
+    def statistics(self) -> PublisherStats:
+        """A snapshot of this publisher's counters (messages, bytes, encodes, drops, time
+        spent waiting...): a copy taken now, which later publishing does not change."""
+        return dataclasses.replace(self._outlet.stats)
 
-    @property
-    def shm_stats(self) -> ShmStats | None:
+    def shm_statistics(self) -> ShmStats | None:
         """A snapshot of this publisher's shared-memory counters (``None`` when this
         process cannot use shared memory)."""
         shm = self._shm
         return None if shm is None else shm.stats(self._outlet)
+
+    @property
+    def stats(self) -> PublisherStats:
+        """Deprecated (removed in the next release): use :meth:`statistics`. The live
+        counters, which change as the publisher works."""
+        warn_deprecated("Publisher.stats", "Publisher.statistics()")
+        return self._outlet.stats
+
+    @property
+    def shm_stats(self) -> ShmStats | None:
+        """Deprecated (removed in the next release): use :meth:`shm_statistics`."""
+        warn_deprecated("Publisher.shm_stats", "Publisher.shm_statistics()")
+        return self.shm_statistics()
 
     @property
     def channels(self) -> int:
@@ -123,14 +137,14 @@ class Publisher:
         the same memory (tcp and local subscribers get it as any array). When the rest
         of the message does not fit that room (other large buffers), or the message
         holds a view of the array rather than the array, it is copied as any message
-        (counted in ``shm_stats.loans_copied``). After ``publish`` the array is
+        (counted in ``shm_statistics().loans_copied``). After ``publish`` the array is
         read-only; the memory stays valid (and unchanged) for as long as the array or
         any view of it - here or in a subscriber - is alive. An array never published is
         simply dropped.
 
         When shared memory cannot be used (not Linux, no ``/dev/shm``) or every block is
         leased, the loan is a private array instead (counted in
-        ``shm_stats.loan_fallbacks``): publishing it then copies as usual. Raises
+        ``shm_statistics().loan_fallbacks``): publishing it then copies as usual. Raises
         :class:`~ezflow.UnregisteredTypeError` for a dtype that cannot travel (objects),
         ``ValueError`` for a bad shape, :class:`~ezflow.MessageTooLargeError` above
         ``max_message_size``, :class:`~ezflow.ClosedResourceError` after

@@ -32,12 +32,13 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._core._channel import Attachment, Channel, ChannelStats, Inbox
 from .._core._codec import Codec
 from .._core._config import REJOIN_MAX_DELAY, REJOIN_MIN_DELAY
+from .._core._deprecation import warn_deprecated
 from .._core._exceptions import EzflowError
 from .._core._protocol import PublisherInfo
 from .._transports._base import Inbound, Transport
@@ -66,7 +67,14 @@ class ChannelInfo:
     subscribers: int
     lossless: bool
     pending: int
-    stats: ChannelStats
+    #: the channel's counters when the snapshot was taken
+    statistics: ChannelStats
+
+    @property
+    def stats(self) -> ChannelStats:
+        """Deprecated (removed in the next release): use :attr:`statistics`."""
+        warn_deprecated("ChannelInfo.stats", "ChannelInfo.statistics")
+        return self.statistics
 
 
 @dataclass(eq=False)
@@ -214,7 +222,7 @@ class Router:
                 subscribers=len(record.attachments),
                 lossless=record.channel.lossless,
                 pending=record.channel.pending,
-                stats=record.channel.stats,
+                statistics=replace(record.channel.stats),
             )
             for record in self.channels.values()
         ]

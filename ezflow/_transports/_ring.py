@@ -42,7 +42,12 @@ from typing import Any, Final, NamedTuple
 
 import numpy as np
 
-from .._core._config import DEFAULT_SHM_MAX_BYTES, DEFAULT_SHM_SLOT_COUNT, DEFAULT_SHM_SLOT_SIZE
+from .._core._config import (
+    DEFAULT_SHM_MAX_BYTES,
+    DEFAULT_SHM_SLOT_COUNT,
+    DEFAULT_SHM_SLOT_SIZE,
+    SHM_MAX_MAPPED_SEGMENTS,
+)
 from .._core._exceptions import ClosedResourceError, ConfigurationError, MessageTooLargeError
 from ._segment import ShmSegment
 
@@ -53,7 +58,7 @@ log = logging.getLogger("ezflow.shm")
 DEFAULT_SLOT_COUNT: Final = DEFAULT_SHM_SLOT_COUNT
 DEFAULT_SLOT_SIZE: Final = DEFAULT_SHM_SLOT_SIZE
 DEFAULT_MAX_BYTES: Final = DEFAULT_SHM_MAX_BYTES
-DEFAULT_MAX_SEGMENTS: Final = 64
+DEFAULT_MAX_SEGMENTS: Final = SHM_MAX_MAPPED_SEGMENTS
 
 
 class Descriptor(NamedTuple):

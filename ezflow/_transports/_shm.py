@@ -76,7 +76,9 @@ import numpy as np
 from .._core._auth import Credentials
 from .._core._channel import Channel
 from .._core._codec import MAX_DEPTH, Codec, EncodedMessage, message_fields
+from .._core._config import SHM_FREE_PER_FRAME as _FREE_PER_FRAME
 from .._core._config import SHM_LOAN_ROOM, ShmOptions
+from .._core._config import SHM_SWEEP_DELAYS as _SWEEP_DELAYS
 from .._core._exceptions import BrokenResourceError, MessageTooLargeError, ProtocolError
 from .._core._framing import (
     FREE,
@@ -100,14 +102,8 @@ __all__ = ["SegmentSweeper", "ShmStats", "ShmTransport", "sweep_shm_dir", "valid
 log = logging.getLogger("ezflow.shm")
 
 _SOCKET_NAME = re.compile(r"ezflow-[0-9]{1,10}-[0-9a-f]{16}")
-# FREE records per frame: 16 bytes each keeps a frame well under the publisher's
-# handshake-time frame limit (64 KiB).
-_FREE_PER_FRAME = 2048
 # Encoded segment names kept per publisher (emptied when full).
 _NAME_CACHE_SIZE = 256
-# Seconds after a peer's crash at which its segments are swept: its flock is dropped a
-# few milliseconds after death, or later while the kernel tears down a big process.
-_SWEEP_DELAYS = (0.05, 0.5, 2.0)
 # Where a loaned array's data starts in its segment: a multiple of this. The codec needs
 # 16 (its buffer alignment); a cache line costs nothing more and suits wide copies.
 _LOAN_ALIGNMENT = 64
@@ -133,7 +129,7 @@ def valid_socket_name(name: str) -> bool:
 
 @dataclasses.dataclass(slots=True)
 class ShmStats:
-    """Counters of one publisher's use of shared memory (see ``Publisher.shm_stats``).
+    """Counters of one publisher's use of shared memory (see ``Publisher.shm_statistics()``).
 
     * ``zero_copy`` - message x channel hand-overs through a shared-memory block;
     * ``inline`` - hand-overs inline on the socket because the message was small;
