@@ -93,11 +93,9 @@ from .._core._protocol import (
 )
 from .._core._telemetry import HistogramSnapshot, ProcessSnapshot, PublisherSnapshot
 from .._core._tracing import check_rows, check_trace_rate, check_trace_state
-from .._transports._ezring import sweep_stale_rings
-from .._transports._shm import SegmentSweeper
+from .._transports import LiveRing, SegmentSweeper, scan_rings, sweep_stale_rings
 from ._client import host_id
 from ._metrics import MetricsServer
-from ._rings import LiveRing, scan_rings
 from ._traces import REPORTED_FIELDS
 
 __all__ = ["EmbeddedGraphServer", "GraphServer"]
