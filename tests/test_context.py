@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ezflow
+from ezflow._transports._tcp import TcpTransport
 
 
 async def test_local_roundtrip_gives_read_only_view(ctx: ezflow.GraphContext) -> None:
@@ -341,7 +342,8 @@ async def test_cancelled_close_leaves_nothing_open(server: ezflow.GraphServer) -
         closing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await closing
-        assert sender._tcp is not None and not sender._tcp.connections
+        assert sender._transports is not None
+        assert not sender._transports.get("tcp", TcpTransport).connections
         assert sub.statistics().received < 200  # it really was stuck
 
 

@@ -24,7 +24,7 @@ from conftest import loop_kind
 import ezflow
 from ezflow import BrokenResourceError, ProtocolError
 from ezflow._core._config import EZRING_WATCH_INTERVAL
-from ezflow._transports._ezring import ring_path
+from ezflow._transports._ezring_files import ring_path
 from ezflow._transports._shm import sweep_shm_dir
 from ezflow._transports._shmfiles import shm_dir
 from ezflow.ezring import RingReader, RingWriter

@@ -40,6 +40,7 @@ from ezflow._core._config import (
     heartbeat_deadline_from_env,
 )
 from ezflow._core._protocol import PROTOCOL
+from ezflow._transports._tcp import TcpTransport
 
 PEERS = str(Path(__file__).with_name("_liveness_peers.py"))
 ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])
@@ -275,8 +276,8 @@ async def test_a_process_whose_own_loop_was_blocked_does_not_blame_its_peers(
         assert [c.transport for c in ctx.channels] == ["tcp"]
         assert not [r for r in caplog.records if "silent for" in r.getMessage()]
         # TCP keepalive backs the heartbeats up, on the data connection and the graph one.
-        assert ctx._tcp is not None and ctx._client is not None
-        [data] = ctx._tcp.connections
+        assert ctx._transports is not None and ctx._client is not None
+        [data] = ctx._transports.get("tcp", TcpTransport).connections
         for transport in (data.transport, ctx._client._protocol.transport):
             assert transport is not None
             sock = transport.get_extra_info("socket")
@@ -629,8 +630,10 @@ async def test_a_tcp_link_that_goes_down_and_up_reopens_with_backoff(
             feed = Feed(pub, healthy)
             try:
                 await child.event("got")
-                assert ctx._tcp is not None and ctx._tcp.address is not None
-                port = ctx._tcp.address[1]
+                assert ctx._transports is not None
+                address = ctx._transports.get("tcp", TcpTransport).address
+                assert address is not None
+                port = address[1]
                 killed = 0
                 down_until = time.monotonic() + 1.5
                 while time.monotonic() < down_until:

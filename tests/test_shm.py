@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from _children import LoanedFrame, arrays_in, digest, mixed_payload, payload, shm_location
 from _proc import Child
+from _transport_of import shm_of
 from conftest import HOSTILE_ENTRIES, loop_kind
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -48,10 +49,10 @@ from ezflow._core._framing import (
     WELCOME,
 )
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
-from ezflow._transports._ring import ShmRing
 from ezflow._transports._segment import ShmSegment
 from ezflow._transports._shm import SegmentUnlinker, ShmTransport
 from ezflow._transports._shmfiles import shm_dir
+from ezflow._transports._shmring import ShmRing
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -221,7 +222,7 @@ async def test_release_from_another_thread_frees_the_block(shm_pair: Any) -> Non
 # -- sizes around every boundary ---------------------------------------------------------------
 
 
-async def test_sizes_at_every_boundary(shm_pair: Any) -> None:
+async def test_sizes_at_every_boundary(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
     slot, inline = 16 * KiB, 2 * KiB
     options = ezflow.ShmOptions(slot_count=4, slot_size=slot, inline_limit=inline)
     pub, sub = await shm_pair("/shm/sizes", options)
@@ -236,7 +237,7 @@ async def test_sizes_at_every_boundary(shm_pair: Any) -> None:
         (slot + 1, "out-of-line"),
         (4 * slot, "out-of-line"),
     ]
-    ring = pub._shm._shm[pub.id].ring  # type: ignore[union-attr]
+    ring = shm_of(ctx)._shm[pub.id].ring
     for index, (total, path) in enumerate(cases):
         message = array_of_encoded_size(total, index)
         if total == slot:
@@ -272,7 +273,7 @@ async def test_channels_drop_the_mappings_of_retired_blocks(
     (record,) = ctx._router.channels.values()
     assert record.inbound is not None
     reader = record.inbound._connection.reader  # type: ignore[attr-defined]
-    ring = pub._shm._shm[pub.id].ring  # type: ignore[union-attr]
+    ring = shm_of(ctx)._shm[pub.id].ring
     assert ring.stats.blocks_unlinked >= 2
     on_disk = {n for n in os.listdir(shm_dir()) if n.startswith(f"ezflow-{os.getpid()}-")}
     assert set(reader.attached) <= on_disk  # nothing mapped that was unlinked
@@ -1119,7 +1120,8 @@ def control(kind: int, message: dict[str, Any]) -> bytes:
 async def test_garbage_free_records_close_only_that_channel(ctx: ezflow.GraphContext) -> None:
     pub = await ctx.publisher("/shm/free")
     sub = await ctx.subscriber("/shm/free", transport="shm")
-    assert ctx._shm is not None and ctx._shm.address is not None
+    address = shm_of(ctx).address
+    assert address is not None
     loop = asyncio.get_running_loop()
     for garbage in (
         struct.pack("<I", 5) + bytes([FREE]) + b"\x00" * 4,  # truncated header
@@ -1127,7 +1129,7 @@ async def test_garbage_free_records_close_only_that_channel(ctx: ezflow.GraphCon
     ):
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         raw.setblocking(False)
-        await loop.sock_connect(raw, "\0" + ctx._shm.address)
+        await loop.sock_connect(raw, "\0" + address)
         hello = {
             "op": "hello",
             "protocol": PROTOCOL,

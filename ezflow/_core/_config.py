@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -513,25 +514,29 @@ def graph_address_from_env() -> Address:
     return parse_address(text, setting=ENV_GRAPH_ADDRESS)
 
 
-def transport_from_env() -> TransportName | None:
-    """The transport forced by ``EZFLOW_TRANSPORT`` (``local``, ``shm``, ``tcp``), or
-    ``None`` for automatic choice (also for an empty value or ``auto``)."""
+def transport_from_env(names: Sequence[str] = TRANSPORTS) -> str | None:
+    """The transport forced by ``EZFLOW_TRANSPORT`` (one of *names*: by default
+    ``local``, ``shm``, ``tcp``; a context passes the registered ones), or ``None`` for
+    automatic choice (also for an empty value or ``auto``)."""
     text = os.environ.get(ENV_TRANSPORT, "").strip().lower()
     if text in ("", "auto"):
         return None
-    return check_transport(text, setting=ENV_TRANSPORT)
+    return check_transport(text, setting=ENV_TRANSPORT, names=names)
 
 
-def check_transport(value: str | None, *, setting: str = "transport") -> TransportName | None:
-    """Validate a transport name; ``None`` means automatic."""
+def check_transport(
+    value: str | None, *, setting: str = "transport", names: Sequence[str] = TRANSPORTS
+) -> str | None:
+    """Validate a transport name against *names* (by default the built-in ones the
+    user may force; a context passes the registered ones); ``None`` means automatic."""
     if value is None:
         return None
-    if value not in TRANSPORTS:
+    if value not in names:
         raise ConfigurationError(
-            f"{setting}={value!r} is not a transport; use one of {', '.join(TRANSPORTS)}"
+            f"{setting}={value!r} is not a transport; use one of {', '.join(names)}"
             " (or leave it unset for automatic choice)"
         )
-    return value  # type: ignore[return-value]
+    return value
 
 
 def max_message_size_from_env() -> int:

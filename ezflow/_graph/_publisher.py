@@ -12,7 +12,7 @@ from .._core._codec import EncodedMessage
 from .._core._deprecation import warn_deprecated
 from .._core._exceptions import ClosedResourceError
 from .._core._outlet import Outlet, PublisherStats
-from .._transports._shm import ShmStats, ShmTransport
+from .._transports import Loans, ShmStats
 
 if TYPE_CHECKING:  # numpy.typing costs ~15 ms to import; annotations only
     from numpy.typing import DTypeLike
@@ -32,11 +32,12 @@ class Publisher:
     def __init__(
         self,
         outlet: Outlet,
-        shm: ShmTransport | None,
+        loans: Loans[ShmStats] | None,
         close: Callable[[Publisher], Awaitable[None]],
     ) -> None:
         self._outlet = outlet
-        self._shm = shm
+        #: the loans its transports offer it (shared memory), or None
+        self._loans = loans
         self._close = close
         self._closed = False
         self._loaned = False
@@ -57,8 +58,8 @@ class Publisher:
     def shm_statistics(self) -> ShmStats | None:
         """A snapshot of this publisher's shared-memory counters (``None`` when this
         process cannot use shared memory)."""
-        shm = self._shm
-        return None if shm is None else shm.stats(self._outlet)
+        loans = self._loans
+        return None if loans is None else loans.stats()
 
     @property
     def stats(self) -> PublisherStats:
@@ -107,9 +108,9 @@ class Publisher:
         if not outlet.publish_nowait(message):
             await outlet.publish(message)
         if self._loaned:
-            shm = self._shm
-            if shm is not None:
-                shm.spend(self._outlet, message)
+            loans = self._loans
+            if loans is not None:
+                loans.spend(message)
 
     async def publish_encoded(self, message: Any, body: bytes | memoryview) -> None:
         """:meth:`publish` *message* whose ezflow codec body is *body* already - what
@@ -155,10 +156,10 @@ class Publisher:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dt = np.dtype(dtype)
         await self._outlet.wait_for_room()
-        shm = self._shm
+        loans = self._loans
         array = None
-        if shm is not None:
-            array = shm.loan(self._outlet, shape, dt)
+        if loans is not None:
+            array = loans.loan(shape, dt)
         else:
             # Same checks as a shared-memory loan, so that code behaves alike everywhere.
             self._outlet.codec.array_prefix(shape, dt)

@@ -85,7 +85,7 @@ from .._core._protocol import (
     field as message_field,
 )
 from .._core._telemetry import ProcessSnapshot
-from .._transports._shm import SegmentSweeper
+from .._transports import SegmentSweeper
 from ._client import host_id
 from ._metrics import MetricsServer
 from ._registry import RegisteredClient, Registry

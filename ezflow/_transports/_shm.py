@@ -17,7 +17,7 @@ of :mod:`._stream`); what differs is where message bytes travel:
 
 Leases and releases
     A block stays leased to a channel while anything in that process still refers to the
-    message: the :class:`RingReader` learns from a weak reference when the last view is
+    message: the :class:`ShmRingReader` learns from a weak reference when the last view is
     gone, and the channel sends ``FREE`` (block, generation) records back, batched per
     event-loop iteration. A subscriber that keeps a message therefore sees it unchanged
     for as long as it keeps it. This is separate from flow control: the ``max_in_flight``
@@ -92,9 +92,10 @@ from .._core._framing import (
 )
 from .._core._outlet import Outlet
 from .._core._protocol import PublisherInfo, field
-from ._ezring import sweep_stale_rings
-from ._ring import Block, Descriptor, RingReader, ShmRing
+from ._base import Loans, Transport, TransportSettings
+from ._ezring_files import sweep_stale_rings
 from ._segment import ShmSegment, shm_available, sweep_stale_segments
+from ._shmring import Block, Descriptor, ShmRing, ShmRingReader
 from ._stream import ChannelConnection, PublisherConnection, StreamLink, StreamTransport
 
 __all__ = ["SegmentSweeper", "ShmStats", "ShmTransport", "sweep_shm_dir", "valid_socket_name"]
@@ -460,7 +461,7 @@ class _OutletShm:
         key = ("loan", descriptor.block, descriptor.generation)
         self.ring.publish(block, (key,))
         # The uint8 array over the whole block is what dies last: the loaned array and
-        # every view of it hold it through the buffer protocol (see RingReader.view).
+        # every view of it hold it through the buffer protocol (see ShmRingReader.view).
         holder = np.frombuffer(buffer, dtype=np.uint8)
         ref = weakref.ref(holder, self._holder_died)
         self._holders[id(ref)] = (ref, key, descriptor)
@@ -761,7 +762,7 @@ class _ShmChannelConnection(ChannelConnection):
         super().__init__(channel, publisher, max_size, on_lost)
         self._shm = transport
         self._call = transport.call
-        self.reader = RingReader(on_release=self._block_released)
+        self.reader = ShmRingReader(on_release=self._block_released)
         self._free_scheduled = False
         self._closed_here = False
 
@@ -841,11 +842,36 @@ class _ShmChannelConnection(ChannelConnection):
 # -- the transport -------------------------------------------------------------------------
 
 
+class _ShmLoans:
+    """One publisher's handle on its shared memory (:meth:`ShmTransport.loans`)."""
+
+    __slots__ = ("_outlet", "_transport")
+
+    def __init__(self, transport: ShmTransport, outlet: Outlet) -> None:
+        self._transport = transport
+        self._outlet = outlet
+
+    def loan(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any] | None:
+        return self._transport.loan(self._outlet, shape, dtype)
+
+    def spend(self, message: Any) -> None:
+        self._transport.spend(self._outlet, message)
+
+    def stats(self) -> ShmStats | None:
+        return self._transport.stats(self._outlet)
+
+
 class ShmTransport(StreamTransport[str]):
     """Shared-memory data server for this process's publishers, and connector for its
     channels. Linux only; :meth:`available` says whether it can work here."""
 
     name: ClassVar[str] = "shm"
+    unreachable: ClassVar[str] = (
+        "shared memory cannot be used between these processes"
+        " (another host, no /dev/shm, or it failed before)"
+    )
+    fallback: ClassVar[str | None] = "tcp"
+    label: ClassVar[str] = "shared memory"
 
     def __init__(
         self, *, max_message_size: int, codec: Codec, credentials: Credentials | None = None
@@ -860,10 +886,27 @@ class ShmTransport(StreamTransport[str]):
         #: removes the names of the segments our publishers give up, off the loop
         self.unlinker = SegmentUnlinker()
 
-    @staticmethod
-    def available() -> bool:
-        """Whether shared memory and abstract Unix sockets work in this process."""
+    @classmethod
+    def available(cls) -> bool:
+        """Whether shared memory and abstract Unix sockets work in this process (the
+        first call probes /dev/shm: it creates and unlinks a file)."""
         return sys.platform.startswith("linux") and shm_available()
+
+    @classmethod
+    def from_settings(cls, settings: TransportSettings) -> Transport:
+        return cls(
+            max_message_size=settings.max_message_size,
+            codec=settings.codec,
+            credentials=settings.credentials,
+        )
+
+    def reaches(self, publisher: PublisherInfo, host_id: str) -> bool:
+        """A publisher on this host whose process serves shared memory."""
+        return publisher.shm_address is not None and publisher.host_id == host_id
+
+    async def advertise(self, *, optional: bool = True) -> dict[str, Any]:
+        """``{"shm": <socket name>}``: the data socket's name (optional)."""
+        return {"shm": await self.start()} if optional else {}
 
     @property
     def call(self) -> _LoopCall:
@@ -997,8 +1040,13 @@ class ShmTransport(StreamTransport[str]):
             shm.spend(message)
 
     def stats(self, outlet: Outlet) -> ShmStats | None:
+        """A snapshot of *outlet*'s counters; ``None`` when it is not (or no longer) here."""
         shm = self._shm.get(outlet.publisher_id)
         return None if shm is None else shm.snapshot()
+
+    def loans(self, outlet: Outlet) -> Loans[ShmStats]:
+        """*outlet*'s loans (``Publisher.loan``) and counters (``Publisher.shm_stats``)."""
+        return _ShmLoans(self, outlet)
 
     async def aclose(self) -> None:
         try:

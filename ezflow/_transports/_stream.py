@@ -975,7 +975,7 @@ class StreamTransport(Transport, Generic[AddressT]):
 
     # -- Transport ------------------------------------------------------------------------
 
-    def add_outlet(self, outlet: Outlet) -> None:
+    def add_outlet(self, outlet: Outlet, options: Any = None) -> None:
         self.outlets[outlet.publisher_id] = outlet
 
     def remove_outlet(self, outlet: Outlet) -> None:
