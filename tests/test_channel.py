@@ -293,7 +293,7 @@ async def test_a_waiting_get_releases_its_message_once_it_yields() -> None:
 def test_deliver_body_gives_what_the_general_decoder_gives(
     objs: list[object], data: st.DataObject
 ) -> None:
-    """Channel.deliver_body inlines Codec.decode's shortcuts (last_array, last_layout)
+    """Channel.deliver_body inlines Codec.decode's shortcuts (_last_array, _last_layout)
     for bytes bodies of unsampled messages: whatever the body - repeated, interleaved,
     bytes or memoryview, mutated - an inbox gets what the general decoder gives, and a
     body it refuses is counted as a decode error."""
@@ -352,7 +352,7 @@ def test_deliver_body_takes_the_layout_shortcut_for_a_stream_of_tuples() -> None
         got = inbox.get_nowait()
         assert type(got) is tuple and got[:3] == message[:3]
         assert np.array_equal(got[3], message[3]) and not got[3].flags.writeable
-    layout = codec.last_layout
+    layout = channel.codec._last_layout  # (the channel's own codec state)
     assert layout is not None
     assert channel.stats.decoded == 39 and channel.stats.decode_errors == 0
 
@@ -362,7 +362,7 @@ def test_deliver_body_takes_the_layout_shortcut_for_a_stream_of_tuples() -> None
 def test_deliver_body_array_shortcut_gives_what_the_general_decoder_gives(
     arr: np.ndarray, data: st.DataObject
 ) -> None:
-    """The inlined last_array shortcut: a stream of one array kind, then bodies of the
+    """The inlined _last_array shortcut: a stream of one array kind, then bodies of the
     same length that differ in the prefix (header, meta) or data."""
     codec = Codec()
     channel = Channel("p-1", "/t", codec)

@@ -618,7 +618,8 @@ class Channel:
     ) -> None:
         self.publisher_id = publisher_id
         self.topic = topic
-        self.codec = codec
+        #: this channel's own codec state (its hints: the kind it decoded last)
+        self.codec = codec._for_stream()
         self.transport = transport  # for telemetry: "local", "shm", "tcp"
         self._drop_hooks = DROP_HOOKS
         self.stats = ChannelStats()
@@ -720,7 +721,7 @@ class Channel:
             # (Codec.decode's first lines), inlined - with caches cold, a call costs a
             # microsecond. Pinned to Codec.decode by tests/test_channel.py.
             codec = self.codec
-            hint = codec.last_array
+            hint = codec._last_array
             if hint is not None and len(body) == hint[0] and body.startswith(hint[1]):
                 if hint[5] >= 0:
                     message: Any = np.frombuffer(body, hint[4], hint[5], hint[2])
@@ -729,7 +730,7 @@ class Channel:
                 self.stats.decoded += 1
                 self.deliver(seq, message, hint[0], upstream_drops, sent_ns)
                 return
-            layout = codec.last_layout
+            layout = codec._last_layout
             if layout is not None and len(body) == layout.size:
                 message = layout.decode(body)
                 if message is not None:
