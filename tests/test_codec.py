@@ -428,3 +428,43 @@ def test_array_prefix_refuses_what_encode_refuses() -> None:
         codec._array_prefix((2000,), np.dtype("u1"))
     with pytest.raises(MessageTooLargeError):
         codec._array_prefix((1000,), np.dtype("u1"))  # the data fits, the body does not
+
+
+# -- per-stream hints, and the old names of the fast-path internals -----------------------
+
+
+def test_a_stream_copy_has_the_class_limit_and_caches_and_hints_of_its_own() -> None:
+    class Subclass(Codec):
+        __slots__ = ()
+
+    codec = Subclass(max_message_size=4096)
+    stream = codec._for_stream()
+    assert type(stream) is Subclass and stream is not codec
+    assert stream.max_message_size == 4096
+    arr = np.arange(4.0)
+    for _ in range(3):
+        body = stream.encode(arr).to_bytes()
+        assert np.array_equal(stream.decode(body), arr)  # type: ignore[arg-type]
+    assert stream._last_array is not None and stream._small_array_body(arr) == body
+    assert codec._last_array is None and codec._small_array_body(arr) is None
+    assert np.array_equal(codec.decode(body), arr)  # type: ignore[arg-type]  # (shared cache)
+    assert codec._last_array is not None
+
+
+def test_the_old_names_of_the_fast_path_internals_warn_and_still_work() -> None:
+    codec = Codec()
+    arr = np.arange(4.0)
+    message = (1, 2, arr)
+    for _ in range(3):
+        codec.decode(codec.encode(arr).to_bytes())
+        codec.decode(codec.encode(message).to_bytes())
+    with pytest.warns(DeprecationWarning, match=r"Codec\.small_array_body is internal"):
+        assert codec.small_array_body(arr) == codec.encode(arr).to_bytes()
+    with pytest.warns(DeprecationWarning, match=r"Codec\.encode_small is internal"):
+        assert codec.encode_small(message) == codec.encode(message).to_bytes()
+    with pytest.warns(DeprecationWarning, match=r"Codec\.array_prefix is internal"):
+        assert codec.array_prefix(arr.shape, arr.dtype) == codec._array_prefix(arr.shape, arr.dtype)
+    with pytest.warns(DeprecationWarning, match=r"Codec\.last_array is internal"):
+        assert codec.last_array is codec._last_array is not None
+    with pytest.warns(DeprecationWarning, match=r"Codec\.last_layout is internal"):
+        assert codec.last_layout is codec._last_layout is not None
