@@ -14,7 +14,12 @@ import sys
 
 def main() -> None:
     try:
-        from ezflow._cli._app import main as cli  # noqa: PLC0415 - the point of this module
+        # Importing ezflow here is quiet on its own (ezflow/__init__.py); the command
+        # line's own modules import next, under a latch that loses no Ctrl-C.
+        from ezflow._core._interrupts import InterruptLatch  # noqa: PLC0415 - the point
+
+        with InterruptLatch(KeyboardInterrupt).installed():
+            from ezflow._cli._app import main as cli  # noqa: PLC0415 - the point
 
         cli()
     except KeyboardInterrupt:  # a Ctrl-C no command handled (while starting): quietly

@@ -6,6 +6,7 @@ frame and subscribes with ``leaky=True, queue=1``: it always shows the newest fr
 drops the rest, so it never slows the camera or the recorder.
 
     python examples/leaky_visualizer.py --frames 2000
+    ezflow run examples/leaky_visualizer.py:graph
 """
 
 from __future__ import annotations
@@ -87,19 +88,24 @@ class Viewer(ezflow.Unit):
         )
 
 
+def graph(frames: int = 2000) -> dict[str, Any]:
+    """The graph, as the keyword arguments of ezflow.run: what
+    `ezflow run examples/leaky_visualizer.py:graph` runs."""
+    settings = CameraSettings(frames=frames)
+    camera, recorder, viewer = Camera(settings), Recorder(settings), Viewer(settings)
+    return {
+        "components": {"CAMERA": camera, "RECORDER": recorder, "VIEWER": viewer},
+        "connections": [(camera.OUTPUT, recorder.INPUT), (camera.OUTPUT, viewer.INPUT)],
+        "process_components": [viewer],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=2000, help="frames to publish")
     args = parser.parse_args()
-    settings = CameraSettings(frames=args.frames)
-
-    camera, recorder, viewer = Camera(settings), Recorder(settings), Viewer(settings)
-    ezflow.run(
-        components={"CAMERA": camera, "RECORDER": recorder, "VIEWER": viewer},
-        connections=[(camera.OUTPUT, recorder.INPUT), (camera.OUTPUT, viewer.INPUT)],
-        process_components=[viewer],
-        graph_address="127.0.0.1:0",
-    )
+    # An embedded graph server on a free port.
+    ezflow.run(**graph(args.frames), graph_address="127.0.0.1:0")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ PRINTER directly, without copying messages. Halfway through, CONTROL sends GAIN 
 settings through its INPUT_SETTINGS stream.
 
     python examples/nested_collection.py --count 40
+    ezflow run examples/nested_collection.py:graph --set PIPELINE.width=2
 """
 
 from __future__ import annotations
@@ -143,30 +144,35 @@ class Printer(ezflow.Unit):
         print(f"printer: {self.STATE.received} values, last {self.STATE.last:.2f}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=40, help="values to send")
-    args = parser.parse_args()
-    counting = CounterSettings(count=args.count)
-
+def graph(count: int = 40) -> dict[str, Any]:
+    """The graph, as the keyword arguments of ezflow.run: what
+    `ezflow run examples/nested_collection.py:graph` runs."""
+    counting = CounterSettings(count=count)
     counter, pipeline = Counter(counting), Pipeline(PipelineSettings(width=4, gain=1.0))
     control, printer = Control(counting), Printer(counting)
-    ezflow.run(
-        components={
+    return {
+        "components": {
             "COUNTER": counter,
             "PIPELINE": pipeline,
             "CONTROL": control,
             "PRINTER": printer,
         },
-        connections=[
+        "connections": [
             (counter.OUTPUT, pipeline.INPUT),
             (pipeline.OUTPUT, printer.INPUT),
             (counter.OUTPUT, control.INPUT),
             # A unit's settings are a stream too: CONTROL reconfigures GAIN at run time.
             (control.SETTINGS_OUT, pipeline.GAIN.INPUT_SETTINGS),
         ],
-        graph_address="127.0.0.1:0",
-    )
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=40, help="values to send")
+    args = parser.parse_args()
+    # An embedded graph server on a free port.
+    ezflow.run(**graph(args.count), graph_address="127.0.0.1:0")
 
 
 if __name__ == "__main__":

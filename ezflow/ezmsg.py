@@ -1,6 +1,6 @@
 """ezmsg components on ezflow: ezmsg ``Unit`` and ``Collection`` instances run as they are.
 
-Needs the optional extra (``pip install 'ezflow[ezmsg]'``); ezflow imports this module by
+Needs the optional extra (``pip install 'ezflow-pubsub[ezmsg]'``); ezflow imports this module by
 itself the first time :func:`ezflow.run` / :class:`ezflow.GraphRunner` meets an object
 whose class comes from the ``ezmsg`` package, so user code does not import it::
 

@@ -1,5 +1,5 @@
 """Traces and channel metrics of a running graph to OpenTelemetry: ``pip install
-'ezflow[otel]'`` (docs/tracing.md).
+'ezflow-pubsub[otel]'`` (docs/tracing.md).
 
 ::
 
@@ -24,7 +24,7 @@ try:
     import opentelemetry.sdk.trace as _sdk_trace  # noqa: F401 - only to fail early, with the fix
 except ImportError as exc:  # pragma: no cover - the CI installs the extra
     raise ImportError(
-        "ezflow.otel needs the OpenTelemetry SDK: pip install 'ezflow[otel]'"
+        "ezflow.otel needs the OpenTelemetry SDK: pip install 'ezflow-pubsub[otel]'"
     ) from exc
 
 from ._otel._export import (

@@ -1,4 +1,4 @@
-"""ezflow across hosts on Eclipse Zenoh: ``pip install 'ezflow[zenoh]'`` (docs/fleets.md).
+"""ezflow across hosts on Eclipse Zenoh: ``pip install 'ezflow-pubsub[zenoh]'`` (docs/fleets.md).
 
 ::
 
@@ -24,7 +24,9 @@ from __future__ import annotations
 try:
     import zenoh as _zenoh  # noqa: F401 - only to fail early, with the fix
 except ImportError as exc:  # pragma: no cover - the CI installs the extra
-    raise ImportError("ezflow.zenoh needs Eclipse Zenoh: pip install 'ezflow[zenoh]'") from exc
+    raise ImportError(
+        "ezflow.zenoh needs Eclipse Zenoh: pip install 'ezflow-pubsub[zenoh]'"
+    ) from exc
 
 from ._zenoh._bridge import (
     ENCODING,

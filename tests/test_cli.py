@@ -4,13 +4,19 @@ through typer's runner where speed matters), checking what they print."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import queue
 import re
+import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -24,11 +30,11 @@ from _proc import ezflow_cli
 from _prometheus import http_get, parse_exposition
 from conftest import without_shm_notices
 from rich.console import Console
-from rich.text import Text
 from typer.testing import CliRunner
 
 from ezflow._cli._app import app
 from ezflow._cli._top import _tables
+from ezflow._transports._ezring import RingWriter
 
 GRAPHS = str(Path(__file__).with_name("_cli_graphs.py"))
 CHILDREN = str(Path(__file__).with_name("_children.py"))
@@ -145,14 +151,94 @@ def _help_texts(command: Any, path: str) -> Iterator[tuple[str, str]]:
 
 
 def test_help_shows_every_character_as_written() -> None:
-    # Typer reads help as rich markup: "ezflow[zenoh]" lost its "[zenoh]" (a style tag).
-    # Every help text is plain text, its "[" escaped where rich would take a tag.
+    # Typer read help as rich markup: "ezflow[zenoh]" lost its "[zenoh]" (a style tag).
+    # Help is plain text now: written as it shows, nothing escaped.
     texts = list(_help_texts(typer.main.get_command(app), "ezflow"))
     assert len(texts) > 50
     for where, text in texts:
-        assert Text.from_markup(text).plain == text.replace("\\[", "["), where
-    assert "pip install 'ezflow[zenoh]'" in invoke("zenoh", "--help").stdout
-    assert "(ezflow[zenoh]" in " ".join(invoke("graph", "--help").stdout.split())
+        assert "\\[" not in text, where
+    assert "pip install 'ezflow-pubsub[zenoh]'" in invoke("zenoh", "--help").stdout
+    assert "(ezflow-pubsub[zenoh]" in " ".join(invoke("graph", "--help").stdout.split())
+
+
+def _command_paths() -> list[list[str]]:
+    """Every command and group of the app, as the words that name it."""
+    found: list[list[str]] = []
+    pending: list[tuple[list[str], Any]] = [([], typer.main.get_command(app))]
+    while pending:
+        words, command = pending.pop()
+        found.append(words)
+        for name, sub in getattr(command, "commands", {}).items():
+            pending.append(([*words, name], sub))
+    return found
+
+
+@pytest.mark.parametrize("words", _command_paths(), ids=lambda w: " ".join(w) or "ezflow")
+def test_help_is_plain_text_that_fits_80_columns(words: list[str]) -> None:
+    result = invoke(*words, "--help", env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    # No type labels (typer writes <bool>, <str>...), no boxes, no {REQUIRED} arguments.
+    assert not re.search(r"<(bool|str|int|float|path|list\[\w+\])>", text), text
+    assert not set("╭╮╰╯│─") & set(text), text
+    assert not re.search(r"^Usage: .*\{", text, re.MULTILINE), text
+    for line in text.splitlines():
+        # Reflowed to the width, except the examples: one command a line, as written.
+        assert len(line) <= 80 or line.startswith("      "), line
+        # Never cut inside an option's name or a package's (--drain-|timeout).
+        assert not re.search(r"\w-$", line), line
+    # A flag shows no value; an option that takes one says what it takes.
+    # The list of commands: whole sentences, not cut short with "...".
+    commands = text.partition("\nCommands:\n")[2]
+    assert not re.search(r"\.\.\.$", commands, re.MULTILINE), commands
+    if words == ["run"]:
+        assert re.search(r"^  --single-process +Run every unit", text, re.MULTILINE)
+        assert re.search(r"^  -a, --address HOST:PORT +Graph server", text, re.MULTILINE)
+        assert text.startswith("Usage: ezflow run [OPTIONS] MODULE_OR_FILE:OBJECT\n")
+        assert "      EZFLOW_GRAPH_ADDRESS=127.0.0.1:0 ezflow run examples/" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "usage"),
+    [
+        (
+            ["run", "--bogus"],
+            "no such option: --bogus (possible options: --verbose)",
+            "ezflow run [OPTIONS] MODULE_OR_FILE:OBJECT",
+        ),
+        (
+            ["run"],
+            "missing argument 'MODULE_OR_FILE:OBJECT'",
+            "ezflow run [OPTIONS] MODULE_OR_FILE:OBJECT",
+        ),
+        (["top", "--interval", "x"], "invalid value for '--interval': ", "ezflow top [OPTIONS]"),
+        (["grpah"], "no such command 'grpah'", "ezflow [OPTIONS] COMMAND [ARGS]..."),
+    ],
+)
+def test_a_command_line_error_is_one_error_line_and_the_usage(
+    args: list[str], message: str, usage: str
+) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2
+    first, second = result.stderr.splitlines()
+    assert first.startswith(f"error: {message}"), first
+    command = usage.split(" [", maxsplit=1)[0]
+    assert second == f"usage: {usage}  (`{command} --help` for details)"
+    assert result.stdout == ""
+
+
+def test_every_error_has_the_same_style_in_a_real_process() -> None:
+    # The console script's path (not typer's test runner): the parser's error and
+    # ezflow's own (a malformed --address) both start with "error: ", no box.
+    usage = ezflow_cli("hz", "/x", "--window", "many")
+    assert usage.returncode == 2
+    assert usage.stderr.startswith("error: invalid value for '--window'")
+    assert re.match(r"usage: .*ezflow hz \[OPTIONS\] TOPIC  \(`", usage.stderr.splitlines()[1])
+    own = ezflow_cli("topics", "--address", "nowhere")
+    assert own.returncode == 2
+    assert own.stderr.startswith("error: ") and own.stderr.count("\n") == 1
+    for result in (usage, own):
+        assert "Traceback" not in result.stderr and "╭" not in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -215,8 +301,22 @@ def test_serve_stops_cleanly_on_ctrl_c() -> None:
 def test_serve_refuses_a_port_in_use(graph: Graph) -> None:
     result = invoke("serve", "--address", graph.address)
     assert result.exit_code == 1
-    assert "address in use" in result.stderr
+    assert result.stderr.startswith(f"error: cannot listen on {graph.address}: address in use")
+    assert f"`ezflow shutdown --address {graph.address}` stops it" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_serve_names_the_metrics_port_when_it_is_the_one_in_use() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = invoke("serve", "--address", "127.0.0.1:0", "--metrics-port", str(port))
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: cannot serve metrics on port {port} (127.0.0.1:{port}): address in use; "
+        "choose another --metrics-port (0 takes a free one)\n"
+    )
 
 
 # -- the known graph -------------------------------------------------------------------
@@ -261,6 +361,63 @@ def test_graph_dot_and_tree(graph: Graph) -> None:
     assert "processes (2)" in tree.stdout  # the runner and RELAY's process, not us
     assert "publisher p-" in tree.stdout
     assert invoke("graph", "--dot", "--mermaid", "--address", graph.address).exit_code == 2
+
+
+def test_graph_lists_the_rings_it_reads_under_their_own_heading(tmp_path: Path) -> None:
+    """A graph server registers every live ring of its user: `ezflow graph` lists the
+    rings this graph reads (a subscriber of their topic) under "rings", and only counts
+    the others - another program's - unless --all-rings."""
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "ezflow", "serve", "-a", "127.0.0.1:0", "--watch-rings"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    tag = f"t{os.getpid()}"
+    collector = None
+    try:
+        assert serve.stdout is not None
+        address = re.search(r"listening on (\S+);", serve.stdout.readline()).group(1)  # type: ignore[union-attr]
+        with (
+            RingWriter.create(f"{tag}-cam", slot_size=64, topic=f"/rings/{tag}/cam"),
+            RingWriter.create(f"{tag}-other", slot_size=64, topic=f"/rings/{tag}/other"),
+        ):
+            collector = _child(
+                "collect", dict(os.environ), address=address, topic=f"/rings/{tag}/cam", count=1
+            )
+            _event(collector, "ready")
+
+            def both_registered() -> bool:
+                result = invoke("graph", "--json", "--address", address)
+                rings = [
+                    p for p in json.loads(result.stdout)["publishers"] if p["transport"] == "ezring"
+                ]
+                return len(rings) == 2
+
+            _wait_for(both_registered, 15, "the graph server to register both rings")
+            tree = invoke("graph", "--address", address, env={"COLUMNS": "200"}).stdout
+            every = invoke(
+                "graph", "--all-rings", "--address", address, env={"COLUMNS": "200"}
+            ).stdout
+    finally:
+        if collector is not None:
+            assert collector.stdin is not None
+            collector.stdin.close()
+            collector.wait(timeout=20)
+            assert collector.stdout is not None
+            collector.stdout.close()
+        serve.send_signal(signal.SIGINT)
+        serve.communicate(timeout=20)
+    rings = tree.split("rings (1)")[1]
+    assert f"{tag}-cam -> /rings/{tag}/cam (registered by the graph server)" in rings
+    assert "1 more ring of this user that no one in this graph reads (--all-rings" in rings
+    assert f"/rings/{tag}/other" not in tree  # not among the topics either
+    assert f"ezring {tag}-cam" in tree.split("edges (")[0]  # the publisher of its topic
+    assert "rings (2)" in every
+    assert (
+        f"{tag}-other -> /rings/{tag}/other (registered by the graph server, read by no one here)"
+        in every
+    )
 
 
 def test_topics(graph: Graph) -> None:
@@ -331,7 +488,8 @@ def test_top_fits_the_terminal_width(graph: Graph, width: int) -> None:
     assert "…" not in text  # no cell cut short
     for row in snapshot["channels"] + snapshot["publishers"]:
         assert row["topic"] in text and f"({row['pid']})" in text
-    for header in ("topic", "process", "msgs/s", "drops"):  # the most important stay
+    # The most important stay: latency too, over less useful columns.
+    for header in ("topic", "process", "msgs/s", "lat p50", "drops"):
         assert re.search(rf"\b{re.escape(header)}\b", lines[2]), lines[2]
     if width == 80:
         assert "not shown for width: " in text
@@ -339,6 +497,45 @@ def test_top_fits_the_terminal_width(graph: Graph, width: int) -> None:
     wide = Console(width=1000, record=True)
     wide.print(all_columns)
     assert "not shown" not in wide.export_text()
+
+
+def test_top_shows_a_header_and_quits_on_q(graph: Graph) -> None:
+    once = ezflow_cli("top", "--once", "--address", graph.address)
+    assert once.returncode == 0, once.stderr
+    assert re.match(
+        rf"ezflow top: graph server {re.escape(graph.address)}, \d\d:\d\d:\d\d\n", once.stdout
+    )
+    # Live, on a terminal of 80 columns: the header says how to quit, and q does.
+    master, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
+    top = subprocess.Popen(
+        [sys.executable, "-m", "ezflow", "top", "--address", graph.address, "--interval", "0.2"],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        start_new_session=True,
+        env=dict(graph.env, COLUMNS="80"),
+    )
+    os.close(terminal)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 30
+        while b"quits" not in screen or b"lat p50" not in screen:
+            assert time.monotonic() < deadline, screen.decode(errors="replace")
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                screen += os.read(master, 65536)
+        os.write(master, b"q")
+        assert top.wait(timeout=15) == 0
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.wait()
+        os.close(master)
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.decode(errors="replace"))
+    assert f"ezflow top: graph server {graph.address}, " in text
+    assert "; q or Ctrl-C quits" in text
+    assert "Traceback" not in text
 
 
 def test_top_shows_rejoins_only_once_a_channel_rejoined(graph: Graph) -> None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -189,29 +190,83 @@ def test_files_from_before_p2p_still_load(perf_results: dict[str, Any]) -> None:
         del old["plan"][name]
     del old["floor"]["memcpy_us"]
     assert _schema.validate(old) == []
-    assert all(change.verdict == "same" for change in _compare.compare(old, perf_results))
+    assert all(change.verdict == "no change" for change in _compare.compare(old, perf_results))
     assert "relay over tcp" in _report.render(old)
     console = Console(width=200, record=True)
     console.print(_tables.results_table(old["cells"]))
     assert "relay" in console.export_text()
 
 
+def _scale(cell: dict[str, Any], metric: str, factor: float) -> None:
+    """Scale *metric* of *cell*, its median and every round, by *factor*."""
+    cell["metrics"][metric] *= factor
+    for repeat in cell["repeats"]:
+        repeat[metric] *= factor
+
+
+def _rounds(cell: dict[str, Any], metric: str, values: list[float]) -> None:
+    """Give *cell* these rounds of *metric* (the other figures repeated alike)."""
+    while len(cell["repeats"]) < len(values):
+        cell["repeats"].append(dict(cell["repeats"][0]))
+    del cell["repeats"][len(values) :]
+    for repeat, value in zip(cell["repeats"], values, strict=True):
+        repeat[metric] = value
+    cell["metrics"][metric] = float(np.median(values))
+
+
 def test_compare_flags_regressions_beyond_the_threshold(perf_results: dict[str, Any]) -> None:
     same = _compare.compare(perf_results, perf_results)
-    assert same and all(change.verdict == "same" for change in same)
+    assert same and all(change.verdict == "no change" for change in same)
     slower = copy.deepcopy(perf_results)
     cell = next(c for c in slower["cells"] if c["status"] == "ok" and c["framework"] == "ezflow")
-    cell["metrics"]["msgs_per_s"] /= 2
-    cell["metrics"]["latency_p50_us"] *= 1.15
+    _scale(cell, "msgs_per_s", 0.5)
+    _scale(cell, "latency_p50_us", 1.15)
     changes = {(c.key, c.metric): c for c in _compare.compare(perf_results, slower)}
     key = _compare.cell_key(cell)
     assert changes[key, "msgs_per_s"].verdict == "regression"
     assert changes[key, "msgs_per_s"].gain == pytest.approx(0.5)
     assert changes[key, "latency_p50_us"].verdict == "worse"  # beyond noise, within fail
-    assert changes[key, "cpu_s_per_msg"].verdict == "same"
+    assert changes[key, "cpu_s_per_msg"].verdict == "no change"
     cell["status"], cell["reason"], cell["metrics"] = "error", "boom", None
     failed = [c for c in _compare.compare(perf_results, slower) if c.failing]
     assert [(c.key, c.verdict) for c in failed] == [(key, "failed")]
+
+
+def test_compare_calls_a_difference_inside_the_spread_no_change(
+    perf_results: dict[str, Any],
+) -> None:
+    """Rounds whose ranges overlap, or a gain within the comparison's noise band, are
+    no change, however far apart the medians; beyond both, a change."""
+    base, new = copy.deepcopy(perf_results), copy.deepcopy(perf_results)
+    ok = [c for c in base["cells"] if c["status"] == "ok"]
+    for cell in ok:  # every cell varies by about 20 % from round to round
+        for metric in ("msgs_per_s", "latency_p50_us", "cpu_s_per_msg"):
+            _rounds(cell, metric, [100.0, 110.0, 120.0])
+            _rounds(_cell_like(new, cell), metric, [100.0, 110.0, 120.0])
+    first, second = ok[0], ok[1]
+    _rounds(_cell_like(new, first), "msgs_per_s", [60.0, 75.0, 118.0])  # overlaps: noise
+    _rounds(_cell_like(new, second), "msgs_per_s", [77.0, 80.0, 85.0])  # apart, but within
+    changes = {(c.key, c.metric): c for c in _compare.compare(base, new)}
+    overlapping = changes[_compare.cell_key(first), "msgs_per_s"]
+    assert overlapping.gain == pytest.approx(75 / 110)
+    assert overlapping.verdict == "no change"
+    near = changes[_compare.cell_key(second), "msgs_per_s"]
+    assert near.verdict == "no change"  # 1.38x apart, under 3 x the typical spread (0.18)
+    _rounds(_cell_like(new, second), "msgs_per_s", [20.0, 21.0, 22.0])  # 5x: a change
+    changes = {(c.key, c.metric): c for c in _compare.compare(base, new)}
+    assert changes[_compare.cell_key(second), "msgs_per_s"].verdict == "regression"
+    assert sum(c.verdict != "no change" for c in changes.values()) == 1
+    console = Console(record=True, width=250)
+    console.print(_tables.compare_table(list(changes.values()), "base.json", "new.json"))
+    shown = console.export_text()
+    assert "110 ±9%" in shown  # the median of the rounds, ± half their range
+    assert "no change: inside the noise" in shown
+
+
+def _cell_like(document: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
+    key = _compare.cell_key(cell)
+    (found,) = [c for c in document["cells"] if _compare.cell_key(c) == key]
+    return found
 
 
 def test_peer_rows_pair_cells(perf_results: dict[str, Any]) -> None:
@@ -244,9 +299,9 @@ def test_report_summary_explains_and_names_the_biggest_changes(
     assert "--base OLD" in summary  # no base: says how to get the changes
     base = copy.deepcopy(perf_results)
     new = copy.deepcopy(perf_results)
-    _cell(new, "ezflow", "relay", "tcp")["metrics"]["msgs_per_s"] *= 0.5  # 2x worse
-    _cell(new, "ezflow", "relay", "local")["metrics"]["msgs_per_s"] *= 0.8  # 1.25x worse
-    _cell(new, "ezflow", "relay", "local")["metrics"]["latency_p50_us"] *= 0.25  # 4x better
+    _scale(_cell(new, "ezflow", "relay", "tcp"), "msgs_per_s", 0.5)  # 2x worse
+    _scale(_cell(new, "ezflow", "relay", "local"), "msgs_per_s", 0.8)  # 1.25x worse
+    _scale(_cell(new, "ezflow", "relay", "local"), "latency_p50_us", 0.25)  # 4x better
     page = _report.render(new, title="tiny", base=base)
     summary = page[page.index('<section class="summary">') : page.index("</section>")]
     regressions = summary[summary.index("Biggest regressions") : summary.index("Biggest gains")]
@@ -255,6 +310,9 @@ def test_report_summary_explains_and_names_the_biggest_changes(
     assert "msgs/s" in regressions and "(<b>0.50x</b> worse)" in regressions
     assert "relay local" in gains and "(<b>4.00x</b> better)" in gains
     assert regressions.count("<li>") <= _report.SUMMARY_CHANGES
+    assert "no change (inside the noise" in summary
+    assert "Figures from different runs are not comparable" in summary
+    assert "load averages (1, 5, 15 min)" in summary  # this run's load, start and end
 
 
 # -- the commands on real files
@@ -269,7 +327,7 @@ def test_compare_exit_status(
     assert "no regression beyond 25%" in same.stdout
     document = json.loads(path.read_text())
     cell = _cell(document, "ezflow", "relay", "tcp")
-    cell["metrics"]["msgs_per_s"] *= 0.6  # a 40 % drop: beyond the default 25 %
+    _scale(cell, "msgs_per_s", 0.6)  # a 40 % drop: beyond the default 25 %
     slower = tmp_path / "slower.json"
     slower.write_text(json.dumps(document))
     failed = ezflow_cli("perf", "compare", str(path), str(slower))
@@ -408,7 +466,7 @@ def test_p2p_floor_and_tables(
     same = _compare.compare(document, document)
     keys = {change.key for change in same}
     assert ("ezflow", "p2p", "shm", 100 * 1024, 1, "array+uvloop") in keys
-    assert all(change.verdict == "same" for change in same)
+    assert all(change.verdict == "no change" for change in same)
     page = _report.render(document, title="p2p")
     assert "p2p over shm: msgs/s" in page and "ezflow on_message+loan" in page
     assert "p2p floor" in page

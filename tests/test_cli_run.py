@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import typer
 from conftest import without_shm_notices
+from typer.testing import CliRunner
 
 from ezflow._cli._app import app
 
@@ -45,7 +46,8 @@ def ezflow(
 def test_version() -> None:
     result = ezflow("--version")
     assert result.returncode == 0
-    assert result.stdout == f"ezflow {version('ezflow')}\n"
+    # The distribution is ezflow-pubsub (`ezflow` on PyPI is another project).
+    assert result.stdout == f"ezflow {version('ezflow-pubsub')}\n"
 
 
 def test_run_prints_the_real_address_and_the_processes_once() -> None:
@@ -98,6 +100,26 @@ def test_a_wrong_object_name_lists_what_the_file_offers() -> None:
         "error: examples/units_quickstart.py has no attribute 'grpah'; it has: Sine, Scale, "
         "Check, graph, main\n"
     )
+
+
+def test_set_with_a_wrong_field_or_form_exits_2_naming_it() -> None:
+    wrong = ezflow(
+        "run", "examples/nested_collection.py:graph", "--set", "PIPELINE/GAIN.gian=2", "-q"
+    )
+    assert wrong.returncode == 2
+    assert without_shm_notices(wrong.stderr) == (
+        "error: cannot set PIPELINE/GAIN.gian: GainSettings has no field 'gian' (did you "
+        "mean 'gain'?); its fields: gain\n"
+    )
+    assert wrong.stdout == ""  # refused before anything ran
+    for spec in ("PIPELINE=2", "width=2", "PIPELINE.width"):
+        result = CliRunner().invoke(app, ["run", "nowhere.py:graph", "--set", spec])
+        assert result.exit_code == 2
+        assert result.stderr == (
+            f"error: --set {spec!r}: expected PATH.FIELD=VALUE, a component's path and a "
+            "field of its settings (e.g. --set SINE.rate=500 or --set "
+            "PIPELINE/FILTER.cutoff=30)\n"
+        )
 
 
 @pytest.fixture
@@ -228,9 +250,35 @@ def _start(args: list[str], err: Path, **env: str) -> subprocess.Popen[str]:
             stderr=stderr,
             text=True,
             cwd=ROOT,
-            env={**os.environ, "EZFLOW_GRAPH_ADDRESS": "127.0.0.1:0", **env},
+            # PYTHONFAULTHANDLER: a run that hangs is stopped with SIGABRT (_finish), which
+            # then prints every thread's stack of every process of the run to *err*.
+            env={
+                **os.environ,
+                "EZFLOW_GRAPH_ADDRESS": "127.0.0.1:0",
+                "PYTHONFAULTHANDLER": "1",
+                **env,
+            },
             start_new_session=True,  # a shell job: its own process group
         )
+
+
+def _finish(process: subprocess.Popen[str], err: Path, timeout: float = 30) -> None:
+    """Wait for *process* to exit; one still running after *timeout* seconds fails the
+    test with the stacks of every process of its group (see _start)."""
+    try:
+        process.communicate(timeout=timeout)
+        return
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGABRT)
+        try:
+            process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # unit processes left behind
+    pytest.fail(f"still running {timeout:g} s after Ctrl-C; its stacks:\n{err.read_text()}")
 
 
 def _ctrl_c(process: subprocess.Popen[str]) -> None:
@@ -296,13 +344,15 @@ def test_ctrl_c_while_ezflow_run_starts_prints_no_traceback(tmp_path: Path) -> N
                     _ctrl_c(process)
                 del pending[index]
         time.sleep(0.002)
-    for (process, err), moment in zip(runs, moments, strict=True):
-        try:
-            process.communicate(timeout=30)
-        finally:
+    try:
+        for process, err in runs:
+            _finish(process, err)
+    finally:
+        for process, _ in runs:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.communicate()
+    for (process, err), moment in zip(runs, moments, strict=True):
         text = without_shm_notices(err.read_text())
         assert "Traceback" not in text and "KeyboardInterrupt" not in text, (moment, text)
         # Before the graph exists: interrupted (130), quietly; after: it stopped (0).
@@ -332,7 +382,7 @@ def test_a_second_ctrl_c_stops_now_says_what_it_cut_and_runs_every_shutdown(
         _wait_for(err, "stopping: draining up to 60 s", process)
         started = time.monotonic()
         _ctrl_c(process)
-        process.communicate(timeout=30)
+        _finish(process, err)
         elapsed = time.monotonic() - started
     finally:
         if process.poll() is None:

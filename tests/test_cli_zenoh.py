@@ -8,7 +8,7 @@ root) for the examples, which name fixed addresses and ports - in a namespace of
 own those are free. The docs' worked example runs across two namespaces (with their own
 host names) through a router that admits only hosts with a certificate from the fleet's
 CA (mutual TLS), with the certificates and Zenoh files of docs/security.md, as written.
-Needs ``ezflow[zenoh]``.
+Needs ``ezflow-pubsub[zenoh]``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-pytest.importorskip("zenoh", reason="Eclipse Zenoh is not installed (pip install 'ezflow[zenoh]')")
+pytest.importorskip(
+    "zenoh", reason="Eclipse Zenoh is not installed (pip install 'ezflow-pubsub[zenoh]')"
+)
 
 import ezflow
 from ezflow._cli._app import app

@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("ezmsg.core", reason="ezmsg is not installed (pip install 'ezflow[ezmsg]')")
+pytest.importorskip(
+    "ezmsg.core", reason="ezmsg is not installed (pip install 'ezflow-pubsub[ezmsg]')"
+)
 
 from _ezmsg_graphs import (
     EzflowSink,
@@ -49,7 +51,9 @@ PROGRAMS = Path(__file__).parent / "ezmsg_programs"
 @pytest.fixture
 def sigproc() -> Any:
     """tests/_sigproc_graphs.py, or a skip when ezmsg-sigproc is not installed."""
-    pytest.importorskip("ezmsg.sigproc", reason="ezmsg-sigproc is not installed (ezflow[ezmsg])")
+    pytest.importorskip(
+        "ezmsg.sigproc", reason="ezmsg-sigproc is not installed (ezflow-pubsub[ezmsg])"
+    )
     return importlib.import_module("_sigproc_graphs")
 
 
@@ -272,18 +276,30 @@ def test_intro_example_prints_what_ezmsg_prints(tmp_path: Path) -> None:
 
 def test_toy_example_prints_what_ezmsg_prints(tmp_path: Path) -> None:
     printed = run_variants("ezmsg_toy.py", tmp_path)
-    # Timing decides how many times each line appears and in which order; which lines
-    # appear does not.
-    assert set(printed["compat"]) == set(printed["ezmsg"])
-    assert set(printed["adapter"]) == set(printed["ezmsg"])
-    assert {
+    # Timing decides how many times each line appears and in which order. On ezflow it
+    # does not decide which lines appear: a start barrier loses nothing published at
+    # start, so both ezflow runs print every line the program can print. ezmsg prints
+    # a subset: every line on a quiet machine, fewer on a loaded one, where its
+    # subscribers connect after the first messages and the program ends after 3 s.
+    every_line = {
         "0",
         "1",
         "2",
+        "Spawning FOO",
         "Spawning PING",
+        "Output[A1]: PING",
         "Output[A1]: Spawned Once",
         "Output[A2]: PING|#",
-    } <= set(printed["compat"])
+        "Output[A2]: Spawned Once|#",
+        "Output[Default]: FOO",
+        "Output[Default]: PING",
+        "Output[Default]: Spawned Once",
+        "Output[REPUB]: CombinedMessage(string='PING', number=#)",
+        "Output[REPUB]: CombinedMessage(string='Spawned Once', number=#)",
+    }
+    assert set(printed["compat"]) == every_line
+    assert set(printed["adapter"]) == every_line
+    assert {"0", "1", "2"} <= set(printed["ezmsg"]) <= every_line
 
 
 class GainSettings(compat.Settings):

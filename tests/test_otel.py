@@ -348,7 +348,7 @@ def test_ezflow_otel_without_the_extra_is_a_one_line_error(
     result = CliRunner().invoke(app, ["--address", "127.0.0.1:1"])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ezflow otel needs OpenTelemetry: pip install")
-    assert "'ezflow[otel]'" in result.stderr
+    assert "'ezflow-pubsub[otel]'" in result.stderr
     assert result.stderr.count("\n") == 1
     nothing = CliRunner().invoke(app, ["--no-traces", "--no-metrics"])
     assert nothing.exit_code == 2 and "leave nothing to export" in nothing.stderr

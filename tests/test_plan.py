@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -195,6 +195,81 @@ def test_settings_of_the_wrong_type() -> None:
         build_plan({"SAVE": Saver()})
     with invalid("expects SineSettings"):
         Sine(ScaleSettings())  # type: ignore[arg-type]
+
+
+class GainedSettings(ezflow.Settings):
+    factor: float = 1.0
+    mode: Literal["fast", "exact"] = "fast"
+    taps: tuple[int, ...] = (1,)
+    limit: int | None = None
+
+
+class Gained(ezflow.Collection):
+    """Sets its child's settings from its own in configure()."""
+
+    SETTINGS = GainedSettings
+    CHILD = Scale()
+
+    def configure(self) -> None:
+        self.CHILD.apply_settings(ScaleSettings(factor=self.SETTINGS.factor))  # type: ignore[attr-defined]
+
+
+def test_settings_are_set_by_path_before_configure() -> None:
+    plan = build_plan(
+        {"G": Gained(), "SAVE": Saver()},
+        settings={
+            # Text, read by each field's type (what `ezflow run --set` passes).
+            "G": {"factor": "3", "mode": "exact", "taps": "(2, 3)", "limit": "none"},
+            "SAVE": {"path": "/tmp/out"},  # a required field, given only here
+        },
+    )
+    child, saver = plan.units["G/CHILD"].SETTINGS, plan.units["SAVE"].SETTINGS
+    assert child == ScaleSettings(factor=3.0)  # through G's configure()
+    assert saver == NeedsPath(path="/tmp/out")
+    # A child's fields are set after its parent's configure() set them; values that
+    # are not text are taken as they are.
+    plan = build_plan({"G": Gained()}, settings={"G": {"factor": 3}, "G/CHILD": {"factor": 5.0}})
+    child = plan.units["G/CHILD"].SETTINGS
+    assert child == ScaleSettings(factor=5.0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"G/CHLD": {"factor": "1"}},
+            r"cannot set G/CHLD.factor: there is no component 'G/CHLD' "
+            r"\(did you mean 'G/CHILD'\?\); the graph's components: G, G/CHILD$",
+        ),
+        (
+            {"G": {"facter": "1"}},
+            r"cannot set G.facter: GainedSettings has no field 'facter' "
+            r"\(did you mean 'factor'\?\); its fields: factor, mode, taps, limit$",
+        ),
+        (
+            {"G": {"factor": "fast"}},
+            r"cannot set G.factor: GainedSettings.factor is declared "
+            r"as float: 'fast' is not a float$",
+        ),
+        ({"G": {"mode": "slow"}}, r"'slow' is not one of 'fast', 'exact'$"),
+        (
+            {"G": {"taps": "[2]"}},
+            r"'\[2\]' is not a tuple\[int, ...\] written as a Python "
+            r"literal$",
+        ),
+        ({"G": {"limit": "lots"}}, r"'lots' is not an int or none$"),
+        ({"G": {"factor": [1]}}, r"cannot set G.factor: GainedSettings.factor=\[1\] is a list"),
+        ({"G/CHILD/OUTPUT": {"x": "1"}}, r"there is no component 'G/CHILD/OUTPUT'"),
+    ],
+)
+def test_a_wrong_path_field_or_value_is_named(settings: Any, message: str) -> None:
+    with invalid(message):
+        build_plan({"G": Gained()}, settings=settings)
+
+
+def test_a_component_without_settings_has_none_to_set() -> None:
+    with invalid(r"cannot set SHOWN.x: Shown declares no SETTINGS class, so it has no settings"):
+        build_plan({"SHOWN": Shown()}, settings={"SHOWN": {"x": "1"}})
 
 
 def test_process_components_must_be_in_the_graph() -> None:

@@ -23,7 +23,7 @@ from _proc import Child
 import ezflow
 from ezflow._core._protocol import PROTOCOL
 from ezflow._graph import _context
-from ezflow._graph._server import EmbeddedGraphServer
+from ezflow._graph._embedded import EmbeddedGraphServer
 
 pytestmark = pytest.mark.timeout(60)
 

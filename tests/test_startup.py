@@ -21,7 +21,7 @@ def test_startup_benchmark_runs_both_graphs() -> None:
     assert "ezflow" in rows, result.stdout
     assert 0 < float(rows["ezflow"]) < 60
     try:
-        import ezmsg.core  # noqa: F401, PLC0415 - optional: ezflow[ezmsg]
+        import ezmsg.core  # noqa: F401, PLC0415 - optional: ezflow-pubsub[ezmsg]
     except ImportError:
         assert "measuring ezflow only" in result.stdout
     else:

@@ -236,7 +236,7 @@ def test_a_class_that_cannot_be_imported_is_named(tmp_path: Path) -> None:
 def ezmsg_log(tmp_path: Path) -> tuple[Path, list[Any]]:
     """A log written with ezmsg's own encoder: AxisArrays (dataclasses with arrays inside)
     and a dict, after ezmsg's LogStart line."""
-    pytest.importorskip("ezmsg.util.messagelogger", reason="needs ezflow[ezmsg]")
+    pytest.importorskip("ezmsg.util.messagelogger", reason="needs ezflow-pubsub[ezmsg]")
     from ezmsg.util.messagecodec import LogStart, MessageEncoder  # noqa: PLC0415
     from ezmsg.util.messages.axisarray import AxisArray  # noqa: PLC0415
 

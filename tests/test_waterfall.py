@@ -1,6 +1,7 @@
-"""``ezflow perf waterfall``: two git refs of a temporary clone, each installed in a venv
-of its own, the same short scenarios at both, rendered as tables, JSON and HTML; and
-the clear errors for a directory that is no checkout and a ref that is no commit."""
+"""``ezflow perf waterfall``: a ref of a temporary clone against itself, installed in a
+venv, the same short scenarios in alternating rounds, rendered as tables, JSON and HTML
+with every figure "no change"; the verdicts of rounds that differ; and the clear errors
+for a directory that is no checkout and a ref that is no commit."""
 
 from __future__ import annotations
 
@@ -44,18 +45,27 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     subprocess.run(["git", "-C", str(target), "worktree", "prune"], check=False)
 
 
-def test_waterfall_of_head_1_and_head_runs_and_renders(clone: Path, tmp_path: Path) -> None:
+#: Rounds of the self-comparison: 4 per ref (fewer than 5 rounds widen the noise band).
+SELF_ROUNDS = 4
+
+
+def test_waterfall_of_a_ref_against_itself_is_no_change_in_every_cell(
+    clone: Path, tmp_path: Path
+) -> None:
+    """HEAD against HEAD: every difference is noise, so every figure of the comparison
+    (the pipeline's end to end and frames/s, every hop's stages) says no change; the
+    tables, the JSON and the HTML are rendered."""
     html = tmp_path / "waterfall.html"
     output = tmp_path / "waterfall.json"
     cache = tmp_path / "cache"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["COLUMNS"] = "160"
+    env["COLUMNS"] = "200"
     done = ezflow_cli(
-        *("perf", "waterfall", "--base", "HEAD~1", "--new", "HEAD", "--reuse-deps"),
+        *("perf", "waterfall", "--base", "HEAD", "--new", "HEAD", "--reuse-deps"),
         *("--cache", str(cache), "--hops", "2", "--frame", "200000B"),
-        *("--count", "8", "--period", "0.01"),
+        *("--count", "8", "--period", "0.01", "--rounds", str(SELF_ROUNDS)),
         # (the p2p scenario is `ezflow perf run -s p2p` of each ref, tested in
-        # test_cli_perf.py; its 8 s per ref would double this test)
+        # test_cli_perf.py; its 8 s per ref and round would multiply this test)
         *("--no-p2p", "--html", str(html), "-o", str(output)),
         cwd=clone,
         env=env,
@@ -63,25 +73,34 @@ def test_waterfall_of_head_1_and_head_runs_and_renders(clone: Path, tmp_path: Pa
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
-    head, base = _git(clone, "rev-parse", "HEAD"), _git(clone, "rev-parse", "HEAD~1")
-    assert f"ezflow perf waterfall: HEAD~1 ({base[:10]}) -> HEAD ({head[:10]})" in out
+    head = _git(clone, "rev-parse", "HEAD")
+    assert f"ezflow perf waterfall: HEAD ({head[:10]}) -> HEAD ({head[:10]})" in out
     for line in ("end to end p50", "frames/s (paced)", "1. /hop0 (shm)", "2. /hop1 (shm)"):
         assert line in out
-    results = json.loads(output.read_text())
-    assert [r["commit"] for r in results] == [base, head]
-    for result in results:
-        (run,) = result["pipelines"]
-        assert run["hops"] == 2 and len(run["end_to_end_ns"]) == 8 and run["traces"] is None
-        (traced,) = result["traced"]  # both refs trace: this checkout's code
-        assert len(traced["traces"]) == 16
+    document = json.loads(output.read_text())
+    refs, rows = document["refs"], document["comparison"]
+    assert [r["commit"] for r in refs] == [head, head]
+    for result in refs:
+        assert len(result["pipelines"]) == len(result["traced"]) == SELF_ROUNDS
+        for run, traced in zip(result["pipelines"], result["traced"], strict=True):
+            assert run["hops"] == 2 and len(run["end_to_end_ns"]) == 8 and run["traces"] is None
+            assert len(traced["traces"]) == 16  # both refs trace: this checkout's code
         assert result["p2p"] == []
+    sections = {row["section"] for row in rows}
+    assert sections == {"pipeline", "stages"}
+    assert len(rows) == 3 + 2 * (1 + len(STAGES))
+    for row in rows:
+        assert len(row["base"]["rounds"]) == len(row["new"]["rounds"]) == SELF_ROUNDS, row
+        assert row["verdict"] == "no change", row
+    assert "better" not in out and "worse" not in out
     page = html.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     for stage in STAGES:
-        assert f"&nbsp;&nbsp;{stage}</td>" in page
+        assert f"<tr><td>&nbsp;&nbsp;{stage}</td>" in page
     assert page.count('<td class=bar><div style="margin-left:') == 2 * 2 * len(STAGES)
-    # The venvs are kept per commit; the worktrees are gone.
-    assert sorted(p.name for p in cache.iterdir()) == sorted([f"{base}-reuse", f"{head}-reuse"])
+    assert page.count("<td class=v-no-change>") == len(rows)
+    # The venv is kept per commit (one for both sides); the worktree is gone.
+    assert sorted(p.name for p in cache.iterdir()) == [f"{head}-reuse"]
     assert _git(clone, "worktree", "list").count("\n") == 0
 
 
@@ -99,17 +118,25 @@ def _ref_result(name: str, rates: list[float], p50s: list[float]) -> _waterfall.
     return result
 
 
-def test_the_p2p_cells_are_medians_over_rounds_with_gains() -> None:
-    base = _ref_result("a", [100.0, 300.0, 200.0], [10.0, 30.0, 20.0])
-    new = _ref_result("b", [400.0, 400.0], [5.0, 5.0])
-    assert _waterfall.p2p_rows(base, new) == [("shm 64 B tuple recv", 200.0, 400.0, 20.0, 5.0)]
+def test_the_p2p_cells_are_medians_over_rounds_with_spread_and_verdicts() -> None:
+    base = _ref_result("a", [180.0, 220.0, 200.0], [10.0, 12.0, 11.0])
+    new = _ref_result("b", [400.0, 420.0, 380.0], [10.5, 11.0, 12.5])
+    rows = _waterfall.compare_rows(base, new)
+    rate, p50 = (row for row in rows if row.section == "p2p")
+    assert (rate.label, rate.part) == ("shm 64 B tuple recv", "msgs/s")
+    assert rate.base is not None and rate.new is not None
+    assert (rate.base.median, rate.base.low, rate.base.high) == (200.0, 180.0, 220.0)
+    assert rate.gain == pytest.approx(2.0)
+    assert rate.verdict == "better"  # apart, and beyond 3 x the typical spread
+    assert p50.verdict == "no change"  # the rounds overlap
     console = Console(record=True, width=160)
-    console.print(_waterfall.render_waterfall([base, new]))
+    console.print(_waterfall.render_waterfall([base, new], rows))
     text = console.export_text()
-    (row,) = [line for line in text.splitlines() if "shm 64 B tuple recv" in line]
-    cells = [cell.strip() for cell in row.split("│")[1:-1]]
-    assert cells == ["shm 64 B tuple recv", "200", "400", "2.00x", "20.0 µs", "5.0 µs", "4.00x"]
+    (line,) = [line for line in text.splitlines() if "msgs/s" in line and "shm 64 B" in line]
+    cells = [cell.strip() for cell in line.split("│")[1:-1]]
+    assert cells == ["shm 64 B tuple recv", "msgs/s", "200 ±10%", "400 ±5%", "2.00x", "better"]
     assert "no stages at a (aaaaaaaa), b (bbbbbbbb)" in text  # neither traced
+    assert "no change: inside the noise" in text
 
 
 def test_waterfall_errors_are_one_line(tmp_path: Path, clone: Path) -> None:

@@ -1,5 +1,5 @@
 """ezflow.zenoh: topics bridged between two graph servers through a Zenoh router (the
-``ezflow zenoh router`` command, a real process); needs ``ezflow[zenoh]`` (skipped
+``ezflow zenoh router`` command, a real process); needs ``ezflow-pubsub[zenoh]`` (skipped
 without it; the CI installs it)."""
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from conftest import loop_kind
 from hypothesis import given
 from hypothesis import strategies as st
 
-pytest.importorskip("zenoh", reason="Eclipse Zenoh is not installed (pip install 'ezflow[zenoh]')")
+pytest.importorskip(
+    "zenoh", reason="Eclipse Zenoh is not installed (pip install 'ezflow-pubsub[zenoh]')"
+)
 
 import ezflow
 from ezflow.zenoh import (

@@ -13,9 +13,11 @@ from typing import Annotated
 
 import typer
 
+from .._core._config import DISTRIBUTION
 from .._core._exceptions import EzflowError
 from . import _echo, _inspect, _otel, _perf, _run, _serve, _top, _trace, _zenoh
 from ._connection import TlsCaOption, TlsCertOption, TlsKeyOption, TokenFileOption, apply_security
+from ._style import RootGroup, plain
 
 __all__ = ["app", "main"]
 
@@ -25,13 +27,16 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help and errors (ezflow/_cli/_style.py): no boxes, no markup, one style.
+    rich_markup_mode=None,
+    cls=RootGroup,
 )
 
 
 def _print_version(value: bool) -> None:
     if value:
         try:
-            text = distribution_version("ezflow")
+            text = distribution_version(DISTRIBUTION)
         except PackageNotFoundError:  # run from a source tree that was never installed
             text = "unknown (not installed)"
         typer.echo(f"ezflow {text}")
@@ -74,6 +79,7 @@ app.command()(_echo.hz)
 app.command()(_top.top)
 app.command()(_trace.trace)
 app.command()(_otel.otel)
+plain(app)
 
 
 def main() -> None:

@@ -86,6 +86,7 @@ AddressOption = Annotated[
     typer.Option(
         "--address",
         "-a",
+        metavar="HOST:PORT",
         envvar=ENV_GRAPH_ADDRESS,
         show_envvar=True,
         help="Graph server HOST:PORT (default 127.0.0.1:25990).",
@@ -98,6 +99,7 @@ TokenFileOption = Annotated[
     str | None,
     typer.Option(
         "--token-file",
+        metavar="FILE",
         envvar=ENV_TOKEN_FILE,
         show_envvar=True,
         help="File (mode 600) holding the graph's token; EZFLOW_TOKEN works too. "
@@ -109,6 +111,7 @@ TlsCertOption = Annotated[
     str | None,
     typer.Option(
         "--tls-cert",
+        metavar="FILE",
         envvar=ENV_TLS_CERT,
         show_envvar=True,
         help="This process's TLS certificate (PEM); needs --tls-key and --tls-ca.",
@@ -119,6 +122,7 @@ TlsKeyOption = Annotated[
     str | None,
     typer.Option(
         "--tls-key",
+        metavar="FILE",
         envvar=ENV_TLS_KEY,
         show_envvar=True,
         help="The private key of --tls-cert (PEM).",
@@ -129,6 +133,7 @@ TlsCaOption = Annotated[
     str | None,
     typer.Option(
         "--tls-ca",
+        metavar="FILE",
         envvar=ENV_TLS_CA,
         show_envvar=True,
         help="The CA (PEM) that signed every certificate of the graph; peers are verified "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 import typer
@@ -99,18 +100,79 @@ def dot(snapshot: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _tree(snapshot: dict[str, Any], address: str, warning: str | None = None) -> Tree:
+#: The client id the graph server gives the rings it registers itself (watch_rings).
+RING_WATCHER = "rings"
+
+
+class _Rings:
+    """The ezring rings among a snapshot's publishers (transport ``ezring``): those
+    *attached* by a client of this graph (``GraphContext.attach_ring``), and those the
+    graph server registered by itself (its ring watcher registers every live ring of its
+    user) - *read* when this graph has a subscriber of their topic or an edge from it,
+    else *unread*: another program's rings, not part of this graph."""
+
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        clients = {c["client_id"] for c in snapshot["clients"]}
+        subscribed = {s["topic"] for s in snapshot["subscribers"] if s["client_id"] in clients}
+        sources = {src for src, _ in snapshot["edges"]}
+        self.attached: list[dict[str, Any]] = []
+        self.read: list[dict[str, Any]] = []
+        self.unread: list[dict[str, Any]] = []
+        for pub in snapshot["publishers"]:
+            if pub.get("transport") != "ezring":
+                continue
+            if pub["client_id"] != RING_WATCHER:
+                self.attached.append(pub)
+            elif pub["topic"] in subscribed or pub["topic"] in sources:
+                self.read.append(pub)
+            else:
+                self.unread.append(pub)
+        self.unread_ids = {pub["id"] for pub in self.unread}
+
+
+def _ring_name(pub: dict[str, Any]) -> str:
+    """A ring's name: the server's ``ring`` field when it sends one, else read from the
+    id of a ring it registered itself (``p-ring-<name>-<writer>``), else its id."""
+    if pub.get("ring"):
+        return str(pub["ring"])
+    found = re.fullmatch(r"p-ring-(.+)-[0-9a-f]+", pub["id"])
+    return found.group(1) if found else pub["id"]
+
+
+def _tree(
+    snapshot: dict[str, Any],
+    address: str,
+    warning: str | None = None,
+    *,
+    all_rings: bool = False,
+) -> Tree:
+    """The graph as a tree: topics (with their publishers, subscribers and edges), edges,
+    processes, rings. The rings of this user that no one in this graph reads (the
+    server registers every live one) are left out of the topics and counted under
+    rings, unless *all_rings*."""
     label = f"[bold]graph server {snapshot.get('server_id', '?')}[/] at {address}"
     if warning is not None:
         label += f"\n[bold red]{escape(warning)}[/]"
     root = Tree(label)
     by_client = {c["client_id"]: c for c in snapshot["clients"]}
-    topics = root.add(f"[bold]topics[/] ({len(snapshot['topics'])})")
-    for topic in snapshot["topics"]:
+    rings = _Rings(snapshot)
+    hidden = set() if all_rings else rings.unread_ids
+    shown_topics = [
+        topic
+        for topic in snapshot["topics"]
+        if any(p["topic"] == topic and p["id"] not in hidden for p in snapshot["publishers"])
+        or any(s["topic"] == topic for s in snapshot["subscribers"])
+        or any(topic in edge for edge in snapshot["edges"])
+    ]
+    topics = root.add(f"[bold]topics[/] ({len(shown_topics)})")
+    for topic in shown_topics:
         node = topics.add(f"[cyan]{escape(topic)}[/]")
         for pub in snapshot["publishers"]:
-            if pub["topic"] == topic:
+            if pub["topic"] == topic and pub["id"] not in hidden:
                 owner = by_client.get(pub["client_id"])
+                if pub.get("transport") == "ezring":
+                    node.add(f"[green]ezring[/] {escape(_ring_name(pub))}")
+                    continue
                 where = _process_label(owner) if owner else pub["client_id"]
                 forced = f", transport {pub['transport']}" if pub.get("transport") else ""
                 node.add(f"[green]publisher[/] {pub['id']} in {escape(where)}{forced}")
@@ -136,6 +198,24 @@ def _tree(snapshot: dict[str, Any], address: str, warning: str | None = None) ->
                 f"{client.get('hostname', '?')} - {pubs} publishers, {subs} subscribers"
             )
         )
+    listed = rings.attached + rings.read + (rings.unread if all_rings else [])
+    if listed or rings.unread:
+        node = root.add(f"[bold]rings[/] ({len(listed)})")
+        for pub in listed:
+            owner = by_client.get(pub["client_id"])
+            how = (
+                f"attached by {_process_label(owner) if owner else pub['client_id']}"
+                if pub["client_id"] != RING_WATCHER
+                else "registered by the graph server"
+                + ("" if pub["id"] not in rings.unread_ids else ", read by no one here")
+            )
+            node.add(escape(f"{_ring_name(pub)} -> {pub['topic']} ({how})"))
+        if rings.unread and not all_rings:
+            count = len(rings.unread)
+            node.add(
+                f"[dim]{count} more ring{'s' if count > 1 else ''} of this user that no one "
+                "in this graph reads (--all-rings lists them)[/]"
+            )
     return root
 
 
@@ -153,19 +233,36 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(
             "--fleet",
             metavar="DOMAIN",
-            help="Every host's graph in Zenoh fleet DOMAIN (ezflow\\[zenoh]; docs/fleets.md).",
+            help="Every host's graph in Zenoh fleet DOMAIN (ezflow-pubsub[zenoh]; docs/fleets.md).",
         ),
     ] = None,
     connect: Annotated[
         list[str] | None,
-        typer.Option("--connect", help="With --fleet: the Zenoh router to ask through."),
+        typer.Option(
+            "--connect",
+            metavar="ENDPOINT",
+            help="With --fleet: the Zenoh router to ask through.",
+        ),
     ] = None,
     config: FleetConfigOption = None,
+    all_rings: Annotated[
+        bool,
+        typer.Option(
+            "--all-rings",
+            help="List every ezring ring the graph server registered, also those no one "
+            "in this graph reads.",
+        ),
+    ] = False,
 ) -> None:
     """Show topics, publishers, subscribers, edges and processes (or a diagram).
 
     The tree lists every topic with its publishers, subscribers and topic -> topic
-    edges, then the processes connected to the graph server.
+    edges, then the processes connected to the graph server, then the ezring rings of
+    the graph under their own heading: those a process of the graph attached
+    (GraphContext.attach_ring) and those the graph server registered by itself that a
+    subscriber or an edge of the graph reads. The server registers every live ring of
+    its user (docs/ezring.md): the others are one line, counted (--all-rings lists
+    them).
 
     Examples:
 
@@ -197,7 +294,8 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
     elif as_json:
         typer.echo(json.dumps(snapshot, indent=2))
     else:
-        console.print(_tree(snapshot, format_address(where), warning), highlight=False)
+        tree = _tree(snapshot, format_address(where), warning, all_rings=all_rings)
+        console.print(tree, highlight=False)
 
 
 def _fleet_graph(domain: str, connect: list[str] | None, config: str | None, as_json: bool) -> None:

@@ -1,5 +1,5 @@
 """``ezflow otel``: a running graph's traced hops and channel metrics to an
-OpenTelemetry collector over OTLP/HTTP (needs ``ezflow[otel]``; docs/tracing.md).
+OpenTelemetry collector over OTLP/HTTP (needs ``ezflow-pubsub[otel]``; docs/tracing.md).
 
 OpenTelemetry is imported when the command runs, so ``ezflow --help`` works without
 the extra.
@@ -79,7 +79,7 @@ def otel(
             endpoint, interval=interval, traces=traces, metrics=metrics
         )
     except ImportError as exc:
-        fail(f"ezflow otel needs OpenTelemetry: pip install 'ezflow[otel]' ({exc})", 2)
+        fail(f"ezflow otel needs OpenTelemetry: pip install 'ezflow-pubsub[otel]' ({exc})", 2)
 
     async def main() -> None:
         async with (

@@ -164,9 +164,22 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     period: Annotated[
         float | None, typer.Option(help="Pacing of the latency phase, in seconds (default 0.001).")
     ] = None,
-    repeats: Annotated[int | None, typer.Option(help="Repeats of every cell (medians).")] = None,
+    repeats: Annotated[
+        int | None,
+        typer.Option(
+            "--repeats",
+            "--rounds",
+            help="Rounds (default 3): every cell once per round, frameworks back to back; "
+            "each figure is the median of the rounds, shown with their spread.",
+        ),
+    ] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="One short repeat (0.5 s; p2p 5,000 messages), 2 sizes.")
+        bool,
+        typer.Option(
+            "--quick",
+            help="One short round (0.5 s; p2p 5,000 messages), 2 sizes: no spread, a "
+            "quick look only.",
+        ),
     ] = False,
     peer: Annotated[
         list[str] | None,
@@ -407,7 +420,15 @@ def peers(  # noqa: PLR0917 - one parameter per command-line option
     transports: Annotated[
         list[str] | None, typer.Option("--transports", help="shm, tcp (default both).")
     ] = None,
-    repeats: Annotated[int | None, typer.Option(help="Repeats of every cell (medians).")] = None,
+    repeats: Annotated[
+        int | None,
+        typer.Option(
+            "--repeats",
+            "--rounds",
+            help="Rounds (default 3; --selfcheck: 3), alternating the frameworks; each "
+            "figure is the median of the rounds, shown with their spread.",
+        ),
+    ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="One short repeat, 64B and 1MiB.")] = False,
     output: Annotated[
         Path | None,
@@ -422,12 +443,26 @@ def peers(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option("--from", help="Print the table of an earlier results file; run nothing."),
     ] = None,
     markdown: Annotated[bool, typer.Option(help="Print a markdown table.")] = False,
+    selfcheck: Annotated[
+        bool,
+        typer.Option(
+            "--selfcheck",
+            help="Instead: each peer's own throughput example next to our worker on that "
+            "peer (the same loop), 64 B, alternating rounds; exit 1 when a worker is "
+            "below 0.8x of its library's example.",
+        ),
+    ] = False,
 ) -> None:
     """ezflow's ordinary p2p program next to ezmsg, pyzmq, Zenoh and iceoryx2, in one
-    run, each peer in its own venv (--install makes them), with ratios and the floor."""
+    run, each peer in its own venv (--install makes them), with ratios and the floor.
+
+    --selfcheck checks the peer workers against their libraries' own examples instead."""
     from .._perf._peers import _command, _install  # noqa: PLC0415 - only this command
 
     results = results or earlier
+    if selfcheck or (results is not None and _is_selfcheck(results)):
+        _selfcheck(results, peer, transports, repeats, output, cache_dir, install, markdown)
+        return
     if results is not None:
         document = _load(results)
         if not _command.table_rows(document):
@@ -475,6 +510,84 @@ def peers(  # noqa: PLR0917 - one parameter per command-line option
             _fail(f"{len(failed)} cell(s) failed after every retry; see above", code=1)
 
 
+def _is_selfcheck(path: Path) -> bool:
+    from .._perf._peers import _selfcheck  # noqa: PLC0415
+
+    try:
+        return _selfcheck.is_selfcheck(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return False  # _load says what is wrong with it
+
+
+def _selfcheck(  # noqa: PLR0917 - the options of `peers --selfcheck`
+    results: Path | None,
+    peer: list[str] | None,
+    transports: list[str] | None,
+    repeats: int | None,
+    output: Path | None,
+    cache_dir: Path | None,
+    install: bool,
+    markdown: bool,
+) -> None:
+    """``ezflow perf peers --selfcheck`` (or ``--from`` a selfcheck file)."""
+    from .._perf._peers import _command, _install, _selfcheck  # noqa: PLC0415
+
+    if results is not None:
+        document = json.loads(results.read_text())
+    else:
+        try:
+            request = _command.prepare(peer, None, transports, repeats, quick=False)
+        except SpecError as exc:
+            _fail(str(exc))
+        rounds = _selfcheck.ROUNDS if repeats is None else repeats
+        if output is None:
+            output = Path(f"ezflow-selfcheck-{datetime.datetime.now():%Y%m%d-%H%M%S}.json")
+        if output.parent and not output.parent.is_dir():
+            _fail(f"cannot write {output}: {output.parent} is not a directory")
+        try:
+            commands = _install.ensure(
+                request.peers,
+                install_missing=install,
+                cache=cache_dir,
+                log=lambda line: _errors.print(line, highlight=False, markup=False),
+            )
+        except (_install.PeerSetupError, _install.PeerInstallError) as exc:
+            _fail(str(exc))
+        chosen = [t.strip() for value in transports or () for t in value.split(",") if t.strip()]
+
+        def log(line: str) -> None:
+            _errors.print(f"[dim]{line}[/]", highlight=False)
+
+        try:
+            document = run_coroutine(
+                _selfcheck.run(
+                    commands,
+                    rounds=rounds,
+                    transports=chosen or None,
+                    cache=cache_dir,
+                    log=log,
+                    command=["ezflow", *sys.argv[1:]],
+                )
+            )
+        except KeyboardInterrupt:
+            _fail("interrupted: every worker was stopped, no results written", code=130)
+        output.write_text(json.dumps(document, indent=1) + "\n")
+    if markdown:
+        typer.echo(_selfcheck.markdown(document), nl=False)
+    else:
+        _console.print(_selfcheck.rich_table(document))
+    for line in _selfcheck.notes(document):
+        _console.print(f"  {line}", highlight=False, markup=False)
+    if output is not None:
+        _console.print(f"wrote {output} in {document['wall_seconds']:.1f} s", highlight=False)
+    failed = _selfcheck.failures(document)
+    if failed and results is None:
+        _fail(f"{len(failed)} check(s) below the bar: {failed[0]}", code=1)
+
+
+_DEFAULT_WATERFALL_ROUNDS = 5
+
+
 @app.command()
 def waterfall(  # noqa: PLR0917 - one parameter per command-line option
     base: Annotated[str, typer.Option("--base", help="The git ref before (e.g. main, HEAD~3).")],
@@ -488,8 +601,14 @@ def waterfall(  # noqa: PLR0917 - one parameter per command-line option
         float, typer.Option("--period", min=0.0, help="Seconds between frames (default 30 fps).")
     ] = 1 / 30,
     rounds: Annotated[
-        int, typer.Option("--rounds", min=1, help="Runs per ref, alternating between refs.")
-    ] = 1,
+        int,
+        typer.Option(
+            "--rounds",
+            min=1,
+            help="Runs per ref, alternating between refs: each figure is their median, "
+            "shown with their range, and a change inside the noise is 'no change'.",
+        ),
+    ] = _DEFAULT_WATERFALL_ROUNDS,
     p2p: Annotated[
         bool, typer.Option("--p2p/--no-p2p", help="Also run `perf run -s p2p` at both refs.")
     ] = True,
@@ -529,12 +648,15 @@ def waterfall(  # noqa: PLR0917 - one parameter per command-line option
 
     Each ref is checked out into a temporary worktree and installed, with the project's
     own install command, into a virtualenv of its own (kept in --cache per commit). Then,
-    alternating between the refs, a pipeline of --hops hops (one process per relay, a
-    4K frame by default, paced at 30 fps) and the ordinary p2p program run under each.
-    Prints the pipeline's end to end and frames/s before and after, the waterfall of
-    every hop's stages (publish, transport, decode, queue, handler) at both refs with
-    the change per stage, and the p2p cells. A ref whose ezflow does not trace shows end
-    to end only. Run it from a checkout of ezflow (git is all it needs besides).
+    alternating between the refs (--rounds, 5 by default), a pipeline of --hops hops
+    (one process per relay, a 4K frame by default, paced at 30 fps) and the ordinary
+    p2p program run under each. Prints the pipeline's end to end and frames/s before
+    and after, the waterfall of every hop's stages (publish, transport, decode, queue,
+    handler) at both refs with the change per stage, and the p2p cells: every figure
+    the median of the rounds with their spread, every change with its verdict ("no
+    change" when it is inside the noise of the comparison). A ref whose ezflow does not
+    trace shows end to end only. Run it from a checkout of ezflow (git is all it needs
+    besides).
 
     Examples:
 
@@ -575,12 +697,17 @@ def waterfall(  # noqa: PLR0917 - one parameter per command-line option
         results = _waterfall.run_waterfall(refs, scenario, log)
     except _waterfall.WaterfallError as exc:
         _fail(str(exc), code=1)
-    _console.print(_waterfall.render_waterfall(results))
+    rows = _waterfall.compare_rows(*results)
+    _console.print(_waterfall.render_waterfall(results, rows))
     if output is not None:
-        output.write_text(json.dumps([r.to_json() for r in results], indent=1) + "\n")
+        document = {
+            "refs": [r.to_json() for r in results],
+            "comparison": [row.to_json() for row in rows],
+        }
+        output.write_text(json.dumps(document, indent=1) + "\n")
         _console.print(f"wrote {output}", highlight=False)
     if html is not None:
-        html.write_text(_waterfall.render_html(results))
+        html.write_text(_waterfall.render_html(results, rows))
         _console.print(f"wrote {html}", highlight=False)
 
 

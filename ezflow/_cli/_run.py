@@ -27,6 +27,7 @@ import typer
 
 from .._core._config import ENV_DEBUG, ENV_TRACE, check_drain_timeout
 from .._core._exceptions import ConfigurationError, EzflowError
+from .._core._interrupts import InterruptLatch
 from .._core._tracing import set_own_rate
 from .._units._component import Component
 from .._units._errors import GraphDefinitionError, ProcessDiedError, UnitError
@@ -42,7 +43,7 @@ from ._connection import (
     resolve_address,
 )
 
-__all__ = ["load_graph", "load_object", "run"]
+__all__ = ["load_graph", "load_object", "parse_settings", "run"]
 
 _KEYS = ("components", "connections", "process_components")
 
@@ -87,7 +88,7 @@ def _runnable(module: ModuleType) -> list[str]:
 def _component(obj: Any) -> Any:
     """*obj* as a component of the graph (a class is instantiated), or None: an ezflow
     Component, or another framework's that ezflow.run adapts (an ezmsg Unit or
-    Collection, with ezflow[ezmsg])."""
+    Collection, with ezflow-pubsub[ezmsg])."""
     if isinstance(obj, type):
         if issubclass(obj, Component) or adaptable_class(obj):
             return obj()
@@ -117,6 +118,24 @@ def load_graph(name: str, obj: Any) -> dict[str, Any]:
         "class), a mapping of names to components, or a function returning one of those, "
         "(components, connections[, process_components]) or a dict of ezflow.run arguments"
     )
+
+
+def parse_settings(specs: list[str]) -> dict[str, dict[str, str]]:
+    """``--set PATH.FIELD=VALUE`` options as ``{PATH: {FIELD: VALUE}}`` (the values as
+    text: the graph reads them by each field's type); a malformed one exits with
+    status 2. A field set twice takes the last value, as options usually do."""
+    fields: dict[str, dict[str, str]] = {}
+    for spec in specs:
+        target, equals, value = spec.partition("=")
+        path, dot, field = target.strip().rpartition(".")
+        if not equals or not dot or not path or not field.isidentifier():
+            fail(
+                f"--set {spec!r}: expected PATH.FIELD=VALUE, a component's path and a field "
+                "of its settings (e.g. --set SINE.rate=500 or --set PIPELINE/FILTER.cutoff=30)",
+                2,
+            )
+        fields.setdefault(path, {})[field] = value
+    return fields
 
 
 def _print_start_line(runner: GraphRunner) -> None:
@@ -186,6 +205,16 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             "--quiet", "-q", help="Do not print the start line (graph server and processes)."
         ),
     ] = False,
+    set_fields: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="PATH.FIELD=VALUE",
+            help="Set a field of a component's settings before the graph starts "
+            "(repeatable): the value is read by the field's type; a wrong path, field or "
+            "value exits 2 (docs/cli.md).",
+        ),
+    ] = None,
 ) -> None:
     """Run a graph of units (a Collection, or a function returning components).
 
@@ -203,6 +232,12 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     Uses the graph server at --address / EZFLOW_GRAPH_ADDRESS, starting one in this
     process when none answers there (port 0: any free port).
 
+    --set PATH.FIELD=VALUE sets a field of a component's settings (PATH as in topic
+    names: SINE, PIPELINE/FILTER), before that component is configured: a collection's
+    settings reach its children. The value is read by the field's type: an int, a
+    float, true/false for a bool, none for an optional field, one of a Literal's
+    values, else a Python literal ((1, 2), [0.5, 1.0]).
+
     Examples (from a checkout of ezflow; each ends by itself):
 
         ezflow run examples/units_quickstart.py:graph
@@ -212,6 +247,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         ezflow run examples/signal_pipeline.py:graph --single-process --quiet
 
         EZFLOW_GRAPH_ADDRESS=127.0.0.1:0 ezflow run examples/units_quickstart.py:graph -q
+
+        ezflow run examples/nested_collection.py:graph --set PIPELINE.width=2 -a 127.0.0.1:0
     """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -229,18 +266,23 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         set_own_rate(trace, "ezflow run --trace")
     if verbose:
         os.environ[ENV_DEBUG] = "1"  # failures with ezflow's frames (unit processes too)
+    settings = parse_settings(set_fields or [])
     try:
-        name, obj = load_object(target)
-        arguments = load_graph(name, obj)
-        run_graph(
-            **arguments,
-            graph_address=where,
-            force_single_process=single_process,
-            check_types=True if check_types else None,
-            end_when_done=end_when_done,
-            drain_timeout=drain_timeout,
-            on_started=None if quiet else _print_start_line,
-        )
+        # Until ezflow.run takes Ctrl-C over, one that Python swallows (importing the
+        # target can run into it) is not lost (ezflow/_core/_interrupts.py).
+        with InterruptLatch(KeyboardInterrupt).installed():
+            name, obj = load_object(target)
+            arguments = load_graph(name, obj)
+            run_graph(
+                **arguments,
+                graph_address=where,
+                force_single_process=single_process,
+                check_types=True if check_types else None,
+                end_when_done=end_when_done,
+                drain_timeout=drain_timeout,
+                on_started=None if quiet else _print_start_line,
+                settings=settings,
+            )
     except typer.Exit:
         raise  # fail() said why
     except GraphDefinitionError as exc:

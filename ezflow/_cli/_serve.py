@@ -7,11 +7,12 @@ import contextlib
 import errno
 import logging
 import signal
+import socket
 from typing import Annotated
 
 import typer
 
-from .._core._config import format_address
+from .._core._config import Address, format_address
 from .._core._exceptions import (
     BrokenResourceError,
     ClosedResourceError,
@@ -45,6 +46,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         int | None,
         typer.Option(
             "--metrics-port",
+            metavar="PORT",
             help="Also serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
             min=0,
             max=65535,
@@ -106,11 +108,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             await server.start()
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                fail(
-                    f"cannot listen on {format_address(where)} or metrics port {metrics_port}:"
-                    " address in use (a graph server running there already? `ezflow "
-                    "shutdown` stops it)"
-                )
+                fail(_address_in_use(where, metrics_port))
             fail(f"cannot listen on {format_address(where)}: {exc}")
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -135,6 +133,40 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         console.print("graph server stopped", highlight=False)
 
     run_async(main)
+
+
+def _taken(host: str, port: int) -> bool:
+    """Whether binding *host*:*port* fails because it is in use (as the server binds:
+    with SO_REUSEADDR, so a closing connection's port does not count)."""
+    if port == 0:
+        return False
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(sockaddr)
+    except OSError as exc:
+        return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def _address_in_use(where: Address, metrics_port: int | None) -> str:
+    """Why ``serve`` could not start, naming the port that is in use: the graph
+    server's, or the metrics port (on the same host)."""
+    host, port = where
+    graph = format_address(where)
+    if metrics_port is not None and not _taken(host, port) and _taken(host, metrics_port):
+        return (
+            f"cannot serve metrics on port {metrics_port} "
+            f"({format_address((host, metrics_port))}): address in use; choose another "
+            "--metrics-port (0 takes a free one)"
+        )
+    return (
+        f"cannot listen on {graph}: address in use (a graph server running there already? "
+        f"`ezflow shutdown --address {graph}` stops it; --address {host}:0 takes a free port)"
+    )
 
 
 def shutdown(

@@ -4,10 +4,13 @@ for scripts), with each channel's stage split from the trace hops the server kee
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Annotated, Any, NamedTuple
 
 import typer
@@ -198,6 +201,13 @@ def _errors(count: int) -> str:
     return str(count) if not count else f"[red]{count}[/]"
 
 
+def _process(row: dict[str, Any]) -> str:
+    """The process cell: its name without the ``ezflow:`` every unit process's name
+    starts with (room for the latency at 80 columns), and its pid."""
+    name = str(row["process"]).removeprefix("ezflow:")
+    return escape(f"{name} ({row['pid']})")
+
+
 def _lat(value_us: float | None) -> str:
     return format_ns(None if value_us is None else value_us * 1e3)
 
@@ -238,7 +248,7 @@ def _split(row: dict[str, Any]) -> str:
 _Column = tuple[str, int, Callable[[dict[str, Any]], str]]
 _CHANNEL_COLUMNS: list[_Column] = [
     ("topic", 0, lambda r: escape(r["topic"])),
-    ("process", 0, lambda r: escape(f"{r['process']} ({r['pid']})")),
+    ("process", 0, _process),
     ("transport", 4, lambda r: str(r["transport"])),
     ("subs", 6, lambda r: str(r["subscribers"])),
     ("msgs/s", 1, lambda r: f"{r['msgs_per_s']:.1f}"),
@@ -256,7 +266,7 @@ _CHANNEL_COLUMNS: list[_Column] = [
 ]
 _PUBLISHER_COLUMNS: list[_Column] = [
     ("topic", 0, lambda r: escape(r["topic"])),
-    ("process", 0, lambda r: escape(f"{r['process']} ({r['pid']})")),
+    ("process", 0, _process),
     ("channels", 5, lambda r: str(r["channels"])),
     ("msgs/s", 1, lambda r: f"{r['msgs_per_s']:.1f}"),
     ("MB/s", 8, lambda r: f"{r['mb_per_s']:.2f}"),
@@ -339,16 +349,24 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(
             "--fleet",
             metavar="DOMAIN",
-            help="Every host's telemetry in Zenoh fleet DOMAIN, once (ezflow\\[zenoh]).",
+            help="Every host's telemetry in Zenoh fleet DOMAIN, once (ezflow-pubsub[zenoh]).",
         ),
     ] = None,
     connect: Annotated[
         list[str] | None,
-        typer.Option("--connect", help="With --fleet: the Zenoh router to ask through."),
+        typer.Option(
+            "--connect",
+            metavar="ENDPOINT",
+            help="With --fleet: the Zenoh router to ask through.",
+        ),
     ] = None,
     config: FleetConfigOption = None,
 ) -> None:
     """Live telemetry per channel and publisher of the whole graph.
+
+    A header names the graph server and the time of the figures; q (or Ctrl-C) quits.
+    On a narrow terminal the least useful columns go first (named under each table):
+    topic, process, msgs/s, drops and latency stay longest.
 
     Per channel: msgs/s, MB/s, publish -> deliver latency p50/p99, drops, queue depth,
     buffers in use and transport; per publisher: rate, backpressure wait, drops, and
@@ -401,6 +419,7 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
                 if as_json:
                     typer.echo(json.dumps({**document, **data}, indent=2))
                 else:
+                    console.print(_header(label, time.time(), live=False), highlight=False)
                     console.print(_tables(data, label, console.width, warning))
                 return
             if as_json:
@@ -408,13 +427,64 @@ def top(  # noqa: PLR0917 - one parameter per command-line option
                     data = await snapshot()
                     typer.echo(json.dumps({**document, "time": time.time(), **data}))
                     await asyncio.sleep(interval)
-            with Live(console=console, auto_refresh=False) as live:
-                while True:
+            quit_key = asyncio.Event()
+            with _quit_on_q(quit_key), Live(console=console, auto_refresh=False) as live:
+                while not quit_key.is_set():
                     data = await snapshot()
-                    live.update(_tables(data, label, console.width, warning), refresh=True)
-                    await asyncio.sleep(interval)
+                    screen = Group(
+                        _header(label, time.time(), live=True),
+                        _tables(data, label, console.width, warning),
+                    )
+                    live.update(screen, refresh=True)
+                    with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                        await asyncio.wait_for(quit_key.wait(), interval)
 
     run_async(main)
+
+
+def _header(where: str, now: float, *, live: bool) -> Text:
+    """The line above the tables: which graph, when, and (live) how to quit."""
+    text = Text(
+        f"ezflow top: graph server {where}, {time.strftime('%H:%M:%S', time.localtime(now))}"
+    )
+    if live:
+        text.append("; q or Ctrl-C quits", style="dim")
+    return text
+
+
+@contextlib.contextmanager
+def _quit_on_q(pressed: asyncio.Event) -> Iterator[None]:
+    """Set *pressed* when q is typed on the terminal (stdin in cbreak mode meanwhile:
+    keys arrive one at a time, unechoed; restored on exit). Nothing without a terminal
+    on stdin (or without termios)."""
+    try:
+        import termios  # noqa: PLC0415 - POSIX only
+        import tty  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    if not sys.stdin.isatty():
+        yield
+        return
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    loop = asyncio.get_running_loop()
+
+    def typed() -> None:
+        try:
+            keys = os.read(fd, 64)
+        except OSError:
+            keys = b""
+        if not keys or b"q" in keys.lower():  # q, Q, or the terminal went away
+            pressed.set()
+
+    tty.setcbreak(fd)
+    loop.add_reader(fd, typed)
+    try:
+        yield
+    finally:
+        loop.remove_reader(fd)
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 def _fleet_top(domain: str, connect: list[str] | None, config: str | None, as_json: bool) -> None:

@@ -1,4 +1,4 @@
-"""``ezflow zenoh router`` and ``ezflow zenoh bridge`` (needs ``ezflow[zenoh]``).
+"""``ezflow zenoh router`` and ``ezflow zenoh bridge`` (needs ``ezflow-pubsub[zenoh]``).
 
 Zenoh is imported when a command runs, so ``ezflow --help`` works without the extra.
 """
@@ -38,10 +38,10 @@ __all__ = [
     "parse_mapping",
 ]
 
-# Help text is rich markup (typer's default): a literal "[" before a word is written "\\["
-# or rich takes "[zenoh]" for a style and drops it.
+# Help text is plain text (the root app sets rich_markup_mode=None): "[zenoh]" shows.
 app = typer.Typer(
-    help="ezflow across hosts on Eclipse Zenoh (pip install 'ezflow\\[zenoh]'; docs/fleets.md).",
+    help="ezflow across hosts on Eclipse Zenoh (pip install 'ezflow-pubsub[zenoh]'; "
+    "docs/fleets.md).",
     no_args_is_help=True,
 )
 

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_SHM_SLOT_COUNT",
     "DEFAULT_SHM_SLOT_SIZE",
     "DEFAULT_TELEMETRY_INTERVAL",
+    "DISTRIBUTION",
     "EMBEDDED_SERVER_STOP_TIMEOUT",
     "ENV_CHECK_TYPES",
     "ENV_DEBUG",
@@ -146,6 +147,11 @@ __all__ = [
     "transport_from_env",
     "watch_rings_from_env",
 ]
+
+#: The name ezflow is installed under (``pip install ezflow-pubsub``, its metadata):
+#: ``ezflow`` on PyPI is an unrelated project. The package is ``import ezflow``, the
+#: command ``ezflow``.
+DISTRIBUTION: Final = "ezflow-pubsub"
 
 Address = tuple[str, int]
 TransportName = Literal["local", "shm", "tcp"]

@@ -82,10 +82,11 @@ from .._transports._local import LocalTransport
 from .._transports._shm import ShmTransport
 from .._transports._tcp import TcpTransport
 from ._client import GraphClient, host_id
+from ._embedded import EmbeddedGraphServer
 from ._publisher import Publisher
 from ._reporter import TelemetryReporter
 from ._routing import ChannelInfo, ChannelRecord, Router
-from ._server import EmbeddedGraphServer, GraphServer
+from ._server import GraphServer
 from ._subscriber import Subscriber
 from ._traces import hops_from_reply
 

@@ -28,12 +28,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
-
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core._exceptions import ProtocolError
 from .._core._tracing import HOP_FIELDS, STAGES, hop_stages
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 __all__ = [
     "REPORTED_FIELDS",
@@ -100,7 +101,14 @@ class Quantiles:
 
 def stage_bar(offset: float, length: float | None, scale: float, style: str) -> Text:
     """A waterfall bar: *length* ns starting *offset* ns in, at *scale* cells per ns, in
-    *style* (at least one cell when there is a length; empty when it is unknown)."""
+    *style* (at least one cell when there is a length; empty when it is unknown).
+
+    Presentation, drawn by ``ezflow trace`` and ``ezflow perf waterfall``: rich is
+    imported here, when a bar is drawn, so that importing ezflow (every unit process)
+    does not import rich (tests/test_startup.py). It is not in ``_cli`` because
+    ``_perf`` draws it too and imports only downward."""
+    from rich.text import Text  # noqa: PLC0415 - see above
+
     if length is None:
         return Text("")
     start = round(offset * scale)

@@ -13,7 +13,12 @@ Layout (one module per concern):
 * :mod:`._runner` — spawns the processes of every cell, retries and counts crashes,
   collects and aggregates;
 * :mod:`._schema` — the documented JSON schema of a results file and its validator;
-* :mod:`._compare`, :mod:`._report` — ratios between runs, self-contained HTML report.
+* :mod:`._noise` — a figure as the median of its rounds with their spread, and when a
+  difference is a change ("no change" inside the noise);
+* :mod:`._compare`, :mod:`._report` — ratios between runs, self-contained HTML report;
+* :mod:`._waterfall` — the same scenarios at two git refs, in alternating rounds;
+* :mod:`._peers` — the peer frameworks, their venvs, ``ezflow perf peers`` and its
+  ``--selfcheck`` against each library's own examples.
 
 Importing this package is cheap (no rich, no typer): worker processes import it.
 """

@@ -3,10 +3,17 @@ run (the peer table).
 
 A run-to-run comparison looks at every cell both files measured and three figures:
 msgs/s (higher is better), paced latency p50 and CPU per message (lower is better). The
-*gain* of a figure is ``new/base`` for msgs/s and ``base/new`` for the others, so a gain
-above 1 is always an improvement. A gain beyond ``1 ± noise`` is colored (green/red); a
-gain below ``1/(1 + fail)`` is a regression and makes the command exit with status 1,
-as is a cell that worked in the base run and fails in the new one.
+*gain* of a figure is ``new/base`` of the medians for msgs/s and ``base/new`` for the
+others, so a gain above 1 is always an improvement. Each figure has the spread of its
+rounds (:mod:`._noise`): a difference inside the noise - ranges that overlap, or a gain
+within the comparison's noise band (2-3 times its typical spread, at least ``noise``) - is
+``"no change"``; beyond it, ``"better"`` or ``"worse"``. A worse figure whose gain is
+below ``1/(1 + fail)`` is a regression and makes the command exit with status 1, as is
+a cell that worked in the base run and fails in the new one.
+
+Figures from two runs are only comparable when the runs measured the same thing on the
+same machine under similar load (the results hold the load averages): a run's floor
+next to the other's says how far the machine itself moved.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ._noise import NO_CHANGE, Figure, ratio_range, samples_of, typical_spread, verdict
 from ._spec import Variant
 
 __all__ = [
@@ -68,29 +76,33 @@ class Change:
     base: float | None
     new: float | None
     gain: float | None  #: > 1 is better; None when a side has no figure
-    verdict: str  #: "better", "worse", "same", "regression", "failed", "missing"
+    #: "better", "worse", "no change", "regression", "failed", "missing"
+    verdict: str
+    #: The rounds of each side (None for a cell without figures).
+    base_figure: Figure | None = None
+    new_figure: Figure | None = None
 
     @property
     def failing(self) -> bool:
         return self.verdict in ("regression", "failed")
 
 
-def _verdict(gain: float, noise: float, fail: float) -> str:
-    if gain < 1 / (1 + fail):
-        return "regression"
-    if gain < 1 / (1 + noise):
-        return "worse"
-    if gain > 1 + noise:
-        return "better"
-    return "same"
+def _figure(cell: dict[str, Any], metric: str) -> Figure | None:
+    """The rounds of *metric* in *cell* (its median alone when it kept no rounds)."""
+    found = samples_of(cell.get("repeats") or [], metric)
+    if found is None and cell["metrics"][metric] is not None:
+        found = Figure((float(cell["metrics"][metric]),))
+    return found
 
 
 def compare(
     base: dict[str, Any], new: dict[str, Any], *, noise: float = 0.1, fail: float = 0.25
 ) -> list[Change]:
     """Every figure of every cell of *new* next to *base* (cells of *base* missing in
-    *new* are reported as ``missing``, which does not fail)."""
+    *new* are reported as ``missing``, which does not fail); see the module for the
+    verdicts."""
     base_cells = {cell_key(cell): cell for cell in base["cells"]}
+    measured: list[tuple[CellKey, str, bool, Figure | None, Figure | None]] = []
     changes: list[Change] = []
     seen: set[CellKey] = set()
     for cell in new["cells"]:
@@ -101,18 +113,29 @@ def compare(
             continue  # nothing to compare against
         if cell["status"] != "ok":
             reason = cell["reason"] or cell["status"]
-            verdict = "failed" if cell["status"] == "error" else "missing"
-            changes.append(Change(key, reason, None, None, None, verdict))
+            state = "failed" if cell["status"] == "error" else "missing"
+            changes.append(Change(key, reason, None, None, None, state))
             continue
         for metric, _, higher in FIGURES:
-            old_value, new_value = before["metrics"][metric], cell["metrics"][metric]
-            if not old_value or not new_value:
-                changes.append(Change(key, metric, old_value, new_value, None, "same"))
-                continue
-            gain = new_value / old_value if higher else old_value / new_value
-            changes.append(
-                Change(key, metric, old_value, new_value, gain, _verdict(gain, noise, fail))
+            measured.append((key, metric, higher, _figure(before, metric), _figure(cell, metric)))
+    spread = typical_spread((b, n) for _, _, _, b, n in measured if b is not None and n is not None)
+    for key, metric, higher, before_figure, after_figure in measured:
+        if before_figure is None or after_figure is None:
+            old_value = None if before_figure is None else before_figure.median
+            new_value = None if after_figure is None else after_figure.median
+            changes.append(Change(key, metric, old_value, new_value, None, NO_CHANGE))
+            continue
+        gain, said = verdict(
+            before_figure, after_figure, higher_is_better=higher, floor=noise, spread=spread
+        )
+        if said == "worse" and gain is not None and gain < 1 / (1 + fail):
+            said = "regression"
+        changes.append(
+            Change(
+                key, metric, before_figure.median, after_figure.median, gain, said,
+                before_figure, after_figure,
             )
+        )  # fmt: skip
     for key, before in base_cells.items():
         if key not in seen and before["status"] == "ok":
             changes.append(Change(key, "not measured", None, None, None, "missing"))
@@ -133,6 +156,9 @@ class PeerRow:
     ezflow_p50: float | None
     peer_p50: float | None
     note: str | None  #: why a side has no figures
+    #: The ratios over the rounds' ranges (lowest, highest), None when unknown.
+    msgs_range: tuple[float, float] | None = None
+    p50_range: tuple[float, float] | None = None
 
     @property
     def msgs_ratio(self) -> float | None:
@@ -172,6 +198,12 @@ def peer_rows(document: dict[str, Any]) -> list[PeerRow]:
         ]
         mine = ours["metrics"] if ours is not None and ours["status"] == "ok" else None
         theirs = cell["metrics"] if cell["status"] == "ok" else None
+        ranges: list[tuple[float, float] | None] = []
+        for metric in ("msgs_per_s", "latency_p50_us"):
+            a = None if mine is None or ours is None else _figure(ours, metric)
+            b = None if theirs is None else _figure(cell, metric)
+            found = None if a is None or b is None else ratio_range(a, b)
+            ranges.append(None if found is None else (found[1], found[2]))
         rows.append(
             PeerRow(
                 suite,
@@ -184,6 +216,8 @@ def peer_rows(document: dict[str, Any]) -> list[PeerRow]:
                 mine["latency_p50_us"] if mine else None,
                 theirs["latency_p50_us"] if theirs else None,
                 "; ".join(notes) or None,
+                ranges[0],
+                ranges[1],
             )
         )
     return rows

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["capture"]
+__all__ = ["capture", "load_average"]
 
 #: Distributions whose versions go into every result file (missing ones are null).
 PACKAGES = ("ezflow", "numpy", "msgpack", "uvloop", "typer", "rich", "ezmsg")
@@ -27,7 +27,10 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _version(distribution: str) -> str | None:
+def _version(package: str) -> str | None:
+    # ezflow's distribution is ezflow-pubsub (_core._config.DISTRIBUTION; this module
+    # imports nothing of ezflow's); the results keep the key "ezflow".
+    distribution = "ezflow-pubsub" if package == "ezflow" else package
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -46,6 +49,14 @@ def _git(*args: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (``uptime``), or None where there are none."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def capture(event_loop: str) -> dict[str, Any]:

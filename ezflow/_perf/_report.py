@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._compare import FIGURES, PEER_BAR, Change, compare, peer_rows, variant_label
+from ._noise import NO_CHANGE, samples_of
 from ._spec import SUITE_DESCRIPTIONS, SUITES, TRANSPORTS, format_size
 
 __all__ = ["render"]
@@ -146,22 +147,29 @@ def _cell_rows(cells: list[dict[str, Any]]) -> str:
             )
             continue
         values = [
-            f"{metrics['msgs_per_s']:,.0f}",
+            _with_range(cell, "msgs_per_s", lambda v: f"{v:,.0f}"),
             f"{metrics['mb_per_s']:,.1f}",
+            _with_range(cell, "latency_p50_us", lambda v: f"{v:,.1f}"),
             *(
                 "—" if metrics[key] is None else f"{metrics[key]:,.1f}"
-                for key in (
-                    "latency_p50_us",
-                    "latency_p99_us",
-                    "latency_max_us",
-                    "loaded_latency_p50_us",
-                )
+                for key in ("latency_p99_us", "latency_max_us", "loaded_latency_p50_us")
             ),
-            f"{metrics['cpu_s_per_msg'] * 1e6:,.2f}",
+            _with_range(cell, "cpu_s_per_msg", lambda v: f"{v * 1e6:,.2f}"),
             str(metrics["drops"]),
         ]
         rows.append(f"<tr>{head}{''.join(f'<td class=n>{v}</td>' for v in values)}</tr>")
     return "\n".join(rows)
+
+
+def _with_range(cell: dict[str, Any], metric: str, fmt: Any) -> str:
+    """The median of the rounds and, under it, their range (min-max)."""
+    value = cell["metrics"][metric]
+    if value is None:
+        return "—"
+    found = samples_of(cell.get("repeats") or [], metric)
+    if found is None or len(found.samples) < 2:
+        return str(fmt(value))
+    return f"{fmt(value)}<br><small>{fmt(found.low)}-{fmt(found.high)}</small>"
 
 
 def _peer_section(document: dict[str, Any]) -> str:
@@ -171,8 +179,12 @@ def _peer_section(document: dict[str, Any]) -> str:
     body = []
     for row in rows:
 
-        def ratio(value: float | None) -> str:
-            return "—" if value is None else f"{value:.2f}x"
+        def ratio(value: float | None, bounds: tuple[float, float] | None = None) -> str:
+            if value is None:
+                return "—"
+            if bounds is None or bounds[0] == bounds[1]:
+                return f"{value:.2f}x"
+            return f"{value:.2f}x<br><small>{bounds[0]:.2f}-{bounds[1]:.2f}</small>"
 
         met = row.meets_bar
         verdict = row.note or ("—" if met is None else ("pass" if met else "miss"))
@@ -180,7 +192,8 @@ def _peer_section(document: dict[str, Any]) -> str:
             f'<tr class="{"pass" if met else "miss" if met is False else ""}">'
             f"<td>{_esc(row.suite)}</td><td>{_esc(row.transport)}</td><td>{_esc(format_size(row.size))}</td>"
             f"<td>{row.clients}</td><td>{_esc(row.peer)}</td>"
-            f"<td class=n>{ratio(row.msgs_ratio)}</td><td class=n>{ratio(row.p50_ratio)}</td>"
+            f"<td class=n>{ratio(row.msgs_ratio, row.msgs_range)}</td>"
+            f"<td class=n>{ratio(row.p50_ratio, row.p50_range)}</td>"
             f"<td>{_esc(verdict)}</td></tr>"
         )
     return (
@@ -240,6 +253,10 @@ def _change_line(change: Change) -> str:
     )
 
 
+def _loads(values: list[float]) -> str:
+    return ", ".join(f"{value:.2f}" for value in values)
+
+
 def _summary(document: dict[str, Any], base: dict[str, Any] | None) -> str:
     """One screen: what the suites measure, what the columns mean, the floor, and the
     biggest regressions and gains against *base* (when given)."""
@@ -262,22 +279,42 @@ def _summary(document: dict[str, Any], base: dict[str, Any] | None) -> str:
             "names the biggest regressions and gains here.</p>"
         )
     else:
-        ranked = sorted(
-            (c for c in compare(base, document) if c.gain and c.base and c.new),
-            key=lambda c: c.gain or 1.0,
-        )
-        worst = [c for c in ranked if (c.gain or 1.0) < 1][:SUMMARY_CHANGES]
-        best = [c for c in reversed(ranked) if (c.gain or 1.0) > 1][:SUMMARY_CHANGES]
+        compared = [c for c in compare(base, document) if c.gain and c.base and c.new]
+        ranked = sorted(compared, key=lambda c: c.gain or 1.0)
+        worst = [c for c in ranked if c.verdict in ("worse", "regression")][:SUMMARY_CHANGES]
+        best = [c for c in reversed(ranked) if c.verdict == "better"][:SUMMARY_CHANGES]
+        quiet = sum(1 for c in compared if c.verdict == NO_CHANGE)
         changes = (
             f"<h3>Biggest regressions against the base ({_esc(base.get('created', '?'))})</h3>"
             f"<ul>{''.join(map(_change_line, worst)) or '<li>none</li>'}</ul>"
             f"<h3>Biggest gains</h3><ul>{''.join(map(_change_line, best)) or '<li>none</li>'}</ul>"
+            f"<p>{quiet} of {len(compared)} figures: {NO_CHANGE} (inside the noise: the "
+            "ranges of their rounds overlap, or the gain is within 2-3 times the typical "
+            "spread of the comparison).</p>"
         )
+    env = document["environment"]
+    before, after = env.get("load_before"), env.get("load_after")
+    load = (
+        f"load averages (1, 5, 15 min) {_loads(before)} at the start, {_loads(after)} at the end"
+        if before and after
+        else "the load was not recorded"
+    )
+    rounds = document["plan"]["repeats"]
+    noise = (
+        f"<h3>Noise</h3><p>Every figure is the median of {rounds} round(s), measured in "
+        "alternation (each cell once per round, the frameworks of a cell back to back); "
+        "the tables show the range of the rounds under it. Ratios within this run are "
+        "what it measures. <b>Figures from different runs are not comparable</b>: the "
+        "machine, its load and its other jobs change between runs (compare this run's "
+        f"floor with the other's; here, {_esc(load)}). Compare two runs with "
+        "<code>ezflow perf compare</code>, which calls a difference inside the noise "
+        f"&quot;{NO_CHANGE}&quot;.</p>"
+    )
     return (
         '<section class="summary"><h2>Summary</h2>'
         f"<h3>What was measured</h3><ul>{measured}</ul>"
         f"<h3>The columns</h3><ul>{columns}</ul>"
-        f"<h3>The floor</h3><p>{_esc(floor)}.</p>{changes}</section>"
+        f"<h3>The floor</h3><p>{_esc(floor)}.</p>{noise}{changes}</section>"
     )
 
 

@@ -1,9 +1,12 @@
 """Run the cells of a perf run in real processes and aggregate what their sinks saw.
 
 For every framework (ezflow, then each peer) the runner starts one graph-server worker
-for the whole run, then, cell by cell and repeat by repeat, the units workers of the
-cell's layout (:func:`._spec.layout`), frameworks back to back within each repeat so
-that their figures are measured under the same conditions.
+for the whole run, then, round by round (``Plan.repeats`` rounds) and cell by cell, the
+units workers of the cell's layout (:func:`._spec.layout`), the frameworks of a cell
+back to back, so that their figures are measured under the same conditions and the
+machine's drift over the run falls on every cell alike. A cell's figures are the
+medians of its rounds; the rounds are kept (``repeats``), and their spread is shown
+next to every figure (:mod:`._noise`).
 
 A worker that crashes (exits with a non-zero status, hangs, or sends figures the
 runner rejects: any :class:`WorkerError`) makes the runner start that repeat of the
@@ -481,6 +484,7 @@ async def run(
             loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
     started = time.perf_counter()
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load_before = _environment.load_average()
     frameworks = [FrameworkInfo(EZFLOW_WORKER), *(FrameworkInfo(tuple(peer)) for peer in peers)]
     records: dict[tuple[str, Cell], CellRecord] = {}
     try:
@@ -494,21 +498,25 @@ async def run(
         floor = await _measure_floor(plan, sizes, p2p, progress)
         progress.started(sum(len(_runs_on(cell, frameworks)) for cell in cells) * plan.repeats)
         for cell in cells:
-            chosen = _runs_on(cell, frameworks)
-            for framework in chosen:
+            for framework in _runs_on(cell, frameworks):
                 record = CellRecord(framework.name, cell)
                 records[framework.name, cell] = record
                 if cell.applicable is not None:
                     record.status, record.reason = "unavailable", cell.applicable
-            for repeat in range(plan.repeats):
+        # Rounds: every cell once per round, the frameworks of a cell back to back, so
+        # that the machine's drift falls on every cell and framework alike.
+        for repeat in range(plan.repeats):
+            for cell in cells:
+                chosen = _runs_on(cell, frameworks)
                 for framework in chosen:
                     record = records[framework.name, cell]
-                    label = f"{framework.name} {cell.label} repeat {repeat + 1}/{plan.repeats}"
+                    label = f"{framework.name} {cell.label} round {repeat + 1}/{plan.repeats}"
                     progress.step(label)
                     if record.status == "ok":
                         await _attempt(framework, cell, plan, record, profile, progress, label)
-            for framework in chosen:
-                progress.cell_done(records[framework.name, cell])
+                if repeat == plan.repeats - 1:
+                    for framework in chosen:
+                        progress.cell_done(records[framework.name, cell])
     finally:
         await asyncio.gather(*(fw.aclose() for fw in frameworks), return_exceptions=True)
         if main_task is not None:
@@ -520,7 +528,8 @@ async def run(
         "created": created,
         "command": list(command),
         "wall_seconds": time.perf_counter() - started,
-        "environment": _environment.capture(ezflow_info.event_loop),
+        "environment": _environment.capture(ezflow_info.event_loop)
+        | {"load_before": load_before, "load_after": _environment.load_average()},
         "plan": plan.to_json(),
         "frameworks": [framework.to_json() for framework in frameworks],
         "floor": floor,

@@ -10,7 +10,8 @@ The version is in ``schema`` (``ezflow-perf/1``): a change that could break a re
 bumps it; adding an optional field does not. Optional so far (absent in files written
 before the p2p suite): a cell's ``variant``, ``loop``, ``crashes`` and ``crash_reasons``;
 the plan's ``min_messages``, ``max_duration`` and ``shm_inline_limit``; the floor's
-``memcpy_us``, ``paced_one_way_us`` and ``stream_msgs_per_s``. A reader takes an absent
+``memcpy_us``, ``paced_one_way_us`` and ``stream_msgs_per_s``; the environment's
+``load_before`` and ``load_after``. A reader takes an absent
 ``variant`` as null and an absent ``crashes`` as 0.
 """
 
@@ -29,6 +30,7 @@ SCHEMA_ID: Final = "ezflow-perf/1"
 _NUMBER = {"type": "number", "minimum": 0}
 _OPT_NUMBER = {"type": ["number", "null"], "minimum": 0}
 _COUNT = {"type": "integer", "minimum": 0}
+_LOAD = {"anyOf": [{"type": "array", "items": _NUMBER}, {"type": "null"}]}
 
 _METRICS = {
     "type": "object",
@@ -150,6 +152,8 @@ SCHEMA: Final[dict[str, Any]] = {
                 "git_revision": {"type": ["string", "null"]},
                 "git_dirty": {"type": ["boolean", "null"]},
                 "hostname": {"type": "string"},
+                "load_before": _LOAD | {"description": "load averages (1, 5, 15 min) at the start"},
+                "load_after": _LOAD | {"description": "load averages at the end"},
             },
         },
         "plan": {

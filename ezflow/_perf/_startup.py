@@ -12,7 +12,7 @@ the interpreter is launched to
 
 Both packages are compiled to bytecode first, as ``pip install`` leaves them. Runs
 alternate between the frameworks (``--runs`` each), and the medians are printed with
-their ratio. ezmsg is measured when it is importable here (``ezflow[ezmsg]``),
+their ratio. ezmsg is measured when it is importable here (``ezflow-pubsub[ezmsg]``),
 else only ezflow. The machine's load is printed: time on a shared machine is noisy.
 """
 

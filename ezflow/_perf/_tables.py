@@ -8,6 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from ._compare import FIGURES, PEER_BAR, Change, PeerRow, variant_label
+from ._noise import NO_CHANGE, Figure, samples_of
 from ._spec import format_size
 
 __all__ = [
@@ -69,15 +70,33 @@ def _status(cell: dict[str, Any]) -> str:
     return text
 
 
+def _spread_text(cell: dict[str, Any], metric: str, fmt: Callable[[Any], str]) -> str:
+    """A cell's figure: the median of its rounds, ``±`` half their range in percent."""
+    found = samples_of(cell.get("repeats") or [], metric)
+    if found is None:
+        return fmt(cell["metrics"][metric])
+    return found.text(fmt, compact=True)
+
+
+#: The figures shown with the spread of their rounds (the others: the median).
+_WITH_SPREAD = frozenset({"msgs_per_s", "latency_p50_us", "cpu_s_per_msg"})
+
+
 def results_table(
     cells: Iterable[dict[str, Any]], title: str = "ezflow perf", *, compact: bool = False
 ) -> Table:
-    """One row per (framework, cell): the median figures, or its status (the reasons
-    are in :func:`reasons`), and the crashes of its workers. A p2p cell shows its
-    variant (``ordinary`` is the program users write). *compact* keeps the columns an
+    """One row per (framework, cell): the median figures (msgs/s, p50 and CPU/msg with
+    ``±`` half the range of the rounds, in percent), or its status (the reasons are in
+    :func:`reasons`), and the crashes of its workers. A p2p cell shows its variant
+    (``ordinary`` is the program users write). *compact* keeps the columns an
     80-column terminal holds."""
     columns = [column for column in _COLUMNS if column[3] or not compact]
-    table = Table(title=title, title_justify="left")
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption="median of the rounds, ±: half their range (min-max) in % of the median",
+        caption_justify="left",
+    )
     if compact:
         table.add_column("cell")
     else:
@@ -110,7 +129,12 @@ def results_table(
             blanks = ("" for _ in columns)
             table.add_row(*head, *blanks, _status(cell))
             continue
-        figures = (fmt(metrics[metric]) for _, metric, fmt, _ in columns)
+        figures = (
+            _spread_text(cell, metric, fmt)
+            if metric in _WITH_SPREAD and metrics[metric] is not None
+            else fmt(metrics[metric])
+            for _, metric, fmt, _ in columns
+        )
         table.add_row(*head, *figures, _status(cell))
     return table
 
@@ -167,9 +191,23 @@ def reasons(cells: Iterable[dict[str, Any]]) -> list[str]:
 _STYLES = {"better": "green", "worse": "red", "regression": "bold red", "failed": "bold red"}
 
 
+def _side(figure: Figure | None, value: float | None, fmt: Callable[[Any], str]) -> str:
+    if figure is not None:
+        return figure.text(fmt, compact=True)
+    return fmt(value) if value is not None else "—"
+
+
 def compare_table(changes: list[Change], base: str, new: str) -> Table:
-    """Per-cell gains of *new* over *base* (> 1 is better), colored beyond the noise."""
-    table = Table(title=f"{new} against {base} (gain > 1 is better)", title_justify="left")
+    """Per-cell gains of *new* over *base* (> 1 is better), each side the median of its
+    rounds with ``±`` half their range; colored beyond the noise."""
+    table = Table(
+        title=f"{new} against {base} (gain > 1 is better)",
+        title_justify="left",
+        caption=f"{NO_CHANGE}: inside the noise (the rounds' ranges overlap, or the gain is "
+        "within 2-3 times the comparison's typical spread, and --noise). Figures from two "
+        "runs compare only on the same machine under similar load.",
+        caption_justify="left",
+    )
     for name in ("framework", "suite", "transport", "size", "N", "variant", "figure"):
         table.add_column(name, no_wrap=True)
     for name in ("base", "new", "gain"):
@@ -185,8 +223,8 @@ def compare_table(changes: list[Change], base: str, new: str) -> Table:
         table.add_row(
             framework, suite, transport, format_size(size), str(clients), variant or "—",
             labels.get(change.metric, change.metric),
-            fmt(change.base) if change.base is not None else "—",
-            fmt(change.new) if change.new is not None else "—",
+            _side(change.base_figure, change.base, fmt),
+            _side(change.new_figure, change.new, fmt),
             f"[{style}]{change.gain:.2f}x[/]" if change.gain is not None and style
             else _fmt_ratio(change.gain),
             verdict,

@@ -13,6 +13,11 @@ scenarios run under each ref's ezflow:
 * **p2p**: ``ezflow perf run -s p2p`` of the ref itself (the ordinary program, a tuple
   under plain ``asyncio.run``): msgs/s and paced one-way p50 per transport and size.
 
+Every figure is the median of the rounds (``--rounds``, 5 by default, the refs in
+alternation) with their range, and each change gets a verdict (:mod:`._noise`):
+"no change" when the difference is inside the noise of the comparison, else "better"
+or "worse". A ref against itself comes out as no change in every cell.
+
 Venvs are kept per commit in a cache directory (``waterfall`` in ezflow's cache
 directory, as the peers' venvs: ``~/.cache/ezflow/waterfall``), so a
 second run at the same refs installs nothing. ``--reuse-deps`` makes each venv see the
@@ -23,10 +28,10 @@ running environment's packages (numpy, uvloop, pip, ...) and installs ezflow alo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import sysconfig
@@ -45,6 +50,7 @@ from .._core._exceptions import EzflowError
 from .._core._telemetry import format_ns
 from .._core._tracing import STAGES
 from .._graph._traces import STAGE_STYLES, PathSummary, stage_bar, summarize
+from ._noise import NO_CHANGE, Figure, figure, typical_spread, verdict
 from ._peers._install import (
     INSTALL_TIMEOUT,
     cache_root,
@@ -56,8 +62,10 @@ from ._report import _STYLE, _esc
 
 __all__ = [
     "Ref",
+    "Row",
     "Scenario",
     "WaterfallError",
+    "compare_rows",
     "default_cache",
     "install_ref",
     "render_html",
@@ -101,7 +109,7 @@ class Scenario:
     p2p_transports: tuple[str, ...] = ("shm", "tcp")
     p2p_sizes: tuple[str, ...] = ("64B", "1MiB")
     p2p_duration: float = 1.0
-    rounds: int = 1
+    rounds: int = 5
 
 
 @dataclass(slots=True)
@@ -114,16 +122,19 @@ class RefResult:
     p2p: list[dict[str, Any]] = field(default_factory=list)
     p2p_error: str | None = None
 
-    def end_to_end(self) -> list[int]:
-        return [ns for run in self.pipelines for ns in run["end_to_end_ns"]]
+    def end_to_end(self, q: float) -> list[float]:
+        """Each round's end-to-end quantile *q* (0.5: the p50), in ns."""
+        return [
+            _quantile(run["end_to_end_ns"], q) for run in self.pipelines if run["end_to_end_ns"]
+        ]
 
-    def fps(self) -> float | None:
-        rates = [run["count"] / run["elapsed"] for run in self.pipelines if run["elapsed"] > 0]
-        return statistics.median(rates) if rates else None
+    def fps(self) -> list[float]:
+        """Each round's frames per second."""
+        return [run["count"] / run["elapsed"] for run in self.pipelines if run["elapsed"] > 0]
 
-    def paths(self) -> list[PathSummary]:
-        hops = [hop for run in self.traced for hop in run.get("traces") or ()]
-        return summarize(hops)
+    def paths(self) -> list[list[PathSummary]]:
+        """Each traced round's pipeline paths, busiest first."""
+        return [summarize(run.get("traces") or ()) for run in self.traced]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -290,9 +301,11 @@ def run_waterfall(
     with tempfile.TemporaryDirectory(prefix="ezflow-waterfall-runs-") as tmp:
         workdir = Path(tmp)
         for round_ in range(1, scenario.rounds + 1):
-            # End to end untraced at both (alike: tracing costs something), then the
-            # stages where the ref's ezflow traces.
-            for result in results:
+            # The refs in turn, each first in every other round (no ref always runs on
+            # a machine the other one warmed up). End to end untraced at both (alike:
+            # tracing costs something), then the stages where the ref's ezflow traces.
+            order = results if round_ % 2 else results[::-1]
+            for result in order:
                 log(f"round {round_}/{scenario.rounds}: pipeline at {result.ref.label}")
                 run = run_pipeline(result.ref, scenario, workdir, trace=False)
                 result.pipelines.append(run)
@@ -301,7 +314,7 @@ def run_waterfall(
                     result.traced.append(run_pipeline(result.ref, scenario, workdir, trace=True))
             if not scenario.p2p:
                 continue
-            for result in results:
+            for result in order:
                 if result.p2p_error is not None:
                     continue
                 log(f"round {round_}/{scenario.rounds}: p2p at {result.ref.label}")
@@ -313,91 +326,156 @@ def run_waterfall(
     return results
 
 
-def stage_rows(base: RefResult, new: RefResult) -> list[tuple[str, str, int | None, int | None]]:
-    """(hop label, "hop total" or a stage, base p50 ns, new p50 ns) for the busiest
-    path of each ref, hop by hop, each hop's total first (a ref without traces gives
-    None)."""
-    paths = [r.paths() for r in (base, new)]
-    chosen = [p[0] if p else None for p in paths]
-    hops = max((len(p.hops) for p in chosen if p is not None), default=0)
-    rows: list[tuple[str, str, int | None, int | None]] = []
-    for index in range(hops):
-        hop = [p.hops[index] if p is not None and index < len(p.hops) else None for p in chosen]
-        known = next(h for h in hop if h is not None)
-        label = f"{index + 1}. {known.topic} ({known.transport})"
-        totals = [None if h is None else h.total.p50 for h in hop]
-        rows.append((label, "hop total", totals[0], totals[1]))
-        for name in STAGES:
-            values = [None if h is None else h.stages[name].p50 for h in hop]
-            rows.append((label, name, values[0], values[1]))
-    return rows
+def _quantile(values: Sequence[int], q: float) -> float:
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
-def p2p_rows(
-    base: RefResult, new: RefResult
-) -> list[tuple[str, float | None, float | None, float | None, float | None]]:
-    """(cell, base msgs/s, new msgs/s, base p50 µs, new p50 µs) per p2p cell, medians
-    over the rounds."""
+#: The smallest gain a waterfall calls a change, whatever the spread (as ``compare``'s
+#: ``--noise``).
+NOISE_FLOOR = 0.1
 
-    def key(cell: dict[str, Any]) -> str:
-        variant = cell["variant"]
-        return f"{cell['transport']} {cell['size']} B {variant['message']} {variant['receive']}"
 
-    def medians(result: RefResult) -> dict[str, tuple[float, float | None]]:
-        grouped: dict[str, list[dict[str, Any]]] = {}
-        for cell in result.p2p:
-            grouped.setdefault(key(cell), []).append(cell["metrics"])
-        out = {}
-        for name, metrics in grouped.items():
-            rates = [m["msgs_per_s"] for m in metrics if m.get("msgs_per_s") is not None]
-            p50s = [m["latency_p50_us"] for m in metrics if m.get("latency_p50_us") is not None]
-            out[name] = (
-                statistics.median(rates) if rates else 0.0,
-                statistics.median(p50s) if p50s else None,
-            )
-        return out
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One figure at both refs: the rounds of each (median and range), the gain of new
+    over base (> 1 is better) and the verdict (:func:`._noise.verdict`)."""
 
-    before, after = medians(base), medians(new)
+    section: str  #: "pipeline", "stages" or "p2p"
+    label: str
+    #: A stage name, "hop total", or a p2p figure ("msgs/s", "p50"); "" otherwise.
+    part: str
+    unit: str  #: "ns", "fps", "msgs/s" or "us"
+    higher_is_better: bool
+    base: Figure | None
+    new: Figure | None
+    gain: float | None = None
+    verdict: str = NO_CHANGE
+
+    def to_json(self) -> dict[str, Any]:
+        def side(found: Figure | None) -> dict[str, Any] | None:
+            if found is None:
+                return None
+            return {"median": found.median, "low": found.low, "high": found.high,
+                    "rounds": list(found.samples)}  # fmt: skip
+
+        return {
+            "section": self.section, "label": self.label, "part": self.part,
+            "unit": self.unit, "base": side(self.base), "new": side(self.new),
+            "gain": self.gain, "verdict": self.verdict,
+        }  # fmt: skip
+
+
+def _stage_rows(base: RefResult, new: RefResult) -> list[Row]:
+    """Per hop of the busiest path, its total and each stage: p50 per round."""
+    sides = [r.paths() for r in (base, new)]
+    chosen = [[paths[0] for paths in rounds if paths] for rounds in sides]
+    hops = max((len(p.hops) for rounds in chosen for p in rounds), default=0)
     rows = []
-    for name in sorted(set(before) | set(after)):
-        b, a = before.get(name), after.get(name)
-        rows.append(
-            (
-                name,
-                None if b is None else b[0],
-                None if a is None else a[0],
-                None if b is None else b[1],
-                None if a is None else a[1],
-            )
-        )
+    for index in range(hops):
+        per_side = [[p.hops[index] for p in rounds if index < len(p.hops)] for rounds in chosen]
+        known = next(hop for side in per_side for hop in side)
+        label = f"{index + 1}. {known.topic} ({known.transport})"
+        totals = [figure(h.total.p50 for h in side) for side in per_side]
+        rows.append(Row("stages", label, "hop total", "ns", False, totals[0], totals[1]))
+        for name in STAGES:
+            found = [figure(h.stages[name].p50 for h in side) for side in per_side]
+            rows.append(Row("stages", label, name, "ns", False, found[0], found[1]))
     return rows
 
 
-def median_or_none(values: Sequence[int]) -> float | None:
-    return statistics.median(values) if values else None
+def _p2p_key(cell: dict[str, Any]) -> str:
+    variant = cell["variant"]
+    return f"{cell['transport']} {cell['size']} B {variant['message']} {variant['receive']}"
+
+
+def _p2p_rows(base: RefResult, new: RefResult) -> list[Row]:
+    """Per p2p cell: msgs/s and paced p50, one value per round."""
+    grouped: list[dict[str, list[dict[str, Any]]]] = []
+    for result in (base, new):
+        by_key: dict[str, list[dict[str, Any]]] = {}
+        for cell in result.p2p:
+            by_key.setdefault(_p2p_key(cell), []).append(cell["metrics"])
+        grouped.append(by_key)
+    rows = []
+    for name in sorted(set(grouped[0]) | set(grouped[1])):
+        for metric, part, unit, higher in (
+            ("msgs_per_s", "msgs/s", "msgs/s", True),
+            ("latency_p50_us", "p50", "us", False),
+        ):
+            found = [figure(m.get(metric) for m in side.get(name, ())) for side in grouped]
+            rows.append(Row("p2p", name, part, unit, higher, found[0], found[1]))
+    return rows
+
+
+def compare_rows(base: RefResult, new: RefResult, *, noise: float = NOISE_FLOOR) -> list[Row]:
+    """Every figure of the waterfall at both refs with its gain and verdict: the
+    pipeline as a whole (end to end p50 and p99, frames/s), every hop's stages, the
+    p2p cells. The noise band is that of this comparison (its typical spread over
+    every row with both sides)."""
+    rows = [
+        Row("pipeline", "end to end p50", "", "ns", False,
+            figure(base.end_to_end(0.5)), figure(new.end_to_end(0.5))),
+        Row("pipeline", "end to end p99", "", "ns", False,
+            figure(base.end_to_end(0.99)), figure(new.end_to_end(0.99))),
+        Row("pipeline", "frames/s (paced)", "", "fps", True,
+            figure(base.fps()), figure(new.fps())),
+        *_stage_rows(base, new),
+        *_p2p_rows(base, new),
+    ]  # fmt: skip
+    spread = typical_spread((r.base, r.new) for r in rows if r.base and r.new)
+    judged = []
+    for row in rows:
+        if row.base is None or row.new is None:
+            judged.append(row)
+            continue
+        gain, said = verdict(
+            row.base, row.new, higher_is_better=row.higher_is_better, floor=noise, spread=spread
+        )
+        judged.append(dataclasses.replace(row, gain=gain, verdict=said))
+    return judged
 
 
 # -- rendering -------------------------------------------------------------------------------
 
 _BAR = 36
+_VERDICT_STYLES = {"better": "green", "worse": "red"}
 
 
 def _time(ns: float | None) -> str:
     return "-" if ns is None else format_ns(int(ns))
 
 
-def _change(before: float | None, after: float | None) -> str:
-    """after vs before as a signed percentage ("-" when either is unknown)."""
-    if before is None or after is None or before == 0:
-        return "-"
-    return f"{(after - before) / before * 100:+.0f} %"
+def _value(row: Row, value: float) -> str:
+    if row.unit == "ns":
+        return _time(value)
+    if row.unit == "us":
+        return f"{value:.1f} µs"
+    if row.unit == "fps":
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
 
 
-def _gain(before: float | None, after: float | None, *, lower_is_better: bool) -> str:
-    if not before or not after:
+def _side_text(row: Row, found: Figure | None) -> str:
+    """The median of the rounds, ``±`` half their range in percent."""
+    if found is None:
         return "-"
-    ratio = before / after if lower_is_better else after / before
-    return f"{ratio:.2f}x"
+    return found.text(lambda value: _value(row, value), compact=True)
+
+
+def _change(row: Row) -> str:
+    """New against base as a signed percentage of the medians ("-" when unknown)."""
+    if row.base is None or row.new is None or not row.base.median:
+        return "-"
+    return f"{(row.new.median - row.base.median) / row.base.median * 100:+.0f} %"
+
+
+def _gain(row: Row) -> str:
+    return "-" if row.gain is None else f"{row.gain:.2f}x"
+
+
+def _verdict_text(row: Row) -> Text:
+    return Text(row.verdict, style=_VERDICT_STYLES.get(row.verdict, "dim"))
 
 
 def _pipeline_title(result: RefResult) -> str:
@@ -412,54 +490,44 @@ def _pipeline_title(result: RefResult) -> str:
     )
 
 
-def summary_rows(base: RefResult, new: RefResult) -> list[tuple[str, str, str, str, str]]:
-    """(what, base, new, change, gain) of the pipeline as a whole."""
-    rows = []
-    e2e = [sorted(r.end_to_end()) for r in (base, new)]
-    for name, q in (("end to end p50", 0.5), ("end to end p99", 0.99)):
-        values = [v[min(len(v) - 1, int(q * len(v)))] if v else None for v in e2e]
-        rows.append(
-            (
-                name,
-                _time(values[0]),
-                _time(values[1]),
-                _change(values[0], values[1]),
-                _gain(values[0], values[1], lower_is_better=True),
-            )
-        )
-    fps = [base.fps(), new.fps()]
-    rows.append(
-        (
-            "frames/s (paced)",
-            "-" if fps[0] is None else f"{fps[0]:.1f}",
-            "-" if fps[1] is None else f"{fps[1]:.1f}",
-            _change(fps[0], fps[1]),
-            _gain(fps[0], fps[1], lower_is_better=False),
-        )
-    )
-    return rows
+def _span(rows: Sequence[Row]) -> float:
+    """The longer of the two refs' paths: the sum of their stage medians (the bars'
+    scale)."""
+    stages = [row for row in rows if row.part != "hop total"]
+    base = sum(r.base.median for r in stages if r.base is not None)
+    new = sum(r.new.median for r in stages if r.new is not None)
+    return max(1.0, base, new)
 
 
-def _span(rows: Sequence[tuple[str, str, int | None, int | None]]) -> int:
-    """The longer of the two refs' paths: the sum of their stages (the bars' scale)."""
-    stages = [row for row in rows if row[1] != "hop total"]
-    return max(1, sum(r[2] or 0 for r in stages), sum(r[3] or 0 for r in stages))
+_NOISE_NOTE = (
+    "Each figure: the median of the rounds, ± half their range (min-max) in % of the "
+    f"median. {NO_CHANGE}: inside the noise (ranges that overlap, or a gain within 2-3 times "
+    "the typical spread of this comparison, and at least 10 %)."
+)
 
 
-def render_waterfall(results: Sequence[RefResult]) -> RenderableType:
+def render_waterfall(
+    results: Sequence[RefResult], rows: Sequence[Row] | None = None
+) -> RenderableType:
     """The before/after tables (rich) of a two-ref run."""
     base, new = results
+    rows = list(rows) if rows is not None else compare_rows(base, new)
     parts: list[RenderableType] = [
-        Text(f"ezflow perf waterfall: {base.ref.label} -> {new.ref.label}", style="bold")
+        Text(f"ezflow perf waterfall: {base.ref.label} -> {new.ref.label}", style="bold"),
+        Text(_NOISE_NOTE, style="dim"),
     ]
     summary = Table(title=_pipeline_title(base), title_justify="left")
-    for column in ("", base.ref.name, new.ref.name, "change", "gain"):
-        summary.add_column(column, justify="left" if not column else "right")
-    for row in summary_rows(base, new):
-        summary.add_row(*row)
+    for column in ("", base.ref.name, new.ref.name, "change", "gain", "verdict"):
+        summary.add_column(column, justify="left" if column in ("", "verdict") else "right")
+    for row in rows:
+        if row.section == "pipeline":
+            summary.add_row(
+                row.label, _side_text(row, row.base), _side_text(row, row.new), _change(row),
+                _gain(row), _verdict_text(row),
+            )  # fmt: skip
     parts.append(summary)
-    rows = stage_rows(base, new)
-    if rows:
+    stage_rows = [row for row in rows if row.section == "stages"]
+    if stage_rows:
         stages = Table(
             title="where the time goes: p50 per hop and stage, along the pipeline",
             title_justify="left",
@@ -467,24 +535,28 @@ def render_waterfall(results: Sequence[RefResult]) -> RenderableType:
         stages.add_column("hop / stage")
         for column in (base.ref.name, new.ref.name, "change"):
             stages.add_column(column, justify="right")
+        stages.add_column("verdict")
         for ref in (base, new):
             stages.add_column(f"waterfall {ref.ref.name}", no_wrap=True)
-        scale = _BAR / _span(rows)
+        scale = _BAR / _span(stage_rows)
         offsets = [0.0, 0.0]
-        for label, stage, before, after in rows:
-            if stage == "hop total":
+        for row in stage_rows:
+            if row.part == "hop total":
                 stages.add_row(
-                    Text(label, style="bold"), _time(before), _time(after), _change(before, after)
-                )
+                    Text(row.label, style="bold"), _side_text(row, row.base),
+                    _side_text(row, row.new), _change(row), _verdict_text(row),
+                )  # fmt: skip
                 continue
-            style = STAGE_STYLES[stage]
+            style = STAGE_STYLES[row.part]
             bars = []
-            for i, value in enumerate((before, after)):
+            for i, found in enumerate((row.base, row.new)):
+                value = None if found is None else found.median
                 bars.append(stage_bar(offsets[i], value, scale, style))
                 offsets[i] += value or 0
             stages.add_row(
-                f"   {stage}", _time(before), _time(after), _change(before, after), *bars
-            )
+                f"   {row.part}", _side_text(row, row.base), _side_text(row, row.new),
+                _change(row), _verdict_text(row), *bars,
+            )  # fmt: skip
         parts.append(stages)
     missing = [r.ref.label for r in results if not any(run.get("traces") for run in r.traced)]
     if missing:
@@ -494,25 +566,21 @@ def render_waterfall(results: Sequence[RefResult]) -> RenderableType:
                 style="dim",
             )
         )
-    p2p = p2p_rows(base, new)
+    p2p = [row for row in rows if row.section == "p2p"]
     if p2p:
         table = Table(
             title="p2p, the ordinary program (ezflow perf run -s p2p)", title_justify="left"
         )
-        for column in ("cell", f"msgs/s {base.ref.name}", f"msgs/s {new.ref.name}", "gain"):
-            table.add_column(column, justify="left" if column == "cell" else "right")
-        for column in (f"p50 {base.ref.name}", f"p50 {new.ref.name}", "gain "):
+        table.add_column("cell")
+        table.add_column("figure")
+        for column in (base.ref.name, new.ref.name, "gain"):
             table.add_column(column, justify="right")
-        for name, rate_b, rate_n, p50_b, p50_n in p2p:
+        table.add_column("verdict")
+        for row in p2p:
             table.add_row(
-                name,
-                "-" if rate_b is None else f"{rate_b:,.0f}",
-                "-" if rate_n is None else f"{rate_n:,.0f}",
-                _gain(rate_b, rate_n, lower_is_better=False),
-                "-" if p50_b is None else f"{p50_b:.1f} µs",
-                "-" if p50_n is None else f"{p50_n:.1f} µs",
-                _gain(p50_b, p50_n, lower_is_better=True),
-            )
+                row.label, row.part, _side_text(row, row.base), _side_text(row, row.new),
+                _gain(row), _verdict_text(row),
+            )  # fmt: skip
         parts.append(table)
     for result in results:
         if result.p2p_error:
@@ -520,65 +588,68 @@ def render_waterfall(results: Sequence[RefResult]) -> RenderableType:
     return Group(*parts)
 
 
-def render_html(results: Sequence[RefResult]) -> str:
+def render_html(results: Sequence[RefResult], rows: Sequence[Row] | None = None) -> str:
     """The same tables as a self-contained HTML page (the perf report's style), each
     stage a bar at its place along the pipeline."""
     base, new = results
+    rows = list(rows) if rows is not None else compare_rows(base, new)
     title = f"{base.ref.label} -> {new.ref.label}"
+
+    def cells(row: Row) -> str:
+        return (
+            f"<td class=n>{_esc(_side_text(row, row.base))}</td>"
+            f"<td class=n>{_esc(_side_text(row, row.new))}</td>"
+            f"<td class=n>{_esc(_change(row))}</td><td class=n>{_esc(_gain(row))}</td>"
+            f"<td class=v-{_esc(row.verdict.replace(' ', '-'))}>{_esc(row.verdict)}</td>"
+        )
+
     summary = "".join(
-        "<tr>"
-        + "".join(f"<td{' class=n' if i else ''}>{_esc(v)}</td>" for i, v in enumerate(row))
-        + "</tr>"
-        for row in summary_rows(base, new)
+        f"<tr><td>{_esc(row.label)}</td>{cells(row)}</tr>"
+        for row in rows
+        if row.section == "pipeline"
     )
-    rows = stage_rows(base, new)
-    width = _span(rows)
+    stage_rows = [row for row in rows if row.section == "stages"]
+    width = _span(stage_rows)
     offsets = [0.0, 0.0]
     stage_html = []
-    for label, stage, before, after in rows:
-        if stage == "hop total":
+    for row in stage_rows:
+        if row.part == "hop total":
             stage_html.append(
-                f"<tr class=hop><td>{_esc(label)}</td><td class=n>{_time(before)}</td>"
-                f"<td class=n>{_time(after)}</td><td class=n>{_change(before, after)}</td>"
-                "<td></td><td></td></tr>"
+                f"<tr class=hop><td>{_esc(row.label)}</td>{cells(row)}<td></td><td></td></tr>"
             )
             continue
-        colour = STAGE_STYLES[stage]
+        colour = STAGE_STYLES[row.part]
         bars = []
-        for i, value in enumerate((before, after)):
-            if value is None:
+        for i, found in enumerate((row.base, row.new)):
+            if found is None:
                 bars.append("<td></td>")
                 continue
+            value = found.median
             bars.append(
                 f'<td class=bar><div style="margin-left:{offsets[i] / width * 100:.2f}%;'
                 f'width:{max(value / width * 100, 0.3):.2f}%;background:{colour}"></div></td>'
             )
             offsets[i] += value
         stage_html.append(
-            f"<tr><td>&nbsp;&nbsp;{_esc(stage)}</td><td class=n>{_time(before)}</td>"
-            f"<td class=n>{_time(after)}</td><td class=n>{_change(before, after)}</td>"
-            + "".join(bars)
-            + "</tr>"
+            f"<tr><td>&nbsp;&nbsp;{_esc(row.part)}</td>{cells(row)}" + "".join(bars) + "</tr>"
         )
     p2p = "".join(
-        f"<tr><td>{_esc(name)}</td><td class=n>{'-' if b is None else f'{b:,.0f}'}</td>"
-        f"<td class=n>{'-' if a is None else f'{a:,.0f}'}</td>"
-        f"<td class=n>{_gain(b, a, lower_is_better=False)}</td>"
-        f"<td class=n>{'-' if pb is None else f'{pb:.1f}'}</td>"
-        f"<td class=n>{'-' if pa is None else f'{pa:.1f}'}</td>"
-        f"<td class=n>{_gain(pb, pa, lower_is_better=True)}</td></tr>"
-        for name, b, a, pb, pa in p2p_rows(base, new)
+        f"<tr><td>{_esc(row.label)}</td><td>{_esc(row.part)}</td>{cells(row)}</tr>"
+        for row in rows
+        if row.section == "p2p"
     )
     legend = " ".join(
         f'<span style="color:{colour}">&#9632;</span> {name}'
         for name, colour in STAGE_STYLES.items()
     )
     b, n = _esc(base.ref.name), _esc(new.ref.name)
+    head = f"<th>{b}</th><th>{n}</th><th>change</th><th>gain</th><th>verdict</th>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>ezflow perf waterfall: {_esc(title)}</title>
 <style>{_STYLE}
 td.bar {{ width: 22em; padding: 0 }} td.bar div {{ height: 0.9em }}
-tr.hop td {{ font-weight: bold }}
+tr.hop td {{ font-weight: bold }} td.v-better {{ color: #080 }} td.v-worse {{ color: #b00 }}
+td.v-no-change {{ color: #888 }}
 </style></head><body>
 <h1>ezflow perf waterfall: {_esc(title)}</h1>
 <section class=summary>
@@ -586,19 +657,19 @@ tr.hop td {{ font-weight: bold }}
 alternation. <b>Stages</b> of a hop: publish (room wait, encode, write), transport (to
 the receiving process), decode, queue (until the subscriber takes it), handler (until
 the publish it causes). Times are medians (p50); <b>change</b> is new against base,
-<b>gain</b> how many times better new is.</p>
+<b>gain</b> how many times better new is. {_esc(_NOISE_NOTE)} Figures from different
+runs are not comparable: only the refs of this run, measured in alternation, are.</p>
 </section>
 <h2>{_esc(_pipeline_title(base))}</h2>
-<table><tr><th></th><th>{b}</th><th>{n}</th><th>change</th><th>gain</th></tr>{summary}</table>
+<table><tr><th></th>{head}</tr>{summary}</table>
 <h2>Where the time goes</h2>
 <p>{legend}</p>
-<table><tr><th>hop / stage</th><th>{b}</th><th>{n}</th><th>change</th>
+<table><tr><th>hop / stage</th>{head}
 <th>waterfall {b}</th><th>waterfall {n}</th></tr>{
-        "".join(stage_html) or "<tr><td colspan=6>no stages: neither ref traces</td></tr>"
+        "".join(stage_html) or "<tr><td colspan=8>no stages: neither ref traces</td></tr>"
     }</table>
 <h2>p2p, the ordinary program</h2>
-<table><tr><th>cell</th><th>msgs/s {b}</th><th>msgs/s {n}</th><th>gain</th>
-<th>p50 µs {b}</th><th>p50 µs {n}</th><th>gain</th></tr>{
+<table><tr><th>cell</th><th>figure</th>{head}</tr>{
         p2p or "<tr><td colspan=7>not run</td></tr>"
     }</table>
 </body></html>

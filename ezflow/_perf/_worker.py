@@ -21,6 +21,11 @@ With ``"profile": DIR`` in its spec, a units worker writes its cProfile statisti
 A units worker goes ``subscribed`` -> ``published`` -> ``warm`` -> ``result`` (or
 ``unavailable`` with a reason, when the framework refuses the transport); a graph
 worker prints ``ready`` with its address and serves until end of file.
+
+``... throughput SPEC_JSON`` runs one end of a bare stream through the framework's
+adapter for ``ezflow perf peers --selfcheck`` (a source publishing the p2p message back
+to back, a sink that only counts and reports msgs/s over a window; see
+:func:`_run_throughput`): the loop of a library's own throughput example.
 """
 
 from __future__ import annotations
@@ -829,6 +834,87 @@ async def _unless_gone(work: Awaitable[T], gone: asyncio.Event) -> T:
             future.cancel()
 
 
+#: Seconds a ``throughput`` sink waits for its first message.
+FIRST_MESSAGE_TIMEOUT = 60.0
+
+
+async def _run_throughput(framework: Framework, spec: dict[str, Any]) -> None:
+    """The ``throughput`` command: one end of a stream written the way a library's own
+    throughput example is (``ezflow perf peers --selfcheck``): the source publishes
+    the p2p message ``(RATE, seq, 0, payload)`` back to back, the same payload every
+    time, until stdin closes; the sink only counts (no timestamps, no checks), and
+    reports messages per second over ``window`` seconds after ``warmup`` seconds of
+    the stream. Both ends go through the framework's own adapter (publisher,
+    ``publish_function``, subscriber, ``consume``), as the p2p cells do."""
+    graph = (spec["graph"][0], int(spec["graph"][1]))
+    topic, transport, role = spec["topic"], spec["transport"], spec["role"]
+    commands = _Commands()
+    await commands.start()
+    gone = asyncio.Event()
+    listener = asyncio.ensure_future(_listen(commands, asyncio.Event(), gone))
+    try:
+        async with framework.context(graph) as ctx:
+            try:
+                if role == "sink":
+                    end = await framework.subscriber(ctx, topic, transport)
+                else:
+                    end = await framework.publisher(ctx, topic, transport)
+            except framework.unavailable as exc:
+                _emit("unavailable", reason=str(exc))
+                return
+            _emit("ready")
+            if role == "sink":
+                await _unless_gone(_count_window(framework, end, spec), gone)
+                await gone.wait()
+            else:
+                await _blast(framework, end, spec, gone)
+    finally:
+        listener.cancel()
+        commands.close()
+
+
+async def _count_window(framework: Framework, sub: Any, spec: dict[str, Any]) -> None:
+    count = [0]
+
+    def handle(message: Any) -> bool:
+        count[0] += 1
+        return bool(message[0] == END)
+
+    consuming = asyncio.ensure_future(framework.consume(sub, handle))
+    try:
+        deadline = time.monotonic() + FIRST_MESSAGE_TIMEOUT
+        while not count[0]:
+            if consuming.done():
+                consuming.result()  # its error, if it failed
+                raise RuntimeError("the stream ended before its first message")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no message within {FIRST_MESSAGE_TIMEOUT:.0f} s")
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(float(spec["warmup"]))
+        first, started = count[0], time.perf_counter()
+        await asyncio.sleep(float(spec["window"]))
+        last, ended = count[0], time.perf_counter()
+        _emit(
+            "result",
+            msgs_per_s=(last - first) / (ended - started),
+            messages=last - first,
+            seconds=ended - started,
+        )
+    finally:
+        consuming.cancel()
+
+
+async def _blast(framework: Framework, pub: Any, spec: dict[str, Any], gone: asyncio.Event) -> None:
+    payload = p2p_payload_for(int(spec.get("seed", 0)), int(spec["size"]))
+    publish = framework.publish_function(pub)
+    seq = 0
+    while not gone.is_set():
+        await publish((RATE, seq, 0, payload))
+        seq += 1
+        if not seq % YIELD_EVERY:
+            await asyncio.sleep(0)  # the end of stdin: stop
+
+
 async def _run_graph(framework: Framework) -> None:
     commands = _Commands()
     await commands.start()
@@ -842,8 +928,9 @@ async def _run_graph(framework: Framework) -> None:
 
 
 def main(framework: Framework, argv: list[str] | None = None) -> None:
-    """Entry point of a worker: ``graph``, or ``units SPEC_JSON``. Errors are printed
-    to stderr (the runner reports their last line) with a non-zero exit."""
+    """Entry point of a worker: ``graph``, ``units SPEC_JSON``, ``throughput SPEC_JSON``
+    or ``info``. Errors are printed to stderr (the runner reports their last line)
+    with a non-zero exit."""
     args = sys.argv[1:] if argv is None else argv
     try:
         if args[:1] == ["graph"]:
@@ -864,6 +951,12 @@ def main(framework: Framework, argv: list[str] | None = None) -> None:
                     profiler.disable()
                     name = f"{framework.name}-{spec['label']}-{os.getpid()}.prof"
                     profiler.dump_stats(os.path.join(profile, name.replace("/", "-")))
+        elif args[:1] == ["throughput"] and len(args) == 2:
+            spec = json.loads(args[1])
+            configure = getattr(framework, "configure", None)
+            if configure is not None:
+                configure({"variant": None, "plan": {}, **spec})
+            framework.run(_run_throughput(framework, spec))
         elif args[:1] == ["info"]:
             _emit(
                 "info",
@@ -872,7 +965,7 @@ def main(framework: Framework, argv: list[str] | None = None) -> None:
                 loop=framework.loop_name(),
             )
         else:
-            sys.exit("usage: worker graph | units SPEC_JSON | info")
+            sys.exit("usage: worker graph | units SPEC_JSON | throughput SPEC_JSON | info")
     except KeyboardInterrupt:
         sys.exit(130)
     except SystemExit:

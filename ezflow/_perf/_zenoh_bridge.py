@@ -1,7 +1,7 @@
 """Across two hosts: through the Zenoh bridge vs direct ezflow tcp, same run.
 
 ``python -m ezflow._perf._zenoh_bridge`` (root and iproute2: two network namespaces
-joined by a veth pair stand for two hosts; needs ``ezflow[zenoh]``).
+joined by a veth pair stand for two hosts; needs ``ezflow-pubsub[zenoh]``).
 
 * **direct**: one graph server on host A (on the link's address, with a token); the
   publisher on A and the subscriber on B are both its clients, so the data goes over

@@ -54,7 +54,7 @@ from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from .._core._auth import Credentials, Initiator, Responder
+from .._core._auth import Credentials, Initiator
 from .._core._channel import Channel
 from .._core._codec import EncodedMessage
 from .._core._config import (
@@ -87,6 +87,7 @@ from .._core._framing import (
     FramedProtocol,
     frame,
 )
+from .._core._handshake import AcceptingHandshake, Challenge, refuse
 from .._core._liveness import Heartbeat
 from .._core._outlet import Link, Outlet
 from .._core._peerlog import BadPeerLog
@@ -325,9 +326,7 @@ class PublisherConnection(FramedProtocol):
         self.out: WriteHalf | None = None
         #: the zero-copy writer, when :attr:`out` is one
         self.writer: VectoredWriter | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._responder: Responder | None = None
-        self._challenged_hello: dict[str, Any] | None = None
+        self._handshake = AcceptingHandshake(server.credentials.token, "data", peer="channel")
         #: heartbeats, from WELCOME on, on transports that use them (tcp)
         self.heartbeat: Heartbeat | None = None
         #: END was written and our sending side shut down: nothing more may be written
@@ -340,7 +339,7 @@ class PublisherConnection(FramedProtocol):
         # TLS handshake, and one that fails never calls connection_made nor _lost.
         self.server.connections.add(self)
         self.server.tune(transport)
-        self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._late)
+        self._handshake.arm(HANDSHAKE_TIMEOUT, self._late)
 
     def describe_peer(self) -> str:
         """The channel's address, or its process id on a local socket (which has no
@@ -359,9 +358,8 @@ class PublisherConnection(FramedProtocol):
                 return f"pid {pid}"
         return "a local socket"
 
-    def _late(self) -> None:
-        if self.link is None:
-            self._refuse(f"handshake not done within {HANDSHAKE_TIMEOUT:.0f} s", cause="timeout")
+    def _late(self, reason: str) -> None:
+        self._refuse(reason, cause="timeout")
 
     def protocol_error(self, exc: ProtocolError) -> None:
         outlet = self.outlet
@@ -420,8 +418,7 @@ class PublisherConnection(FramedProtocol):
             self._refuse(str(exc))
             return
         link.traced = hello.get("traces") is not False
-        if self._timer is not None:
-            self._timer.cancel()
+        self._handshake.admit()
         out = self.out = self._open_write_half()
         self.link = link
         self.outlet = outlet
@@ -469,37 +466,21 @@ class PublisherConnection(FramedProtocol):
 
     def _authenticate(self, message: dict[str, Any]) -> dict[str, Any] | None:
         """One handshake map: the ``HELLO`` to serve once the channel is authenticated,
-        or ``None`` (challenged, or refused and closing)."""
-        responder = self._responder
-        if responder is None:
-            if message.get("protocol") != PROTOCOL:
-                self._refuse(f"protocol {message.get('protocol')!r} is not {PROTOCOL!r}")
-                return None
-            responder = self._responder = Responder(self.server.credentials.token, "data")
-            try:
-                challenge = responder.challenge(message)
-            except AuthenticationError as exc:
-                self._refuse(str(exc), cause="auth")
-                return None
-            if challenge is None:
-                return message
-            self._challenged_hello = message
-            assert self.transport is not None
-            self.transport.write(control(WELCOME, {"op": "challenge", **challenge}))
+        or ``None`` (challenged, or refused and closing). :class:`ProtocolError` for
+        anything but ``auth`` after a challenge."""
+        if not self._handshake.started and message.get("protocol") != PROTOCOL:
+            self._refuse(f"protocol {message.get('protocol')!r} is not {PROTOCOL!r}")
             return None
-        hello = self._challenged_hello
-        if hello is not None and message.get("op") == "error":
-            # The channel checked our proof and gave up (its text is not logged).
-            self._refuse("the channel found that our tokens differ", cause="auth")
-            return None
-        if hello is None or message.get("op") != "auth":
-            raise ProtocolError(f"expected 'auth' after the challenge, got {message.get('op')!r}")
         try:
-            responder.verify(message)
+            step = self._handshake.receive(message)
         except AuthenticationError as exc:
             self._refuse(str(exc), cause="auth")
             return None
-        return hello
+        if isinstance(step, Challenge):
+            assert self.transport is not None
+            self.transport.write(control(WELCOME, step.message))
+            return None
+        return step
 
     def _open_write_half(self) -> WriteHalf:
         """What writes from the handshake on (see the class docstring)."""
@@ -583,24 +564,15 @@ class PublisherConnection(FramedProtocol):
         told in a ``WELCOME`` refusal unless it leaves what we send unread."""
         self.server.bad_peers(cause, "refusing channel from %s: %s", self.describe_peer(), reason)
         self._broken = True  # whatever else arrived with it is not read
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        transport.write(
-            control(WELCOME, {"op": "welcome", "ok": False, "cause": cause, "error": reason})
-        )
-        if transport.get_write_buffer_size():
-            transport.abort()  # (it does not read: do not wait on it)
-        else:
-            transport.close()
+        refusal = {"op": "welcome", "ok": False, "cause": cause, "error": reason}
+        refuse(self.transport, control(WELCOME, refusal))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.heartbeat is not None:
             self.heartbeat.cancel()
         if self.writer is not None:
             self.writer.close()
-        if self._timer is not None:
-            self._timer.cancel()
+        self._handshake.cancel()
         if not self.closed.done():
             self.closed.set_result(None)
         self.server.connections.discard(self)

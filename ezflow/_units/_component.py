@@ -296,7 +296,7 @@ class Collection(Component):
 
     Declare child components as class attributes (each Collection instance gets its own
     deep copy) or assign them in ``configure()`` — ezflow's, or ezmsg's units and
-    collections (with ezflow[ezmsg]: ``DEBUG = DebugLog()`` from ``ezmsg.util``);
+    collections (with ezflow-pubsub[ezmsg]: ``DEBUG = DebugLog()`` from ``ezmsg.util``);
     declare collection-level streams to relay messages in and out (they become direct
     edges between the units, no messages are copied)::
 

@@ -54,7 +54,7 @@ def _import_dataclass(name: str, where: str) -> type:
         cls: Any = reduce(getattr, qualname.split("."), module)
     except (ImportError, AttributeError, ValueError) as exc:
         hint = (
-            " (pip install 'ezflow[ezmsg]' for ezmsg's message classes)"
+            " (pip install 'ezflow-pubsub[ezmsg]' for ezmsg's message classes)"
             if module_name.startswith("ezmsg")
             else " (install or put on sys.path the module that defines it)"
         )

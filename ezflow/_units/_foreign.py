@@ -116,6 +116,6 @@ def adapter_for(package: str) -> GraphAdapter:
         except ImportError as exc:
             raise GraphDefinitionError(
                 f"the graph has {package} components, but {module} cannot be imported "
-                f"({exc}); install ezflow[{package}]"
+                f"({exc}); pip install 'ezflow-pubsub[{package}]'"
             ) from exc
     return _factories[package]()

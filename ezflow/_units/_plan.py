@@ -11,12 +11,14 @@ copied to relay it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .._core._codec import KNOWN_MESSAGE_MODULES, registered_name
+from .._core._exceptions import ConfigurationError
 from .._core._protocol import check_topic
 from ._component import Collection, Component, Unit
 from ._errors import GraphDefinitionError
@@ -29,6 +31,7 @@ from ._foreign import (
     foreign_package,
     register_graph_adapter,
 )
+from ._settings import accepts, field_hint, value_from_text
 from ._streams import BoundStream, Stream, types_compatible
 
 __all__ = [
@@ -143,8 +146,50 @@ def _check_settings(component: Component) -> None:
         )
 
 
+def _set_fields(component: Component, path: str, fields: Mapping[str, object]) -> None:
+    """Give *component* (at *path*) its settings with *fields* replaced: a field given
+    as text (a str for a field that takes no str) is read as :func:`value_from_text`
+    reads it. :class:`GraphDefinitionError` names the path, the field and what is
+    wrong."""
+    first = f"{path}.{next(iter(fields))}"
+    cls = component.settings_type()
+    if cls is None:
+        raise GraphDefinitionError(
+            f"cannot set {first}: {type(component).__qualname__} declares no SETTINGS "
+            "class, so it has no settings"
+        )
+    names = [f.name for f in dataclasses.fields(cast(Any, cls))]
+    values: dict[str, object] = {}
+    for name, given in fields.items():
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            raise GraphDefinitionError(
+                f"cannot set {path}.{name}: {cls.__qualname__} has no field {name!r}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; its fields: {', '.join(names)}"
+            )
+        if isinstance(given, str) and not accepts(field_hint(cls, name), given):
+            try:
+                values[name] = value_from_text(cls, name, given)
+            except ConfigurationError as exc:
+                raise GraphDefinitionError(f"cannot set {path}.{name}: {exc}") from None
+        else:
+            values[name] = given
+    try:
+        settings = (
+            cls(**values)
+            if component.SETTINGS is None
+            else dataclasses.replace(component.SETTINGS, **values)
+        )
+    except (TypeError, ConfigurationError) as exc:
+        raise GraphDefinitionError(f"cannot set {first}: {exc}") from None
+    component.apply_settings(settings)
+
+
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, settings: Mapping[str, Mapping[str, object]] | None = None) -> None:
+        #: Fields to set by component path (build_plan's *settings*), until applied.
+        self.settings = {path: dict(fields) for path, fields in (settings or {}).items() if fields}
         self.paths: dict[int, str] = {}
         self.components: dict[str, Component] = {}
         self.units: dict[str, Unit] = {}
@@ -182,6 +227,11 @@ class _Builder:
         self.components[path] = component
         component.path = path
         component.name = path.rsplit("/", 1)[-1]
+        fields = self.settings.pop(path, None)
+        if fields:
+            # Before configure(): a collection's own settings reach its children, and a
+            # child's are set after its parent's configure() set them.
+            _set_fields(component, path, fields)
         _check_settings(component)
         if isinstance(component, Unit):
             self.units[path] = component
@@ -318,14 +368,31 @@ def build_plan(
     process_components: Iterable[object] = (),
     *,
     force_single_process: bool = False,
+    settings: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Plan:
     """Validate the graph and flatten it. Raises :class:`GraphDefinitionError` naming
-    the component, connection or entry at fault."""
+    the component, connection or entry at fault.
+
+    *settings* sets fields of components' settings by path (``{"PIPE/FILTER":
+    {"cutoff": 30.0}}``): each component's are replaced when the graph reaches it,
+    before its ``configure()`` (a collection's settings reach its children) and after
+    its parent's (which may have set it). A str for a field that takes no str is read as
+    text (:func:`~ezflow._units._settings.value_from_text`: what ``ezflow run --set``
+    passes). A path that is not a component, a field that does not exist or a value the
+    field refuses raises :class:`GraphDefinitionError`."""
     if not components:
         raise GraphDefinitionError("nothing to run: pass at least one component")
-    builder = _Builder()
+    builder = _Builder(settings)
     for name, component in components.items():
         builder.visit(component, _check_name(name, "components"))
+    for path, fields in builder.settings.items():
+        known = list(builder.components)
+        close = difflib.get_close_matches(path, known, n=1)
+        raise GraphDefinitionError(
+            f"cannot set {path}.{next(iter(fields))}: there is no component {path!r}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f"; the graph's components: {', '.join(known)}"
+        )
     if not builder.units:
         raise NoUnitsError("nothing to run: the components contain no Unit")
 

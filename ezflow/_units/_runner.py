@@ -26,6 +26,7 @@ from .._core._config import (
     format_address,
 )
 from .._core._exceptions import ClosedResourceError
+from .._core._interrupts import take_interrupt
 from .._core._loop import loop_kind, run_coroutine
 from .._graph._context import GraphContext
 from .._graph._publisher import Publisher
@@ -133,6 +134,7 @@ class GraphRunner:
         check_types: bool | None = None,
         end_when_done: bool = False,
         drain_timeout: float | None = None,
+        settings: Mapping[str, Mapping[str, object]] | None = None,
         **named_components: Component,
     ) -> None:
         self.check_types = check_types_from_env() if check_types is None else bool(check_types)
@@ -147,6 +149,7 @@ class GraphRunner:
             connections,
             process_components,
             force_single_process=force_single_process,
+            settings=settings,
         )
         self._graph_address = graph_address
         self._state = "new"
@@ -794,6 +797,7 @@ def run(
     end_when_done: bool = False,
     drain_timeout: float | None = None,
     on_started: Callable[[GraphRunner], None] | None = None,
+    settings: Mapping[str, Mapping[str, object]] | None = None,
     **named_components: Component,
 ) -> None:
     """Run a graph until it ends; block meanwhile.
@@ -813,7 +817,11 @@ def run(
     stopping graph keeps handling messages already accepted (default
     ``EZFLOW_DRAIN_TIMEOUT``, else 5 seconds; 0: no drain). *on_started* is called
     once, on the graph's event loop, when every unit runs (e.g. to print
-    :meth:`GraphRunner.describe`); what it raises stops the graph.
+    :meth:`GraphRunner.describe`); what it raises stops the graph. *settings* sets
+    fields of components' settings by path before the graph starts, as ``ezflow run
+    --set PATH.FIELD=VALUE`` does (``{"PIPE/FILTER": {"cutoff": 30.0}}``; a str for a
+    field that takes no str is read as text; each component's before its
+    ``configure()``).
 
     Returns normally when a unit raised :class:`~ezflow.NormalTermination`, a
     ``@main`` method returned, every unit is done (*end_when_done*), or on a first
@@ -852,6 +860,7 @@ def run(
                 check_types=check_types,
                 end_when_done=end_when_done,
                 drain_timeout=drain_timeout,
+                settings=settings,
                 **named_components,
             )
         except BaseException as exc:
@@ -965,6 +974,8 @@ def _catching(signals: _SignalHandler) -> Iterator[None]:
         for sig in (signal.SIGINT, signal.SIGTERM)
         if signal.getsignal(sig) is not signal.SIG_IGN
     }
+    if take_interrupt(previous.get(signal.SIGINT)):
+        signals.arrived(signal.SIGINT)  # a Ctrl-C that Python swallowed just before
     try:
         yield
     finally:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import enum
 import functools
 import logging
 import sys
@@ -22,7 +24,16 @@ else:  # pragma: no cover - Python 3.10: mypy targets 3.11, runtime needs no mar
         return lambda cls: cls
 
 
-__all__ = ["Settings", "State", "accepts", "check_field_types", "describe_type", "message_name"]
+__all__ = [
+    "Settings",
+    "State",
+    "accepts",
+    "check_field_types",
+    "describe_type",
+    "field_hint",
+    "message_name",
+    "value_from_text",
+]
 
 _T = TypeVar("_T")
 
@@ -134,6 +145,12 @@ def _hints(cls: type[Any]) -> dict[str, Any]:
     return hints
 
 
+def field_hint(cls: type[Any], name: str) -> Any:
+    """The annotation of the field *name* of the settings class *cls* (``Any`` when it
+    cannot be resolved)."""
+    return _hints(cls).get(name, Any)
+
+
 def accepts(hint: Any, value: object) -> bool:
     """Whether *value* matches the annotation *hint* as settings fields are checked (see
     :class:`Settings`): outer classes only, ``int`` for ``float``, unions, ``Literal``,
@@ -180,3 +197,88 @@ def check_field_types(settings: Settings) -> None:
                 f"{cls.__qualname__}.{f.name}={value!r} is a {type(value).__name__}, but the "
                 f"field is declared as {describe_type(hint)}; pass a {describe_type(hint)}"
             )
+
+
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+_NONE = frozenset({"none", "null"})
+_NOT_PARSED = object()
+
+
+def _parse(hint: Any, text: str) -> Any:
+    """*text* as a value of the annotation *hint*, or ``_NOT_PARSED``."""
+    if hint is None or hint is type(None):
+        return None if text.lower() in _NONE else _NOT_PARSED
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or (sys.version_info >= (3, 10) and origin is types.UnionType):
+        # str last: "none" in an `int | str | None` field is None, "5" is 5.
+        for member in sorted(typing.get_args(hint), key=lambda m: m is str):
+            value = _parse(member, text)
+            if value is not _NOT_PARSED:
+                return value
+        return _NOT_PARSED
+    if origin is typing.Literal:
+        for choice in typing.get_args(hint):
+            value = _parse(type(choice), text)
+            if value is not _NOT_PARSED and value == choice:
+                return choice
+        return _NOT_PARSED
+    if hint is str or hint is Any or isinstance(hint, TypeVar):
+        return text
+    if hint is bool:
+        lowered = text.lower()
+        return True if lowered in _TRUE else False if lowered in _FALSE else _NOT_PARSED
+    if hint in (int, float, complex):
+        try:
+            return hint(text)
+        except ValueError:
+            return _NOT_PARSED
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        if text in hint.__members__:
+            return hint.__members__[text]
+        for member in hint:
+            if str(member.value) == text:
+                return member
+        return _NOT_PARSED
+    try:  # a tuple, list, dict... written as a Python literal
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return _NOT_PARSED
+    return value if accepts(hint, value) else _NOT_PARSED
+
+
+def _what(hint: Any) -> str:
+    """What a field of annotation *hint* takes, said for text."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(hint))
+    if hint is bool:
+        return "a bool (true/false, yes/no, on/off, 1/0)"
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "one of " + ", ".join(hint.__members__)
+    if origin is typing.Union or (sys.version_info >= (3, 10) and origin is types.UnionType):
+        return " or ".join("none" if m is type(None) else _what(m) for m in typing.get_args(hint))
+    name = describe_type(hint)
+    if hint in (int, float, complex, str):
+        return f"a{'n' if name[0] in 'aeiou' else ''} {name}"
+    return f"a {name} written as a Python literal"
+
+
+def value_from_text(cls: type[Settings], name: str, text: str) -> Any:
+    """The value of the field *name* of the settings class *cls*, written as *text* (as
+    on a command line: ``ezflow run --set UNIT.FIELD=VALUE``), read by the field's
+    annotation: a ``str`` as written; a ``bool`` from true/false, yes/no, on/off, 1/0;
+    an ``int``, ``float`` or ``complex`` as Python reads them; ``None`` from none or
+    null (an optional field); a ``Literal`` or an ``Enum`` as one of its values (an
+    enum also by member name); anything else as a Python literal (``(1, 2)``,
+    ``[0.5, 1.0]``, ``{'a': 1}``) of the declared type. An unannotated field takes the
+    text. Raises :class:`ConfigurationError` naming the field, the text and what the
+    field takes."""
+    hint = field_hint(cls, name)
+    value = _parse(hint, text)
+    if value is _NOT_PARSED:
+        raise ConfigurationError(
+            f"{cls.__qualname__}.{name} is declared as {describe_type(hint)}: {text!r} is "
+            f"not {_what(hint)}"
+        )
+    return value

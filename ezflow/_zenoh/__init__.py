@@ -1,3 +1,3 @@
-"""ezflow on Eclipse Zenoh (``ezflow[zenoh]``): the session helper, topic <-> key
+"""ezflow on Eclipse Zenoh (``ezflow-pubsub[zenoh]``): the session helper, topic <-> key
 expression mapping and the bridge. The public names are in :mod:`ezflow.zenoh`; the core
 never imports this package."""

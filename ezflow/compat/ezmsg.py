@@ -4,7 +4,7 @@ A program written for ezmsg (``import ezmsg.core as ez``) runs on ezflow with on
 import line changed, and prints what it prints under ezmsg. Its imports from
 ``ezmsg.util`` (``DebugLog``, ``TerminateOnTimeout``, ``gen_to_unit``, ``AxisArray``...)
 stay as they are: ezmsg's own units run inside these collections through ezflow's
-adapter (``ezflow[ezmsg]``); a program that imports only ``ezmsg.core`` needs no ezmsg
+adapter (``ezflow-pubsub[ezmsg]``); a program that imports only ``ezmsg.core`` needs no ezmsg
 installed. The names are ezmsg's, with ezmsg's semantics where ezflow's differ:
 
 - ``Unit``, ``Collection``: ezflow components that take their settings positionally, as a

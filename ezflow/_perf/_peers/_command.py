@@ -22,14 +22,15 @@ Uses rich: never imported by workers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from rich.table import Table
 
+from .._noise import Figure, ratio_range, samples_of
 from .._spec import QUICK, STANDARD, Cell, Plan, SpecError, Variant, format_size, parse_size
-from ._install import PEERS
+from ._install import PEERS, resolve
 
 __all__ = [
     "DEFAULT_SIZES",
@@ -60,6 +61,16 @@ METRICS: Final = (
 )
 
 
+def peer_names() -> list[str]:
+    """What ``--peers`` accepts: each peer, and each flavour of a peer that has them."""
+    names = []
+    for peer in PEERS.values():
+        names.append(peer.name)
+        if peer.flavours:
+            names.extend(peer.frameworks)
+    return names
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """What one ``ezflow perf peers`` run measures."""
@@ -87,9 +98,12 @@ def prepare(
     or repeated; all of them by default). Raises :class:`SpecError` (one line for the
     user) for an unknown peer, transport or size, or a bad repeat count."""
     chosen = _split(peers, tuple(PEERS))
-    for name in chosen:
-        if name not in PEERS:
-            raise SpecError(f"unknown peer {name!r}; use one of {', '.join(PEERS)}")
+    try:
+        resolve(chosen)
+    except KeyError as exc:
+        raise SpecError(
+            f"unknown peer {exc.args[0]!r}; use one of {', '.join(peer_names())}"
+        ) from None
     chosen_transports = _split(transports, TRANSPORTS)
     for transport in chosen_transports:
         if transport not in TRANSPORTS:
@@ -127,6 +141,22 @@ class Row:
     memcpy_us: float | None
     #: Crashes counted per framework in this cell (the same for its three metrics).
     crashes: dict[str, int]
+    #: Per framework: the rounds of the figure (median and range), None when missing.
+    figures: dict[str, Figure | None] = dataclasses.field(default_factory=dict)
+    #: ezflow / each peer over the rounds' ranges: (lowest, highest), None when missing.
+    ratio_ranges: dict[str, tuple[float, float] | None] = dataclasses.field(default_factory=dict)
+
+    def lead(self, name: str) -> str | None:
+        """Whether ezflow is ``"ahead"`` of peer *name* in this row, ``"behind"``, or
+        ``"even"`` (the ratio's range over the rounds holds 1: inside the noise)."""
+        ratio, spread = self.ratios.get(name), self.ratio_ranges.get(name)
+        if ratio is None:
+            return None
+        low, high = spread if spread is not None else (ratio, ratio)
+        if low <= 1 <= high:
+            return "even"
+        ahead = low > 1 if self.higher_is_better else high < 1
+        return "ahead" if ahead else "behind"
 
 
 def _ordinary(cell: dict[str, Any]) -> bool:
@@ -162,6 +192,15 @@ def _memcpy_us(document: dict[str, Any], size: int) -> float | None:
             return float(entry["us"])
     bandwidth = floor.get("memcpy_gb_per_s")
     return size / (bandwidth * 1e3) if bandwidth else None
+
+
+def _rounds(cell: dict[str, Any] | None, metric: str) -> Figure | None:
+    """The rounds of *metric* in *cell* (None when it has no figures)."""
+    if cell is None or cell["status"] != "ok" or cell["metrics"] is None:
+        return None
+    found = samples_of(cell.get("repeats") or [], metric)
+    value = cell["metrics"].get(metric)
+    return found if found is not None else (None if value is None else Figure((value,)))
 
 
 def frameworks(document: dict[str, Any]) -> list[str]:
@@ -204,6 +243,16 @@ def table_rows(document: dict[str, Any]) -> list[Row]:
                 for name, theirs in values.items()
                 if name != "ezflow"
             }
+            figures = {name: _rounds(cells.get((transport, size, name)), metric) for name in names}
+            ranges: dict[str, tuple[float, float] | None] = {}
+            for name in names[1:]:
+                mine, theirs_figure = figures.get("ezflow"), figures.get(name)
+                found = (
+                    None
+                    if mine is None or theirs_figure is None
+                    else ratio_range(mine, theirs_figure)
+                )
+                ranges[name] = None if found is None else (found[1], found[2])
             rows.append(
                 Row(
                     metric,
@@ -217,26 +266,47 @@ def table_rows(document: dict[str, Any]) -> list[Row]:
                     _floor(document, metric, size, transport),
                     _memcpy_us(document, size),
                     crashes,
+                    figures,
+                    ranges,
                 )
             )
     return rows
 
 
-def _figure(row: Row, name: str) -> str:
+def _format(row: Row) -> Callable[[float], str]:
+    if row.metric == "msgs_per_s":
+        return lambda value: f"{value:,.0f}"
+    return lambda value: f"{value:,.1f}"
+
+
+def _figure(row: Row, name: str, *, compact: bool = False) -> str:
+    """The median of the rounds with their range (``±`` half of it when *compact*)."""
     value = row.values.get(name)
     if value is None:
         state = row.status.get(name, "not run")
         return "—" if state == "ok" else state
-    return f"{value:,.0f}" if row.metric == "msgs_per_s" else f"{value:,.1f}"
+    found = row.figures.get(name)
+    if found is None:
+        return _format(row)(value)
+    return found.text(_format(row), compact=compact)
 
 
-def _ratio(row: Row, name: str) -> tuple[str, str]:
-    """The ratio as text and its style: green where ezflow is ahead, red behind."""
+#: How each lead is shown: style, and a word after the ratio.
+_LEADS = {"ahead": ("green", ""), "behind": ("red", ""), "even": ("yellow", " even")}
+
+
+def _ratio(row: Row, name: str, *, spread: bool = True) -> tuple[str, str]:
+    """The ratio as text (with its range over the rounds) and its style: green where
+    ezflow is ahead beyond the noise, red behind, yellow even (inside the noise)."""
     ratio = row.ratios.get(name)
     if ratio is None:
         return "—", "dim"
-    ahead = ratio >= 1 if row.higher_is_better else ratio <= 1
-    return f"{ratio:.2f}x", "green" if ahead else "red"
+    style, word = _LEADS[row.lead(name) or "even"]
+    text = f"{ratio:.2f}x"
+    bounds = row.ratio_ranges.get(name)
+    if spread and bounds is not None and bounds[0] != bounds[1]:
+        text += f" ({bounds[0]:.2f}-{bounds[1]:.2f})"
+    return text + word, style
 
 
 def _floor_text(row: Row) -> str:
@@ -260,11 +330,13 @@ def rich_table(document: dict[str, Any], title: str = "ezflow perf peers") -> Ta
     peers = names[1:]
     table = Table(
         title=f"{title}: the ordinary p2p program, medians of "
-        f"{document['plan']['repeats']} repeat(s), same run",
-        caption="ezflow/PEER = ezflow's figure / the peer's: > 1 is ahead for msgs/s, "
-        "< 1 is ahead for latency. floor: back-to-back on a raw socket (msgs/s; unix "
-        "next to shm), socketpair round trip / 2 (latency). memcpy µs: one copy of "
-        "a message of that size.",
+        f"{document['plan']['repeats']} round(s), same run",
+        caption="± : half the range of the rounds, in % of the median. ezflow/PEER = "
+        "ezflow's figure / the peer's (its range over the rounds): > 1 is ahead for "
+        "msgs/s, < 1 for latency; 'even' when the range holds 1 (inside the noise). "
+        "floor: back-to-back on a raw socket (msgs/s; unix next to shm), socketpair round "
+        "trip / 2 (latency). memcpy µs: one copy of a message of that size. Figures of "
+        "different runs are not comparable: compare ratios within a run.",
         title_justify="left",
         caption_justify="left",
     )
@@ -284,7 +356,7 @@ def rich_table(document: dict[str, Any], title: str = "ezflow perf peers") -> Ta
             row.label,
             format_size(row.size),
             row.transport,
-            *(_figure(row, name) for name in names),
+            *(_figure(row, name, compact=True) for name in names),
             *(f"[{style}]{text}[/]" for text, style in ratios),
             _floor_text(row),
             _memcpy_text(row),
@@ -294,20 +366,38 @@ def rich_table(document: dict[str, Any], title: str = "ezflow perf peers") -> Ta
 
 
 def markdown(document: dict[str, Any]) -> str:
-    """The peers table of *document* as GitHub markdown (for docs/perf.md)."""
+    """The peers table of *document* as GitHub markdown (for docs/perf.md): per metric,
+    a table with a row per framework (and the floor) and a column per size and
+    transport, each figure the median of the rounds with their range; then the ratios
+    ezflow / peer with theirs, marked ``even`` where the range holds 1."""
     names = frameworks(document)
     peers = names[1:]
-    header = ["metric", "size", "transport", *names, *(f"ezflow/{p}" for p in peers)]
-    header += ["floor", "memcpy µs", "crashes"]
-    align = ["---"] * 3 + ["---:"] * (len(names) + len(peers) + 2) + ["---"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    for row in table_rows(document):
-        cells = [row.label, format_size(row.size), row.transport]
-        cells += [_figure(row, name) for name in names]
-        cells += [_ratio(row, name)[0] for name in peers]
-        cells += [_floor_text(row), _memcpy_text(row), _crashes(row)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = table_rows(document)
+    out: list[str] = []
+    for metric, label, _ in METRICS:
+        chosen = [row for row in rows if row.metric == metric]
+        if not chosen:
+            continue
+        columns = [f"{format_size(row.size)} {row.transport}" for row in chosen]
+        align = "|---|" + "---:|" * len(columns)
+        out += [f"**{label}**", "", "| | " + " | ".join(columns) + " |", align]
+        for name in names:
+            out.append(f"| {name} | " + " | ".join(_figure(row, name) for row in chosen) + " |")
+        out.append("| floor | " + " | ".join(_floor_text(row) for row in chosen) + " |")
+        out += ["", f"**ezflow / peer, {label}**", "", "| | " + " | ".join(columns) + " |"]
+        out.append(align)
+        for name in peers:
+            ratios = " | ".join(_ratio(row, name)[0] for row in chosen)
+            out.append(f"| ezflow / {name} | {ratios} |")
+        out.append("")
+    crashes = {name: 0 for name in names}
+    for row in rows:
+        if row.metric == METRICS[0][0]:
+            for name, count in row.crashes.items():
+                crashes[name] += count
+    counted = [f"{name} {count}" for name, count in crashes.items() if count]
+    out.append(f"Crashes: {', '.join(counted) or 'none'}.")
+    return "\n".join(out) + "\n"
 
 
 def notes(document: dict[str, Any]) -> list[str]:

@@ -2,25 +2,34 @@
 
 What an iceoryx2 user writes for a lossless 1 -> 1 stream of variable-size messages
 between two processes of one host (iceoryx2 is shared memory only: ``tcp`` cells are
-unavailable; it needs no broker, so the run's rendezvous is not used):
+unavailable; it needs no broker, so the run's rendezvous is not used), following the
+Python examples of the iceoryx2 repository (``examples/python/publish_subscribe`` and
+``examples/python/event_based_communication``) and its bindings' own helpers
+(``iceoryx2/publish_subscribe_extensions.py``: ``send_copy`` and ``write_payload`` copy
+into the loaned sample with ``ctypes.memmove`` to ``payload_ptr``):
 
 * one node per process; per topic a ``publish_subscribe`` service of ``Slice[c_uint8]``
   (dynamic size; the publisher's data segment grows by powers of two as larger samples
   are loaned) with safe overflow **off** and a subscriber buffer of :data:`BUFFER`
   samples; the publisher's backpressure strategy is ``RetryUntilDelivered``: ``send``
   waits for room instead of dropping, so the stream is lossless;
-* wake-ups through an ``event`` service of the same name: the publisher notifies after
-  each sample, the subscriber drains every sample it has and then waits on its
-  ``Listener`` (``timed_wait``) - iceoryx2's own event-driven pattern, no polling;
-* a message is one sample: ``loan_slice_uninit`` then the header and the array copied
-  into it (iceoryx2's "copied" publish); with ``loan`` (``payload_function``) the
-  source fills the array inside the loaned sample itself and ``publish`` only writes
-  the header: iceoryx2's zero-copy publish. The subscriber's array is a view of the
-  sample in shared memory, released when ``handle`` returns.
+* wake-ups through an ``event`` service of the same name, as in the event-based
+  example: the publisher notifies after each sample, the subscriber drains every
+  sample it has and then waits on its ``Listener`` (``timed_wait``), no polling. The
+  sink is a coroutine on the stock loop: it lets the loop run (the worker's commands)
+  at most every :data:`YIELD_EVERY` seconds, not after every wake-up;
+* a message is one sample: ``loan_slice_uninit`` of the header (the wire layout of
+  :mod:`._common`, its codec cached per stream) and the array, both written into the
+  loan through ``payload_ptr`` with ``ctypes.memmove`` (a small message as one joined
+  ``bytes``, a large one as the header and then straight from the array's memory):
+  iceoryx2's "copied" publish. With ``loan`` (``payload_function``) the source fills
+  the array inside the loaned sample itself and ``publish`` only writes the header:
+  iceoryx2's zero-copy publish. The subscriber's array is a view of the sample in
+  shared memory (a ``ctypes`` array at ``payload_ptr``), released when ``handle``
+  returns.
 
 The bindings are synchronous: ``send`` and ``timed_wait`` block the calling thread. The
-sink waits at most :data:`WAIT` seconds at a time and then lets the event loop run, so
-the worker still hears its commands.
+sink waits at most :data:`WAIT` seconds at a time.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -36,14 +47,14 @@ from typing import Any, Final, TypeVar
 import iceoryx2 as iox2
 import numpy as np
 
-from .._worker import NewPayload, is_end, main, private_payload
+from .._worker import NewPayload, is_end, private_payload
 from ._common import (
     BARE,
     PeerUnavailableError,
     RendezvousFramework,
-    decode,
-    encode_header,
+    StreamCodec,
     header_size,
+    run_flavoured,
 )
 
 T = TypeVar("T")
@@ -54,6 +65,11 @@ BUFFER: Final = 16
 INITIAL_SLICE: Final = 4096
 #: Longest blocking wait of the sink before it lets the event loop run, in seconds.
 WAIT: Final = 0.05
+#: Longest time the sink keeps the event loop waiting while samples flow, in seconds.
+YIELD_EVERY: Final = 0.02
+#: Messages up to this many bytes are joined with their header and copied with one
+#: ``memmove``; larger ones are copied from the array's memory (no joined copy).
+JOIN_LIMIT: Final = 4096
 
 
 @dataclass(slots=True)
@@ -70,12 +86,47 @@ class _Publisher:
     notifier: Any
     #: The array lent by the last ``payload_function`` call and its sample.
     lent: tuple[Any, Any] | None = None
+    codec: StreamCodec = field(default_factory=StreamCodec)
 
 
 @dataclass(slots=True)
 class _Subscriber:
     subscriber: Any
     listener: Any
+    codec: StreamCodec = field(default_factory=StreamCodec)
+
+
+class _Addresses:
+    """The address of an array's memory, remembered for the last array (the ordinary
+    program publishes the same array every time; ``ndarray.ctypes`` costs a
+    microsecond)."""
+
+    __slots__ = ("_address", "_array")
+
+    def __init__(self) -> None:
+        self._array: Any = None
+        self._address = 0
+
+    def __call__(self, array: Any) -> int:
+        if array is not self._array:
+            self._array, self._address = array, int(array.ctypes.data)
+        return self._address
+
+
+class _Views:
+    """A ``ctypes`` byte array over shared memory at an address (the array types cached
+    per length), for the codec to read a sample without copying it."""
+
+    __slots__ = ("_types",)
+
+    def __init__(self) -> None:
+        self._types: dict[int, Any] = {}
+
+    def __call__(self, address: int, length: int) -> Any:
+        kind = self._types.get(length)
+        if kind is None:
+            kind = self._types[length] = ctypes.c_uint8 * length
+        return kind.from_address(address)
 
 
 def _service_name(topic: str) -> Any:
@@ -86,7 +137,7 @@ class Iceoryx2Framework(RendezvousFramework):
     """The :class:`ezflow._perf._worker.Framework` of iceoryx2 (publish-subscribe +
     event services, ``ServiceType.Ipc``)."""
 
-    name = "iceoryx2"
+    library = "iceoryx2"
     distribution = "iceoryx2"
 
     @contextlib.asynccontextmanager
@@ -153,25 +204,35 @@ class Iceoryx2Framework(RendezvousFramework):
 
     def _send_function(self, pub: _Publisher) -> Callable[[Any], None]:
         """Send one message (blocks while the subscriber's buffer is full)."""
-        loan, notify = pub.publisher.loan_slice_uninit, pub.notifier.notify
-        frombuffer, uint8 = np.frombuffer, np.uint8
+        loan, notify, header = (
+            pub.publisher.loan_slice_uninit,
+            pub.notifier.notify,
+            pub.codec.header,
+        )
+        memmove = ctypes.memmove
+        join: Callable[[Any], bytes] = b"".join  # (numpy arrays are buffers)
+        address = _Addresses()
 
         def send(message: Any) -> None:
             if type(message) is np.ndarray:
                 phase, seq, t_ns, payload = BARE, 0, 0, message
             else:
                 phase, seq, t_ns, payload = message
-            header = encode_header(phase, seq, t_ns, payload)
+            head = header(phase, seq, t_ns, payload)
             lent = pub.lent
             if lent is not None and lent[0] is payload:  # filled in place: no copy
                 pub.lent = None
                 sample = lent[1]
-                view = frombuffer(sample.payload().as_memory_view(), uint8)
+                memmove(sample.payload_ptr, head, len(head))
             else:
-                sample = loan(len(header) + payload.nbytes)
-                view = frombuffer(sample.payload().as_memory_view(), uint8)
-                view[len(header) :] = payload.reshape(-1).view(uint8)
-            view[: len(header)] = frombuffer(header, uint8)
+                nbytes = payload.nbytes
+                sample = loan(len(head) + nbytes)
+                if nbytes <= JOIN_LIMIT:
+                    memmove(sample.payload_ptr, join((head, payload)), len(head) + nbytes)
+                else:
+                    pointer = sample.payload_ptr
+                    memmove(pointer, head, len(head))
+                    memmove(pointer + len(head), address(payload), nbytes)
             sample.assume_init().send()
             notify()
 
@@ -184,12 +245,14 @@ class Iceoryx2Framework(RendezvousFramework):
             return private_payload(shape, dtype)
         kind = np.dtype(dtype)
         offset = header_size(len(shape))
-        nbytes = int(np.prod(shape)) * kind.itemsize
+        nbytes = math.prod(shape) * kind.itemsize
         lend = pub.publisher.loan_slice_uninit
+
+        views = _Views()
 
         async def lent() -> Any:
             sample = lend(offset + nbytes)
-            memory = sample.payload().as_memory_view()
+            memory = views(sample.payload_ptr, offset + nbytes)
             array = np.frombuffer(memory, kind, nbytes // kind.itemsize, offset)
             array = array.reshape(shape)
             pub.lent = (array, sample)
@@ -200,16 +263,24 @@ class Iceoryx2Framework(RendezvousFramework):
     async def consume(self, sub: Any, handle: Callable[[Any], bool]) -> None:
         receive, wait = sub.subscriber.receive, sub.listener.timed_wait
         timeout = iox2.Duration.from_secs_f64(WAIT)
+        decode, views, clock = sub.codec.decode, _Views(), time.monotonic
+        yielded, received = clock(), 0
         while True:
             sample = receive()
             if sample is None:
                 wait(timeout)
-                await asyncio.sleep(0)  # the worker's commands (end of stdin: leave)
-                continue
-            done = handle(decode(sample.payload().as_memory_view()))
-            sample.delete()  # back to the publisher at once: the array is not kept
-            if done:
-                return
+            else:
+                view = views(sample.payload_ptr, sample.header.number_of_elements)
+                done = handle(decode(view))
+                sample.delete()  # back to the publisher at once: the array is not kept
+                if done:
+                    return
+                received += 1
+                if received % 256:
+                    continue
+            if clock() - yielded > YIELD_EVERY:  # the worker's commands, in batches
+                await asyncio.sleep(0)
+                yielded = clock()
 
     async def relay(self, sub: Any, pub: Any) -> int:
         send = self._send_function(pub)
@@ -225,4 +296,4 @@ class Iceoryx2Framework(RendezvousFramework):
 
 
 if __name__ == "__main__":
-    main(Iceoryx2Framework())
+    run_flavoured(Iceoryx2Framework)

@@ -53,22 +53,31 @@ __all__ = [
     "output_tail",
     "python_of",
     "requirements",
+    "resolve",
     "site_packages",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """A peer framework: its name, the pip requirement of its package, and the module
-    its worker runs (``python -m MODULE``)."""
+    """A peer framework: its name, the pip requirement of its package, the module its
+    worker runs (``python -m MODULE``) and the flavours of that worker (the idioms its
+    users pick between, each run as its own framework ``NAME-FLAVOUR``; none: one)."""
 
     name: str
     requirement: str
     module: str
+    flavours: tuple[str, ...] = ()
 
-    def command(self, venv_dir: Path) -> list[str]:
-        """The worker command of this peer in *venv_dir*."""
-        return [str(python_of(venv_dir)), "-m", self.module]
+    @property
+    def frameworks(self) -> tuple[str, ...]:
+        """The names this peer runs as: ``NAME``, or ``NAME-FLAVOUR`` per flavour."""
+        return tuple(f"{self.name}-{f}" for f in self.flavours) or (self.name,)
+
+    def command(self, venv_dir: Path, flavour: str | None = None) -> list[str]:
+        """The worker command of this peer (of *flavour*) in *venv_dir*."""
+        command = [str(python_of(venv_dir)), "-m", self.module]
+        return command if flavour is None else [*command, "--flavour", flavour]
 
 
 #: The peers of ``ezflow perf peers``, in table order, with the pinned versions.
@@ -76,8 +85,8 @@ PEERS: Final = {
     peer.name: peer
     for peer in (
         Peer("ezmsg", "ezmsg==3.9.0", "ezflow._perf._peers._ezmsg"),
-        Peer("pyzmq", "pyzmq==27.*", "ezflow._perf._peers._pyzmq"),
-        Peer("zenoh", "eclipse-zenoh==1.10.*", "ezflow._perf._peers._zenoh"),
+        Peer("pyzmq", "pyzmq==27.*", "ezflow._perf._peers._pyzmq", ("sync", "asyncio")),
+        Peer("zenoh", "eclipse-zenoh==1.10.*", "ezflow._perf._peers._zenoh", ("callback", "fifo")),
         Peer("iceoryx2", "iceoryx2==0.10.*", "ezflow._perf._peers._iceoryx2"),
     )
 }
@@ -131,7 +140,8 @@ def _ezflow_requirements() -> list[str]:
     """ezflow's own dependencies, pinned to the versions installed here (markers kept,
     pip evaluates them)."""
     try:
-        declared = importlib.metadata.requires("ezflow") or []
+        # ezflow's distribution (_core._config.DISTRIBUTION: `ezflow` on PyPI is another).
+        declared = importlib.metadata.requires("ezflow-pubsub") or []
     except importlib.metadata.PackageNotFoundError:
         raise PeerSetupError(
             "ezflow's package metadata is missing: install ezflow (pip install -e .) "
@@ -235,6 +245,28 @@ def install(peer: Peer, venv_dir: Path, log: Callable[[str], None] = lambda _: N
     return venv_dir
 
 
+def resolve(
+    names: Iterable[str], peers: dict[str, Peer] | None = None
+) -> list[tuple[Peer, str | None]]:
+    """Each of *names* as (peer, flavour): a peer's name stands for all its flavours,
+    ``NAME-FLAVOUR`` for one; in order, without repeats. Raises :class:`KeyError`
+    (the unknown name) for anything else."""
+    table = PEERS if peers is None else peers
+    chosen: dict[tuple[str, str | None], tuple[Peer, str | None]] = {}
+    for name in names:
+        if name in table:
+            peer = table[name]
+            for flavour in peer.flavours or (None,):
+                chosen.setdefault((peer.name, flavour), (peer, flavour))
+            continue
+        library, _, flavour = name.partition("-")
+        peer_or_none = table.get(library)
+        if peer_or_none is None or flavour not in peer_or_none.flavours:
+            raise KeyError(name)
+        chosen.setdefault((library, flavour), (peer_or_none, flavour))
+    return list(chosen.values())
+
+
 def ensure(
     names: Iterable[str],
     *,
@@ -243,30 +275,38 @@ def ensure(
     log: Callable[[str], None] = lambda _: None,
     peers: dict[str, Peer] | None = None,
 ) -> dict[str, list[str]]:
-    """The worker command of each peer in *names* (keys of *peers*, default
-    :data:`PEERS`), in order. A venv that is not current is (re)created when
-    *install_missing*, else :class:`PeerSetupError` says to pass ``--install``.
-    Installs into one cache are serialised by a lock file, so two runs never build
-    the same venv at once."""
-    table = PEERS if peers is None else peers
+    """The worker command of each framework in *names* (peers of *peers*, default
+    :data:`PEERS`, or ``NAME-FLAVOUR``: see :func:`resolve`), by framework name, in
+    order. A peer's venv that is not current is (re)created when *install_missing*,
+    else :class:`PeerSetupError` says to pass ``--install``. Installs into one cache
+    are serialised by a lock file, so two runs never build the same venv at once."""
     root = cache_dir(cache)
     commands: dict[str, list[str]] = {}
-    for name in names:
-        peer = table[name]
-        venv_dir = root / name
-        if not is_current(peer, venv_dir):
-            if not install_missing:
-                state = "outdated" if venv_dir.exists() else "missing"
-                raise PeerSetupError(
-                    f"the venv of peer {name} is {state} ({venv_dir}): pass --install to "
-                    f"create it from PyPI ({peer.requirement})"
-                )
-            root.mkdir(parents=True, exist_ok=True)
-            with open(root / f"{name}.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if not is_current(peer, venv_dir):  # another run may have made it
-                    install(peer, venv_dir, log)
-        else:
-            log(f"{name}: {venv_dir} is current")
-        commands[name] = peer.command(venv_dir)
+    ready: set[str] = set()
+    for peer, flavour in resolve(names, peers):
+        venv_dir = root / peer.name
+        if peer.name not in ready:
+            _make_current(peer, venv_dir, root, install_missing=install_missing, log=log)
+            ready.add(peer.name)
+        name = peer.name if flavour is None else f"{peer.name}-{flavour}"
+        commands[name] = peer.command(venv_dir, flavour)
     return commands
+
+
+def _make_current(
+    peer: Peer, venv_dir: Path, root: Path, *, install_missing: bool, log: Callable[[str], None]
+) -> None:
+    if is_current(peer, venv_dir):
+        log(f"{peer.name}: {venv_dir} is current")
+        return
+    if not install_missing:
+        state = "outdated" if venv_dir.exists() else "missing"
+        raise PeerSetupError(
+            f"the venv of peer {peer.name} is {state} ({venv_dir}): pass --install to "
+            f"create it from PyPI ({peer.requirement})"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{peer.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_current(peer, venv_dir):  # another run may have made it
+            install(peer, venv_dir, log)
