@@ -44,7 +44,7 @@ from ezmsg.util.terminate import TerminateOnTimeout
 
 import ezflow
 import ezflow.compat.ezmsg as compat
-from ezflow._core import _codec
+from ezflow._core._codec import _registry
 from ezflow._core._config import DEFAULT_MAX_IN_FLIGHT
 from ezflow._units import _ezmsg_adapter
 from ezflow._units._plan import adaptable, build_plan
@@ -168,7 +168,7 @@ def test_compat_and_the_adapter_translate_an_output_alike(
     assert (adapted.max_in_flight, adapted.transport) == (own.max_in_flight, own.transport)
     assert adapted.max_in_flight == (DEFAULT_MAX_IN_FLIGHT if num_buffers == 32 else num_buffers)
     # both registered the dataclass the stream names, so that it crosses processes
-    assert _codec.registered_name(theirs) and _codec.registered_name(ours)
+    assert _registry.registered_name(theirs) and _registry.registered_name(ours)
     assert adapted.transport == ("tcp" if force_tcp else None)
 
 
@@ -209,14 +209,27 @@ async def test_axis_array_round_trip(ctx: ezflow.GraphContext, transport: str) -
     assert_same_axis_array(got, sent)
 
 
-def test_axis_array_needs_no_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def empty_registry() -> Iterator[None]:
+    """A process that registered no message class (the registry as it was afterwards)."""
+    saved = dict(_registry._TYPES_BY_NAME), dict(_registry._TYPES_BY_CLASS)
+    _registry._TYPES_BY_NAME.clear()
+    _registry._TYPES_BY_CLASS.clear()
+    try:
+        yield
+    finally:
+        _registry._TYPES_BY_NAME.clear()
+        _registry._TYPES_BY_CLASS.clear()
+        _registry._TYPES_BY_NAME.update(saved[0])
+        _registry._TYPES_BY_CLASS.update(saved[1])
+
+
+def test_axis_array_needs_no_registration() -> None:
     # A process that never met AxisArray: empty registry, both when encoding and decoding.
-    monkeypatch.setattr(_codec, "_TYPES_BY_NAME", {})
-    monkeypatch.setattr(_codec, "_TYPES_BY_CLASS", {})
-    body = ezflow.lowlevel.Codec().encode(axis_array()).to_bytes()
-    monkeypatch.setattr(_codec, "_TYPES_BY_NAME", {})
-    monkeypatch.setattr(_codec, "_TYPES_BY_CLASS", {})
-    assert_same_axis_array(ezflow.lowlevel.Codec().decode(body), axis_array())
+    with empty_registry():
+        body = ezflow.lowlevel.Codec().encode(axis_array()).to_bytes()
+    with empty_registry():
+        assert_same_axis_array(ezflow.lowlevel.Codec().decode(body), axis_array())
 
 
 # -- ezmsg's example programs, with only their import line changed ------------------------

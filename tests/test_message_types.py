@@ -46,8 +46,8 @@ class _Forged:
 class _ForgingCodec(Codec):
     """The publisher's codec, except that a :class:`_Forged` message is sent as its body."""
 
-    def encode_small(self, obj: object) -> bytes | None:
-        return obj.body if isinstance(obj, _Forged) else super().encode_small(obj)
+    def _encode_small(self, obj: object) -> bytes | None:
+        return obj.body if isinstance(obj, _Forged) else super()._encode_small(obj)
 
     def encode(self, obj: object) -> EncodedMessage:
         if isinstance(obj, _Forged):

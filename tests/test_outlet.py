@@ -358,6 +358,33 @@ def test_a_paced_tuple_is_handed_over_as_one_bytes_body() -> None:
     assert outlet.stats.encodes == outlet.stats.messages == 5
 
 
+def test_interleaved_publishers_of_other_kinds_each_keep_the_one_bytes_body() -> None:
+    """Outlets of one process share its codec's caches, not its last-kind hints: four
+    publishers of two tuple shapes and two array kinds, interleaved, each hand over one
+    bytes body once they have encoded their kind."""
+    codec = Codec()
+    kinds = [
+        lambda seq: (1, seq, time.perf_counter_ns(), np.arange(16, dtype=np.float32)),
+        lambda seq: (seq, "x", 2.0),
+        lambda seq: np.full(16, seq, np.float32),
+        lambda seq: np.full(4, seq, np.int64),
+    ]
+    outlets, links = [], []
+    for i in range(len(kinds)):
+        outlet = _outlet.Outlet(f"p-{i}", "/t", codec, max_in_flight=9, max_in_flight_bytes=1 << 20)
+        links.append(_RecordingLink())
+        outlet.add_link(links[-1])
+        outlets.append(outlet)
+    assert all(outlet.codec is not codec for outlet in outlets)
+    for seq in range(6):
+        for outlet, make in zip(outlets, kinds, strict=True):
+            assert outlet.publish_nowait(make(seq))
+    for link in links[:2]:  # a template from the first message on
+        assert [kind for kind, _, _ in link.bodies] == ["send"] + ["small"] * 5
+    for link in links[2:]:  # an array's kind from its second (cached) encoding on
+        assert [kind for kind, _, _ in link.bodies][2:] == ["small"] * 4
+
+
 _LINK_STATE = st.tuples(
     st.booleans(),  # lossless
     st.booleans(),  # stalled

@@ -79,7 +79,7 @@ def segments_of(pid: int) -> list[str]:
 
 def prefix_size(nbytes: int) -> int:
     """Bytes the codec puts before the data of a 1-D uint8 array of *nbytes*."""
-    prefix, total = Codec().array_prefix((nbytes,), np.dtype(np.uint8))
+    prefix, total = Codec()._array_prefix((nbytes,), np.dtype(np.uint8))
     assert total == len(prefix) + nbytes
     return len(prefix)
 

@@ -113,6 +113,7 @@ __all__ = [
     "TCP_KEEPALIVE_PROBES",
     "TELEMETRY_MAX_WRITE_BUFFER",
     "THREAD_JOIN_TIMEOUT",
+    "TIMING_SAMPLE_MASK",
     "TRACE_BUFFER",
     "TRACE_FLUSH_MARGIN",
     "TRACE_FLUSH_MAX_WAIT",
@@ -700,6 +701,11 @@ JSONL_MAX_BYTES: Final = 64 * 1024 * 1024
 #: A report is skipped (not queued) while the connection to the server has this many
 #: bytes waiting to be written: telemetry never piles up behind a slow server.
 TELEMETRY_MAX_WRITE_BUFFER: Final = 256 * 1024
+#: A channel times the decoding and the subscribers' handling of the messages whose
+#: sequence number ``n`` has ``n & TIMING_SAMPLE_MASK == 0`` (one in 16): the histograms
+#: hold those, and ``ChannelStats.decode_seconds`` is their sum times
+#: ``TIMING_SAMPLE_MASK + 1``. A power of two minus one.
+TIMING_SAMPLE_MASK: Final = 15
 #: Prometheus endpoint of the graph server: connections served at once ...
 MAX_METRICS_CONNECTIONS: Final = 16
 #: ... bytes of request line and headers accepted ...

@@ -172,7 +172,7 @@ class Link(ABC):
 
     def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
         """:meth:`send` for a message whose whole encoded body is *body* (one small
-        ``bytes``; see :meth:`Codec.encode_small`). Only called on links that
+        ``bytes``; see :meth:`Codec._encode_small`). Only called on links that
         :attr:`needs_encoding`. Transports override it with a shorter path; this one
         wraps *body* and calls :meth:`send`."""
         self.send(seq, time_ns, message, EncodedMessage([body], len(body)))
@@ -221,7 +221,8 @@ class Outlet:
     ) -> None:
         self.publisher_id = publisher_id
         self.topic = topic
-        self.codec = codec
+        #: this publisher's own codec state (its hints: the kind it encoded last)
+        self.codec = codec._for_stream()
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
         #: seconds a lossless link may release nothing while publish waits on it before
@@ -386,11 +387,11 @@ class Outlet:
                 return True
         if self._small_limit >= 0:
             # A small array, or container of a cached shape: one bytes body. (Arrays
-            # call small_array_body directly: one call less on a paced array's path.)
+            # call _small_array_body directly: one call less on a paced array's path.)
             if type(message) is np.ndarray:
-                body = self.codec.small_array_body(message)
+                body = self.codec._small_array_body(message)
             else:
-                body = self.codec.encode_small(message)
+                body = self.codec._encode_small(message)
             if body is not None and len(body) <= self._small_limit:
                 self._send_small(links, message, body)
                 return True

@@ -162,7 +162,7 @@ class Publisher:
             array = loans.loan(shape, dt)
         else:
             # Same checks as a shared-memory loan, so that code behaves alike everywhere.
-            self._outlet.codec.array_prefix(shape, dt)
+            self._outlet.codec._array_prefix(shape, dt)
         if array is None:
             return np.empty(shape, dt)
         self._loaned = True

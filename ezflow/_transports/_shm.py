@@ -445,8 +445,8 @@ class _OutletShm:
     def loan(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any] | None:
         """A writable array of *shape* and *dtype* in a block of this ring, with room
         around its data for the rest of a message; ``None`` when no block can be had.
-        Raises like :meth:`Codec.array_prefix`."""
-        prefix, total = self.codec.array_prefix(shape, dtype)
+        Raises like :meth:`Codec._array_prefix`."""
+        prefix, total = self.codec._array_prefix(shape, dtype)
         if self.closing:
             return None
         nbytes = total - len(prefix)
@@ -1025,7 +1025,7 @@ class ShmTransport(StreamTransport[str]):
         """A writable array of *shape* and *dtype* in *outlet*'s shared memory, laid out
         so that publishing it - alone or inside a message - copies nothing (see the
         module docstring, Loans); ``None`` when no block can be had (use a private array
-        then). Raises like :meth:`Codec.array_prefix`."""
+        then). Raises like :meth:`Codec._array_prefix`."""
         shm = self._shm.get(outlet.publisher_id)
         if shm is None:
             return None
