@@ -115,6 +115,11 @@ def shm_entries() -> set[str]:
 # would show up in their exact counts. Ring-watching tests ask for it (watch_rings=True).
 os.environ[ENV_WATCH_RINGS] = "0"
 
+# Nothing the tests start uses the default graph address, 127.0.0.1:25990: a graph the
+# developer runs there (or another worker's test) would be joined by the test's processes.
+# Every program that names no address starts its own graph server on a free port.
+os.environ["EZFLOW_GRAPH_ADDRESS"] = "127.0.0.1:0"
+
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
