@@ -125,7 +125,7 @@ except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
 
 if uvloop is not None:
 
-    class ClosingUvloop(uvloop.Loop):  # type: ignore[misc, name-defined]
+    class ClosingUvloop(uvloop.Loop):
         """uvloop, whose ``close()`` cannot hang on a leaked handle.
 
         uvloop's close warns ``unclosed resource <TCPServer ...>`` (ResourceWarning) for

@@ -449,7 +449,7 @@ async def test_on_message_subscriber_refuses_recv_and_bad_options(
         pass
 
     with pytest.raises(ezflow.ConfigurationError, match="plain"):
-        await ctx.subscriber("/cbr", on_message=handler)  # type: ignore[arg-type]
+        await ctx.subscriber("/cbr", on_message=handler)
     with pytest.raises(ezflow.ConfigurationError, match="plain"):
         await ctx.subscriber("/cbr", on_message=42)  # type: ignore[arg-type]
     with pytest.raises(ezflow.ConfigurationError, match="queue= does not apply"):

@@ -236,7 +236,7 @@ async def test_sizes_at_every_boundary(shm_pair: Any) -> None:
         (slot + 1, "out-of-line"),
         (4 * slot, "out-of-line"),
     ]
-    ring = pub._shm._shm[pub.id].ring  # type: ignore[union-attr]
+    ring = pub._shm._shm[pub.id].ring
     for index, (total, path) in enumerate(cases):
         message = array_of_encoded_size(total, index)
         if total == slot:
@@ -272,7 +272,7 @@ async def test_channels_drop_the_mappings_of_retired_blocks(
     (record,) = ctx._router.channels.values()
     assert record.inbound is not None
     reader = record.inbound._connection.reader  # type: ignore[attr-defined]
-    ring = pub._shm._shm[pub.id].ring  # type: ignore[union-attr]
+    ring = pub._shm._shm[pub.id].ring
     assert ring.stats.blocks_unlinked >= 2
     on_disk = {n for n in os.listdir(shm_dir()) if n.startswith(f"ezflow-{os.getpid()}-")}
     assert set(reader.attached) <= on_disk  # nothing mapped that was unlinked
