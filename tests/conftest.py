@@ -120,7 +120,7 @@ os.environ[ENV_WATCH_RINGS] = "0"
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 
 if uvloop is not None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _waiting import wait_until_sync
 from conftest import ezflow_segments, leaked_segments
 from rich.console import Console
 from typer.testing import CliRunner
@@ -98,6 +99,7 @@ def perf_results(perf_run: tuple[subprocess.CompletedProcess[str], Path]) -> dic
 
 
 def _cell(document: dict[str, Any], framework: str, suite: str, transport: str) -> dict[str, Any]:
+    found: dict[str, Any]
     (found,) = [
         cell
         for cell in document["cells"]
@@ -257,6 +259,7 @@ def test_compare_calls_a_difference_inside_the_spread_no_change(
 
 def _cell_like(document: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
     key = _compare.cell_key(cell)
+    found: dict[str, Any]
     (found,) = [c for c in document["cells"] if _compare.cell_key(c) == key]
     return found
 
@@ -434,6 +437,7 @@ def test_research_benchmarks_are_perf_subcommands(
 
 
 def _p2p(document: dict[str, Any], framework: str, transport: str, variant: str) -> dict[str, Any]:
+    found: dict[str, Any]
     (found,) = [
         cell
         for cell in document["cells"]
@@ -568,45 +572,70 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], set[int]]:
-    """A run that streams for 20 s; returns once its relay workers are up."""
-    runner = subprocess.Popen(
+def _start_long_run(output: Path) -> subprocess.Popen[str]:
+    """A run that streams for 20 s into *output*."""
+    return subprocess.Popen(
         [sys.executable, "-m", "ezflow", "perf", "run", "-s", "relay", "-t", "tcp", "--size",
-         "1KiB", "-n", "2", "--duration", "20", "--repeats", "1", "-o", str(tmp_path / "x.json")],
+         "1KiB", "-n", "2", "--duration", "20", "--repeats", "1", "-o", str(output)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
+
+
+def _workers_up(runner: subprocess.Popen[str]) -> set[int]:
+    """The runner's processes once its relay workers are up, well into the stream."""
+    deadline = time.monotonic() + 45
     while time.monotonic() < deadline:
-        workers = _descendants(runner.pid)
-        if len(workers) >= 3:  # the graph server and the two processes of the cell
+        # the graph server and the two processes of the cell
+        if len(_descendants(runner.pid)) >= 3:
             time.sleep(1.0)  # well into the stream
-            return runner, _descendants(runner.pid)
+            return _descendants(runner.pid)
+        assert runner.poll() is None, runner.communicate()[1]
         time.sleep(0.1)
-    runner.kill()
-    runner.wait()
     pytest.fail("the run did not start its workers")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupting_a_run_ends_every_worker(sig: signal.Signals, tmp_path: Path) -> None:
-    runner, workers = _start_long_run(tmp_path)
+STOPS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
+
+
+@pytest.fixture(scope="module")
+def stopped_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[subprocess.Popen[str], set[int], str, Path]]:
+    """Three long runs at once, each stopped well into its stream, by each of STOPS:
+    (runner, its processes before the stop, its stderr, its results file)."""
+    folder = tmp_path_factory.mktemp("stops")
+    runners = {name: _start_long_run(folder / f"{name}.json") for name in STOPS}
+    stopped = {}
     try:
-        runner.send_signal(sig)
-        _, stderr = runner.communicate(timeout=20)
+        for name, runner in runners.items():
+            workers = _workers_up(runner)
+            runner.send_signal(STOPS[name])
+            stopped[name] = (runner, workers)
+        found = {}
+        for name, (runner, workers) in stopped.items():
+            _, stderr = runner.communicate(timeout=20)
+            found[name] = (runner, workers, stderr, folder / f"{name}.json")
     finally:
-        runner.kill()
-        runner.wait()
-    assert runner.returncode == 128 + sig
+        for runner in runners.values():
+            runner.kill()
+            runner.communicate()
+    return found
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupting_a_run_ends_every_worker(
+    sig: str, stopped_runs: dict[str, tuple[subprocess.Popen[str], set[int], str, Path]]
+) -> None:
+    runner, workers, stderr, output = stopped_runs[sig]
+    assert runner.returncode == 128 + STOPS[sig]
     assert "every worker was stopped, no results written" in stderr
     assert not _alive(workers)
-    assert not (tmp_path / "x.json").exists()
+    assert not output.exists()
 
 
-def test_workers_leave_when_the_runner_is_killed(tmp_path: Path) -> None:
-    runner, workers = _start_long_run(tmp_path)
-    runner.kill()
-    runner.communicate(timeout=10)
-    deadline = time.monotonic() + 10
-    while _alive(workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(workers)
+def test_workers_leave_when_the_runner_is_killed(
+    stopped_runs: dict[str, tuple[subprocess.Popen[str], set[int], str, Path]],
+) -> None:
+    runner, workers, _, _ = stopped_runs["SIGKILL"]
+    assert runner.returncode == -signal.SIGKILL
+    wait_until_sync(lambda: not _alive(workers), "every worker of a killed run gone")
