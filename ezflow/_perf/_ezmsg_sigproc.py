@@ -129,18 +129,10 @@ def _run_once(framework: str, blocks: int, samples: int, channels: int) -> float
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
         sizes = ["--blocks", str(blocks), "--samples", str(samples), "--channels", str(channels)]
+        one = [sys.executable, "-m", __spec__.name, "--one", framework, "--result", result]
         try:
             done = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    __spec__.name,
-                    "--one",
-                    framework,
-                    "--result",
-                    result,
-                    *sizes,
-                ],
+                [*one, *sizes],
                 check=False,
                 timeout=RUN_TIMEOUT,
                 stdout=subprocess.DEVNULL,
