@@ -583,7 +583,7 @@ def _start_long_run(output: Path) -> subprocess.Popen[str]:
 
 def _workers_up(runner: subprocess.Popen[str]) -> set[int]:
     """The runner's processes once its relay workers are up, well into the stream."""
-    deadline = time.monotonic() + 45
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         # the graph server and the two processes of the cell
         if len(_descendants(runner.pid)) >= 3:
@@ -613,7 +613,7 @@ def stopped_runs(
             stopped[name] = (runner, workers)
         found = {}
         for name, (runner, workers) in stopped.items():
-            _, stderr = runner.communicate(timeout=20)
+            _, stderr = runner.communicate(timeout=60)  # seconds, but three at once
             found[name] = (runner, workers, stderr, folder / f"{name}.json")
     finally:
         for runner in runners.values():
