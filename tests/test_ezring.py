@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _proc import Child
+from _waiting import wait_until
 from conftest import loop_kind
 
 import ezflow
@@ -235,8 +236,7 @@ async def test_reader_sigkill_is_reclaimed_and_the_writer_never_blocks() -> None
             sys.executable, "-c", READER_CHILD, name, stdout=asyncio.subprocess.PIPE
         )
         try:
-            while writer.stats().readers_live < 1:  # noqa: ASYNC110 - state in shared memory
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: writer.stats().readers_live >= 1, "a reader joins")
             for i in range(4):
                 assert writer.publish(np.full(8, i, "<u8"))
             assert child.stdout is not None
@@ -428,8 +428,7 @@ async def test_attached_ring_feeds_every_subscriber_of_its_topic(
             publisher_id = await ctx.attach_ring(name)  # topic from the ring's header
             first = await ctx.subscriber("/cam")
             second = await ctx.subscriber("/cam", leaky=True, queue=8)
-            while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: writer.stats().readers_live >= 1, "a reader joins")
             for n in range(5):
                 assert writer.publish(np.full(8, n, "<u8"))
             for subscriber in (first, second):
@@ -463,8 +462,7 @@ async def test_a_subscriber_in_another_process_reads_an_attached_ring(
             )
             try:
                 await child.event("ready")
-                while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
-                    await asyncio.sleep(0.01)
+                await wait_until(lambda: writer.stats().readers_live >= 1, "a reader joins")
                 for n in range(3):
                     assert writer.publish(np.arange(4, dtype="<i4") + n)
                 done = await child.event("done")
@@ -526,8 +524,7 @@ async def test_server_finds_a_new_ring_by_itself_and_forgets_it_when_closed(
         with RingWriter.create(name, slot_size=64, slot_count=8, topic=topic) as writer:
             (listed,) = await wait_for_publishers(watching, topic, 1)  # no attach_ring
             assert listed["transport"] == "ezring"
-            while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: writer.stats().readers_live >= 1, "a reader joins")
             for n in range(3):
                 assert writer.publish(np.arange(4, dtype="<i4") + n)
             done = await child.event("done")
@@ -568,7 +565,7 @@ async def test_watch_rings_false_registers_nothing() -> None:
     topic = f"/watched/{name}"
     async with ezflow.GraphServer(("127.0.0.1", 0), watch_rings=False) as quiet:
         with RingWriter.create(name, slot_size=64, slot_count=8, topic=topic):
-            await asyncio.sleep(3 * EZRING_WATCH_INTERVAL)
+            await asyncio.sleep(3 * EZRING_WATCH_INTERVAL)  # a window: nothing registers
             assert quiet.snapshot()["publishers"] == []
 
 
@@ -775,6 +772,6 @@ async def test_a_publisher_of_a_ring_never_reads_the_next_writers_ring_of_that_n
         assert (sub.statistics().publishers_ended, sub.statistics().publishers_broken) == (1, 1)
         assert second.stats().readers_live == 0  # it was let go at once
         assert second.publish(np.zeros(8, "<u8"))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a window: nothing may arrive in it
         assert sub.statistics().received == 0
     assert any("made a new ring under the name" in r.getMessage() for r in caplog.records)

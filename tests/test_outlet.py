@@ -440,7 +440,7 @@ async def test_a_stalled_link_makes_publish_wait_until_it_resumes(
     (link,) = pub._outlet.links
     link.stalled = True
     publishing = asyncio.ensure_future(pub.publish(np.arange(3.0)))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a window: publish may not return in it
     assert not publishing.done()
     link.stalled = False
     pub._outlet.wake()

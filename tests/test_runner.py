@@ -610,7 +610,7 @@ def test_the_design_example_runs_as_written(
     while not conftest._children(process.pid):
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
-    time.sleep(1.5)
+    time.sleep(1.5)  # a window: the example keeps running in it (and SCALE starts)
     assert process.poll() is None
     process.send_signal(signal.SIGINT)
     code, out, err, _ = finish(process)

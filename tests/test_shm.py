@@ -31,6 +31,7 @@ import pytest
 from _children import LoanedFrame, arrays_in, digest, mixed_payload, payload, shm_location
 from _proc import Child
 from _transport_of import shm_of
+from _waiting import wait_until
 from conftest import HOSTILE_ENTRIES, loop_kind
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -63,14 +64,11 @@ KiB = 1024
 MiB = 1024 * KiB
 
 
-async def wait_until(condition: Callable[[], Awaitable[bool]], timeout: float) -> float:
-    """Poll *condition* until true; return the seconds it took."""
-    started = time.monotonic()
-    while not await condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
+def _in_use(pub: ezflow.Publisher) -> int:
+    """Blocks of *pub*'s shared-memory ring that subscribers hold now."""
+    stats = pub.shm_statistics()
+    assert stats is not None
+    return stats.in_use
 
 
 def segments_of(pid: int) -> list[str]:
@@ -198,7 +196,7 @@ async def test_keeping_every_message_never_blocks_the_publisher(shm_pair: Any) -
         stats = pub.shm_statistics()
         return stats is not None and stats.in_use == 0
 
-    await wait_until(all_free, 2)
+    await wait_until(all_free, "every block free", 2)
 
 
 async def test_release_from_another_thread_frees_the_block(shm_pair: Any) -> None:
@@ -216,7 +214,7 @@ async def test_release_from_another_thread_frees_the_block(shm_pair: Any) -> Non
         stats = pub.shm_statistics()
         return stats is not None and stats.in_use == 0
 
-    await wait_until(freed, 2)
+    await wait_until(freed, "the block freed", 2)
 
 
 # -- sizes around every boundary ---------------------------------------------------------------
@@ -268,7 +266,7 @@ async def test_channels_drop_the_mappings_of_retired_blocks(
         await pub.publish(np.zeros(size, dtype=np.uint8))
         del size
         await sub.recv()
-        await asyncio.sleep(0.02)  # FREE reaches the publisher
+        await wait_until(lambda: _in_use(pub) == 0, "FREE reaches the publisher")
     assert ctx._router is not None
     (record,) = ctx._router.channels.values()
     assert record.inbound is not None
@@ -317,9 +315,7 @@ async def test_loan_edge_cases(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
     stats = pub.shm_statistics()
     assert stats is not None and stats.in_use == 1
     del spare
-    await asyncio.sleep(0.01)  # the release runs on the loop
-    stats = pub.shm_statistics()
-    assert stats is not None and stats.in_use == 0
+    await wait_until(lambda: _in_use(pub) == 0, "the release runs on the loop")
     # reshaped and retyped in place after the loan: its bytes are where they were, and
     # the header and meta are written at publish time, so still no copy
     for change in ({"shape": (1000, 100)}, {"dtype": np.uint16}):
@@ -672,7 +668,7 @@ async def test_a_loan_inside_a_message_is_spent_on_every_transport(
         stats = pub.shm_statistics()
         return stats is not None and stats.in_use == 1
 
-    await wait_until(one_left, 2)
+    await wait_until(one_left, "one block left", 2)
     assert spare.flags.writeable
 
 
@@ -743,7 +739,7 @@ async def test_a_loan_in_a_message_to_two_channels_is_laid_out_once(
             stats = pub.shm_statistics()
             return stats is not None and stats.in_use == 0
 
-        await wait_until(all_free, 2)
+        await wait_until(all_free, "every block free", 2)
 
 
 async def test_a_killed_publisher_leaves_a_loaned_view_valid(ctx: ezflow.GraphContext) -> None:
@@ -769,7 +765,7 @@ async def test_a_killed_publisher_leaves_a_loaned_view_valid(ctx: ezflow.GraphCo
         async def swept() -> bool:
             return not segments_of(child.pid)
 
-        await wait_until(swept, 3.0)
+        await wait_until(swept, "the segments swept", 3.0)
         assert np.array_equal(frame.reshape(-1), expected)  # mapped still, unchanged
     finally:
         await child.aclose()
@@ -839,12 +835,12 @@ async def test_killed_publisher_ends_cleanly_and_its_segments_are_reclaimed(
             graph = await ctx.graph()
             return len(graph["publishers"]) == 1
 
-        assert await wait_until(publisher_gone, 2.0) < 2.0
+        assert await wait_until(publisher_gone, "the publisher gone", 2.0) < 2.0
 
         async def reclaimed() -> bool:
             return not segments_of(child.pid)
 
-        await wait_until(reclaimed, 3.0)
+        await wait_until(reclaimed, "the blocks reclaimed", 3.0)
         assert time.monotonic() - killed < 3.0
         assert np.all(held == held[0])  # still readable, unchanged
         while sub.queued:
@@ -876,7 +872,7 @@ async def test_killed_subscriber_holding_blocks_releases_the_publisher(
                 await pub.publish(np.full(100 * KiB, i % 256, dtype=np.uint8))
 
         publishing = asyncio.ensure_future(publish_many())
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window: publishing may not end in it
         assert not publishing.done()  # the stalled child holds the window and its blocks
         stats = pub.shm_statistics()
         assert stats is not None and stats.in_use >= 1
@@ -1080,7 +1076,7 @@ async def test_shm_stats_keep_the_counts_of_channels_gone_by(
     async def channel_gone() -> bool:
         return pub.channels == 0
 
-    await wait_until(channel_gone, 5)
+    await wait_until(channel_gone, "the channel gone", 5)
     stats = pub.shm_statistics()
     assert stats is not None and (stats.inline, stats.zero_copy, stats.no_block) == (5, 5, 0)
 
@@ -1228,7 +1224,7 @@ async def test_a_loan_waits_while_the_window_is_full(shm_pair: Any) -> None:
     for _ in range(2):
         await pub.publish(await pub.loan(100_000))
     loaning = asyncio.ensure_future(pub.loan(100_000))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # a window: the loan may not be granted in it
     assert not loaning.done()  # nothing taken while publish would have to wait
     stats = pub.shm_statistics()
     assert stats is not None and stats.loans == 2
@@ -1237,7 +1233,7 @@ async def test_a_loan_waits_while_the_window_is_full(shm_pair: Any) -> None:
     assert frame.flags.writeable
     await pub.publish(frame)  # the window is full again
     loaning = asyncio.ensure_future(pub.loan(100_000))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the loan waits (no state to look at: it is a future)
     loaning.cancel()  # a cancelled loan takes nothing
     with pytest.raises(asyncio.CancelledError):
         await loaning
@@ -1291,7 +1287,7 @@ async def test_random_sizes_and_kept_messages_never_corrupt(
         stats = pub.shm_statistics()
         return stats is not None and stats.in_use == 0
 
-    await wait_until(all_free, 2)
+    await wait_until(all_free, "every block free", 2)
 
 
 def test_no_resource_tracker_and_nothing_on_stderr() -> None:

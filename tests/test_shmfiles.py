@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _proc import ezflow_cli
+from _waiting import wait_until
 
 import ezflow
 from ezflow import BrokenResourceError, ProtocolError
@@ -202,8 +203,7 @@ async def test_a_graph_runs_next_to_them(
         with RingWriter.create("cam", slot_size=64, topic="/cam") as writer:
             await ctx.attach_ring("cam")
             frames = await ctx.subscriber("/cam")
-            while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: writer.stats().readers_live >= 1, "a reader joins")
             assert writer.publish(np.arange(8, dtype="<u8"))
             assert (await asyncio.wait_for(frames.recv(), 10)).tolist() == list(range(8))
         for kind in KINDS:  # attaching a foreign entry fails at once, precisely

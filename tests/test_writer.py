@@ -29,6 +29,7 @@ import pytest
 from _children import mixed_payload
 from _proc import Child
 from _transport_of import shm_of, tcp_of
+from _waiting import wait_until
 from conftest import loop_kind
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -254,7 +255,7 @@ async def test_pause_above_the_limit_resume_at_a_quarter() -> None:
         while writer.get_write_buffer_size() > high // 4:
             assert events.log == ["pause"]
             await asyncio.sleep(0.001)
-        await asyncio.sleep(0.01)
+        await wait_until(lambda: events.log != ["pause"], "the writer resumes")
         assert events.log == ["pause", "resume"]
         writer.write_eof()
         assert len(await asyncio.wait_for(reader, 30)) == 3 * high + 1
