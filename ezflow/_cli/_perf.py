@@ -738,7 +738,9 @@ def sigproc(
     try:
         from .._perf import _ezmsg_sigproc  # noqa: PLC0415 - imports ezmsg
     except ImportError as exc:
-        _fail(f"perf sigproc needs ezmsg and ezmsg-sigproc ({exc}): pip install 'ezflow-pubsub[ezmsg]'")
+        _fail(
+            f"perf sigproc needs ezmsg and ezmsg-sigproc ({exc}): pip install 'ezflow-pubsub[ezmsg]'"
+        )
     try:
         _ezmsg_sigproc.run(blocks, samples, channels, rounds)
     except _ezmsg_sigproc.SigprocError as exc:
