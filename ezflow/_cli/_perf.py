@@ -739,7 +739,8 @@ def sigproc(
         from .._perf import _ezmsg_sigproc  # noqa: PLC0415 - imports ezmsg
     except ImportError as exc:
         _fail(
-            f"perf sigproc needs ezmsg and ezmsg-sigproc ({exc}): pip install 'ezflow-pubsub[ezmsg]'"
+            f"perf sigproc needs ezmsg and ezmsg-sigproc ({exc}): "
+            "pip install 'ezflow-pubsub[ezmsg]'"
         )
     try:
         _ezmsg_sigproc.run(blocks, samples, channels, rounds)
