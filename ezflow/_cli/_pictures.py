@@ -159,6 +159,7 @@ def from_plan(plan: Plan, title: str, *, settings: bool = False) -> Picture:
             (node.inputs if stream.direction == "input" else node.outputs).append(name)
             ports[stream_topic(path, name)] = (node.id, name)
             streams[stream_topic(path, name)] = stream
+        node.inputs.sort(key=lambda name: name == SETTINGS_STREAM)  # (declared first)
         nodes.append(node)
     topics: dict[str, Node] = {}
 
@@ -330,8 +331,10 @@ def from_snapshot(
         return f"t:{topic}", None
 
     def client_node(client_id: str) -> str:
+        # In its process's cluster when that process runs units, else on its own.
         client = live.clients[client_id]
-        add(f"c:{client_id}", Node("", process_label(client), "client", cluster=client_id))
+        cluster = client_id if client_id in live.unit_owner.values() else None
+        add(f"c:{client_id}", Node("", process_label(client), "client", cluster=cluster))
         return f"c:{client_id}"
 
     def ring_node(pub: Mapping[str, Any]) -> str:
@@ -435,6 +438,8 @@ def from_snapshot(
         rates = [live.rates[p["id"]] for p in pubs_by_topic.get(src, ()) if p["id"] in live.rates]
         connect(endpoint(src), endpoint(dst), None, sum(rates) if rates else None)
 
+    for node in nodes.values():  # a unit's settings stream last, as it declares it
+        node.inputs.sort(key=lambda name: name == SETTINGS_STREAM)
     ordered = _data_flow_order(order, [(e.src, e.dst) for e in edges.values()], nodes)
     ids = {key: f"n{index}" for index, key in enumerate(ordered)}
     result = []
@@ -602,6 +607,13 @@ def _layout(picture: Picture) -> tuple[dict[str, _Box], dict[str, _Box], float, 
     return boxes, lane_boxes, total_w, y - _GAP_Y + _MARGIN
 
 
+def _others_heading(picture: Picture) -> str:
+    kinds = {node.kind for node in picture.nodes if node.cluster is None}
+    if kinds == {"topic"}:
+        return "topics"
+    return "programs" if kinds == {"client"} else "topics and programs"
+
+
 def _port_y(box: _Box, node: Node, port: str | None, direction: str) -> float:
     names = node.inputs if direction == "input" else node.outputs
     if port is None or port not in names:
@@ -630,7 +642,7 @@ def svg(picture: Picture) -> str:
         "</defs>",
     ]
     for key, box in lanes.items():
-        heading = picture.clusters.get(key, "topics")
+        heading = picture.clusters.get(key) or _others_heading(picture)
         out.append(
             f'<g class="cluster"><rect x="{box.x:.1f}" y="{box.y:.1f}" width="{box.w:.1f}" '
             f'height="{box.h:.1f}" rx="8" fill="#f8fafc" stroke="#94a3b8" '
@@ -913,7 +925,7 @@ def text(picture: Picture) -> str:
             lines.append(f"{heading}: {', '.join(members)}")
     others = [node.label for node in picture.nodes if node.cluster is None]
     if others:
-        lines.append(f"topics: {', '.join(others)}")
+        lines.append(f"{_others_heading(picture)}: {', '.join(others)}")
     for edge in picture.edges:
         label = edge.label()
         lines.append(
