@@ -20,8 +20,8 @@ from ezflow._core import _loop
 from ezflow._core._config import ENV_SHM_DIR, ENV_WATCH_RINGS
 from ezflow._core._exceptions import EzflowError
 from ezflow._core._tracing import TRACING, set_own_rate
-from ezflow._transports._ezring import PREFIX as RING_PREFIX
-from ezflow._transports._ezring import read_ring_header
+from ezflow._transports._ezring_files import PREFIX as RING_PREFIX
+from ezflow._transports._ezring_files import read_ring_header
 
 # -- a private, hostile shm directory ---------------------------------------------------
 #

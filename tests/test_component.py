@@ -65,7 +65,7 @@ def test_settings_are_frozen_checked_dataclasses() -> None:
 
 
 def test_settings_travel_through_the_codec() -> None:
-    codec = ezflow.Codec()
+    codec = ezflow.lowlevel.Codec()
     settings = RateSettings(rate=1.5, label="x")
     assert codec.decode(codec.encode(settings).to_bytes()) == settings
 

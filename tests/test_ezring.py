@@ -22,11 +22,12 @@ from _proc import Child
 from conftest import loop_kind
 
 import ezflow
-from ezflow import BrokenResourceError, ProtocolError, RingReader, RingWriter
+from ezflow import BrokenResourceError, ProtocolError
 from ezflow._core._config import EZRING_WATCH_INTERVAL
-from ezflow._transports._ezring import ring_path
+from ezflow._transports._ezring_files import ring_path
 from ezflow._transports._shm import sweep_shm_dir
 from ezflow._transports._shmfiles import shm_dir
+from ezflow.ezring import RingReader, RingWriter
 
 C_DIR = Path(__file__).resolve().parent.parent / "c"
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -217,7 +218,7 @@ async def test_writer_sigkill_ends_the_reader_with_an_error_and_is_swept(
 
 READER_CHILD = """
 import asyncio, sys
-from ezflow import RingReader
+from ezflow.ezring import RingReader
 async def main():
     reader = await RingReader.open(sys.argv[1])
     frame = await reader.receive()  # kept: its slot stays held
@@ -441,7 +442,7 @@ async def test_attached_ring_feeds_every_subscriber_of_its_topic(
                 "/cam",
                 "ezring",
             )
-            assert info.stats.messages == 5
+            assert info.statistics.messages == 5
             (listed,) = server.snapshot()["publishers"]
             assert (listed["id"], listed["topic"], listed["transport"]) == (
                 publisher_id,
@@ -672,7 +673,7 @@ async def test_sigkilled_c_writer_ends_its_subscribers_stream_and_its_file_goes(
             await ctx.attach_ring(name)
         ended = await kill_mid_stream(sub, writer, caplog)
         assert ended < 2.0, f"EndOfStream {ended:.2f} s after the kill"
-        assert (sub.stats.publishers_ended, sub.stats.publishers_broken) == (1, 1)
+        assert (sub.statistics().publishers_ended, sub.statistics().publishers_broken) == (1, 1)
         lines = [r.getMessage() for r in caplog.records if r.name == "ezflow.ezring"]
         assert any(
             f"ezring {name} feeding topic {topic!r} ended" in line and "died" in line
@@ -713,7 +714,7 @@ async def test_closed_c_ring_ends_the_stream_cleanly_after_every_frame(
     )
     await ctx.attach_ring(name)
     assert await recv_until_end(sub) == list(range(50))  # ezr_close() after the last
-    assert (sub.stats.publishers_ended, sub.stats.publishers_broken) == (1, 0)
+    assert (sub.statistics().publishers_ended, sub.statistics().publishers_broken) == (1, 0)
     assert (await writer.stats())["published"] == 50
     assert any(
         f"ezring {name} feeding topic {topic!r} ended after 50 frames: its writer closed it"
@@ -771,9 +772,9 @@ async def test_a_publisher_of_a_ring_never_reads_the_next_writers_ring_of_that_n
         sub = await ctx.subscriber("/again")
         with pytest.raises(ezflow.EndOfStream):
             await asyncio.wait_for(sub.recv(), 10)
-        assert (sub.stats.publishers_ended, sub.stats.publishers_broken) == (1, 1)
+        assert (sub.statistics().publishers_ended, sub.statistics().publishers_broken) == (1, 1)
         assert second.stats().readers_live == 0  # it was let go at once
         assert second.publish(np.zeros(8, "<u8"))
         await asyncio.sleep(0.2)
-        assert sub.stats.received == 0
+        assert sub.statistics().received == 0
     assert any("made a new ring under the name" in r.getMessage() for r in caplog.records)

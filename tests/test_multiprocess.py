@@ -49,7 +49,7 @@ async def test_one_publisher_several_subscribers_in_another_process(
         assert done["transports"] == ["tcp"]
         assert done["decoded"] == [count]
         assert done["same_object"]
-        assert pub.stats.encodes == count
+        assert pub.statistics().encodes == count
         assert await child.stop() == 0
     finally:
         await child.aclose()
@@ -192,7 +192,7 @@ async def test_killed_publisher_process_ends_cleanly_for_subscribers(
         await healthy.publish(np.array([-1]))
         assert (await asyncio.wait_for(sub.recv(), 2)).tolist() == [-1]
         # The killed publisher ended its stream (broken); the healthy one keeps it open.
-        assert (sub.stats.publishers_ended, sub.stats.publishers_broken) == (1, 1)
+        assert (sub.statistics().publishers_ended, sub.statistics().publishers_broken) == (1, 1)
         assert not sub.ended
         await healthy.aclose()
         with pytest.raises(ezflow.EndOfStream):

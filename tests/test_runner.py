@@ -629,7 +629,7 @@ def test_an_unguarded_graph_runner_gets_a_clear_error(tmp_path: Path) -> None:
         "    async with ezflow.GraphRunner(IDLE=idle, process_components=[idle],\n"
         "                                  graph_address='127.0.0.1:0'):\n"
         "        pass\n"
-        "ezflow.run_coroutine(main())\n"
+        "ezflow.lowlevel.run_coroutine(main())\n"
     )
     result = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=30, check=False

@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         import ezflow  # noqa: PLC0415
 
         coroutine = _send if role == "send" else _receive
-        ezflow.run_coroutine(coroutine(address, topic, int(size)))
+        ezflow.lowlevel.run_coroutine(coroutine(address, topic, int(size)))
         return
     asyncio.run(_run(args.rounds))
 
