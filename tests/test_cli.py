@@ -332,29 +332,48 @@ def test_a_topic_that_does_not_exist_is_one_line_and_exit_1(graph: Graph, comman
     )
 
 
-def _mermaid_edges(text: str) -> set[tuple[str, str]]:
-    labels = dict(re.findall(r'^\s+(t\d+)\["([^"]+)"\]$', text, re.MULTILINE))
-    return {
-        (labels[a], labels[b]) for a, b in re.findall(r"^\s+(t\d+) --> (t\d+)$", text, re.MULTILINE)
-    }
+def test_graph_mermaid_draws_the_units_in_order_with_live_rates(graph: Graph) -> None:
+    """TICKER as written: SOURCE -> RELAY (its own process) -> SINK, left to right,
+    the runner's process and RELAY's as clusters, each edge over shm with the msgs/s
+    the graph reported (50 Hz); no INPUT_SETTINGS."""
+
+    def drawn() -> str | None:
+        result = ezflow_cli("graph", "--mermaid", "--address", graph.address)
+        assert result.returncode == 0, result.stderr
+        rated = re.findall(r'-->\|"OUTPUT → INPUT<br/>shm · ([\d.]+) msg/s"\|', result.stdout)
+        return result.stdout if len(rated) == 2 else None
+
+    text = _wait_for(drawn, 20, "both edges of TICKER to show a rate")
+    assert text.startswith("flowchart LR\n")
+    assert re.findall(r'^    n\d+\["([^"]+)"\]$', text, re.MULTILINE) == [
+        "TICKER/SOURCE",
+        "TICKER/RELAY",
+        "TICKER/SINK",
+    ]
+    clusters = re.findall(r'^    subgraph g\d+\["([^"]+)"\]$', text, re.MULTILINE)
+    assert len(clusters) == 2 and re.fullmatch(r"ezflow:TICKER/RELAY \(pid \d+\)", clusters[1])
+    edges = re.findall(r"^    (n\d) -->\|\"[^\"]*\"\| (n\d)$", text, re.MULTILINE)
+    assert edges == [("n0", "n1"), ("n1", "n2")]
+    rates = [float(r) for r in re.findall(r"shm · ([\d.]+) msg/s", text)]
+    assert all(RATE / 5 < rate < RATE * 5 for rate in rates), rates  # 50 Hz, loosely
+    assert "INPUT_SETTINGS" not in text
 
 
-def test_graph_mermaid_has_the_edges_of_the_graph(graph: Graph) -> None:
-    result = ezflow_cli("graph", "--mermaid", "--address", graph.address)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("flowchart LR\n")
-    assert _mermaid_edges(result.stdout) == EDGES
-    # Processes: the runner and RELAY's own process, with what they publish.
-    assert re.search(r'\(\["ezflow:TICKER/RELAY \(pid \d+\)"\]\)', result.stdout)
-    assert " -. publishes .-> " in result.stdout
-
-
-def test_graph_dot_and_tree(graph: Graph) -> None:
+def test_graph_dot_html_and_tree(graph: Graph, tmp_path: Path) -> None:
     result = invoke("graph", "--dot", "--address", graph.address)
     assert result.exit_code == 0
-    for src, dst in EDGES:
-        assert f'"{src}" -> "{dst}";' in result.stdout
     assert result.stdout.startswith("digraph ezflow {") and result.stdout.endswith("}\n")
+    assert "n0:o_OUTPUT:e -> n1:i_INPUT:w" in result.stdout  # SOURCE -> RELAY, port to port
+    assert "n1:o_OUTPUT:e -> n2:i_INPUT:w" in result.stdout  # RELAY -> SINK
+    assert "INPUT_SETTINGS" not in result.stdout
+    settings = invoke("graph", "--dot", "--settings", "--address", graph.address)
+    assert settings.stdout.count('port="i_INPUT_SETTINGS"') == 3  # one per unit
+    page = tmp_path / "ticker.html"
+    written = invoke("graph", "--html", str(page), "--address", graph.address)
+    assert written.exit_code == 0, written.output
+    text = page.read_text()
+    assert "<script" not in text and "href=" not in text
+    assert text.count('<g class="node unit"') == 3 and text.count('<g class="edge">') == 2
     tree = invoke("graph", "--address", graph.address)
     assert tree.exit_code == 0
     assert "TICKER/SOURCE/OUTPUT -> TICKER/RELAY/INPUT" in tree.stdout

@@ -8,10 +8,12 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +187,7 @@ def test_files_from_before_p2p_still_load(perf_results: dict[str, Any]) -> None:
     del old["floor"]["memcpy_us"]
     assert _schema.validate(old) == []
     assert all(change.verdict == "no change" for change in _compare.compare(old, perf_results))
-    assert "relay over tcp" in _report.render(old)
+    assert "relay: against message size" in _report.render(old)
     console = Console(width=200, record=True)
     console.print(_tables.results_table(old["cells"]))
     assert "relay" in console.export_text()
@@ -274,14 +276,79 @@ def test_peer_rows_pair_cells(perf_results: dict[str, Any]) -> None:
     assert by_cell["relay", "tcp"].meets_bar is None
 
 
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _charts(page: str) -> dict[str, ET.Element]:
+    """The report's charts by title."""
+    found = re.findall(
+        r'<svg xmlns="http://www.w3.org/2000/svg" class="chart".*?</svg>', page, re.S
+    )
+    charts = [ET.fromstring(text) for text in found]
+    return {str(chart.get("aria-label")): chart for chart in charts}
+
+
+def _lines(chart: ET.Element, panel: int, kind: str = "line") -> dict[str, int]:
+    """The lines (or floors) of a chart's panel: label -> number of points."""
+    group = [g for g in chart.iter(f"{SVG}g") if g.get("class") == "panel"][panel]
+    return {
+        str(line.findtext(f"{SVG}title")): len(str(line.get("points")).split())
+        for line in group.iter(f"{SVG}polyline")
+        if line.get("class") == kind
+    }
+
+
 def test_report_is_self_contained_html(perf_results: dict[str, Any]) -> None:
     page = _report.render(perf_results, title="tiny")
     assert page.startswith("<!DOCTYPE html>")
-    assert page.count("<svg") >= 4  # msgs/s and latency for relay/local and relay/tcp
-    assert "relay over tcp: msgs/s" in page and "relay over local: latency p50" in page
+    charts = _charts(page)  # one per suite, not one per suite, transport and figure
+    note = " (N=1 only: -n 1 -n 2 -n 4 -n 8 draws N)"
+    assert list(charts) == [
+        f"relay: against message size{note}",
+        f"spread: against message size{note}",
+    ]
+    relay = charts[f"relay: against message size{note}"]
+    # A line per framework and transport (the peer has no tcp), msgs/s then latency.
+    lines = {
+        "ezflow local": 1,
+        "ezflow shm": 1,
+        "ezflow tcp": 1,
+        "standin local": 1,
+        "standin shm": 1,
+    }
+    assert _lines(relay, 0) == _lines(relay, 1) == lines
+    assert _lines(relay, 1, "floor") == {"floor: socketpair RTT/2": 1}  # shm and tcp cross
+    assert _lines(relay, 0, "floor") == {}  # no floor for msgs/s
     assert "<script" not in page and "src=" not in page and "href=" not in page
     assert "ezflow against its peers" in page
     assert "the stand-in peer has no tcp" in page
+    # The plan as a small table, not as JSON.
+    plan = page[page.index('<table class="plan">') : page.index("</table>")]
+    assert '<td class="k">paced messages per source</td><td class=n>10</td>' in plan
+    assert '"latency_samples"' not in page
+
+
+def test_report_draws_n_and_no_floor_where_it_does_not_apply(tmp_path: Path) -> None:
+    """A real run over N=1 and N=2: the fan-in chart's x axis is N, a line per transport
+    with a point per N; with local cells only, the latency panel has no floor (a local
+    cell is no socket: it beats the socketpair floor)."""
+    path = tmp_path / "fanin.json"
+    args = ["-s", "fanin", "-t", "local,shm", "-n", "1", "-n", "2", "--size", "64B"]
+    args += ["--duration", "0.1", "--latency-samples", "5", "--repeats", "1"]
+    result = _run_without_leaks(path, *args)
+    assert result.returncode == 0, result.stderr
+    document = _schema.load(path)
+    (chart,) = _charts(_report.render(document)).values()
+    assert chart.get("aria-label") == "fanin: against N"
+    ticks = [t.text for t in chart.iter(f"{SVG}text") if (t.text or "").startswith("N=")]
+    assert ticks == ["N=1", "N=2"] * 2  # both panels
+    assert _lines(chart, 0) == _lines(chart, 1) == {"local": 2, "shm": 2}
+    assert _lines(chart, 1, "floor") == {"floor at 64 B: socketpair RTT/2": 2}
+    local = copy.deepcopy(document)
+    local["cells"] = [cell for cell in local["cells"] if cell["transport"] == "local"]
+    (chart,) = _charts(_report.render(local)).values()
+    assert _lines(chart, 1) == {"local": 2}
+    assert _lines(chart, 1, "floor") == {}
 
 
 def test_report_summary_explains_and_names_the_biggest_changes(
@@ -518,7 +585,16 @@ def test_p2p_floor_and_tables(
     assert ("ezflow", "p2p", "shm", 100 * 1024, 1, "array+uvloop") in keys
     assert all(change.verdict == "no change" for change in same)
     page = _report.render(document, title="p2p")
-    assert "p2p over shm: msgs/s" in page and "ezflow on_message+loan" in page
+    (chart,) = _charts(page).values()
+    assert chart.get("aria-label") == "p2p: against message size"
+    lines = _lines(chart, 1)
+    assert {
+        "ezflow shm on_message+loan",
+        "ezflow tcp array+uvloop",
+        "standin local ordinary",
+    } <= set(lines)
+    floors = _lines(chart, 1, "floor")  # per socket, for the transports that cross
+    assert floors == {"floor: raw unix socket, paced": 1, "floor: raw tcp socket, paced": 1}
     assert "p2p floor" in page
 
 

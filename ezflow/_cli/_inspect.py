@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -12,6 +14,11 @@ from rich.table import Table
 from rich.tree import Tree
 
 from .._core._config import format_address
+from .._core._exceptions import GraphError, ProtocolError
+from .._core._telemetry import ProcessSnapshot
+from .._units._errors import GraphDefinitionError
+from .._units._plan import build_plan
+from . import _pictures
 from ._connection import (
     AddressOption,
     console,
@@ -19,12 +26,14 @@ from ._connection import (
     fail,
     graph_client,
     insecure_warning,
+    print_user_traceback,
     resolve_address,
     run_async,
 )
+from ._pictures import RING_WATCHER, process_label, ring_name
 from ._zenoh import FleetConfigOption, check_fleet_options
 
-__all__ = ["dot", "fetch_graph", "graph", "mermaid", "topics"]
+__all__ = ["fetch_graph", "fetch_picture", "graph", "topics"]
 
 
 async def fetch_graph(address: tuple[str, int], name: str) -> dict[str, Any]:
@@ -41,67 +50,34 @@ async def fetch_graph(address: tuple[str, int], name: str) -> dict[str, Any]:
     return reply
 
 
+async def fetch_picture(
+    address: tuple[str, int], name: str
+) -> tuple[dict[str, Any], dict[str, ProcessSnapshot]]:
+    """:func:`fetch_graph` and the telemetry of its processes (the rates and transports
+    the picture's edges show), over one connection. A server that refuses telemetry or
+    sends a malformed reply gives a picture without rates rather than none."""
+    async with graph_client(address, name) as client:
+        reply = await client.request("graph")
+        own = client.client_id
+        insecure = client.server_insecure
+        telemetry: dict[str, ProcessSnapshot] = {}
+        try:
+            processes = (await client.request("telemetry")).get("processes")
+            if isinstance(processes, dict):
+                telemetry = {
+                    str(cid): ProcessSnapshot.from_wire(data) for cid, data in processes.items()
+                }
+        except (GraphError, ProtocolError, ValueError, TypeError, KeyError):
+            telemetry = {}
+    for key in ("op", "id", "ok"):
+        reply.pop(key, None)
+    reply["clients"] = [c for c in reply.get("clients", []) if c.get("client_id") != own]
+    reply["insecure"] = insecure
+    return reply, telemetry
+
+
 def _process_label(client: dict[str, Any]) -> str:
-    return f"{client.get('name') or client['client_id']} (pid {client.get('pid')})"
-
-
-def _mermaid_text(text: str) -> str:
-    return text.replace('"', "#quot;")
-
-
-def mermaid(snapshot: dict[str, Any]) -> str:
-    """A mermaid flowchart: topics as boxes, topic -> topic edges as solid arrows,
-    processes as rounded nodes with dotted arrows to the topics they publish and from
-    the topics they subscribe to."""
-    topic_ids = {topic: f"t{i}" for i, topic in enumerate(snapshot["topics"])}
-    lines = ["flowchart LR"]
-    for topic, node in topic_ids.items():
-        lines.append(f'    {node}["{_mermaid_text(topic)}"]')
-    for client in snapshot["clients"]:
-        lines.append(f'    {client["client_id"]}(["{_mermaid_text(_process_label(client))}"])')
-    for src, dst in snapshot["edges"]:
-        lines.append(f"    {topic_ids[src]} --> {topic_ids[dst]}")
-    for client_id, topic in _memberships(snapshot, "publishers"):
-        lines.append(f"    {client_id} -. publishes .-> {topic_ids[topic]}")
-    for client_id, topic in _memberships(snapshot, "subscribers"):
-        lines.append(f"    {topic_ids[topic]} -. subscribes .-> {client_id}")
-    return "\n".join(lines) + "\n"
-
-
-def _memberships(snapshot: dict[str, Any], kind: str) -> list[tuple[str, str]]:
-    """(client id, topic) of every publisher or subscriber (*kind*) of a known client,
-    once per pair, in the snapshot's order."""
-    clients = {c["client_id"] for c in snapshot["clients"]}
-    pairs = ((entry["client_id"], entry["topic"]) for entry in snapshot[kind])
-    return list(dict.fromkeys(pair for pair in pairs if pair[0] in clients))
-
-
-def _dot_text(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def dot(snapshot: dict[str, Any]) -> str:
-    """The same picture as :func:`mermaid`, in Graphviz dot."""
-    lines = ["digraph ezflow {", "    rankdir=LR;", "    node [fontname=Helvetica];"]
-    for topic in snapshot["topics"]:
-        lines.append(f"    {_dot_text(topic)} [shape=box];")
-    for client in snapshot["clients"]:
-        lines.append(
-            f"    {_dot_text(client['client_id'])} "
-            f"[label={_dot_text(_process_label(client))}, shape=ellipse, style=dashed];"
-        )
-    for src, dst in snapshot["edges"]:
-        lines.append(f"    {_dot_text(src)} -> {_dot_text(dst)};")
-    for client_id, topic in _memberships(snapshot, "publishers"):
-        lines.append(f"    {_dot_text(client_id)} -> {_dot_text(topic)} [style=dotted];")
-    for client_id, topic in _memberships(snapshot, "subscribers"):
-        lines.append(f"    {_dot_text(topic)} -> {_dot_text(client_id)} [style=dotted];")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-#: The client id the graph server gives the rings it registers itself (watch_rings).
-RING_WATCHER = "rings"
+    return process_label(client)
 
 
 class _Rings:
@@ -128,15 +104,6 @@ class _Rings:
             else:
                 self.unread.append(pub)
         self.unread_ids = {pub["id"] for pub in self.unread}
-
-
-def _ring_name(pub: dict[str, Any]) -> str:
-    """A ring's name: the server's ``ring`` field when it sends one, else read from the
-    id of a ring it registered itself (``p-ring-<name>-<writer>``), else its id."""
-    if pub.get("ring"):
-        return str(pub["ring"])
-    found = re.fullmatch(r"p-ring-(.+)-[0-9a-f]+", pub["id"])
-    return found.group(1) if found else pub["id"]
 
 
 def _tree(
@@ -171,7 +138,7 @@ def _tree(
             if pub["topic"] == topic and pub["id"] not in hidden:
                 owner = by_client.get(pub["client_id"])
                 if pub.get("transport") == "ezring":
-                    node.add(f"[green]ezring[/] {escape(_ring_name(pub))}")
+                    node.add(f"[green]ezring[/] {escape(ring_name(pub))}")
                     continue
                 where = _process_label(owner) if owner else pub["client_id"]
                 forced = f", transport {pub['transport']}" if pub.get("transport") else ""
@@ -209,7 +176,7 @@ def _tree(
                 else "registered by the graph server"
                 + ("" if pub["id"] not in rings.unread_ids else ", read by no one here")
             )
-            node.add(escape(f"{_ring_name(pub)} -> {pub['topic']} ({how})"))
+            node.add(escape(f"{ring_name(pub)} -> {pub['topic']} ({how})"))
         if rings.unread and not all_rings:
             count = len(rings.unread)
             node.add(
@@ -220,13 +187,35 @@ def _tree(
 
 
 def graph(  # noqa: PLR0917 - one parameter per command-line option
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[MODULE_OR_FILE:OBJECT]",
+            help="Draw this graph definition (what `ezflow run` takes) without running it, "
+            "instead of the graph running at --address.",
+        ),
+    ] = None,
     address: AddressOption = None,
     as_mermaid: Annotated[
-        bool, typer.Option("--mermaid", help="Print a mermaid flowchart instead.")
+        bool, typer.Option("--mermaid", help="Print a Mermaid flowchart (renders on GitHub).")
     ] = False,
-    as_dot: Annotated[bool, typer.Option("--dot", help="Print Graphviz dot instead.")] = False,
+    as_dot: Annotated[bool, typer.Option("--dot", help="Print Graphviz dot.")] = False,
+    html_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            help="Write a self-contained HTML page with the picture (SVG) to FILE (-: stdout).",
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the server's view as JSON.")
+    ] = False,
+    settings: Annotated[
+        bool,
+        typer.Option(
+            "--settings", help="Draw every unit's INPUT_SETTINGS stream too (hidden by default)."
+        ),
     ] = False,
     fleet: Annotated[
         str | None,
@@ -254,7 +243,7 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
         ),
     ] = False,
 ) -> None:
-    """Show topics, publishers, subscribers, edges and processes (or a diagram).
+    """Show the graph: a tree of its topics and processes, or a picture of its units.
 
     The tree lists every topic with its publishers, subscribers and topic -> topic
     edges, then the processes connected to the graph server, then the ezring rings of
@@ -264,6 +253,14 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
     its user (docs/ezring.md): the others are one line, counted (--all-rings lists
     them).
 
+    The pictures (--mermaid, --dot, --html FILE) draw the graph as it was written:
+    units as nodes with their streams as ports, a cluster per process, data flowing
+    left to right, each edge labelled with its transport and, on a running graph, its
+    msgs/s over the last telemetry interval. INPUT_SETTINGS streams are left out
+    unless --settings. Given MODULE_OR_FILE:OBJECT (what `ezflow run` takes), they
+    draw that definition without running it: its units in the order written, the
+    transports ezflow would choose (no rates).
+
     Examples:
 
         ezflow graph
@@ -272,30 +269,109 @@ def graph(  # noqa: PLR0917 - one parameter per command-line option
 
         ezflow graph --dot | dot -Tsvg > graph.svg
 
+        ezflow graph --html graph.html
+
+        ezflow graph examples/signal_pipeline.py:graph --mermaid
+
         ezflow graph --fleet lab --connect tcp/127.0.0.1:7447
     """
-    if as_mermaid + as_dot + as_json > 1:
-        fail("choose one of --mermaid, --dot and --json", 2)
+    as_html = html_file is not None
+    if as_mermaid + as_dot + as_json + as_html > 1:
+        fail("choose one of --mermaid, --dot, --html and --json", 2)
     check_fleet_options(fleet, connect, config)
     if fleet is not None:
-        if as_mermaid or as_dot:
+        if as_mermaid or as_dot or as_html or target is not None:
             fail("--fleet shows a tree per host or --json", 2)
         _fleet_graph(fleet, connect, config, as_json)
         return
+    if target is not None:
+        if as_json:
+            fail("--json prints a running graph's view; draw a definition with --mermaid, "
+                 "--dot or --html", 2)  # fmt: skip
+        _draw(_definition(target, settings), as_mermaid, as_dot, html_file)
+        return
     where = resolve_address(address)
-    snapshot = run_async(lambda: fetch_graph(where, "ezflow graph"))
+    if as_mermaid or as_dot or as_html:
+        snapshot, telemetry = run_async(lambda: fetch_picture(where, "ezflow graph"))
+    else:
+        snapshot, telemetry = run_async(lambda: fetch_graph(where, "ezflow graph")), {}
     warning = insecure_warning(where) if snapshot["insecure"] else None
-    if warning is not None and (as_mermaid or as_dot or as_json):
+    if warning is not None and (as_mermaid or as_dot or as_json or as_html):
         errors.print(warning, highlight=False, markup=False)  # (stdout is for the format)
-    if as_mermaid:
-        typer.echo(mermaid(snapshot), nl=False)
-    elif as_dot:
-        typer.echo(dot(snapshot), nl=False)
-    elif as_json:
+    if as_json:
         typer.echo(json.dumps(snapshot, indent=2))
+    elif as_mermaid or as_dot or as_html:
+        hidden = () if all_rings else _Rings(snapshot).unread_ids
+        picture = _pictures.from_snapshot(
+            snapshot,
+            telemetry,
+            title=f"graph server {snapshot.get('server_id', '?')} at {format_address(where)}",
+            source=_live_source(snapshot, telemetry),
+            settings=settings,
+            hidden_publishers=hidden,
+        )
+        _draw(picture, as_mermaid, as_dot, html_file)
     else:
         tree = _tree(snapshot, format_address(where), warning, all_rings=all_rings)
         console.print(tree, highlight=False)
+
+
+def _live_source(snapshot: dict[str, Any], telemetry: dict[str, ProcessSnapshot]) -> str:
+    processes = len(snapshot["clients"])
+    when = max((snap.time for snap in telemetry.values()), default=None)
+    rates = (
+        "msg/s over the last telemetry interval, reported at "
+        + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+        if when is not None
+        else "no telemetry reported yet: transports as ezflow would choose them, no rates"
+    )
+    return f"running: {processes} process{'es' if processes != 1 else ''}; {rates}"
+
+
+def _definition(target: str, settings: bool) -> _pictures.Picture:
+    """The picture of the graph definition *target* (``MODULE_OR_FILE:OBJECT``), built
+    and validated as ``ezflow run`` would, not run; exits 2 with one line when it
+    cannot be loaded or is not a valid graph."""
+    from ._run import load_graph, load_object  # noqa: PLC0415 - only for a definition
+
+    name, obj = load_object(target)
+    try:
+        arguments = load_graph(name, obj)
+        components = arguments["components"]
+        if not isinstance(components, Mapping):
+            raise GraphDefinitionError(
+                f"{name}: components must be a mapping of names to components"
+            )
+        plan = build_plan(
+            components,
+            arguments.get("connections") or (),
+            arguments.get("process_components") or (),
+        )
+    except GraphDefinitionError as exc:
+        fail(str(exc), 2)
+    except Exception as exc:  # raised by the graph's own code: configure(), network()...
+        print_user_traceback(exc)
+        fail(f"the graph could not be built: {type(exc).__name__}: {exc}", 2)
+    return _pictures.from_plan(plan, target, settings=settings)
+
+
+def _draw(picture: _pictures.Picture, as_mermaid: bool, as_dot: bool, html: Path | None) -> None:
+    if as_mermaid:
+        typer.echo(_pictures.mermaid(picture), nl=False)
+    elif as_dot:
+        typer.echo(_pictures.dot(picture), nl=False)
+    elif html is not None:
+        page = _pictures.html(picture)
+        if str(html) == "-":
+            typer.echo(page, nl=False)
+            return
+        try:
+            html.write_text(page, encoding="utf-8")
+        except OSError as exc:
+            fail(f"cannot write {html}: {exc.strerror or exc}", 1)
+        errors.print(f"wrote {html}", highlight=False, markup=False)
+    else:
+        typer.echo(_pictures.text(picture), nl=False)
 
 
 def _fleet_graph(domain: str, connect: list[str] | None, config: str | None, as_json: bool) -> None:

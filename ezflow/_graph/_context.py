@@ -692,7 +692,7 @@ class GraphContext:
         """Shared-memory blocks of *outlet* leased or being written (0 without shared
         memory)."""
         publisher = self._publishers.get(outlet.publisher_id)
-        stats = None if publisher is None else publisher.shm_stats
+        stats = None if publisher is None else publisher.shm_statistics()
         return 0 if stats is None else stats.in_use
 
     @property

@@ -1,12 +1,18 @@
-"""A self-contained HTML report of one results file: inline SVG plots, no dependency.
+"""A self-contained HTML report of one results file: inline SVG charts, no dependency.
 
-For each suite and transport two plots against message size (log-log): msgs/s and
-paced one-way latency p50, one line per framework and N (p2p: per framework and
-variant, ``ordinary`` being the program users write), the latency plot with the
-socketpair floor (RTT/2) of each size as a dashed line. Then the tables: every cell,
-the peer ratios when the run had a peer, the floor and the environment. At the top, a
-one-screen summary: what each suite measures, what the columns mean, the floor, and
-(given a base run) the biggest regressions and gains.
+One chart per suite, with two panels side by side (msgs/s and paced one-way latency
+p50, log scales) and one legend. Its x axis is what the suite varies: N (sinks, sources
+or relays) for the graph suites when the run measured several, else the message size
+(p2p always). A line per framework, transport and p2p variant (and size, when a graph
+suite's x is N and the run had several); the line style says the transport (local
+dotted, shm solid, tcp dashed). The latency panel has the raw floor of the same run as
+a grey dashed line only where it applies: for the edges that cross a process (shm,
+tcp; a local cell is no socket and beats it), per socket for p2p (its paced one-way
+figure over a unix or tcp socket) and the socketpair round trip / 2 for the graph
+suites. Then the tables: every cell, the peer ratios when the run had a peer, the floor
+and the environment. At the top, a one-screen summary: what each suite measures, what
+the columns mean, the floor, and (given a base run) the biggest regressions and gains;
+the plan of the run as a small table.
 """
 
 from __future__ import annotations
@@ -15,19 +21,47 @@ import html
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ._compare import FIGURES, PEER_BAR, Change, compare, peer_rows, variant_label
 from ._noise import NO_CHANGE, samples_of
-from ._spec import SUITE_DESCRIPTIONS, SUITES, TRANSPORTS, format_size
+from ._spec import SUITE_DESCRIPTIONS, SUITES, format_size
 
-__all__ = ["render"]
+__all__ = ["GRAPH_SUITES", "Panel", "Series", "plan_table", "render", "suite_chart", "svg_chart"]
 
-_WIDTH, _HEIGHT = 440, 270
-_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 28, 40
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
+_PANEL_W, _PANEL_H = 420, 260
+_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 40, 40
+_COLORS = (
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+    "#8c564b", "#17becf", "#e377c2", "#bcbd22", "#7f7f7f",
+)  # fmt: skip
+_FLOOR_COLOR = "#888888"
+#: Line style per transport (the floor has its own).
+_DASHES = {"local": "2 3", "shm": "", "tcp": "7 4"}
+#: The floors' line styles: of the socket under shm (unix), of tcp, of the socketpair.
+_FLOOR_DASHES = {"floor:shm": "4 3", "floor:tcp": "9 3 2 3", "floor": "4 3"}
+_LEGEND_ROW = 17
 
-Series = tuple[str, list[tuple[float, float]], bool]  # label, points, dashed
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a chart: its label, points (x, y), and style: a transport
+    (``local``, ``shm``, ``tcp``: dotted, solid, dashed) or ``floor``."""
+
+    label: str
+    points: list[tuple[float, float]]
+    style: str = "shm"
+    #: Lines of one group share a colour (one framework and variant over several
+    #: transports); None: the label.
+    group: str | None = None
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    y_label: str
+    series: list[Series]
 
 
 def _us(value: float | None) -> str:
@@ -53,80 +87,223 @@ def _fmt_tick(value: float) -> str:
     return f"{value:g}"
 
 
-def svg_plot(title: str, y_label: str, series: Sequence[Series]) -> str:
-    """A log-log line plot of *series* against message size, as an ``<svg>`` element."""
-    points = [point for _, line, _ in series for point in line if point[1] > 0]
-    if not points:
-        return f'<p class="empty">{_esc(title)}: no figures</p>'
-    xs = sorted({x for x, _ in points})
-    x_low, x_high = (xs[0] / 2, xs[-1] * 2) if len(xs) > 1 else (xs[0] / 4, xs[0] * 4)
-    y_ticks = _log_ticks(min(y for _, y in points), max(y for _, y in points))
-    y_low, y_high = y_ticks[0], y_ticks[-1]
-    plot_w, plot_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
+def _x_label(x_axis: str, value: float) -> str:
+    return f"N={value:g}" if x_axis == "N" else format_size(int(value))
 
-    def sx(x: float) -> float:
-        return _LEFT + plot_w * math.log(x / x_low) / math.log(x_high / x_low)
 
-    def sy(y: float) -> float:
-        return _TOP + plot_h * (1 - math.log(y / y_low) / math.log(y_high / y_low))
-
+def svg_chart(title: str, x_axis: str, panels: Sequence[Panel]) -> str:
+    """Panels side by side sharing one x axis (``"N"`` or ``"size"``, log scale, a tick
+    per measured value) and one legend below them, as one ``<svg>`` element; lines in
+    the same colour across panels. A panel without figures says so."""
+    labels = list(dict.fromkeys(s.label for panel in panels for s in panel.series))
+    styles = {s.label: s.style for panel in panels for s in panel.series}
+    groups = {s.label: s.group or s.label for panel in panels for s in panel.series}
+    palette: dict[str, str] = {}
+    colors: dict[str, str] = {}
+    for label in labels:
+        if styles[label].startswith("floor"):
+            colors[label] = _FLOOR_COLOR
+        else:
+            group = groups[label]
+            palette.setdefault(group, _COLORS[len(palette) % len(_COLORS)])
+            colors[label] = palette[group]
+    xs = sorted({x for panel in panels for s in panel.series for x, y in s.points if y > 0})
+    width = _PANEL_W * len(panels)
+    columns = max(1, width // 260)
+    rows = -(-len(labels) // columns)
+    height = _PANEL_H + 10 + _LEGEND_ROW * rows
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" '
-        f'height="{_HEIGHT + 18 * len(series)}" role="img" aria-label="{_esc(title)}">',
-        f'<text x="{_WIDTH / 2}" y="16" text-anchor="middle" class="t">{_esc(title)}</text>',
-        f'<rect x="{_LEFT}" y="{_TOP}" width="{plot_w}" height="{plot_h}" class="frame"/>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" '
+        f'height="{height}" role="img" aria-label="{_esc(title)}">',
+        f'<text x="{width / 2}" y="16" text-anchor="middle" class="t">{_esc(title)}</text>',
     ]
-    for tick in y_ticks:
-        y = sy(tick)
+    for index, panel in enumerate(panels):
+        out.append(_svg_panel(panel, index * _PANEL_W, xs, x_axis, colors))
+    for index, label in enumerate(labels):
+        col, row = index % columns, index // columns
+        x = _LEFT + col * (width - _LEFT) / columns
+        y = _PANEL_H + 10 + row * _LEGEND_ROW
+        dash = _dash(styles[label])
         out.append(
-            f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<g class="legend"><line x1="{x:.1f}" x2="{x + 24:.1f}" y1="{y:.1f}" '
+            f'y2="{y:.1f}" stroke="{colors[label]}" stroke-width="2"{dash}/>'
+            f'<text x="{x + 30:.1f}" y="{y + 4:.1f}">{_esc(label)}</text></g>'
         )
-        out.append(
-            f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt_tick(tick)}</text>'
-        )
-    for x in xs:
-        px = sx(x)
-        out.append(
-            f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{_TOP}" y2="{_TOP + plot_h}" class="grid"/>'
-        )
-        label = _esc(format_size(int(x)))
-        out.append(
-            f'<text x="{px:.1f}" y="{_TOP + plot_h + 16}" text-anchor="middle">{label}</text>'
-        )
-    out.append(
-        f'<text x="14" y="{_TOP + plot_h / 2}" transform="rotate(-90 14 {_TOP + plot_h / 2})" '
-        f'text-anchor="middle">{_esc(y_label)}</text>'
-    )
-    for index, (label, line, dashed) in enumerate(series):
-        color = _COLORS[index % len(_COLORS)]
-        dash = ' stroke-dasharray="5 4"' if dashed else ""
-        good = sorted((x, y) for x, y in line if y > 0)
-        if good:
-            path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
-            out.append(
-                f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"{dash}/>'
-            )
-            for x, y in good:
-                out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>')
-        legend_y = _HEIGHT + 18 * index + 4
-        out.append(
-            f'<line x1="{_LEFT}" x2="{_LEFT + 24}" y1="{legend_y}" y2="{legend_y}" '
-            f'stroke="{color}" stroke-width="2"{dash}/>'
-        )
-        out.append(f'<text x="{_LEFT + 30}" y="{legend_y + 4}">{_esc(label)}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
 
-def _series(cells: list[dict[str, Any]], metric: str) -> list[Series]:
-    lines: dict[str, list[tuple[float, float]]] = {}
-    for cell in cells:
-        value = cell["metrics"][metric] if cell["status"] == "ok" else None
-        if value:
-            variant = variant_label(cell) or f"N={cell['clients']}"
-            label = f"{cell['framework']} {variant}"
-            lines.setdefault(label, []).append((float(cell["size"]), float(value)))
-    return [(label, points, False) for label, points in sorted(lines.items())]
+def _dash(style: str) -> str:
+    dash = _FLOOR_DASHES.get(style) or _DASHES.get(style, "")
+    return f' stroke-dasharray="{dash}"' if dash else ""
+
+
+def _svg_panel(
+    panel: Panel, left: float, xs: list[float], x_axis: str, colors: dict[str, str]
+) -> str:
+    plot_w, plot_h = _PANEL_W - _LEFT - _RIGHT, _PANEL_H - _TOP - _BOTTOM
+    x0, top = left + _LEFT, _TOP
+    points = [p for s in panel.series for p in s.points if p[1] > 0]
+    out = [
+        f'<g class="panel"><text x="{x0 + plot_w / 2:.1f}" y="{top - 8}" '
+        f'text-anchor="middle" class="p">{_esc(panel.title)}</text>',
+        f'<rect x="{x0}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>',
+    ]
+    if not points or not xs:
+        out.append(
+            f'<text x="{x0 + plot_w / 2:.1f}" y="{top + plot_h / 2:.1f}" '
+            'text-anchor="middle" class="empty">no figures</text></g>'
+        )
+        return "\n".join(out)
+    spread = 2.0 if x_axis == "size" else 1.25
+    x_low, x_high = (xs[0] / spread, xs[-1] * spread) if len(xs) > 1 else (xs[0] / 4, xs[0] * 4)
+    y_ticks = _log_ticks(min(y for _, y in points), max(y for _, y in points))
+    y_low, y_high = y_ticks[0], y_ticks[-1]
+
+    def sx(x: float) -> float:
+        return x0 + plot_w * math.log(x / x_low) / math.log(x_high / x_low)
+
+    def sy(y: float) -> float:
+        return top + plot_h * (1 - math.log(y / y_low) / math.log(y_high / y_low))
+
+    for tick in y_ticks:
+        y = sy(tick)
+        out.append(
+            f'<line x1="{x0}" x2="{x0 + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt_tick(tick)}</text>'
+        )
+    for x in xs:
+        px = sx(x)
+        out.append(
+            f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top}" y2="{top + plot_h}" class="grid"/>'
+            f'<text x="{px:.1f}" y="{top + plot_h + 16}" text-anchor="middle">'
+            f"{_esc(_x_label(x_axis, x))}</text>"
+        )
+    middle = top + plot_h / 2
+    out.append(
+        f'<text x="{left + 14}" y="{middle}" transform="rotate(-90 {left + 14} {middle})" '
+        f'text-anchor="middle">{_esc(panel.y_label)}</text>'
+    )
+    for series in panel.series:
+        good = sorted((x, y) for x, y in series.points if y > 0)
+        if not good:
+            continue
+        color = colors[series.label]
+        kind = "floor" if series.style.startswith("floor") else "line"
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
+        out.append(
+            f'<polyline class="{kind}" points="{path}" fill="none" stroke="{color}" '
+            f'stroke-width="2"{_dash(series.style)}><title>{_esc(series.label)}</title>'
+            "</polyline>"
+        )
+        if kind == "line":
+            out.extend(
+                f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in good
+            )
+    out.append("</g>")
+    return "\n".join(out)
+
+
+#: The graph suites: their charts draw N on the x axis when the run measured several.
+GRAPH_SUITES = tuple(suite for suite in SUITES if suite != "p2p")
+#: The socket of the p2p floor for each transport that crosses a process.
+_P2P_SOCKET = {"shm": "unix", "tcp": "tcp"}
+
+
+def _line_label(cell: dict[str, Any], parts: Sequence[str]) -> str:
+    words = {
+        "framework": cell["framework"],
+        "transport": cell["transport"],
+        "variant": variant_label(cell),
+        "size": format_size(cell["size"]),
+        "N": f"N={cell['clients']}",
+    }
+    return " ".join(words[part] for part in parts if words[part])
+
+
+def _varying(cells: list[dict[str, Any]], key: Any) -> bool:
+    return len({key(cell) for cell in cells}) > 1
+
+
+def suite_chart(suite: str, cells: list[dict[str, Any]], floor: dict[str, Any]) -> str:
+    """The chart of *suite* (its measured cells of every transport and framework)."""
+    ok = [cell for cell in cells if cell["status"] == "ok" and cell["metrics"]]
+    by_n = suite in GRAPH_SUITES and _varying(ok, lambda c: c["clients"])
+    x_axis = "N" if by_n else "size"
+    parts = ["framework"] if _varying(ok, lambda c: c["framework"]) else []
+    parts.append("transport")
+    if suite == "p2p" and _varying(ok, variant_label):
+        parts.append("variant")
+    if by_n and _varying(ok, lambda c: c["size"]):
+        parts.append("size")
+    if not by_n and _varying(ok, lambda c: c["clients"]):
+        parts.append("N")
+
+    def lines(metric: str) -> list[Series]:
+        found: dict[str, list[tuple[float, float]]] = {}
+        style: dict[str, str] = {}
+        group: dict[str, str] = {}
+        for cell in ok:
+            value = cell["metrics"].get(metric)
+            if value:
+                label = _line_label(cell, parts)
+                x = float(cell["clients"] if by_n else cell["size"])
+                found.setdefault(label, []).append((x, float(value)))
+                style[label] = cell["transport"]
+                group[label] = _line_label(cell, [p for p in parts if p != "transport"])
+        return [Series(label, found[label], style[label], group[label]) for label in sorted(found)]
+
+    latency = lines("latency_p50_us")
+    latency.extend(_floors(suite, ok, floor, by_n))
+    what = "N" if by_n else "message size"
+    single = sorted({cell["clients"] for cell in ok})
+    note = (
+        f" (N={single[0]} only: -n 1 -n 2 -n 4 -n 8 draws N)"
+        if suite in GRAPH_SUITES and len(single) == 1
+        else ""
+    )
+    return svg_chart(
+        f"{suite}: against {what}{note}",
+        x_axis,
+        [Panel("msgs/s (back to back)", "msgs/s", lines("msgs_per_s")),
+         Panel("latency p50 (paced, one way)", "µs", latency)],
+    )  # fmt: skip
+
+
+def _floors(
+    suite: str, cells: list[dict[str, Any]], floor: dict[str, Any], by_n: bool
+) -> list[Series]:
+    """The floor lines of a latency panel: none unless a cell crosses a process (a
+    local cell is no socket and beats it)."""
+    crossing = sorted({c["transport"] for c in cells if c["transport"] in _P2P_SOCKET})
+    if not crossing:
+        return []
+    sizes = sorted({cell["size"] for cell in cells})
+    paced = {(e["over"], e["size"]): e["p50"] for e in floor.get("paced_one_way_us", ())}
+    rtt = {e["size"]: e["p50"] / 2 for e in floor.get("socketpair_rtt_us", ())}
+    if suite == "p2p" and paced:
+        found = []
+        for transport in crossing:
+            socket = _P2P_SOCKET[transport]
+            points = [(float(s), paced[socket, s]) for s in sizes if (socket, s) in paced]
+            if points:
+                found.append(
+                    Series(f"floor: raw {socket} socket, paced", points, f"floor:{transport}")
+                )
+        return found
+    if by_n:
+        ns = sorted({float(cell["clients"]) for cell in cells})
+        return [
+            Series(
+                f"floor at {format_size(size)}: socketpair RTT/2",
+                [(n, rtt[size]) for n in ns],
+                "floor",
+            )
+            for size in sizes
+            if size in rtt
+        ]
+    points = [(float(size), rtt[size]) for size in sizes if size in rtt]
+    return [Series("floor: socketpair RTT/2", points, "floor")] if points else []
 
 
 def _cell_rows(cells: list[dict[str, Any]]) -> str:
@@ -212,8 +389,10 @@ table{border-collapse:collapse;margin:1em 0;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 7px}td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr.error td{color:#b00}tr.unavailable td{color:#888}
 tr.pass td{background:#e9f7ec}tr.miss td{background:#fbeaea}
-.plots{display:flex;flex-wrap:wrap;gap:12px}svg{font-size:11px;background:#fff}
-svg .t{font-size:13px;font-weight:600}svg .frame{fill:none;stroke:#999}svg .grid{stroke:#eee}
+.plots{display:flex;flex-direction:column;gap:18px}svg{font-size:11px;background:#fff}
+svg .t{font-size:14px;font-weight:600}svg .p{font-size:12px;font-weight:600}
+svg .frame{fill:none;stroke:#999}svg .grid{stroke:#eee}svg .empty{fill:#888}
+table.plan td{font-size:12px}table.plan td.k{color:#555}
 .summary{background:#f6f8fa;border:1px solid #ddd;padding:0 1em;max-width:70em}
 .summary h3{margin:.6em 0 .2em}.summary ul{margin:.2em 0}
 """
@@ -318,6 +497,57 @@ def _summary(document: dict[str, Any], base: dict[str, Any] | None) -> str:
     )
 
 
+#: What each field of a plan means, in the order the table shows them.
+_PLAN_FIELDS = (
+    ("duration", "back-to-back seconds per cell"),
+    ("count", "back-to-back messages per source at most"),
+    ("min_messages", "p2p: back-to-back messages at least"),
+    ("max_duration", "p2p: back-to-back seconds at most"),
+    ("warmup", "warm-up seconds"),
+    ("latency_samples", "paced messages per source"),
+    ("latency_seconds", "paced phase seconds at most"),
+    ("period", "pacing of small messages (s)"),
+    ("repeats", "rounds"),
+    ("floor_round_trips", "floor round trips"),
+    ("loan", "shm publishers loan buffers"),
+    ("shm_inline_limit", "shm inline limit (bytes)"),
+)
+
+
+def _plan_value(value: object) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def plan_table(plan: dict[str, Any]) -> str:
+    """The plan of a run as a small table (three settings a row), with what each means;
+    fields this report does not know follow under their own name."""
+    known = dict(_PLAN_FIELDS)
+    entries = [(known[key], plan[key]) for key, _ in _PLAN_FIELDS if key in plan]
+    entries += [(key, value) for key, value in plan.items() if key not in known]
+    rows = []
+    for start in range(0, len(entries), 3):
+        cells = "".join(
+            f'<td class="k">{_esc(label)}</td><td class=n>{_esc(_plan_value(value))}</td>'
+            for label, value in entries[start : start + 3]
+        )
+        rows.append(f"<tr>{cells}</tr>")
+    return f'<table class="plan"><caption>plan</caption>{"".join(rows)}</table>'
+
+
+def _command(document: dict[str, Any]) -> str:
+    command = document.get("command")
+    if not command:
+        return ""
+    text = " ".join(map(str, command)) if isinstance(command, list) else str(command)
+    return f" · <code>{_esc(text)}</code>"
+
+
 def render(
     document: dict[str, Any], *, title: str = "results", base: dict[str, Any] | None = None
 ) -> str:
@@ -325,19 +555,11 @@ def render(
     earlier results file) its summary names the biggest regressions and gains."""
     cells: list[dict[str, Any]] = document["cells"]
     floor = document["floor"]
-    floor_line = [(float(entry["size"]), entry["p50"] / 2) for entry in floor["socketpair_rtt_us"]]
-    sections = []
-    for suite in SUITES:
-        for transport in TRANSPORTS:
-            chosen = [c for c in cells if c["suite"] == suite and c["transport"] == transport]
-            if not any(cell["status"] == "ok" for cell in chosen):
-                continue
-            name = f"{suite} over {transport}"
-            rate = svg_plot(f"{name}: msgs/s", "msgs/s", _series(chosen, "msgs_per_s"))
-            latency_series = _series(chosen, "latency_p50_us")
-            latency_series.append(("floor: socketpair RTT/2", floor_line, True))
-            latency = svg_plot(f"{name}: latency p50", "µs", latency_series)
-            sections.append(f'<div class="plots">{rate}{latency}</div>')
+    sections = [
+        suite_chart(suite, [cell for cell in cells if cell["suite"] == suite], floor)
+        for suite in SUITES
+        if any(cell["suite"] == suite and cell["status"] == "ok" for cell in cells)
+    ]
     env = document["environment"]
     frameworks = ", ".join(
         f"{fw['name']} {fw['version']} ({fw['event_loop']})" for fw in document["frameworks"]
@@ -371,12 +593,17 @@ def render(
 <h1>ezflow perf: {_esc(title)}</h1>
 <p>{_esc(document["created"])} · {_esc(frameworks)} · {_esc(env["cpu_model"])},
 {env["cores"]} cores · Python {_esc(env["python"])} · git {_esc(revision)} ·
-{document["wall_seconds"]:.0f} s · plan <code>{_esc(json.dumps(document["plan"]))}</code></p>
+{document["wall_seconds"]:.0f} s{_command(document)}</p>
+{plan_table(document["plan"])}
 {_summary(document, base)}
-<h2>Plots</h2>
-<p>msgs/s: summed over the sinks, back-to-back. Latency: one-way, paced, median; dashed:
-the raw socketpair floor (round trip / 2) of the same size.</p>
-{"".join(sections) or "<p>No cell was measured.</p>"}
+<h2>Charts</h2>
+<p>One chart per suite: msgs/s summed over the sinks, back to back, and one-way latency
+p50 with messages paced apart, against N (the graph suites, when the run measured several
+N) or the message size. A line per framework, transport and variant: local dotted, shm
+solid, tcp dashed. Grey dashed: the raw floor of the same run, drawn only for the edges
+that cross a process (p2p: a raw unix or tcp socket, paced; the graph suites: a
+socketpair round trip / 2); a local cell is no socket and beats it.</p>
+<div class="plots">{"".join(sections) or "<p>No cell was measured.</p>"}</div>
 {_peer_section(document)}
 <h2>Every cell</h2>
 <table><tr><th>framework</th><th>suite</th><th>transport</th><th>size</th><th>N</th>
