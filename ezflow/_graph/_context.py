@@ -40,7 +40,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._core._auth import Credentials, TlsFiles, Token
-from .._core._channel import Inbox
 from .._core._codec import Codec
 from .._core._config import (
     DEFAULT_LEAKY_QUEUE,
@@ -74,6 +73,7 @@ from .._core._exceptions import (
     GraphError,
     ProtocolError,
 )
+from .._core._inbox import Inbox
 from .._core._outlet import Outlet
 from .._core._protocol import check_topic
 from .._core._telemetry import ProcessSnapshot
