@@ -23,6 +23,10 @@ request). It then registers everything again under the same ids, edges first, th
 publishers, then subscribers, and the router keeps existing channels through the
 re-registration of the other processes (``RECONNECT_ROUTE_GRACE``). One warning is
 logged when the outage starts and one info line when it ends.
+
+Size: one class, :class:`GraphContext` (about 750 lines), whose methods share its
+registration state (publishers, subscribers, edges, the connection, the router), which
+reconnection replays as a whole.
 """
 
 from __future__ import annotations
