@@ -22,7 +22,7 @@ try:
     # always available as ezflow.ezring, ezflow.lowlevel, ezflow.telemetry, ezflow.units
     from . import ezring, lowlevel, telemetry, units
     from ._core._auth import TlsFiles, Token
-    from ._core._channel import ChannelStats, SubscriberStats
+    from ._core._channel import ChannelStats
     from ._core._codec import message, register_message
     from ._core._config import DEFAULT_GRAPH_ADDRESS, DEFAULT_MAX_MESSAGE_SIZE, ShmOptions
     from ._core._exceptions import (
@@ -40,6 +40,7 @@ try:
         UnregisteredTypeError,
         WouldBlock,
     )
+    from ._core._inbox import SubscriberStats
     from ._core._outlet import PublisherStats
     from ._core._tracing import set_trace_rate
     from ._graph._context import GraphContext
@@ -47,7 +48,7 @@ try:
     from ._graph._routing import ChannelInfo
     from ._graph._server import GraphServer
     from ._graph._subscriber import Subscriber
-    from ._transports._shm import ShmStats
+    from ._transports._shm_outlet import ShmStats
     from ._units._component import Collection, Component, Unit
     from ._units._decorators import main, publisher, subscriber, task, thread
     from ._units._errors import (

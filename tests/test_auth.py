@@ -32,9 +32,10 @@ from conftest import loop_kind, without_shm_notices
 
 import ezflow
 from ezflow._core._auth import Credentials, TlsFiles, Token
-from ezflow._core._channel import Channel, Inbox
+from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec
 from ezflow._core._config import BAD_PEER_LOG_FIRST
+from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
 from ezflow._graph._client import GraphClient
 from ezflow._transports._tcp import TcpTransport

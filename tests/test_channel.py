@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 import ezflow
 from ezflow import ClosedResourceError, ProtocolError, UndecodableMessageError
-from ezflow._core import _channel
-from ezflow._core._channel import Channel, Inbox
+from ezflow._core import _channel, _inbox
+from ezflow._core._channel import Channel
 from ezflow._core._codec import HEADER, Codec, _decode_general
+from ezflow._core._inbox import Inbox
 
 
 def make_channel() -> tuple[Channel, list[tuple[int, int]], list[bool]]:
@@ -431,6 +432,7 @@ def test_timing_samples_and_decode_seconds_follow_one_constant(
     and decode_seconds is scaled by that same constant: a copy of its value anywhere on
     the message path makes the counts or the scale disagree once it changes."""
     monkeypatch.setattr(_channel, "TIMING_SAMPLE_MASK", 3)  # one message in 4
+    monkeypatch.setattr(_inbox, "TIMING_SAMPLE_MASK", 3)  # (the inboxes' handler times)
     codec = Codec()
     channel = Channel("p-1", "/t", codec)
     queued = Inbox()

@@ -129,3 +129,44 @@ def test_optional_integrations_stay_in_their_modules() -> None:
             for name in names:
                 if name in allowed:
                     assert relative.startswith(allowed[name]), f"{relative} imports {name}"
+
+
+# A module of ezflow/ longer than this says why in a line of its docstring that starts
+# with "Size:" (issue 27: one room, one job).
+MODULE_LINES = 800
+
+
+def _size_reason(source: str) -> str | None:
+    """The ``Size:`` paragraph of a module's docstring, or None."""
+    docstring = ast.get_docstring(ast.parse(source)) or ""
+    lines = docstring.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("Size:"):
+            paragraph = []
+            for rest in lines[index:]:
+                if not rest.strip():
+                    break
+                paragraph.append(rest.strip())
+            return " ".join(paragraph).removeprefix("Size:").strip()
+    return None
+
+
+def test_size_reason_is_read_from_the_docstring_only() -> None:
+    assert _size_reason('"""Does X.\n\nSize: one class,\nwhose state.\n\nMore."""') == (
+        "one class, whose state."
+    )
+    assert _size_reason('"""Does X."""\n# Size: in a comment') is None
+    assert _size_reason('"""Does X.\n\nSize:\n"""') == ""
+
+
+def test_no_module_is_over_800_lines_without_a_stated_reason() -> None:
+    unexplained = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        lines = len(source.splitlines())
+        if lines > MODULE_LINES and not _size_reason(source):
+            unexplained.append(f"{path.relative_to(PACKAGE.parent)} ({lines} lines)")
+    assert not unexplained, (
+        f"modules over {MODULE_LINES} lines: split them along their seams, or state why "
+        f'one stays this long in a docstring line starting "Size:": {unexplained}'
+    )

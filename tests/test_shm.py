@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import ezflow
-from ezflow._core._channel import Channel, Inbox
+from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec
 from ezflow._core._framing import (
     FREE,
@@ -49,6 +49,7 @@ from ezflow._core._framing import (
     SHM_PREFIX,
     WELCOME,
 )
+from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
 from ezflow._transports._segment import ShmSegment
 from ezflow._transports._shm import SegmentUnlinker, ShmTransport

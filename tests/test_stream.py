@@ -31,12 +31,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezflow._core._channel import Channel, Inbox
+from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec, EncodedMessage
 from ezflow._core._config import PACED_GAP_NS
 from ezflow._core._framing import DATA, DATA_PREFIX, FramedProtocol
+from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PublisherInfo
-from ezflow._transports._stream import HEADER_SIZE, ChannelConnection, StreamLink
+from ezflow._transports._stream_channel import ChannelConnection
+from ezflow._transports._stream_frames import HEADER_SIZE
+from ezflow._transports._stream_publish import StreamLink
 from ezflow.lowlevel import loop_factory
 
 LOOPS = ["asyncio"] + (["uvloop"] if sys.platform != "win32" else [])

@@ -25,11 +25,12 @@ from _transport_of import tcp_of
 from conftest import loop_kind
 
 import ezflow
-from ezflow._core._channel import Channel, Inbox
+from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec
 from ezflow._core._framing import ACK, DATA, DATA_PREFIX, END, HELLO, WELCOME
+from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
-from ezflow._transports import _stream
+from ezflow._transports import _stream_publish
 from ezflow._transports._tcp import TcpTransport
 
 
@@ -121,7 +122,7 @@ async def test_a_channel_refused_in_its_handshake_is_told_why(
     cause: str,
     error: str,
 ) -> None:
-    monkeypatch.setattr(_stream, "HANDSHAKE_TIMEOUT", 0.3)
+    monkeypatch.setattr(_stream_publish, "HANDSHAKE_TIMEOUT", 0.3)
     await ctx.publisher("/told")
     reader, writer = await asyncio.open_connection(*data_port(ctx))
     writer.write(payload)

@@ -22,10 +22,11 @@ from conftest import loop_kind
 
 import ezflow
 from ezflow import ConfigurationError, telemetry
-from ezflow._core._channel import Channel, Inbox
+from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec
 from ezflow._core._config import BAD_PEER_LOG_FIRST, MAX_TELEMETRY_REPORT_SIZE
 from ezflow._core._exceptions import ProtocolError
+from ezflow._core._inbox import Inbox
 from ezflow._core._telemetry import (
     HISTOGRAM_BUCKETS,
     Histogram,

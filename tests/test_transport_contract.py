@@ -26,8 +26,9 @@ import pytest
 
 import ezflow
 from ezflow._core._auth import Credentials
-from ezflow._core._channel import Channel, Inbox
+from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec
+from ezflow._core._inbox import Inbox
 from ezflow._core._outlet import Outlet
 from ezflow._core._protocol import PublisherInfo
 from ezflow._graph._client import host_id

@@ -39,7 +39,8 @@ from ezflow._core._codec import Codec
 from ezflow._core._config import DATA_WRITE_BUFFER_LIMIT, PUBLISH_YIELD_BYTES
 from ezflow._core._framing import DATA, DATA_HEADER, END, HELLO
 from ezflow._core._protocol import PROTOCOL, pack_message
-from ezflow._transports._stream import PublisherConnection, StreamTransport
+from ezflow._transports._stream import StreamTransport
+from ezflow._transports._stream_publish import PublisherConnection
 from ezflow._transports._writer import IOV_MAX, VectoredWriter
 
 try:

@@ -30,7 +30,6 @@ import typer
 from rich.markup import escape
 from rich.pretty import Pretty
 
-from .._core._channel import SubscriberStats
 from .._core._codec import message_fields, register_message
 from .._core._config import format_address
 from .._core._exceptions import (
@@ -39,6 +38,7 @@ from .._core._exceptions import (
     EndOfStream,
     ProtocolError,
 )
+from .._core._inbox import SubscriberStats
 from .._graph._context import GraphContext
 from .._graph._subscriber import Subscriber
 from ._connection import (

@@ -3,6 +3,9 @@
 Every limit ezflow enforces is named here with its default, so that documentation and
 error messages can point at one source. Environment variables are read when an object
 that depends on them is created (not at import time), so tests can set them per case.
+
+Size: the single home of every limit and default, by the project's rule (docs/limits.md
+is checked against it), so it grows with each limit rather than splitting by layer.
 """
 
 from __future__ import annotations

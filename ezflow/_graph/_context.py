@@ -23,6 +23,10 @@ request). It then registers everything again under the same ids, edges first, th
 publishers, then subscribers, and the router keeps existing channels through the
 re-registration of the other processes (``RECONNECT_ROUTE_GRACE``). One warning is
 logged when the outage starts and one info line when it ends.
+
+Size: one class, :class:`GraphContext` (about 750 lines), whose methods share its
+registration state (publishers, subscribers, edges, the connection, the router), which
+reconnection replays as a whole.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._core._auth import Credentials, TlsFiles, Token
-from .._core._channel import Inbox
 from .._core._codec import Codec
 from .._core._config import (
     DEFAULT_LEAKY_QUEUE,
@@ -74,6 +77,7 @@ from .._core._exceptions import (
     GraphError,
     ProtocolError,
 )
+from .._core._inbox import Inbox
 from .._core._outlet import Outlet
 from .._core._protocol import check_topic
 from .._core._telemetry import ProcessSnapshot

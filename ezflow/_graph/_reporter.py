@@ -22,8 +22,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from .._core._channel import Attachment, Channel
+from .._core._channel import Channel
 from .._core._config import MAX_TELEMETRY_ENTRIES, MIN_TELEMETRY_INTERVAL, TRACE_REPORT_MAX
+from .._core._inbox import Attachment
 from .._core._outlet import Outlet
 from .._core._telemetry import (
     MAX_SNAPSHOT_SUBSCRIBERS,

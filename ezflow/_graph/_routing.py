@@ -37,11 +37,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._core._channel import Attachment, Channel, ChannelStats, Inbox
+from .._core._channel import Channel, ChannelStats
 from .._core._codec import Codec
 from .._core._config import REJOIN_MAX_DELAY, REJOIN_MIN_DELAY
 from .._core._deprecation import warn_deprecated
 from .._core._exceptions import EzflowError
+from .._core._inbox import Attachment, Inbox
 from .._core._protocol import PublisherInfo
 from .._transports import Inbound, TransportSet
 from ._subscriber import Subscriber

@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
-from .._core._channel import Inbox, SubscriberStats
 from .._core._deprecation import warn_deprecated
 from .._core._exceptions import ClosedResourceError, ConfigurationError, EndOfStream, WouldBlock
+from .._core._inbox import Inbox, SubscriberStats
 
 __all__ = ["Subscriber"]
 

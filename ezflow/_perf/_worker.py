@@ -26,6 +26,9 @@ worker prints ``ready`` with its address and serves until end of file.
 adapter for ``ezflow perf peers --selfcheck`` (a source publishing the p2p message back
 to back, a sink that only counts and reports msgs/s over a window; see
 :func:`_run_throughput`): the loop of a library's own throughput example.
+
+Size: one process entry for every suite (graph, units, throughput), framework-neutral so
+that peer frameworks run the identical sources, relays and sinks.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from ._ezring import ring_registration
 from ._ezring_files import LiveRing, scan_rings, sweep_stale_rings
 from ._registry import register_transport, transport_names, unregister_transport
 from ._set import TransportSet
-from ._shm import SegmentSweeper, ShmStats
+from ._shm import SegmentSweeper
+from ._shm_outlet import ShmStats
 
 __all__ = [
     "Inbound",

@@ -25,7 +25,9 @@ from .._core._config import Address, format_address
 from .._core._liveness import tune_keepalive
 from .._core._protocol import PublisherInfo
 from ._base import Transport, TransportSettings
-from ._stream import ChannelConnection, PublisherConnection, StreamTransport
+from ._stream import StreamTransport
+from ._stream_channel import ChannelConnection
+from ._stream_publish import PublisherConnection
 
 __all__ = ["TcpTransport"]
 

@@ -12,7 +12,7 @@ The transport keeps reading the socket; the writer works on a ``dup()`` of its f
 descriptor (the loop refuses ``add_writer`` on a descriptor a transport owns), registered
 with ``add_writer`` only while data waits. The two must never both write: the owner hands
 every write to the writer from the moment it creates it (see
-:class:`~ezflow._transports._stream.PublisherConnection`) and closes the writer in
+:class:`~ezflow._transports._stream_publish.PublisherConnection`) and closes the writer in
 ``connection_lost``.
 """
 

@@ -1,0 +1,324 @@
+"""The channel half of a stream connection (:mod:`._stream` tells the protocol and the
+acknowledgements): :class:`ChannelConnection` is this process's channel, connected to a
+publisher elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, cast
+
+from .._core._auth import Initiator
+from .._core._channel import Channel
+from .._core._exceptions import (
+    AuthenticationError,
+    BrokenResourceError,
+    ProtocolError,
+)
+from .._core._framing import (
+    ACK,
+    ACK_BODY,
+    DATA,
+    DATA_HEADER,
+    DATA_PREFIX,
+    END,
+    HEARTBEAT,
+    HELLO,
+    MODE,
+    TRACE,
+    WELCOME,
+    FramedProtocol,
+    frame,
+)
+from .._core._liveness import Heartbeat
+from .._core._protocol import PROTOCOL, PublisherInfo
+from .._core._tracing import TRACING, WireTrace
+from ._stream_frames import (
+    HEADER_SIZE,
+    control,
+    heartbeat_frame,
+    heartbeat_received,
+    unpack_control,
+)
+
+__all__ = ["ChannelConnection"]
+
+log = logging.getLogger("ezflow.stream")
+
+_DATA_PREFIX_SIZE = DATA_PREFIX.size
+
+
+class _TracedDelivery:
+    """Stands in for a connection's channel between a TRACE frame and the message frame
+    it applies to: delivers that message traced, then puts the channel back."""
+
+    __slots__ = ("_channel", "_connection", "_trace")
+
+    def __init__(self, connection: ChannelConnection, trace: WireTrace) -> None:
+        self._connection = connection
+        self._channel = connection.channel
+        self._trace = trace
+
+    def deliver_body(
+        self, seq: int, body: bytes | memoryview, upstream_drops: int = 0, sent_ns: int = 0
+    ) -> None:
+        channel = self._connection.channel = self._channel
+        channel.deliver_body_traced(self._trace, seq, body, upstream_drops, sent_ns)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else (a second TRACE frame, the connection's bookkeeping) sees the
+        # channel itself.
+        return getattr(self._channel, name)
+
+
+class ChannelConnection(FramedProtocol):
+    """This process's channel, connected to a publisher elsewhere."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        publisher: PublisherInfo,
+        max_size: int,
+        on_lost: Callable[[], None],
+    ) -> None:
+        super().__init__(max_size + HEADER_SIZE)
+        self.channel = channel
+        self.publisher = publisher
+        self.max_size = max_size
+        self.welcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._on_lost: Callable[[], None] | None = on_lost
+        self._ack_scheduled = False
+        self._released = (0, 0)
+        self._acked = (0, 0)
+        self._ack_every = 1
+        self._ack_bytes = 1
+        self.ended = False
+        #: the authenticating side of the handshake (replaced by the transport)
+        self.initiator = Initiator(None, "data", f"publisher {publisher.publisher_id}")
+        self._challenged = False
+        #: heartbeat deadline of the transport (set by it; None: no heartbeats)
+        self.heartbeat_deadline: float | None = None
+        self.heartbeat: Heartbeat | None = None
+        #: called once when the publisher is declared dead (set by the transport)
+        self.on_dead: Callable[[], None] | None = None
+        self._dead = False
+
+    def hello(self) -> dict[str, Any]:
+        """The HELLO map; subclasses may add fields."""
+        return {
+            "op": "hello",
+            "protocol": PROTOCOL,
+            "publisher_id": self.publisher.publisher_id,
+            "lossless": self.channel.lossless,
+            "max_message_size": self.max_size,
+            # (whether this process reports trace hops: else it asks for no traces)
+            "traces": TRACING.reporters > 0,
+            **self.initiator.hello_fields(),
+        }
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        cast(asyncio.Transport, transport).write(control(HELLO, self.hello()))
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # A read that is exactly one DATA frame (what a paced publisher sends) is
+        # delivered straight from the read buffer, with one copy; anything else takes
+        # the general path.
+        self.heard = True
+        reader = self._reader
+        if nbytes >= _DATA_PREFIX_SIZE and not reader.end and reader.big is None:
+            # (the reader held nothing: see FrameReader; tests/test_stream.py pins this
+            # to the general path, FramedProtocol.buffer_updated)
+            data = reader.view
+            size, kind, _, seq, sent_ns, drops = DATA_PREFIX.unpack_from(data)
+            if (
+                kind == DATA
+                and size + 4 == nbytes
+                and size <= reader.max_frame_size
+                and not self._broken
+            ):
+                self.channel.deliver_body(
+                    seq, data[_DATA_PREFIX_SIZE:nbytes].tobytes(), drops, sent_ns
+                )
+                return
+        super().buffer_updated(nbytes)
+
+    def frame_received(self, body: bytes | memoryview) -> None:
+        kind = body[0] if body else 0
+        if kind == DATA:
+            if len(body) < HEADER_SIZE:
+                raise ProtocolError(f"DATA frame of {len(body)} bytes")
+            _, _, seq, sent_ns, drops = DATA_HEADER.unpack_from(body)
+            self.channel.deliver_body(seq, memoryview(body)[HEADER_SIZE:], drops, sent_ns)
+        elif kind == TRACE:
+            # The next message frame is traced: its delivery goes through a stand-in
+            # for the channel (no check on the message path of untraced messages).
+            self.channel = cast(Channel, _TracedDelivery(self, WireTrace.from_frame(body)))
+        elif kind == END:
+            # Everything the publisher sent came before END: close our side now, which
+            # also tells the publisher its last messages arrived.
+            self.ended = True
+            self.channel.end()
+            if self.transport is not None:
+                self.transport.close()
+        elif kind == WELCOME and not self.welcome.done():
+            reply = unpack_control(body)
+            try:
+                if reply.get("op") == "challenge" and not self._challenged:
+                    self._challenged = True
+                    answer = self.initiator.answer(reply)
+                    assert self.transport is not None
+                    self.transport.write(control(HELLO, {"op": "auth", **answer}))
+                    return
+                if reply.get("ok") and not self._challenged:
+                    self.initiator.welcomed_without_challenge()
+            except AuthenticationError as exc:
+                self.welcome.set_exception(exc)
+                if self._challenged and self.transport is not None:
+                    # Tell the publisher first, so that it logs the attempt too.
+                    self.transport.write(control(HELLO, {"op": "error", "cause": "auth"}))
+                    self.transport.close()
+                else:
+                    self.abort()
+                return
+            if reply.get("ok"):
+                try:
+                    self.welcomed(reply)
+                except BrokenResourceError as exc:
+                    self.welcome.set_exception(exc)
+                    return
+                window = reply.get("max_in_flight")
+                if isinstance(window, int) and window > 0:
+                    self._ack_every = max(1, window // 4)
+                window = reply.get("max_in_flight_bytes")
+                if isinstance(window, int) and window > 0:
+                    self._ack_bytes = max(1, window // 4)
+                self.channel.on_release = self._on_release
+                self.channel.on_mode_change = self._on_mode_change
+                self.welcome.set_result(None)
+                if self.heartbeat_deadline is not None:
+                    self.heartbeat = Heartbeat(self, self.heartbeat_deadline)
+            elif reply.get("cause") == "auth":
+                self.welcome.set_exception(
+                    AuthenticationError(
+                        f"publisher {self.publisher.publisher_id} on topic "
+                        f"{self.publisher.topic!r} refused our token: {reply.get('error')}; "
+                        "give every process of the graph the same token"
+                    )
+                )
+            else:
+                self.welcome.set_exception(
+                    BrokenResourceError(f"publisher refused the channel: {reply.get('error')}")
+                )
+        elif kind == HEARTBEAT:
+            heartbeat_received(self.heartbeat, body)
+        else:
+            self.publisher_frame(kind, body)
+
+    def welcomed(self, reply: dict[str, Any]) -> None:
+        """The publisher accepted the channel with *reply*; raise
+        :class:`BrokenResourceError` to turn that into a failed handshake."""
+
+    def publisher_frame(self, kind: int, body: bytes | memoryview) -> None:
+        """A frame kind this class does not handle arrived from the publisher."""
+        raise ProtocolError(f"unexpected frame kind {kind} from a publisher")
+
+    def protocol_error(self, exc: ProtocolError) -> None:
+        log.error(
+            "closing connection to publisher %s on topic %r: %s",
+            self.publisher.publisher_id,
+            self.publisher.topic,
+            exc,
+        )
+        self.abort()
+
+    def _on_release(self, count: int, nbytes: int) -> None:
+        self._released = (count, nbytes)
+        acked_count, acked_bytes = self._acked
+        if count - acked_count >= self._ack_every or nbytes - acked_bytes >= self._ack_bytes:
+            self._send_ack()
+        elif not self._ack_scheduled:
+            self._ack_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_ack)
+
+    def _scheduled_ack(self) -> None:
+        self._ack_scheduled = False
+        if self._released[0] > self._acked[0]:
+            self._send_ack()
+
+    def _send_ack(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            count, nbytes = self._acked = self._released
+            transport.write(frame(ACK_BODY.pack(ACK, count, nbytes)))
+
+    # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
+
+    def sent_mark(self) -> int:
+        return self._acked[0]
+
+    def send_heartbeat(self, deadline: float) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(heartbeat_frame(deadline))
+
+    def peer_silent(self, silence: float, deadline: float) -> None:
+        self._dead = True
+        self.channel.lost(
+            f"the publisher fell silent for {silence:.1f} s (heartbeat deadline {deadline:g} s)"
+        )
+        log.warning(
+            "publisher %s on topic %r at %s silent for %.1f s (heartbeat deadline %g s): "
+            "declaring it dead and closing the channel",
+            self.publisher.publisher_id,
+            self.publisher.topic,
+            self.peer_name(),
+            silence,
+            deadline,
+        )
+        if self.on_dead is not None:
+            self.on_dead()
+        self.abort()
+
+    def _on_mode_change(self, lossless: bool) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(control(MODE, {"op": "mode", "lossless": lossless}))
+
+    def close(self) -> None:
+        self._on_lost = None
+        self.channel.on_release = None
+        self.channel.on_mode_change = None
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+        if not self.welcome.done():
+            self.welcome.set_exception(
+                BrokenResourceError(
+                    f"publisher {self.publisher.publisher_id} closed the connection during "
+                    "the handshake (TLS on one end only? set EZFLOW_TLS_* on both)"
+                )
+            )
+        on_lost, self._on_lost = self._on_lost, None
+        # Before a successful handshake there is no channel to lose: open_channel
+        # raises instead.
+        if on_lost is not None and self.channel.on_release == self._on_release:
+            if self.ended:
+                log.debug("publisher %s ended cleanly", self.publisher.publisher_id)
+            elif not self._dead:  # (peer_silent logged it, and lost the channel)
+                log.info(
+                    "publisher %s on topic %r went away without closing (%s)",
+                    self.publisher.publisher_id,
+                    self.publisher.topic,
+                    exc or "connection closed",
+                )
+                # Nothing more comes over this connection, but the publisher has not
+                # ended: it may have cut us (stall_timeout, heartbeats) or the link
+                # broke. The router reopens the channel while the routes list it, and
+                # the subscribers' streams end (broken) if the routes drop it.
+                self.channel.lost(f"its connection broke without END ({exc or 'closed'})")
+            on_lost()

@@ -1,0 +1,503 @@
+"""The publisher half of a stream connection (:mod:`._stream` tells the protocol, the
+batching and the backpressure): :class:`StreamLink` sends one outlet's messages to one
+channel, :class:`PublisherConnection` is a channel connected to this process's data
+server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .._core._codec import EncodedMessage
+from .._core._config import (
+    DATA_WRITE_BUFFER_LIMIT,
+    HANDSHAKE_MAX_FRAME_SIZE,
+    HANDSHAKE_TIMEOUT,
+    MAX_CHANNELS_PER_PUBLISHER,
+)
+from .._core._config import PACED_GAP_NS as _PACED_GAP_NS
+from .._core._config import STREAM_FLUSH_BYTES as _FLUSH_BYTES
+from .._core._config import STREAM_FLUSH_MESSAGES as _FLUSH_MESSAGES
+from .._core._exceptions import (
+    AuthenticationError,
+    BrokenResourceError,
+    ProtocolError,
+)
+from .._core._framing import (
+    ACK,
+    ACK_BODY,
+    DATA,
+    DATA_PREFIX,
+    END,
+    HEARTBEAT,
+    HELLO,
+    MODE,
+    WELCOME,
+    FramedProtocol,
+    frame,
+)
+from .._core._handshake import AcceptingHandshake, Challenge, refuse
+from .._core._liveness import Heartbeat
+from .._core._outlet import Link, Outlet
+from .._core._protocol import PROTOCOL, field
+from .._core._tracing import WireTrace
+from ._stream_frames import (
+    HEADER_SIZE,
+    control,
+    heartbeat_frame,
+    heartbeat_received,
+    unpack_control,
+)
+from ._writer import VectoredWriter, WriteHalf, vectored_writes_pay
+
+if TYPE_CHECKING:
+    from ._stream import StreamTransport
+
+__all__ = ["PublisherConnection", "StreamLink"]
+
+log = logging.getLogger("ezflow.stream")
+
+# A one-part message this small is joined to its header and written as one object.
+_JOIN_BELOW = 4096
+_END_FRAME = frame(bytes([END]))
+
+
+class StreamLink(Link):
+    """Sends one outlet's messages to one channel over a stream, batched.
+
+    A message larger than :attr:`out_of_line_above` is first offered to
+    :meth:`send_out_of_line` (the shm transport's shared memory); every other message,
+    and one that hook declines, goes inline as a ``DATA`` frame.
+    """
+
+    needs_encoding = True
+    #: Messages (encoded bytes) above this size are offered to :meth:`send_out_of_line`.
+    out_of_line_above: int = sys.maxsize
+
+    def __init__(self, connection: PublisherConnection, *, lossless: bool, max_size: int) -> None:
+        super().__init__(lossless=lossless, max_message_size=max_size)
+        self.connection = connection
+        self._loop = asyncio.get_running_loop()
+        self._queued: list[bytes | memoryview] = []
+        self._queued_messages = 0
+        self._queued_bytes = 0
+        self._flush_scheduled = False
+        self._written_ns = 0  # publish time (time.time_ns) of the last message written at once
+        self.inline_sends = 0  #: messages sent as DATA frames
+
+    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        # One function down to the write: this is the per-message path of a publisher.
+        assert encoded is not None
+        size = encoded.nbytes
+        self.sent_count += 1
+        self.sent_bytes += size
+        if size > self.out_of_line_above and self.send_out_of_line(seq, time_ns, message, encoded):
+            return
+        self.inline_sends += 1
+        head = DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops)
+        parts = encoded.parts
+        if not self._flush_scheduled:
+            # First message of this loop iteration: out now, in as few calls as possible.
+            out = self.connection.out
+            if out is not None and not out.is_closing():
+                if len(parts) == 1 and size <= _JOIN_BELOW:
+                    out.write(head + parts[0])
+                else:
+                    out.writelines([head, *parts])
+            if time_ns - self._written_ns < _PACED_GAP_NS:
+                # A burst: collect the rest of this iteration's messages and write them
+                # together at its end. A paced publisher schedules nothing (whatever
+                # runs before its loop sleeps again delays a subscriber on this CPU).
+                self._flush_scheduled = True
+                self._loop.call_soon(self._end_of_iteration)
+            self._written_ns = time_ns
+            return
+        queued = self._queued
+        queued.append(head)
+        queued.extend(parts)
+        self._queued_one(size)
+
+    def send_traced(
+        self,
+        seq: int,
+        time_ns: int,
+        message: Any,
+        encoded: EncodedMessage | None,
+        trace: WireTrace,
+    ) -> None:
+        # A TRACE frame right before the message's own frame, queued with it so that
+        # nothing comes between them; written with it in one call unless a batch of
+        # this loop iteration is being collected anyway.
+        self._queued.append(trace.frame())
+        if self._flush_scheduled:
+            self.send(seq, time_ns, message, encoded)
+            return
+        self._flush_scheduled = True  # (send queues)
+        try:
+            self.send(seq, time_ns, message, encoded)
+        finally:
+            self._flush_scheduled = False
+        self.flush()
+        self._written_ns = time_ns
+
+    def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
+        # send(), for one small bytes body written at once: the paced publisher's path,
+        # where every attribute and call counts (caches are cold after each sleep).
+        size = len(body)
+        out = self.connection.out
+        if (
+            self._flush_scheduled
+            or size > self.out_of_line_above
+            or out is None
+            or out.is_closing()
+        ):
+            self.send(seq, time_ns, message, EncodedMessage([body], size))
+            return
+        self.sent_count += 1
+        self.sent_bytes += size
+        self.inline_sends += 1
+        out.write(DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body)
+        if time_ns - self._written_ns < _PACED_GAP_NS:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._end_of_iteration)
+        self._written_ns = time_ns
+
+    def send_out_of_line(
+        self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage
+    ) -> bool:
+        """Send a message above :attr:`out_of_line_above` some other way than inline,
+        and return True; return False (having sent nothing) to send it inline."""
+        return False
+
+    def queue_frame(self, data: bytes) -> None:
+        """Queue one complete frame (length prefix included) as one message."""
+        self._queued.append(data)
+        self._queued_one(len(data))
+
+    def _queued_one(self, size: int) -> None:
+        if not self._flush_scheduled:
+            # First frame of this loop iteration (queue_frame): out now. The rest of the
+            # iteration's messages are collected and flushed together by the callback.
+            self._flush_scheduled = True
+            self._loop.call_soon(self._end_of_iteration)
+            self.flush()
+            return
+        self._queued_messages += 1
+        self._queued_bytes += size
+        if self._queued_messages >= _FLUSH_MESSAGES or self._queued_bytes >= _FLUSH_BYTES:
+            self.flush()
+
+    def _end_of_iteration(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
+
+    def flush(self) -> None:
+        queued, self._queued = self._queued, []
+        self._queued_messages = self._queued_bytes = 0
+        out = self.connection.out
+        if queued and out is not None and not out.is_closing():
+            out.writelines(queued)
+
+    def cut(self) -> None:
+        """Abort the connection: the channel sees its publisher lost (stall policy)."""
+        self.connection.abort()
+
+    def describe(self) -> str:
+        connection = self.connection
+        return f"{connection.server.name} channel from {connection.describe_peer()}"
+
+    def close(self) -> None:
+        """Flush what is queued, then tell the channel this is a clean end.
+
+        Only our sending side is shut down: we keep reading (the channel's last ACKs)
+        until the channel, having read up to END, closes. Closing a socket with unread
+        input would make the kernel reset the connection and throw away data the
+        channel had not read yet.
+        """
+        self.flush()
+        out = self.connection.out
+        if out is not None and not out.is_closing():
+            out.write(_END_FRAME)
+            self.connection.eof_sent = True
+            if out.can_write_eof():
+                out.write_eof()
+            elif self.connection.transport is not None:  # pragma: no cover - stream
+                self.connection.transport.close()  # sockets can always half-close
+
+
+class PublisherConnection(FramedProtocol):
+    """A channel connected to one of this process's publishers.
+
+    Until the handshake is done, the transport writes (``WELCOME`` or a refusal). From
+    ``WELCOME`` on, everything goes through :attr:`out`: on the stock asyncio loop a
+    :class:`~._writer.VectoredWriter` (zero-copy ``sendmsg``; the transport only reads),
+    elsewhere the transport itself, whose ``writelines`` copies nothing there. Either way
+    the unsent backlog is bounded the same way (:meth:`pause_writing`).
+    """
+
+    def __init__(self, server: StreamTransport[Any]) -> None:
+        super().__init__(HANDSHAKE_MAX_FRAME_SIZE)
+        self.server = server
+        self.link: StreamLink | None = None
+        self.outlet: Outlet | None = None
+        #: where the link writes, from the handshake on (None before)
+        self.out: WriteHalf | None = None
+        #: the zero-copy writer, when :attr:`out` is one
+        self.writer: VectoredWriter | None = None
+        self._handshake = AcceptingHandshake(server.credentials.token, "data", peer="channel")
+        #: heartbeats, from WELCOME on, on transports that use them (tcp)
+        self.heartbeat: Heartbeat | None = None
+        #: END was written and our sending side shut down: nothing more may be written
+        self.eof_sent = False
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        # Counted from here, not from the factory: under TLS the factory runs before the
+        # TLS handshake, and one that fails never calls connection_made nor _lost.
+        self.server.connections.add(self)
+        self.server.tune(transport)
+        self._handshake.arm(HANDSHAKE_TIMEOUT, self._late)
+
+    def describe_peer(self) -> str:
+        """The channel's address, or its process id on a local socket (which has no
+        address on the connecting side)."""
+        peer = self.peer_name()
+        if peer not in ("", "None"):
+            return peer
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        peercred = getattr(socket, "SO_PEERCRED", None)
+        if sock is not None and peercred is not None:
+            try:
+                pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, 12))
+            except OSError:
+                pass
+            else:
+                return f"pid {pid}"
+        return "a local socket"
+
+    def _late(self, reason: str) -> None:
+        self._refuse(reason, cause="timeout")
+
+    def protocol_error(self, exc: ProtocolError) -> None:
+        outlet = self.outlet
+        if self.link is None or outlet is None:
+            self._refuse(str(exc), cause="protocol")  # (the refusal tells it why)
+            return
+        # Past the handshake the data protocol has no frame to say why: only close.
+        self.server.bad_peers(
+            "frame",
+            "closing channel from %s to publisher %s on topic %r: %s",
+            self.describe_peer(),
+            outlet.publisher_id,
+            outlet.topic,
+            exc,
+        )
+        self.abort()
+
+    def frame_received(self, body: bytes | memoryview) -> None:
+        if not body:
+            raise ProtocolError("empty frame")
+        kind = body[0]
+        link = self.link
+        if link is not None:
+            if kind == ACK:
+                if len(body) != ACK_BODY.size:
+                    raise ProtocolError(f"ACK frame of {len(body)} bytes")
+                _, count, nbytes = ACK_BODY.unpack(body)
+                link.released(count, nbytes)
+            elif kind == MODE:
+                link.set_lossless(bool(unpack_control(body).get("lossless")))
+            elif kind == HEARTBEAT:
+                heartbeat_received(self.heartbeat, body)
+            else:
+                self.server.channel_frame(self, link, kind, body)
+            return
+        if kind != HELLO:
+            raise ProtocolError(f"expected HELLO, got frame kind {kind}")
+        hello = self._authenticate(unpack_control(body))
+        if hello is None:
+            return
+        publisher_id = field(hello, "publisher_id", str)
+        field(hello, "max_message_size", int)
+        outlet = self.server.outlets.get(publisher_id)
+        if outlet is None or outlet.closed:
+            self._refuse(f"no publisher {publisher_id!r} in this process")
+            return
+        if len(outlet.links) >= MAX_CHANNELS_PER_PUBLISHER:
+            self._refuse(
+                f"publisher {publisher_id!r} already feeds {MAX_CHANNELS_PER_PUBLISHER} "
+                "channels (MAX_CHANNELS_PER_PUBLISHER)"
+            )
+            return
+        try:
+            link, extra = self.server.make_link(self, outlet, hello)
+        except BrokenResourceError as exc:
+            self._refuse(str(exc))
+            return
+        link.traced = hello.get("traces") is not False
+        self._handshake.admit()
+        out = self.out = self._open_write_half()
+        self.link = link
+        self.outlet = outlet
+        outlet.add_link(link)
+        welcome = {
+            "op": "welcome",
+            "ok": True,
+            "max_in_flight": outlet.max_in_flight,
+            "max_in_flight_bytes": outlet.max_in_flight_bytes,
+            **extra,
+        }
+        out.write(control(WELCOME, welcome))
+        deadline = self.server.heartbeat_deadline
+        if deadline is not None:
+            self.heartbeat = Heartbeat(self, deadline)
+
+    # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
+
+    def sent_mark(self) -> int:
+        link = self.link
+        return 0 if link is None else link.sent_count
+
+    def send_heartbeat(self, deadline: float) -> None:
+        if not self.eof_sent:  # (after END the channel only reads up to it and closes)
+            out = self.out
+            if out is not None and not out.is_closing():
+                out.write(heartbeat_frame(deadline))
+
+    def peer_silent(self, silence: float, deadline: float) -> None:
+        outlet = self.outlet
+        if outlet is not None:
+            outlet.stats.dead_channels += 1
+        self.server.bad_peers(
+            "silent",
+            "publisher %s on topic %r: %s channel from %s silent for %.1f s (heartbeat "
+            "deadline %g s): declaring it dead and closing its connection",
+            "?" if outlet is None else outlet.publisher_id,
+            "?" if outlet is None else outlet.topic,
+            self.server.name,
+            self.describe_peer(),
+            silence,
+            deadline,
+        )
+        self.abort()
+
+    def _authenticate(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """One handshake map: the ``HELLO`` to serve once the channel is authenticated,
+        or ``None`` (challenged, or refused and closing). :class:`ProtocolError` for
+        anything but ``auth`` after a challenge."""
+        if not self._handshake.started and message.get("protocol") != PROTOCOL:
+            self._refuse(f"protocol {message.get('protocol')!r} is not {PROTOCOL!r}")
+            return None
+        try:
+            step = self._handshake.receive(message)
+        except AuthenticationError as exc:
+            self._refuse(str(exc), cause="auth")
+            return None
+        if isinstance(step, Challenge):
+            assert self.transport is not None
+            self.transport.write(control(WELCOME, step.message))
+            return None
+        return step
+
+    def _open_write_half(self) -> WriteHalf:
+        """What writes from the handshake on (see the class docstring)."""
+        transport = self.transport
+        assert transport is not None
+        loop = asyncio.get_running_loop()
+        sock = transport.get_extra_info("socket")
+        if (
+            sock is not None
+            and vectored_writes_pay(loop)
+            and not transport.get_write_buffer_size()
+            # Under TLS every byte must go through the transport (it encrypts).
+            and transport.get_extra_info("sslcontext") is None
+        ):
+            try:
+                self.writer = VectoredWriter(
+                    loop,
+                    sock,
+                    high=DATA_WRITE_BUFFER_LIMIT,
+                    pause=self.pause_writing,
+                    resume=self.resume_writing,
+                    failed=self._write_failed,
+                )
+            except OSError as exc:  # (no descriptor left: EMFILE)
+                log.warning(
+                    "%s data server: writing to %s through the event loop's transport "
+                    "(copies large messages): %s",
+                    self.server.name,
+                    self.peer_name(),
+                    exc,
+                )
+            else:
+                return self.writer
+        transport.set_write_buffer_limits(high=DATA_WRITE_BUFFER_LIMIT)
+        return transport
+
+    def pause_writing(self) -> None:
+        """The unsent backlog went above ``DATA_WRITE_BUFFER_LIMIT``: the link has no
+        room until it drains (a lossless publish waits, a leaky link parks): it is
+        ``stalled``."""
+        if self.link is not None:
+            self.link.stalled = True
+
+    def resume_writing(self) -> None:
+        """The backlog drained to a quarter of the limit: send what a leaky link
+        parked, and wake a waiting publish."""
+        link, outlet = self.link, self.outlet
+        if link is not None:
+            link.stalled = False
+        if link is not None and outlet is not None and link.outlet is outlet:
+            if link.has_room(outlet):
+                link.flush_parked()
+            outlet.wake()
+
+    def _write_failed(self, exc: OSError) -> None:
+        # As the transport does on a send error: only this connection goes, and
+        # connection_lost removes the link.
+        log.info(
+            "%s data server: connection to %s failed while sending: %s",
+            self.server.name,
+            self.peer_name(),
+            exc,
+        )
+        self.abort()
+
+    def send_frame(self, body: bytes) -> None:
+        """Write one frame through :attr:`out` (after the handshake, never the
+        transport: bytes must not interleave with the writer's)."""
+        out = self.out
+        if out is not None and not out.is_closing():
+            out.write(frame(body))
+
+    def abort(self) -> None:
+        """Close at once, dropping unsent data (``connection_lost`` follows)."""
+        if self.writer is not None:
+            self.writer.close()  # the transport's abort leaves our descriptor open
+        super().abort()
+
+    def _refuse(self, reason: str, *, cause: str = "refused") -> None:
+        """Refuse the channel in its handshake: logged per *cause* (rate-limited), and
+        told in a ``WELCOME`` refusal unless it leaves what we send unread."""
+        self.server.bad_peers(cause, "refusing channel from %s: %s", self.describe_peer(), reason)
+        self._broken = True  # whatever else arrived with it is not read
+        refusal = {"op": "welcome", "ok": False, "cause": cause, "error": reason}
+        refuse(self.transport, control(WELCOME, refusal))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+        if self.writer is not None:
+            self.writer.close()
+        self._handshake.cancel()
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.server.connections.discard(self)
+        if self.outlet is not None and self.link is not None:
+            self.outlet.remove_link(self.link)
+            self.server.link_lost(self, self.outlet, self.link)
