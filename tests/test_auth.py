@@ -247,7 +247,9 @@ def test_serve_insecure_on_a_routable_address_warns_at_start_and_in_top_and_grap
         top = ezflow_cli("top", "--once", "--address", where, env=env)
         assert top.returncode == 0 and top.stderr == "", top.stderr
         # (the header wraps at the terminal's width, 160 here)
-        assert " ".join(top.stdout.split()).startswith(warning), top.stdout
+        header, _, rest = top.stdout.partition("\n")
+        assert header.startswith(f"ezflow top: graph server {where}"), top.stdout
+        assert " ".join(rest.split()).startswith(warning), top.stdout  # right under it
         top_json = ezflow_cli("top", "--once", "--json", "--address", where, env=env)
         assert json.loads(top_json.stdout)["insecure"] is True
         assert top_json.stderr.startswith(warning) and top_json.stderr.count("\n") == 1

@@ -509,7 +509,7 @@ def help_examples(*words: str) -> list[str]:
     joined, as a shell would)."""
     result = invoke(*words, "--help")
     assert result.exit_code == 0, result.output
-    section = result.stdout.split("Examples:", 1)[1].split("╭", 1)[0]
+    section = result.stdout.split("Examples:", 1)[1].split("\nOptions:", 1)[0]
     lines = [line.strip() for line in section.splitlines() if line.strip()]
     return _joined(lines)
 
