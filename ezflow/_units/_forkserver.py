@@ -196,7 +196,7 @@ class ForkServer:
         self._pidfd = os.pidfd_open(pid)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._next_id = 0
-        self._pending: dict[int, asyncio.Future[ForkedProcess]] = {}
+        self._pending: dict[int, tuple[str, asyncio.Future[ForkedProcess]]] = {}
         self._processes: dict[int, ForkedProcess] = {}
         self._lost = False
         self._closed = False
@@ -285,7 +285,7 @@ class ForkServer:
             future.set_exception(self._gone_error(name))
             return future
         self._next_id += 1
-        self._pending[self._next_id] = future
+        self._pending[self._next_id] = (name, future)
         try:
             _send(self._sock, {"op": "fork", "id": self._next_id, "name": name}, [control.fileno()])
         except OSError as exc:
@@ -314,15 +314,16 @@ class ForkServer:
             assert self._loop is not None
             process = ForkedProcess(pid, pidfd, self._loop)
             self._processes[pid] = process
-            future = self._pending.pop(int(message["id"]), None)
+            _, future = self._pending.pop(int(message["id"]), ("", None))
             if future is not None and not future.done():
                 future.set_result(process)
             # (else the start was cancelled: the process reads EOF on its control
             # socket, whose other end is closed, and exits; its report still comes.)
         elif op == "fork_failed":
-            future = self._pending.pop(int(message["id"]), None)
+            name, future = self._pending.pop(int(message["id"]), ("", None))
             if future is not None and not future.done():
-                future.set_exception(OSError(str(message.get("error"))))
+                error = message.get("error")
+                future.set_exception(OSError(f"the fork server could not fork {name}: {error}"))
         elif op == "exited":
             ended = self._processes.pop(int(message["pid"]), None)
             if ended is not None:
@@ -336,9 +337,9 @@ class ForkServer:
             self._loop.remove_reader(self._sock.fileno())
         self._lost = True
         pending, self._pending = self._pending, {}
-        for future in pending.values():
+        for name, future in pending.values():
             if not future.done():
-                future.set_exception(self._gone_error("?"))
+                future.set_exception(self._gone_error(name))
         processes, self._processes = self._processes, {}
         for process in processes.values():
             process._orphaned()
