@@ -135,6 +135,57 @@ def test_run_forks_unit_processes_from_a_copy_of_the_program(tmp_path: Path) -> 
         assert unit["own_session"] and unit["sigint_ignored"] and unit["stdin_is_null"]
 
 
+LOCAL_CLASS = """
+import dataclasses
+import ezflow
+from ezflow.units import DebugLog, TerminateAfter, TerminateAfterSettings
+
+
+def main():
+    @ezflow.message
+    @dataclasses.dataclass
+    class Local:  # defined inside a function: no fresh interpreter could import it
+        seq: int
+
+    class Source(ezflow.Unit):
+        OUTPUT = ezflow.OutputStream(Local)
+
+        @ezflow.publisher(OUTPUT)
+        async def generate(self):
+            for i in range(3):
+                yield self.OUTPUT, Local(i)
+
+    source, log = Source(), DebugLog()
+    end = TerminateAfter(TerminateAfterSettings(count=3))
+    ezflow.run(
+        components={"SOURCE": source, "LOG": log, "END": end},
+        connections=[(source.OUTPUT, log.INPUT), (log.OUTPUT, end.INPUT)],
+        process_components=[log],
+        graph_address="127.0.0.1:0",
+    )
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_process_forked_from_the_program_knows_its_local_classes(tmp_path: Path) -> None:
+    # (With spawn the start fails naming the class: tests/test_message_types.py.)
+    script = tmp_path / "local_class.py"
+    script.write_text(LOCAL_CLASS)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, ENV_START_METHOD: "forkserver"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Local(seq=2)" in result.stdout, result.stdout
+
+
 def _children_of(pid: int) -> set[int]:
     return conftest._children(pid)
 
