@@ -190,7 +190,9 @@ class ForkServer:
 
     def __init__(self, sock: socket.socket, pid: int, how: str) -> None:
         self._sock = sock
-        self._sock.settimeout(5.0)  # sends: a packet to a server that reads them
+        # Never blocks the event loop: packets are small, and the server reads them at
+        # once (a full buffer fails the fork request instead).
+        self._sock.setblocking(False)
         self.pid = pid  #: the fork server's pid
         self.how = how  #: "forked" (from the program) or "spawned" (a fresh interpreter)
         self._pidfd = os.pidfd_open(pid)
