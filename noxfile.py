@@ -19,8 +19,10 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "ezflow", "tests", "examples", "noxfile.py")
-    session.run("ruff", "format", "--check", "ezflow", "tests", "examples", "noxfile.py")
+    session.run("ruff", "check", "ezflow", "tests", "examples", "noxfile.py", "_ezflow_cli.py")
+    session.run(
+        "ruff", "format", "--check", "ezflow", "tests", "examples", "noxfile.py", "_ezflow_cli.py"
+    )
 
 
 @nox.session

@@ -1,6 +1,7 @@
 """Fan-out to a fast consumer and a slow, leaky visualizer.
 
-CAMERA publishes frames as fast as the lossless consumers take them. RECORDER (lossless)
+CAMERA publishes frames at ``fps`` (1000 by default; 0: as fast as the lossless
+consumers take them). RECORDER (lossless)
 checks that it gets every frame, in order. VIEWER (its own process) takes 20 ms per
 frame and subscribes with ``leaky=True, queue=1``: it always shows the newest frame and
 drops the rest, so it never slows the camera or the recorder.
@@ -12,6 +13,7 @@ drops the rest, so it never slows the camera or the recorder.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,6 +25,7 @@ import ezflow
 
 class CameraSettings(ezflow.Settings):
     frames: int = 2000
+    fps: float = 1000.0  # 0: back to back
 
 
 class Camera(ezflow.Unit):
@@ -31,7 +34,11 @@ class Camera(ezflow.Unit):
 
     @ezflow.publisher(OUTPUT)
     async def capture(self) -> AsyncIterator[tuple[Any, np.ndarray]]:
+        period = 1.0 / self.SETTINGS.fps if self.SETTINGS.fps > 0 else 0.0
+        start = time.monotonic()
         for index in range(self.SETTINGS.frames):
+            if period:  # an absolute schedule, as a camera's clock
+                await asyncio.sleep(max(0.0, start + index * period - time.monotonic()))
             frame = np.zeros((64, 64), dtype=np.uint8)
             frame.flat[0] = index % 251  # a cheap frame number the consumers can check
             yield self.OUTPUT, frame
@@ -88,10 +95,10 @@ class Viewer(ezflow.Unit):
         )
 
 
-def graph(frames: int = 2000) -> dict[str, Any]:
+def graph(frames: int = 2000, fps: float = 1000.0) -> dict[str, Any]:
     """The graph, as the keyword arguments of ezflow.run: what
     `ezflow run examples/leaky_visualizer.py:graph` runs."""
-    settings = CameraSettings(frames=frames)
+    settings = CameraSettings(frames=frames, fps=fps)
     camera, recorder, viewer = Camera(settings), Recorder(settings), Viewer(settings)
     return {
         "components": {"CAMERA": camera, "RECORDER": recorder, "VIEWER": viewer},
@@ -103,9 +110,12 @@ def graph(frames: int = 2000) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=2000, help="frames to publish")
+    parser.add_argument(
+        "--fps", type=float, default=1000.0, help="frames per second (0: back to back)"
+    )
     args = parser.parse_args()
     # An embedded graph server on a free port.
-    ezflow.run(**graph(args.frames), graph_address="127.0.0.1:0")
+    ezflow.run(**graph(args.frames, args.fps), graph_address="127.0.0.1:0")
 
 
 if __name__ == "__main__":

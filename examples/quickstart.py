@@ -61,4 +61,4 @@ if __name__ == "__main__":
     parser.add_argument("--block-size", type=int, default=256, help="samples per block")
     parser.add_argument("--rate", type=float, default=1000.0, help="sample rate, Hz")
     args = parser.parse_args()
-    ezflow.run_coroutine(main(args.blocks, args.block_size, args.rate))
+    ezflow.lowlevel.run_coroutine(main(args.blocks, args.block_size, args.rate))

@@ -146,10 +146,10 @@ async def subscribers(args: dict[str, Any]) -> None:
         report(
             "done",
             errors=errors,
-            received=[s.stats.taken for s in subs],
+            received=[s.statistics().taken for s in subs],
             same_object=same_object,
             channels=len(channels),
-            decoded=[c.stats.decoded for c in channels],
+            decoded=[c.statistics.decoded for c in channels],
             transports=[c.transport for c in channels],
         )
         await wait_for_stdin_close()
@@ -213,7 +213,7 @@ async def publish_loaned(args: dict[str, Any]) -> None:
         frame = await pub.loan(tuple(args["shape"]))
         frame.reshape(-1)[:] = np.arange(frame.size) % 251
         await pub.publish(("phase", 1, 2, frame))
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         report(
             "published",
             where=shm_location(frame),
@@ -265,7 +265,7 @@ async def publish(args: dict[str, Any]) -> None:
                 await pub.publish(np.array([tag, i], dtype=np.int64))
             if args.get("pace"):
                 await asyncio.sleep(args["pace"])
-        report("done", seq=pub.stats.messages)
+        report("done", seq=pub.statistics().messages)
         await wait_for_stdin_close()
 
 
@@ -412,4 +412,4 @@ ROLES = {
 
 if __name__ == "__main__":
     role, raw = sys.argv[1], sys.argv[2]
-    ezflow.run_coroutine(ROLES[role](json.loads(raw)))
+    ezflow.lowlevel.run_coroutine(ROLES[role](json.loads(raw)))

@@ -42,7 +42,7 @@ async def subscribe(args: dict[str, Any]) -> None:
             if value != expected:
                 errors.append(f"got {value}, expected {expected}")
                 break
-        report("done", errors=errors, taken=sub.stats.taken)
+        report("done", errors=errors, taken=sub.statistics().taken)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 
@@ -98,8 +98,8 @@ async def stream(args: dict[str, Any]) -> None:
                     state["gaps"].append([last, value])
                 state["last"] = value
                 state["taken"] += 1
-                if sub.stats.rejoins != rejoins:
-                    rejoins = sub.stats.rejoins
+                if sub.statistics().rejoins != rejoins:
+                    rejoins = sub.statistics().rejoins
                     report("rejoin", value=value, t=time.time(), rejoins=rejoins)
 
         task = asyncio.ensure_future(take())
@@ -109,8 +109,8 @@ async def stream(args: dict[str, Any]) -> None:
                 report(
                     "status",
                     **state,
-                    stats=dataclasses.asdict(sub.stats),
-                    channels=[[c.transport, c.stats.rejoins] for c in ctx.channels],
+                    stats=dataclasses.asdict(sub.statistics()),
+                    channels=[[c.transport, c.statistics.rejoins] for c in ctx.channels],
                     lines=caught.lines,
                 )
         task.cancel()
@@ -139,4 +139,4 @@ ROLES = {"subscribe": subscribe, "stream": stream, "publish": publish}
 
 if __name__ == "__main__":
     role, raw = sys.argv[1], sys.argv[2]
-    ezflow.run_coroutine(ROLES[role](json.loads(raw)))
+    ezflow.lowlevel.run_coroutine(ROLES[role](json.loads(raw)))

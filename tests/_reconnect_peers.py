@@ -109,4 +109,4 @@ async def own(args: dict[str, Any]) -> None:
 ROLES = {"publish": publish, "sequence": sequence, "collect": collect, "own": own}
 
 if __name__ == "__main__":
-    ezflow.run_coroutine(ROLES[sys.argv[1]](json.loads(sys.argv[2])))
+    ezflow.lowlevel.run_coroutine(ROLES[sys.argv[1]](json.loads(sys.argv[2])))

@@ -124,4 +124,4 @@ ROLES = {"publisher": publisher, "subscriber": subscriber, "relay": relay}
 
 if __name__ == "__main__":
     role, raw = sys.argv[1], sys.argv[2]
-    ezflow.run_coroutine(ROLES[role](json.loads(raw)))
+    ezflow.lowlevel.run_coroutine(ROLES[role](json.loads(raw)))

@@ -90,4 +90,4 @@ ROLES = {"probe_publish": probe_publish, "probe_collect": probe_collect}
 
 if __name__ == "__main__":
     role, raw = sys.argv[1], sys.argv[2]
-    ezflow.run_coroutine(ROLES[role](json.loads(raw)))
+    ezflow.lowlevel.run_coroutine(ROLES[role](json.loads(raw)))

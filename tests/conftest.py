@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,8 +21,9 @@ from ezflow._core import _loop
 from ezflow._core._config import ENV_SHM_DIR, ENV_WATCH_RINGS
 from ezflow._core._exceptions import EzflowError
 from ezflow._core._tracing import TRACING, set_own_rate
-from ezflow._transports._ezring import PREFIX as RING_PREFIX
-from ezflow._transports._ezring import read_ring_header
+from ezflow._transports._ezring_files import PREFIX as RING_PREFIX
+from ezflow._transports._ezring_files import read_ring_header
+from ezflow._transports._shmfiles import owner_alive
 
 # -- a private, hostile shm directory ---------------------------------------------------
 #
@@ -115,15 +117,20 @@ def shm_entries() -> set[str]:
 # would show up in their exact counts. Ring-watching tests ask for it (watch_rings=True).
 os.environ[ENV_WATCH_RINGS] = "0"
 
+# Nothing the tests start uses the default graph address, 127.0.0.1:25990: a graph the
+# developer runs there (or another worker's test) would be joined by the test's processes.
+# Every program that names no address starts its own graph server on a free port.
+os.environ["EZFLOW_GRAPH_ADDRESS"] = "127.0.0.1:0"
+
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 
 if uvloop is not None:
 
-    class ClosingUvloop(uvloop.Loop):  # type: ignore[misc, name-defined]
+    class ClosingUvloop(uvloop.Loop):
         """uvloop, whose ``close()`` cannot hang on a leaked handle.
 
         uvloop's close warns ``unclosed resource <TCPServer ...>`` (ResourceWarning) for
@@ -159,34 +166,37 @@ def loop_kind() -> str:
     return _loop.loop_kind(asyncio.get_running_loop())
 
 
-def _ezflow_segments() -> set[str]:
+def ezflow_segments() -> set[str]:
+    """The ezflow segments and rings in the run's shm directory now."""
     return {name for name in shm_entries() if name.startswith("ezflow")}
 
 
-def _ours_or_orphaned(name: str) -> bool:
-    """Whether a segment was left by this process or by one that has gone (our children
-    are checked separately); segments of other live processes - another test run on
-    the same machine - are theirs to clean up."""
+_SEGMENT_NAME = re.compile(r"ezflow-(?P<pid>[0-9]+)-(?P<start>[0-9]+)-[0-9a-f]{16}(?:-.*)?")
+
+
+def _leaked(name: str) -> bool:
+    """Whether shm entry *name* is a leak: made by this process, or by one that has gone
+    (exited, a zombie, or its pid now another process's: each name carries its maker's
+    pid and start time, a ring's header its writer's). Entries of live processes are
+    theirs to remove: our children are checked separately, a module fixture's processes
+    outlive the test by design."""
     if name.startswith(RING_PREFIX):
-        # A ring's name is the user's: its writer's pid is in its header.
         try:
-            pid = read_ring_header(name[len(RING_PREFIX) :]).writer_pid
-        except EzflowError:
-            return not os.path.exists(os.path.join(SHM_DIR, name))  # closed: not a leak
+            header = read_ring_header(name[len(RING_PREFIX) :])
+        except EzflowError:  # not (or no longer) an initialised ring: a leak if it stays
+            return os.path.lexists(os.path.join(SHM_DIR, name))
+        pid, start = header.writer_pid, header.writer_start
     else:
-        try:
-            pid = int(name.split("-")[1])
-        except (IndexError, ValueError):
-            return True
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+        found = _SEGMENT_NAME.fullmatch(name)
+        if found is None:
+            return True  # no ezflow code makes such a name
+        pid, start = int(found["pid"]), int(found["start"])
+    return pid == os.getpid() or not owner_alive(pid, start)
+
+
+def leaked_segments(before: set[str]) -> set[str]:
+    """The entries of :func:`ezflow_segments` not in *before* that are leaks."""
+    return {name for name in ezflow_segments() - before if _leaked(name)}
 
 
 def _children(pid: int) -> set[int]:
@@ -207,13 +217,13 @@ def _children(pid: int) -> set[int]:
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
     """Every test leaves no ezflow shared-memory segment and no child process behind."""
-    shm_before = _ezflow_segments()
+    shm_before = ezflow_segments()
     children_before = _children(os.getpid())
     yield
     deadline = time.monotonic() + 5
     while True:
         stray = _children(os.getpid()) - children_before
-        leaked = {name for name in _ezflow_segments() - shm_before if _ours_or_orphaned(name)}
+        leaked = leaked_segments(shm_before)
         if not (stray or leaked) or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -136,8 +136,10 @@ async def test_data_port_admits_the_token_and_refuses_wrong_or_missing(
         ]
         await pub.publish(7)
         assert [await asyncio.wait_for(sub.recv(), 5) for sub in subs] == [7, 7]
-        assert ctx._tcp is not None and ctx._tcp.address is not None
-        info = PublisherInfo(pub.id, "/secret", "c0", "h", os.getpid(), ctx._tcp.address)
+        assert ctx._transports is not None
+        tcp = ctx._transports.get("tcp", TcpTransport)
+        assert tcp.address is not None
+        info = PublisherInfo(pub.id, "/secret", "c0", "h", os.getpid(), tcp.address)
         for token, says in ((OTHER, "different tokens"), (None, "requires a token")):
             transport = TcpTransport(
                 max_message_size=1 << 20,
@@ -148,7 +150,7 @@ async def test_data_port_admits_the_token_and_refuses_wrong_or_missing(
             with pytest.raises(ezflow.AuthenticationError, match=says):
                 await transport.open_channel(channel, info, on_lost=lambda: None)
             await transport.aclose()
-        assert ctx._tcp.bad_peers.counts["auth"] == 2
+        assert tcp.bad_peers.counts["auth"] == 2
         await pub.publish(8)  # the admitted channels are untouched
         assert [await asyncio.wait_for(sub.recv(), 5) for sub in subs] == [8, 8]
     assert "tcp data server: refusing channel from" in caplog.text
@@ -380,8 +382,10 @@ async def test_tls_graph_connection_and_tcp_edge_deliver(
             got = await asyncio.wait_for(sub.recv(), 10)
             assert got == {"n": 1, "blob": big}
             # A channel whose CA did not sign the publisher's certificate is refused.
-            assert ctx._tcp is not None and ctx._tcp.address is not None
-            info = PublisherInfo(pub.id, "/tls", "c0", "h", os.getpid(), ctx._tcp.address)
+            assert ctx._transports is not None
+            data_address = ctx._transports.get("tcp", TcpTransport).address
+            assert data_address is not None
+            info = PublisherInfo(pub.id, "/tls", "c0", "h", os.getpid(), data_address)
             transport = TcpTransport(
                 max_message_size=1 << 20, credentials=Credentials(Token(TOKEN), stranger)
             )
@@ -432,9 +436,11 @@ async def test_a_flood_of_bad_connections_costs_a_bounded_number_of_log_lines(
         assert server.bad_peers.counts == {"protocol": 1500, "auth": 500}
         async with ezflow.GraphContext(server.address, auto_start=False, token=TOKEN) as ctx:
             pub = await ctx.publisher("/flooded")
-            assert ctx._tcp is not None and ctx._tcp.address is not None
-            await _flood(ctx._tcp.address, 500, garbage)
-            assert ctx._tcp.bad_peers.counts == {"protocol": 500}
+            assert ctx._transports is not None
+            tcp = ctx._transports.get("tcp", TcpTransport)
+            assert tcp.address is not None
+            await _flood(tcp.address, 500, garbage)
+            assert tcp.bad_peers.counts == {"protocol": 500}
             del pub
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     # Per listener and cause: the first few lines, then summaries (one at close here).

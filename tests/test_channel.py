@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +12,9 @@ from _messages import arrays, assert_same_decoded, messages, outcome
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import ezflow
 from ezflow import ClosedResourceError, ProtocolError, UndecodableMessageError
+from ezflow._core import _channel
 from ezflow._core._channel import Channel, Inbox
 from ezflow._core._codec import HEADER, Codec, _decode_general
 
@@ -293,7 +297,7 @@ async def test_a_waiting_get_releases_its_message_once_it_yields() -> None:
 def test_deliver_body_gives_what_the_general_decoder_gives(
     objs: list[object], data: st.DataObject
 ) -> None:
-    """Channel.deliver_body inlines Codec.decode's shortcuts (last_array, last_layout)
+    """Channel.deliver_body inlines Codec.decode's shortcuts (_last_array, _last_layout)
     for bytes bodies of unsampled messages: whatever the body - repeated, interleaved,
     bytes or memoryview, mutated - an inbox gets what the general decoder gives, and a
     body it refuses is counted as a decode error."""
@@ -352,7 +356,7 @@ def test_deliver_body_takes_the_layout_shortcut_for_a_stream_of_tuples() -> None
         got = inbox.get_nowait()
         assert type(got) is tuple and got[:3] == message[:3]
         assert np.array_equal(got[3], message[3]) and not got[3].flags.writeable
-    layout = codec.last_layout
+    layout = channel.codec._last_layout  # (the channel's own codec state)
     assert layout is not None
     assert channel.stats.decoded == 39 and channel.stats.decode_errors == 0
 
@@ -362,7 +366,7 @@ def test_deliver_body_takes_the_layout_shortcut_for_a_stream_of_tuples() -> None
 def test_deliver_body_array_shortcut_gives_what_the_general_decoder_gives(
     arr: np.ndarray, data: st.DataObject
 ) -> None:
-    """The inlined last_array shortcut: a stream of one array kind, then bodies of the
+    """The inlined _last_array shortcut: a stream of one array kind, then bodies of the
     same length that differ in the prefix (header, meta) or data."""
     codec = Codec()
     channel = Channel("p-1", "/t", codec)
@@ -389,6 +393,76 @@ def test_deliver_body_array_shortcut_gives_what_the_general_decoder_gives(
             assert channel.stats.decode_errors == errors + 1
             with pytest.raises(UndecodableMessageError):
                 inbox.get_nowait()
+
+
+# -- per-stream codec state, timing samples ---------------------------------------------------
+
+
+def test_each_channel_keeps_its_own_codec_hints() -> None:
+    """Channels of one process share its codec's limit and caches but not its last-kind
+    hints: two interleaved streams of different kinds each keep their shortcut."""
+    codec = Codec(max_message_size=1 << 20)
+    arrays_channel = Channel("p-1", "/a", codec)
+    tuples_channel = Channel("p-2", "/t", codec)
+    assert arrays_channel.codec is not codec and tuples_channel.codec is not codec
+    assert arrays_channel.codec.max_message_size == codec.max_message_size
+    arrays_inbox, tuples_inbox = Inbox(), Inbox()
+    arrays_channel.attach(arrays_inbox)
+    tuples_channel.attach(tuples_inbox)
+    payload = np.arange(16, dtype=np.float32)
+    array_body = codec.encode(payload).to_bytes()
+    for seq in range(1, 21):
+        arrays_channel.deliver_body(seq, array_body)
+        tuples_channel.deliver_body(seq, codec.encode((1, seq, payload)).to_bytes())
+        assert np.array_equal(arrays_inbox.get_nowait(), payload)
+        assert tuples_inbox.get_nowait()[1] == seq
+    assert arrays_channel.codec._last_array is not None
+    assert arrays_channel.codec._last_layout is None
+    assert tuples_channel.codec._last_layout is not None
+    assert tuples_channel.codec._last_array is None
+    assert codec._last_array is None and codec._last_layout is None
+
+
+def test_timing_samples_and_decode_seconds_follow_one_constant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decode and handler times are taken for the messages TIMING_SAMPLE_MASK picks, on
+    every path (bytes bodies of a known kind, memoryviews, queued and callback inboxes),
+    and decode_seconds is scaled by that same constant: a copy of its value anywhere on
+    the message path makes the counts or the scale disagree once it changes."""
+    monkeypatch.setattr(_channel, "TIMING_SAMPLE_MASK", 3)  # one message in 4
+    codec = Codec()
+    channel = Channel("p-1", "/t", codec)
+    queued = Inbox()
+    handled: list[object] = []
+    called = Inbox(callback=handled.append)
+    channel.attach(queued)
+    channel.attach(called)
+    bodies = [codec.encode(np.arange(4.0)).to_bytes(), codec.encode((1, 2.0, "x")).to_bytes()]
+    for seq in range(1, 66):  # 16 of 64 timed (4, 8, ... 64), and one more to take 64's
+        body = bodies[seq > 32]  # a stream of arrays, then of tuples
+        channel.deliver_body(seq, memoryview(body) if seq % 5 == 0 else body)
+        queued.get_nowait()
+    assert len(handled) == 65
+    assert sum(called.handler_time.buckets) == 16
+    assert sum(queued.handler_time.buckets) == 16  # (timed from one take to the next)
+    assert sum(channel.decode_time.buckets) == 16
+    assert channel.stats.decode_seconds == pytest.approx(channel.decode_time.total * 4e-9)
+
+
+def test_no_copy_of_the_timing_sample_mask_in_the_package() -> None:
+    """``seq & 15`` spelled out (in any module) would not follow TIMING_SAMPLE_MASK."""
+    found = []
+    for path in Path(ezflow.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd):
+                operands = (node.left, node.right)
+                named = [ast.unparse(x) for x in operands if not isinstance(x, ast.Constant)]
+                if any(isinstance(x, ast.Constant) for x in operands) and any(
+                    "seq" in name for name in named
+                ):
+                    found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    assert not found
 
 
 # -- a lost publisher: not an end, a rejoin, an end when the routes drop it ------------------

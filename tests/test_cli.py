@@ -943,7 +943,7 @@ def test_import_a_file_inside_a_package(tmp_path: Path) -> None:
     check = (
         "import sys\n"
         "from ezflow._cli._echo import _import_modules\n"
-        "from ezflow._core._codec import _TYPES_BY_NAME\n"
+        "from ezflow._core._codec._registry import _TYPES_BY_NAME\n"
         "_import_modules([sys.argv[1]])\n"
         "print(sorted(n for n in _TYPES_BY_NAME if n.endswith('Point')))\n"
     )

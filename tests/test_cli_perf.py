@@ -17,10 +17,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _waiting import wait_until_sync
+from conftest import ezflow_segments, leaked_segments
 from rich.console import Console
+from typer.testing import CliRunner
 
+from ezflow._cli._app import app
 from ezflow._perf import _compare, _report, _runner, _schema, _tables
-from ezflow._transports._shmfiles import shm_dir
 
 PEER = f"{sys.executable} {Path(__file__).with_name('_perfpeer.py')}"
 #: The tiny configuration: 6 cells (one of them not applicable), ezflow and a peer;
@@ -56,12 +59,11 @@ def ezflow_cli(
 def _run_without_leaks(
     path: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    before = _shm_segments()
+    before = ezflow_segments()
     result = ezflow_cli("perf", "run", *args, "-o", str(path), env=env)
-    # The autouse leak check cannot see a module fixture: check the shm directory here, for
-    # segments of processes that are gone (others may belong to tests running alongside).
+    # The autouse leak check cannot see a module fixture: the same check, here.
     deadline = time.monotonic() + 5
-    while (leaked := _orphaned(_shm_segments() - before)) and time.monotonic() < deadline:
+    while (leaked := leaked_segments(before)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not leaked, f"the run left shared-memory segments behind: {sorted(leaked)}"
     return result
@@ -88,15 +90,6 @@ def p2p_run(
     return result, _schema.load(folder / "p2p.json")
 
 
-def _shm_segments() -> set[str]:
-    return {name for name in os.listdir(shm_dir()) if name.startswith("ezflow-")}
-
-
-def _orphaned(names: set[str]) -> set[str]:
-    """The segments in *names* whose creating process (``ezflow-PID-...``) is gone."""
-    return {name for name in names if not os.path.exists(f"/proc/{name.split('-')[1]}")}
-
-
 @pytest.fixture
 def perf_results(perf_run: tuple[subprocess.CompletedProcess[str], Path]) -> dict[str, Any]:
     result, path = perf_run
@@ -106,6 +99,7 @@ def perf_results(perf_run: tuple[subprocess.CompletedProcess[str], Path]) -> dic
 
 
 def _cell(document: dict[str, Any], framework: str, suite: str, transport: str) -> dict[str, Any]:
+    found: dict[str, Any]
     (found,) = [
         cell
         for cell in document["cells"]
@@ -265,6 +259,7 @@ def test_compare_calls_a_difference_inside_the_spread_no_change(
 
 def _cell_like(document: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
     key = _compare.cell_key(cell)
+    found: dict[str, Any]
     (found,) = [c for c in document["cells"] if _compare.cell_key(c) == key]
     return found
 
@@ -355,39 +350,94 @@ def test_report_and_peers_commands(
     assert any(line.startswith("| relay | local | 100 KiB | 1 | standin |") for line in lines)
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (
-            ["run", "-s", "ring"],
-            "error: unknown suite 'ring'; use one of fanout, fanin, relay, spread, p2p",
-        ),
-        (["run", "-t", "udp"], "error: unknown transport 'udp'; use one of local, shm, tcp"),
-        (["run", "--size", "1XiB"], "error: size '1XiB' is not a byte count"),
-        (["run", "--size", "128MiB"], "error: size '128MiB' must be between 32 B and 64 MiB"),
-        (["run", "--duration", "0"], "error: duration 0.0 s must be in (0, 600]"),
-        (["run", "-s", "p2p", "-V", "fast"], "error: unknown variant 'fast' in 'fast'"),
-        (["run", "-s", "p2p", "--size", "66B"], "error: p2p size 66 B is not a multiple of 4"),
-        (["compare", "missing.json", "missing.json"], "error: cannot read missing.json"),
-        (["report", "pyproject.toml"], "error: pyproject.toml is not a JSON document"),
-        (
-            ["run", "--quick", "--peer", "/nonexistent/python peer.py"],
-            "error: cannot start framework info (/nonexistent/python): No such file",
-        ),
-    ],
-)
-def test_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None:
-    result = ezflow_cli("perf", *args)
+BAD_OPTIONS = [
+    (
+        ["run", "-s", "ring"],
+        "error: unknown suite 'ring'; use one of fanout, fanin, relay, spread, p2p",
+    ),
+    (["run", "-t", "udp"], "error: unknown transport 'udp'; use one of local, shm, tcp"),
+    (["run", "--size", "1XiB"], "error: size '1XiB' is not a byte count"),
+    (["run", "--size", "128MiB"], "error: size '128MiB' must be between 32 B and 64 MiB"),
+    (["run", "--duration", "0"], "error: duration 0.0 s must be in (0, 600]"),
+    (["run", "-s", "p2p", "-V", "fast"], "error: unknown variant 'fast' in 'fast'"),
+    (["run", "-s", "p2p", "--size", "66B"], "error: p2p size 66 B is not a multiple of 4"),
+    (["compare", "missing.json", "missing.json"], "error: cannot read missing.json"),
+    (["report", "pyproject.toml"], "error: pyproject.toml is not a JSON document"),
+    (
+        ["run", "--quick", "--peer", "/nonexistent/python peer.py"],
+        "error: cannot start framework info (/nonexistent/python): No such file",
+    ),
+    # Root without `ip` on PATH, or not root: either way nothing is measured.
+    (["bridge"], "error: perf bridge needs "),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_option_runs() -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every command of BAD_OPTIONS, run at once (each is an interpreter's start-up)."""
+    env = dict(os.environ, PATH="/nonexistent")  # no `ip` for `perf bridge`
+    started = [
+        (args, subprocess.Popen([sys.executable, "-m", "ezflow", "perf", *args], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for args, _ in BAD_OPTIONS
+    ]  # fmt: skip
+    runs = {}
+    for args, process in started:
+        with process:
+            try:
+                stdout, stderr = process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+            runs[" ".join(args)] = subprocess.CompletedProcess(
+                process.args, process.returncode, stdout, stderr
+            )
+    return runs
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_OPTIONS)
+def test_bad_options_exit_2_with_one_line(
+    bad_option_runs: dict[str, subprocess.CompletedProcess[str]], args: list[str], message: str
+) -> None:
+    result = bad_option_runs[" ".join(args)]
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
     assert "Traceback" not in result.stderr
 
 
+# -- the research benchmarks: `perf sigproc`, `perf startup` (run in tests/test_startup.py),
+# `perf bridge` (root and minutes: run by hand, docs/fleets.md)
+
+
+@pytest.mark.parametrize(
+    ("command", "summary", "options"),
+    [
+        ("sigproc", "ezmsg vs ezflow on one ezmsg-sigproc graph", ["--blocks", "--samples",
+                                                                    "--channels", "--rounds"]),
+        ("startup", "Start-up of a source -> relay -> sink graph", ["--runs"]),
+        ("bridge", "Across two hosts: through the Zenoh bridge", ["--rounds"]),
+    ],
+)  # fmt: skip
+def test_research_benchmarks_are_perf_subcommands(
+    command: str, summary: str, options: list[str]
+) -> None:
+    listed = CliRunner().invoke(app, ["perf", "--help"], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0 and f"{command} " in listed.output
+    shown = CliRunner().invoke(app, ["perf", command, "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert summary in shown.output
+    assert all(option in shown.output for option in options), shown.output
+    # Out of range: a usage error naming the option, exit status 2, nothing run.
+    bad = CliRunner().invoke(app, ["perf", command, options[-1], "0"], env={"COLUMNS": "200"})
+    assert bad.exit_code == 2 and f"Invalid value for '{options[-1]}'" in bad.output
+
+
 # -- the p2p suite
 
 
 def _p2p(document: dict[str, Any], framework: str, transport: str, variant: str) -> dict[str, Any]:
+    found: dict[str, Any]
     (found,) = [
         cell
         for cell in document["cells"]
@@ -522,45 +572,70 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], set[int]]:
-    """A run that streams for 20 s; returns once its relay workers are up."""
-    runner = subprocess.Popen(
+def _start_long_run(output: Path) -> subprocess.Popen[str]:
+    """A run that streams for 20 s into *output*."""
+    return subprocess.Popen(
         [sys.executable, "-m", "ezflow", "perf", "run", "-s", "relay", "-t", "tcp", "--size",
-         "1KiB", "-n", "2", "--duration", "20", "--repeats", "1", "-o", str(tmp_path / "x.json")],
+         "1KiB", "-n", "2", "--duration", "20", "--repeats", "1", "-o", str(output)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
+
+
+def _workers_up(runner: subprocess.Popen[str]) -> set[int]:
+    """The runner's processes once its relay workers are up, well into the stream."""
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        workers = _descendants(runner.pid)
-        if len(workers) >= 3:  # the graph server and the two processes of the cell
+        # the graph server and the two processes of the cell
+        if len(_descendants(runner.pid)) >= 3:
             time.sleep(1.0)  # well into the stream
-            return runner, _descendants(runner.pid)
+            return _descendants(runner.pid)
+        assert runner.poll() is None, runner.communicate()[1]
         time.sleep(0.1)
-    runner.kill()
-    runner.wait()
     pytest.fail("the run did not start its workers")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupting_a_run_ends_every_worker(sig: signal.Signals, tmp_path: Path) -> None:
-    runner, workers = _start_long_run(tmp_path)
+STOPS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
+
+
+@pytest.fixture(scope="module")
+def stopped_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[subprocess.Popen[str], set[int], str, Path]]:
+    """Three long runs at once, each stopped well into its stream, by each of STOPS:
+    (runner, its processes before the stop, its stderr, its results file)."""
+    folder = tmp_path_factory.mktemp("stops")
+    runners = {name: _start_long_run(folder / f"{name}.json") for name in STOPS}
+    stopped = {}
     try:
-        runner.send_signal(sig)
-        _, stderr = runner.communicate(timeout=20)
+        for name, runner in runners.items():
+            workers = _workers_up(runner)
+            runner.send_signal(STOPS[name])
+            stopped[name] = (runner, workers)
+        found = {}
+        for name, (runner, workers) in stopped.items():
+            _, stderr = runner.communicate(timeout=60)  # seconds, but three at once
+            found[name] = (runner, workers, stderr, folder / f"{name}.json")
     finally:
-        runner.kill()
-        runner.wait()
-    assert runner.returncode == 128 + sig
+        for runner in runners.values():
+            runner.kill()
+            runner.communicate()
+    return found
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupting_a_run_ends_every_worker(
+    sig: str, stopped_runs: dict[str, tuple[subprocess.Popen[str], set[int], str, Path]]
+) -> None:
+    runner, workers, stderr, output = stopped_runs[sig]
+    assert runner.returncode == 128 + STOPS[sig]
     assert "every worker was stopped, no results written" in stderr
     assert not _alive(workers)
-    assert not (tmp_path / "x.json").exists()
+    assert not output.exists()
 
 
-def test_workers_leave_when_the_runner_is_killed(tmp_path: Path) -> None:
-    runner, workers = _start_long_run(tmp_path)
-    runner.kill()
-    runner.communicate(timeout=10)
-    deadline = time.monotonic() + 10
-    while _alive(workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(workers)
+def test_workers_leave_when_the_runner_is_killed(
+    stopped_runs: dict[str, tuple[subprocess.Popen[str], set[int], str, Path]],
+) -> None:
+    runner, workers, _, _ = stopped_runs["SIGKILL"]
+    assert runner.returncode == -signal.SIGKILL
+    wait_until_sync(lambda: not _alive(workers), "every worker of a killed run gone")

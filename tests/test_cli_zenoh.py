@@ -607,7 +607,7 @@ async def test_the_worked_example_runs_as_written_over_mutual_tls(
 ) -> None:
     blocks = [_joined(block.splitlines()) for block in doc_blocks("fleets.md", "bash")]
     (router,), (robot,), (bridge, graph, top), (options,), benchmark = blocks
-    assert benchmark == ["sudo python -m ezflow._perf._zenoh_bridge --rounds 3"]  # minutes
+    assert benchmark == ['sudo "$(command -v ezflow)" perf bridge --rounds 3']  # minutes
     ws, robot1 = on_host(example_hosts.a, "ws"), on_host(example_hosts.b, "robot1")
     async with processes(example_files) as started:
         await started.start(

@@ -1,9 +1,9 @@
 """Differential tests of every codec fast path against the general path (the reference).
 
 Encode side: ``Codec.encode`` (the top-level array cache, the shape templates),
-``Codec.encode_small``, ``Codec.small_array_body`` and ``Codec.array_prefix`` must give
+``Codec._encode_small``, ``Codec._small_array_body`` and ``Codec._array_prefix`` must give
 exactly the bytes of ``_encode_general``, or raise what it raises. Decode side:
-``Codec.decode`` (``last_array``, ``_cached_array``, the top-level array shortcut, the
+``Codec.decode`` (``_last_array``, ``_cached_array``, the top-level array shortcut, the
 shape layouts) must give what ``_decode_general`` gives - same types, values, dtypes,
 shapes, read-only views - or raise ProtocolError where it does, also for mutated bodies.
 Messages repeat (cache hits) and interleave (misses), with caches shrunk (evictions).
@@ -40,7 +40,10 @@ from ezflow._core._codec import (
     Codec,
     EncodedMessage,
     _decode_general,
+    _dtypes,
     _encode_general,
+    _layouts,
+    _templates,
 )
 from ezflow._core._exceptions import ProtocolError
 
@@ -64,12 +67,12 @@ def check_encode(codec: Codec, obj: object) -> bytes | None:
     got = outcome(lambda: joined(codec.encode(obj)))
     assert ref[0] == got[0], (ref, got)
     assert ref[1] == got[1]  # the bytes, or the exception type
-    small = codec.encode_small(obj)
+    small = codec._encode_small(obj)
     if small is not None:
         assert ref[0] == "ok" and small == ref[1]
         assert len(small) <= SMALL_BODY
     if type(obj) is np.ndarray:
-        array_small = codec.small_array_body(obj)
+        array_small = codec._small_array_body(obj)
         assert array_small is None or array_small == ref[1]
     return ref[1] if ref[0] == "ok" else None  # type: ignore[return-value]
 
@@ -100,14 +103,14 @@ def check_repeated(codec: Codec, obj: object) -> bytes | None:
     if templated(obj) and len(body) <= SMALL_BODY:
         # The template path was taken: one bytes part, and the small-body path.
         assert len(codec.encode(obj).parts) == 1
-        assert codec.encode_small(obj) == body
+        assert codec._encode_small(obj) == body
     # From a fresh state for this body's key: the second decode learns its layout, the
     # third uses it.
     forget_layouts(body)
     for _ in range(3):
         ref = check_decode(codec, body)
-    if templated(obj) and head_size(body) <= _codec._LAYOUT_MAX_HEAD and ref[0] == "ok":
-        layout = codec.last_layout  # learned on the second decode, used on the third
+    if templated(obj) and head_size(body) <= _layouts._LAYOUT_MAX_HEAD and ref[0] == "ok":
+        layout = codec._last_layout  # learned on the second decode, used on the third
         assert layout is not None and layout.size == len(body)
         assert_same_decoded(ref[1], layout.decode(body))
     return body
@@ -117,27 +120,28 @@ def forget_layouts(body: bytes) -> None:
     """Forget what the shared decode caches know of bodies like *body* (other tests
     fill them too)."""
     key = (len(body), body[: HEADER.size])
-    _codec._DEC_SEEN.pop(key, None)
-    _codec._DEC_LAYOUTS.pop(key, None)
+    _layouts._DEC_SEEN.pop(key, None)
+    _layouts._DEC_LAYOUTS.pop(key, None)
 
 
 @contextlib.contextmanager
 def small_caches() -> Iterator[None]:
     """Shrink every fast-path cache so that interleaved shapes evict each other."""
-    names = {
-        "_TEMPLATE_CACHE_SIZE": 2,
-        "_LAYOUTS_PER_KEY": 1,
-        "_ARRAY_CACHE_SIZE": 2,
-        "_DTYPE_CACHE_SIZE": 2,
+    sizes = {
+        (_templates, "_TEMPLATE_CACHE_SIZE"): 2,
+        (_layouts, "_LAYOUT_CACHE_SIZE"): 2,
+        (_layouts, "_LAYOUTS_PER_KEY"): 1,
+        (_codec, "_ARRAY_CACHE_SIZE"): 2,
+        (_dtypes, "_DTYPE_CACHE_SIZE"): 2,
     }
-    saved = {name: getattr(_codec, name) for name in names}
+    saved = {(module, name): getattr(module, name) for module, name in sizes}
     try:
-        for name, value in names.items():
-            setattr(_codec, name, value)
+        for (module, name), value in sizes.items():
+            setattr(module, name, value)
         yield
     finally:
-        for name, value in saved.items():
-            setattr(_codec, name, value)
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
 
 
 # --------------------------------------------------------------------------- encode + decode
@@ -227,12 +231,12 @@ def test_bare_array_fast_paths_match_the_general_path(arr: np.ndarray[Any, Any])
     body = check_repeated(codec, arr)
     if body is None:
         return
-    small = codec.small_array_body(arr)
+    small = codec._small_array_body(arr)
     if len(body) <= SMALL_BODY and arr.nbytes and small is None:
-        # small_array_body declines only kinds without a cached prefix
+        # _small_array_body declines only kinds without a cached prefix
         assert (arr.dtype, arr.shape) not in _codec._ENC_ARRAYS
     if arr.nbytes and arr.dtype.kind not in "mMV" and not arr.dtype.names:
-        prefix, total = codec.array_prefix(arr.shape, arr.dtype)
+        prefix, total = codec._array_prefix(arr.shape, arr.dtype)
         assert prefix + np.ascontiguousarray(arr).tobytes() == body
         assert total == len(body)
 
@@ -246,16 +250,16 @@ def test_the_paced_tuple_is_one_bytes_body_from_the_second_message_on() -> None:
         encoded = codec.encode(message)
         assert encoded.to_bytes() == _encode_general(codec, message).to_bytes()
         assert len(encoded.parts) == 1 and type(encoded.parts[0]) is bytes
-        assert codec.encode_small(message) == encoded.parts[0]
+        assert codec._encode_small(message) == encoded.parts[0]
         decoded = codec.decode(encoded.parts[0])
         assert_same_decoded(_decode_general(codec, encoded.parts[0]), decoded)
-    assert codec.last_layout is not None  # the third decode took the layout
+    assert codec._last_layout is not None  # the third decode took the layout
     large = (1, 2, 3, np.zeros(2048, np.float32))  # 8 KiB: referenced, not copied
     encoded = codec.encode(large)
     assert len(encoded.parts) == 2 and np.shares_memory(
         np.frombuffer(encoded.parts[1], np.uint8), large[3]
     )
-    assert codec.encode_small(large) is None
+    assert codec._encode_small(large) is None
 
 
 def test_templates_stand_aside_for_what_the_general_path_refuses() -> None:
@@ -270,20 +274,20 @@ def test_templates_stand_aside_for_what_the_general_path_refuses() -> None:
         ref = outcome(lambda o=obj: _encode_general(codec, o))  # type: ignore[misc]
         got = outcome(lambda o=obj: codec.encode(o))  # type: ignore[misc]
         assert ref[0] == got[0] == "raised" and ref[1] is got[1]
-        assert codec.encode_small(obj) is None
+        assert codec._encode_small(obj) is None
 
 
 def test_a_huge_str_gets_the_same_bytes_and_leaves_no_huge_packer() -> None:
     codec = Codec()
     small = {"text": "y" * 10, "n": 1}
     assert codec.encode(small).to_bytes() == _encode_general(codec, small).to_bytes()
-    before = _codec._thread_packer()
+    before = _templates._thread_packer()
     huge = {"text": "x" * 200_000, "n": 1}
     assert codec.encode(huge).to_bytes() == _encode_general(codec, huge).to_bytes()
-    after = _codec._thread_packer()
+    after = _templates._thread_packer()
     assert after is not before  # the packer that grew to 200 KB was dropped
     assert codec.encode(small).to_bytes() == _encode_general(codec, small).to_bytes()
-    assert _codec._thread_packer() is after  # small messages keep the packer
+    assert _templates._thread_packer() is after  # small messages keep the packer
 
 
 def test_dataclass_templates_send_init_fields_and_rebuild_by_the_constructor() -> None:
@@ -304,8 +308,8 @@ def test_dataclass_templates_send_init_fields_and_rebuild_by_the_constructor() -
         body = codec.encode(obj).to_bytes()
         assert body == _encode_general(codec, obj).to_bytes()
         got = codec.decode(body)
-        assert type(got) is Derived and got.total == 5.0  # type: ignore[attr-defined]
-    assert codec.last_layout is not None
+        assert type(got) is Derived and got.total == 5.0
+    assert codec._last_layout is not None
 
 
 def test_a_failing_constructor_is_a_protocol_error_on_the_layout_path_too() -> None:
@@ -315,7 +319,7 @@ def test_a_failing_constructor_is_a_protocol_error_on_the_layout_path_too() -> N
     forget_layouts(body)
     for _ in range(3):
         codec.decode(body)
-    assert codec.last_layout is not None
+    assert codec._last_layout is not None
 
     original = Sample.__init__
 

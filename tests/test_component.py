@@ -65,7 +65,7 @@ def test_settings_are_frozen_checked_dataclasses() -> None:
 
 
 def test_settings_travel_through_the_codec() -> None:
-    codec = ezflow.Codec()
+    codec = ezflow.lowlevel.Codec()
     settings = RateSettings(rate=1.5, label="x")
     assert codec.decode(codec.encode(settings).to_bytes()) == settings
 
@@ -95,7 +95,7 @@ def test_unit_settings_by_object_keywords_or_defaults() -> None:
     with pytest.raises(ezflow.GraphDefinitionError, match="not both"):
         Source(RateSettings(), rate=1.0)
     with pytest.raises(ezflow.GraphDefinitionError, match="expects RateSettings"):
-        Source(Required(path="x"))  # type: ignore[arg-type]
+        Source(Required(path="x"))
     with pytest.raises(ezflow.GraphDefinitionError, match="declares no SETTINGS"):
         Filter(rate=1.0)
 
@@ -200,7 +200,7 @@ def test_collection_children_are_copied_per_instance() -> None:
             self.EXTRA = Filter()  # created in configure(): also a child
 
     first, second = Pair(), Pair()
-    assert first.SOURCE is not second.SOURCE  # type: ignore[attr-defined]
-    assert first.SOURCE is not Pair.SOURCE  # type: ignore[attr-defined]
+    assert first.SOURCE is not second.SOURCE
+    assert first.SOURCE is not Pair.SOURCE
     first.configure()
     assert list(first.components()) == ["SOURCE", "FILTER", "EXTRA"]

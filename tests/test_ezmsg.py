@@ -1,4 +1,5 @@
-"""ezmsg on ezflow (ezflow.ezmsg, ezflow.compat.ezmsg, AxisArray in the codec): needs the
+"""ezmsg on ezflow (the adapter ezflow._units._ezmsg_adapter, ezflow.compat.ezmsg, the
+rules both share, AxisArray in the codec): needs the
 ``ezmsg`` extra; skipped without it. The ezmsg-sigproc tests skip on their own when only
 ezmsg is installed (as with ezmsg 3.9, which ezmsg-sigproc no longer accepts)."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import importlib.metadata
 import os
@@ -27,6 +29,7 @@ pytest.importorskip(
     "ezmsg.core", reason="ezmsg is not installed (pip install 'ezflow-pubsub[ezmsg]')"
 )
 
+import ezmsg.core as ez
 from _ezmsg_graphs import (
     EzflowSink,
     Lifecycle,
@@ -41,8 +44,9 @@ from ezmsg.util.terminate import TerminateOnTimeout
 
 import ezflow
 import ezflow.compat.ezmsg as compat
-import ezflow.ezmsg
-from ezflow._core import _codec
+from ezflow._core._codec import _registry
+from ezflow._core._config import DEFAULT_MAX_IN_FLIGHT
+from ezflow._units import _ezmsg_adapter
 from ezflow._units._plan import adaptable, build_plan
 
 PROGRAMS = Path(__file__).parent / "ezmsg_programs"
@@ -129,13 +133,43 @@ async def test_ezmsg_unit_lifecycle(server: ezflow.GraphServer) -> None:
 async def test_ezmsg_streams_must_belong_to_the_graph(server: ezflow.GraphServer) -> None:
     source, stray = Source(), Sink()
     assert adaptable(source) and not adaptable(EzflowSink())
-    adapted = ezflow.ezmsg.adapt(source)
-    assert isinstance(adapted, ezflow.ezmsg.EzmsgUnit) and adapted.ezmsg_component is source
+    adapted = _ezmsg_adapter.adapt(source)
+    assert isinstance(adapted, _ezmsg_adapter.EzmsgUnit) and adapted.ezmsg_component is source
     assert set(type(adapted).streams()) == {"INPUT_SETTINGS", "OUTPUT_SIGNAL"}
     with pytest.raises(TypeError, match="not an ezmsg Unit or Collection"):
-        ezflow.ezmsg.adapt(EzflowSink())
+        _ezmsg_adapter.adapt(EzflowSink())
     with pytest.raises(ezflow.GraphDefinitionError, match="not in the graph"):
         ezflow.GraphRunner(SOURCE=source, connections=[(source.OUTPUT_SIGNAL, stray.INPUT_SIGNAL)])
+
+
+def test_ezflow_ezmsg_is_a_deprecated_alias_of_the_adapter() -> None:
+    sys.modules.pop("ezflow.ezmsg", None)
+    with pytest.warns(DeprecationWarning, match=r"ezflow\.compat\.ezmsg"):
+        alias = importlib.import_module("ezflow.ezmsg")
+    assert alias.adapt is _ezmsg_adapter.adapt
+    assert alias.EzmsgUnit is _ezmsg_adapter.EzmsgUnit
+    assert alias.EzmsgCollection is _ezmsg_adapter.EzmsgCollection
+
+
+@pytest.mark.parametrize("force_tcp", [None, False, True])
+@pytest.mark.parametrize("num_buffers", [32, 1, 8, 100])
+def test_compat_and_the_adapter_translate_an_output_alike(
+    num_buffers: int, force_tcp: bool | None
+) -> None:
+    # The same ezmsg declaration, as ezmsg's class (the adapter) and as compat's.
+    tag = f"{num_buffers}_{force_tcp}"
+    theirs = dataclasses.make_dataclass(f"Theirs_{tag}", [("value", float)])
+    ours = dataclasses.make_dataclass(f"Ours_{tag}", [("value", float)])
+    adapted = _ezmsg_adapter._ezflow_stream(
+        ez.OutputStream(theirs, num_buffers=num_buffers, force_tcp=force_tcp)
+    )
+    own = compat.OutputStream(ours, num_buffers=num_buffers, force_tcp=force_tcp)
+    assert isinstance(adapted, ezflow.OutputStream)
+    assert (adapted.max_in_flight, adapted.transport) == (own.max_in_flight, own.transport)
+    assert adapted.max_in_flight == (DEFAULT_MAX_IN_FLIGHT if num_buffers == 32 else num_buffers)
+    # both registered the dataclass the stream names, so that it crosses processes
+    assert _registry.registered_name(theirs) and _registry.registered_name(ours)
+    assert adapted.transport == ("tcp" if force_tcp else None)
 
 
 def axis_array() -> AxisArray:
@@ -175,14 +209,27 @@ async def test_axis_array_round_trip(ctx: ezflow.GraphContext, transport: str) -
     assert_same_axis_array(got, sent)
 
 
-def test_axis_array_needs_no_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def empty_registry() -> Iterator[None]:
+    """A process that registered no message class (the registry as it was afterwards)."""
+    saved = dict(_registry._TYPES_BY_NAME), dict(_registry._TYPES_BY_CLASS)
+    _registry._TYPES_BY_NAME.clear()
+    _registry._TYPES_BY_CLASS.clear()
+    try:
+        yield
+    finally:
+        _registry._TYPES_BY_NAME.clear()
+        _registry._TYPES_BY_CLASS.clear()
+        _registry._TYPES_BY_NAME.update(saved[0])
+        _registry._TYPES_BY_CLASS.update(saved[1])
+
+
+def test_axis_array_needs_no_registration() -> None:
     # A process that never met AxisArray: empty registry, both when encoding and decoding.
-    monkeypatch.setattr(_codec, "_TYPES_BY_NAME", {})
-    monkeypatch.setattr(_codec, "_TYPES_BY_CLASS", {})
-    body = ezflow.Codec().encode(axis_array()).to_bytes()
-    monkeypatch.setattr(_codec, "_TYPES_BY_NAME", {})
-    monkeypatch.setattr(_codec, "_TYPES_BY_CLASS", {})
-    assert_same_axis_array(ezflow.Codec().decode(body), axis_array())
+    with empty_registry():
+        body = ezflow.lowlevel.Codec().encode(axis_array()).to_bytes()
+    with empty_registry():
+        assert_same_axis_array(ezflow.lowlevel.Codec().decode(body), axis_array())
 
 
 # -- ezmsg's example programs, with only their import line changed ------------------------
@@ -212,7 +259,7 @@ _EZMSG_IMPORT = "import ezmsg.core as ez\n"
 def run_variants(name: str, tmp_path: Path) -> dict[str, list[str]]:
     """Run the program three ways at once: under ezmsg (its import line changed back to
     ezmsg's), as it is (ezflow.compat.ezmsg), and ezmsg's classes run by ezflow.run
-    (ezflow.ezmsg's adapter, through compat's ``run(system)``); what each printed."""
+    (ezflow's adapter, through compat's ``run(system)``); what each printed."""
     source = (PROGRAMS / name).read_text()
     assert source.count(_COMPAT_IMPORT) == 1 and source.count("    ez.run(") == 1
     original = source.replace(_COMPAT_IMPORT, _EZMSG_IMPORT)
@@ -367,7 +414,7 @@ def test_ezmsg_units_inside_a_compat_collection() -> None:
     assert first.LOG is not Logged.LOG
     plan = build_plan({"SYS": first})
     assert list(plan.units) == ["SYS/GAIN", "SYS/LOG", "SYS/TERM"]
-    assert isinstance(plan.units["SYS/LOG"], ezflow.ezmsg.EzmsgUnit)
+    assert isinstance(plan.units["SYS/LOG"], _ezmsg_adapter.EzmsgUnit)
     assert plan.units["SYS/LOG"].ezmsg_component is first.LOG
     assert first.LOG.address == "SYS/LOG"  # ezmsg's address, from the ezflow path
     assert plan.edges == [("SYS/LOG/OUTPUT", "SYS/TERM/INPUT")]

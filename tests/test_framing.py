@@ -13,10 +13,15 @@ from ezflow._core._exceptions import ProtocolError
 from ezflow._core._framing import LENGTH, FrameReader, frame
 
 
+def held_nothing(reader: FrameReader) -> bool:
+    """The reader's documented test that it held nothing before the last read."""
+    return not reader.end and reader.big is None
+
+
 def feed(reader: FrameReader, data: bytes, chunks: list[int], *, sole: bool = False) -> list[bytes]:
     """Push *data* through the reader in pieces no larger than each chunk size (with
-    *sole*: taking a fresh read that is exactly one whole frame in one step, as the
-    channels do)."""
+    *sole*: taking a read into an empty reader that is exactly one whole frame in one
+    step, as the channels do - see FrameReader's docstring)."""
     out: list[bytes] = []
     pos = 0
     sizes = iter(chunks)
@@ -25,11 +30,10 @@ def feed(reader: FrameReader, data: bytes, chunks: list[int], *, sole: bool = Fa
         n = min(len(buffer), next(sizes, 65536), len(data) - pos)
         buffer[:n] = data[pos : pos + n]
         pos += n
-        fresh = reader.fresh_read() if sole and n >= 4 else None
-        if fresh is not None:
-            (size,) = LENGTH.unpack_from(fresh)
+        if sole and n >= 4 and held_nothing(reader):
+            (size,) = LENGTH.unpack_from(reader.view)
             if size + 4 == n and size <= reader.max_frame_size:
-                out.append(bytes(fresh[4:n]))
+                out.append(bytes(reader.view[4:n]))
                 continue
         out.extend(bytes(f) for f in reader.buffer_updated(n))
     return out
@@ -52,23 +56,23 @@ def test_any_split_yields_the_same_frames(bodies: list[bytes], chunks: list[int]
     assert feed(FrameReader(max_frame_size=1 << 20), data, chunks, sole=True) == bodies
 
 
-def test_fresh_read_is_offered_only_when_the_reader_held_nothing() -> None:
+def test_an_empty_reader_says_so_and_reads_to_the_start_of_its_view() -> None:
     reader = FrameReader(max_frame_size=100)
     one = frame(b"hello")
     buffer = reader.get_buffer()
     buffer[: len(one) + 3] = one + one[:3]
-    fresh = reader.fresh_read()
-    assert fresh is not None and bytes(fresh[: len(one) + 3]) == one + one[:3]
+    assert held_nothing(reader)
+    assert bytes(reader.view[: len(one) + 3]) == one + one[:3]
     assert [bytes(f) for f in reader.buffer_updated(len(one) + 3)] == [b"hello"]
-    # Three bytes of the next frame are held: the rest of it is not a fresh read.
+    # Three bytes of the next frame are held: the rest of it is not read into an empty
+    # reader.
     buffer = reader.get_buffer()
     buffer[: len(one) - 3] = one[3:]
-    assert reader.fresh_read() is None
+    assert not held_nothing(reader)
     assert [bytes(f) for f in reader.buffer_updated(len(one) - 3)] == [b"hello"]
     buffer = reader.get_buffer()
     buffer[: len(one)] = one
-    fresh = reader.fresh_read()
-    assert fresh is not None and bytes(fresh[: len(one)]) == one
+    assert held_nothing(reader) and bytes(reader.view[: len(one)]) == one
     # Taken whole (not passed on): the reader is empty again.
     assert feed(reader, one, [len(one)]) == [b"hello"]
 

@@ -39,6 +39,7 @@ def _run(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        check=False,
     )
 
 

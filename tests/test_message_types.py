@@ -47,8 +47,8 @@ class _Forged:
 class _ForgingCodec(Codec):
     """The publisher's codec, except that a :class:`_Forged` message is sent as its body."""
 
-    def encode_small(self, obj: object) -> bytes | None:
-        return obj.body if isinstance(obj, _Forged) else super().encode_small(obj)
+    def _encode_small(self, obj: object) -> bytes | None:
+        return obj.body if isinstance(obj, _Forged) else super()._encode_small(obj)
 
     def encode(self, obj: object) -> EncodedMessage:
         if isinstance(obj, _Forged):
@@ -89,7 +89,7 @@ async def test_undecodable_raises_in_order_for_lossless_and_counts_for_leaky(
     with pytest.raises(ezflow.UndecodableMessageError, match="Ghozt"):
         await asyncio.wait_for(lossless.recv(), 5)
     assert np.array_equal(await asyncio.wait_for(lossless.recv(), 5), np.arange(4.0))
-    assert lossless.stats.undecodable == 2
+    assert lossless.statistics().undecodable == 2
     assert {channel.transport for channel in ctx.channels} == {transport}
     # Nothing stalls: the publisher's window was released for every message.
     for i in range(3):
@@ -97,7 +97,7 @@ async def test_undecodable_raises_in_order_for_lossless_and_counts_for_leaky(
         assert await asyncio.wait_for(lossless.recv(), 5) == Ghost(10 + i)
     got = [await asyncio.wait_for(leaky.recv(), 5) for _ in range(6)]
     assert got[:2] == [Ghost(1), Ghost(2)] and got[3:] == [Ghost(10), Ghost(11), Ghost(12)]
-    assert (leaky.stats.undecodable, leaky.stats.dropped) == (2, 2)
+    assert (leaky.statistics().undecodable, leaky.statistics().dropped) == (2, 2)
     assert "cannot be decoded" in caplog.text
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
 from _children import mixed_payload, payload
 from _proc import Child
+from _waiting import wait_until
 from conftest import loop_kind
 
 import ezflow
@@ -49,7 +49,7 @@ async def test_one_publisher_several_subscribers_in_another_process(
         assert done["transports"] == ["tcp"]
         assert done["decoded"] == [count]
         assert done["same_object"]
-        assert pub.stats.encodes == count
+        assert pub.statistics().encodes == count
         assert await child.stop() == 0
     finally:
         await child.aclose()
@@ -94,7 +94,7 @@ async def test_edge_added_and_removed_while_messages_flow(ctx: ezflow.GraphConte
     )
     try:
         await child.event("ready")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a window: nothing may arrive in it
         assert sub.queued == 0  # not connected yet: nothing arrives
         await ctx.connect("/mp/src", "/mp/dst")
         first = int((await asyncio.wait_for(sub.recv(), 5))[0])
@@ -106,7 +106,7 @@ async def test_edge_added_and_removed_while_messages_flow(ctx: ezflow.GraphConte
             received.append(int(sub.recv_nowait()[0]))
         # a contiguous run: nothing lost, duplicated or reordered while connected
         assert received == list(range(first, first + len(received)))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window: nothing may arrive in it
         assert sub.queued == 0, "messages still arrive after disconnect returned"
         # and again: reconnecting resumes the flow
         await ctx.connect("/mp/src", "/mp/dst")
@@ -114,16 +114,6 @@ async def test_edge_added_and_removed_while_messages_flow(ctx: ezflow.GraphConte
         assert later > received[-1]
     finally:
         await child.aclose()
-
-
-async def wait_until(condition, timeout: float) -> float:  # type: ignore[no-untyped-def]
-    """Poll *condition* (an async callable) until true; return the seconds it took."""
-    started = time.monotonic()
-    while not await condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
 
 
 async def test_killed_subscriber_process_is_dropped_and_publisher_keeps_going(
@@ -145,7 +135,7 @@ async def test_killed_subscriber_process_is_dropped_and_publisher_keeps_going(
         # the stalled child holds the lossless window: the publisher blocks after 8 more
         publishing = asyncio.ensure_future(publish_range(pub, 100))
         got = [await local.recv() for _ in range(8)]
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a window: publishing may not end in it
         assert not publishing.done()
 
         os.kill(child.pid, signal.SIGKILL)
@@ -154,7 +144,7 @@ async def test_killed_subscriber_process_is_dropped_and_publisher_keeps_going(
             graph = await ctx.graph()
             return len(graph["subscribers"]) == 1 and len(graph["clients"]) == 1
 
-        assert await wait_until(child_gone, 1.0) < 1.0
+        assert await wait_until(child_gone, "the child gone", 1.0) < 1.0
         got += [await asyncio.wait_for(local.recv(), 5) for _ in range(92)]
         await asyncio.wait_for(publishing, 5)
         assert got == list(range(100))
@@ -185,14 +175,14 @@ async def test_killed_publisher_process_ends_cleanly_for_subscribers(
             graph = await ctx.graph()
             return len(graph["publishers"]) == 1
 
-        await wait_until(publisher_gone, 2.0)
+        await wait_until(publisher_gone, "the publisher gone", 2.0)
         while sub.queued:
             sub.recv_nowait()
         assert len(ctx.channels) == 1  # only the healthy local publisher's channel
         await healthy.publish(np.array([-1]))
         assert (await asyncio.wait_for(sub.recv(), 2)).tolist() == [-1]
         # The killed publisher ended its stream (broken); the healthy one keeps it open.
-        assert (sub.stats.publishers_ended, sub.stats.publishers_broken) == (1, 1)
+        assert (sub.statistics().publishers_ended, sub.statistics().publishers_broken) == (1, 1)
         assert not sub.ended
         await healthy.aclose()
         with pytest.raises(ezflow.EndOfStream):

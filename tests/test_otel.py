@@ -477,7 +477,7 @@ async def test_the_exporter_as_a_context_manager_polls_until_the_block_ends() ->
                 break
             await asyncio.sleep(0.01)
     left = len(graph.replies)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a window: no reply may come in it
     assert len(graph.replies) == left  # stopped
     assert exporter.exported == 1 and len(spans.get_finished_spans()) == 6
 

@@ -51,9 +51,9 @@ async def test_small_arrays_arrive_whole_and_in_order_on_either_path(
         assert np.array_equal(got, arr)
         assert not got.flags.writeable
     codec = Codec()
-    assert pub.stats.messages == pub.stats.encodes == len(sent)
-    assert pub.stats.bytes == sum(codec.encode(arr).nbytes for arr in sent)
-    assert sub.stats.received == len(sent)
+    assert pub.statistics().messages == pub.statistics().encodes == len(sent)
+    assert pub.statistics().bytes == sum(codec.encode(arr).nbytes for arr in sent)
+    assert sub.statistics().received == len(sent)
 
 
 async def test_a_local_subscriber_beside_a_remote_one_gets_its_read_only_view(
@@ -88,8 +88,8 @@ async def test_an_encoded_publish_sends_its_body_as_it_is_and_the_object_locally
         for sub in (local, remote):
             got = await sub.recv()
             assert got[:2] == message[:2] and np.array_equal(got[2], message[2])
-    assert pub.stats.messages == len(sent) and pub.stats.encodes == 0
-    assert pub.stats.bytes == sum(len(b) for b in bodies)
+    assert pub.statistics().messages == len(sent) and pub.statistics().encodes == 0
+    assert pub.statistics().bytes == sum(len(b) for b in bodies)
 
 
 async def test_a_cached_kind_too_large_for_a_subscriber_is_refused_before_sending(
@@ -106,7 +106,7 @@ async def test_a_cached_kind_too_large_for_a_subscriber_is_refused_before_sendin
                 await pub.publish(big)
         await pub.publish(np.arange(4, dtype=np.int64))
         assert (await sub.recv()).tolist() == [0, 1, 2, 3]
-        assert pub.stats.messages == 1
+        assert pub.statistics().messages == 1
 
 
 async def test_a_small_array_parked_for_a_full_leaky_channel_is_sent_when_room_frees(
@@ -119,7 +119,7 @@ async def test_a_small_array_parked_for_a_full_leaky_channel_is_sent_when_room_f
     for i in range(1, 200):
         last = i
         await pub.publish(np.full(16, i, dtype=np.int64))
-    assert pub.stats.drops > 0  # parked messages replaced by newer ones
+    assert pub.statistics().drops > 0  # parked messages replaced by newer ones
     newest = None
     async with asyncio.timeout(5):
         while newest is None or newest[0] != last:
@@ -152,7 +152,7 @@ async def test_a_publisher_of_large_messages_yields_to_its_loop_every_few_mib(
     ticks = 0
     for _ in range(count):
         await pub.publish(payload)
-    assert pub.stats.waits == 0  # (so each tick came from a yield, not a wait)
+    assert pub.statistics().waits == 0  # (so each tick came from a yield, not a wait)
     assert ticks >= 3
     ticker.cancel()
     for _ in range(count):
@@ -358,6 +358,33 @@ def test_a_paced_tuple_is_handed_over_as_one_bytes_body() -> None:
     assert outlet.stats.encodes == outlet.stats.messages == 5
 
 
+def test_interleaved_publishers_of_other_kinds_each_keep_the_one_bytes_body() -> None:
+    """Outlets of one process share its codec's caches, not its last-kind hints: four
+    publishers of two tuple shapes and two array kinds, interleaved, each hand over one
+    bytes body once they have encoded their kind."""
+    codec = Codec()
+    kinds = [
+        lambda seq: (1, seq, time.perf_counter_ns(), np.arange(16, dtype=np.float32)),
+        lambda seq: (seq, "x", 2.0),
+        lambda seq: np.full(16, seq, np.float32),
+        lambda seq: np.full(4, seq, np.int64),
+    ]
+    outlets, links = [], []
+    for i in range(len(kinds)):
+        outlet = _outlet.Outlet(f"p-{i}", "/t", codec, max_in_flight=9, max_in_flight_bytes=1 << 20)
+        links.append(_RecordingLink())
+        outlet.add_link(links[-1])
+        outlets.append(outlet)
+    assert all(outlet.codec is not codec for outlet in outlets)
+    for seq in range(6):
+        for outlet, make in zip(outlets, kinds, strict=True):
+            assert outlet.publish_nowait(make(seq))
+    for link in links[:2]:  # a template from the first message on
+        assert [kind for kind, _, _ in link.bodies] == ["send"] + ["small"] * 5
+    for link in links[2:]:  # an array's kind from its second (cached) encoding on
+        assert [kind for kind, _, _ in link.bodies][2:] == ["small"] * 4
+
+
 _LINK_STATE = st.tuples(
     st.booleans(),  # lossless
     st.booleans(),  # stalled
@@ -413,7 +440,7 @@ async def test_a_stalled_link_makes_publish_wait_until_it_resumes(
     (link,) = pub._outlet.links
     link.stalled = True
     publishing = asyncio.ensure_future(pub.publish(np.arange(3.0)))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a window: publish may not return in it
     assert not publishing.done()
     link.stalled = False
     pub._outlet.wake()

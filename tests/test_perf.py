@@ -304,4 +304,4 @@ async def test_shm_inline_limit_decides_what_a_small_loan_is(
     await pub.publish((0, 0, 0, payload))
     message = await asyncio.wait_for(sub.recv(), 5)
     assert np.array_equal(message[3], payload)
-    assert pub.shm_stats.loans == lent
+    assert pub.shm_statistics().loans == lent

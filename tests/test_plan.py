@@ -68,13 +68,13 @@ class Chain(ezflow.Collection):
 
     def network(self) -> Iterable[tuple[Any, Any]]:
         return [
-            (self.INPUT, self.A.INPUT),  # type: ignore[attr-defined]
-            (self.A.OUTPUT, self.B.INPUT),  # type: ignore[attr-defined]
-            (self.B.OUTPUT, self.OUTPUT),  # type: ignore[attr-defined]
+            (self.INPUT, self.A.INPUT),
+            (self.A.OUTPUT, self.B.INPUT),
+            (self.B.OUTPUT, self.OUTPUT),
         ]
 
     def process_components(self) -> Iterable[ezflow.Component]:
-        return [self.B]  # type: ignore[attr-defined]
+        return [self.B]
 
 
 class Outer(ezflow.Collection):
@@ -85,7 +85,7 @@ class Outer(ezflow.Collection):
     INNER = Chain()
 
     def network(self) -> Iterable[tuple[Any, Any]]:
-        return [(self.INPUT, self.INNER.INPUT), (self.INNER.OUTPUT, self.OUTPUT)]  # type: ignore[attr-defined]
+        return [(self.INPUT, self.INNER.INPUT), (self.INNER.OUTPUT, self.OUTPUT)]
 
 
 def invalid(match: str) -> Any:
@@ -112,7 +112,7 @@ def test_topics_come_from_paths_and_relays_become_direct_edges() -> None:
         "OUTER/INNER/B": "OUTER/INNER/B",
         "SINK": "SINK",
     }
-    assert outer.INNER.A.path == "OUTER/INNER/A"  # type: ignore[attr-defined]
+    assert outer.INNER.A.path == "OUTER/INNER/A"
 
 
 def test_string_endpoints_name_streams_or_outside_topics() -> None:
@@ -158,7 +158,7 @@ def test_collection_streams_are_relays_in_both_directions() -> None:
         A = Scale()
 
         def network(self) -> Iterable[tuple[Any, Any]]:
-            return [(self.A.OUTPUT, self.INPUT)]  # type: ignore[attr-defined]
+            return [(self.A.OUTPUT, self.INPUT)]
 
     with invalid(r"WRONG connection 0 \(WRONG/A.OUTPUT -> WRONG.INPUT\) connects two outputs"):
         build_plan({"WRONG": Wrong()})
@@ -194,7 +194,7 @@ def test_settings_of_the_wrong_type() -> None:
     with invalid(r"SAVE: Saver has no settings, and NeedsPath has required fields \(path\)"):
         build_plan({"SAVE": Saver()})
     with invalid("expects SineSettings"):
-        Sine(ScaleSettings())  # type: ignore[arg-type]
+        Sine(ScaleSettings())
 
 
 class GainedSettings(ezflow.Settings):

@@ -208,6 +208,9 @@ def test_a_client_attaching_a_watched_ring_replaces_the_watchers_registration() 
     assert list(registry.publishers) == ["p-attached"]
     assert registry.watcher.publishers == set()
     assert not registry.unwatch("p-ring-cam-1")  # (gone already)
+    # The snapshot names the ring (`ezflow graph` lists it by name, not by its id).
+    (pub,) = registry.snapshot()["publishers"]
+    assert (pub["id"], pub["ring"]) == ("p-attached", "cam")
 
 
 names = st.sampled_from(["/a", "/b", "/c", "/d"])

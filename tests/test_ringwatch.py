@@ -11,9 +11,9 @@ import secrets
 import numpy as np
 import pytest
 
-from ezflow import RingWriter
 from ezflow._graph._registry import Registry
 from ezflow._graph._ringwatch import RingWatcher
+from ezflow.ezring import RingWriter
 
 ADDRESS = ("127.0.0.1", 9)
 ATTACH = {"op": "register_publisher", "topic": "/cam", "address": list(ADDRESS)}

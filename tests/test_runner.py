@@ -613,7 +613,7 @@ def test_the_design_example_runs_as_written(
     while not conftest._children(process.pid):
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
-    time.sleep(1.5)
+    time.sleep(1.5)  # a window: the example keeps running in it (and SCALE starts)
     assert process.poll() is None
     process.send_signal(signal.SIGINT)
     code, out, err, _ = finish(process)
@@ -632,7 +632,7 @@ def test_an_unguarded_graph_runner_gets_a_clear_error(tmp_path: Path) -> None:
         "    async with ezflow.GraphRunner(IDLE=idle, process_components=[idle],\n"
         "                                  graph_address='127.0.0.1:0'):\n"
         "        pass\n"
-        "ezflow.run_coroutine(main())\n"
+        "ezflow.lowlevel.run_coroutine(main())\n"
     )
     result = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=30, check=False

@@ -180,7 +180,7 @@ async def test_truncated_frame_then_disconnect(server: ezflow.GraphServer) -> No
     writer.write(frame(HELLO)[:7])
     await writer.drain()
     writer.close()
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a window for the server to trip over the torn frame
     await assert_still_serving(server)
 
 

@@ -30,6 +30,8 @@ import numpy as np
 import pytest
 from _children import LoanedFrame, arrays_in, digest, mixed_payload, payload, shm_location
 from _proc import Child
+from _transport_of import shm_of
+from _waiting import wait_until
 from conftest import HOSTILE_ENTRIES, loop_kind
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -48,10 +50,10 @@ from ezflow._core._framing import (
     WELCOME,
 )
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
-from ezflow._transports._ring import ShmRing
 from ezflow._transports._segment import ShmSegment
 from ezflow._transports._shm import SegmentUnlinker, ShmTransport
 from ezflow._transports._shmfiles import shm_dir
+from ezflow._transports._shmring import ShmRing
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -62,14 +64,11 @@ KiB = 1024
 MiB = 1024 * KiB
 
 
-async def wait_until(condition: Callable[[], Awaitable[bool]], timeout: float) -> float:
-    """Poll *condition* until true; return the seconds it took."""
-    started = time.monotonic()
-    while not await condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
+def _in_use(pub: ezflow.Publisher) -> int:
+    """Blocks of *pub*'s shared-memory ring that subscribers hold now."""
+    stats = pub.shm_statistics()
+    assert stats is not None
+    return stats.in_use
 
 
 def segments_of(pid: int) -> list[str]:
@@ -78,7 +77,7 @@ def segments_of(pid: int) -> list[str]:
 
 def prefix_size(nbytes: int) -> int:
     """Bytes the codec puts before the data of a 1-D uint8 array of *nbytes*."""
-    prefix, total = Codec().array_prefix((nbytes,), np.dtype(np.uint8))
+    prefix, total = Codec()._array_prefix((nbytes,), np.dtype(np.uint8))
     assert total == len(prefix) + nbytes
     return len(prefix)
 
@@ -122,7 +121,7 @@ async def test_four_subscribers_in_another_process_get_mixed_sizes_zero_copy(
         assert done["channels"] == 1 and done["transports"] == ["shm"]
         assert done["decoded"] == [count]
         assert done["same_object"]
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         assert stats is not None
         limit = ezflow.ShmOptions().inline_limit
         large = sum(1 for i in range(count) if sizes[i % len(sizes)] + 64 > limit)
@@ -131,7 +130,7 @@ async def test_four_subscribers_in_another_process_get_mixed_sizes_zero_copy(
         assert stats.zero_copy + stats.no_block == large
         assert stats.inline == count - large
         assert stats.zero_copy > large // 2
-        assert pub.stats.encodes == count
+        assert pub.statistics().encodes == count
         assert await child.stop() == 0
     finally:
         await child.aclose()
@@ -174,7 +173,7 @@ async def test_a_kept_message_never_changes(shm_pair: Any) -> None:
         assert not view.flags.writeable
         with pytest.raises(ValueError, match="read-only"):
             view[0] = 1
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.zero_copy == 2 * 41
 
 
@@ -188,16 +187,16 @@ async def test_keeping_every_message_never_blocks_the_publisher(shm_pair: Any) -
         kept.append(await sub.recv())
     assert [int(m[0]) for m in kept] == list(range(40))
     assert all(np.all(m == i) for i, m in enumerate(kept))
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.zero_copy == 2 and stats.no_block == 38
     del kept
     gc.collect()
 
     async def all_free() -> bool:
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         return stats is not None and stats.in_use == 0
 
-    await wait_until(all_free, 2)
+    await wait_until(all_free, "every block free", 2)
 
 
 async def test_release_from_another_thread_frees_the_block(shm_pair: Any) -> None:
@@ -205,23 +204,23 @@ async def test_release_from_another_thread_frees_the_block(shm_pair: Any) -> Non
     pub, sub = await shm_pair("/shm/thread", options)
     await pub.publish(np.zeros(1000, dtype=np.uint8))
     holder = [await sub.recv()]
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.in_use == 1
     thread = threading.Thread(target=holder.clear)  # the last reference dies over there
     thread.start()
     thread.join()
 
     async def freed() -> bool:
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         return stats is not None and stats.in_use == 0
 
-    await wait_until(freed, 2)
+    await wait_until(freed, "the block freed", 2)
 
 
 # -- sizes around every boundary ---------------------------------------------------------------
 
 
-async def test_sizes_at_every_boundary(shm_pair: Any) -> None:
+async def test_sizes_at_every_boundary(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
     slot, inline = 16 * KiB, 2 * KiB
     options = ezflow.ShmOptions(slot_count=4, slot_size=slot, inline_limit=inline)
     pub, sub = await shm_pair("/shm/sizes", options)
@@ -236,17 +235,17 @@ async def test_sizes_at_every_boundary(shm_pair: Any) -> None:
         (slot + 1, "out-of-line"),
         (4 * slot, "out-of-line"),
     ]
-    ring = pub._shm._shm[pub.id].ring  # type: ignore[union-attr]
+    ring = shm_of(ctx)._shm[pub.id].ring
     for index, (total, path) in enumerate(cases):
         message = array_of_encoded_size(total, index)
         if total == slot:
             assert message.nbytes == slot - header
-        before = pub.shm_stats
+        before = pub.shm_statistics()
         created = ring.stats.blocks_created
         await pub.publish(message)
         got = await sub.recv()
         assert np.array_equal(got, message), total
-        after = pub.shm_stats
+        after = pub.shm_statistics()
         assert before is not None and after is not None
         if path == "inline":
             assert after.inline == before.inline + 1, total
@@ -267,12 +266,12 @@ async def test_channels_drop_the_mappings_of_retired_blocks(
         await pub.publish(np.zeros(size, dtype=np.uint8))
         del size
         await sub.recv()
-        await asyncio.sleep(0.02)  # FREE reaches the publisher
+        await wait_until(lambda: _in_use(pub) == 0, "FREE reaches the publisher")
     assert ctx._router is not None
     (record,) = ctx._router.channels.values()
     assert record.inbound is not None
     reader = record.inbound._connection.reader  # type: ignore[attr-defined]
-    ring = pub._shm._shm[pub.id].ring  # type: ignore[union-attr]
+    ring = shm_of(ctx)._shm[pub.id].ring
     assert ring.stats.blocks_unlinked >= 2
     on_disk = {n for n in os.listdir(shm_dir()) if n.startswith(f"ezflow-{os.getpid()}-")}
     assert set(reader.attached) <= on_disk  # nothing mapped that was unlinked
@@ -301,7 +300,7 @@ async def test_a_loaned_frame_crosses_to_another_process_without_a_copy(
         assert located["transports"] == ["shm"]
         assert located["where"] == where  # same file, same offset: the very same bytes
         assert located["total"] == 3 * (frame.size - 1) + 250
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         assert stats is not None and stats.loans == 1 and stats.loans_published == 1
         assert stats.zero_copy == 1 and stats.inline == 0
         assert await child.stop() == 0
@@ -313,12 +312,10 @@ async def test_loan_edge_cases(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
     pub, sub = await shm_pair("/shm/loans")
     # never published: its block comes back once the array is gone
     spare = await pub.loan(100_000)
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.in_use == 1
     del spare
-    await asyncio.sleep(0.01)  # the release runs on the loop
-    stats = pub.shm_stats
-    assert stats is not None and stats.in_use == 0
+    await wait_until(lambda: _in_use(pub) == 0, "the release runs on the loop")
     # reshaped and retyped in place after the loan: its bytes are where they were, and
     # the header and meta are written at publish time, so still no copy
     for change in ({"shape": (1000, 100)}, {"dtype": np.uint16}):
@@ -326,12 +323,12 @@ async def test_loan_edge_cases(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
         changed[:] = 1
         for name, value in change.items():
             setattr(changed, name, value)
-        before = pub.shm_stats
+        before = pub.shm_statistics()
         await pub.publish(changed)
         got = await sub.recv()
         assert got.shape == changed.shape and got.dtype == changed.dtype
         assert np.array_equal(got, changed)
-        after = pub.shm_stats
+        after = pub.shm_statistics()
         assert before is not None and after is not None
         assert after.loans_published == before.loans_published + 1
         assert after.loans_copied == 0
@@ -353,14 +350,14 @@ async def test_loan_edge_cases(ctx: ezflow.GraphContext, shm_pair: Any) -> None:
     alone[:] = 5
     await pub2.publish(alone)
     assert np.array_equal(await sub2.recv(), alone)
-    stats = pub2.shm_stats
+    stats = pub2.shm_statistics()
     assert stats is not None and stats.loans_published == 1 and stats.loan_fallbacks == 0
     del alone
     # no block free: a private array, published with a copy
     tiny = await ctx.publisher("/shm/tiny", shm=ezflow.ShmOptions(max_bytes=8 * MiB))
     private = await tiny.loan(9 * MiB)
     assert shm_location(private) is None
-    stats = tiny.shm_stats
+    stats = tiny.shm_statistics()
     assert stats is not None and stats.loan_fallbacks == 1
     await pub.aclose()
     with pytest.raises(ezflow.ClosedResourceError):
@@ -450,7 +447,7 @@ async def test_a_loaned_frame_inside_a_message_crosses_without_a_copy(
     assert where is not None and where[0].startswith(f"{shm_dir()}/ezflow-")
     got = await hop(pub, describer, message)
     assert not frame.flags.writeable
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.loans_published == 1 and stats.loans_copied == 0
     assert got["transports"] == ["shm"]
     position = index_of(message, frame)
@@ -461,7 +458,7 @@ async def test_a_loaned_frame_inside_a_message_crosses_without_a_copy(
     same = await hop(pub, describer, copied)
     assert same["digest"] == got["digest"]
     assert same["where"][position] != where
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.loans_published == 1 and stats.zero_copy == 2
 
 
@@ -482,7 +479,7 @@ async def test_the_4k_frame_tuple_and_a_bare_loan_side_by_side(
         assert got["where"][index_of(message, frame)] == where
         assert got["digest"] == digest(private_copy(message, frame))
         del frame, message
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.loans_published == 2 and stats.loans_copied == 0
 
 
@@ -494,11 +491,11 @@ async def test_loans_that_cannot_go_without_a_copy_are_copied_and_counted(
     room = ezflow._core._config.SHM_LOAN_ROOM
 
     async def check(message: Any, frame: np.ndarray, *, published: int, copied: int) -> None:
-        before = pub.shm_stats
+        before = pub.shm_statistics()
         where = shm_location(frame)
         expected = digest(private_copy(message, frame))
         got = await hop(pub, describer, message)
-        after = pub.shm_stats
+        after = pub.shm_statistics()
         assert before is not None and after is not None
         assert after.loans_published - before.loans_published == published
         assert after.loans_copied - before.loans_copied == copied
@@ -533,10 +530,10 @@ async def test_loans_that_cannot_go_without_a_copy_are_copied_and_counted(
     frame = await pub.loan(FRAME_SHAPE)
     fill(frame, 7)
     view = frame[1:]
-    before = pub.shm_stats
+    before = pub.shm_statistics()
     got = await hop(pub, describer, ("view", view))
     assert got["digest"] == digest(("view", view.copy()))
-    after = pub.shm_stats
+    after = pub.shm_statistics()
     assert before is not None and after is not None
     assert (after.loans_published, after.loans_copied) == (
         before.loans_published,
@@ -618,9 +615,9 @@ async def test_a_loan_in_a_random_message_arrives_as_a_copied_one_would(
         copied = private_copy(message, frame)
         where = shm_location(frame)
         other = Codec().encode(copied).nbytes - frame.nbytes
-        before = pub.shm_stats
+        before = pub.shm_statistics()
         got = await hop(pub, describer, message)
-        after = pub.shm_stats
+        after = pub.shm_statistics()
         assert before is not None and after is not None
         assert got["digest"] == digest(copied)
         published = after.loans_published - before.loans_published
@@ -662,16 +659,16 @@ async def test_a_loan_inside_a_message_is_spent_on_every_transport(
         assert np.array_equal(got["frames"][0].frame, frame)
         assert not got["frames"][0].frame.flags.writeable
         del got
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.loans_published == 0 and stats.in_use == 2
     del frame, message
     gc.collect()
 
     async def one_left() -> bool:
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         return stats is not None and stats.in_use == 1
 
-    await wait_until(one_left, 2)
+    await wait_until(one_left, "one block left", 2)
     assert spare.flags.writeable
 
 
@@ -682,7 +679,7 @@ async def test_the_block_of_a_loan_in_a_message_lives_while_either_side_holds_it
 
     async def in_use() -> int:
         await asyncio.sleep(0.02)  # releases run on the loop
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         assert stats is not None
         return stats.in_use
 
@@ -716,7 +713,7 @@ async def test_the_block_of_a_loan_in_a_message_lives_while_either_side_holds_it
     assert np.array_equal(frame, expected)
     del frame
     assert await in_use() == 0
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.loans_published == 2
 
 
@@ -733,16 +730,16 @@ async def test_a_loan_in_a_message_to_two_channels_is_laid_out_once(
         first, second = await sub.recv(), await sub2.recv()
         assert first[0] == second[0] == "both"
         assert np.array_equal(first[1], frame) and np.array_equal(second[1], frame)
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         assert stats is not None
         assert (stats.loans_published, stats.zero_copy, stats.in_use) == (1, 2, 1)
         del first, second, frame
 
         async def all_free() -> bool:
-            stats = pub.shm_stats
+            stats = pub.shm_statistics()
             return stats is not None and stats.in_use == 0
 
-        await wait_until(all_free, 2)
+        await wait_until(all_free, "every block free", 2)
 
 
 async def test_a_killed_publisher_leaves_a_loaned_view_valid(ctx: ezflow.GraphContext) -> None:
@@ -768,7 +765,7 @@ async def test_a_killed_publisher_leaves_a_loaned_view_valid(ctx: ezflow.GraphCo
         async def swept() -> bool:
             return not segments_of(child.pid)
 
-        await wait_until(swept, 3.0)
+        await wait_until(swept, "the segments swept", 3.0)
         assert np.array_equal(frame.reshape(-1), expected)  # mapped still, unchanged
     finally:
         await child.aclose()
@@ -788,7 +785,7 @@ async def test_a_leaky_shm_subscriber_never_holds_the_publisher_back(shm_pair: A
         last = sub.recv_nowait()
         taken += 1
     assert int(last[0]) == 299 % 256  # the newest one is there
-    assert taken + sub.stats.dropped == 300
+    assert taken + sub.statistics().dropped == 300
 
 
 async def test_a_lossless_shm_subscriber_gets_everything_in_order(shm_pair: Any) -> None:
@@ -806,7 +803,7 @@ async def test_a_lossless_shm_subscriber_gets_everything_in_order(shm_pair: Any)
         if i % 50 == 0:
             await asyncio.sleep(0.01)  # a slow moment: the publisher must wait, not drop
     await producing
-    assert pub.stats.waits > 0 and pub.stats.drops == 0
+    assert pub.statistics().waits > 0 and pub.statistics().drops == 0
 
 
 # -- crashes -----------------------------------------------------------------------------------
@@ -838,12 +835,12 @@ async def test_killed_publisher_ends_cleanly_and_its_segments_are_reclaimed(
             graph = await ctx.graph()
             return len(graph["publishers"]) == 1
 
-        assert await wait_until(publisher_gone, 2.0) < 2.0
+        assert await wait_until(publisher_gone, "the publisher gone", 2.0) < 2.0
 
         async def reclaimed() -> bool:
             return not segments_of(child.pid)
 
-        await wait_until(reclaimed, 3.0)
+        await wait_until(reclaimed, "the blocks reclaimed", 3.0)
         assert time.monotonic() - killed < 3.0
         assert np.all(held == held[0])  # still readable, unchanged
         while sub.queued:
@@ -875,15 +872,15 @@ async def test_killed_subscriber_holding_blocks_releases_the_publisher(
                 await pub.publish(np.full(100 * KiB, i % 256, dtype=np.uint8))
 
         publishing = asyncio.ensure_future(publish_many())
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window: publishing may not end in it
         assert not publishing.done()  # the stalled child holds the window and its blocks
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         assert stats is not None and stats.in_use >= 1
         os.kill(child.pid, signal.SIGKILL)
         started = time.monotonic()
         await asyncio.wait_for(publishing, 2.0)
         assert time.monotonic() - started < 2.0
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         assert stats is not None and stats.in_use == 0  # its leases went with it
     finally:
         await child.aclose()
@@ -1051,7 +1048,7 @@ async def test_a_ring_that_cannot_be_created_later_sends_inline_and_says_so_once
             await pub.publish(np.full(200_000, i, np.uint8))
             got = await sub.recv()
             assert got.shape == (200_000,) and np.all(got == i)
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.zero_copy == 0 and stats.no_block == 3
     said = [r.getMessage() for r in caplog.records if "shared memory failed" in r.getMessage()]
     assert len(said) == 1 and "inline" in said[0]
@@ -1062,7 +1059,7 @@ async def test_a_publisher_of_small_messages_creates_no_ring(shm_pair: Any) -> N
     for i in range(100):
         await pub.publish(i)
         assert await sub.recv() == i
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.shm_bytes == 0 and stats.inline == 100
 
 
@@ -1079,8 +1076,8 @@ async def test_shm_stats_keep_the_counts_of_channels_gone_by(
     async def channel_gone() -> bool:
         return pub.channels == 0
 
-    await wait_until(channel_gone, 5)
-    stats = pub.shm_stats
+    await wait_until(channel_gone, "the channel gone", 5)
+    stats = pub.shm_statistics()
     assert stats is not None and (stats.inline, stats.zero_copy, stats.no_block) == (5, 5, 0)
 
 
@@ -1119,7 +1116,8 @@ def control(kind: int, message: dict[str, Any]) -> bytes:
 async def test_garbage_free_records_close_only_that_channel(ctx: ezflow.GraphContext) -> None:
     pub = await ctx.publisher("/shm/free")
     sub = await ctx.subscriber("/shm/free", transport="shm")
-    assert ctx._shm is not None and ctx._shm.address is not None
+    address = shm_of(ctx).address
+    assert address is not None
     loop = asyncio.get_running_loop()
     for garbage in (
         struct.pack("<I", 5) + bytes([FREE]) + b"\x00" * 4,  # truncated header
@@ -1127,7 +1125,7 @@ async def test_garbage_free_records_close_only_that_channel(ctx: ezflow.GraphCon
     ):
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         raw.setblocking(False)
-        await loop.sock_connect(raw, "\0" + ctx._shm.address)
+        await loop.sock_connect(raw, "\0" + address)
         hello = {
             "op": "hello",
             "protocol": PROTOCOL,
@@ -1226,20 +1224,20 @@ async def test_a_loan_waits_while_the_window_is_full(shm_pair: Any) -> None:
     for _ in range(2):
         await pub.publish(await pub.loan(100_000))
     loaning = asyncio.ensure_future(pub.loan(100_000))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # a window: the loan may not be granted in it
     assert not loaning.done()  # nothing taken while publish would have to wait
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.loans == 2
     await sub.recv()  # room again
     frame = await asyncio.wait_for(loaning, 2)
     assert frame.flags.writeable
     await pub.publish(frame)  # the window is full again
     loaning = asyncio.ensure_future(pub.loan(100_000))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the loan waits (no state to look at: it is a future)
     loaning.cancel()  # a cancelled loan takes nothing
     with pytest.raises(asyncio.CancelledError):
         await loaning
-    stats = pub.shm_stats
+    stats = pub.shm_statistics()
     assert stats is not None and stats.loans == 3
 
 
@@ -1279,17 +1277,17 @@ async def test_random_sizes_and_kept_messages_never_corrupt(
                     del late
         assert all(np.all(message == i % 251) for i, message in kept.items())
         kept.clear()
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         assert stats is not None and stats.zero_copy > 0 and stats.inline > 0
         while leaky.queued:
             leaky.recv_nowait()
-        assert leaky.stats.dropped > 0
+        assert leaky.statistics().dropped > 0
 
     async def all_free() -> bool:
-        stats = pub.shm_stats
+        stats = pub.shm_statistics()
         return stats is not None and stats.in_use == 0
 
-    await wait_until(all_free, 2)
+    await wait_until(all_free, "every block free", 2)
 
 
 def test_no_resource_tracker_and_nothing_on_stderr() -> None:
@@ -1309,7 +1307,7 @@ def test_no_resource_tracker_and_nothing_on_stderr() -> None:
                 assert (await sub.recv()).sum() == (await sub.recv()).sum() == 1 << 20
                 print(sorted(c.transport for c in ctx.channels))
 
-        ezflow.run_coroutine(main())
+        ezflow.lowlevel.run_coroutine(main())
         print(sorted(m for m in sys.modules if "resource_tracker" in m or "shared_memory" in m))
     """
     done = subprocess.run(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -23,14 +24,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _proc import ezflow_cli
+from _waiting import wait_until
 
 import ezflow
-from ezflow import BrokenResourceError, ProtocolError, RingReader, RingWriter
-from ezflow._graph._rings import scan_rings
-from ezflow._transports._ezring import read_ring_header
+from ezflow import BrokenResourceError, ProtocolError
+from ezflow._transports import scan_rings
+from ezflow._transports._ezring_files import read_ring_header
 from ezflow._transports._segment import ShmSegment
 from ezflow._transports._shm import sweep_shm_dir
 from ezflow._transports._shmfiles import RefusedShmFile, open_shm_file, shm_dir
+from ezflow.ezring import RingReader, RingWriter
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -200,8 +203,7 @@ async def test_a_graph_runs_next_to_them(
         with RingWriter.create("cam", slot_size=64, topic="/cam") as writer:
             await ctx.attach_ring("cam")
             frames = await ctx.subscriber("/cam")
-            while writer.stats().readers_live < 1:  # noqa: ASYNC110 - shared memory
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: writer.stats().readers_live >= 1, "a reader joins")
             assert writer.publish(np.arange(8, dtype="<u8"))
             assert (await asyncio.wait_for(frames.recv(), 10)).tolist() == list(range(8))
         for kind in KINDS:  # attaching a foreign entry fails at once, precisely
@@ -221,10 +223,16 @@ def test_ezflow_serve_starts_and_logs_each_entry_once(
         text=True,
     ) as serve:
         try:
-            time.sleep(4)  # a start sweep, several ring scans: nothing is logged again
+            # Started (its start sweep is done) once it says where it listens: a process
+            # start may take seconds on a loaded machine, so wait for that line first.
+            assert serve.stdout is not None
+            ready, _, _ = select.select([serve.stdout], [], [], 60)
+            listening = serve.stdout.readline() if ready else ""
+            time.sleep(2)  # several ring scans (EZRING_WATCH_INTERVAL): nothing logged again
         finally:
             serve.terminate()
             said, output = serve.communicate(timeout=20)
+        said = listening + said
     ignored = [line for line in output.splitlines() if "ignoring " + str(private_shm) in line]
     assert len(ignored) == len(set(ignored)) == len(hostile), output
     assert "127.0.0.1:" in said, said
@@ -247,7 +255,7 @@ def test_a_failed_start_leaves_no_listening_socket() -> None:
             for line in listening.splitlines()[1:]
         )
 
-    ezflow.run_coroutine(main())
+    ezflow.lowlevel.run_coroutine(main())
 
 
 def own_inodes() -> set[int]:

@@ -1,5 +1,5 @@
-"""The start-up benchmark (``python -m ezflow._perf._startup``) runs and reports: each
-framework's graph started, delivered its first message and exited normally."""
+"""The start-up benchmark (``ezflow perf startup``) runs and reports: each framework's
+graph started, delivered its first message and exited normally."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 def test_startup_benchmark_runs_both_graphs() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ezflow._perf._startup", "--runs", "1"],
+        [sys.executable, "-m", "ezflow", "perf", "startup", "--runs", "1"],
         capture_output=True,
         text=True,
         timeout=120,

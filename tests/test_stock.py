@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _waiting import wait_until
 
 import ezflow
 from ezflow.units import (
@@ -81,7 +82,7 @@ async def test_terminate_on_timeout_waits_for_the_first_message(
     # ezmsg's rule: no message yet is not idle.
     stop = TerminateOnTimeout(TerminateOnTimeoutSettings(time=0.05, poll_rate=50.0))
     async with ezflow.GraphRunner(STOP=stop, graph_address=server.address) as runner:
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.4)  # a window: the unit may not end the graph in it
         assert runner.completed_by is None
         publisher = await runner.context.publisher("STOP/INPUT")
         await publisher.publish(1)
@@ -98,7 +99,7 @@ async def test_terminate_on_total_counts_messages_and_takes_a_new_total(
         totals = await runner.context.publisher("STOP/INPUT_TOTAL")
         for i in range(5):
             await messages.publish(np.zeros((7, 3)) + i)  # one message, whatever its shape
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a window: the unit may not end the graph in it
         assert runner.completed_by is None  # no total yet
         await totals.publish(5)  # already reached: ends at once
         await asyncio.wait_for(runner.wait(), 10)
@@ -158,12 +159,9 @@ async def test_message_gate_takes_a_bool_and_refuses_anything_else(
         control = await runner.context.publisher("GATE/INPUT_GATE")
         await data.publish("dropped")
         await control.publish(True)
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: gate.STATE.open, "the gate opens")
         await data.publish("passed")
-        for _ in range(200):
-            if collect.received:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: collect.received, "a message passes the gate")
         await control.publish("open please")
         with pytest.raises(ezflow.UnitError, match="INPUT_GATE takes a GateMessage or a bool"):
             await asyncio.wait_for(runner.wait(), 10)

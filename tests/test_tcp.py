@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from _proc import Child
 from _rawpeer import closed_by_peer
+from _transport_of import tcp_of
 from conftest import loop_kind
 
 import ezflow
@@ -38,8 +39,9 @@ def control(kind: int, message: dict[str, Any]) -> bytes:
 
 
 def data_port(ctx: ezflow.GraphContext) -> tuple[str, int]:
-    assert ctx._tcp is not None and ctx._tcp.address is not None
-    return ctx._tcp.address
+    address = tcp_of(ctx).address
+    assert address is not None
+    return address
 
 
 def hello(publisher_id: str, **extra: Any) -> bytes:
@@ -131,7 +133,7 @@ async def test_a_channel_refused_in_its_handshake_is_told_why(
     assert error in refusal["error"], refusal
     assert await closed_by_peer(reader)
     writer.close()
-    assert ctx._tcp is not None and ctx._tcp.bad_peers.counts == {cause: 1}
+    assert tcp_of(ctx).bad_peers.counts == {cause: 1}
 
 
 async def test_misbehaving_channel_after_handshake_is_dropped(
@@ -148,7 +150,7 @@ async def test_misbehaving_channel_after_handshake_is_dropped(
     await pub.publish("still fine")
     assert await sub.recv() == "still fine"
     # Logged per cause (rate-limited), naming the publisher it was admitted to.
-    assert ctx._tcp is not None and ctx._tcp.bad_peers.counts == {"frame": 1}
+    assert tcp_of(ctx).bad_peers.counts == {"frame": 1}
     assert f"to publisher {pub.id} on topic '/m': ACK frame of 5 bytes" in caplog.text
 
 
@@ -170,7 +172,7 @@ async def test_leaky_channel_that_never_reads_does_not_hold_the_publisher(
     for _ in range(200):
         await asyncio.wait_for(sub.recv(), 5)
     await asyncio.wait_for(producer, 5)
-    assert pub.stats.drops > 0  # the stalled leaky channel got only what fit its window
+    assert pub.statistics().drops > 0  # the stalled leaky channel got only what fit its window
     writer.close()
 
 
@@ -275,9 +277,9 @@ async def test_closing_after_the_subscriber_process_exited_unnoticed(
             os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222
         pub._outlet.close()  # END and half-close, at once, on the dead connection
         for _ in range(200):
-            if not ctx._tcp or not ctx._tcp.connections:
+            if not tcp_of(ctx).connections:
                 break
             await asyncio.sleep(0.01)
-        assert ctx._tcp is not None and not ctx._tcp.connections
+        assert not tcp_of(ctx).connections
     finally:
         await child.aclose()

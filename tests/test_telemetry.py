@@ -185,7 +185,7 @@ async def test_events_and_counters_on_a_local_channel(
     assert (publisher.messages, publisher.channels, publisher.drops) == (20, 1, 0)
     assert snap.pid == os.getpid() and snap.name == ctx.name
     # The stats dataclasses stay flat numbers (benchmarks dump them as JSON).
-    for stats in (pub.stats, subs[0].stats, ctx.channels[0].stats):
+    for stats in (pub.statistics(), subs[0].statistics(), ctx.channels[0].statistics):
         json.dumps(dataclasses.asdict(stats))
 
 
@@ -216,7 +216,7 @@ async def test_overflow_drops_are_counted_by_reason(
     for i in range(10):
         await pub.publish(i)
     assert [leaky.recv_nowait() for _ in range(3)] == [7, 8, 9]
-    stats = leaky.stats
+    stats = leaky.statistics()
     assert (stats.dropped, stats.dropped_overflow, stats.dropped_upstream) == (7, 7, 0)
     assert sum(e.count for e in recorder.dropped) == 7
     assert {(e.reason, e.subscriber_id, e.topic) for e in recorder.dropped} == {
@@ -261,8 +261,8 @@ async def test_upstream_drops_reach_the_subscriber_counters(
             break
     assert received[-1] == 49
     missed = 50 - len(received)
-    assert sub.stats.dropped_upstream == missed == pub.stats.drops
-    assert sub.stats.dropped_overflow == 0
+    assert sub.statistics().dropped_upstream == missed == pub.statistics().drops
+    assert sub.statistics().dropped_overflow == 0
     upstream = [e for e in recorder.dropped if e.reason == "upstream"]
     assert sum(e.count for e in upstream) == missed
     (channel,) = ctx.telemetry().channels
@@ -331,7 +331,7 @@ async def test_on_message_exceptions_are_reported_per_subscriber(
     for i in range(30):
         await pub.publish(i)
         await quiet.recv()
-    assert sub.stats.callback_errors == 10 and len(seen) == 30
+    assert sub.statistics().callback_errors == 10 and len(seen) == 30
 
     def reported(found: dict[str, telemetry.ProcessSnapshot]) -> bool:
         return any(
@@ -612,7 +612,7 @@ async def test_leaky_drop_counts_match_the_real_drops(
             (subscriber,) = channel.subscribers
             assert subscriber.dropped_overflow + subscriber.dropped_upstream == real_drops
             assert channel.dropped_overflow + channel.dropped_upstream == real_drops
-            assert sub.stats.dropped == real_drops
+            assert sub.statistics().dropped == real_drops
             assert subscriber.leaky and not channel.lossless
         finally:
             await child.aclose()

@@ -263,7 +263,7 @@ async def test_a_leaky_inbox_drops_traced_messages_like_any(server: ezflow.Graph
         for i in range(5):
             await pub.publish(i)
         assert [sub.recv_nowait(), sub.recv_nowait()] == [3, 4]
-        assert sub.stats.dropped_overflow == 3
+        assert sub.statistics().dropped_overflow == 3
 
 
 async def test_a_context_that_closes_reports_its_last_hops(server: ezflow.GraphServer) -> None:

@@ -28,6 +28,8 @@ import numpy as np
 import pytest
 from _children import mixed_payload
 from _proc import Child
+from _transport_of import shm_of, tcp_of
+from _waiting import wait_until
 from conftest import loop_kind
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -253,7 +255,7 @@ async def test_pause_above_the_limit_resume_at_a_quarter() -> None:
         while writer.get_write_buffer_size() > high // 4:
             assert events.log == ["pause"]
             await asyncio.sleep(0.001)
-        await asyncio.sleep(0.01)
+        await wait_until(lambda: events.log != ["pause"], "the writer resumes")
         assert events.log == ["pause", "resume"]
         writer.write_eof()
         assert len(await asyncio.wait_for(reader, 30)) == 3 * high + 1
@@ -286,7 +288,7 @@ async def test_a_peer_that_resets_fails_the_writer_once_and_nothing_raises() -> 
 
 
 def connections(ctx: ezflow.GraphContext, transport: str) -> list[PublisherConnection]:
-    server: StreamTransport[Any] | None = ctx._tcp if transport == "tcp" else ctx._shm
+    server: StreamTransport[Any] | None = tcp_of(ctx) if transport == "tcp" else shm_of(ctx)
     assert server is not None
     return [c for c in server.connections if c.link is not None]
 
@@ -376,7 +378,7 @@ async def test_a_stopped_subscriber_makes_a_lossless_publisher_wait(
                 await asyncio.wait_for(pub.publish(mixed_payload(sent, sizes)), 1.0)
                 sent += 1
         assert 0 < sent < count
-        assert pub.stats.waits >= 1
+        assert pub.statistics().waits >= 1
         assert backlog(connection) <= DATA_WRITE_BUFFER_LIMIT + PUBLISH_YIELD_BYTES + max(sizes)
         os.kill(child.pid, signal.SIGCONT)
         for i in range(sent, count):
@@ -408,10 +410,8 @@ async def test_a_leaky_channel_that_stops_reading_stays_bounded(ctx: ezflow.Grap
     """A leaky channel that never reads, under a window that bounds nothing: the
     publisher never waits, and the link's backlog stays within the write limit."""
     pub = await ctx.publisher("/w/leak", max_in_flight=100_000, max_in_flight_bytes=1 << 40)
-    assert ctx._tcp is not None
-    await ctx._tcp.start()
-    assert ctx._tcp.address is not None
-    _, writer = await asyncio.open_connection(*ctx._tcp.address)
+    address = await tcp_of(ctx).start()
+    _, writer = await asyncio.open_connection(*address)
     try:
         writer.write(hello(pub.id, lossless=False))  # then never reads a byte
         await pub.wait_for_channels(1)
@@ -421,8 +421,8 @@ async def test_a_leaky_channel_that_stops_reading_stays_bounded(ctx: ezflow.Grap
         for _ in range(120):  # far more than the limit
             await asyncio.wait_for(pub.publish(big), 5)
             peak = max(peak, backlog(connection))
-        assert pub.stats.waits == 0
-        assert pub.stats.drops > 0
+        assert pub.statistics().waits == 0
+        assert pub.statistics().drops > 0
         assert peak <= DATA_WRITE_BUFFER_LIMIT + MiB + 64
     finally:
         writer.close()
@@ -462,10 +462,8 @@ async def test_a_clean_close_delivers_everything_then_end(ctx: ezflow.GraphConte
     """A slow raw reader: every DATA frame, in order and byte-exact, then END, then EOF."""
     codec = Codec()
     pub = await ctx.publisher("/w/close", max_in_flight=100_000, max_in_flight_bytes=1 << 40)
-    assert ctx._tcp is not None
-    await ctx._tcp.start()
-    assert ctx._tcp.address is not None
-    reader, writer = await asyncio.open_connection(*ctx._tcp.address)
+    address = await tcp_of(ctx).start()
+    reader, writer = await asyncio.open_connection(*address)
     try:
         writer.write(hello(pub.id, lossless=False))
         await pub.wait_for_channels(1)

@@ -631,7 +631,7 @@ def garbage(kind: int) -> tuple[bytes, bytes | None]:
     not msgpack, and one whose attachment is a msgpack list."""
     import msgpack  # noqa: PLC0415
 
-    body = ezflow.Codec().encode(np.arange(4)).to_bytes()
+    body = ezflow.lowlevel.Codec().encode(np.arange(4)).to_bytes()
     return [
         (bytes(np.random.default_rng(kind).integers(0, 256, 100, dtype=np.uint8)), None),
         (b'{"not": "an ezflow body"}', None),

@@ -7,7 +7,7 @@ Compiles c/examples/camera_writer.c with cc into a temporary directory, then per
 the writer (16 slots, waiting for every reader to register; --rate 0: saturating - a full
 ring makes it retry after 20 us, so dropped_full counts those retries; --rate R: a camera at
 R frames/s that drops when full) and
-N reader processes. Each reader is a lossless ``ezflow.RingReader`` that checksums every
+N reader processes. Each reader is a lossless ``ezflow.ezring.RingReader`` that checksums every
 frame - ``np.add.reduce`` over the frame viewed as uint64 (wrapping sum, ~memory-bandwidth
 bound; zlib.crc32 is 5-10x slower) - and measures the latency from the slot's t_ns (writer's
 CLOCK_MONOTONIC at commit) to receipt. Prints per run: frames/s and Gbit/s per reader (first
@@ -39,7 +39,7 @@ async def child(name: str) -> None:
     total = 0
     checksum = np.uint64(0)
     first = last = 0
-    async with await ezflow.RingReader.open(name, timeout=10) as reader:
+    async with await ezflow.ezring.RingReader.open(name, timeout=10) as reader:
         print("registered", flush=True)
         async for frame in reader:
             now = time.monotonic_ns()

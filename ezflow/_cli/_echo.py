@@ -318,9 +318,9 @@ def echo(
                     continue
                 shown += 1
                 notes = []
-                if dropped := _dropped(sub.stats):
+                if dropped := _dropped(sub.statistics()):
                     notes.append(f"{dropped} dropped")
-                if bad := sub.stats.undecodable:
+                if bad := sub.statistics().undecodable:
                     notes.append(f"{bad} undecodable")
                 note = f" ({', '.join(notes)} so far)" if notes else ""
                 console.print(f"[bold]#{shown}[/]{note}", highlight=False)
@@ -447,14 +447,18 @@ def hz(  # noqa: PLR0917 - typer maps parameters to options
                     break
                 wake = next_print if end is None else min(next_print, end)
                 await _recv_until(sub, wake, times, undecodable)
-                received = sub.stats.received
+                received = sub.statistics().received
                 if time.monotonic() >= next_print:
                     next_print += 1.0
-                    line = _rate_line(times, received, _dropped(sub.stats), sub.stats.undecodable)
+                    line = _rate_line(
+                        times, received, _dropped(sub.statistics()), sub.statistics().undecodable
+                    )
                     _show_rate(line, as_json)
                     shown = (received, times[-1] if times else 0.0)
             if shown != (received, times[-1] if times else 0.0):  # what is new since
-                line = _rate_line(times, received, _dropped(sub.stats), sub.stats.undecodable)
+                line = _rate_line(
+                    times, received, _dropped(sub.statistics()), sub.statistics().undecodable
+                )
                 _show_rate(line, as_json)
 
     with undecodable.listening():

@@ -1,4 +1,5 @@
-"""``ezflow perf run | compare | report | peers | schema``."""
+"""``ezflow perf run | compare | report | peers | waterfall | schema``, and the research
+benchmarks ``sigproc | startup | bridge`` (each module imported only by its command)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .._core._loop import run_coroutine
@@ -52,8 +54,8 @@ ALL_VARIANTS = ("ordinary", "array", "uvloop", "on_message", "loan", "array+uvlo
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
-    """One line on stderr, no traceback, exit *code*."""
-    _errors.print(f"[red]error:[/] {message}", highlight=False)
+    """One line on stderr, no traceback, exit *code*; *message* as it is (no markup)."""
+    _errors.print(f"[red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -715,3 +717,71 @@ def waterfall(  # noqa: PLR0917 - one parameter per command-line option
 def schema() -> None:
     """Print the JSON schema of a results file."""
     typer.echo(json.dumps(_schema.SCHEMA, indent=2))
+
+
+@app.command()
+def sigproc(
+    blocks: Annotated[
+        int, typer.Option(min=2, help="AxisArray blocks the source publishes.")
+    ] = 2000,
+    samples: Annotated[int, typer.Option(min=2, help="Samples (rows) per block.")] = 50,
+    channels: Annotated[int, typer.Option(min=1, help="Channels (columns) per block.")] = 8,
+    rounds: Annotated[int, typer.Option(min=1, help="Runs per framework, alternating.")] = 3,
+) -> None:
+    """ezmsg vs ezflow on one ezmsg-sigproc graph (needs the ezmsg extra).
+
+    The same ezmsg system class, unmodified (source -> ButterworthFilter -> Downsample ->
+    sink, the filter and the downsampler each in its own process), run by ez.run and by
+    ezflow.run in turn, each run a fresh interpreter. Prints AxisArray blocks/s at the
+    sink, the median of the rounds per framework, and their ratio (docs/ezmsg.md).
+    """
+    try:
+        from .._perf import _ezmsg_sigproc  # noqa: PLC0415 - imports ezmsg
+    except ImportError as exc:
+        _fail(
+            f"perf sigproc needs ezmsg and ezmsg-sigproc ({exc}): "
+            "pip install 'ezflow-pubsub[ezmsg]'"
+        )
+    try:
+        _ezmsg_sigproc.run(blocks, samples, channels, rounds)
+    except _ezmsg_sigproc.SigprocError as exc:
+        _fail(str(exc), code=1)
+
+
+@app.command()
+def startup(
+    runs: Annotated[int, typer.Option(min=1, help="Runs per framework, alternating.")] = 7,
+) -> None:
+    """Start-up of a source -> relay -> sink graph, ezflow vs ezmsg.
+
+    Each unit in a process of its own, each run a fresh interpreter: seconds from launch
+    to the first message at the sink and to the interpreter's exit, medians per
+    framework and their ratio; ezflow only when ezmsg is not installed (docs/ezmsg.md).
+    """
+    from .._perf import _startup  # noqa: PLC0415 - only this command
+
+    try:
+        _startup.run(runs)
+    except _startup.StartupError as exc:
+        _fail(str(exc), code=1)
+
+
+@app.command()
+def bridge(rounds: Annotated[int, typer.Option(min=1, help="Rounds of every cell.")] = 3) -> None:
+    """Across two hosts: through the Zenoh bridge vs direct ezflow tcp (needs root,
+    iproute2 and the zenoh extra).
+
+    Two network namespaces joined by a veth pair stand for the hosts. 64 B and 1 MiB
+    messages: p50 latency of paced messages and msgs/s of a burst, medians of the
+    rounds with their spread, and the bridge / direct ratios (docs/fleets.md).
+    """
+    from .._perf import _zenoh_bridge  # noqa: PLC0415 - only this command
+
+    try:
+        _zenoh_bridge.check_environment()
+    except _zenoh_bridge.BridgeError as exc:
+        _fail(f"perf bridge {exc}")
+    try:
+        _zenoh_bridge.run(rounds)
+    except _zenoh_bridge.BridgeError as exc:
+        _fail(str(exc), code=1)

@@ -43,11 +43,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from time import monotonic_ns, perf_counter_ns, time_ns
-from typing import Any, Final, NoReturn, cast
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
 from ._codec import Codec
+from ._config import TIMING_SAMPLE_MASK
 from ._exceptions import (
     ClosedResourceError,
     EndOfStream,
@@ -58,8 +59,6 @@ from ._telemetry import DELIVER_HOOKS, DROP_HOOKS, DeliverEvent, DropEvent, Hist
 from ._tracing import CURRENT, TRACING, Hop, WireTrace
 
 __all__ = [
-    "DECODE_SAMPLE_MASK",
-    "HANDLER_SAMPLE_MASK",
     "Attachment",
     "Channel",
     "ChannelStats",
@@ -69,13 +68,11 @@ __all__ = [
 
 log = logging.getLogger("ezflow.channel")
 
-# Called with (released_count, released_bytes), both cumulative since the channel opened.
+# Handler and decode times are sampled: messages whose sequence number ``n`` has
+# ``n & TIMING_SAMPLE_MASK == 0`` (one in 16) are timed, and decode_seconds is scaled by
+# ``TIMING_SAMPLE_MASK + 1``. Latency is recorded for every message.
 
-#: Handler and decode times are sampled: messages whose sequence number ``n`` has
-#: ``n & MASK == 0`` (one in 16) are timed. Latency is recorded for every message. The
-#: message path spells the masks as literals (a constant is cheaper than a global).
-HANDLER_SAMPLE_MASK: Final = 15
-DECODE_SAMPLE_MASK: Final = 15
+# Called with (released_count, released_bytes), both cumulative since the channel opened.
 ReleaseCallback = Callable[[int, int], None]
 
 
@@ -87,7 +84,7 @@ class ChannelStats:
     bytes: int = 0  #: encoded bytes received (0 for the local transport)
     decoded: int = 0  #: messages decoded (exactly one per received encoded message)
     decode_errors: int = 0  #: messages that could not be decoded (logged, released)
-    #: time spent decoding, estimated from one message in 16 (``DECODE_SAMPLE_MASK``)
+    #: time spent decoding, estimated from one message in 16 (``TIMING_SAMPLE_MASK``)
     decode_seconds: float = 0.0
     deliveries: int = 0  #: message x subscriber hand-overs
     upstream_drops: int = 0  #: messages the publisher dropped for this (leaky) channel
@@ -281,7 +278,7 @@ class Inbox:
             return
         callback = self._callback
         if callback is not None:
-            started = 0 if seq & 15 else perf_counter_ns()  # HANDLER_SAMPLE_MASK
+            started = 0 if seq & TIMING_SAMPLE_MASK else perf_counter_ns()
             try:
                 callback(message)
             except Exception:
@@ -394,7 +391,7 @@ class Inbox:
             handler.buckets[spent.bit_length()] += 1
             handler.total += spent
             self._handed_ns = 0
-        elif not seq & 15:  # HANDLER_SAMPLE_MASK, a literal: the message path
+        elif not seq & TIMING_SAMPLE_MASK:
             self._handed_ns = perf_counter_ns()  # time this one's handler
         if attachment.lossless and attachment.active:
             if loop is None:
@@ -618,7 +615,8 @@ class Channel:
     ) -> None:
         self.publisher_id = publisher_id
         self.topic = topic
-        self.codec = codec
+        #: this channel's own codec state (its hints: the kind it decoded last)
+        self.codec = codec._for_stream()
         self.transport = transport  # for telemetry: "local", "shm", "tcp"
         self._drop_hooks = DROP_HOOKS
         self.stats = ChannelStats()
@@ -715,12 +713,12 @@ class Channel:
         :class:`~ezflow.UndecodableMessageError` there, a leaky one counts a drop and
         logs (rate-limited; the channel logs when no inbox is attached). This never
         raises."""
-        if seq & 15 and type(body) is bytes:  # (not sampled: DECODE_SAMPLE_MASK)
+        if seq & TIMING_SAMPLE_MASK and type(body) is bytes:  # (not a timed one)
             # A message of the kind decoded last (a paced stream): the codec's shortcuts
             # (Codec.decode's first lines), inlined - with caches cold, a call costs a
             # microsecond. Pinned to Codec.decode by tests/test_channel.py.
             codec = self.codec
-            hint = codec.last_array
+            hint = codec._last_array
             if hint is not None and len(body) == hint[0] and body.startswith(hint[1]):
                 if hint[5] >= 0:
                     message: Any = np.frombuffer(body, hint[4], hint[5], hint[2])
@@ -729,7 +727,7 @@ class Channel:
                 self.stats.decoded += 1
                 self.deliver(seq, message, hint[0], upstream_drops, sent_ns)
                 return
-            layout = codec.last_layout
+            layout = codec._last_layout
             if layout is not None and len(body) == layout.size:
                 message = layout.decode(body)
                 if message is not None:
@@ -737,9 +735,9 @@ class Channel:
                     self.deliver(seq, message, layout.size, upstream_drops, sent_ns)
                     return
         stats = self.stats
-        # Decode time is sampled (DECODE_SAMPLE_MASK, a literal: the message path): one
-        # clock read before decoding one message in 16; the one after serves latency too.
-        started = 0 if seq & 15 else time_ns()
+        # Decode time is sampled: one clock read before decoding one message in 16; the
+        # one after serves latency too.
+        started = 0 if seq & TIMING_SAMPLE_MASK else time_ns()
         try:
             message = self.codec.decode(body)
         except ProtocolError as exc:
@@ -768,7 +766,7 @@ class Channel:
             now = time_ns()
             decode_ns = now - started
             if decode_ns > 0:  # (not across a wall-clock step)
-                stats.decode_seconds += decode_ns * (DECODE_SAMPLE_MASK + 1) * 1e-9
+                stats.decode_seconds += decode_ns * (TIMING_SAMPLE_MASK + 1) * 1e-9
                 self.decode_time.buckets[decode_ns.bit_length()] += 1  # Histogram.record
                 self.decode_time.total += decode_ns
             self.deliver(seq, message, len(body), upstream_drops, sent_ns, now, decode_ns)

@@ -11,6 +11,7 @@ import math
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -25,12 +26,14 @@ __all__ = [
     "COMPAT_MAIN_POLL_INTERVAL",
     "CONNECT_TIMEOUT",
     "CONTROL_MAX_FRAME_SIZE",
+    "DATA_CLOSE_TIMEOUT",
     "DATA_WRITE_BUFFER_LIMIT",
     "DEFAULT_DRAIN_TIMEOUT",
     "DEFAULT_EZRING_MAX_READERS",
     "DEFAULT_EZRING_SLOT_COUNT",
     "DEFAULT_GRAPH_ADDRESS",
     "DEFAULT_HEARTBEAT_DEADLINE",
+    "DEFAULT_LEAKY_QUEUE",
     "DEFAULT_MAX_IN_FLIGHT",
     "DEFAULT_MAX_IN_FLIGHT_BYTES",
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -68,12 +71,15 @@ __all__ = [
     "HANDSHAKE_TIMEOUT",
     "HEARTBEATS_PER_DEADLINE",
     "INTERRUPT_STOP_TIMEOUT",
+    "JSONL_MAX_BYTES",
     "MAX_CHANNELS_PER_PUBLISHER",
     "MAX_DRAIN_TIMEOUT",
     "MAX_HEARTBEAT_DEADLINE",
     "MAX_METRICS_CONNECTIONS",
     "MAX_METRICS_REQUEST_SIZE",
+    "MAX_PENDING_REQUESTS",
     "MAX_SERVER_CONNECTIONS",
+    "MAX_SNAPSHOT_SUBSCRIBERS",
     "MAX_STALL_TIMEOUT",
     "MAX_TELEMETRY_ENTRIES",
     "MAX_TELEMETRY_REPORT_SIZE",
@@ -86,24 +92,34 @@ __all__ = [
     "OTEL_POLL_INTERVAL",
     "OTEL_REMEMBER",
     "OTHER_ADDRESS_HINT",
+    "PACED_GAP_NS",
     "PUBLISH_YIELD_BYTES",
     "PUBLISH_YIELD_EVERY",
     "RECONNECT_MAX_DELAY",
     "RECONNECT_MIN_DELAY",
     "RECONNECT_ROUTE_GRACE",
     "RECONNECT_WAIT_TIMEOUT",
+    "RECV_POOL_BUFFERS",
+    "RECV_POOL_BYTES",
     "REJOIN_MAX_DELAY",
     "REJOIN_MIN_DELAY",
     "REQUEST_TIMEOUT",
     "ROUTE_APPLY_TIMEOUT",
+    "SERVER_CLIENT_BACKLOG",
+    "SHM_FREE_PER_FRAME",
     "SHM_LOAN_ROOM",
+    "SHM_MAX_MAPPED_SEGMENTS",
     "SHM_REFUSED_LOG_MAX",
+    "SHM_SWEEP_DELAYS",
     "SHUTDOWN_TIMEOUT",
     "START_METHODS",
     "START_TIMEOUT",
+    "STREAM_FLUSH_BYTES",
+    "STREAM_FLUSH_MESSAGES",
     "TCP_KEEPALIVE_PROBES",
     "TELEMETRY_MAX_WRITE_BUFFER",
     "THREAD_JOIN_TIMEOUT",
+    "TIMING_SAMPLE_MASK",
     "TRACE_BUFFER",
     "TRACE_FLUSH_MARGIN",
     "TRACE_FLUSH_MAX_WAIT",
@@ -237,6 +253,8 @@ DEFAULT_MAX_IN_FLIGHT: Final = 64
 #: ... or this many unreleased encoded bytes (whichever comes first; one message is
 #: always allowed, however large).
 DEFAULT_MAX_IN_FLIGHT_BYTES: Final = 32 * 1024 * 1024
+#: Messages a leaky subscriber (or input) keeps when it names no ``queue``: the newest.
+DEFAULT_LEAKY_QUEUE: Final = 1
 
 #: A publish that did not have to wait yields to the event loop once per this many
 #: messages, so that a tight publishing loop never starves its loop's other tasks.
@@ -254,6 +272,26 @@ PUBLISH_YIELD_BYTES: Final = 4 * 1024 * 1024
 #: larger window or after a mode change (which forgives what was in flight).
 DATA_WRITE_BUFFER_LIMIT: Final = 16 * 1024 * 1024
 
+#: "Paced", one rule for the data path (docs/transports.md): a message sent this many
+#: nanoseconds (50 µs) or more after the previous one. A data connection schedules no
+#: end-of-iteration flush behind a paced message written at once, and a paced publish to
+#: shm channels by a publisher whose thread slept meanwhile ends with a CPU yield
+#: (``ShmOptions.handoff``).
+PACED_GAP_NS: Final = 50_000
+#: A data connection writes the messages queued in one event-loop iteration early (one
+#: vectored write) once this many are queued ...
+STREAM_FLUSH_MESSAGES: Final = 16
+#: ... or this many bytes.
+STREAM_FLUSH_BYTES: Final = 256 * 1024
+#: Seconds a closing publisher waits, per data connection, for its channel to read up to
+#: ``END`` (the last bytes handed to the kernel); then the connection is aborted, logged.
+DATA_CLOSE_TIMEOUT: Final = 5.0
+#: Recycled large-frame receive buffers per data connection: at most this many ...
+RECV_POOL_BUFFERS: Final = 4
+#: ... holding at most this many bytes in all (older ones are freed; a buffer is reused
+#: only once no message refers to it).
+RECV_POOL_BYTES: Final = 64 * 1024 * 1024
+
 #: Largest frame accepted before a peer has completed the handshake.
 HANDSHAKE_MAX_FRAME_SIZE: Final = 64 * 1024
 #: Largest control-plane frame (graph protocol) after the handshake.
@@ -262,6 +300,12 @@ CONTROL_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
 MAX_SERVER_CONNECTIONS: Final = 1024
 #: Channels (subscribing processes) one publisher serves at once.
 MAX_CHANNELS_PER_PUBLISHER: Final = 1024
+#: Bytes of pushed data (routes, answers) a graph-server client may leave unread; a
+#: client past it is dropped, logged.
+SERVER_CLIENT_BACKLOG: Final = 64 * 1024 * 1024
+#: Requests one graph-server client may have waiting for an answer at once; more close
+#: its connection, logged.
+MAX_PENDING_REQUESTS: Final = 1024
 MAX_TOPIC_LENGTH: Final = 512
 
 #: Seconds a peer has to complete the handshake after connecting.
@@ -324,6 +368,17 @@ DEFAULT_SHM_INLINE_LIMIT: Final = 64 * 1024
 #: a ``(phase, seq, t_ns, frame)`` tuple needs under 100 bytes, and the array's data
 #: then starts on a page boundary of an out-of-line block.
 SHM_LOAN_ROOM: Final = 4 * 1024
+#: Shared-memory segments a receiving process keeps mapped per channel; the least
+#: recently used one is unmapped beyond it (arrays still viewing it keep their mapping).
+SHM_MAX_MAPPED_SEGMENTS: Final = 64
+#: ``FREE`` records (16 bytes each) per frame a channel sends back: a frame stays well
+#: under the handshake-time frame limit (``HANDSHAKE_MAX_FRAME_SIZE``); more go in more
+#: frames.
+SHM_FREE_PER_FRAME: Final = 2048
+#: Seconds after a peer's socket or graph connection dropped at which its segments are
+#: swept: its flock goes a few milliseconds after death, or later while the kernel tears
+#: down a big process.
+SHM_SWEEP_DELAYS: Final = (0.05, 0.5, 2.0)
 
 
 #: The directory of every shared-memory file ezflow makes or opens (segments, ezring
@@ -380,8 +435,8 @@ class ShmOptions:
       inline through the notification socket: copying a small message is cheaper than
       leasing a block for it.
 
-    With *handoff* (the default), a paced publish - one that starts 50 µs or more after
-    the previous one was sent (and after any yield), time spent waiting for room not
+    With *handoff* (the default), a paced publish - one that starts ``PACED_GAP_NS`` or
+    more after the previous one was sent (and after any yield), time spent waiting for room not
     counted, by a publisher whose thread slept meanwhile (its event loop was idle; not
     busy, not preempted) - that went to at least one shm subscriber ends with the
     publisher yielding its CPU (``sched_yield``) once every subscriber's copy is
@@ -468,25 +523,29 @@ def graph_address_from_env() -> Address:
     return parse_address(text, setting=ENV_GRAPH_ADDRESS)
 
 
-def transport_from_env() -> TransportName | None:
-    """The transport forced by ``EZFLOW_TRANSPORT`` (``local``, ``shm``, ``tcp``), or
-    ``None`` for automatic choice (also for an empty value or ``auto``)."""
+def transport_from_env(names: Sequence[str] = TRANSPORTS) -> str | None:
+    """The transport forced by ``EZFLOW_TRANSPORT`` (one of *names*: by default
+    ``local``, ``shm``, ``tcp``; a context passes the registered ones), or ``None`` for
+    automatic choice (also for an empty value or ``auto``)."""
     text = os.environ.get(ENV_TRANSPORT, "").strip().lower()
     if text in ("", "auto"):
         return None
-    return check_transport(text, setting=ENV_TRANSPORT)
+    return check_transport(text, setting=ENV_TRANSPORT, names=names)
 
 
-def check_transport(value: str | None, *, setting: str = "transport") -> TransportName | None:
-    """Validate a transport name; ``None`` means automatic."""
+def check_transport(
+    value: str | None, *, setting: str = "transport", names: Sequence[str] = TRANSPORTS
+) -> str | None:
+    """Validate a transport name against *names* (by default the built-in ones the
+    user may force; a context passes the registered ones); ``None`` means automatic."""
     if value is None:
         return None
-    if value not in TRANSPORTS:
+    if value not in names:
         raise ConfigurationError(
-            f"{setting}={value!r} is not a transport; use one of {', '.join(TRANSPORTS)}"
+            f"{setting}={value!r} is not a transport; use one of {', '.join(names)}"
             " (or leave it unset for automatic choice)"
         )
-    return value  # type: ignore[return-value]
+    return value
 
 
 def max_message_size_from_env() -> int:
@@ -642,9 +701,19 @@ MIN_TELEMETRY_INTERVAL: Final = 0.05
 MAX_TELEMETRY_ENTRIES: Final = 512
 #: Largest encoded report a client sends and the server accepts (bytes).
 MAX_TELEMETRY_REPORT_SIZE: Final = 1024 * 1024
+#: Subscribers listed per channel in a snapshot (the rest are summed into the channel).
+MAX_SNAPSHOT_SUBSCRIBERS: Final = 64
+#: Bytes a ``JsonLinesExporter`` file grows to before it is rotated to ``PATH.1`` (at
+#: most twice this on disk); ``JsonLinesExporter(path, max_bytes=B)`` changes it.
+JSONL_MAX_BYTES: Final = 64 * 1024 * 1024
 #: A report is skipped (not queued) while the connection to the server has this many
 #: bytes waiting to be written: telemetry never piles up behind a slow server.
 TELEMETRY_MAX_WRITE_BUFFER: Final = 256 * 1024
+#: A channel times the decoding and the subscribers' handling of the messages whose
+#: sequence number ``n`` has ``n & TIMING_SAMPLE_MASK == 0`` (one in 16): the histograms
+#: hold those, and ``ChannelStats.decode_seconds`` is their sum times
+#: ``TIMING_SAMPLE_MASK + 1``. A power of two minus one.
+TIMING_SAMPLE_MASK: Final = 15
 #: Prometheus endpoint of the graph server: connections served at once ...
 MAX_METRICS_CONNECTIONS: Final = 16
 #: ... bytes of request line and headers accepted ...
@@ -874,7 +943,7 @@ BAD_PEER_LOG_MAX_CHARS: Final = 1000
 
 # -- ezmsg's API (ezflow.compat.ezmsg) ----------------------------------------------------------
 
-#: Seconds between two looks at ``running`` by an ezmsg ``@main`` (ezflow.ezmsg, or
+#: Seconds between two looks at ``running`` by an ezmsg ``@main`` (an ezmsg unit, or
 #: ezflow.compat.ezmsg's) that returned: as
 #: under ezmsg, the graph goes on, and that thread waits for it to stop.
 COMPAT_MAIN_POLL_INTERVAL: Final = 0.05

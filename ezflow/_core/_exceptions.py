@@ -9,10 +9,13 @@ answered in time (:class:`EzflowTimeoutError`), the graph server refused a reque
 (:class:`GraphError`), and a setting is wrong (:class:`ConfigurationError`).
 
 OS and codec errors are translated into these at the boundary where they happen, with
-the original kept as ``__cause__``.
+the original kept as ``__cause__``. A ``*_nowait`` call that would have to wait raises
+:class:`WouldBlock` (as trio's and anyio's do).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 __all__ = [
     "AuthenticationError",
@@ -27,6 +30,7 @@ __all__ = [
     "ProtocolError",
     "UndecodableMessageError",
     "UnregisteredTypeError",
+    "WouldBlock",
 ]
 
 
@@ -48,7 +52,7 @@ class EndOfStream(EzflowError):  # a signal, like trio's EndOfChannel / anyio's 
     publisher ends when it is closed (``aclose()``, leaving its context; in units when
     nothing may publish to the stream any more), and also when its process dies or its
     connection breaks: the subscriber cannot tell more will come, so it ends too
-    (``Subscriber.stats.publishers_broken`` counts those, and a line is logged). A
+    (``Subscriber.statistics().publishers_broken`` counts those, and a line is logged). A
     subscriber that never had a publisher keeps waiting: one may still come.
 
     ``RingReader.recv()`` raises it too, once the writer of an ezring ring closed it
@@ -128,3 +132,9 @@ class UnregisteredTypeError(EzflowError, TypeError):
     Register user dataclasses with :func:`ezflow.register_message` (or the
     :func:`ezflow.message` decorator) in every process that sends or receives them.
     """
+
+
+class WouldBlock(EzflowError, asyncio.QueueEmpty):
+    """A ``*_nowait`` call found nothing to do without waiting: ``Subscriber.recv_nowait``
+    with no message queued. Await the waiting form (``recv()``) instead, or try again
+    later. It is also an ``asyncio.QueueEmpty``, which ``recv_nowait`` raised before."""

@@ -31,6 +31,8 @@ from typing import Final, cast
 
 import numpy as np
 
+from ._config import RECV_POOL_BUFFERS as _POOL_BUFFERS
+from ._config import RECV_POOL_BYTES as _POOL_BYTES
 from ._exceptions import ProtocolError
 
 __all__ = [
@@ -110,9 +112,6 @@ _SCRATCH_SIZE: Final = 64 * 1024
 # buffer and is read into directly; smaller ones wait in scratch.
 _DIRECT_READ_THRESHOLD: Final = 16 * 1024
 
-# Recycled large-frame buffers per reader (see the module docstring).
-_POOL_BUFFERS: Final = 4
-_POOL_BYTES: Final = 64 * 1024 * 1024
 
 log = logging.getLogger("ezflow.framing")
 
@@ -149,9 +148,15 @@ class FrameReader:
     reader is unusable afterwards (close the connection).
 
     ``view`` (the read buffer), ``end`` (bytes in it not yet consumed, counted from its
-    start) and ``big`` (the buffer of a large frame being read, or None) are public for
-    :meth:`fresh_read`'s callers on a message path, who may test ``not end and big is
-    None`` themselves (one call fewer); they are read-only outside this class.
+    start) and ``big`` (the buffer of a large frame being read, or None) are public, and
+    read-only outside this class, for a consumer that takes the usual read of a paced
+    stream - one whole small frame - in one step: when ``not end and big is None``
+    before the read, the reader held nothing and the bytes just read are at the start
+    of ``view``. Such a consumer either passes their count to :meth:`buffer_updated` as
+    usual, or takes them whole (having checked they are exactly one frame within
+    :attr:`max_frame_size`) and passes nothing, which leaves the reader empty. That view
+    is valid only until the next :meth:`get_buffer`. (``ChannelConnection.buffer_updated``
+    does this; tests/test_stream.py pins it to the general path.)
     """
 
     __slots__ = (
@@ -187,20 +192,6 @@ class FrameReader:
             self._compact()
             end = self.end
         return self.view[end:]
-
-    def fresh_read(self) -> memoryview | None:
-        """The read buffer, if the reader held nothing before the bytes just read into
-        it (else None): those bytes are at its start.
-
-        They are not accounted for: pass their count to :meth:`buffer_updated` to parse
-        them as usual, or take them whole (the caller checks they are exactly one frame
-        within :attr:`max_frame_size`), which leaves the reader empty. The view is
-        valid only until the next :meth:`get_buffer`. This lets a consumer handle the
-        usual read of a paced stream - one whole small frame - in one step.
-        """
-        if self.end or self.big is not None:
-            return None
-        return self.view
 
     def buffer_updated(self, nbytes: int) -> Iterator[bytes | memoryview]:
         """Account for *nbytes* read into the last buffer; yield each completed frame.

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ._codec import Codec, EncodedMessage
-from ._config import PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
+from ._config import PACED_GAP_NS, PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
 from ._exceptions import ClosedResourceError, MessageTooLargeError
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 from ._tracing import TRACING, WireTrace, carry
@@ -50,9 +50,6 @@ log = logging.getLogger("ezflow.outlet")
 
 # publish_nowait declines (so that publish yields) once this many went without a yield.
 _YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
-# A publish this long (ns) or more after the previous one is paced, if the publisher
-# slept meanwhile: a handoff link makes the outlet yield the CPU after it (Link.handoff).
-_HANDOFF_GAP_NS = 50_000
 _sched_yield = getattr(os, "sched_yield", None)  # (not on Windows)
 _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # (Linux only)
 
@@ -175,7 +172,7 @@ class Link(ABC):
 
     def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
         """:meth:`send` for a message whose whole encoded body is *body* (one small
-        ``bytes``; see :meth:`Codec.encode_small`). Only called on links that
+        ``bytes``; see :meth:`Codec._encode_small`). Only called on links that
         :attr:`needs_encoding`. Transports override it with a shorter path; this one
         wraps *body* and calls :meth:`send`."""
         self.send(seq, time_ns, message, EncodedMessage([body], len(body)))
@@ -224,7 +221,8 @@ class Outlet:
     ) -> None:
         self.publisher_id = publisher_id
         self.topic = topic
-        self.codec = codec
+        #: this publisher's own codec state (its hints: the kind it encoded last)
+        self.codec = codec._for_stream()
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
         #: seconds a lossless link may release nothing while publish waits on it before
@@ -389,11 +387,11 @@ class Outlet:
                 return True
         if self._small_limit >= 0:
             # A small array, or container of a cached shape: one bytes body. (Arrays
-            # call small_array_body directly: one call less on a paced array's path.)
+            # call _small_array_body directly: one call less on a paced array's path.)
             if type(message) is np.ndarray:
-                body = self.codec.small_array_body(message)
+                body = self.codec._small_array_body(message)
             else:
-                body = self.codec.encode_small(message)
+                body = self.codec._encode_small(message)
             if body is not None and len(body) <= self._small_limit:
                 self._send_small(links, message, body)
                 return True
@@ -592,7 +590,7 @@ class Outlet:
         """After a message that started at *started* (``time_ns``) went to every link:
         yield the CPU if the publish was paced (``ShmOptions.handoff``).
 
-        Paced: it started ``_HANDOFF_GAP_NS`` or more after the previous message was
+        Paced: it started ``PACED_GAP_NS`` or more after the previous message was
         sent, and the publisher's thread slept (blocked: its event loop was idle) since
         the last paced-looking publish or wait for room. A gap that was work (a producer
         filling large frames back to back) or preemption on a loaded machine is not
@@ -603,7 +601,7 @@ class Outlet:
         time is read *after* the yield, so the time given away never makes the next
         publish look paced: a burst yields at most once, at its first message.
         """
-        if started - self._sent_ns >= _HANDOFF_GAP_NS:
+        if started - self._sent_ns >= PACED_GAP_NS:
             slept = _voluntary_switches()
             if slept != self._slept:
                 _sched_yield()  # type: ignore[misc]

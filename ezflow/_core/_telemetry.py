@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Final, Literal
 
+from ._config import JSONL_MAX_BYTES, MAX_SNAPSHOT_SUBSCRIBERS
 from ._exceptions import ConfigurationError, ProtocolError
 
 __all__ = [
@@ -306,10 +307,6 @@ class SubscriberSnapshot:
             handler=HistogramSnapshot.from_wire(data.get("handler")),
             callback_errors=_int(data, "callback_errors") if "callback_errors" in data else 0,
         )
-
-
-#: Subscribers listed per channel in a snapshot (the rest are summed into the channel).
-MAX_SNAPSHOT_SUBSCRIBERS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -656,7 +653,7 @@ class JsonLinesExporter(Hook):
     stop the exporter.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int = JSONL_MAX_BYTES) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
             raise ConfigurationError(f"max_bytes={max_bytes!r} must be a positive integer")
         self.path = Path(path)

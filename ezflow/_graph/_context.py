@@ -6,8 +6,8 @@ A :class:`GraphContext` is one client of the graph server. It owns
   embedded one because none answered), and what it registered there: publishers,
   subscribers and topic -> topic edges, kept so that it can register them again on
   whatever server answers after the connection drops (see "Reconnect" below),
-* this process's transports (the tcp and shm data servers start with the first
-  publisher),
+* this process's transports, as a :class:`~ezflow._transports.TransportSet` (the
+  data servers start with the first publisher),
 * its :class:`~ezflow._graph._routing.Router`: one channel per publisher any of its
   subscribers listens to, rebuilt whenever the server pushes new routes.
 
@@ -43,6 +43,7 @@ from .._core._auth import Credentials, TlsFiles, Token
 from .._core._channel import Inbox
 from .._core._codec import Codec
 from .._core._config import (
+    DEFAULT_LEAKY_QUEUE,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
     OTHER_ADDRESS_HINT,
@@ -77,10 +78,7 @@ from .._core._outlet import Outlet
 from .._core._protocol import check_topic
 from .._core._telemetry import ProcessSnapshot
 from .._core._tracing import trace_rate_from_env
-from .._transports._ezring import read_ring_header
-from .._transports._local import LocalTransport
-from .._transports._shm import ShmTransport
-from .._transports._tcp import TcpTransport
+from .._transports import TransportSet, TransportSettings, ring_registration, transport_names
 from ._client import GraphClient, host_id
 from ._embedded import EmbeddedGraphServer
 from ._publisher import Publisher
@@ -147,7 +145,11 @@ class GraphContext:
             if max_message_size is None
             else check_positive(max_message_size, setting="max_message_size")
         )
-        self._env_transport = check_transport(transport_from_env(), setting="EZFLOW_TRANSPORT")
+        self._env_transport = check_transport(
+            transport_from_env(transport_names()),
+            setting="EZFLOW_TRANSPORT",
+            names=transport_names(),
+        )
         trace_rate_from_env()  # (read at import; an unusable value is reported here)
         shm_dir_from_env()  # (read where shared memory is used; a relative path is an error)
         self._codec = Codec(max_message_size=self._max_message_size)
@@ -163,9 +165,7 @@ class GraphContext:
         # request (op and fields) per registration id, and the edges it created.
         self._registrations: dict[str, dict[str, Any]] = {}
         self._edges: dict[tuple[str, str], None] = {}
-        self._local = LocalTransport()
-        self._tcp: TcpTransport | None = None
-        self._shm: ShmTransport | None = None
+        self._transports: TransportSet | None = None
         self._publishers: dict[str, Publisher] = {}
         self._subscribers: dict[str, Subscriber] = {}
         # Subscribers with no publisher yet -> the timer of their typo check.
@@ -215,24 +215,20 @@ class GraphContext:
         self._state = "starting"
         try:
             self._client = await self._connect(start_server=self._auto_start)
-            self._tcp = TcpTransport(
-                host=self._client.local_host,
-                max_message_size=self._max_message_size,
-                credentials=self._credentials,
-            )
-            # The first call probes /dev/shm (creates and unlinks a file): off the loop.
-            if await asyncio.to_thread(ShmTransport.available):
-                self._shm = ShmTransport(
+            # (Probes whether each transport can work here, off the loop: shm creates and
+            # unlinks a file.)
+            self._transports = await TransportSet.create(
+                TransportSettings(
+                    host=self._client.local_host,
+                    host_id=host_id(),
                     max_message_size=self._max_message_size,
                     codec=self._codec,
                     credentials=self._credentials,
                 )
+            )
             self._router = Router(
                 codec=self._codec,
-                local=self._local,
-                tcp=self._tcp,
-                shm=self._shm,
-                host_id=host_id(),
+                transports=self._transports,
                 env_transport=self._env_transport,
                 subscribers=self._subscribers,
             )
@@ -347,19 +343,11 @@ class GraphContext:
                 except Exception:
                     log.exception("the last telemetry report failed")
             # Remote channels read up to END before this process leaves the graph (and
-            # its registrations vanish), so nothing already published is lost.
-            await self._local.aclose()
-            # Both at once (each may wait up to 5 s for slow channels); an error in one
-            # must not keep the other open.
-            results = await asyncio.gather(
-                *(t.aclose() for t in (self._tcp, self._shm) if t is not None),
-                return_exceptions=True,
-            )
-            for result in results:
-                if isinstance(result, BaseException):
-                    if not isinstance(result, Exception):
-                        raise result  # cancellation and the like: not ours to swallow
-                    log.error("closing a transport failed", exc_info=result)
+            # its registrations vanish), so nothing already published is lost. All
+            # transports at once (each may wait up to 5 s for slow channels); an error
+            # in one does not keep the others open.
+            if self._transports is not None:
+                await self._transports.aclose()
         finally:
             if self._client is not None:
                 self._client.close()
@@ -439,13 +427,13 @@ class GraphContext:
         check_topic(topic)
         check_positive(max_in_flight, setting="max_in_flight")
         check_positive(max_in_flight_bytes, setting="max_in_flight_bytes")
-        transport = check_transport(transport, setting="transport")
+        transport = check_transport(transport, setting="transport", names=transport_names())
         stall_timeout = check_stall_timeout(stall_timeout)
         if shm is not None and not isinstance(shm, ShmOptions):
             raise ConfigurationError(f"shm={shm!r} must be an ezflow.ShmOptions")
-        assert self._tcp is not None
-        address = await self._tcp.start()
-        shm_address = None if self._shm is None else await self._shm.start()
+        transports = self._transports
+        assert transports is not None
+        where = await transports.advertise()
         outlet = Outlet(
             f"p-{uuid.uuid4().hex[:16]}",
             topic,
@@ -454,19 +442,15 @@ class GraphContext:
             max_in_flight_bytes=max_in_flight_bytes,
             stall_timeout=stall_timeout,
         )
-        publisher = Publisher(outlet, self._shm, self._close_publisher)
+        transports.add_outlet(outlet, shm=shm)
+        publisher = Publisher(outlet, transports.loans(outlet), self._close_publisher)
         self._publishers[outlet.publisher_id] = publisher
-        self._local.add_outlet(outlet)
-        self._tcp.add_outlet(outlet)
-        if self._shm is not None:
-            self._shm.add_outlet(outlet, shm)
         request: dict[str, Any] = {
             "op": "register_publisher",
             "publisher_id": outlet.publisher_id,
             "topic": topic,
-            "address": list(address),
+            **where,  # where its process serves it: "address" (tcp), "shm", ...
             "transport": transport,
-            "shm": shm_address,
         }
         self._registrations[outlet.publisher_id] = request
         try:
@@ -490,26 +474,25 @@ class GraphContext:
         if it is not ezring v1, :class:`ConfigurationError` without a topic.
         """
         self._check_open()
-        header = await asyncio.to_thread(read_ring_header, name)  # (no file I/O on the loop)
-        topic = topic or header.topic
+        # (No file I/O on the loop.)
+        declared, fields = await asyncio.to_thread(ring_registration, name)
+        topic = topic or declared
         if not topic:
             raise ConfigurationError(
                 f"ezring {name} declares no topic: pass attach_ring({name!r}, topic=...)"
             )
         check_topic(topic)
-        assert self._tcp is not None
-        address = await self._tcp.start()
+        assert self._transports is not None
+        # The fields every registration needs (an "address"): none of this process's
+        # data servers serves the ring, each subscribing process reads it itself.
+        where = await self._transports.advertise(optional=False)
         publisher_id = f"p-{uuid.uuid4().hex[:16]}"
         request: dict[str, Any] = {
             "op": "register_publisher",
             "publisher_id": publisher_id,
             "topic": topic,
-            "address": list(address),
-            "transport": "ezring",  # shown by `ezflow graph`; routers read `ring`
-            "shm": None,
-            "ring": name,
-            # This writer's ring: one that replaces it under the name is another stream.
-            "ring_created": header.created_ns,
+            **where,
+            **fields,  # "transport": "ezring", the ring's name and its writer's
         }
         # Kept with the other registrations: restored after a reconnection.
         self._registrations[publisher_id] = request
@@ -566,8 +549,8 @@ class GraphContext:
                 "subscriber is bounded by each publisher's max_in_flight"
             )
         if leaky and on_message is None:
-            queue = check_positive(1 if queue is None else queue, setting="queue")
-        transport = check_transport(transport, setting="transport")
+            queue = check_positive(DEFAULT_LEAKY_QUEUE if queue is None else queue, setting="queue")
+        transport = check_transport(transport, setting="transport", names=transport_names())
         sub_id = f"s-{uuid.uuid4().hex[:16]}"
         inbox = Inbox(leaky=leaky, maxlen=queue, name=sub_id, callback=on_message)
         subscriber = Subscriber(sub_id, topic, inbox, transport, self._close_subscriber)
@@ -705,9 +688,11 @@ class GraphContext:
         except ProtocolError as exc:
             raise BrokenResourceError(str(exc)) from exc
 
-    def _shm_in_use(self, outlet: Outlet) -> int:
-        """Shared-memory blocks of *outlet* leased or being written (0 without shm)."""
-        stats = None if self._shm is None else self._shm.stats(outlet)
+    def _blocks_in_use(self, outlet: Outlet) -> int:
+        """Shared-memory blocks of *outlet* leased or being written (0 without shared
+        memory)."""
+        publisher = self._publishers.get(outlet.publisher_id)
+        stats = None if publisher is None else publisher.shm_stats
         return 0 if stats is None else stats.in_use
 
     @property
@@ -720,18 +705,15 @@ class GraphContext:
         self._drop_outlet(publisher)
         # Unregister only once remote channels have read up to END, so the routing
         # change cannot overtake the last messages.
-        await asyncio.gather(
-            *(t.wait_closed(publisher._outlet) for t in (self._tcp, self._shm) if t is not None)
-        )
+        if self._transports is not None:
+            await self._transports.wait_closed(publisher._outlet)
         await self._unregister(publisher.id)
 
     def _drop_outlet(self, publisher: Publisher) -> None:
         outlet = publisher._outlet
         self._publishers.pop(outlet.publisher_id, None)
-        self._local.remove_outlet(outlet)
-        for transport in (self._tcp, self._shm):
-            if transport is not None:
-                transport.remove_outlet(outlet)
+        if self._transports is not None:
+            self._transports.remove_outlet(outlet)
         outlet.close()
 
     async def _close_subscriber(self, subscriber: Subscriber) -> None:
@@ -878,7 +860,7 @@ class _ReportView:
         return (publisher._outlet for publisher in self._context._publishers.values())
 
     def shm_in_use(self, outlet: Outlet) -> int:
-        return self._context._shm_in_use(outlet)
+        return self._context._blocks_in_use(outlet)
 
     def send_report(self, snapshot: dict[str, Any]) -> bool:
         client = self._context._client

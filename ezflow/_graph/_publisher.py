@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._core._codec import EncodedMessage
+from .._core._deprecation import warn_deprecated
 from .._core._exceptions import ClosedResourceError
 from .._core._outlet import Outlet, PublisherStats
-from .._transports._shm import ShmStats, ShmTransport
+from .._transports import Loans, ShmStats
 
 if TYPE_CHECKING:  # numpy.typing costs ~15 ms to import; annotations only
     from numpy.typing import DTypeLike
@@ -30,11 +32,12 @@ class Publisher:
     def __init__(
         self,
         outlet: Outlet,
-        shm: ShmTransport | None,
+        loans: Loans[ShmStats] | None,
         close: Callable[[Publisher], Awaitable[None]],
     ) -> None:
         self._outlet = outlet
-        self._shm = shm
+        #: the loans its transports offer it (shared memory), or None
+        self._loans = loans
         self._close = close
         self._closed = False
         self._loaned = False
@@ -47,17 +50,29 @@ class Publisher:
     def topic(self) -> str:
         return self._outlet.topic
 
+    def statistics(self) -> PublisherStats:
+        """A snapshot of this publisher's counters (messages, bytes, encodes, drops, time
+        spent waiting...): a copy taken now, which later publishing does not change."""
+        return dataclasses.replace(self._outlet.stats)
+
+    def shm_statistics(self) -> ShmStats | None:
+        """A snapshot of this publisher's shared-memory counters (``None`` when this
+        process cannot use shared memory)."""
+        loans = self._loans
+        return None if loans is None else loans.stats()
+
     @property
     def stats(self) -> PublisherStats:
-        """Live counters: messages, bytes, encodes, drops, time spent waiting."""
+        """Deprecated (removed in the next release): use :meth:`statistics`. The live
+        counters, which change as the publisher works."""
+        warn_deprecated("Publisher.stats", "Publisher.statistics()")
         return self._outlet.stats
 
     @property
     def shm_stats(self) -> ShmStats | None:
-        """A snapshot of this publisher's shared-memory counters (``None`` when this
-        process cannot use shared memory)."""
-        shm = self._shm
-        return None if shm is None else shm.stats(self._outlet)
+        """Deprecated (removed in the next release): use :meth:`shm_statistics`."""
+        warn_deprecated("Publisher.shm_stats", "Publisher.shm_statistics()")
+        return self.shm_statistics()
 
     @property
     def channels(self) -> int:
@@ -93,9 +108,9 @@ class Publisher:
         if not outlet.publish_nowait(message):
             await outlet.publish(message)
         if self._loaned:
-            shm = self._shm
-            if shm is not None:
-                shm.spend(self._outlet, message)
+            loans = self._loans
+            if loans is not None:
+                loans.spend(message)
 
     async def publish_encoded(self, message: Any, body: bytes | memoryview) -> None:
         """:meth:`publish` *message* whose ezflow codec body is *body* already - what
@@ -123,14 +138,14 @@ class Publisher:
         the same memory (tcp and local subscribers get it as any array). When the rest
         of the message does not fit that room (other large buffers), or the message
         holds a view of the array rather than the array, it is copied as any message
-        (counted in ``shm_stats.loans_copied``). After ``publish`` the array is
+        (counted in ``shm_statistics().loans_copied``). After ``publish`` the array is
         read-only; the memory stays valid (and unchanged) for as long as the array or
         any view of it - here or in a subscriber - is alive. An array never published is
         simply dropped.
 
         When shared memory cannot be used (not Linux, no ``/dev/shm``) or every block is
         leased, the loan is a private array instead (counted in
-        ``shm_stats.loan_fallbacks``): publishing it then copies as usual. Raises
+        ``shm_statistics().loan_fallbacks``): publishing it then copies as usual. Raises
         :class:`~ezflow.UnregisteredTypeError` for a dtype that cannot travel (objects),
         ``ValueError`` for a bad shape, :class:`~ezflow.MessageTooLargeError` above
         ``max_message_size``, :class:`~ezflow.ClosedResourceError` after
@@ -141,13 +156,13 @@ class Publisher:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dt = np.dtype(dtype)
         await self._outlet.wait_for_room()
-        shm = self._shm
+        loans = self._loans
         array = None
-        if shm is not None:
-            array = shm.loan(self._outlet, shape, dt)
+        if loans is not None:
+            array = loans.loan(shape, dt)
         else:
             # Same checks as a shared-memory loan, so that code behaves alike everywhere.
-            self._outlet.codec.array_prefix(shape, dt)
+            self._outlet.codec._array_prefix(shape, dt)
         if array is None:
             return np.empty(shape, dt)
         self._loaned = True

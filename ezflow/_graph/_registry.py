@@ -399,7 +399,13 @@ class Registry:
                 for c in self.clients.values()
             ],
             "publishers": [
-                {"id": p.id, "topic": p.topic, "client_id": p.client.id, "transport": p.transport}
+                {
+                    "id": p.id,
+                    "topic": p.topic,
+                    "client_id": p.client.id,
+                    "transport": p.transport,
+                    **({"ring": p.ring} if p.ring is not None else {}),
+                }
                 for p in self.publishers.values()
             ],
             "subscribers": [

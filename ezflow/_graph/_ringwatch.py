@@ -22,9 +22,8 @@ from collections.abc import Callable
 
 from .._core._protocol import check_topic
 from .._core._telemetry import HistogramSnapshot, ProcessSnapshot, PublisherSnapshot
-from .._transports._ezring import sweep_stale_rings
+from .._transports import LiveRing, scan_rings, sweep_stale_rings
 from ._registry import Registry
-from ._rings import LiveRing, scan_rings
 
 __all__ = ["RingWatcher", "ring_publisher", "sweep_and_scan_rings"]
 

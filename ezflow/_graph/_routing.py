@@ -3,8 +3,10 @@
 The graph server pushes, for every subscriber of a client, the publishers that feed it.
 A :class:`Router` reconciles those routes with the channels this process has: one
 :class:`~ezflow._core._channel.Channel` per (publisher, transport) that any local
-subscriber listens to, opened on the transport chosen per edge (local, shm, tcp) and
-closed when nobody listens any more. Applying the same routes twice changes nothing, so
+subscriber listens to, opened on the transport the context's
+:class:`~ezflow._transports.TransportSet` chooses per edge, and closed when nobody
+listens any more. A channel that cannot open on a transport with a fall-back (shm: tcp)
+moves to that one, as the set says. Applying the same routes twice changes nothing, so
 routes can be re-applied after any change without duplicating a channel.
 
 After a reconnection to the graph server (possibly a new one), :meth:`Router.hold`
@@ -32,19 +34,16 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._core._channel import Attachment, Channel, ChannelStats, Inbox
 from .._core._codec import Codec
 from .._core._config import REJOIN_MAX_DELAY, REJOIN_MIN_DELAY
+from .._core._deprecation import warn_deprecated
 from .._core._exceptions import EzflowError
 from .._core._protocol import PublisherInfo
-from .._transports._base import Inbound, Transport
-from .._transports._ezring import open_ring_channel
-from .._transports._local import LocalTransport
-from .._transports._shm import ShmTransport
-from .._transports._tcp import TcpTransport
+from .._transports import Inbound, TransportSet
 from ._subscriber import Subscriber
 
 __all__ = ["ChannelInfo", "ChannelRecord", "Router", "RoutesAck"]
@@ -66,7 +65,14 @@ class ChannelInfo:
     subscribers: int
     lossless: bool
     pending: int
-    stats: ChannelStats
+    #: the channel's counters when the snapshot was taken
+    statistics: ChannelStats
+
+    @property
+    def stats(self) -> ChannelStats:
+        """Deprecated (removed in the next release): use :attr:`statistics`."""
+        warn_deprecated("ChannelInfo.stats", "ChannelInfo.statistics")
+        return self.statistics
 
 
 @dataclass(eq=False)
@@ -125,24 +131,16 @@ class Router:
         self,
         *,
         codec: Codec,
-        local: LocalTransport,
-        tcp: TcpTransport,
-        shm: ShmTransport | None,
-        host_id: str,
+        transports: TransportSet,
         env_transport: str | None,
         subscribers: Mapping[str, Subscriber],
     ) -> None:
         self._codec = codec
-        self._local = local
-        self._tcp = tcp
-        self._shm = shm
-        self.host_id = host_id
+        self._transports = transports
+        self.host_id = transports.host_id
         self._env_transport = env_transport
         self._subscribers = subscribers
         self.channels: dict[tuple[str, str], ChannelRecord] = {}
-        # Publishers whose shm edges failed to open: their edges use tcp from then on.
-        self._shm_refused: set[str] = set()
-        self._warned: set[tuple[str, str]] = set()
         # Publishers whose channel saw their clean END: the routes may list them a
         # little longer (they unregister after their channels read END); never reopen
         # those. Publishers whose channel was lost instead are reopened (rejoin).
@@ -214,7 +212,7 @@ class Router:
                 subscribers=len(record.attachments),
                 lossless=record.channel.lossless,
                 pending=record.channel.pending,
-                stats=record.channel.stats,
+                statistics=replace(record.channel.stats),
             )
             for record in self.channels.values()
         ]
@@ -241,52 +239,14 @@ class Router:
             self.close_record(record)
 
     def choose_transport(self, publisher: PublisherInfo, subscriber: Subscriber) -> str:
-        """local in the same process and loop; else shm on the same host when both
-        processes can use it; else tcp. A forced choice that cannot work falls back to
-        the automatic one, with a warning logged once per edge. An attached ezring ring
-        is always read through shared memory ("ezring")."""
-        if publisher.ring is not None:
-            return "ezring"
+        """The transport of the edge *publisher* -> *subscriber*: forced by the
+        subscriber, else the publisher, else ``EZFLOW_TRANSPORT``, else automatic (see
+        :meth:`TransportSet.choose`: local in the same process and loop; else shm on the
+        same host when both processes can use it; else tcp; an attached ezring ring
+        always through "ezring"). A forced choice that cannot work falls back to the
+        automatic one, with a warning logged once per edge."""
         wanted = subscriber.transport or publisher.transport or self._env_transport
-        if wanted == "tcp":
-            return "tcp"
-        local = LocalTransport.reachable(publisher.publisher_id)
-        shm = (
-            self._shm is not None
-            and publisher.shm_address is not None
-            and publisher.host_id == self.host_id
-            and publisher.publisher_id not in self._shm_refused
-        )
-        if wanted == "shm" and shm:
-            return "shm"
-        chosen = "local" if local else "shm" if shm else "tcp"
-        if wanted is not None and wanted != chosen:
-            key = (publisher.publisher_id, subscriber.id)
-            if key not in self._warned:
-                self._warned.add(key)
-                reason = (
-                    "the publisher is in another process"
-                    if wanted == "local"
-                    else "shared memory cannot be used between these processes"
-                    " (another host, no /dev/shm, or it failed before)"
-                )
-                log.warning(
-                    "transport %r asked for %s -> %s, but %s; using %s",
-                    wanted,
-                    publisher.topic,
-                    subscriber.topic,
-                    reason,
-                    chosen,
-                )
-        return chosen
-
-    def _transport(self, name: str) -> Transport:
-        if name == "local":
-            return self._local
-        if name == "shm":
-            assert self._shm is not None
-            return self._shm
-        return self._tcp
+        return self._transports.choose(publisher, wanted, subscriber.id, subscriber.topic)
 
     async def apply(self, message: dict[str, Any]) -> None:
         """Reconcile the channels with the routes *message* (idempotent)."""
@@ -353,54 +313,38 @@ class Router:
             record.attachments[subscriber.id] = channel.attach(subscriber._inbox)
         while True:
             try:
-                if info.ring is not None:
-                    record.inbound = await open_ring_channel(
-                        channel,
-                        info.ring,
-                        created_ns=info.ring_created_ns,
-                        on_lost=lambda: self._lost_record(record),
-                    )
-                    break
-                record.inbound = await self._transport(record.key[1]).open_channel(
+                record.inbound = await self._transports.get(record.key[1]).open_channel(
                     channel, info, on_lost=lambda: self._lost_record(record)
                 )
             except EzflowError as exc:
-                if record.key[1] == "shm" and self.channels.get(record.key) is record:
-                    if self._fall_back_to_tcp(record, info, exc):
-                        continue  # the same record, now over tcp
-                    return  # joined the tcp channel this process has to it already
+                if self.channels.get(record.key) is record:
+                    fallback = self._transports.fall_back(record.key[1], info, exc)
+                    if fallback is not None:
+                        if self._move_record(record, info, fallback):
+                            continue  # the same record, now over the fall-back
+                        return  # joined the channel this process has to it there already
                 self._open_failed(record, exc)
                 return
             break
+        assert record.inbound is not None
         if self.channels.get(record.key) is not record:
             # Closed (context closing, subscribers gone, lost) while we were connecting.
             record.inbound.close()
             return
         self._opened(record, self._lost.pop(info.publisher_id, None))
 
-    def _fall_back_to_tcp(
-        self, record: ChannelRecord, info: PublisherInfo, error: EzflowError
-    ) -> bool:
-        """The shm channel to *info* could not open: say so once, and turn *record* into
-        a tcp one; true if it is to be opened over tcp, false if it joined an existing
-        tcp channel to the same publisher instead."""
-        if info.publisher_id not in self._shm_refused:
-            self._shm_refused.add(info.publisher_id)
-            log.warning(
-                "cannot use shared memory for publisher %s on topic %r (%s); its edges to "
-                "this process use tcp",
-                info.publisher_id,
-                info.topic,
-                error,
-            )
+    def _move_record(self, record: ChannelRecord, info: PublisherInfo, transport: str) -> bool:
+        """The channel to *info* could not open on its transport (said by the set):
+        turn *record* into one over *transport*; true if it is to be opened there,
+        false if it joined an existing channel to the same publisher there instead."""
         del self.channels[record.key]
-        record.key = (info.publisher_id, "tcp")
-        record.channel.transport = "tcp"
+        record.key = (info.publisher_id, transport)
+        record.channel.transport = transport
         existing = self.channels.get(record.key)
         if existing is None:
             self.channels[record.key] = record
             return True
-        # Another channel to it over tcp exists already: join it.
+        # Another channel to it over that transport exists already: join it.
         for sub_id, attachment in list(record.attachments.items()):
             record.channel.detach(attachment)
             subscriber = self._subscribers.get(sub_id)

@@ -67,6 +67,8 @@ from .._core._config import (
     shm_dir_from_env,
     watch_rings_from_env,
 )
+from .._core._config import MAX_PENDING_REQUESTS as _MAX_PENDING_REQUESTS
+from .._core._config import SERVER_CLIENT_BACKLOG as _MAX_WRITE_BUFFER
 from .._core._exceptions import AuthenticationError, ConfigurationError, ProtocolError
 from .._core._framing import FramedProtocol, frame
 from .._core._handshake import AcceptingHandshake, Challenge, refuse
@@ -83,7 +85,7 @@ from .._core._protocol import (
     field as message_field,
 )
 from .._core._telemetry import ProcessSnapshot
-from .._transports._shm import SegmentSweeper
+from .._transports import SegmentSweeper
 from ._client import host_id
 from ._metrics import MetricsServer
 from ._registry import RegisteredClient, Registry
@@ -93,11 +95,6 @@ from ._tracestore import TraceLease, TraceStore
 __all__ = ["GraphServer"]
 
 log = logging.getLogger("ezflow.server")
-
-# A client that lets this much pushed data pile up unread is dropped.
-_MAX_WRITE_BUFFER = 64 * 1024 * 1024
-# Requests a client may have waiting for an answer at once.
-_MAX_PENDING_REQUESTS = 1024
 
 
 class GraphServer:

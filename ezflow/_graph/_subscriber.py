@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from .._core._channel import Inbox, SubscriberStats
-from .._core._exceptions import ClosedResourceError, ConfigurationError, EndOfStream
+from .._core._deprecation import warn_deprecated
+from .._core._exceptions import ClosedResourceError, ConfigurationError, EndOfStream, WouldBlock
 
 __all__ = ["Subscriber"]
 
@@ -29,7 +30,7 @@ class Subscriber:
     publisher, this process opens a new channel to it (once this subscriber took what
     the old one delivered) and the subscriber receives again from then on, like one
     that just joined: what was published meanwhile is not replayed. Counted in
-    ``stats.rejoins`` and logged. A cut does not end the stream.
+    ``statistics().rejoins`` and logged. A cut does not end the stream.
 
     End of stream: once every publisher that fed it has ended (closed: ``aclose()`` or
     leaving its context; or gone: its channel was lost and the routes no longer list
@@ -63,9 +64,17 @@ class Subscriber:
     def leaky(self) -> bool:
         return self._inbox.leaky
 
+    def statistics(self) -> SubscriberStats:
+        """A snapshot of this subscriber's counters (received, taken, dropped,
+        undecodable, publishers ended, rejoins...): a copy taken now, which later
+        deliveries do not change."""
+        return dataclasses.replace(self._inbox.stats)
+
     @property
     def stats(self) -> SubscriberStats:
-        """Live counters: received, taken, dropped (leaky only)."""
+        """Deprecated (removed in the next release): use :meth:`statistics`. The live
+        counters, which change as messages arrive."""
+        warn_deprecated("Subscriber.stats", "Subscriber.statistics()")
         return self._inbox.stats
 
     @property
@@ -82,7 +91,7 @@ class Subscriber:
         """True when :meth:`recv` would raise :class:`~ezflow.EndOfStream`: every
         publisher that fed this subscriber ended, none that has not is routed to it,
         nothing is queued. Not final: a publisher routed afterwards makes it wait
-        again. ``stats.publishers_broken`` counts the publishers that went away without
+        again. ``statistics().publishers_broken`` counts the publishers that went away without
         ending cleanly."""
         return self._inbox.at_end
 
@@ -106,7 +115,7 @@ class Subscriber:
         ``recv`` raises :class:`~ezflow.UndecodableMessageError` (topic, publisher and
         the codec's reason) in that message's place, and the next ``recv`` goes on with
         the message after it; a leaky subscriber counts it as dropped
-        (``stats.undecodable``, ``stats.dropped``) and logs it, rate-limited.
+        (``statistics()``: ``undecodable``, ``dropped``) and logs it, rate-limited.
         """
         # The inbox's own coroutine, not one wrapped in another: a paced subscriber
         # resumes through one frame fewer for every message.
@@ -116,8 +125,10 @@ class Subscriber:
         return inbox.get()
 
     def recv_nowait(self) -> Any:
-        """Return the next queued message; raise ``asyncio.QueueEmpty`` when there is
-        none, :class:`~ezflow.EndOfStream` at the end (once, as :meth:`recv`), and
+        """Return the next queued message; raise :class:`~ezflow.WouldBlock` when there
+        is none (an ``asyncio.QueueEmpty`` too, for code written before it existed),
+        :class:`~ezflow.EndOfStream` at the end (once, as :meth:`recv`),
+        :class:`~ezflow.ClosedResourceError` once closed and empty, and
         :class:`~ezflow.UndecodableMessageError` as :meth:`recv` does."""
         try:
             return self._inbox.get_nowait()
@@ -128,7 +139,10 @@ class Subscriber:
                 raise ClosedResourceError("this subscriber is closed") from None
             if self._inbox.tell_end():
                 raise self._inbox.end_of_stream() from None
-            raise asyncio.QueueEmpty from None
+            raise WouldBlock(
+                f"subscriber {self.id} on topic {self.topic!r} has no message queued; "
+                "await recv() to wait for one"
+            ) from None
 
     def _nothing_to_recv(self) -> ConfigurationError:
         """The error of recv() on a callback (``on_message``) subscriber."""

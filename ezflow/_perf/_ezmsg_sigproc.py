@@ -1,6 +1,7 @@
-"""ezmsg vs ezflow on one ezmsg-sigproc graph (``python -m ezflow._perf._ezmsg_sigproc``).
+"""ezmsg vs ezflow on one ezmsg-sigproc graph: ``ezflow perf sigproc``.
 
-Needs the ``ezmsg`` extra. The same ezmsg system class, unmodified, run by ``ez.run`` and
+(``python -m ezflow._perf._ezmsg_sigproc`` is the same, kept as an alias.) Needs the
+``ezmsg`` extra. The same ezmsg system class, unmodified, run by ``ez.run`` and
 by ``ezflow.run`` in turn (``--rounds`` times each, alternating; medians reported), in the
 same process layout: a source and a sink in the calling process, ``ButterworthFilter``
 and ``Downsample`` each in its own process. The source publishes ``--blocks`` AxisArray
@@ -32,6 +33,14 @@ from ezmsg.sigproc.downsample import Downsample, DownsampleSettings
 from ezmsg.util.messages.axisarray import AxisArray
 
 RATE = 1000.0
+#: A run's deadline (seconds): 2000 blocks take a few seconds on either framework.
+RUN_TIMEOUT = 600.0
+#: How much of a failed run's output its error shows (the last lines).
+ERROR_LINES = 20
+
+
+class SigprocError(RuntimeError):
+    """A run of the graph failed or did not end in time, or an option is out of range."""
 
 
 class SourceSettings(ez.Settings):
@@ -120,12 +129,25 @@ def _run_once(framework: str, blocks: int, samples: int, channels: int) -> float
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
         sizes = ["--blocks", str(blocks), "--samples", str(samples), "--channels", str(channels)]
-        subprocess.run(
-            [sys.executable, "-m", __spec__.name, "--one", framework, "--result", result, *sizes],
-            check=True,
-            timeout=600,
-            stdout=subprocess.DEVNULL,
-        )
+        one = [sys.executable, "-m", __spec__.name, "--one", framework, "--result", result]
+        try:
+            done = subprocess.run(
+                [*one, *sizes],
+                check=False,
+                timeout=RUN_TIMEOUT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        except subprocess.TimeoutExpired:
+            raise SigprocError(
+                f"the {framework} run did not end within {RUN_TIMEOUT:.0f} s"
+            ) from None
+        if done.returncode != 0 or not os.path.exists(result):
+            tail = "\n".join(done.stderr.splitlines()[-ERROR_LINES:])
+            raise SigprocError(
+                f"the {framework} run failed (exit {done.returncode}); its last lines:\n{tail}"
+            )
         with open(result) as f:
             figure = json.load(f)
     return float(figure["blocks"] / figure["seconds"])
@@ -146,7 +168,35 @@ def _one(framework: str, result: str, blocks: int, samples: int, channels: int) 
         ezflow.run(SYSTEM=system, graph_address="127.0.0.1:0")
 
 
+def run(blocks: int = 2000, samples: int = 50, channels: int = 8, rounds: int = 3) -> None:
+    """Run the graph *rounds* times on each framework, alternating, and print the medians;
+    raises :class:`SigprocError` for an option out of range or a failed run."""
+    for name, value, least in (
+        ("--blocks", blocks, 2),  # the sink times from its first block to its last
+        ("--samples", samples, 2),  # Downsample halves each block
+        ("--channels", channels, 1),
+        ("--rounds", rounds, 1),
+    ):
+        if value < least:
+            raise SigprocError(f"{name} {value}: must be at least {least}")
+    figures: dict[str, list[float]] = {"ezmsg": [], "ezflow": []}
+    for _ in range(rounds):
+        for framework, rates in figures.items():
+            rates.append(_run_once(framework, blocks, samples, channels))
+    ezmsg_rate = statistics.median(figures["ezmsg"])
+    ezflow_rate = statistics.median(figures["ezflow"])
+    print(
+        f"source -> ButterworthFilter -> Downsample -> sink, {blocks} AxisArray blocks "
+        f"of {samples}x{channels} float64, medians of {rounds} rounds"
+    )
+    print(f"  ezmsg {ez.__version__:>10}: {ezmsg_rate:8.0f} blocks/s  {figures['ezmsg']}")
+    print(f"  ezflow           : {ezflow_rate:8.0f} blocks/s  {figures['ezflow']}")
+    print(f"  ezflow / ezmsg   : {ezflow_rate / ezmsg_rate:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> None:
+    """``python -m ezflow._perf._ezmsg_sigproc``: the alias of ``ezflow perf sigproc``
+    (and, with the hidden ``--one``, one run in a fresh interpreter)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=2000)
     parser.add_argument("--samples", type=int, default=50)
@@ -158,19 +208,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.one:
         _one(args.one, args.result, args.blocks, args.samples, args.channels)
         return
-    figures: dict[str, list[float]] = {"ezmsg": [], "ezflow": []}
-    for _ in range(args.rounds):
-        for framework, rates in figures.items():
-            rates.append(_run_once(framework, args.blocks, args.samples, args.channels))
-    ezmsg_rate = statistics.median(figures["ezmsg"])
-    ezflow_rate = statistics.median(figures["ezflow"])
-    print(
-        f"source -> ButterworthFilter -> Downsample -> sink, {args.blocks} AxisArray blocks "
-        f"of {args.samples}x{args.channels} float64, medians of {args.rounds} rounds"
-    )
-    print(f"  ezmsg {ez.__version__:>10}: {ezmsg_rate:8.0f} blocks/s  {figures['ezmsg']}")
-    print(f"  ezflow           : {ezflow_rate:8.0f} blocks/s  {figures['ezflow']}")
-    print(f"  ezflow / ezmsg   : {ezflow_rate / ezmsg_rate:.2f}x")
+    try:
+        run(args.blocks, args.samples, args.channels, args.rounds)
+    except SigprocError as error:
+        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Start-up of a 3-process graph, ezflow vs ezmsg: ``python -m ezflow._perf._startup``.
+"""Start-up of a 3-process graph, ezflow vs ezmsg: ``ezflow perf startup``.
+
+(``python -m ezflow._perf._startup`` is the same, kept as an alias.)
 
 The same graph on both: SOURCE publishes 50 small messages as fast as it can, RELAY
 forwards them, SINK counts them and ends the graph normally after the last; SOURCE,
@@ -27,9 +29,18 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["main", "measure"]
+__all__ = ["StartupError", "main", "measure", "run"]
 
 MESSAGES = 50
+#: A run's deadline (seconds): either framework starts, delivers and exits in about one.
+RUN_TIMEOUT = 120.0
+#: How much of a failed run's output its error shows (the last lines).
+ERROR_LINES = 20
+
+
+class StartupError(RuntimeError):
+    """A run of the benchmark's graph failed or did not end in time."""
+
 
 _EZFLOW = f"""
 import time
@@ -126,20 +137,26 @@ if __name__ == "__main__":
 def measure(script: Path, env: dict[str, str]) -> tuple[float, float]:
     """(seconds to the first message at SINK, seconds to exit) for one run of *script*."""
     start = time.time()
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=script.parent,
-        check=False,
-    )
+    try:
+        result = subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+            env=env,
+            cwd=script.parent,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise StartupError(f"{script.name} did not end within {RUN_TIMEOUT:.0f} s") from None
     ended = time.time()
     first = [line for line in result.stdout.splitlines() if line.startswith("FIRST ")]
     if result.returncode != 0 or not first:
-        raise RuntimeError(
-            f"{script.name} failed (exit {result.returncode}):\n{result.stdout}{result.stderr}"
+        tail = (result.stdout + result.stderr).splitlines()[-ERROR_LINES:]
+        raise StartupError(
+            f"{script.name} failed (exit {result.returncode}"
+            f"{', no message reached SINK' if not first else ''}); its last lines:\n"
+            + "\n".join(tail)
         )
     return float(first[0].split()[1]) - start, ended - start
 
@@ -164,10 +181,11 @@ def _compile_packages(names: list[str]) -> None:
     subprocess.run([sys.executable, "-c", code, *names], check=False, capture_output=True)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7, help="runs per framework")
-    args = parser.parse_args(argv)
+def run(runs: int) -> None:
+    """Measure *runs* runs per framework and print the medians (ezmsg when importable);
+    raises :class:`StartupError` when a run fails."""
+    if runs < 1:
+        raise StartupError(f"--runs {runs}: need at least 1 run per framework")
     frameworks = {"ezflow": _EZFLOW}
     if _ezmsg_available():
         frameworks["ezmsg"] = _EZMSG
@@ -184,20 +202,31 @@ def main(argv: list[str] | None = None) -> None:
         for name, text in frameworks.items():
             scripts[name] = Path(tmp) / f"startup_{name}.py"
             scripts[name].write_text(text)
-        for _ in range(args.runs):
+        for _ in range(runs):
             for name, script in scripts.items():
                 results[name].append(measure(script, env))
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'':8} {'first message (s)':>18} {'exit (s)':>10}   (medians of {args.runs})")
+    print(f"{'':8} {'first message (s)':>18} {'exit (s)':>10}   (medians of {runs})")
     medians = {}
-    for name, runs in results.items():
-        first = statistics.median(r[0] for r in runs)
-        end = statistics.median(r[1] for r in runs)
+    for name, measured in results.items():
+        first = statistics.median(r[0] for r in measured)
+        end = statistics.median(r[1] for r in measured)
         medians[name] = (first, end)
         print(f"{name:8} {first:18.3f} {end:10.3f}")
     if "ezmsg" in medians:
         (f1, e1), (f2, e2) = medians["ezflow"], medians["ezmsg"]
         print(f"{'ratio':8} {f1 / f2:18.2f} {e1 / e2:10.2f}   (ezflow / ezmsg)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m ezflow._perf._startup``: the alias of ``ezflow perf startup``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7, help="runs per framework")
+    args = parser.parse_args(argv)
+    try:
+        run(args.runs)
+    except StartupError as error:
+        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Across two hosts: through the Zenoh bridge vs direct ezflow tcp, same run.
 
-``python -m ezflow._perf._zenoh_bridge`` (root and iproute2: two network namespaces
-joined by a veth pair stand for two hosts; needs ``ezflow-pubsub[zenoh]``).
+``ezflow perf bridge`` (root and iproute2: two network namespaces joined by a veth pair
+stand for two hosts; needs ``ezflow-pubsub[zenoh]``). ``python -m ezflow._perf._zenoh_bridge``
+is the same, kept as an alias (and runs the two roles, ``--role``, in the namespaces).
 
 * **direct**: one graph server on host A (on the link's address, with a token); the
   publisher on A and the subscriber on B are both its clients, so the data goes over
@@ -21,9 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,11 +36,28 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["main"]
+__all__ = ["BridgeError", "check_environment", "main", "run"]
 
 HOST_A, HOST_B = "10.79.0.1", "10.79.0.2"
 PACED, PACE = 300, 0.005
 BURST = {64: 20000, 1 << 20: 300}
+
+
+class BridgeError(RuntimeError):
+    """What the benchmark needs is missing, or a measurement failed."""
+
+
+def check_environment() -> None:
+    """Raise :class:`BridgeError` naming what is missing: root, ``ip``, Zenoh."""
+    if os.geteuid() != 0:
+        raise BridgeError(
+            "needs root to make two network namespaces: run it with sudo "
+            '(sudo "$(command -v ezflow)" perf bridge)'
+        )
+    if shutil.which("ip") is None:
+        raise BridgeError("needs iproute2's `ip` command on PATH (e.g. apt install iproute2)")
+    if importlib.util.find_spec("zenoh") is None:  # (the bridge processes import it)
+        raise BridgeError("needs Eclipse Zenoh: pip install 'ezflow-pubsub[zenoh]'")
 
 
 def _ip(*args: str) -> None:
@@ -255,7 +275,26 @@ async def _run(rounds: int) -> None:
             print(f"bridge / direct, {label}: rate {br / dr:.2f}x, p50 {bp / dp:.1f}x")
 
 
+def run(rounds: int = 3) -> None:
+    """Measure *rounds* rounds of both paths and print the medians; raises
+    :class:`BridgeError` when the environment lacks something or a measurement fails."""
+    if rounds < 1:
+        raise BridgeError(f"--rounds {rounds}: need at least 1 round")
+    check_environment()
+    try:
+        asyncio.run(_run(rounds))
+    except subprocess.CalledProcessError as error:
+        detail = (error.stderr or b"").decode(errors="replace").strip()
+        raise BridgeError(f"{' '.join(error.cmd)} failed: {detail or error}") from None
+    except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
+        raise BridgeError("a process of the measurement did not answer in time") from None
+    except RuntimeError as error:  # a process ended before it was ready
+        raise BridgeError(str(error)) from None
+
+
 def main(argv: list[str] | None = None) -> None:
+    """``python -m ezflow._perf._zenoh_bridge``: the alias of ``ezflow perf bridge``, and
+    (``--role``) the sender or receiver in a namespace."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--role", nargs=4, metavar=("ROLE", "ADDRESS", "TOPIC", "SIZE"))
@@ -265,9 +304,12 @@ def main(argv: list[str] | None = None) -> None:
         import ezflow  # noqa: PLC0415
 
         coroutine = _send if role == "send" else _receive
-        ezflow.run_coroutine(coroutine(address, topic, int(size)))
+        ezflow.lowlevel.run_coroutine(coroutine(address, topic, int(size)))
         return
-    asyncio.run(_run(args.rounds))
+    try:
+        run(args.rounds)
+    except BridgeError as error:
+        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

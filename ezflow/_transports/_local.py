@@ -86,12 +86,15 @@ class _LocalInbound(Inbound):
 
 
 class LocalTransport(Transport):
+    """Publisher and channel on the same event loop of this process: the object itself."""
+
     name: ClassVar[str] = "local"
+    unreachable: ClassVar[str] = "the publisher is in another process"
 
     def __init__(self) -> None:
         self._mine: set[str] = set()
 
-    def add_outlet(self, outlet: Outlet) -> None:
+    def add_outlet(self, outlet: Outlet, options: Any = None) -> None:
         _OUTLETS[outlet.publisher_id] = (outlet, asyncio.get_running_loop())
         self._mine.add(outlet.publisher_id)
 
@@ -101,10 +104,9 @@ class LocalTransport(Transport):
         if entry is not None and entry[0] is outlet:
             del _OUTLETS[outlet.publisher_id]
 
-    @staticmethod
-    def reachable(publisher_id: str) -> bool:
+    def reaches(self, publisher: PublisherInfo, host_id: str) -> bool:
         """True when the publisher lives in this process, on the running loop."""
-        entry = _OUTLETS.get(publisher_id)
+        entry = _OUTLETS.get(publisher.publisher_id)
         if entry is None:
             return False
         try:

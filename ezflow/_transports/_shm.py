@@ -17,7 +17,7 @@ of :mod:`._stream`); what differs is where message bytes travel:
 
 Leases and releases
     A block stays leased to a channel while anything in that process still refers to the
-    message: the :class:`RingReader` learns from a weak reference when the last view is
+    message: the :class:`ShmRingReader` learns from a weak reference when the last view is
     gone, and the channel sends ``FREE`` (block, generation) records back, batched per
     event-loop iteration. A subscriber that keeps a message therefore sees it unchanged
     for as long as it keeps it. This is separate from flow control: the ``max_in_flight``
@@ -76,7 +76,9 @@ import numpy as np
 from .._core._auth import Credentials
 from .._core._channel import Channel
 from .._core._codec import MAX_DEPTH, Codec, EncodedMessage, message_fields
+from .._core._config import SHM_FREE_PER_FRAME as _FREE_PER_FRAME
 from .._core._config import SHM_LOAN_ROOM, ShmOptions
+from .._core._config import SHM_SWEEP_DELAYS as _SWEEP_DELAYS
 from .._core._exceptions import BrokenResourceError, MessageTooLargeError, ProtocolError
 from .._core._framing import (
     FREE,
@@ -90,9 +92,10 @@ from .._core._framing import (
 )
 from .._core._outlet import Outlet
 from .._core._protocol import PublisherInfo, field
-from ._ezring import sweep_stale_rings
-from ._ring import Block, Descriptor, RingReader, ShmRing
+from ._base import Loans, Transport, TransportSettings
+from ._ezring_files import sweep_stale_rings
 from ._segment import ShmSegment, shm_available, sweep_stale_segments
+from ._shmring import Block, Descriptor, ShmRing, ShmRingReader
 from ._stream import ChannelConnection, PublisherConnection, StreamLink, StreamTransport
 
 __all__ = ["SegmentSweeper", "ShmStats", "ShmTransport", "sweep_shm_dir", "valid_socket_name"]
@@ -100,14 +103,8 @@ __all__ = ["SegmentSweeper", "ShmStats", "ShmTransport", "sweep_shm_dir", "valid
 log = logging.getLogger("ezflow.shm")
 
 _SOCKET_NAME = re.compile(r"ezflow-[0-9]{1,10}-[0-9a-f]{16}")
-# FREE records per frame: 16 bytes each keeps a frame well under the publisher's
-# handshake-time frame limit (64 KiB).
-_FREE_PER_FRAME = 2048
 # Encoded segment names kept per publisher (emptied when full).
 _NAME_CACHE_SIZE = 256
-# Seconds after a peer's crash at which its segments are swept: its flock is dropped a
-# few milliseconds after death, or later while the kernel tears down a big process.
-_SWEEP_DELAYS = (0.05, 0.5, 2.0)
 # Where a loaned array's data starts in its segment: a multiple of this. The codec needs
 # 16 (its buffer alignment); a cache line costs nothing more and suits wide copies.
 _LOAN_ALIGNMENT = 64
@@ -133,7 +130,7 @@ def valid_socket_name(name: str) -> bool:
 
 @dataclasses.dataclass(slots=True)
 class ShmStats:
-    """Counters of one publisher's use of shared memory (see ``Publisher.shm_stats``).
+    """Counters of one publisher's use of shared memory (see ``Publisher.shm_statistics()``).
 
     * ``zero_copy`` - message x channel hand-overs through a shared-memory block;
     * ``inline`` - hand-overs inline on the socket because the message was small;
@@ -448,8 +445,8 @@ class _OutletShm:
     def loan(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any] | None:
         """A writable array of *shape* and *dtype* in a block of this ring, with room
         around its data for the rest of a message; ``None`` when no block can be had.
-        Raises like :meth:`Codec.array_prefix`."""
-        prefix, total = self.codec.array_prefix(shape, dtype)
+        Raises like :meth:`Codec._array_prefix`."""
+        prefix, total = self.codec._array_prefix(shape, dtype)
         if self.closing:
             return None
         nbytes = total - len(prefix)
@@ -464,7 +461,7 @@ class _OutletShm:
         key = ("loan", descriptor.block, descriptor.generation)
         self.ring.publish(block, (key,))
         # The uint8 array over the whole block is what dies last: the loaned array and
-        # every view of it hold it through the buffer protocol (see RingReader.view).
+        # every view of it hold it through the buffer protocol (see ShmRingReader.view).
         holder = np.frombuffer(buffer, dtype=np.uint8)
         ref = weakref.ref(holder, self._holder_died)
         self._holders[id(ref)] = (ref, key, descriptor)
@@ -765,7 +762,7 @@ class _ShmChannelConnection(ChannelConnection):
         super().__init__(channel, publisher, max_size, on_lost)
         self._shm = transport
         self._call = transport.call
-        self.reader = RingReader(on_release=self._block_released)
+        self.reader = ShmRingReader(on_release=self._block_released)
         self._free_scheduled = False
         self._closed_here = False
 
@@ -845,11 +842,36 @@ class _ShmChannelConnection(ChannelConnection):
 # -- the transport -------------------------------------------------------------------------
 
 
+class _ShmLoans:
+    """One publisher's handle on its shared memory (:meth:`ShmTransport.loans`)."""
+
+    __slots__ = ("_outlet", "_transport")
+
+    def __init__(self, transport: ShmTransport, outlet: Outlet) -> None:
+        self._transport = transport
+        self._outlet = outlet
+
+    def loan(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any] | None:
+        return self._transport.loan(self._outlet, shape, dtype)
+
+    def spend(self, message: Any) -> None:
+        self._transport.spend(self._outlet, message)
+
+    def stats(self) -> ShmStats | None:
+        return self._transport.stats(self._outlet)
+
+
 class ShmTransport(StreamTransport[str]):
     """Shared-memory data server for this process's publishers, and connector for its
     channels. Linux only; :meth:`available` says whether it can work here."""
 
     name: ClassVar[str] = "shm"
+    unreachable: ClassVar[str] = (
+        "shared memory cannot be used between these processes"
+        " (another host, no /dev/shm, or it failed before)"
+    )
+    fallback: ClassVar[str | None] = "tcp"
+    label: ClassVar[str] = "shared memory"
 
     def __init__(
         self, *, max_message_size: int, codec: Codec, credentials: Credentials | None = None
@@ -864,10 +886,27 @@ class ShmTransport(StreamTransport[str]):
         #: removes the names of the segments our publishers give up, off the loop
         self.unlinker = SegmentUnlinker()
 
-    @staticmethod
-    def available() -> bool:
-        """Whether shared memory and abstract Unix sockets work in this process."""
+    @classmethod
+    def available(cls) -> bool:
+        """Whether shared memory and abstract Unix sockets work in this process (the
+        first call probes /dev/shm: it creates and unlinks a file)."""
         return sys.platform.startswith("linux") and shm_available()
+
+    @classmethod
+    def from_settings(cls, settings: TransportSettings) -> Transport:
+        return cls(
+            max_message_size=settings.max_message_size,
+            codec=settings.codec,
+            credentials=settings.credentials,
+        )
+
+    def reaches(self, publisher: PublisherInfo, host_id: str) -> bool:
+        """A publisher on this host whose process serves shared memory."""
+        return publisher.shm_address is not None and publisher.host_id == host_id
+
+    async def advertise(self, *, optional: bool = True) -> dict[str, Any]:
+        """``{"shm": <socket name>}``: the data socket's name (optional)."""
+        return {"shm": await self.start()} if optional else {}
 
     @property
     def call(self) -> _LoopCall:
@@ -986,7 +1025,7 @@ class ShmTransport(StreamTransport[str]):
         """A writable array of *shape* and *dtype* in *outlet*'s shared memory, laid out
         so that publishing it - alone or inside a message - copies nothing (see the
         module docstring, Loans); ``None`` when no block can be had (use a private array
-        then). Raises like :meth:`Codec.array_prefix`."""
+        then). Raises like :meth:`Codec._array_prefix`."""
         shm = self._shm.get(outlet.publisher_id)
         if shm is None:
             return None
@@ -1001,8 +1040,13 @@ class ShmTransport(StreamTransport[str]):
             shm.spend(message)
 
     def stats(self, outlet: Outlet) -> ShmStats | None:
+        """A snapshot of *outlet*'s counters; ``None`` when it is not (or no longer) here."""
         shm = self._shm.get(outlet.publisher_id)
         return None if shm is None else shm.snapshot()
+
+    def loans(self, outlet: Outlet) -> Loans[ShmStats]:
+        """*outlet*'s loans (``Publisher.loan``) and counters (``Publisher.shm_stats``)."""
+        return _ShmLoans(self, outlet)
 
     async def aclose(self) -> None:
         try:

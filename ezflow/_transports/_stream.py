@@ -65,6 +65,10 @@ from .._core._config import (
     MAX_CHANNELS_PER_PUBLISHER,
     heartbeat_deadline_from_env,
 )
+from .._core._config import DATA_CLOSE_TIMEOUT as CLOSE_TIMEOUT
+from .._core._config import PACED_GAP_NS as _PACED_GAP_NS
+from .._core._config import STREAM_FLUSH_BYTES as _FLUSH_BYTES
+from .._core._config import STREAM_FLUSH_MESSAGES as _FLUSH_MESSAGES
 from .._core._exceptions import (
     AuthenticationError,
     BrokenResourceError,
@@ -102,16 +106,8 @@ log = logging.getLogger("ezflow.stream")
 
 HEADER_SIZE = DATA_HEADER.size
 _DATA_PREFIX_SIZE = DATA_PREFIX.size
-# Flush a batch early once this much is queued (see the module docstring).
-_FLUSH_MESSAGES = 16
-_FLUSH_BYTES = 256 * 1024
 # A one-part message this small is joined to its header and written as one object.
 _JOIN_BELOW = 4096
-# A message written at once this long (ns) or more after the previous one is "paced":
-# no end-of-iteration flush is scheduled behind it.
-_PACED_GAP_NS = 50_000
-# Seconds a closing data connection may take to hand its last bytes to the kernel.
-CLOSE_TIMEOUT = 5.0
 _END_FRAME = frame(bytes([END]))
 
 AddressT = TypeVar("AddressT")
@@ -663,7 +659,8 @@ class ChannelConnection(FramedProtocol):
         self.heard = True
         reader = self._reader
         if nbytes >= _DATA_PREFIX_SIZE and not reader.end and reader.big is None:
-            # (FrameReader.fresh_read, inlined: a call costs a microsecond, cold)
+            # (the reader held nothing: see FrameReader; tests/test_stream.py pins this
+            # to the general path, FramedProtocol.buffer_updated)
             data = reader.view
             size, kind, _, seq, sent_ns, drops = DATA_PREFIX.unpack_from(data)
             if (
@@ -978,7 +975,7 @@ class StreamTransport(Transport, Generic[AddressT]):
 
     # -- Transport ------------------------------------------------------------------------
 
-    def add_outlet(self, outlet: Outlet) -> None:
+    def add_outlet(self, outlet: Outlet, options: Any = None) -> None:
         self.outlets[outlet.publisher_id] = outlet
 
     def remove_outlet(self, outlet: Outlet) -> None:

@@ -6,7 +6,6 @@ frames described in :mod:`._stream`, with ``TCP_NODELAY`` set on both ends (the
 batching there already groups small messages; Nagle would only add latency). With TLS
 settings (:class:`~ezflow._core._auth.Credentials`) both ends wrap the connection in TLS
 and verify each other's certificate; the zero-copy writer is not used then.
-batching there already groups small messages; Nagle would only add latency).
 
 A peer on another host can vanish without its socket closing (a cable, a black-holed
 route, a powered-off machine): tcp connections carry heartbeats and TCP keepalive
@@ -19,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .._core._auth import Credentials
 from .._core._config import Address, format_address
 from .._core._liveness import tune_keepalive
 from .._core._protocol import PublisherInfo
+from ._base import Transport, TransportSettings
 from ._stream import ChannelConnection, PublisherConnection, StreamTransport
 
 __all__ = ["TcpTransport"]
@@ -45,6 +45,18 @@ class TcpTransport(StreamTransport[Address]):
     ) -> None:
         super().__init__(max_message_size=max_message_size, credentials=credentials)
         self._host = host
+
+    @classmethod
+    def from_settings(cls, settings: TransportSettings) -> Transport:
+        return cls(
+            host=settings.host,
+            max_message_size=settings.max_message_size,
+            credentials=settings.credentials,
+        )
+
+    async def advertise(self, *, optional: bool = True) -> dict[str, Any]:
+        """``{"address": [host, port]}``: every registration carries one (required)."""
+        return {"address": list(await self.start())}
 
     async def listen(
         self, factory: Callable[[], PublisherConnection]

@@ -55,7 +55,7 @@ _factories: dict[str, Callable[[], GraphAdapter]] = {}
 #: The module that adapts the components of a package (the key: the top-level package of
 #: a class in the object's class hierarchy). It is imported only when a graph contains
 #: such an object, and registers itself with :func:`register_graph_adapter`.
-ADAPTER_MODULES: dict[str, str] = {"ezmsg": "ezflow.ezmsg"}
+ADAPTER_MODULES: dict[str, str] = {"ezmsg": "ezflow._units._ezmsg_adapter"}
 
 #: ``package -> qualified name`` of the base class of that package's components (units
 #: and collections, not streams), known without importing the package.

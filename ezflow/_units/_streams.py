@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .._core._config import (
+    DEFAULT_LEAKY_QUEUE,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
     ShmOptions,
@@ -102,7 +103,9 @@ class InputStream(Stream):
         self.leaky = bool(leaky)
         self.queue: int | None = None
         if leaky:
-            self.queue = check_positive(1 if queue is None else queue, setting="queue")
+            self.queue = check_positive(
+                DEFAULT_LEAKY_QUEUE if queue is None else queue, setting="queue"
+            )
 
 
 class OutputStream(Stream):

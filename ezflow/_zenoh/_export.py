@@ -508,7 +508,7 @@ class ExportRun:
         nbytes = sum(sum(sizes) for _, sizes in samples)
         if self._importers:
             await self._wait_for_credit(count, nbytes)
-        drops = self._subscriber.stats.dropped if self._subscriber is not None else 0
+        drops = self._subscriber.statistics().dropped if self._subscriber is not None else 0
         puts = []
         now = time.time_ns()
         for parts, sizes in samples:
@@ -542,7 +542,7 @@ class ExportRun:
         self._ended = True
         log.info("export of %s: the topic ended; waiting for its next publisher", self.export.topic)
         sub = self._subscriber
-        drops = sub.stats.dropped if sub is not None else 0
+        drops = sub.statistics().dropped if sub is not None else 0
         attachment = pack_attachment(self._seq, time.time_ns(), drops, end=True)
         session, key, encoding = self._session, self.key, self._zenoh_encoding
 

@@ -57,8 +57,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
-from .._core._codec import register_message, registered_name
-from .._core._config import COMPAT_MAIN_POLL_INTERVAL, DEFAULT_MAX_IN_FLIGHT
+from .._core._codec import register_message
 from .._units._component import Collection as _Collection
 from .._units._component import Component
 from .._units._component import Unit as _Unit
@@ -66,6 +65,7 @@ from .._units._decorators import main as _main
 from .._units._decorators import publisher, role_of, task, thread
 from .._units._decorators import subscriber as _subscriber
 from .._units._errors import Complete, GraphDefinitionError, NormalTermination
+from .._units._ezmsg_rules import output_options, register_stream_type, wait_while_running
 from .._units._plan import NoUnitsError
 from .._units._runner import run as _run
 from .._units._settings import Settings, State
@@ -140,16 +140,6 @@ logger.setLevel(os.environ.get("EZMSG_LOGLEVEL", "INFO").upper())
 # -- messages ------------------------------------------------------------------------------
 
 
-def _register(message_type: Any) -> None:
-    """Register a dataclass message type named by a stream, so that it crosses processes."""
-    if (
-        isinstance(message_type, type)
-        and dataclasses.is_dataclass(message_type)
-        and registered_name(message_type) is None
-    ):
-        register_message(message_type)
-
-
 class Message:
     """ezmsg's deprecated message base: subclasses are frozen dataclasses, registered
     with the codec."""
@@ -179,7 +169,7 @@ class InputStream(_InputStream):
         # ezmsg checks no message type at connection time, so neither do we.
         super().__init__(Any, leaky=leaky, queue=max_queue if leaky else None)
         self.msg_type = msg_type
-        _register(msg_type)
+        register_stream_type(msg_type)
 
     @property
     def max_queue(self) -> int | None:
@@ -201,14 +191,12 @@ class OutputStream(_OutputStream):
         force_tcp: bool | None = None,
         allow_local: bool | None = None,
     ) -> None:
-        # ezmsg's default of 32 buffers keeps ezflow's default max_in_flight, as for
-        # ezmsg's own units (ezflow.ezmsg).
-        in_flight = DEFAULT_MAX_IN_FLIGHT if num_buffers == 32 else num_buffers
-        super().__init__(Any, max_in_flight=in_flight, transport="tcp" if force_tcp else None)
+        # the same translation as for ezmsg's own units (ezflow._units._ezmsg_rules)
+        super().__init__(Any, **output_options(num_buffers, force_tcp))
         self.msg_type = msg_type
         self.num_buffers = num_buffers
         self.force_tcp = force_tcp
-        _register(msg_type)
+        register_stream_type(msg_type)
 
 
 class Topic(_OutputStream):
@@ -217,7 +205,7 @@ class Topic(_OutputStream):
     def __init__(self, msg_type: Any) -> None:
         super().__init__(Any)
         self.msg_type = msg_type
-        _register(msg_type)
+        register_stream_type(msg_type)
 
 
 class InputTopic(_InputStream):
@@ -226,7 +214,7 @@ class InputTopic(_InputStream):
     def __init__(self, msg_type: Any) -> None:
         super().__init__(Any)
         self.msg_type = msg_type
-        _register(msg_type)
+        register_stream_type(msg_type)
 
 
 class OutputTopic(Topic):
@@ -267,8 +255,7 @@ def main(fn: _F) -> _F:
     @functools.wraps(fn)
     def run_then_wait(self: Unit) -> None:
         fn(self)
-        while self.running:  # the graph stops this thread by clearing `running`
-            time.sleep(COMPAT_MAIN_POLL_INTERVAL)
+        wait_while_running(self)  # the graph stops this thread by clearing `running`
 
     return _main(run_then_wait)  # type: ignore[return-value]
 

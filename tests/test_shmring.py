@@ -30,8 +30,8 @@ from ezflow import (
     ConfigurationError,
     MessageTooLargeError,
 )
-from ezflow._transports._ring import Block, Descriptor, RingReader, ShmRing
 from ezflow._transports._shmfiles import shm_dir
+from ezflow._transports._shmring import Block, Descriptor, ShmRing, ShmRingReader
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -178,7 +178,7 @@ def test_sizes_around_the_slot_size(ring: ShmRing, nbytes: int) -> None:
         assert d.segment != ring_name and d.block >= ring.slot_count and d.offset == 0
         assert (SHM / d.segment).stat().st_size == -(-nbytes // PAGE) * PAGE
         assert ring.stats.blocks_created == 1
-    with RingReader() as reader:
+    with ShmRingReader() as reader:
         view = reader.view(ring.publish(block, ["a"]))
         assert np.array_equal(np.frombuffer(view, np.uint8), pattern)
         del view
@@ -313,7 +313,7 @@ def test_close_unlinks_everything_and_is_idempotent() -> None:
 def test_views_are_read_only_and_zero_copy(ring: ShmRing) -> None:
     block = take(ring, 16)
     d = ring.publish(block, ["a"])
-    with RingReader() as reader:
+    with ShmRingReader() as reader:
         view = reader.view(d)
         assert view.readonly and len(view) == 16
         with pytest.raises(TypeError):
@@ -339,7 +339,7 @@ DERIVATIONS: dict[str, Callable[[memoryview], Any]] = {
 def test_release_happens_when_the_last_derived_object_goes(ring: ShmRing, how: str) -> None:
     d = send(ring, 64, ["a"], fill=7)
     calls: list[Descriptor] = []
-    with RingReader(on_release=calls.append) as reader:
+    with ShmRingReader(on_release=calls.append) as reader:
         view = reader.view(d)
         derived = DERIVATIONS[how](view)
         del view
@@ -353,7 +353,7 @@ def test_release_happens_when_the_last_derived_object_goes(ring: ShmRing, how: s
 
 def test_a_chain_of_derived_objects_keeps_the_block_until_all_are_gone(ring: ShmRing) -> None:
     d = send(ring, 64, ["a"])
-    with RingReader() as reader:
+    with ShmRingReader() as reader:
         view = reader.view(d)
         array = np.frombuffer(view, np.uint8)
         sliced = array[8:]
@@ -371,7 +371,7 @@ def test_a_chain_of_derived_objects_keeps_the_block_until_all_are_gone(ring: Shm
 
 def test_each_view_is_released_separately(ring: ShmRing) -> None:
     d = send(ring, 8, ["a"])
-    with RingReader() as reader:
+    with ShmRingReader() as reader:
         first, second = reader.view(d), reader.view(d)
         del first
         assert reader.take_released() == [d]
@@ -387,7 +387,7 @@ def test_a_failing_on_release_is_logged_and_the_release_still_queued(
         raise RuntimeError("boom")
 
     d = send(ring, 8, ["a"])
-    with RingReader(on_release=boom) as reader, caplog.at_level(logging.ERROR, "ezflow.shm"):
+    with ShmRingReader(on_release=boom) as reader, caplog.at_level(logging.ERROR, "ezflow.shm"):
         view = reader.view(d)
         del view  # the release runs the failing callback
         assert reader.take_released() == [d]
@@ -398,7 +398,7 @@ def test_a_failing_on_release_is_logged_and_the_release_still_queued(
 def test_finalizers_on_another_thread_still_deliver(ring: ShmRing) -> None:
     descriptors = [send(ring, 32, ["a"]) for _ in range(4)]
     threads: list[int] = []
-    with RingReader(on_release=lambda d: threads.append(threading.get_ident())) as reader:
+    with ShmRingReader(on_release=lambda d: threads.append(threading.get_ident())) as reader:
         box = [np.frombuffer(reader.view(d), np.uint8) for d in descriptors]
 
         def drop_last_references() -> None:
@@ -416,7 +416,7 @@ def test_finalizers_on_another_thread_still_deliver(ring: ShmRing) -> None:
 def test_attachment_cache_eviction_forget_and_close() -> None:
     with ShmRing(slot_count=1, slot_size=64) as ring:
         blocks = [send(ring, 2 * PAGE, ["a"], fill=i) for i in range(1, 4)]  # 3 segments
-        reader = RingReader(max_segments=2)
+        reader = ShmRingReader(max_segments=2)
         views = [reader.view(d) for d in blocks]
         assert reader.attached == [blocks[1].segment, blocks[2].segment]
         assert views[0][0] == 1  # evicted, but its view stays mapped and valid
@@ -439,7 +439,7 @@ def test_attachment_cache_eviction_forget_and_close() -> None:
 
 def test_bad_descriptors_are_refused(ring: ShmRing) -> None:
     d = send(ring, 8, ["a"])
-    with RingReader() as reader:
+    with ShmRingReader() as reader:
         with pytest.raises(ValueError, match="outside"):
             reader.view(d._replace(offset=4 * 4096 - 4))
         with pytest.raises(BrokenResourceError):
@@ -453,9 +453,9 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from ezflow._transports._ring import Descriptor, RingReader
+    from ezflow._transports._shmring import Descriptor, ShmRingReader
 
-    reader = RingReader()
+    reader = ShmRingReader()
     kept = None
     for line in sys.stdin:
         command = json.loads(line)

@@ -16,7 +16,7 @@ Publisher side: :class:`ShmRing`
     in a pool once free and reused for a later message of between half its capacity and
     its capacity. All segments together never exceed ``max_bytes``.
 
-Channel side: :class:`RingReader`
+Channel side: :class:`ShmRingReader`
     Turns a descriptor into a read-only, zero-copy memoryview of the block and learns
     when the last object referring to it (the view, numpy arrays or slices built on it)
     is gone, so that the channel releases the block only when nothing in its process
@@ -42,18 +42,23 @@ from typing import Any, Final, NamedTuple
 
 import numpy as np
 
-from .._core._config import DEFAULT_SHM_MAX_BYTES, DEFAULT_SHM_SLOT_COUNT, DEFAULT_SHM_SLOT_SIZE
+from .._core._config import (
+    DEFAULT_SHM_MAX_BYTES,
+    DEFAULT_SHM_SLOT_COUNT,
+    DEFAULT_SHM_SLOT_SIZE,
+    SHM_MAX_MAPPED_SEGMENTS,
+)
 from .._core._exceptions import ClosedResourceError, ConfigurationError, MessageTooLargeError
 from ._segment import ShmSegment
 
-__all__ = ["Block", "Descriptor", "RingReader", "RingStats", "ShmRing"]
+__all__ = ["Block", "Descriptor", "ShmRing", "ShmRingReader", "ShmRingStats"]
 
 log = logging.getLogger("ezflow.shm")
 
 DEFAULT_SLOT_COUNT: Final = DEFAULT_SHM_SLOT_COUNT
 DEFAULT_SLOT_SIZE: Final = DEFAULT_SHM_SLOT_SIZE
 DEFAULT_MAX_BYTES: Final = DEFAULT_SHM_MAX_BYTES
-DEFAULT_MAX_SEGMENTS: Final = 64
+DEFAULT_MAX_SEGMENTS: Final = SHM_MAX_MAPPED_SEGMENTS
 
 
 class Descriptor(NamedTuple):
@@ -90,7 +95,7 @@ class Block:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class RingStats:
+class ShmRingStats:
     """Counters of a :class:`ShmRing` (a snapshot).
 
     * ``acquires`` - blocks handed out by :meth:`ShmRing.acquire`;
@@ -257,9 +262,9 @@ class ShmRing:
         return self._closed
 
     @property
-    def stats(self) -> RingStats:
-        """A snapshot of the counters (see :class:`RingStats`)."""
-        return RingStats(
+    def stats(self) -> ShmRingStats:
+        """A snapshot of the counters (see :class:`ShmRingStats`)."""
+        return ShmRingStats(
             acquires=self._acquires,
             failed_acquires=self._failed,
             blocks_created=self._created,
@@ -568,7 +573,7 @@ class _Released:
     """Where dying views drop their descriptors; shared by a reader and the weak
     references it watches its views with (the callback of each).
 
-    Kept apart from :class:`RingReader` so a watched view does not keep the reader
+    Kept apart from :class:`ShmRingReader` so a watched view does not keep the reader
     alive. A weak reference with a callback costs less than ``weakref.finalize`` (which
     adds a registry and at-exit handling nobody needs here): about 0.7 µs per message.
     """
@@ -605,7 +610,7 @@ class _Released:
                 log.exception("on_release callback failed for %s", descriptor)
 
 
-class RingReader:
+class ShmRingReader:
     """The channel side: zero-copy read-only views of published blocks, and notice of
     when each is no longer referred to.
 
@@ -722,7 +727,7 @@ class RingReader:
         while self._segments:
             self._segments.popitem(last=False)[1].close()
 
-    def __enter__(self) -> RingReader:
+    def __enter__(self) -> ShmRingReader:
         return self
 
     def __exit__(
@@ -735,4 +740,4 @@ class RingReader:
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
-        return f"<RingReader {len(self._segments)} segments attached{state}>"
+        return f"<ShmRingReader {len(self._segments)} segments attached{state}>"

@@ -1,0 +1,268 @@
+"""What tcp and shm share (ezflow/_transports/_stream.py): each fast path pinned to the
+general path it shortens, on the same inputs (differential, hypothesis-driven).
+
+- ``StreamLink.send_small`` (one small ``bytes`` body, the paced publisher's path) and
+  ``StreamLink.send`` with that body as an ``EncodedMessage``: the same bytes, in the same
+  writes, the same batching decisions (paced or not: ``PACED_GAP_NS``) and counters.
+- ``ChannelConnection.buffer_updated`` (a read that is exactly one ``DATA`` frame is
+  delivered straight from the read buffer) and ``FramedProtocol.buffer_updated`` (the
+  frame reader, then ``frame_received``): the same messages delivered, in order, the same
+  channel counters, the same protocol errors, whatever the split of the byte stream.
+
+The socket is the asyncio transport's business: the publisher side writes into a
+recorder of ``write``/``writelines`` calls, the channel side is fed its reads the way the
+event loop feeds a ``BufferedProtocol`` (``get_buffer``, then ``buffer_updated``). The
+Channel, Inbox, Codec and frame reader are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import sys
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ezflow._core._channel import Channel, Inbox
+from ezflow._core._codec import Codec, EncodedMessage
+from ezflow._core._config import PACED_GAP_NS
+from ezflow._core._framing import DATA, DATA_PREFIX, FramedProtocol
+from ezflow._core._protocol import PublisherInfo
+from ezflow._transports._stream import HEADER_SIZE, ChannelConnection, StreamLink
+from ezflow.lowlevel import loop_factory
+
+LOOPS = ["asyncio"] + (["uvloop"] if sys.platform != "win32" else [])
+
+
+def run(kind: str, coroutine: Coroutine[Any, Any, None]) -> None:
+    """Run *coroutine* on a new event loop of *kind* (one per example)."""
+    with asyncio.Runner(loop_factory=loop_factory(kind)) as runner:
+        runner.run(coroutine)
+
+
+@contextlib.contextmanager
+def quiet(name: str) -> Iterator[None]:
+    """Without the log lines of the logger *name* (a protocol error's, expected)."""
+    logger = logging.getLogger(name)
+    level, logger.level = logger.level, logging.CRITICAL + 1
+    try:
+        yield
+    finally:
+        logger.level = level
+
+
+# -- StreamLink.send_small vs StreamLink.send ---------------------------------------------
+
+
+class _Recorder:
+    """Stands for the asyncio transport a link writes to: one entry per write call."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, bytes]] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(("write", bytes(data)))
+
+    def writelines(self, parts: list[bytes | memoryview]) -> None:
+        self.writes.append(("writelines", b"".join(bytes(p) for p in parts)))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+@dataclasses.dataclass
+class _Connection:
+    out: _Recorder | None
+
+
+def _state(link: StreamLink) -> tuple[Any, ...]:
+    out = link.connection.out
+    return (
+        link.sent_count,
+        link.sent_bytes,
+        link.inline_sends,
+        link._written_ns,
+        link._flush_scheduled,
+        b"".join(bytes(q) for q in link._queued),
+        None if out is None else list(out.writes),
+    )
+
+
+# A step: the gap since the previous publish (around the paced threshold), the size of
+# the body (what Codec.small_array_body makes: at most 4 KiB), whether the event loop
+# turns before the next one (the end-of-iteration flush).
+_GAPS = st.sampled_from([0, 1, PACED_GAP_NS - 1, PACED_GAP_NS, PACED_GAP_NS + 1, 10**9])
+_STEPS = st.lists(st.tuples(_GAPS, st.integers(0, 4096), st.booleans()), min_size=1, max_size=40)
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=_STEPS,
+    closing_at=st.one_of(st.none(), st.integers(1, 40)),
+    out_of_line_above=st.sampled_from([sys.maxsize, 2048]),
+    drops=st.integers(0, 3),
+)
+def test_send_small_is_send_of_one_small_body(
+    kind: str,
+    steps: list[tuple[int, int, bool]],
+    closing_at: int | None,
+    out_of_line_above: int,
+    drops: int,
+) -> None:
+    # (closing_at: the socket starts closing before that message, and stays closing)
+    async def drive() -> None:
+        small = StreamLink(_Connection(_Recorder()), lossless=True, max_size=1 << 20)  # type: ignore[arg-type]
+        general = StreamLink(_Connection(_Recorder()), lossless=True, max_size=1 << 20)  # type: ignore[arg-type]
+        links = (small, general)
+        for link in links:
+            link.out_of_line_above = out_of_line_above
+            link.drops = drops
+        now = 1_700_000_000_000_000_000
+        expected = b""
+        for seq, (gap, size, turn) in enumerate(steps, 1):
+            now += gap
+            body = bytes((seq + i) & 0xFF for i in range(size))
+            expected += DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, now, drops) + body
+            if seq == closing_at:
+                for link in links:
+                    link.connection.out.closing = True
+            small.send_small(seq, now, None, body)
+            general.send(seq, now, None, EncodedMessage([body], size))
+            assert _state(small) == _state(general), f"after message {seq}"
+            if turn:
+                await asyncio.sleep(0)
+                assert _state(small) == _state(general), f"after the loop turned at {seq}"
+        await asyncio.sleep(0)
+        assert _state(small) == _state(general)
+        if closing_at is None or closing_at > len(steps):
+            # what went out is each message's DATA frame, in order
+            assert b"".join(data for _, data in general.connection.out.writes) == expected
+
+    run(kind, drive())
+
+
+# -- ChannelConnection.buffer_updated vs FramedProtocol.buffer_updated ---------------------
+
+
+def _connection(codec: Codec) -> tuple[ChannelConnection, Inbox]:
+    channel = Channel("p-1", "/t", codec, transport="tcp")
+    inbox = Inbox()
+    channel.attach(inbox)
+    info = PublisherInfo("p-1", "/t", "c-1", "h-1", 1, ("127.0.0.1", 1))
+    return ChannelConnection(channel, info, max_size=1 << 16, on_lost=lambda: None), inbox
+
+
+def _received(inbox: Inbox) -> list[Any]:
+    out = []
+    while len(inbox):
+        try:
+            message = inbox.get_nowait()
+        except Exception as exc:  # (an undecodable body: raised in its place)
+            out.append(("raised", type(exc).__name__))
+            continue
+        if isinstance(message, np.ndarray):
+            out.append(("array", message.dtype.str, message.shape, message.tobytes()))
+        else:
+            out.append(("object", message))
+    return out
+
+
+_MESSAGES = st.one_of(
+    st.integers(-(2**40), 2**40),
+    st.text(max_size=20),
+    st.tuples(st.integers(0, 3), st.integers(1, 600)).map(
+        lambda p: np.arange(p[1], dtype=["<f8", "<i4", "u1", "<f4"][p[0]])
+    ),
+)
+# What travels: a message's DATA frame, or garbage in a DATA frame (undecodable), or a
+# header claiming more than the connection's limit (a protocol error, last).
+# (each with how many more messages the publisher dropped for this channel before it)
+_FRAMES = st.lists(
+    st.tuples(
+        st.one_of(
+            _MESSAGES.map(lambda m: ("message", m)),
+            st.binary(min_size=0, max_size=40).map(lambda b: ("garbage", b)),
+        ),
+        st.sampled_from([0, 0, 0, 1, 2]),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+@settings(max_examples=150, deadline=None)
+@given(
+    frames=_FRAMES,
+    oversized=st.booleans(),
+    one_per_read=st.booleans(),
+    chunks=st.lists(st.integers(1, 3000), min_size=1, max_size=60),
+)
+def test_the_one_frame_read_is_the_frame_reader(
+    kind: str,
+    frames: list[tuple[tuple[str, Any], int]],
+    oversized: bool,
+    one_per_read: bool,
+    chunks: list[int],
+) -> None:
+    codec = Codec()
+    stream: list[bytes] = []
+    drops, sent_ns = 0, time.time_ns() - 1_000_000
+    for seq, ((what, value), dropped) in enumerate(frames, 1):
+        body = codec.encode(value).to_bytes() if what == "message" else value
+        drops += dropped
+        head = DATA_PREFIX.pack(HEADER_SIZE + len(body), DATA, 0, seq, sent_ns + seq, drops)
+        stream.append(head + body)
+    if oversized:
+        stream.append(DATA_PREFIX.pack(1 << 20, DATA, 0, len(frames) + 1, 0, 0))
+    # reads: each frame alone (a paced stream: the fast path) or any split
+    reads = stream if one_per_read else _split(b"".join(stream), chunks)
+
+    async def drive() -> None:
+        fast, fast_inbox = _connection(codec)
+        general, general_inbox = _connection(codec)
+        with quiet("ezflow.stream"), quiet("ezflow.channel"):  # (expected errors)
+            for data in reads:
+                for connection, update in (
+                    (fast, fast.buffer_updated),
+                    (general, lambda n: FramedProtocol.buffer_updated(general, n)),
+                ):
+                    buffer = connection.get_buffer(-1)
+                    assert len(buffer) >= len(data)
+                    buffer[: len(data)] = data
+                    update(len(data))
+                got = _received(fast_inbox)
+                assert got == _received(general_inbox)
+                assert fast._broken == general._broken
+        timing = {"decode_seconds": 0.0}
+        assert dataclasses.replace(fast.channel.stats, **timing) == dataclasses.replace(
+            general.channel.stats, **timing
+        )
+        assert fast.channel.released == general.channel.released
+        # every message carried its publish time: one latency sample per message
+        # delivered, on both
+        stats = fast.channel.stats
+        latencies = [c.channel.latency.snapshot().count for c in (fast, general)]
+        assert latencies[0] == latencies[1] == stats.messages - stats.decode_errors
+
+    run(kind, drive())
+
+
+def _split(data: bytes, chunks: list[int]) -> list[bytes]:
+    reads, position, index = [], 0, 0
+    while position < len(data):
+        size = chunks[index % len(chunks)]
+        reads.append(data[position : position + size])
+        position += size
+        index += 1
+    return reads
