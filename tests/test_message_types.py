@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -215,10 +216,23 @@ def mislabelled():
 """
 
 
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=90, check=False, cwd=cwd
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
     )
+
+
+# Unit processes that import what they need (forked from the program, they know what it
+# knew, classes defined inside functions too: tests/test_forkserver.py).
+_SPAWN = {"EZFLOW_START_METHOD": "spawn"}
 
 
 def test_script_classes_reach_stock_and_script_units_in_other_processes(tmp_path: Path) -> None:
@@ -238,7 +252,7 @@ def test_script_classes_reach_stock_and_script_units_in_other_processes(tmp_path
 
 def test_a_declared_class_defined_in_a_function_fails_at_start(tmp_path: Path) -> None:
     (tmp_path / "local_graph.py").write_text(_LOCAL_GRAPH)
-    result = _run(["-m", "ezflow", "run", "local_graph.py:build"], tmp_path)
+    result = _run(["-m", "ezflow", "run", "local_graph.py:build"], tmp_path, _SPAWN)
     assert result.returncode == 1, result.stderr
     text = " ".join(result.stderr.split())  # rich wraps long lines
     assert "local_graph.build.<locals>.Local" in text
@@ -251,7 +265,7 @@ def test_an_undecodable_message_on_a_lossless_edge_fails_the_graph(tmp_path: Pat
     """The same class on an untyped stream: not known to be needed at start, so the
     first message fails the receiving unit, naming the topic and the reason (exit 1)."""
     (tmp_path / "local_graph.py").write_text(_LOCAL_GRAPH)
-    result = _run(["-m", "ezflow", "run", "local_graph.py:build_untyped"], tmp_path)
+    result = _run(["-m", "ezflow", "run", "local_graph.py:build_untyped"], tmp_path, _SPAWN)
     assert result.returncode == 1, result.stderr
     text = " ".join(result.stderr.split())
     assert "UndecodableMessageError" in text and "SOURCE/OUTPUT" in text

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import os
+import socket
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -53,6 +55,7 @@ __all__ = [
     "ENV_HEARTBEAT_DEADLINE",
     "ENV_MAX_MESSAGE_SIZE",
     "ENV_SHM_DIR",
+    "ENV_START_METHOD",
     "ENV_TELEMETRY_INTERVAL",
     "ENV_TLS_CA",
     "ENV_TLS_CERT",
@@ -65,6 +68,8 @@ __all__ = [
     "EZRING_ATTACH_TIMEOUT",
     "EZRING_POLL_INTERVAL",
     "EZRING_WATCH_INTERVAL",
+    "FORKSERVER_ORPHAN_TIMEOUT",
+    "FORK_TIMEOUT",
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
     "HEARTBEATS_PER_DEADLINE",
@@ -110,6 +115,7 @@ __all__ = [
     "SHM_REFUSED_LOG_MAX",
     "SHM_SWEEP_DELAYS",
     "SHUTDOWN_TIMEOUT",
+    "START_METHODS",
     "START_TIMEOUT",
     "STREAM_FLUSH_BYTES",
     "STREAM_FLUSH_MESSAGES",
@@ -154,6 +160,7 @@ __all__ = [
     "check_types_from_env",
     "debug_from_env",
     "drain_timeout_from_env",
+    "forkserver_supported",
     "format_address",
     "graph_address_from_env",
     "heartbeat_deadline_from_env",
@@ -161,6 +168,7 @@ __all__ = [
     "parse_address",
     "parse_size",
     "shm_dir_from_env",
+    "start_method_from_env",
     "telemetry_interval_from_env",
     "transport_from_env",
     "watch_rings_from_env",
@@ -761,6 +769,52 @@ def check_types_from_env() -> bool:
     if text == "1":
         return True
     raise ConfigurationError(f"{ENV_CHECK_TYPES}={text!r} must be 1 (check) or 0 (do not)")
+
+
+# -- how unit processes start (see docs/architecture.md, "Starting unit processes") ---------
+
+#: ``forkserver`` (the default where it works: Linux with pidfds) forks unit processes
+#: from a fork server that imported ezflow and the program's modules once; ``spawn``
+#: starts a fresh interpreter per unit process (slower start-up, nothing inherited).
+ENV_START_METHOD: Final = "EZFLOW_START_METHOD"
+START_METHODS: Final[tuple[str, ...]] = ("forkserver", "spawn")
+#: Seconds the fork server has to answer a fork request (its own start included: a fresh
+#: interpreter importing the units' modules) before the graph's start fails.
+FORK_TIMEOUT: Final = 30.0
+#: Seconds a fork server whose program is gone waits for its unit processes to stop by
+#: themselves (they see their control sockets close) before it kills them and exits.
+FORKSERVER_ORPHAN_TIMEOUT: Final = 15.0
+
+
+def forkserver_supported() -> bool:
+    """Whether this platform can run the fork server: ``os.fork``, ``os.pidfd_open``
+    (Linux 5.3+) and file-descriptor passing over Unix sockets."""
+    return (
+        sys.platform.startswith("linux")
+        and hasattr(os, "fork")
+        and hasattr(os, "pidfd_open")
+        and hasattr(socket, "send_fds")
+    )
+
+
+def start_method_from_env() -> str:
+    """``EZFLOW_START_METHOD``: ``forkserver`` or ``spawn``; unset, ``forkserver`` where
+    :func:`forkserver_supported`, else ``spawn``. ``forkserver`` where it is not
+    supported is a :class:`ConfigurationError`."""
+    text = os.environ.get(ENV_START_METHOD, "").strip().lower()
+    if not text:
+        return "forkserver" if forkserver_supported() else "spawn"
+    if text not in START_METHODS:
+        raise ConfigurationError(
+            f"{ENV_START_METHOD}={text!r} is not a start method; use 'forkserver' (fork "
+            "unit processes from a fork server, the default) or 'spawn' (a fresh "
+            "interpreter per unit process)"
+        )
+    if text == "forkserver" and not forkserver_supported():
+        raise ConfigurationError(
+            f"{ENV_START_METHOD}=forkserver needs Linux 5.3+ (pidfds); use 'spawn' here"
+        )
+    return text
 
 
 # -- how failures are shown (see docs/units.md) --------------------------------------------

@@ -1,10 +1,12 @@
 """Unit processes: the parent's handle on a child, and the child's entry point.
 
-A child is ``python -c "...child_main()"`` started with one end of a socket pair (no
-``fork``: the parent runs threads and an event loop). Over that private socket the
-parent sends a bootstrap (where the graph server is, the pickled units, how to import
-the main script) and then ``start``/``stop`` (with the drain timeout) and ``hurry`` (stop
-draining now: a second Ctrl-C); the child answers
+A child is forked by the fork server (``_forkserver``: a process that imported ezflow
+and the program's modules once) or, with ``EZFLOW_START_METHOD=spawn``, started as
+``python -c "...child_main()"``; either way it gets one end of a socket pair and nothing
+else of the parent's. Over that private socket the parent sends a bootstrap (where the
+graph server is, the pickled units, how to import the main script) and then
+``start``/``stop`` (with the drain timeout) and ``hurry`` (stop draining now: a second
+Ctrl-C); the child answers
 ``ready``, ``failed``, ``complete`` (a unit raised NormalTermination), ``units_done``
 (every unit is done: the parent ends an ``end_when_done`` graph once every process
 said so), ``cut`` (what the drain timeout cut) and ``done``. Frames are a 4-byte
@@ -33,7 +35,7 @@ import struct
 import sys
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core._codec import set_unknown_type_hook
 from .._core._config import Address
@@ -45,7 +47,18 @@ from ._mainthread import MainThreadGate, run_beside_main
 from ._message_types import MessageTypes, UnresolvableMessageError
 from ._tracebacks import describe
 
-__all__ = ["ChildProcess", "child_main", "importing_main", "preparation"]
+if TYPE_CHECKING:
+    from ._forkserver import ForkedProcess, ForkServer
+
+__all__ = [
+    "ChildProcess",
+    "child_main",
+    "import_main",
+    "importing_main",
+    "main_is_imported",
+    "preparation",
+    "unit_process_main",
+]
 
 log = logging.getLogger("ezflow.units")
 
@@ -115,7 +128,7 @@ class ChildProcess:
     def __init__(
         self,
         name: str,
-        process: asyncio.subprocess.Process,
+        process: asyncio.subprocess.Process | ForkedProcess,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
@@ -166,6 +179,34 @@ class ChildProcess:
         if bootstrap is not None:
             child.send(bootstrap)
         return child
+
+    @classmethod
+    def fork(
+        cls, name: str, server: ForkServer
+    ) -> tuple[asyncio.Future[ForkedProcess], socket.socket]:
+        """Ask *server* for the child: the future of its process, and the parent's end of
+        its control socket (give both to :meth:`adopt`; close the socket if not)."""
+        parent_end, child_end = socket.socketpair()
+        try:
+            forked = server.fork(name, child_end)
+        except BaseException:
+            parent_end.close()
+            raise
+        finally:
+            child_end.close()
+        return forked, parent_end
+
+    @classmethod
+    async def adopt(
+        cls, name: str, process: ForkedProcess, parent_end: socket.socket
+    ) -> ChildProcess:
+        """The handle on a child the fork server forked (see :meth:`fork`)."""
+        try:
+            reader, writer = await asyncio.open_connection(sock=parent_end)
+        except BaseException:
+            parent_end.close()
+            raise
+        return cls(name, process, reader, writer)
 
     def listen(
         self,
@@ -254,6 +295,27 @@ class ChildProcess:
 _main_imported = False
 
 
+def main_is_imported() -> None:
+    """In a process forked from the program (the fork server): its ``__main__`` is the
+    parent's main script already, so nothing imports it again (as ``__mp_main__``)."""
+    global _main_imported
+    _main_imported = True
+    main = sys.modules.get("__main__")
+    if main is not None:
+        sys.modules.setdefault("__mp_main__", main)
+
+
+def import_main(prep: dict[str, Any]) -> ModuleType:
+    """:func:`_import_main`, for the fork server's preload: when it fails, a unit
+    process tries again itself (and reports what fails, as without a fork server)."""
+    global _main_imported
+    try:
+        return _import_main(prep)
+    except BaseException:
+        _main_imported = False
+        raise
+
+
 def _import_main(prep: dict[str, Any]) -> ModuleType:
     """Import the parent's main script as ``__mp_main__`` (like multiprocessing does;
     once) and return it. Raises :class:`UnresolvableMessageError` when the parent's
@@ -312,16 +374,22 @@ def _read_blocking(sock: socket.socket) -> dict[str, Any]:
 
 
 def child_main() -> None:
-    """Entry point of a unit process (``argv``: control socket fd, process name)."""
+    """Entry point of a spawned unit process (``argv``: control socket fd, process name)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C, in order
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    name = sys.argv[2]
+    sys.exit(unit_process_main(int(sys.argv[1]), sys.argv[2]))
+
+
+def unit_process_main(fd: int, name: str) -> int:
+    """The unit process proper, on control socket *fd*: read the bootstrap, load the
+    units, run them until told to stop (or the parent is gone); returns the exit code.
+    SIGINT is ignored already (see the module docstring)."""
+    sock = socket.socket(fileno=fd)
     try:
         boot = _read_blocking(sock)
     except (EOFError, OSError):
-        sys.exit(1)  # the parent is gone before we started: nothing to clean up
+        return 1  # the parent is gone before we started: nothing to clean up
     if boot.get("op") == "stop":
-        sys.exit(0)  # the graph stopped before it sent us anything (it failed to start)
+        return 0  # the graph stopped before it sent us anything (it failed to start)
     prep = boot["prep"]
     sys.path[:] = prep["sys_path"]
     os.chdir(prep["dir"])
@@ -334,31 +402,29 @@ def child_main() -> None:
             "classes in a module, or in a script run as a file (python script.py)"
         )
         sock.sendall(_frame(_failed(name, heading, exc)))
-        sys.exit(1)
+        return 1
     # Before any unit runs: the parent's message classes, known here too.
     types = MessageTypes(boot.get("messages", {}), name, lambda: _import_main(prep))
     try:
         types.resolve_required()
     except UnresolvableMessageError as exc:
         sock.sendall(_frame({"op": "failed", "component": name, "details": str(exc)}))
-        sys.exit(1)
+        return 1
     types.resolve_imported()
     set_unknown_type_hook(types.on_unknown_type)
     main = _main_of(units)
     if main is None:
-        code = run_coroutine(_serve(sock, boot, units, None), loop=boot.get("loop"))
-    else:
-        gate = MainThreadGate()
-        reporter: dict[str, Callable[[BaseException | None], None]] = {}
-        code = run_beside_main(
-            _serve(sock, boot, units, (gate, reporter)),
-            loop=boot.get("loop"),
-            gate=gate,
-            main=main,
-            on_main_return=lambda exc: reporter["main_returned"](exc),  # noqa: PLW0108 - set later
-            signals=(signal.SIGTERM,),
-        )
-    sys.exit(code)
+        return run_coroutine(_serve(sock, boot, units, None), loop=boot.get("loop"))
+    gate = MainThreadGate()
+    reporter: dict[str, Callable[[BaseException | None], None]] = {}
+    return run_beside_main(
+        _serve(sock, boot, units, (gate, reporter)),
+        loop=boot.get("loop"),
+        gate=gate,
+        main=main,
+        on_main_return=lambda exc: reporter["main_returned"](exc),  # noqa: PLW0108 - set later
+        signals=(signal.SIGTERM,),
+    )
 
 
 def _main_of(units: list[Unit]) -> Callable[[], Any] | None:

@@ -12,6 +12,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -20,6 +21,7 @@ from typing import Any
 
 from .._core._config import (
     CHILD_STOP_TIMEOUT,
+    FORK_TIMEOUT,
     INTERRUPT_STOP_TIMEOUT,
     START_TIMEOUT,
     Address,
@@ -28,6 +30,7 @@ from .._core._config import (
     debug_from_env,
     drain_timeout_from_env,
     format_address,
+    start_method_from_env,
 )
 from .._core._exceptions import ClosedResourceError
 from .._core._interrupts import take_interrupt
@@ -37,6 +40,7 @@ from .._graph._publisher import Publisher
 from . import _process
 from ._component import Component
 from ._errors import GraphDefinitionError, ProcessDiedError, UnitError
+from ._forkserver import ForkedProcess, ForkServer
 from ._host import DrainCut, UnitHost
 from ._mainthread import MainThreadGate, run_beside_main
 from ._message_types import shipped_message_types
@@ -156,6 +160,12 @@ class GraphRunner:
             settings=settings,
         )
         self._graph_address = graph_address
+        #: "forkserver" or "spawn" (EZFLOW_START_METHOD; docs/architecture.md)
+        self._start_method = start_method_from_env()
+        self._forkserver: ForkServer | None = None
+        # Unit processes asked of the fork server and not adopted yet (their future,
+        # and our end of their control socket).
+        self._forking: list[tuple[str, asyncio.Future[ForkedProcess], socket.socket]] = []
         self._state = "new"
         self._context: GraphContext | None = None
         self._host: UnitHost | None = None
@@ -318,21 +328,32 @@ class GraphRunner:
                 "process: put it in process_components, or use ezflow.run()"
             )
         payloads = self._payloads()
-        # The unit processes start first: starting an interpreter and importing ezflow
-        # is most of a graph's start-up, and it overlaps with our context's start. They
-        # wait for their bootstrap (where the graph server is) before doing anything.
-        for process in payloads:
-            child = await ChildProcess.start(process)
-            self._children.append(child)
-            child.listen(self._child_failed, self._child_complete, self._child_done)
-            self._watchers.append(asyncio.ensure_future(self._watch(child)))
+        prep: dict[str, Any] | None = None
+        # The unit processes start first (forked, or spawned: an interpreter importing
+        # ezflow), overlapping with our context's start. They wait for their bootstrap
+        # (where the graph server is) before doing anything.
+        if payloads and self._start_method == "forkserver":
+            if self._forkserver is None:  # (ezflow.run forked one before its loop)
+                self._forkserver = ForkServer.spawn()
+                prep = await asyncio.to_thread(preparation)  # (file-system calls)
+                self._forkserver.preload(prep, self._preload_modules())
+            for process in payloads:
+                forked, parent_end = ChildProcess.fork(process, self._forkserver)
+                self._forking.append((process, forked, parent_end))
+        else:
+            for process in payloads:
+                self._adopted(await ChildProcess.start(process))
         context = GraphContext(self._graph_address, name="ezflow-run")
         await context.start()
         self._context = context
         if context.server is None:  # a server others may use: is this graph there already?
             await self._check_not_running_already(context)
+        await self._adopt_forked()
+        if self._failures:
+            raise self._error()
         loop = loop_kind(asyncio.get_running_loop())
-        prep = await asyncio.to_thread(preparation)  # (os.getcwd: file-system calls)
+        if prep is None:
+            prep = await asyncio.to_thread(preparation)  # (os.getcwd: file-system calls)
         for child in self._children:
             child.send(
                 {
@@ -421,6 +442,51 @@ class GraphRunner:
             self._gate.open()
         if self.plan.topic_ends:
             self._watchers.append(asyncio.ensure_future(self._check_topic_ends(context)))
+
+    def _adopted(self, child: ChildProcess) -> None:
+        self._children.append(child)
+        child.listen(self._child_failed, self._child_complete, self._child_done)
+        self._watchers.append(asyncio.ensure_future(self._watch(child)))
+
+    async def _adopt_forked(self) -> None:
+        """Take over the unit processes the fork server forked (waiting up to
+        ``FORK_TIMEOUT`` for each); one it could not fork is a failure."""
+        while self._forking:
+            name, forked, parent_end = self._forking[0]
+            try:
+                process = await asyncio.wait_for(asyncio.shield(forked), FORK_TIMEOUT)
+            except (OSError, TimeoutError, asyncio.TimeoutError) as exc:
+                reason = str(exc) or f"no answer within {FORK_TIMEOUT:g} s"
+                self._failures.append(
+                    _Failure(
+                        name, name, f"process {name} could not be started: {reason}", returncode=0
+                    )
+                )
+                return
+            self._forking.pop(0)
+            self._adopted(await ChildProcess.adopt(name, process, parent_end))
+
+    def _preload_modules(self) -> set[str]:
+        """The modules of the unit processes' classes (a spawned fork server imports
+        them once for every process; ``__main__``: the program's main script)."""
+        modules = {
+            cls.__module__
+            for process, paths in self.plan.processes.items()
+            if process != MAIN_PROCESS
+            for path in paths
+            for cls in type(self.plan.units[path]).__mro__
+        }
+        return modules - {"builtins"}
+
+    def _fork_server_here(self) -> ForkServer | None:
+        """For :func:`run`, before its event loop: fork the fork server from this
+        process when the graph has unit processes (see ``_forkserver``)."""
+        if self._start_method != "forkserver":
+            return None
+        if not any(p != MAIN_PROCESS and paths for p, paths in self.plan.processes.items()):
+            return None
+        self._forkserver = ForkServer.fork_here()
+        return self._forkserver
 
     async def _check_topic_ends(self, context: GraphContext) -> None:
         """Warn once about each connection to a topic name that nothing publishes on (or
@@ -665,6 +731,12 @@ class GraphRunner:
         finally:
             for child in self._children:
                 await child.aclose()
+            for _, forked, parent_end in self._forking:  # (the start was cut short)
+                parent_end.close()
+                forked.cancel()
+            self._forking.clear()
+            if self._forkserver is not None:
+                await self._forkserver.aclose()  # (kills what it forked for us and is left)
             for watcher in self._watchers:
                 watcher.cancel()
             for publisher in self._settings_publishers.values():
@@ -881,6 +953,21 @@ def _run_blocking(
 ) -> None:
     runner = GraphRunner(components, **options)
     runner._allow_main = True
+    # Before any event loop or thread of ours exists: the fork server, a copy of this
+    # program that unit processes are forked from (nothing to import again).
+    forkserver = runner._fork_server_here()
+    try:
+        _run_runner(runner, signals, on_started)
+    finally:
+        if forkserver is not None:
+            forkserver.close_now()  # (closed already unless the graph never started)
+
+
+def _run_runner(
+    runner: GraphRunner,
+    signals: _SignalHandler,
+    on_started: Callable[[GraphRunner], None] | None,
+) -> None:
     local_main = runner._local_main()
     if local_main is None:
         run_coroutine(_run_until_done(runner, signals, on_started=on_started))
