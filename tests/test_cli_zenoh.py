@@ -232,6 +232,17 @@ def command(line: str) -> list[str]:
     return [sys.executable, "-m", "ezflow", *words[1:]] if words[0] == "ezflow" else words
 
 
+def child_env(prefix: tuple[str, ...], **extra: str) -> dict[str, str]:
+    """The environment of a child run with *prefix*: in a network namespace (a non-empty
+    prefix) without conftest's ``EZFLOW_GRAPH_ADDRESS=127.0.0.1:0``, so that it uses the
+    default graph address as the examples do (private to the namespace); on this host
+    as it is (commands there name their address)."""
+    env = dict(os.environ, **extra)
+    if prefix:
+        env.pop("EZFLOW_GRAPH_ADDRESS", None)
+    return env
+
+
 def on_host(namespace: str, hostname: str | None = None) -> tuple[str, ...]:
     """The prefix that runs a command in *namespace*, with its own *hostname* if given
     (a UTS namespace: bridges name their host after it)."""
@@ -248,6 +259,7 @@ class Command:
     def __init__(self, prefix: tuple[str, ...], line: str, cwd: Path) -> None:
         self.line = line
         self.args = (*prefix, *command(line))
+        self.env = child_env(prefix)
         self.cwd = cwd
         self.lines: list[str] = []
         self.process: asyncio.subprocess.Process | None = None
@@ -257,7 +269,11 @@ class Command:
         """Start it and read its stdout until a line holding *until*."""
         with self._stderr.open("wb") as stderr:
             self.process = await asyncio.create_subprocess_exec(
-                *self.args, stdout=asyncio.subprocess.PIPE, stderr=stderr, cwd=self.cwd
+                *self.args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                cwd=self.cwd,
+                env=self.env,
             )
         assert self.process.stdout is not None
         while not self.lines or until not in self.lines[-1]:
@@ -299,6 +315,7 @@ async def run(prefix: tuple[str, ...], line: str, cwd: Path) -> subprocess.Compl
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=cwd,
+        env=child_env(prefix),
     )
     try:
         out, err = await asyncio.wait_for(process.communicate(), 30)
@@ -358,7 +375,7 @@ class Processes:
             json.dumps(args),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=child_env(prefix, PYTHONUNBUFFERED="1"),
         )
         self.peers.append(Child(process, role))
         return self.peers[-1]
