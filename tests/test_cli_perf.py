@@ -497,7 +497,7 @@ def test_research_benchmarks_are_perf_subcommands(
     assert all(option in shown.output for option in options), shown.output
     # Out of range: a usage error naming the option, exit status 2, nothing run.
     bad = CliRunner().invoke(app, ["perf", command, options[-1], "0"], env={"COLUMNS": "200"})
-    assert bad.exit_code == 2 and f"Invalid value for '{options[-1]}'" in bad.output
+    assert bad.exit_code == 2 and f"error: invalid value for '{options[-1]}'" in bad.output
 
 
 # -- the p2p suite

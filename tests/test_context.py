@@ -279,6 +279,14 @@ async def test_no_server_and_no_auto_start(unused_tcp_port: int) -> None:
             pass
 
 
+async def test_port_0_without_auto_start_is_refused_naming_why() -> None:
+    # Port 0 means "start one on a free port": without auto_start nothing could serve.
+    with pytest.raises(ezflow.BrokenResourceError, match="port 0 means") as raised:
+        async with ezflow.GraphContext("127.0.0.1:0", auto_start=False):
+            pass
+    assert "auto_start=False" in str(raised.value)
+
+
 async def test_environment_address_and_transport(
     server: ezflow.GraphServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

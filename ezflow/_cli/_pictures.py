@@ -23,6 +23,10 @@ written (:attr:`~ezflow._units._plan.Plan.units`).
 Formats: :func:`mermaid` (renders on GitHub), :func:`dot` (Graphviz, HTML-like labels
 with ports) and :func:`html` (one self-contained page, an inline SVG laid out here: no
 script, no network resource).
+
+Size: one model and its four drawings (Mermaid, DOT, text, and an SVG/HTML page with a
+layout of its own), which read the model's nodes, ports and edges the same way; if it
+grows, the drawings split from the model (``from_plan``/``from_snapshot``/``ranks``).
 """
 
 from __future__ import annotations

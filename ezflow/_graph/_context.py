@@ -254,6 +254,13 @@ class GraphContext:
         :class:`BrokenResourceError` when nothing answers (and none may be started),
         or as :meth:`GraphClient.connect`."""
         address = self._address
+        if address[1] == 0 and not start_server:
+            # Port 0 names no server to connect to: only one started here could serve.
+            raise BrokenResourceError(
+                f"no graph server to connect to at {format_address(address)}: port 0 means "
+                "'start one on a free port', which auto_start=False forbids; give the "
+                "address of a running graph server (`ezflow serve` prints it)"
+            )
         in_use: OSError | None = None
         for _ in range(3):
             if address[1] != 0:
