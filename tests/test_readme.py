@@ -39,8 +39,8 @@ def test_no_line_installs_another_project() -> None:
     for path, text in _texts().items():
         for number, line in enumerate(text.splitlines(), 1):
             where = f"{path.relative_to(ROOT)}:{number}"
-            for words in re.findall(r"pip install ([^`\n]*)", line):
-                words = re.split(r"&&|\|\||;|\|", words)[0]  # the pip command's own words
+            for rest in re.findall(r"pip install ([^`\n]*)", line):
+                words = re.split(r"&&|\|\||;|\|", rest)[0]  # the pip command's own words
                 for word in words.split():
                     requirement = word.strip("'\"(),;")
                     if requirement.startswith("ezflow"):
