@@ -205,6 +205,16 @@ def test_endpoints_not_given_come_from_the_file(tmp_path: Path) -> None:
         session_config(ZenohSettings(mode="client", config_file=str(empty)))
 
 
+def test_zenoh_shared_memory_is_off_unless_a_config_file_says(tmp_path: Path) -> None:
+    # On, Zenoh leaves its /dev/shm/*.zenoh pool files behind at exit.
+    ours = session_config(ZenohSettings())
+    assert json.loads(ours.get_json("transport/shared_memory/enabled")) is False
+    file = tmp_path / "shm.json5"
+    file.write_text("{transport: {shared_memory: {enabled: true}}}")
+    theirs = session_config(ZenohSettings(config_file=str(file)))
+    assert json.loads(theirs.get_json("transport/shared_memory/enabled")) is True
+
+
 def test_a_router_listens_where_its_config_file_says(tmp_path: Path) -> None:
     endpoint = f"tcp/127.0.0.1:{free_port()}"
     (tmp_path / "router.json5").write_text(json.dumps({"listen": {"endpoints": [endpoint]}}))

@@ -69,6 +69,11 @@ def session_config(settings: ZenohSettings) -> Any:
         "mode": settings.mode,
         "scouting/multicast/enabled": settings.scouting,
     }
+    if settings.config_file is None:
+        # Zenoh's own shared memory (on by default) leaves its /dev/shm/*.zenoh pool
+        # files behind when the process exits; ezflow's shm transport already carries
+        # same-host edges, so a bridge needs it not. A configuration file decides alone.
+        values["transport/shared_memory/enabled"] = False
     for kind, given in (("connect", settings.connect), ("listen", settings.listen)):
         # Given ones override the file's; none given, the file's stand, and where it sets
         # none either, none (Zenoh's default listens on every interface).
