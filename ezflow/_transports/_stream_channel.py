@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from .._core._auth import Initiator
 from .._core._channel import Channel
+from .._core._codec import SMALL_BODY
 from .._core._exceptions import (
     AuthenticationError,
     BrokenResourceError,
@@ -47,6 +48,8 @@ __all__ = ["ChannelConnection"]
 log = logging.getLogger("ezflow.stream")
 
 _DATA_PREFIX_SIZE = DATA_PREFIX.size
+# Bodies up to this size are handed to the channel as bytes (see frame_received).
+_SLICE_BELOW = SMALL_BODY + HEADER_SIZE
 
 
 class _TracedDelivery:
@@ -150,7 +153,16 @@ class ChannelConnection(FramedProtocol):
             if len(body) < HEADER_SIZE:
                 raise ProtocolError(f"DATA frame of {len(body)} bytes")
             _, _, seq, sent_ns, drops = DATA_HEADER.unpack_from(body)
-            self.channel.deliver_body(seq, memoryview(body)[HEADER_SIZE:], drops, sent_ns)
+            # A small body as bytes: slicing copies a few bytes, and a bytes body takes
+            # the channel's inlined decode of a known layout (a memoryview does not).
+            self.channel.deliver_body(
+                seq,
+                body[HEADER_SIZE:]
+                if type(body) is bytes and len(body) <= _SLICE_BELOW
+                else memoryview(body)[HEADER_SIZE:],
+                drops,
+                sent_ns,
+            )
         elif kind == TRACE:
             # The next message frame is traced: its delivery goes through a stand-in
             # for the channel (no check on the message path of untraced messages).
