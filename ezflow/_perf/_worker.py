@@ -384,7 +384,8 @@ class _Alternating:
     def recv(self) -> Awaitable[Any]:
         recv = self._recvs[self._turn]
         self._turn ^= 1
-        return recv()
+        received: Awaitable[Any] = recv()
+        return received
 
 
 def _mixed_publish(
