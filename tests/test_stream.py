@@ -218,6 +218,7 @@ _FRAMES = st.lists(
 )
 def test_the_channels_read_loop_is_the_frame_reader(
     kind: str,
+    *,
     frames: list[tuple[tuple[str, Any], int]],
     oversized: bool,
     one_per_read: bool,
