@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import html
 import ipaddress
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ import typer
 from .._core._config import (
     FOXGLOVE_DEFAULT_PORT,
     FOXGLOVE_GRAPH_INTERVAL,
+    FOXGLOVE_NICE,
     format_address,
 )
 from .._core._exceptions import EzflowError
@@ -147,6 +149,16 @@ def foxglove(
         typer.Option("--cert", help="PEM certificate: serve wss:// only (with --key)."),
     ] = None,
     key: Annotated[Path | None, typer.Option("--key", help="PEM key of --cert.")] = None,
+    nice: Annotated[
+        int,
+        typer.Option(
+            "--nice",
+            min=0,
+            max=19,
+            help="Lower this process's CPU priority by this much: on a busy host the graph "
+            "gets the CPU first and the viewers get fewer messages (dropped, counted).",
+        ),
+    ] = FOXGLOVE_NICE,
 ) -> None:
     """Show a running graph live in Foxglove, until Ctrl-C.
 
@@ -177,6 +189,9 @@ def foxglove(
         tls = (cert.read_bytes(), key.read_bytes()) if cert is not None and key else (None, None)
     except OSError as exc:
         fail(f"cannot read the certificate or key: {exc}", 2)
+    if nice:
+        with contextlib.suppress(OSError):  # (a platform without nice: same priority)
+            os.nice(nice)  # before the SDK starts its threads: they inherit it
     if not _is_loopback(host):
         errors.print(
             f"warning: serving on {host}: Foxglove viewers are not authenticated; anyone who "

@@ -75,6 +75,7 @@ __all__ = [
     "FOXGLOVE_GRAPH_INTERVAL",
     "FOXGLOVE_JSON_LIST_MAX",
     "FOXGLOVE_MAX_TOPICS",
+    "FOXGLOVE_NICE",
     "FOXGLOVE_QUEUE",
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
@@ -909,6 +910,9 @@ FOXGLOVE_QUEUE: Final = 2
 #: reads slower than the topic publishes; a 4K RGB frame is 24 MiB, so this bounds
 #: memory, not the SDK's default of 1,024) ...
 FOXGLOVE_BACKLOG: Final = 16
+#: ... how much it lowers its own CPU priority (``nice``): a viewer is best-effort, the
+#: graph's processes get a busy host's CPU first (the viewer's leaky subscribers drop) ...
+FOXGLOVE_NICE: Final = 10
 #: ... topics it advertises at most (topics beyond are listed as skipped) ...
 FOXGLOVE_MAX_TOPICS: Final = 1024
 #: ... and seconds between two looks at the graph (new topics, the graph picture and its

