@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -41,7 +42,8 @@ class FoxgloveClient:
             (
                 f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {', '.join(SUBPROTOCOLS)}\r\n\r\n"
+                f"Sec-WebSocket-Version: 13\r\n"
+                f"Sec-WebSocket-Protocol: {', '.join(SUBPROTOCOLS)}\r\n\r\n"
             ).encode()
         )
         await writer.drain()
@@ -126,7 +128,5 @@ class FoxgloveClient:
 
     async def close(self) -> None:
         self.writer.close()
-        try:
+        with contextlib.suppress(OSError, TimeoutError):
             await asyncio.wait_for(self.writer.wait_closed(), 5)
-        except (OSError, TimeoutError):
-            pass

@@ -129,7 +129,7 @@ def test_optional_integrations_stay_in_their_modules() -> None:
         "zenoh": ("_zenoh", "zenoh.py", "_perf"),
         "ezmsg": ("_units/_ezmsg_adapter.py", "_perf"),
         "foxglove": ("_foxglove", "foxglove.py"),
-        "mcap": ("_foxglove",),
+        "mcap": ("_foxglove", "foxglove.py"),
     }
     for path in PACKAGE.rglob("*.py"):
         relative = path.relative_to(PACKAGE).as_posix()

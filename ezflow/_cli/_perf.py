@@ -785,3 +785,47 @@ def bridge(rounds: Annotated[int, typer.Option(min=1, help="Rounds of every cell
         _zenoh_bridge.run(rounds)
     except _zenoh_bridge.BridgeError as exc:
         _fail(str(exc), code=1)
+
+
+@app.command("foxglove")
+def foxglove_cost(
+    *,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds of every cell.")] = 3,
+    seconds: Annotated[
+        float, typer.Option(min=0.5, help="Seconds of each phase (alone, watched).")
+    ] = 4.0,
+    mcap_messages: Annotated[
+        int, typer.Option("--mcap-messages", min=16, help="1 MiB messages per MCAP write.")
+    ] = 512,
+    directory: Annotated[
+        str, typer.Option("--dir", help="Where the MCAP files are written (a disk, not tmpfs).")
+    ] = ".",
+    viewer: Annotated[
+        bool, typer.Option("--viewer/--no-viewer", help="Measure the viewer's cost.")
+    ] = True,
+    mcap: Annotated[bool, typer.Option("--mcap/--no-mcap", help="Measure MCAP writes.")] = True,
+) -> None:
+    """A Foxglove viewer's cost to the graph, and MCAP write speed (needs the foxglove
+    extra).
+
+    Viewer: CAMERA (3840x2160 RGB at 30 fps) and SIGNAL (1 kHz) in their own processes,
+    SINK measuring msgs/s and p50 latency of both, `ezflow foxglove` next to them; each
+    round measures SINK with no viewer and with a viewer reading both topics, in
+    alternating order: medians of the rounds with their spread, and watched/alone.
+
+    MCAP: 1 MiB frames written with no compression, lz4 and zstd, next to the disk's own
+    write() floor and the mapping alone, in GB/s, each ending with fsync (docs/foxglove.md).
+    """
+    try:
+        from .._foxglove import _mcap  # noqa: F401, PLC0415 - the extra, checked here
+        from .._perf import _foxglove  # noqa: PLC0415 - only this command
+    except ImportError as exc:
+        _fail(f"perf foxglove needs the foxglove extra ({exc}): pip install "
+              "'ezflow-pubsub[foxglove]'")  # fmt: skip
+    try:
+        if viewer:
+            _foxglove.run(rounds, seconds)
+        if mcap:
+            _foxglove.mcap_speed(rounds, mcap_messages, directory)
+    except (_foxglove.FoxgloveBenchError, OSError) as exc:
+        _fail(str(exc), code=1)

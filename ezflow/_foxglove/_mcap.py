@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, Final, Literal, NamedTuple
@@ -164,6 +165,11 @@ class McapWriter:
         chunk is finished at least every ``MCAP_FLUSH_INTERVAL`` seconds anyway."""
         self._writer.flush()  # type: ignore[no-untyped-call]
         self._flushed = time.monotonic()
+
+    def sync(self) -> None:
+        """:meth:`flush`, then ``fsync`` the file: what was written is on the disk."""
+        self.flush()
+        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         """Write the index and summary and close the file (idempotent)."""
