@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -360,3 +361,21 @@ async def test_a_viewer_that_never_reads_does_not_slow_the_graph(
 
 async def _viewer_count(ctx: ezflow.GraphContext) -> bool:
     return await _viewer_subscribers(ctx, "/frames") == 1
+
+
+def test_perf_foxglove_measures_mcap_writes(tmp_path: Any) -> None:
+    """`ezflow perf foxglove` (the viewer's 4K cell is run by hand: docs/foxglove.md)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ezflow", "perf", "foxglove", "--no-viewer", "--rounds", "1",
+         "--mcap-messages", "16", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for cell in ("write() floor", "mapping only", "mcap none", "mcap lz4", "mcap zstd"):
+        assert re.search(rf"{re.escape(cell)} +\d+\.\d .* GB/s", result.stdout), result.stdout
+    assert list(tmp_path.iterdir()) == []  # its files are gone
+    bad = subprocess.run(
+        [sys.executable, "-m", "ezflow", "perf", "foxglove", "--rounds", "0"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--rounds" in bad.stderr

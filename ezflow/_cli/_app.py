@@ -67,6 +67,7 @@ def _root(
     apply_security(token_file, tls_cert, tls_key, tls_ca)
 
 
+_perf.app.command("foxglove")(_foxglove.perf_foxglove)
 app.add_typer(_perf.app, name="perf")
 app.add_typer(_zenoh.app, name="zenoh")
 app.command()(_serve.serve)

@@ -40,7 +40,7 @@ from ._connection import (
     until_stopped,
 )
 
-__all__ = ["foxglove", "picture_page"]
+__all__ = ["foxglove", "perf_foxglove", "picture_page"]
 
 #: Bytes of an HTTP request the picture page reads at most (request line and headers).
 _MAX_REQUEST = 8192
@@ -241,3 +241,46 @@ def foxglove(
                 typer.echo(f"{stats.topic}: not shown ({stats.skipped})")
 
     run_async(main)
+
+
+def perf_foxglove(
+    *,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds of every cell.")] = 3,
+    seconds: Annotated[
+        float, typer.Option(min=0.5, help="Seconds of each phase (alone, watched).")
+    ] = 4.0,
+    mcap_messages: Annotated[
+        int, typer.Option("--mcap-messages", min=16, help="1 MiB messages per MCAP write.")
+    ] = 512,
+    directory: Annotated[
+        str, typer.Option("--dir", help="Where the MCAP files are written (a disk, not tmpfs).")
+    ] = ".",
+    viewer: Annotated[
+        bool, typer.Option("--viewer/--no-viewer", help="Measure the viewer's cost.")
+    ] = True,
+    mcap: Annotated[bool, typer.Option("--mcap/--no-mcap", help="Measure MCAP writes.")] = True,
+) -> None:
+    """A Foxglove viewer's cost to the graph, and MCAP write speed (needs the foxglove
+    extra).
+
+    Viewer: CAMERA (3840x2160 RGB at 30 fps) and SIGNAL (1 kHz) in their own processes,
+    SINK measuring msgs/s and p50 latency of both, `ezflow foxglove` next to them; each
+    round measures SINK with no viewer and with a viewer reading both topics, in
+    alternating order: medians of the rounds with their spread, and watched/alone.
+
+    MCAP: 1 MiB frames written with no compression, lz4 and zstd, next to the disk's own
+    write() floor and the mapping alone, in GB/s, each ending with fsync (docs/foxglove.md).
+    """
+    try:
+        from .._foxglove import _mcap  # noqa: F401, PLC0415 - the extra, checked here
+        from .._perf import _foxglove as bench  # noqa: PLC0415 - only this command
+    except ImportError as exc:
+        fail(f"perf foxglove needs the foxglove extra ({exc}): pip install "
+              "'ezflow-pubsub[foxglove]'", 2)  # fmt: skip
+    try:
+        if viewer:
+            bench.run(rounds, seconds)
+        if mcap:
+            bench.mcap_speed(rounds, mcap_messages, directory)
+    except (bench.FoxgloveBenchError, OSError) as exc:
+        fail(str(exc), 1)
