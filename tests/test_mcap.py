@@ -342,7 +342,7 @@ async def test_a_recording_killed_halfway_is_read_up_to_the_cut(
         for record in McapReader(str(path)):
             got.append(int(record.message[0]))
     assert got and got == list(range(got[0], got[0] + len(got))), got[:5]
-    assert len(got) < sent
+    assert len(got) <= sent  # (a kill right after a chunk loses nothing)
 
 
 @ONE_LOOP
