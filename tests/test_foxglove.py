@@ -147,6 +147,24 @@ def _assert_same(got: Any, want: Any) -> None:
         assert got == want
 
 
+def test_axis_arrays_are_json_with_their_axes() -> None:
+    axisarray = pytest.importorskip("ezmsg.util.messages.axisarray")
+    message = axisarray.AxisArray(
+        np.arange(12.0).reshape(6, 2),
+        dims=["time", "ch"],
+        axes={"time": axisarray.AxisArray.TimeAxis(fs=100.0, offset=1.5)},
+        key="eeg",
+    )
+    mapping = mapping_for(message)
+    assert mapping.schema_name == "ezmsg.util.messages.axisarray.AxisArray"
+    assert json.loads(mapping.schema_data)["properties"]["data"]["type"] == "object"
+    data = encode_message(message, mapping, 0)
+    body = json.loads(data)
+    assert body["data"]["data"][:3] == [0.0, 1.0, 2.0]  # Plot: .data.data[:]
+    assert body["axes"]["time"]["gain"] == 0.01
+    _assert_same(decode_message(mapping.schema_name, "json", data), message)
+
+
 def test_messages_without_an_exact_json_form_fall_back_to_the_codec() -> None:
     for message in (np.array([1 + 2j]), {1: "int key"}, (np.array([1j]),)):
         mapping = mapping_for(message)

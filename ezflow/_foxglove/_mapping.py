@@ -52,7 +52,7 @@ from typing import Any, Final, NamedTuple
 import numpy as np
 
 from .._core._codec import Codec
-from .._core._codec._registry import _entry_for_name, registered_name
+from .._core._codec._registry import _entry_for_name, _known_module_entry, registered_name
 from .._core._config import FOXGLOVE_JSON_LIST_MAX
 from .._core._exceptions import ProtocolError
 
@@ -324,10 +324,21 @@ def to_json(value: object) -> Any:
     if isinstance(value, dict):
         out = _dict_to_json(value)
         return {"dict": out} if "_type" in out or frozenset(out) in _TAGS else out
-    name = registered_name(type(value)) if dataclasses.is_dataclass(value) else None
+    name = _message_name(type(value)) if dataclasses.is_dataclass(value) else None
     if name is not None:
         return {"_type": name, **_fields_to_json(value)}
     raise NotMappable(f"{type(value).__qualname__} has no JSON form")
+
+
+def _message_name(cls: type) -> str | None:
+    """The wire name of a registered dataclass, or of one of a module every process
+    knows (``KNOWN_MESSAGE_MODULES``: ezmsg's AxisArray), registered on first use as the
+    codec does."""
+    name = registered_name(cls)
+    if name is None:
+        entry = _known_module_entry(cls)
+        name = None if entry is None else entry.name
+    return name
 
 
 def _dict_to_json(value: dict[Any, Any]) -> dict[str, Any]:
@@ -426,10 +437,14 @@ def _dataclass_schema(cls: type) -> dict[str, Any]:
         hints = typing.get_type_hints(cls)
     except Exception:  # a forward reference this module cannot resolve: no field types
         hints = {}
-    properties = {
-        f.name: _PLAIN_TYPES.get(hints.get(f.name), {}) for f in dataclasses.fields(cls) if f.init
-    }
-    return {"type": "object", "title": registered_name(cls), "properties": properties}
+    properties = {}
+    for f in dataclasses.fields(cls):
+        if f.init:
+            hint = hints.get(f.name)
+            if typing.get_origin(hint) is np.ndarray:  # npt.NDArray[...]
+                hint = np.ndarray
+            properties[f.name] = _PLAIN_TYPES.get(hint, {})
+    return {"type": "object", "title": _message_name(cls), "properties": properties}
 
 
 def _json_mapping(name: str, schema: dict[str, Any]) -> Mapping:
@@ -468,7 +483,7 @@ def mapping_for(message: object) -> Mapping:
     except NotMappable:
         return _EZFLOW_MAPPING
     if dataclasses.is_dataclass(message) and not isinstance(message, type):
-        name = registered_name(type(message))
+        name = _message_name(type(message))
         assert name is not None  # to_json refuses unregistered ones
         return _json_mapping(name, _dataclass_schema(type(message)))
     if isinstance(message, tuple):
@@ -530,7 +545,7 @@ def encode_message(
             raise NotMappable(f"a {type(message).__qualname__} is not a plain value")
         value = {"value": to_json(message)}
     else:
-        if registered_name(type(message)) != mapping.schema_name:
+        if _message_name(type(message)) != mapping.schema_name:
             raise NotMappable(f"a {type(message).__qualname__} is not {mapping.schema_name}")
         value = _fields_to_json(message)
     return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
