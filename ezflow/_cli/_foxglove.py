@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import html
 import ipaddress
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -45,6 +46,17 @@ __all__ = ["foxglove", "perf_foxglove", "picture_page"]
 #: Bytes of an HTTP request the picture page reads at most (request line and headers).
 _MAX_REQUEST = 8192
 _REQUEST_TIMEOUT = 5.0
+
+
+class _QuietViewers(logging.Filter):
+    """Drops the SDK's error lines about a viewer that went away mid-message (a closed
+    browser tab is not an error of the graph; one per message would flood stderr)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (
+            text.startswith(("Error sending message to client", "Error receiving from client"))
+        )
 
 
 def _is_loopback(host: str) -> bool:
@@ -189,6 +201,11 @@ def foxglove(
         tls = (cert.read_bytes(), key.read_bytes()) if cert is not None and key else (None, None)
     except OSError as exc:
         fail(f"cannot read the certificate or key: {exc}", 2)
+    # The SDK logs through Python's logging (``foxglove.*`` loggers): the filter goes on
+    # the handlers its records end in.
+    for handler in (*logging.getLogger().handlers, logging.lastResort):
+        if handler is not None:
+            handler.addFilter(_QuietViewers())
     if nice:
         with contextlib.suppress(OSError):  # (a platform without nice: same priority)
             os.nice(nice)  # before the SDK starts its threads: they inherit it

@@ -76,6 +76,18 @@ class TopicStats:
     clients: set[int] = field(default_factory=set, repr=False)
 
 
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    """A task of the server that failed: logged (the server goes on without it)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("ezflow foxglove: %s failed", task.get_name(), exc_info=task.exception())
+
+
+def _forgotten(stats: TopicStats, task: asyncio.Task[Any]) -> None:
+    """A feeding task that ended: the next subscription starts another one."""
+    if stats.task is task:
+        stats.task = None
+
+
 class _Listener(ServerListener):
     """The SDK's server listener: hands subscriptions to the loop."""
 
@@ -256,6 +268,7 @@ class FoxgloveServer:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_failure)
 
     async def _peek(self, stats: TopicStats) -> None:
         """Take one message of the topic to choose its schema, then advertise it."""
@@ -351,6 +364,8 @@ class FoxgloveServer:
             stats.task = asyncio.create_task(
                 self._forward(stats), name=f"ezflow foxglove {stats.topic}"
             )
+            stats.task.add_done_callback(_log_failure)
+            stats.task.add_done_callback(lambda task: _forgotten(stats, task))
         elif not stats.clients and stats.task is not None:
             stats.task.cancel()
             stats.task = None
