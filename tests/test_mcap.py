@@ -30,13 +30,17 @@ ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])
 
 
 def _example(name: str) -> ModuleType:
-    module = sys.modules.get(f"examples_{name}")
-    if module is None:
-        spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+    """examples/NAME.py as a module: the one already imported, whatever its name (its
+    message classes are registered once per process), else imported as NAME."""
+    path = (EXAMPLES / f"{name}.py").resolve()
+    for module in list(sys.modules.values()):
+        if getattr(module, "__file__", None) and Path(module.__file__).resolve() == path:
+            return module
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
     return module
 
 

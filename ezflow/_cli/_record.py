@@ -168,6 +168,9 @@ async def _record(  # noqa: PLR0917 - the command's whole state
     waited: list[asyncio.Future[Any]] = [*stoppers, all_taken]
     try:
         await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        failed = [t for t in takers if t.done() and not t.cancelled() and t.exception()]
+        if failed:
+            raise failed[0].exception()  # type: ignore[misc]  # (an undecodable message)
     finally:
         for task in (*takers, *stoppers, all_taken):
             task.cancel()
