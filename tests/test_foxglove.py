@@ -270,7 +270,8 @@ async def test_a_viewer_receives_the_published_images_and_time_series(
         async with foxglove_command(address) as (host, port, page_url):
             client = await FoxgloveClient.connect(host, port)
             try:
-                await _advertised(client, "/camera", "/signal")
+                await _advertised(client, "/camera", "/signal", "/ezflow/graph")
+                assert client.channels["/ezflow/graph"]["schemaName"] == "ezflow.Graph"
                 assert client.channels["/camera"]["schemaName"] == "foxglove.RawImage"
                 assert client.channels["/camera"]["encoding"] == "protobuf"
                 assert client.channels["/signal"]["schemaName"] == "ezflow.Array"
@@ -281,7 +282,11 @@ async def test_a_viewer_receives_the_published_images_and_time_series(
                 )
                 await client.subscribe(1, "/camera")
                 await client.subscribe(2, "/signal")
-                images, blocks = await _receive(client, want=5)
+                await client.subscribe(3, "/ezflow/graph")
+                images, blocks, graphs = await _receive(client, want=5)
+                # The graph's picture as a topic: its topics, with their rates.
+                assert {"/camera", "/signal"} <= set(graphs[0]["topics"])
+                assert graphs[0]["topics"]["/camera"]["publishers"] == 1
                 for got in images:
                     np.testing.assert_array_equal(got, frame(int(got[0, 0, 0])))
                 for got in blocks:
@@ -307,12 +312,13 @@ async def _zero(count: Any) -> bool:
     return await count == 0
 
 
-async def _receive(client: FoxgloveClient, want: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+async def _receive(client: FoxgloveClient, want: int) -> tuple[list[Any], list[Any], list[Any]]:
     images: list[np.ndarray] = []
     blocks: list[np.ndarray] = []
+    graphs: list[dict[str, Any]] = []
 
     async def take() -> None:
-        while len(images) < want or len(blocks) < want:
+        while len(images) < want or len(blocks) < want or not graphs:
             item = await client.next_frame()
             if isinstance(item, tuple):
                 subscription, log_time, payload = item
@@ -321,9 +327,11 @@ async def _receive(client: FoxgloveClient, want: int) -> tuple[list[np.ndarray],
                     images.append(decode_message("foxglove.RawImage", "protobuf", payload))
                 elif subscription == 2:
                     blocks.append(decode_message("ezflow.Array", "json", payload))
+                elif subscription == 3:
+                    graphs.append(json.loads(payload))
 
     await asyncio.wait_for(take(), 30)
-    return images, blocks
+    return images, blocks, graphs
 
 
 @ONE_LOOP
