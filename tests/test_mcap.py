@@ -368,3 +368,21 @@ async def test_ezflow_replay_publishes_an_mcap_file_on_its_topics(
     a = [int((await asyncio.wait_for(sub_a.recv(), 10))[0]) for _ in range(20)]
     b = [(await asyncio.wait_for(sub_b.recv(), 10))["i"] for _ in range(20)]
     assert a == list(range(20)) and b == list(range(20))
+
+
+@ONE_LOOP
+async def test_ezflow_replay_of_a_file_that_is_no_recording_names_it(
+    server: ezflow.GraphServer, tmp_path: Path
+) -> None:
+    """Any file: it is named as no recording (before --to is asked for), exit 2."""
+    path = tmp_path / "notes.txt"
+    path.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    address = f"{server.address[0]}:{server.address[1]}"
+    for extra in ([], ["--to", "/t"]):
+        process = await _cli("replay", str(path), "--address", address, *extra)
+        out, err = await asyncio.wait_for(process.communicate(), 30)
+        assert process.returncode == 2, (out, err)
+        assert err.decode().strip() == (
+            f"error: {path} is not an ezflow recording (header 114); ezflow replay reads "
+            "MCAP files, ezflow recordings and ezmsg logs"
+        )

@@ -16,7 +16,7 @@ import msgpack
 import typer
 
 from .._core._codec import Codec
-from .._core._exceptions import EndOfStream, UndecodableMessageError
+from .._core._exceptions import EndOfStream, ProtocolError, UndecodableMessageError
 from .._graph._context import GraphContext
 from .._units._ezmsg_log import is_ezmsg_log, read_ezmsg_log
 from .._units._stock import RECORDING_FORMAT, is_mcap_file, read_recording
@@ -192,6 +192,11 @@ def _records(path: str, topics: list[str] | None, to: str | None) -> Any:
             first = record.log_time if first is None else first
             yield to or record.topic, (record.log_time - first) / 1e9, record.message
         return
+    if not is_ezmsg_log(path):
+        try:  # (a file that is no recording at all is named as such before --to is asked)
+            next(iter(read_recording(path)), None)
+        except ProtocolError as exc:
+            fail(f"{exc}; ezflow replay reads MCAP files, ezflow recordings and ezmsg logs", 2)
     if to is None:
         fail(
             f"{path} records no topic names (ezflow's own format or an ezmsg log): give --to TOPIC",
