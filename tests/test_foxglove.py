@@ -26,6 +26,7 @@ from conftest import loop_kind
 from foxglove.messages import RawImage, Timestamp
 
 import ezflow
+from ezflow._foxglove._mapping import image_parts
 from ezflow.foxglove import decode_message, encode_message, image_encoding, mapping_for
 
 H, W = 24, 32  # small frames: the 4K figures are `ezflow perf foxglove`'s
@@ -37,7 +38,7 @@ def frame(seq: int) -> np.ndarray:
     """Frame *seq*: a gradient, its seq in the first pixel."""
     out = (np.arange(H * W * 3, dtype=np.uint32).reshape(H, W, 3) + seq) % 251
     out = out.astype(np.uint8)
-    out[0, 0, 0] = seq % 256
+    out[0, 0, 0] = seq % 251  # (so that frame(out[0, 0, 0]) is this frame again)
     return out
 
 
@@ -97,6 +98,13 @@ class Reading:
     name: str
     value: float
     samples: np.ndarray
+
+
+@ezflow.message(name="tests.foxglove.Camera")
+@dataclasses.dataclass(frozen=True)
+class Camera:
+    seq: int
+    frame: np.ndarray
 
 
 MESSAGES: list[Any] = [
@@ -181,20 +189,38 @@ def test_dataclass_schema_names_its_fields() -> None:
     assert schema["properties"]["samples"]["properties"]["data"]["type"] == "array"
 
 
+def test_images_inside_tuples_and_dataclasses_are_parts_of_their_own() -> None:
+    image = np.zeros((4, 6, 3), np.uint8)
+    message = (7, image, np.zeros((2, 2), np.float64), image[..., 0])
+    parts = image_parts(message)
+    assert [suffix for suffix, _ in parts] == ["[1]", "[3]"]  # (float64 H x W is no image)
+    for _, take in parts:
+        assert image_encoding(take(message)) is not None
+    camera = Camera(3, image)
+    assert [(suffix, take(camera) is image) for suffix, take in image_parts(camera)] == [
+        (".frame", True)
+    ]
+    assert image_parts(Reading("x", 1.0, np.zeros(2))) == []  # a 1-D array is no image
+    assert image_parts(image) == [] and image_parts({"frame": image}) == []
+
+
 # -- the live server ----------------------------------------------------------------------
 
 
 async def _publish(ctx: ezflow.GraphContext, stop: asyncio.Event, rate: float) -> None:
     camera = await ctx.publisher("/camera")
     signal = await ctx.publisher("/signal")
+    framed = await ctx.publisher("/framed")  # a frame with its number, as examples do
     seq = 0
     while not stop.is_set():
         await camera.publish(frame(seq))
         await signal.publish(block(seq))
+        await framed.publish((seq, frame(seq)))
         seq += 1
         await asyncio.sleep(1 / rate)
     await camera.aclose()
     await signal.aclose()
+    await framed.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -270,7 +296,10 @@ async def test_a_viewer_receives_the_published_images_and_time_series(
         async with foxglove_command(address) as (host, port, page_url):
             client = await FoxgloveClient.connect(host, port)
             try:
-                await _advertised(client, "/camera", "/signal", "/ezflow/graph")
+                await _advertised(client, "/camera", "/signal", "/ezflow/graph", "/framed[1]")
+                # A tuple holding an image: its JSON, and the image as a channel of its own.
+                assert client.channels["/framed"]["schemaName"] == "ezflow.Tuple"
+                assert client.channels["/framed[1]"]["schemaName"] == "foxglove.RawImage"
                 assert client.channels["/ezflow/graph"]["schemaName"] == "ezflow.Graph"
                 assert client.channels["/camera"]["schemaName"] == "foxglove.RawImage"
                 assert client.channels["/camera"]["encoding"] == "protobuf"
@@ -283,11 +312,14 @@ async def test_a_viewer_receives_the_published_images_and_time_series(
                 await client.subscribe(1, "/camera")
                 await client.subscribe(2, "/signal")
                 await client.subscribe(3, "/ezflow/graph")
+                await client.subscribe(4, "/framed[1]")
                 images, blocks, graphs = await _receive(client, want=5)
+                assert {4} <= {subscription for subscription, _ in images}
                 # The graph's picture as a topic: its topics, with their rates.
                 assert {"/camera", "/signal"} <= set(graphs[0]["topics"])
                 assert graphs[0]["topics"]["/camera"]["publishers"] == 1
-                for got in images:
+                assert {1} <= {subscription for subscription, _ in images}
+                for _, got in images:
                     np.testing.assert_array_equal(got, frame(int(got[0, 0, 0])))
                 for got in blocks:
                     np.testing.assert_array_equal(got, block(int(got[0]) // 16))
@@ -313,18 +345,19 @@ async def _zero(count: Any) -> bool:
 
 
 async def _receive(client: FoxgloveClient, want: int) -> tuple[list[Any], list[Any], list[Any]]:
-    images: list[np.ndarray] = []
+    images: list[tuple[int, np.ndarray]] = []  # (subscription, image)
     blocks: list[np.ndarray] = []
     graphs: list[dict[str, Any]] = []
 
     async def take() -> None:
-        while len(images) < want or len(blocks) < want or not graphs:
+        while len(images) < 2 * want or len(blocks) < want or not graphs:
             item = await client.next_frame()
             if isinstance(item, tuple):
                 subscription, log_time, payload = item
                 assert abs(log_time - time.time_ns()) < 60e9
-                if subscription == 1:
-                    images.append(decode_message("foxglove.RawImage", "protobuf", payload))
+                if subscription in (1, 4):
+                    image = decode_message("foxglove.RawImage", "protobuf", payload)
+                    images.append((subscription, image))
                 elif subscription == 2:
                     blocks.append(decode_message("ezflow.Array", "json", payload))
                 elif subscription == 3:

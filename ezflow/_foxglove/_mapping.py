@@ -44,6 +44,7 @@ import binascii
 import dataclasses
 import json
 import math
+import operator
 import struct
 import typing
 from collections.abc import Callable
@@ -72,6 +73,7 @@ __all__ = [
     "encode_raw_image",
     "from_json",
     "image_encoding",
+    "image_parts",
     "mapping_for",
     "to_json",
 ]
@@ -164,6 +166,28 @@ def image_encoding(message: object) -> str | None:
     else:
         return None
     return _IMAGE_ENCODINGS.get((message.dtype.name, channels))
+
+
+def image_parts(message: object) -> list[tuple[str, Callable[[Any], object]]]:
+    """The image-shaped arrays inside a tuple or a registered dataclass, as
+    ``(suffix, take)``: the suffix names the part in Foxglove's message-path style
+    (``[1]`` for a tuple's second item, ``.frame`` for a field) and *take* gets it from
+    a message of the same shape. Empty for anything else. The live server shows each as
+    a ``foxglove.RawImage`` channel of its own next to the message's JSON one, since
+    Foxglove's Image panel shows top-level images only."""
+    if isinstance(message, tuple):
+        return [
+            (f"[{index}]", operator.itemgetter(index))
+            for index, item in enumerate(message)
+            if image_encoding(item) is not None
+        ]
+    if dataclasses.is_dataclass(message) and not isinstance(message, type):
+        return [
+            (f".{f.name}", operator.attrgetter(f.name))
+            for f in dataclasses.fields(message)
+            if image_encoding(getattr(message, f.name)) is not None
+        ]
+    return []
 
 
 def _varint(value: int) -> bytes:

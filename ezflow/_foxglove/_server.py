@@ -15,6 +15,9 @@ How a topic becomes a channel, and what it costs the graph:
   that no longer fits the channel's schema is counted (``mismatched``), logged once.
 * The SDK buffers ``FOXGLOVE_BACKLOG`` messages per viewer and drops the oldest for one
   that reads too slowly: a slow viewer never slows the graph.
+* An image-shaped array inside a tuple or registered dataclass is also a channel of its
+  own (``/cam[1]``, ``/cam.frame``: :func:`~ezflow._foxglove._mapping.image_parts`),
+  fed the same way from the same topic: Foxglove's Image panel shows top-level images.
 * ``/ezflow/graph`` (JSON, when a viewer subscribes): the graph's topics, processes,
   edges and per-topic rates, refreshed every interval; the Topic Graph panel shows the
   publishers and subscribers (the protocol's connection graph).
@@ -29,6 +32,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -45,7 +49,7 @@ from .._core._config import (
 from .._core._exceptions import ConfigurationError, EndOfStream, EzflowError
 from .._graph._context import GraphContext
 from .._graph._subscriber import Subscriber
-from ._mapping import Mapping, NotMappable, encode_message, mapping_for
+from ._mapping import Mapping, NotMappable, encode_message, image_parts, mapping_for
 
 __all__ = ["GRAPH_TOPIC", "FoxgloveServer", "TopicStats"]
 
@@ -74,6 +78,10 @@ class TopicStats:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     subscriber: Subscriber | None = field(default=None, repr=False)
     clients: set[int] = field(default_factory=set, repr=False)
+    #: an image view (``topic`` is the source topic and a part, e.g. ``/cam[1]``): the
+    #: source topic, and how the part is taken from its messages (see image_parts)
+    source: str = field(default="", repr=False)
+    take: Callable[[Any], object] | None = field(default=None, repr=False)
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:
@@ -290,6 +298,19 @@ class FoxgloveServer:
             )
             log.info("ezflow foxglove: not showing %s (%s)", stats.topic, stats.skipped)
             return
+        self._advertise(stats, mapping)
+        # An image inside a tuple or dataclass (a frame with its number, say) is also a
+        # channel of its own: Foxglove's Image panel shows top-level images only.
+        for suffix, take in image_parts(message):
+            name = stats.topic + suffix
+            if name in self.topics or len(self.topics) >= FOXGLOVE_MAX_TOPICS:
+                continue
+            part = self.topics[name] = TopicStats(name, source=stats.topic, take=take)
+            image = take(message)
+            part.schema = mapping_for(image).schema_name
+            self._advertise(part, mapping_for(image))
+
+    def _advertise(self, stats: TopicStats, mapping: Mapping) -> None:
         stats.mapping = mapping
         stats.channel = foxglove.Channel(
             stats.topic,
@@ -375,7 +396,9 @@ class FoxgloveServer:
         mapping, channel = stats.mapping, stats.channel
         assert mapping is not None and channel is not None
         while True:
-            subscriber = await self._context.subscriber(stats.topic, leaky=True, queue=self._queue)
+            subscriber = await self._context.subscriber(
+                stats.source or stats.topic, leaky=True, queue=self._queue
+            )
             stats.subscriber = subscriber
             try:
                 await self._feed(stats, subscriber, mapping, channel)
@@ -390,10 +413,16 @@ class FoxgloveServer:
     async def _feed(
         self, stats: TopicStats, subscriber: Subscriber, mapping: Mapping, channel: Any
     ) -> None:
+        take = stats.take
         while True:
             message = await subscriber.recv()
             now = time.time_ns()
             try:
+                if take is not None:
+                    try:
+                        message = take(message)
+                    except (LookupError, AttributeError, TypeError) as exc:
+                        raise NotMappable(f"no {stats.topic} in it ({exc})") from exc
                 data = encode_message(message, mapping, now)
             except NotMappable as exc:
                 stats.mismatched += 1
