@@ -98,7 +98,7 @@ def record(
 
     Examples:
 
-        ezflow record run.mcap /CAMERA/OUTPUT /IMU/OUTPUT --format mcap
+        ezflow record run.mcap CAMERA/OUTPUT DENOISE/OUTPUT --format mcap
 
         ezflow record spectrum.rec SPECTRUM/OUTPUT --import examples/signal_pipeline.py
     """
@@ -242,7 +242,7 @@ def replay(
 
         ezflow replay run.mcap
 
-        ezflow replay run.mcap --topic /CAMERA/OUTPUT --rate max
+        ezflow replay run.mcap --topic CAMERA/OUTPUT --rate max
 
         ezflow replay spectrum.rec --to /spectrum --import examples/signal_pipeline.py
     """
