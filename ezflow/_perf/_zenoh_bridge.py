@@ -41,6 +41,10 @@ __all__ = ["BridgeError", "check_environment", "main", "run"]
 HOST_A, HOST_B = "10.79.0.1", "10.79.0.2"
 PACED, PACE = 300, 0.005
 BURST = {64: 20000, 1 << 20: 300}
+#: What is measured, in each round: direct ezflow tcp; the bridge as separate processes
+#: through a router; the bridge inside the publishing and subscribing processes, peer to
+#: peer (docs/fleets.md: "A bridge in your own process").
+PATHS = ("direct", "bridge", "in-process")
 
 
 class BridgeError(RuntimeError):
@@ -87,10 +91,32 @@ def _namespaces() -> Any:
 # -- the two roles, run inside a namespace ------------------------------------------------
 
 
-async def _send(address: str, topic: str, size: int) -> None:
+@contextlib.asynccontextmanager
+async def _in_process_bridge(ctx: Any, topic: str, peer: str | None, export: bool) -> Any:
+    """With *peer* (an endpoint), this process's own bridge, in Zenoh peer mode: an
+    export listening on *peer*, or an import connecting to it; without, nothing."""
+    if peer is None:
+        yield
+        return
+    from ezflow.zenoh import Export, Import, ZenohBridge, ZenohSettings  # noqa: PLC0415
+
+    if export:
+        settings = ZenohSettings(mode="peer", listen=(peer,))
+        mappings: dict[str, Any] = {"exports": [Export(topic, "bench/data", lossless=True)]}
+    else:
+        settings = ZenohSettings(mode="peer", connect=(peer,))
+        mappings = {"imports": [Import("bench/data", topic, lossless=True)]}
+    async with ZenohBridge(ctx, settings, **mappings):
+        yield
+
+
+async def _send(address: str, topic: str, size: int, peer: str | None = None) -> None:
     import ezflow  # noqa: PLC0415 - a role of this module, in its own process
 
-    async with ezflow.GraphContext(address, auto_start=False) as ctx:
+    async with (
+        ezflow.GraphContext(address, auto_start=False) as ctx,
+        _in_process_bridge(ctx, topic, peer, export=True),
+    ):
         pub = await ctx.publisher(topic)
         await pub.wait_for_channels(1)
         print("ready", flush=True)
@@ -105,10 +131,13 @@ async def _send(address: str, topic: str, size: int) -> None:
         await asyncio.to_thread(sys.stdin.readline)
 
 
-async def _receive(address: str, topic: str, size: int) -> None:
+async def _receive(address: str, topic: str, size: int, peer: str | None = None) -> None:
     import ezflow  # noqa: PLC0415 - a role of this module, in its own process
 
-    async with ezflow.GraphContext(address, auto_start=False) as ctx:
+    async with (
+        ezflow.GraphContext(address, auto_start=False) as ctx,
+        _in_process_bridge(ctx, topic, peer, export=False),
+    ):
         sub = await ctx.subscriber(topic)
         print("ready", flush=True)
         latencies, first, count = [], 0, 0
@@ -190,10 +219,26 @@ async def _measure(a: str, b: str, path: str, size: int, env: dict[str, str]) ->
     me = ["-m", "ezflow._perf._zenoh_bridge", "--role"]
     topic = "/bench"
     async with contextlib.AsyncExitStack() as stack:
+        peer: list[str] = []
         if path == "direct":
             server = await stack.enter_async_context(await _serve(a, HOST_A, env))
             address = _address(server.first_line)
             send_at, receive_at = address, address
+        elif path == "in-process":
+            addresses = []
+            for ns in (a, b):
+                server = await stack.enter_async_context(await _serve(ns, "127.0.0.1", env))
+                addresses.append(_address(server.first_line))
+            send_at, receive_at = addresses
+            peer = ["--peer", f"tcp/{HOST_A}:7447"]
+            # The sender listens (its bridge's session), the receiver connects to it.
+            sender = await stack.enter_async_context(
+                _process(_in(a, *me, "send", send_at, topic, str(size), *peer), "ready", env)
+            )
+            receiver = await stack.enter_async_context(
+                _process(_in(b, *me, "receive", receive_at, topic, str(size), *peer), "ready", env)
+            )
+            await asyncio.sleep(1.0)  # Zenoh routes the import to the export
         else:
             addresses = []
             for ns in (a, b):
@@ -230,12 +275,13 @@ async def _measure(a: str, b: str, path: str, size: int, env: dict[str, str]) ->
                 )
             send_at, receive_at = addresses
             await asyncio.sleep(1.0)  # Zenoh routes the import to the export
-        receiver = await stack.enter_async_context(
-            _process(_in(b, *me, "receive", receive_at, topic, str(size)), "ready", env)
-        )
-        sender = await stack.enter_async_context(
-            _process(_in(a, *me, "send", send_at, topic, str(size)), "ready", env)
-        )
+        if not peer:
+            receiver = await stack.enter_async_context(
+                _process(_in(b, *me, "receive", receive_at, topic, str(size)), "ready", env)
+            )
+            sender = await stack.enter_async_context(
+                _process(_in(a, *me, "send", send_at, topic, str(size)), "ready", env)
+            )
         assert sender.stdin is not None and receiver.stdout is not None
         sender.stdin.write(b"go\n")
         await sender.stdin.drain()
@@ -245,44 +291,58 @@ async def _measure(a: str, b: str, path: str, size: int, env: dict[str, str]) ->
         return dict(json.loads(line))
 
 
-async def _run(rounds: int) -> None:
+async def _run(rounds: int, paths: tuple[str, ...], sizes: tuple[int, ...]) -> None:
     env = dict(os.environ, EZFLOW_TOKEN=os.urandom(16).hex(), PYTHONWARNINGS="ignore")
     results: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with _namespaces() as (a, b):
         for _ in range(rounds):
-            for size in (64, 1 << 20):
-                for path in ("direct", "bridge"):
+            for size in sizes:
+                for path in paths:
                     found = await _measure(a, b, path, size, env)
                     results.setdefault((path, size), []).append(found)
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians of {rounds}")
-    header = f"{'path':8} {'size':>8} {'p50 latency':>12} {'(spread)':>17}"
+    header = f"{'path':10} {'size':>6} {'p50 latency':>12} {'(spread)':>17}"
     print(f"{header} {'msgs/s':>10} {'(spread)':>19}")
     medians: dict[tuple[str, int], tuple[float, float]] = {}
-    for (path, size), runs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (path, size), runs in sorted(
+        results.items(), key=lambda kv: (kv[0][1], PATHS.index(kv[0][0]))
+    ):
         p50s = [r["p50_us"] for r in runs]
         rates = [r["msgs_per_s"] for r in runs]
         medians[path, size] = statistics.median(p50s), statistics.median(rates)
-        label = "64 B" if size == 64 else "1 MiB"
         print(
-            f"{path:8} {label:>8} {medians[path, size][0]:9.0f} µs "
+            f"{path:10} {_label(size):>6} {medians[path, size][0]:9.0f} µs "
             f"({min(p50s):5.0f}-{max(p50s):5.0f}) {medians[path, size][1]:10,.0f} "
             f"({min(rates):7,.0f}-{max(rates):7,.0f})"
         )
-    for size in (64, 1 << 20):
-        if ("bridge", size) in medians and ("direct", size) in medians:
-            (bp, br), (dp, dr) = medians["bridge", size], medians["direct", size]
-            label = "64 B" if size == 64 else "1 MiB"
-            print(f"bridge / direct, {label}: rate {br / dr:.2f}x, p50 {bp / dp:.1f}x")
+    for size in sizes:
+        for path in paths:
+            if path != "direct" and ("direct", size) in medians:
+                (bp, br), (dp, dr) = medians[path, size], medians["direct", size]
+                print(f"{path} / direct, {_label(size)}: rate {br / dr:.2f}x, p50 {bp / dp:.1f}x")
 
 
-def run(rounds: int = 3) -> None:
-    """Measure *rounds* rounds of both paths and print the medians; raises
-    :class:`BridgeError` when the environment lacks something or a measurement fails."""
+def _label(size: int) -> str:
+    return "64 B" if size == 64 else "1 MiB"
+
+
+def run(
+    rounds: int = 3, paths: tuple[str, ...] = PATHS, sizes: tuple[int, ...] = (64, 1 << 20)
+) -> None:
+    """Measure *rounds* rounds of each of *paths* (:data:`PATHS`) at each of *sizes* and
+    print the medians; raises :class:`BridgeError` when the environment lacks something
+    or a measurement fails."""
     if rounds < 1:
         raise BridgeError(f"--rounds {rounds}: need at least 1 round")
+    unknown = [path for path in paths if path not in PATHS]
+    if unknown or not paths:
+        raise BridgeError(f"paths {list(paths)}: choose among {', '.join(PATHS)}")
+    unmeasured = [size for size in sizes if size not in BURST]
+    if unmeasured or not sizes:
+        raise BridgeError(f"sizes {list(sizes)}: choose among {', '.join(map(str, BURST))}")
     check_environment()
     try:
-        asyncio.run(_run(rounds))
+        asyncio.run(_run(rounds, paths, sizes))
     except subprocess.CalledProcessError as error:
         detail = (error.stderr or b"").decode(errors="replace").strip()
         raise BridgeError(f"{' '.join(error.cmd)} failed: {detail or error}") from None
@@ -297,17 +357,24 @@ def main(argv: list[str] | None = None) -> None:
     (``--role``) the sender or receiver in a namespace."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated")
+    parser.add_argument("--sizes", default="64,1048576", help="comma-separated")
     parser.add_argument("--role", nargs=4, metavar=("ROLE", "ADDRESS", "TOPIC", "SIZE"))
+    parser.add_argument("--peer", metavar="ENDPOINT", help="(a role) bridge in this process")
     args = parser.parse_args(argv)
     if args.role:
         role, address, topic, size = args.role
         import ezflow  # noqa: PLC0415
 
         coroutine = _send if role == "send" else _receive
-        ezflow.lowlevel.run_coroutine(coroutine(address, topic, int(size)))
+        ezflow.lowlevel.run_coroutine(coroutine(address, topic, int(size), args.peer))
         return
     try:
-        run(args.rounds)
+        run(
+            args.rounds,
+            tuple(args.paths.split(",")),
+            tuple(int(size) for size in args.sizes.split(",")),
+        )
     except BridgeError as error:
         sys.exit(f"error: {error}")
 
