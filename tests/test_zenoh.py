@@ -596,6 +596,73 @@ async def test_bridge_unit_in_its_own_process(router: str) -> None:
     assert received == list(range(Ticks.COUNT))
 
 
+class Burst(ezflow.Unit):
+    """Publishes 0..COUNT-1 as fast as its edges take them (counting what went out),
+    after a second (Zenoh routes meanwhile)."""
+
+    COUNT = 2000
+    OUTPUT = ezflow.OutputStream(int)
+    published = 0
+
+    @ezflow.publisher(OUTPUT)
+    async def generate(self) -> AsyncIterator[tuple[Any, int]]:
+        await asyncio.sleep(1.0)
+        for i in range(self.COUNT):
+            yield self.OUTPUT, i
+            Burst.published = i + 1
+
+
+async def test_bridge_unit_in_the_publishing_process_peer_to_peer_drains_on_stop() -> None:
+    """The in-process deployment (docs/fleets.md): the bridge unit in the process of the
+    unit it exports (a local edge), Zenoh peer to peer without a router. The far side
+    takes nothing until the graph stops, so the export is full then: the stop drains it
+    (what the far side took, it gets; nothing is cut), where cancelling the unit used
+    to drop the export's queue uncounted."""
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    Burst.published = 0
+    burst = Burst()
+    bridge = ZenohBridgeUnit(
+        ZenohBridgeSettings(
+            mode="peer",
+            listen=(endpoint,),
+            exports=(Export("BURST/OUTPUT", key="inproc/burst", lossless=True),),
+            drain_timeout=10.0,
+        )
+    )
+    async with (
+        ezflow.GraphServer(("127.0.0.1", 0)) as server_b,
+        ezflow.GraphContext(server_b.address, auto_start=False) as b,
+        ZenohBridge(
+            b,
+            ZenohSettings(mode="peer", connect=(endpoint,)),
+            imports=[Import("inproc/burst", "/burst", lossless=True, queue=16)],
+        ),
+    ):
+        sink = await b.subscriber("/burst")
+        received: list[int] = []
+        open_gate = asyncio.Event()
+
+        async def take() -> None:
+            await open_gate.wait()
+            with contextlib.suppress(ezflow.EndOfStream):
+                while True:
+                    received.append(await asyncio.wait_for(sink.recv(), 30))
+
+        taker = asyncio.ensure_future(take())
+        async with ezflow.GraphRunner(
+            BURST=burst, BRIDGE=bridge, graph_address="127.0.0.1:0"
+        ) as runner:
+            assert "BRIDGE" not in runner.processes  # (in this process, with BURST)
+            await wait_for(lambda: Burst.published > 0, 30)
+            await asyncio.sleep(0.3)  # the far side's window fills, the publisher waits
+            assert Burst.published < Burst.COUNT
+            stats = next(iter(bridge.bridge_stats.values()))
+            open_gate.set()  # the stop below drains into a far side that takes again
+        await asyncio.wait_for(taker, 30)  # (the export's end marker ends /burst)
+    assert received == list(range(Burst.published))
+    assert stats.messages == Burst.published and stats.lost_in_flight == 0
+
+
 def test_bridge_unit_settings_are_checked_where_written() -> None:
     with pytest.raises(ezflow.ConfigurationError, match="has no protocol"):
         ZenohBridgeSettings(connect=("127.0.0.1:7447",))
