@@ -9,12 +9,18 @@ is the same, kept as an alias (and runs the two roles, ``--role``, in the namesp
   ezflow's tcp transport from A to B.
 * **bridge**: a graph server per host on its own loopback, a Zenoh router on A, a bridge
   per host (``ezflow zenoh bridge``, lossless): A exports the topic, B imports it.
+* **in-process**: a graph server per host, and each host's bridge inside the publishing
+  and the subscribing process (``ZenohBridge`` on their own context, lossless), Zenoh
+  peer to peer without a router (docs/fleets.md: "A bridge in your own process").
+* **zenoh**: the reference, no ezflow at all: plain zenoh-python peer to peer, a header
+  and the payload's bytes put by a declared publisher, taken by a callback that copies
+  them out - the floor of any path through zenoh-python.
 
 The message is what users write: a tuple ``(phase, seq, t_ns, payload)`` with a numpy
 payload of the given size. Latency: 300 messages paced 5 ms apart, publish → ``recv``
 on CLOCK_MONOTONIC (the namespaces share one kernel clock); throughput: a burst (20,000 x
 64 B, 300 x 1 MiB), msgs/s at the receiver. Prints the medians of the rounds with their
-spread (min-max), the bridge / direct ratios and the load average.
+spread (min-max), each path's ratios to direct tcp and the load average.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import os
 import re
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -43,8 +51,9 @@ PACED, PACE = 300, 0.005
 BURST = {64: 20000, 1 << 20: 300}
 #: What is measured, in each round: direct ezflow tcp; the bridge as separate processes
 #: through a router; the bridge inside the publishing and subscribing processes, peer to
-#: peer (docs/fleets.md: "A bridge in your own process").
-PATHS = ("direct", "bridge", "in-process")
+#: peer (docs/fleets.md: "A bridge in your own process"); and, for reference, plain
+#: zenoh-python peer to peer without ezflow (the floor of any path through Zenoh).
+PATHS = ("direct", "bridge", "in-process", "zenoh")
 
 
 class BridgeError(RuntimeError):
@@ -163,6 +172,88 @@ async def _receive(address: str, topic: str, size: int, peer: str | None = None)
         )
 
 
+def _zenoh_session(peer: str, listen: bool) -> Any:
+    import zenoh  # noqa: PLC0415 - the reference roles only
+
+    config = zenoh.Config()
+    config.insert_json5("mode", '"peer"')
+    config.insert_json5("scouting/multicast/enabled", "false")
+    config.insert_json5("transport/shared_memory/enabled", "false")
+    config.insert_json5("listen/endpoints" if listen else "connect/endpoints", json.dumps([peer]))
+    return zenoh.open(config)
+
+
+_HEADER = struct.Struct("<BqQ")  # phase, seq, t_ns: the reference rows' messages
+
+
+def _zenoh_send(peer: str, size: int) -> None:
+    """The reference: plain zenoh-python, no ezflow - a declared publisher (reliable,
+    blocking) putting a header and *size* bytes, as the bridge puts."""
+    import zenoh  # noqa: PLC0415 - the reference roles only
+
+    session = _zenoh_session(peer, listen=True)
+    try:
+        publisher = session.declare_publisher(
+            "bench/zenoh",
+            congestion_control=zenoh.CongestionControl.BLOCK,
+            reliability=zenoh.Reliability.RELIABLE,
+        )
+        print("ready", flush=True)
+        sys.stdin.readline()
+        payload = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8).tobytes()
+        for seq in range(PACED):
+            publisher.put(_HEADER.pack(1, seq, time.monotonic_ns()) + payload)
+            time.sleep(PACE)
+        for seq in range(BURST[size]):
+            publisher.put(_HEADER.pack(0, seq, time.monotonic_ns()) + payload)
+        publisher.put(_HEADER.pack(2, 0, 0))
+        sys.stdin.readline()
+    finally:
+        session.close()
+
+
+def _zenoh_receive(peer: str) -> None:
+    """The reference's receiver: a callback on Zenoh's thread that copies each payload
+    out (``to_bytes``), as the bridge's import does."""
+    import zenoh  # noqa: PLC0415 - the reference roles only
+
+    session = _zenoh_session(peer, listen=False)
+    latencies: list[int] = []
+    state = {"first": 0, "count": 0, "last": 0}
+    done = threading.Event()
+
+    def on_sample(sample: Any) -> None:
+        body = sample.payload.to_bytes()
+        now = time.monotonic_ns()
+        phase, _, sent = _HEADER.unpack_from(body)
+        if phase == 1:
+            latencies.append(now - sent)
+        elif phase == 0:
+            state["first"] = state["first"] or now
+            state["count"] += 1
+        else:
+            state["last"] = now
+            done.set()
+
+    try:
+        session.declare_subscriber(
+            "bench/zenoh", zenoh.handlers.Callback(on_sample, indirect=False)
+        )
+        print("ready", flush=True)
+        done.wait(300)
+        ordered = sorted(latencies[len(latencies) // 10 :])
+        elapsed = max(1e-9, (state["last"] - state["first"]) / 1e9)
+        print(
+            json.dumps(
+                {"p50_us": ordered[len(ordered) // 2] / 1e3, "msgs_per_s": state["count"] / elapsed}
+            ),
+            flush=True,
+        )
+        sys.stdin.readline()
+    finally:
+        session.close()
+
+
 # -- orchestration ------------------------------------------------------------------------
 
 
@@ -224,6 +315,16 @@ async def _measure(a: str, b: str, path: str, size: int, env: dict[str, str]) ->
             server = await stack.enter_async_context(await _serve(a, HOST_A, env))
             address = _address(server.first_line)
             send_at, receive_at = address, address
+        elif path == "zenoh":
+            endpoint = f"tcp/{HOST_A}:7447"
+            sender = await stack.enter_async_context(
+                _process(_in(a, *me, "zsend", endpoint, topic, str(size)), "ready", env)
+            )
+            receiver = await stack.enter_async_context(
+                _process(_in(b, *me, "zreceive", endpoint, topic, str(size)), "ready", env)
+            )
+            peer = [endpoint]
+            await asyncio.sleep(1.0)  # Zenoh routes the subscriber to the publisher
         elif path == "in-process":
             addresses = []
             for ns in (a, b):
@@ -366,6 +467,12 @@ def main(argv: list[str] | None = None) -> None:
         role, address, topic, size = args.role
         import ezflow  # noqa: PLC0415
 
+        if role == "zsend":
+            _zenoh_send(address, int(size))
+            return
+        if role == "zreceive":
+            _zenoh_receive(address)
+            return
         coroutine = _send if role == "send" else _receive
         ezflow.lowlevel.run_coroutine(coroutine(address, topic, int(size), args.peer))
         return

@@ -11,7 +11,8 @@ export puts with ``CongestionControl.BLOCK``: while the far side is full, ``put`
 in that thread (never on the event loop: credits keep the small inline puts off a full
 link), the loop waits for the thread, the subscriber's queue fills, and the ezflow
 publisher's ``publish()`` waits: backpressure from the importing graph to the
-publishing one. At most two batches are held (one being put, one waiting).
+publishing one. At most three batches are held (one being put, one waiting for the
+thread, one being packed).
 
 The export follows its topic, not a publisher: when every publisher of the topic has
 ended, an end marker goes out (so the importing side ends its topic too) and the export
@@ -67,6 +68,7 @@ log = logging.getLogger("ezflow.zenoh")
 
 _PADDING = tuple(b"\0" * n for n in range(BATCH_ALIGNMENT))
 _THREAD_JOIN = 2.0  # seconds a stopping export waits for its sender thread
+_SENDER_DEPTH = 2  # jobs handed to the sender thread and not done, at most
 
 
 def zenoh_encoding(encoding: str) -> str:
@@ -82,14 +84,15 @@ def _wake(future: asyncio.Future[None]) -> None:
 class _Sender:
     """A thread that runs an export's puts, one job (a batch) at a time, so that a put
     waiting for the link never holds the event loop. :meth:`submit` hands a job over
-    and waits only while the previous one is still running."""
+    and waits only while two are not done."""
 
     def __init__(self, name: str, on_error: Callable[[Exception, int], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._on_error = on_error
         self._cond = threading.Condition()
-        self._job: Callable[[], None] | None = None
-        self._busy = 0  # messages of the job being run (0: idle)
+        # Jobs (and their messages) not done: the first one is running.
+        self._jobs: collections.deque[tuple[Callable[[], None], int]] = collections.deque()
+        self._busy = 0  # messages of the jobs not done (0: idle)
         self._stop = False
         self._waiter: asyncio.Future[None] | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -97,22 +100,28 @@ class _Sender:
 
     @property
     def busy(self) -> int:
-        """Messages of the job being put (0 when idle)."""
+        """Messages of the jobs being put or waiting to be (0 when idle)."""
         return self._busy
 
     async def submit(self, job: Callable[[], None], messages: int) -> None:
-        """Hand *job* (putting *messages*) over once the previous one is done."""
-        await self.idle()
+        """Hand *job* (putting *messages*) over; waits while ``_SENDER_DEPTH`` jobs are
+        not done (one running, the next waiting: the thread never waits for the loop
+        between two jobs)."""
+        await self._fewer_than(_SENDER_DEPTH)
+        messages = max(1, messages)
         with self._cond:
-            self._job = job
-            self._busy = max(1, messages)
+            self._jobs.append((job, messages))
+            self._busy += messages
             self._cond.notify()
 
     async def idle(self) -> None:
-        """Wait until no job is running (cancellation-safe)."""
+        """Wait until every job is done (cancellation-safe)."""
+        await self._fewer_than(1)
+
+    async def _fewer_than(self, jobs: int) -> None:
         while True:
             with self._cond:
-                if not self._busy or self._stop:
+                if len(self._jobs) < jobs or self._stop:
                     return
                 waiter = self._waiter = self._loop.create_future()
             await waiter
@@ -120,19 +129,23 @@ class _Sender:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._job is None and not self._stop:
+                while not self._jobs and not self._stop:
                     self._cond.wait()
-                if self._job is None:
+                if not self._jobs:
                     return
-                job, self._job = self._job, None
+                job, messages = self._jobs[0]  # (counted as not done while it runs)
             error: Exception | None = None
             try:
                 job()
             except Exception as exc:  # the session closed, Zenoh refused: the loop decides
                 error = exc
             with self._cond:
-                failed = self._busy
-                self._busy = 0
+                self._jobs.popleft()
+                failed = messages
+                if error is not None:  # the jobs after it are not put either
+                    failed += sum(m for _, m in self._jobs)
+                    self._jobs.clear()
+                self._busy -= failed
                 waiter, self._waiter = self._waiter, None
             with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
                 if error is not None:  # (told on the loop, at once: the export restarts)
@@ -318,7 +331,8 @@ class ExportRun:
                 raise
             ended = False
             batch_max = self._batch_limit() if ezflow else 1
-            while len(batch) < batch_max:
+            # (Only what is queued: an end met here is met by the next recv() too.)
+            while len(batch) < batch_max and sub.queued:
                 try:
                     batch.append(sub.recv_nowait())
                 except (asyncio.QueueEmpty, ClosedResourceError):
@@ -512,7 +526,9 @@ class ExportRun:
         nbytes = sum(sum(sizes) for _, sizes in samples)
         if self._importers:
             await self._wait_for_credit(count, nbytes)
-        drops = self._subscriber.statistics().dropped if self._subscriber is not None else 0
+        sub = self._subscriber
+        # (A lossless subscriber drops nothing: no snapshot of its statistics to take.)
+        drops = 0 if sub is None or self.export.lossless else sub.statistics().dropped
         puts = []
         counts = []
         now = time.time_ns()
