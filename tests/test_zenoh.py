@@ -157,6 +157,56 @@ async def test_lossless_numpy_messages_cross_in_order_and_intact(router: str) ->
     assert stats.latency_p50_us() is not None
 
 
+async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_peer() -> None:
+    """docs/fleets.md, "A bridge in your own process": each host's bridge on the context
+    of its publisher or subscriber, the two Zenoh sessions peer to peer (no router). The
+    edge to the export is local (the publisher encodes nothing: the export packs each
+    message once), and everything holds as between separate bridges: lossless, in order,
+    intact, a slow consumer holds the publisher back."""
+    count = 1000
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(
+            a,
+            ZenohSettings(mode="peer", listen=(endpoint,)),
+            exports=[Export("/cam", key="peer/cam", lossless=True)],
+        ) as exporter,
+        ZenohBridge(
+            b,
+            ZenohSettings(mode="peer", connect=(endpoint,)),
+            imports=[Import("peer/cam", "/cam", lossless=True, queue=16)],
+        ) as importer,
+    ):
+        sink = await b.subscriber("/cam")
+        publisher = await a.publisher("/cam")
+        await publisher.wait_for_channels(1)
+        # (the export knows the importer once its hello crossed: Zenoh has routed both ways)
+        await wait_for(lambda: any(run._importers for run in exporter._runs), 10)
+
+        async def consume() -> list[np.ndarray]:
+            got = []
+            for _ in range(count):
+                got.append(await sink.recv())
+                if len(got) % 250 == 0:
+                    await asyncio.sleep(0.1)  # slow: the publisher waits meanwhile
+            return got
+
+        consumer = asyncio.ensure_future(consume())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for i in range(count):
+            await publisher.publish(np.full(64, i, dtype=np.int32))
+        published_in = loop.time() - started
+        received = await asyncio.wait_for(consumer, 60)
+        stats = next(iter(importer.stats.values()))
+    assert [int(m[0]) for m in received] == list(range(count))
+    assert all(m.shape == (64,) and (m == m[0]).all() for m in received)
+    assert publisher.statistics().encodes == 0  # (a local edge: nothing encoded to reach it)
+    assert published_in >= 0.2  # held back by the consumer's pauses (0.3 s of them)
+    assert stats.lost_remote == 0 and stats.dropped_local == 0 and stats.messages == count
+
+
 async def test_leaky_mapping_counts_every_drop(router: str) -> None:
     count = 500
     settings = ZenohSettings(mode="client", connect=(router,))
