@@ -265,6 +265,56 @@ class SampleQueue:
             return self.skipped.pop(key, 0)
 
 
+class _AckSender:
+    """Puts a lossless import's acknowledgements from a thread of its own: a put from the
+    event loop waits for Zenoh's delivery thread, which holds the session while the
+    import's callback waits for the GIL (measured: 45 µs median, 300 µs p90, a fifth of
+    an importing loop's time at 64 B). The loop hands over the latest acknowledgement of
+    each key (:meth:`send`: no wait); the thread declares a publisher per key and puts.
+    :meth:`close` puts what is pending, then stops the thread (bounded)."""
+
+    def __init__(self, session: Any, name: str) -> None:
+        self._session = session
+        self._cond = threading.Condition()
+        self._pending: dict[str, bytes] = {}
+        self._publishers: dict[str, Any] = {}  # key -> its acknowledgement publisher
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def send(self, key: str, payload: bytes) -> None:
+        """Put *payload* on *key*'s acknowledgement key soon (replacing one not put yet)."""
+        with self._cond:
+            self._pending[key] = payload
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stop:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                pending, self._pending = self._pending, {}
+            for key, payload in pending.items():
+                try:
+                    publisher = self._publishers.get(key)
+                    if publisher is None:  # (one per key: a declared publisher puts faster)
+                        publisher = self._publishers[key] = self._session.declare_publisher(
+                            f"{key}/{ACK_CHUNK}", congestion_control=zenoh.CongestionControl.DROP
+                        )
+                    publisher.put(payload)
+                except Exception as exc:  # the session is closing; the next one repeats it
+                    log.debug("import of %s: acknowledgement not sent: %s", key, exc)
+
+    def close(self) -> None:
+        """Put what is pending, stop the thread and wait for it (bounded: it is a daemon)."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(_UNDECLARE_WAIT)
+
+
 class ImportRun:
     """The runtime of one :class:`~ezflow.zenoh.Import` (see the module doc)."""
 
@@ -302,7 +352,7 @@ class ImportRun:
         self._taken: dict[str, int] = {}
         self._acked: dict[str, int] = {}
         self._unacked_bytes: dict[str, int] = {}
-        self._ackers: dict[str, Any] = {}  # key -> its acknowledgement publisher
+        self._acks: _AckSender | None = None
         self._received: dict[str, int] = {}  # key -> next sequence number not received
         self._acker: asyncio.Task[None] | None = None
 
@@ -322,6 +372,7 @@ class ImportRun:
         except Exception as exc:
             raise ConfigurationError(f"import of {self.key!r}: Zenoh refused it: {exc}") from exc
         if self.mapping.lossless:
+            self._acks = _AckSender(self._session, f"ezflow-zenoh-acks {self.key}")
             self._acker = asyncio.ensure_future(self._ack_periodically())
 
     async def recover(self) -> None:
@@ -560,16 +611,11 @@ class ImportRun:
     def _ack(self, key: str, next_seq: int | None, *, bye: bool = False) -> None:
         if next_seq is not None:
             self._acked[key] = next_seq
-        payload = pack_ack(self._id, next_seq, self.mapping.queue, ZENOH_QUEUE_BYTES, bye=bye)
-        try:
-            publisher = self._ackers.get(key)
-            if publisher is None:  # (one per key: a declared publisher puts faster)
-                publisher = self._ackers[key] = self._session.declare_publisher(
-                    f"{key}/{ACK_CHUNK}", congestion_control=zenoh.CongestionControl.DROP
-                )
-            publisher.put(payload)
-        except Exception as exc:  # the session is closing; the next one repeats it
-            log.debug("import of %s: acknowledgement not sent: %s", key, exc)
+        acks = self._acks
+        if acks is not None:
+            acks.send(
+                key, pack_ack(self._id, next_seq, self.mapping.queue, ZENOH_QUEUE_BYTES, bye=bye)
+            )
 
     def _goodbye(self, keys: list[str]) -> None:
         for key in keys:
@@ -627,6 +673,9 @@ class ImportRun:
         if acker is not None:
             acker.cancel()
             await asyncio.gather(acker, return_exceptions=True)
+            acks, self._acks = self._acks, None
+            if acks is not None:  # (every acknowledgement goes before the goodbye)
+                await asyncio.to_thread(acks.close)
             # Goodbye: the export counts what it sent that never reached us, and stops
             # waiting for us. Sent reliably (BLOCK), off the loop.
             if queue is not None:
