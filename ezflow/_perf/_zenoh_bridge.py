@@ -420,7 +420,16 @@ async def _run(rounds: int, paths: tuple[str, ...], sizes: tuple[int, ...]) -> N
         for path in paths:
             if path != "direct" and ("direct", size) in medians:
                 (bp, br), (dp, dr) = medians[path, size], medians["direct", size]
-                print(f"{path} / direct, {_label(size)}: rate {br / dr:.2f}x, p50 {bp / dp:.1f}x")
+                # Each round's own ratio too: the paths of a round run one after the other,
+                # so its ratio sees the machine's load of that minute.
+                pairs = list(zip(results[path, size], results["direct", size], strict=True))
+                rates = [r["msgs_per_s"] / d["msgs_per_s"] for r, d in pairs]
+                p50s = [r["p50_us"] / d["p50_us"] for r, d in pairs]
+                print(
+                    f"{path} / direct, {_label(size)}: rate {br / dr:.2f}x "
+                    f"(rounds {min(rates):.2f}-{max(rates):.2f}), p50 {bp / dp:.1f}x "
+                    f"(rounds {min(p50s):.1f}-{max(p50s):.1f})"
+                )
 
 
 def _label(size: int) -> str:
