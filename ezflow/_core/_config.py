@@ -216,8 +216,9 @@ ZENOH_EXPORT_BATCH: Final = 64
 ZENOH_EXPORT_BATCH_BYTES: Final = 256 * 1024
 ZENOH_ANSWER_TIMEOUT: Final = 5.0
 #: Bytes of samples an export puts from the event loop instead of its thread (saving a
-#: thread hop), when its thread is idle and (lossless) at most this much is not yet
-#: acknowledged: Zenoh's link queue then has room, so the put does not wait.
+#: thread hop), when its thread is idle and (lossless) an importer acknowledges and at
+#: most this much is not yet acknowledged: Zenoh's link queue then has room, so the put
+#: does not wait (none for a second after one waited more than 5 ms anyway).
 ZENOH_INLINE_PUT: Final = 64 * 1024
 #: Seconds Zenoh's delivery thread waits for room in a full lossless import queue while
 #: the graph takes nothing from it; then that sample, and every one until the graph takes

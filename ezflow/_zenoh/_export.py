@@ -6,10 +6,11 @@ to ``ZENOH_EXPORT_BATCH`` messages or ``ZENOH_EXPORT_BATCH_BYTES``), encodes eac
 hands the batch - one Zenoh sample for an ``ezflow`` export, one per message for ``raw``
 and ``json`` - to the export's sender thread, which puts it on Zenoh; a batch of at most
 ``ZENOH_INLINE_PUT`` bytes is put from the event loop instead when the thread is idle
-and (lossless) no more than that is unacknowledged, saving the thread hop. A lossless
-export puts with ``CongestionControl.BLOCK``: while the far side is full, ``put`` waits
-in that thread (never on the event loop: credits keep the small inline puts off a full
-link), the loop waits for the thread, the subscriber's queue fills, and the ezflow
+and (lossless) an importer acknowledges and no more than that is unacknowledged, saving
+the thread hop. A lossless export puts with ``CongestionControl.BLOCK``: while the far
+side is full, ``put`` waits in that thread (not on the event loop: credits keep the
+small inline puts off a full link, and one that waits anyway turns them off for a
+second), the loop waits for the thread, the subscriber's queue fills, and the ezflow
 publisher's ``publish()`` waits: backpressure from the importing graph to the
 publishing one. At most three batches are held (one being put, one waiting for the
 thread, one being packed).
@@ -69,6 +70,8 @@ log = logging.getLogger("ezflow.zenoh")
 _PADDING = tuple(b"\0" * n for n in range(BATCH_ALIGNMENT))
 _THREAD_JOIN = 2.0  # seconds a stopping export waits for its sender thread
 _SENDER_DEPTH = 2  # jobs handed to the sender thread and not done, at most
+_INLINE_SLOW = 0.005  # seconds: an inline put that took longer found the link congested
+_INLINE_PAUSE = 1.0  # seconds without inline puts after such a put
 
 
 def zenoh_encoding(encoding: str) -> str:
@@ -221,6 +224,7 @@ class ExportRun:
         self._sent: collections.deque[tuple[int, int]] = collections.deque()
         self._sent_bytes = 0
         self._credit = asyncio.Event()
+        self._inline_after = 0.0  # (monotonic) no inline put before this
         self._acks: Any = None
 
     async def open(self) -> None:
@@ -546,6 +550,7 @@ class ExportRun:
         if not sender.busy and self._inline(puts):
             # Small, and nothing of ours queued before it: put from the loop, saving the
             # thread hop (tens of microseconds of latency a paced message).
+            started = time.monotonic()
             for index, (payload, attachment) in enumerate(puts):
                 try:
                     publisher.put(payload, attachment=attachment)
@@ -556,6 +561,9 @@ class ExportRun:
                     self.stats.lost_in_flight += lost
                     self._held = 0
                     raise
+            waited = time.monotonic() - started
+            if waited > _INLINE_SLOW:  # the link is congested (a slow plain subscriber?)
+                self._inline_after = started + waited + _INLINE_PAUSE
         else:
 
             def put_all() -> None:
@@ -572,14 +580,20 @@ class ExportRun:
 
     def _inline(self, puts: list[tuple[bytes, bytes]]) -> bool:
         """True when *puts* may run on the event loop: at most ``ZENOH_INLINE_PUT``
-        bytes, and (lossless) at most that much unacknowledged before them, so Zenoh's
-        link queue has room and the put does not wait for the link."""
+        bytes, and (lossless) an importer acknowledges and at most that much is not
+        acknowledged, so Zenoh's link queue has room and the put does not wait for the
+        link. After an inline put that waited longer than ``_INLINE_SLOW`` anyway (a link
+        congested by something else), none for ``_INLINE_PAUSE``."""
         nbytes = sum(len(payload) for payload, _ in puts)
-        if nbytes > ZENOH_INLINE_PUT:
+        if nbytes > ZENOH_INLINE_PUT or (
+            self._inline_after and time.monotonic() < self._inline_after
+        ):
             return False
         if not self.export.lossless:
-            return True  # (CongestionControl.DROP: a put never waits for the link)
-        oldest = min((i.next for i in self._importers.values()), default=self._seq)
+            return True  # (CongestionControl.DROP: a put waits at most ~1 ms for the link)
+        if not self._importers:
+            return False  # (no credit to go by: whoever reads may be slow)
+        oldest = min(i.next for i in self._importers.values())
         return self._sent_bytes - self._bytes_before(oldest) <= ZENOH_INLINE_PUT
 
     async def _send_end(self) -> None:
