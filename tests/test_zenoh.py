@@ -157,6 +157,56 @@ async def test_lossless_numpy_messages_cross_in_order_and_intact(router: str) ->
     assert stats.latency_p50_us() is not None
 
 
+async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_peer() -> None:
+    """docs/fleets.md, "A bridge in your own process": each host's bridge on the context
+    of its publisher or subscriber, the two Zenoh sessions peer to peer (no router). The
+    edge to the export is local (the publisher encodes nothing: the export packs each
+    message once), and everything holds as between separate bridges: lossless, in order,
+    intact, a slow consumer holds the publisher back."""
+    count = 1000
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(
+            a,
+            ZenohSettings(mode="peer", listen=(endpoint,)),
+            exports=[Export("/cam", key="peer/cam", lossless=True)],
+        ) as exporter,
+        ZenohBridge(
+            b,
+            ZenohSettings(mode="peer", connect=(endpoint,)),
+            imports=[Import("peer/cam", "/cam", lossless=True, queue=16)],
+        ) as importer,
+    ):
+        sink = await b.subscriber("/cam")
+        publisher = await a.publisher("/cam")
+        await publisher.wait_for_channels(1)
+        # (the export knows the importer once its hello crossed: Zenoh has routed both ways)
+        await wait_for(lambda: any(run._importers for run in exporter._runs), 10)
+
+        async def consume() -> list[np.ndarray]:
+            got = []
+            for _ in range(count):
+                got.append(await sink.recv())
+                if len(got) % 250 == 0:
+                    await asyncio.sleep(0.1)  # slow: the publisher waits meanwhile
+            return got
+
+        consumer = asyncio.ensure_future(consume())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for i in range(count):
+            await publisher.publish(np.full(64, i, dtype=np.int32))
+        published_in = loop.time() - started
+        received = await asyncio.wait_for(consumer, 60)
+        stats = next(iter(importer.stats.values()))
+    assert [int(m[0]) for m in received] == list(range(count))
+    assert all(m.shape == (64,) and (m == m[0]).all() for m in received)
+    assert publisher.statistics().encodes == 0  # (a local edge: nothing encoded to reach it)
+    assert published_in >= 0.2  # held back by the consumer's pauses (0.3 s of them)
+    assert stats.lost_remote == 0 and stats.dropped_local == 0 and stats.messages == count
+
+
 async def test_leaky_mapping_counts_every_drop(router: str) -> None:
     count = 500
     settings = ZenohSettings(mode="client", connect=(router,))
@@ -594,6 +644,78 @@ async def test_bridge_unit_in_its_own_process(router: str) -> None:
             assert "BRIDGE" in runner.processes
             received = [await asyncio.wait_for(sink.recv(), 30) for _ in range(Ticks.COUNT)]
     assert received == list(range(Ticks.COUNT))
+
+
+class Burst(ezflow.Unit):
+    """Publishes 0..COUNT-1 as fast as its edges take them (counting what went out),
+    after a second (Zenoh routes meanwhile)."""
+
+    COUNT = 2000
+    OUTPUT = ezflow.OutputStream(int)
+    published = 0
+
+    @ezflow.publisher(OUTPUT)
+    async def generate(self) -> AsyncIterator[tuple[Any, int]]:
+        await asyncio.sleep(1.0)
+        for i in range(self.COUNT):
+            yield self.OUTPUT, i
+            Burst.published = i + 1
+
+
+async def test_bridge_unit_in_the_publishing_process_peer_to_peer_drains_on_stop() -> None:
+    """The in-process deployment (docs/fleets.md): the bridge unit in the process of the
+    unit it exports (a local edge), Zenoh peer to peer without a router. The far side
+    takes nothing until the graph stops, so the export is full then: the stop drains it
+    (what the far side took, it gets; nothing is cut), where cancelling the unit used
+    to drop the export's queue uncounted."""
+    if loop_kind() == "uvloop":
+        pytest.skip(
+            "a unit's drain does not depend on the event loop (the peer-to-peer path runs"
+            " on both in test_bridges_inside_the_publishing_...); once is enough"
+        )
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    Burst.published = 0
+    burst = Burst()
+    bridge = ZenohBridgeUnit(
+        ZenohBridgeSettings(
+            mode="peer",
+            listen=(endpoint,),
+            exports=(Export("BURST/OUTPUT", key="inproc/burst", lossless=True),),
+            drain_timeout=10.0,
+        )
+    )
+    async with (
+        ezflow.GraphServer(("127.0.0.1", 0)) as server_b,
+        ezflow.GraphContext(server_b.address, auto_start=False) as b,
+        ZenohBridge(
+            b,
+            ZenohSettings(mode="peer", connect=(endpoint,)),
+            imports=[Import("inproc/burst", "/burst", lossless=True, queue=16)],
+        ),
+    ):
+        sink = await b.subscriber("/burst")
+        received: list[int] = []
+        open_gate = asyncio.Event()
+
+        async def take() -> None:
+            await open_gate.wait()
+            with contextlib.suppress(ezflow.EndOfStream):
+                while True:
+                    received.append(await asyncio.wait_for(sink.recv(), 30))
+
+        taker = asyncio.ensure_future(take())
+        async with ezflow.GraphRunner(
+            BURST=burst, BRIDGE=bridge, graph_address="127.0.0.1:0"
+        ) as runner:
+            assert "BRIDGE" not in runner.processes  # (in this process, with BURST)
+            await wait_for(lambda: Burst.published > 0, 30)
+            await asyncio.sleep(0.3)  # the far side's window fills, the publisher waits
+            assert Burst.published < Burst.COUNT
+            stats = next(iter(bridge.bridge_stats.values()))
+            open_gate.set()  # the stop below drains into a far side that takes again
+        await asyncio.wait_for(taker, 30)  # (the export's end marker ends /burst)
+    assert received == list(range(Burst.published))
+    assert stats.messages == Burst.published and stats.lost_in_flight == 0
 
 
 def test_bridge_unit_settings_are_checked_where_written() -> None:

@@ -771,9 +771,11 @@ def bridge(rounds: Annotated[int, typer.Option(min=1, help="Rounds of every cell
     """Across two hosts: through the Zenoh bridge vs direct ezflow tcp (needs root,
     iproute2 and the zenoh extra).
 
-    Two network namespaces joined by a veth pair stand for the hosts. 64 B and 1 MiB
-    messages: p50 latency of paced messages and msgs/s of a burst, medians of the
-    rounds with their spread, and the bridge / direct ratios (docs/fleets.md).
+    Two network namespaces joined by a veth pair stand for the hosts. Direct tcp, the
+    bridge as processes of its own, the bridge inside the publishing and subscribing
+    processes, and plain zenoh-python; 64 B and 1 MiB messages: p50 latency of paced
+    messages and msgs/s of a burst, medians of the rounds with their spread, and each
+    path's ratios to direct tcp (docs/fleets.md).
     """
     from .._perf import _zenoh_bridge  # noqa: PLC0415 - only this command
 

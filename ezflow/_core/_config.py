@@ -149,9 +149,9 @@ __all__ = [
     "ZENOH_EXPORT_BATCH",
     "ZENOH_EXPORT_BATCH_BYTES",
     "ZENOH_FLEET_HOSTS",
-    "ZENOH_IMPORT_CHANNEL",
     "ZENOH_IMPORT_STALL",
     "ZENOH_IMPORT_TOPICS",
+    "ZENOH_INLINE_PUT",
     "ZENOH_QUEUE",
     "ZENOH_QUEUE_BYTES",
     "ZENOH_RESTART_FIRST",
@@ -224,9 +224,11 @@ ZENOH_QUEUE_BYTES: Final = 16 * 1024 * 1024
 ZENOH_EXPORT_BATCH: Final = 64
 ZENOH_EXPORT_BATCH_BYTES: Final = 256 * 1024
 ZENOH_ANSWER_TIMEOUT: Final = 5.0
-#: Samples Zenoh's channel holds for an import (``zenoh.handlers.FifoChannel``) before
-#: Zenoh's delivery waits; the import's thread takes them from it.
-ZENOH_IMPORT_CHANNEL: Final = 64
+#: Bytes of samples an export puts from the event loop instead of its thread (saving a
+#: thread hop), when its thread is idle and (lossless) an importer acknowledges and at
+#: most this much is not yet acknowledged: Zenoh's link queue then has room, so the put
+#: does not wait (none for a second after one waited more than 5 ms anyway).
+ZENOH_INLINE_PUT: Final = 64 * 1024
 #: Seconds Zenoh's delivery thread waits for room in a full lossless import queue while
 #: the graph takes nothing from it; then that sample, and every one until the graph takes
 #: one again, is dropped and counted (``dropped_local``) - Zenoh's thread is never held

@@ -34,7 +34,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._core._codec import Codec
-from .._core._config import ZENOH_QUEUE, check_drain_timeout, drain_timeout_from_env
+from .._core._config import (
+    SHUTDOWN_TIMEOUT,
+    ZENOH_QUEUE,
+    check_drain_timeout,
+    drain_timeout_from_env,
+)
 from .._core._exceptions import ConfigurationError
 from .._graph._context import GraphContext
 from .._units._component import Unit
@@ -272,7 +277,7 @@ class ZenohBridge:
             if isinstance(run, ExportRun):
                 await run.start_drain()
         try:
-            # Until every import's thread took what Zenoh still held, and every mapping
+            # Until Zenoh ran every import's last callback, and every mapping
             # handed on what it holds.
             while loop.time() < deadline and (  # noqa: ASYNC110 - threads' and peers' counters
                 not all(undeclare.done() for undeclare in undeclares)
@@ -334,7 +339,9 @@ def _kind(mapping: Export | Import) -> str:
 class ZenohBridgeSettings(Settings):
     """A :class:`ZenohBridgeUnit`'s settings: the session's (``mode``, ``connect``,
     ``listen``, ``config_file``, as :class:`ZenohSettings`), the mappings, and the fleet
-    domain and host name (as :class:`ZenohBridge`)."""
+    domain and host name (as :class:`ZenohBridge`), and the drain timeout (seconds; None:
+    ``EZFLOW_DRAIN_TIMEOUT`` or 5 s, and at most ``SHUTDOWN_TIMEOUT`` - 1 s, so that
+    the unit's ``shutdown()`` waits for the drain within its own bound)."""
 
     mode: Literal["peer", "client"] = "client"
     connect: tuple[str, ...] = ()
@@ -344,9 +351,12 @@ class ZenohBridgeSettings(Settings):
     imports: tuple[Import, ...] = ()
     fleet: str | None = None
     host: str | None = None
+    drain_timeout: float | None = None
 
     def __post_init__(self) -> None:
         self.zenoh_settings()  # checks the endpoints and mode now, where they are written
+        if self.drain_timeout is not None:
+            check_drain_timeout(self.drain_timeout)
         mappings: list[Export | Import] = [*self.exports, *self.imports]
         for mapping in mappings:
             _check_queue(mapping.queue, repr(mapping))
@@ -362,23 +372,51 @@ class ZenohBridgeSettings(Settings):
 
 class ZenohBridgeUnit(Unit):
     """A :class:`ZenohBridge` as a unit of a graph: put it in ``ezflow.run(...)`` (in a
-    process of its own if you like) and it bridges its settings' mappings on the graph the
+    process of its own, or in the process of the units it bridges: their edges to it are
+    then local, docs/fleets.md) and it bridges its settings' mappings on the graph the
     unit runs on, until the graph stops. It has no streams: the topics it exports and
     imports are named in its settings. It never finishes by itself, so a graph run with
-    ``end_when_done`` waits for it: end such graphs with ``NormalTermination``."""
+    ``end_when_done`` waits for it: end such graphs with ``NormalTermination``.
+
+    When the graph stops, the bridge drains (:meth:`ZenohBridge.drain`) while the graph
+    drains its own inputs: exports put what they queued, imports publish what they
+    received; ``shutdown()`` waits for it (the settings' ``drain_timeout``) and what it
+    cuts is counted in ``lost_in_flight``."""
 
     SETTINGS: ZenohBridgeSettings
 
     @task
     async def bridge(self) -> None:
         settings: ZenohBridgeSettings = self.SETTINGS
-        async with ZenohBridge(
+        drain_timeout = settings.drain_timeout
+        if drain_timeout is None:
+            drain_timeout = min(drain_timeout_from_env(), max(0.0, SHUTDOWN_TIMEOUT - 1.0))
+        bridge = ZenohBridge(
             graph_context_of(self),
             settings.zenoh_settings(),
             exports=settings.exports,
             imports=settings.imports,
             fleet=settings.fleet,
             host=settings.host,
-        ) as bridge:
-            self.bridge_stats = bridge.stats  # inspectable while the graph runs
+            drain_timeout=drain_timeout,
+        )
+        await bridge.__aenter__()
+        self.bridge_stats = bridge.stats  # inspectable while the graph runs
+        try:
             await asyncio.Event().wait()  # until the graph stops and cancels this task
+        except asyncio.CancelledError:
+            # The graph stops: drain while it drains its inputs; shutdown() waits.
+            self._ezflow_bridge_closing: asyncio.Future[None] | None = asyncio.ensure_future(
+                bridge.aclose()
+            )
+            raise
+        except BaseException:
+            await bridge.__aexit__(Exception, None, None)  # (stops at once)
+            raise
+
+    async def shutdown(self) -> None:
+        """Wait for the bridge's drain and close (bounded by its drain timeout)."""
+        closing: asyncio.Future[None] | None = getattr(self, "_ezflow_bridge_closing", None)
+        if closing is not None:
+            self._ezflow_bridge_closing = None
+            await closing

@@ -4,11 +4,16 @@ The export's ezflow subscriber (lossless, bounded by the publishers' windows; or
 keeping the newest ``queue``) feeds a loop that takes every message already queued (up
 to ``ZENOH_EXPORT_BATCH`` messages or ``ZENOH_EXPORT_BATCH_BYTES``), encodes each, and
 hands the batch - one Zenoh sample for an ``ezflow`` export, one per message for ``raw``
-and ``json`` - to the export's sender thread, which puts it on Zenoh. A lossless export
-puts with ``CongestionControl.BLOCK``: while the far side is full, ``put`` waits in that
-thread (never on the event loop), the loop waits for the thread, the subscriber's queue
-fills, and the ezflow publisher's ``publish()`` waits: backpressure from the importing
-graph to the publishing one. At most two batches are held (one being put, one waiting).
+and ``json`` - to the export's sender thread, which puts it on Zenoh; a batch of at most
+``ZENOH_INLINE_PUT`` bytes is put from the event loop instead when the thread is idle
+and (lossless) an importer acknowledges and no more than that is unacknowledged, saving
+the thread hop. A lossless export puts with ``CongestionControl.BLOCK``: while the far
+side is full, ``put`` waits in that thread (not on the event loop: credits keep the
+small inline puts off a full link, and one that waits anyway turns them off for a
+second), the loop waits for the thread, the subscriber's queue fills, and the ezflow
+publisher's ``publish()`` waits: backpressure from the importing graph to the
+publishing one. At most three batches are held (one being put, one waiting for the
+thread, one being packed).
 
 The export follows its topic, not a publisher: when every publisher of the topic has
 ended, an end marker goes out (so the importing side ends its topic too) and the export
@@ -35,6 +40,7 @@ from .._core._config import (
     ZENOH_ACK_TIMEOUT,
     ZENOH_EXPORT_BATCH,
     ZENOH_EXPORT_BATCH_BYTES,
+    ZENOH_INLINE_PUT,
 )
 from .._core._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
 from ._mapping import MappingStats, Refusals
@@ -63,6 +69,9 @@ log = logging.getLogger("ezflow.zenoh")
 
 _PADDING = tuple(b"\0" * n for n in range(BATCH_ALIGNMENT))
 _THREAD_JOIN = 2.0  # seconds a stopping export waits for its sender thread
+_SENDER_DEPTH = 2  # jobs handed to the sender thread and not done, at most
+_INLINE_SLOW = 0.005  # seconds: an inline put that took longer found the link congested
+_INLINE_PAUSE = 1.0  # seconds without inline puts after such a put
 
 
 def zenoh_encoding(encoding: str) -> str:
@@ -78,14 +87,15 @@ def _wake(future: asyncio.Future[None]) -> None:
 class _Sender:
     """A thread that runs an export's puts, one job (a batch) at a time, so that a put
     waiting for the link never holds the event loop. :meth:`submit` hands a job over
-    and waits only while the previous one is still running."""
+    and waits only while two are not done."""
 
     def __init__(self, name: str, on_error: Callable[[Exception, int], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._on_error = on_error
         self._cond = threading.Condition()
-        self._job: Callable[[], None] | None = None
-        self._busy = 0  # messages of the job being run (0: idle)
+        # Jobs (and their messages) not done: the first one is running.
+        self._jobs: collections.deque[tuple[Callable[[], None], int]] = collections.deque()
+        self._busy = 0  # messages of the jobs not done (0: idle)
         self._stop = False
         self._waiter: asyncio.Future[None] | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -93,22 +103,28 @@ class _Sender:
 
     @property
     def busy(self) -> int:
-        """Messages of the job being put (0 when idle)."""
+        """Messages of the jobs being put or waiting to be (0 when idle)."""
         return self._busy
 
     async def submit(self, job: Callable[[], None], messages: int) -> None:
-        """Hand *job* (putting *messages*) over once the previous one is done."""
-        await self.idle()
+        """Hand *job* (putting *messages*) over; waits while ``_SENDER_DEPTH`` jobs are
+        not done (one running, the next waiting: the thread never waits for the loop
+        between two jobs)."""
+        await self._fewer_than(_SENDER_DEPTH)
+        messages = max(1, messages)
         with self._cond:
-            self._job = job
-            self._busy = max(1, messages)
+            self._jobs.append((job, messages))
+            self._busy += messages
             self._cond.notify()
 
     async def idle(self) -> None:
-        """Wait until no job is running (cancellation-safe)."""
+        """Wait until every job is done (cancellation-safe)."""
+        await self._fewer_than(1)
+
+    async def _fewer_than(self, jobs: int) -> None:
         while True:
             with self._cond:
-                if not self._busy or self._stop:
+                if len(self._jobs) < jobs or self._stop:
                     return
                 waiter = self._waiter = self._loop.create_future()
             await waiter
@@ -116,19 +132,23 @@ class _Sender:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._job is None and not self._stop:
+                while not self._jobs and not self._stop:
                     self._cond.wait()
-                if self._job is None:
+                if not self._jobs:
                     return
-                job, self._job = self._job, None
+                job, messages = self._jobs[0]  # (counted as not done while it runs)
             error: Exception | None = None
             try:
                 job()
             except Exception as exc:  # the session closed, Zenoh refused: the loop decides
                 error = exc
             with self._cond:
-                failed = self._busy
-                self._busy = 0
+                self._jobs.popleft()
+                failed = messages
+                if error is not None:  # the jobs after it are not put either
+                    failed += sum(m for _, m in self._jobs)
+                    self._jobs.clear()
+                self._busy -= failed
                 waiter, self._waiter = self._waiter, None
             with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
                 if error is not None:  # (told on the loop, at once: the export restarts)
@@ -204,6 +224,7 @@ class ExportRun:
         self._sent: collections.deque[tuple[int, int]] = collections.deque()
         self._sent_bytes = 0
         self._credit = asyncio.Event()
+        self._inline_after = 0.0  # (monotonic) no inline put before this
         self._acks: Any = None
 
     async def open(self) -> None:
@@ -314,7 +335,8 @@ class ExportRun:
                 raise
             ended = False
             batch_max = self._batch_limit() if ezflow else 1
-            while len(batch) < batch_max:
+            # (Only what is queued: an end met here is met by the next recv() too.)
+            while len(batch) < batch_max and sub.queued:
                 try:
                     batch.append(sub.recv_nowait())
                 except (asyncio.QueueEmpty, ClosedResourceError):
@@ -508,8 +530,11 @@ class ExportRun:
         nbytes = sum(sum(sizes) for _, sizes in samples)
         if self._importers:
             await self._wait_for_credit(count, nbytes)
-        drops = self._subscriber.statistics().dropped if self._subscriber is not None else 0
+        sub = self._subscriber
+        # (A lossless subscriber drops nothing: no snapshot of its statistics to take.)
+        drops = 0 if sub is None or self.export.lossless else sub.statistics().dropped
         puts = []
+        counts = []
         now = time.time_ns()
         for parts, sizes in samples:
             n = len(sizes)
@@ -518,20 +543,58 @@ class ExportRun:
             self._record(n, sum(sizes))
             payload = parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
             puts.append((payload, pack_attachment(seq, now, drops, sizes)))
+            counts.append(n)
         publisher = self._publisher
+        sender = self._sender
+        assert sender is not None
+        if not sender.busy and self._inline(puts):
+            # Small, and nothing of ours queued before it: put from the loop, saving the
+            # thread hop (tens of microseconds of latency a paced message).
+            started = time.monotonic()
+            for index, (payload, attachment) in enumerate(puts):
+                try:
+                    publisher.put(payload, attachment=attachment)
+                except Exception:  # (the supervisor restarts the export)
+                    lost = sum(counts[index:])
+                    self.stats.messages += count - lost
+                    self.stats.samples += index
+                    self.stats.lost_in_flight += lost
+                    self._held = 0
+                    raise
+            waited = time.monotonic() - started
+            if waited > _INLINE_SLOW:  # the link is congested (a slow plain subscriber?)
+                self._inline_after = started + waited + _INLINE_PAUSE
+        else:
 
-        def put_all() -> None:
-            for payload, attachment in puts:
-                publisher.put(payload, attachment=attachment)
+            def put_all() -> None:
+                for payload, attachment in puts:
+                    publisher.put(payload, attachment=attachment)
 
-        assert self._sender is not None
-        await self._sender.submit(put_all, count)
+            await sender.submit(put_all, count)
         self._held = max(0, self._held - count)  # (handed over: counted, or lost if it fails)
         stats = self.stats
         stats.messages += count
         stats.samples += len(puts)
         stats.bytes += nbytes
         stats.dropped_local = drops
+
+    def _inline(self, puts: list[tuple[bytes, bytes]]) -> bool:
+        """True when *puts* may run on the event loop: at most ``ZENOH_INLINE_PUT``
+        bytes, and (lossless) an importer acknowledges and at most that much is not
+        acknowledged, so Zenoh's link queue has room and the put does not wait for the
+        link. After an inline put that waited longer than ``_INLINE_SLOW`` anyway (a link
+        congested by something else), none for ``_INLINE_PAUSE``."""
+        nbytes = sum(len(payload) for payload, _ in puts)
+        if nbytes > ZENOH_INLINE_PUT or (
+            self._inline_after and time.monotonic() < self._inline_after
+        ):
+            return False
+        if not self.export.lossless:
+            return True  # (CongestionControl.DROP: a put waits at most ~1 ms for the link)
+        if not self._importers:
+            return False  # (no credit to go by: whoever reads may be slow)
+        oldest = min(i.next for i in self._importers.values())
+        return self._sent_bytes - self._bytes_before(oldest) <= ZENOH_INLINE_PUT
 
     async def _send_end(self) -> None:
         """The end marker: an empty payload whose attachment says where the sequence
