@@ -112,6 +112,7 @@ def perf_runs(
       after its figures over shm;
     * ``crash``: p2p over local with a peer that always crashes;
     * ``fanin``: fan-in over N=1 and N=2, local and shm;
+    * ``mixed``: the p2p variant ``mixed`` over shm, 64 B;
     * each of BAD_OPTIONS under its arguments joined by spaces (no results file).
     """
     folder = tmp_path_factory.mktemp("perf")
@@ -123,6 +124,8 @@ def perf_runs(
                     "EZFLOW_PERFPEER_MARKS": str(folder / "crash-marks")}  # fmt: skip
     fanin = ["-s", "fanin", "-t", "local,shm", "-n", "1", "-n", "2", "--size", "64B"]
     fanin += ["--duration", "0.1", "--latency-samples", "5", "--repeats", "1"]
+    mixed = ["-s", "p2p", "-t", "shm", "--size", "64B", "-V", "mixed", "--duration", "0.2"]
+    mixed += ["--latency-samples", "10", "--min-messages", "200", "--repeats", "1"]
     runs = {
         "tiny": ([*TINY, "--peer", PEER], {}),
         "p2p": ([*TINY_P2P, "--peer", PEER], crash_once),
@@ -131,6 +134,7 @@ def perf_runs(
             crash_always,
         ),
         "fanin": (fanin, {}),
+        "mixed": (mixed, {}),
     }
     commands = {
         name: (["perf", "run", *args, "-o", str(folder / f"{name}.json")], env)
@@ -765,17 +769,14 @@ def test_workers_leave_when_the_runner_is_killed(
     wait_until_sync(lambda: not _alive(workers), "every worker of a killed run gone")
 
 
-def test_the_mixed_variant_interleaves_a_tuple_and_a_dataclass_stream(tmp_path: Path) -> None:
+def test_the_mixed_variant_interleaves_a_tuple_and_a_dataclass_stream(
+    perf_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+) -> None:
     """The mixed cell: the tuple on the cell's topic and a registered dataclass on a
     second one, every other message, read by one task from two subscribers; every
     message of both streams arrives, in order, intact (a message on the wrong stream or
     out of turn is a drop, or disorder or corruption, which make the cell an error)."""
-    output = tmp_path / "mixed.json"
-    result = _run_without_leaks(
-        output,
-        *["-s", "p2p", "-t", "shm", "--size", "64B", "-V", "mixed", "--duration", "0.2"],
-        *["--latency-samples", "10", "--min-messages", "200", "--repeats", "1"],
-    )
+    result, output = perf_runs["mixed"]
     assert result.returncode == 0, result.stderr
     cell = _p2p(_schema.load(output), "ezflow", "shm", "mixed")
     _sane(cell)
