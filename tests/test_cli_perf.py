@@ -58,38 +58,113 @@ def ezflow_cli(
     )
 
 
-def _run_without_leaks(
-    path: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    before = ezflow_segments()
-    result = ezflow_cli("perf", "run", *args, "-o", str(path), env=env)
+def _check_no_leaks(before: set[str]) -> None:
     # The autouse leak check cannot see a module fixture: the same check, here.
     deadline = time.monotonic() + 5
     while (leaked := leaked_segments(before)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not leaked, f"the run left shared-memory segments behind: {sorted(leaked)}"
-    return result
+
+
+def _run_all(
+    commands: dict[str, tuple[list[str], dict[str, str]]], timeout: float
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run every ``ezflow`` command of *commands* (name -> (arguments, environment
+    additions)) at once; their results by name. Each is an interpreter's start-up and a
+    few timed windows, mostly waiting: together they take about as long as the longest."""
+    started = {
+        name: subprocess.Popen([sys.executable, "-m", "ezflow", *args], env=dict(os.environ, **env),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, (args, env) in commands.items()
+    }  # fmt: skip
+    deadline = time.monotonic() + timeout
+    done = {}
+    try:
+        for name, process in started.items():
+            stdout, stderr = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            done[name] = subprocess.CompletedProcess(
+                process.args, process.returncode, stdout, stderr
+            )
+    finally:
+        for process in started.values():
+            process.kill()
+            process.communicate()
+    return done
+
+
+#: The module's runs start together, in the first test that needs one of them: it may
+#: take this long (the one run that takes longest alone, the p2p, takes about 20 s on a
+#: loaded machine).
+RUNS_TIMEOUT = 100
+pytestmark = pytest.mark.timeout(RUNS_TIMEOUT + 20)
+
+
+@pytest.fixture(scope="module")
+def perf_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """Every `perf run` of this module and the commands of BAD_OPTIONS, run at once:
+    name -> (the finished command, its results file). The runs leave no shared memory
+    behind (checked once they have all ended).
+
+    * ``tiny``: TINY with the stand-in peer;
+    * ``p2p``: TINY_P2P with a stand-in peer that crashes once over local (retried) and
+      after its figures over shm;
+    * ``crash``: p2p over local with a peer that always crashes;
+    * ``fanin``: fan-in over N=1 and N=2, local and shm;
+    * ``mixed``: the p2p variant ``mixed`` over shm, 64 B;
+    * each of BAD_OPTIONS under its arguments joined by spaces (no results file).
+    """
+    folder = tmp_path_factory.mktemp("perf")
+    (folder / "p2p-marks").mkdir()
+    (folder / "crash-marks").mkdir()
+    crash_once = {"EZFLOW_PERFPEER_CRASH": "local:once,shm:after",
+                  "EZFLOW_PERFPEER_MARKS": str(folder / "p2p-marks")}  # fmt: skip
+    crash_always = {"EZFLOW_PERFPEER_CRASH": "local:always",
+                    "EZFLOW_PERFPEER_MARKS": str(folder / "crash-marks")}  # fmt: skip
+    fanin = ["-s", "fanin", "-t", "local,shm", "-n", "1", "-n", "2", "--size", "64B"]
+    fanin += ["--duration", "0.1", "--latency-samples", "5", "--repeats", "1"]
+    mixed = ["-s", "p2p", "-t", "shm", "--size", "64B", "-V", "mixed", "--duration", "0.2"]
+    mixed += ["--latency-samples", "10", "--min-messages", "200", "--repeats", "1"]
+    runs = {
+        "tiny": ([*TINY, "--peer", PEER], {}),
+        "p2p": ([*TINY_P2P, "--peer", PEER], crash_once),
+        "crash": (
+            [*TINY_P2P[:2], "-t", "local", "--size", "64B", *TINY_P2P[8:], "--peer", PEER],
+            crash_always,
+        ),
+        "fanin": (fanin, {}),
+        "mixed": (mixed, {}),
+    }
+    commands = {
+        name: (["perf", "run", *args, "-o", str(folder / f"{name}.json")], env)
+        for name, (args, env) in runs.items()
+    }
+    for args, _ in BAD_OPTIONS:
+        # no `ip` for `perf bridge`
+        commands[" ".join(args)] = (["perf", *args], {"PATH": "/nonexistent"})
+    before = ezflow_segments()
+    done = _run_all(commands, RUNS_TIMEOUT)
+    _check_no_leaks(before)
+    return {name: (result, folder / f"{name}.json") for name, result in done.items()}
 
 
 @pytest.fixture(scope="module")
 def perf_run(
-    tmp_path_factory: pytest.TempPathFactory,
+    perf_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    path = tmp_path_factory.mktemp("perf") / "tiny.json"
-    return _run_without_leaks(path, *TINY, "--peer", PEER), path
+    return perf_runs["tiny"]
 
 
 @pytest.fixture(scope="module")
 def p2p_run(
-    tmp_path_factory: pytest.TempPathFactory,
+    perf_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     """The tiny p2p run, with a stand-in peer that crashes once over local (retried)
     and after its figures over shm."""
-    folder = tmp_path_factory.mktemp("p2p")
-    crash = {"EZFLOW_PERFPEER_CRASH": "local:once,shm:after", "EZFLOW_PERFPEER_MARKS": str(folder)}
-    result = _run_without_leaks(folder / "p2p.json", *TINY_P2P, "--peer", PEER, env=crash)
+    result, path = perf_runs["p2p"]
     assert result.returncode == 0, result.stderr
-    return result, _schema.load(folder / "p2p.json")
+    return result, _schema.load(path)
 
 
 @pytest.fixture
@@ -328,14 +403,13 @@ def test_report_is_self_contained_html(perf_results: dict[str, Any]) -> None:
     assert '"latency_samples"' not in page
 
 
-def test_report_draws_n_and_no_floor_where_it_does_not_apply(tmp_path: Path) -> None:
+def test_report_draws_n_and_no_floor_where_it_does_not_apply(
+    perf_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+) -> None:
     """A real run over N=1 and N=2: the fan-in chart's x axis is N, a line per transport
     with a point per N; with local cells only, the latency panel has no floor (a local
     cell is no socket: it beats the socketpair floor)."""
-    path = tmp_path / "fanin.json"
-    args = ["-s", "fanin", "-t", "local,shm", "-n", "1", "-n", "2", "--size", "64B"]
-    args += ["--duration", "0.1", "--latency-samples", "5", "--repeats", "1"]
-    result = _run_without_leaks(path, *args)
+    result, path = perf_runs["fanin"]
     assert result.returncode == 0, result.stderr
     document = _schema.load(path)
     (chart,) = _charts(_report.render(document)).values()
@@ -439,34 +513,13 @@ BAD_OPTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def bad_option_runs() -> dict[str, subprocess.CompletedProcess[str]]:
-    """Every command of BAD_OPTIONS, run at once (each is an interpreter's start-up)."""
-    env = dict(os.environ, PATH="/nonexistent")  # no `ip` for `perf bridge`
-    started = [
-        (args, subprocess.Popen([sys.executable, "-m", "ezflow", "perf", *args], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        for args, _ in BAD_OPTIONS
-    ]  # fmt: skip
-    runs = {}
-    for args, process in started:
-        with process:
-            try:
-                stdout, stderr = process.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                stdout, stderr = process.communicate()
-            runs[" ".join(args)] = subprocess.CompletedProcess(
-                process.args, process.returncode, stdout, stderr
-            )
-    return runs
-
-
 @pytest.mark.parametrize(("args", "message"), BAD_OPTIONS)
 def test_bad_options_exit_2_with_one_line(
-    bad_option_runs: dict[str, subprocess.CompletedProcess[str]], args: list[str], message: str
+    perf_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+    args: list[str],
+    message: str,
 ) -> None:
-    result = bad_option_runs[" ".join(args)]
+    result, _ = perf_runs[" ".join(args)]
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
@@ -598,11 +651,10 @@ def test_p2p_floor_and_tables(
     assert "p2p floor" in page
 
 
-def test_a_worker_that_always_crashes_fails_its_cell_after_the_retries(tmp_path: Path) -> None:
-    crash = {"EZFLOW_PERFPEER_CRASH": "local:always", "EZFLOW_PERFPEER_MARKS": str(tmp_path)}
-    path = tmp_path / "crash.json"
-    args = [*TINY_P2P[:2], "-t", "local", "--size", "64B", *TINY_P2P[8:], "--peer", PEER]
-    result = _run_without_leaks(path, *args, env=crash)
+def test_a_worker_that_always_crashes_fails_its_cell_after_the_retries(
+    perf_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+) -> None:
+    result, path = perf_runs["crash"]
     assert result.returncode == 1
     assert "1 cell(s) failed" in result.stderr
     document = _schema.load(path)
@@ -717,17 +769,14 @@ def test_workers_leave_when_the_runner_is_killed(
     wait_until_sync(lambda: not _alive(workers), "every worker of a killed run gone")
 
 
-def test_the_mixed_variant_interleaves_a_tuple_and_a_dataclass_stream(tmp_path: Path) -> None:
+def test_the_mixed_variant_interleaves_a_tuple_and_a_dataclass_stream(
+    perf_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+) -> None:
     """The mixed cell: the tuple on the cell's topic and a registered dataclass on a
     second one, every other message, read by one task from two subscribers; every
     message of both streams arrives, in order, intact (a message on the wrong stream or
     out of turn is a drop, or disorder or corruption, which make the cell an error)."""
-    output = tmp_path / "mixed.json"
-    result = _run_without_leaks(
-        output,
-        *["-s", "p2p", "-t", "shm", "--size", "64B", "-V", "mixed", "--duration", "0.2"],
-        *["--latency-samples", "10", "--min-messages", "200", "--repeats", "1"],
-    )
+    result, output = perf_runs["mixed"]
     assert result.returncode == 0, result.stderr
     cell = _p2p(_schema.load(output), "ezflow", "shm", "mixed")
     _sane(cell)

@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,6 +48,32 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("peers")
     _install.ensure(["pyzmq"], install_missing=True, cache=root)
     return root
+
+
+@pytest.fixture(scope="module")
+def peer_runs(
+    cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """`perf peers` of pyzmq-sync (quick, 64 B, shm and tcp) and its ``--selfcheck``
+    (shm, one round), run at once: name -> (the finished command, its results file).
+    Each mostly measures for fixed windows: side by side, they take about as long as
+    the longer one."""
+    folder = tmp_path_factory.mktemp("peer-runs")
+    commands = {
+        "peers": ["--quick", "--size", "64B"],
+        "selfcheck": ["--selfcheck", "--transports", "shm", "--rounds", "1"],
+    }
+    with ThreadPoolExecutor(len(commands)) as pool:
+        running = {
+            name: pool.submit(
+                ezflow_cli,
+                *("perf", "peers", "--peers", "pyzmq-sync", *options),
+                *("--cache-dir", str(cache), "-o", str(folder / f"{name}.json")),
+                timeout=PEERS_TIMEOUT,
+            )
+            for name, options in commands.items()
+        }
+        return {name: (run.result(), folder / f"{name}.json") for name, run in running.items()}
 
 
 @pytest.mark.timeout(VENV_TIMEOUT)
@@ -110,12 +137,10 @@ def test_an_install_that_fails_names_the_peer_and_pip_output(tmp_path: Path) -> 
 
 
 @pytest.mark.timeout(VENV_TIMEOUT)
-def test_pyzmq_runs_next_to_ezflow_over_shm_and_tcp(cache: Path, tmp_path: Path) -> None:
-    output = tmp_path / "peers.json"
-    run = ezflow_cli(
-        "perf", "peers", "--peers", "pyzmq-sync", "--quick", "--size", "64B",
-        "--cache-dir", str(cache), "-o", str(output), timeout=PEERS_TIMEOUT,
-    )  # fmt: skip
+def test_pyzmq_runs_next_to_ezflow_over_shm_and_tcp(
+    peer_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+) -> None:
+    run, output = peer_runs["peers"]
     assert run.returncode == 0, run.stderr
     document = json.loads(output.read_text())
     names = ["ezflow", "pyzmq-sync"]
@@ -430,12 +455,10 @@ async def test_zenoh_callbacks_hand_over_early_samples_in_order_then_handle_in_p
 
 
 @pytest.mark.timeout(VENV_TIMEOUT)
-def test_selfcheck_runs_the_library_example_next_to_our_worker(cache: Path, tmp_path: Path) -> None:
-    output = tmp_path / "selfcheck.json"
-    run = ezflow_cli(
-        "perf", "peers", "--selfcheck", "--peers", "pyzmq-sync", "--transports", "shm",
-        "--rounds", "1", "--cache-dir", str(cache), "-o", str(output), timeout=PEERS_TIMEOUT,
-    )  # fmt: skip
+def test_selfcheck_runs_the_library_example_next_to_our_worker(
+    peer_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+) -> None:
+    run, output = peer_runs["selfcheck"]
     document = json.loads(output.read_text())
     assert document["schema"] == _selfcheck.SCHEMA_ID
     assert document["environment"]["load_before"] and document["environment"]["git_revision"]

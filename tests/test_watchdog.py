@@ -62,7 +62,7 @@ def test_a_hang_in_a_fixture_teardown_fails_with_every_stack(tmp_path: Path) -> 
     env = {
         **os.environ,
         "PYTHONPATH": str(Path(__file__).parent),
-        "EZFLOW_TEST_WATCHDOG_GRACE": "3",
+        "EZFLOW_TEST_WATCHDOG_GRACE": "1",
     }
     suite = ("-n", "2", "--dist", "loadfile", "--max-worker-restart", "0")
     started = time.monotonic()
