@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import compileall
 import os
 import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -24,6 +26,28 @@ from ezflow._core._tracing import TRACING, set_own_rate
 from ezflow._transports._ezring_files import PREFIX as RING_PREFIX
 from ezflow._transports._ezring_files import read_ring_header
 from ezflow._transports._shmfiles import owner_alive
+
+# -- byte code ---------------------------------------------------------------------------
+#
+# A machine whose environment sets PYTHONDONTWRITEBYTECODE (container images do, and CI
+# runs with the machine's environment) compiles ezflow's 45k lines from source in every
+# process the suite starts - hundreds of unit processes, `ezflow` commands and perf
+# workers, about 0.2 s each: an editable install leaves the package uncompiled. So the
+# first process of the run compiles the package, the tests and the examples (a no-op when
+# up to date) before it starts any other, and lets every process write the byte code of
+# what else it imports. Python reads byte code whatever that variable says.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # (a pytest-xdist worker: the controller did it)
+        return
+    for tree in ("ezflow", "tests", "examples"):
+        compileall.compile_dir(os.path.join(_ROOT, tree), quiet=1)
+    compileall.compile_file(os.path.join(_ROOT, "_ezflow_cli.py"), quiet=1)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
 
 # -- a private, hostile shm directory ---------------------------------------------------
 #
