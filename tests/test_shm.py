@@ -1040,7 +1040,7 @@ async def test_a_ring_that_cannot_be_created_later_sends_inline_and_says_so_once
     messages travel inline on the same socket - nothing lost, one warning."""
     pub, sub = await shm_pair("/shm/late")
 
-    def refuse(size: int, *, tag: str = "") -> ShmSegment:
+    def refuse(size: int, *, tag: str = "", populate: bool = False) -> ShmSegment:
         raise ezflow.BrokenResourceError("shared memory is unavailable: no space left")
 
     monkeypatch.setattr(ShmSegment, "create", staticmethod(refuse))

@@ -12,6 +12,7 @@ import json
 import logging
 import mmap
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -263,6 +264,47 @@ def test_the_most_recently_freed_slot_is_reused_first(ring: ShmRing) -> None:
         assert ring.release("x", d)
     assert take(ring, 10).descriptor.block == a.block  # cache-warm: just read by a channel
     assert take(ring, 10).descriptor.block == c.block
+
+
+def test_the_most_recently_freed_out_of_line_block_is_reused_first(ring: ShmRing) -> None:
+    # The hot-block policy for large messages too: of the pooled blocks that fit, the
+    # one a channel gave back last (its pages are the likeliest still cached).
+    a, b, c = (send(ring, 8 * PAGE, ["x"]) for _ in range(3))
+    for d in (b, a, c):
+        assert ring.release("x", d)
+    assert take(ring, 8 * PAGE).descriptor.segment == c.segment
+    assert take(ring, 8 * PAGE).descriptor.segment == a.segment
+    assert ring.stats.blocks_created == 3 and ring.stats.blocks_reused == 2
+
+
+def test_new_blocks_and_the_segments_a_reader_maps_are_pre_faulted() -> None:
+    # A new out-of-line block is written, and read through a reader that maps it for
+    # the first time, without a page fault per page (see _segment, Pre-faulting).
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+    nbytes = 16 << 20
+    with ShmRing(slot_count=2, slot_size=PAGE, max_bytes=64 << 20) as ring:
+        block = take(ring, nbytes)
+        before = faults()
+        np.frombuffer(block.buffer, dtype=np.uint8)[:] = 3
+        written = faults() - before
+        descriptor = ring.publish(block, ["x"])
+        del block
+        with ShmRingReader() as reader:
+            view = reader.view(descriptor)
+            before = faults()
+            assert int(np.frombuffer(view, dtype=np.uint8).max()) == 3
+            read = faults() - before
+            del view
+        assert ring.release("x", descriptor)
+    assert written < 32, written  # not pre-faulted: 4096, one per page
+    with mmap.mmap(-1, PAGE) as probe:
+        try:
+            probe.madvise(22)  # MADV_POPULATE_READ: Linux 5.14+
+        except OSError:
+            return  # an older kernel: the reader's pages fault in as they always did
+    assert read < 32, read  # not pre-faulted: 256 (16 pages per fault)
 
 
 def test_a_forked_child_closing_the_ring_unlinks_nothing() -> None:

@@ -288,7 +288,8 @@ class ShmRing:
             raise ClosedResourceError("the shared-memory ring is closed")
         if self._ring is not None:
             return
-        ring = ShmSegment.create(self._ring_bytes, tag="ring")
+        # Pre-faulted (see _segment): the first write into a slot costs no page faults.
+        ring = ShmSegment.create(self._ring_bytes, tag="ring", populate=True)
         self._ring = ring
         for index in range(self._slot_count):
             slot = _Slot(index, ring, index * self._slot_size, self._slot_size)
@@ -402,7 +403,7 @@ class ShmRing:
                 oldest = next(iter(self._pool.values()))
                 self._discard(oldest)
                 self._unlinked += 1
-        segment = ShmSegment.create(capacity, tag="block")
+        segment = ShmSegment.create(capacity, tag="block", populate=True)
         slot = _Slot(self._next_id, segment, 0, capacity)
         self._next_id += 1
         self._blocks[slot.id] = slot
@@ -694,7 +695,9 @@ class ShmRingReader:
             raise ClosedResourceError("the ring reader is closed")
         segment = self._segments.get(name)
         if segment is None:
-            segment = ShmSegment.attach(name)
+            # Pre-faulted for reading (see _segment): a subscriber that reads a large
+            # message in a segment new to it pays no page faults in its handler.
+            segment = ShmSegment.attach(name, populate=True)
             self._segments[name] = segment
             if len(self._segments) > self._max_segments:
                 # Closing defers the unmap while views of it live (segment layer).
