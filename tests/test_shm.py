@@ -201,6 +201,12 @@ async def test_keeping_every_message_never_blocks_the_publisher(shm_pair: Any) -
         return stats is not None and stats.in_use == 0
 
     await wait_until(all_free, "every block free", 2)
+    # The subscriber let go: messages go through shared memory again.
+    for i in range(4):
+        await pub.publish(np.full(8 * KiB, i, dtype=np.uint8))
+        assert (await sub.recv())[0] == i
+    stats = pub.shm_statistics()
+    assert stats is not None and stats.zero_copy == 8 and stats.no_block == 36
 
 
 class _Writes:
@@ -914,10 +920,15 @@ async def test_killed_publisher_ends_cleanly_and_its_segments_are_reclaimed(
         await child.aclose()
 
 
+@pytest.mark.parametrize(
+    "options",
+    [None, ezflow.ShmOptions(slot_count=2, slot_size=128 * KiB)],
+    ids=["ring", "overflow"],  # (2 slots: the window's other messages overflow)
+)
 async def test_killed_subscriber_holding_blocks_releases_the_publisher(
-    ctx: ezflow.GraphContext,
+    ctx: ezflow.GraphContext, options: ezflow.ShmOptions | None
 ) -> None:
-    pub = await ctx.publisher("/shm/subkill", max_in_flight=8)
+    pub = await ctx.publisher("/shm/subkill", max_in_flight=8, shm=options)
     child = await Child.start(
         "subscribe_forever",
         loop_kind(),
@@ -944,6 +955,9 @@ async def test_killed_subscriber_holding_blocks_releases_the_publisher(
         assert time.monotonic() - started < 2.0
         stats = pub.shm_statistics()
         assert stats is not None and stats.in_use == 0  # its leases went with it
+        if options is not None:
+            ring = shm_of(ctx)._shm[pub.id].ring
+            assert ring.stats.slot_overflows >= 1  # blocks of its own held, and freed
     finally:
         await child.aclose()
 

@@ -386,8 +386,12 @@ class _ShmChannelConnection(ChannelConnection):
             transport.writelines(frames)
 
     def _send_ack(self) -> None:
-        # The ACK goes with whatever FREE records are pending (see _send_free).
-        self._send_free()
+        # The ACK goes with whatever FREE records are pending (see _send_free); alone,
+        # as on any stream connection, when none is (small messages travel inline).
+        if self.reader.releases_pending:
+            self._send_free()
+        else:
+            super()._send_ack()
 
     def close(self) -> None:
         self._closed_here = True
