@@ -715,3 +715,19 @@ def test_workers_leave_when_the_runner_is_killed(
     runner, workers, _, _ = stopped_runs["SIGKILL"]
     assert runner.returncode == -signal.SIGKILL
     wait_until_sync(lambda: not _alive(workers), "every worker of a killed run gone")
+
+
+def test_the_mixed_variant_interleaves_a_tuple_and_a_dataclass_stream(tmp_path: Path) -> None:
+    """The mixed cell: the tuple on the cell's topic and a registered dataclass on a
+    second one, every other message, read by one task from two subscribers; every
+    message of both streams arrives, in order, intact (a message on the wrong stream or
+    out of turn is a drop, or disorder or corruption, which make the cell an error)."""
+    output = tmp_path / "mixed.json"
+    result = _run_without_leaks(
+        output,
+        *["-s", "p2p", "-t", "shm", "--size", "64B", "-V", "mixed", "--duration", "0.2"],
+        *["--latency-samples", "10", "--min-messages", "200", "--repeats", "1"],
+    )
+    assert result.returncode == 0, result.stderr
+    cell = _p2p(_schema.load(output), "ezflow", "shm", "mixed")
+    _sane(cell)

@@ -180,6 +180,11 @@ def test_variants_parse_and_label_round_trip() -> None:
         parse_variant("fast")
     with pytest.raises(SpecError, match="unknown loop 'trio'"):
         Variant(loop="trio")
+    assert parse_variant("mixed") == Variant(message="mixed")
+    assert parse_variant("mixed+uvloop").label == "mixed+uvloop"
+    for refused in ("mixed+loan", "mixed+on_message"):
+        with pytest.raises(SpecError, match="does not combine with loan or on_message"):
+            parse_variant(refused)
 
 
 def test_p2p_cells_sizes_and_layouts() -> None:

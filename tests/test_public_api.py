@@ -16,15 +16,27 @@ PACKAGE = Path(ezflow.__file__).parent
 
 # A module may import only from its own layer or the ones listed after it: the CLI is
 # outermost, then the perf suites, the Zenoh integration, the Unit/Collection API, the
-# graph (context, client, server), the transports, and the self-contained core.
-LAYERS = ["_cli", "_perf", "_otel", "_zenoh", "_units", "_graph", "_transports", "_core"]
+# Foxglove live view and MCAP (below the units: the Recorder and Replayer import its MCAP
+# module lazily), the graph (context, client, server), the transports, and the
+# self-contained core.
+LAYERS = [
+    "_cli",
+    "_perf",
+    "_otel",
+    "_zenoh",
+    "_units",
+    "_foxglove",
+    "_graph",
+    "_transports",
+    "_core",
+]
 
 
 def test_all_is_exactly_the_public_names() -> None:
     public = {name for name in vars(ezflow) if not name.startswith("_")}
     public -= {"annotations"}  # from __future__
     # submodules, set on the package once something imports them
-    public -= {"compat", "ezmsg", "otel", "zenoh"}
+    public -= {"compat", "ezmsg", "foxglove", "otel", "zenoh"}
     assert set(ezflow.__all__) - {"__version__"} == public
     assert len(ezflow.__all__) == len(set(ezflow.__all__))
     assert ezflow.__all__ == sorted(ezflow.__all__, key=lambda n: (not n.isupper(), n))
@@ -116,6 +128,8 @@ def test_optional_integrations_stay_in_their_modules() -> None:
     allowed = {
         "zenoh": ("_zenoh", "zenoh.py", "_perf"),
         "ezmsg": ("_units/_ezmsg_adapter.py", "_perf"),
+        "foxglove": ("_foxglove", "foxglove.py"),
+        "mcap": ("_foxglove", "foxglove.py"),
     }
     for path in PACKAGE.rglob("*.py"):
         relative = path.relative_to(PACKAGE).as_posix()

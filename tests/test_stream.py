@@ -38,7 +38,7 @@ from ezflow._core._framing import DATA, DATA_PREFIX, FramedProtocol
 from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PublisherInfo
 from ezflow._transports._stream_channel import ChannelConnection
-from ezflow._transports._stream_frames import HEADER_SIZE
+from ezflow._transports._stream_frames import HEADER_SIZE, heartbeat_frame
 from ezflow._transports._stream_publish import StreamLink
 from ezflow.lowlevel import loop_factory
 
@@ -157,12 +157,12 @@ def test_send_small_is_send_of_one_small_body(
 # -- ChannelConnection.buffer_updated vs FramedProtocol.buffer_updated ---------------------
 
 
-def _connection(codec: Codec) -> tuple[ChannelConnection, Inbox]:
+def _connection(codec: Codec, max_size: int = 1 << 16) -> tuple[ChannelConnection, Inbox]:
     channel = Channel("p-1", "/t", codec, transport="tcp")
     inbox = Inbox()
     channel.attach(inbox)
     info = PublisherInfo("p-1", "/t", "c-1", "h-1", 1, ("127.0.0.1", 1))
-    return ChannelConnection(channel, info, max_size=1 << 16, on_lost=lambda: None), inbox
+    return ChannelConnection(channel, info, max_size=max_size, on_lost=lambda: None), inbox
 
 
 def _received(inbox: Inbox) -> list[Any]:
@@ -188,13 +188,16 @@ _MESSAGES = st.one_of(
     ),
 )
 # What travels: a message's DATA frame, or garbage in a DATA frame (undecodable), or a
-# header claiming more than the connection's limit (a protocol error, last).
+# HEARTBEAT frame, or a header claiming more than the connection's limit (a protocol
+# error, last).
 # (each with how many more messages the publisher dropped for this channel before it)
 _FRAMES = st.lists(
     st.tuples(
         st.one_of(
             _MESSAGES.map(lambda m: ("message", m)),
             st.binary(min_size=0, max_size=40).map(lambda b: ("garbage", b)),
+            # a control frame between DATA frames (the read loop stops at it)
+            st.just(("heartbeat", b"")),
         ),
         st.sampled_from([0, 0, 0, 1, 2]),
     ),
@@ -210,18 +213,25 @@ _FRAMES = st.lists(
     oversized=st.booleans(),
     one_per_read=st.booleans(),
     chunks=st.lists(st.integers(1, 3000), min_size=1, max_size=60),
+    # (a limit below the read loop's small-frame size, too: the loop checks both)
+    max_size=st.sampled_from([1 << 16, 1 << 16, 300]),
 )
-def test_the_one_frame_read_is_the_frame_reader(
+def test_the_channels_read_loop_is_the_frame_reader(
     kind: str,
+    *,
     frames: list[tuple[tuple[str, Any], int]],
     oversized: bool,
     one_per_read: bool,
     chunks: list[int],
+    max_size: int,
 ) -> None:
     codec = Codec()
     stream: list[bytes] = []
     drops, sent_ns = 0, time.time_ns() - 1_000_000
     for seq, ((what, value), dropped) in enumerate(frames, 1):
+        if what == "heartbeat":
+            stream.append(heartbeat_frame(0))
+            continue
         body = codec.encode(value).to_bytes() if what == "message" else value
         drops += dropped
         head = DATA_PREFIX.pack(HEADER_SIZE + len(body), DATA, 0, seq, sent_ns + seq, drops)
@@ -232,8 +242,8 @@ def test_the_one_frame_read_is_the_frame_reader(
     reads = stream if one_per_read else _split(b"".join(stream), chunks)
 
     async def drive() -> None:
-        fast, fast_inbox = _connection(codec)
-        general, general_inbox = _connection(codec)
+        fast, fast_inbox = _connection(codec, max_size)
+        general, general_inbox = _connection(codec, max_size)
         with quiet("ezflow.stream"), quiet("ezflow.channel"):  # (expected errors)
             for data in reads:
                 for connection, update in (

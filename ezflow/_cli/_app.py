@@ -15,7 +15,7 @@ import typer
 
 from .._core._config import DISTRIBUTION
 from .._core._exceptions import EzflowError
-from . import _echo, _inspect, _otel, _perf, _run, _serve, _top, _trace, _zenoh
+from . import _echo, _foxglove, _inspect, _otel, _perf, _record, _run, _serve, _top, _trace, _zenoh
 from ._connection import TlsCaOption, TlsCertOption, TlsKeyOption, TokenFileOption, apply_security
 from ._style import RootGroup, plain
 
@@ -67,6 +67,7 @@ def _root(
     apply_security(token_file, tls_cert, tls_key, tls_ca)
 
 
+_perf.app.command("foxglove")(_foxglove.perf_foxglove)
 app.add_typer(_perf.app, name="perf")
 app.add_typer(_zenoh.app, name="zenoh")
 app.command()(_serve.serve)
@@ -79,6 +80,9 @@ app.command()(_echo.hz)
 app.command()(_top.top)
 app.command()(_trace.trace)
 app.command()(_otel.otel)
+app.command()(_foxglove.foxglove)
+app.command()(_record.record)
+app.command()(_record.replay)
 plain(app)
 
 

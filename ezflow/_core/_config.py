@@ -70,6 +70,13 @@ __all__ = [
     "EZRING_WATCH_INTERVAL",
     "FORKSERVER_ORPHAN_TIMEOUT",
     "FORK_TIMEOUT",
+    "FOXGLOVE_BACKLOG",
+    "FOXGLOVE_DEFAULT_PORT",
+    "FOXGLOVE_GRAPH_INTERVAL",
+    "FOXGLOVE_JSON_LIST_MAX",
+    "FOXGLOVE_MAX_TOPICS",
+    "FOXGLOVE_NICE",
+    "FOXGLOVE_QUEUE",
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
     "HEARTBEATS_PER_DEADLINE",
@@ -87,6 +94,8 @@ __all__ = [
     "MAX_TELEMETRY_ENTRIES",
     "MAX_TELEMETRY_REPORT_SIZE",
     "MAX_TOPIC_LENGTH",
+    "MCAP_CHUNK_SIZE",
+    "MCAP_FLUSH_INTERVAL",
     "METRICS_REQUEST_TIMEOUT",
     "MIN_HEARTBEAT_DEADLINE",
     "MIN_TELEMETRY_INTERVAL",
@@ -897,6 +906,35 @@ OTEL_POLL_INTERVAL: Final = 2.0
 #: ... and span ids of exported hops remembered, so that a hop the graph server still
 #: keeps is not exported twice (at least TRACE_SERVER_KEEP: what one poll returns).
 OTEL_REMEMBER: Final = 100_000
+
+#: ``ezflow foxglove`` (ezflow.foxglove; the core does not import the Foxglove SDK): the
+#: port its Foxglove WebSocket server listens on by default (Foxglove's own default) ...
+FOXGLOVE_DEFAULT_PORT: Final = 8765
+#: ... the newest messages the leaky subscriber behind a subscribed Foxglove channel
+#: keeps (older ones are dropped and counted: a slow viewer never holds the graph) ...
+FOXGLOVE_QUEUE: Final = 2
+#: ... the messages the SDK buffers for each viewer (the oldest is dropped when a viewer
+#: reads slower than the topic publishes; a 4K RGB frame is 24 MiB, so this bounds
+#: memory, not the SDK's default of 1,024) ...
+FOXGLOVE_BACKLOG: Final = 16
+#: ... how much it lowers its own CPU priority (``nice``): a viewer is best-effort, the
+#: graph's processes get a busy host's CPU first (the viewer's leaky subscribers drop) ...
+FOXGLOVE_NICE: Final = 10
+#: ... topics it advertises at most (topics beyond are listed as skipped) ...
+FOXGLOVE_MAX_TOPICS: Final = 1024
+#: ... and seconds between two looks at the graph (new topics, the graph picture and its
+#: rates on ``/ezflow/graph``).
+FOXGLOVE_GRAPH_INTERVAL: Final = 2.0
+#: JSON mapping (ezflow.foxglove, docs/foxglove.md): a numeric array of at most this many
+#: elements, all finite, is a JSON list (what Foxglove's Plot panel reads); a larger one
+#: is base64 of its bytes (exact, and ~15x faster to write).
+FOXGLOVE_JSON_LIST_MAX: Final = 65_536
+#: MCAP recordings: bytes of messages per chunk (one compressed, indexed unit: a
+#: recording killed mid-way loses at most the chunk it was filling).
+MCAP_CHUNK_SIZE: Final = 4 * 1024 * 1024
+#: ... and seconds at most between two finished chunks (a slow topic's recording killed
+#: mid-way loses at most this much).
+MCAP_FLUSH_INTERVAL: Final = 1.0
 
 # -- rings (see docs/ezring.md) ------------------------------------------------------------
 

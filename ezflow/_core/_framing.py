@@ -147,25 +147,25 @@ class FrameReader:
     more than ``max_frame_size`` (after yielding every complete frame before it); the
     reader is unusable afterwards (close the connection).
 
-    ``view`` (the read buffer), ``end`` (bytes in it not yet consumed, counted from its
-    start) and ``big`` (the buffer of a large frame being read, or None) are public, and
-    read-only outside this class, for a consumer that takes the usual read of a paced
-    stream - one whole small frame - in one step: when ``not end and big is None``
-    before the read, the reader held nothing and the bytes just read are at the start
-    of ``view``. Such a consumer either passes their count to :meth:`buffer_updated` as
-    usual, or takes them whole (having checked they are exactly one frame within
-    :attr:`max_frame_size`) and passes nothing, which leaves the reader empty. That view
-    is valid only until the next :meth:`get_buffer`. (``ChannelConnection.buffer_updated``
-    does this; tests/test_stream.py pins it to the general path.)
+    ``view`` (the read buffer), ``front`` and ``end`` (the unconsumed bytes are
+    ``view[front:end]``) and ``big`` (the buffer of a large frame being read, or None)
+    are public for a consumer that takes the whole small frames at the front of a read
+    itself, in one loop (every call counts on the message path). While ``big`` is None
+    the bytes just read follow ``end``; such a consumer takes whole frames within
+    :attr:`max_frame_size` from ``front`` on, then sets ``front`` past the last one it
+    took and ``end`` past the bytes read (both to 0 when it took everything), and
+    passes 0 to :meth:`buffer_updated` for the rest, if any. ``view`` is valid only
+    until the next :meth:`get_buffer`. (``ChannelConnection.buffer_updated`` does this;
+    tests/test_stream.py pins it to the general path.)
     """
 
     __slots__ = (
         "_big_filled",
         "_pool",
         "_scratch",
-        "_start",
         "big",
         "end",
+        "front",
         "max_frame_size",
         "view",
     )
@@ -174,7 +174,7 @@ class FrameReader:
         self.max_frame_size = max_frame_size
         self._scratch = bytearray(_SCRATCH_SIZE)
         self.view = memoryview(self._scratch)
-        self._start = 0  # first unparsed byte in scratch
+        self.front = 0  # first unparsed byte in scratch
         self.end = 0  # one past the last byte read into scratch
         self.big: memoryview | None = None
         self._big_filled = 0
@@ -212,8 +212,8 @@ class FrameReader:
         self.end += nbytes
         view = self.view
         unpack = LENGTH.unpack_from
-        while self.end - self._start >= 4:
-            start, end = self._start, self.end
+        while self.end - self.front >= 4:
+            start, end = self.front, self.end
             (size,) = unpack(view, start)
             if size > self.max_frame_size:
                 raise ProtocolError(
@@ -223,7 +223,7 @@ class FrameReader:
                 )
             frame_end = start + 4 + size
             if frame_end <= end:
-                self._start = frame_end
+                self.front = frame_end
                 yield bytes(view[start + 4 : frame_end])
                 continue
             if size >= _DIRECT_READ_THRESHOLD:
@@ -232,14 +232,14 @@ class FrameReader:
                 buffer[:have] = view[start + 4 : end]
                 self.big = buffer
                 self._big_filled = have
-                self._start = end
+                self.front = end
             break
-        if self._start == self.end:
-            self._start = self.end = 0
-        elif self.big is None and self.end - self._start >= 4:
+        if self.front == self.end:
+            self.front = self.end = 0
+        elif self.big is None and self.end - self.front >= 4:
             # An incomplete small frame must fit in the space left after compaction.
-            (size,) = unpack(view, self._start)
-            if self._start + 4 + size > len(self._scratch):
+            (size,) = unpack(view, self.front)
+            if self.front + 4 + size > len(self._scratch):
                 self._compact()
 
     def _large_buffer(self, size: int) -> memoryview:
@@ -260,10 +260,10 @@ class FrameReader:
         return memoryview(array)  # type: ignore[arg-type]
 
     def _compact(self) -> None:
-        start, end = self._start, self.end
+        start, end = self.front, self.end
         if start:
             self.view[: end - start] = self.view[start:end]
-            self._start, self.end = 0, end - start
+            self.front, self.end = 0, end - start
 
 
 def frame(body: bytes) -> bytes:

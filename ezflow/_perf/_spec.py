@@ -73,6 +73,7 @@ __all__ = [
     "LATENCY",
     "LOOPS",
     "MESSAGES",
+    "MIXED_TOPIC_SUFFIX",
     "QUICK",
     "RATE",
     "RECEIVES",
@@ -102,7 +103,8 @@ SUITES: Final = ("fanout", "fanin", "relay", "spread", "p2p")
 #: What each suite measures, in one line (the report's summary, docs/perf.md).
 SUITE_DESCRIPTIONS: Final = {
     "p2p": "the ordinary program: one source, one sink, two processes, tuples and "
-    "await recv() (variants: bare arrays, uvloop, on_message, loaned buffers)",
+    "await recv() (variants: bare arrays, uvloop, on_message, loaned buffers, two topics "
+    "mixed)",
     "fanout": "1 source -> N sinks on one topic",
     "fanin": "N sources -> 1 sink on one topic",
     "relay": "source -> N relays -> sink, units alternating between two processes",
@@ -131,8 +133,11 @@ FRAME_SIZE: Final = 2160 * 3840 * 3
 #: Pacing of the p2p LATENCY phase for ``frame`` (a 100 Hz camera).
 FRAME_PERIOD: Final = 0.01
 
+#: The second topic of the ``mixed`` p2p variant: the cell's topic with this suffix.
+MIXED_TOPIC_SUFFIX: Final = "/mixed"
+
 #: The values of each field of a :class:`Variant`; the first one is the default.
-MESSAGES: Final = ("tuple", "array")
+MESSAGES: Final = ("tuple", "array", "mixed")
 LOOPS: Final = ("asyncio", "uvloop")
 RECEIVES: Final = ("recv", "on_message")
 
@@ -288,7 +293,10 @@ class Variant:
     The default, ``Variant()``, is the ordinary program: a tuple message, plain
     ``asyncio.run``, ``await sub.recv()``, a private payload array. The others change
     one thing each (or several, joined with ``+``): ``array`` publishes the payload
-    alone with the header in its first 32 bytes; ``uvloop`` runs on uvloop;
+    alone with the header in its first 32 bytes; ``mixed`` interleaves two topics of
+    different shapes, the tuple on the cell's topic and a registered dataclass
+    (:data:`MIXED_TOPIC_SUFFIX`), every other message, read by one task alternating
+    between two subscribers: what per-stream codec state is for; ``uvloop`` runs on uvloop;
     ``on_message`` receives in a callback; ``loan`` fills a buffer from
     ``Publisher.loan`` (lent for shm at the inline limit and up, a private array
     otherwise).
@@ -307,6 +315,11 @@ class Variant:
         ):
             if value not in allowed:
                 raise SpecError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
+        if self.message == "mixed" and (self.loan or self.receive != "recv"):
+            raise SpecError(
+                "the mixed variant reads two subscribers with await recv() and publishes "
+                "private arrays: it does not combine with loan or on_message"
+            )
 
     @property
     def is_default(self) -> bool:
@@ -346,6 +359,7 @@ def parse_variant(text: str) -> Variant:
     words = {
         "tuple": ("message", "tuple"),
         "array": ("message", "array"),
+        "mixed": ("message", "mixed"),
         "asyncio": ("loop", "asyncio"),
         "uvloop": ("loop", "uvloop"),
         "recv": ("receive", "recv"),

@@ -54,6 +54,7 @@ from ._spec import (
     END,
     FRAME_SIZE,
     LATENCY,
+    MIXED_TOPIC_SUFFIX,
     RATE,
     WARMUP,
     Plan,
@@ -68,6 +69,7 @@ __all__ = [
     "HEADER",
     "EzflowFramework",
     "Framework",
+    "MixedSample",
     "NewFrame",
     "NewPayload",
     "P2PSink",
@@ -199,6 +201,10 @@ class EzflowFramework:
         if variant is not None:
             self._loop = variant["loop"]
             self._receive = variant["receive"]
+            if variant["message"] == "mixed":
+                from .._core._codec import register_message  # noqa: PLC0415
+
+                register_message(MixedSample, name="ezflow.perf.MixedSample")
         self._inline_limit = spec["plan"].get("shm_inline_limit")
 
     def version(self) -> str:
@@ -354,6 +360,51 @@ def is_end(message: Any) -> bool:
     return bool(HEADER.unpack_from(message)[3] == END)
 
 
+@dataclass(slots=True)
+class MixedSample:
+    """The second stream of the ``mixed`` p2p variant: the ordinary tuple's fields in a
+    dataclass, a shape of its own for the codec (registered by
+    :meth:`EzflowFramework.configure`)."""
+
+    phase: int
+    seq: int
+    t_ns: int
+    payload: Payload
+    source: str = "mixed"
+
+
+class _Alternating:
+    """The subscribers of a ``mixed`` cell as one: :meth:`recv` takes from each in
+    turn, as the source publishes to each in turn (lossless edges keep that order)."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self._recvs = (first.recv, second.recv)
+        self._turn = 0
+
+    def recv(self) -> Awaitable[Any]:
+        recv = self._recvs[self._turn]
+        self._turn ^= 1
+        received: Awaitable[Any] = recv()
+        return received
+
+
+def _mixed_publish(
+    framework: Framework, first: Any, second: Any
+) -> Callable[[Any], Awaitable[None]]:
+    """A publish function for ``(phase, seq, t_ns, payload)`` tuples that sends those
+    of even *seq* as they are to *first* and the others as :class:`MixedSample` to
+    *second*."""
+    publish_first = framework.publish_function(first)
+    publish_second = framework.publish_function(second)
+
+    def publish(message: Any) -> Awaitable[None]:
+        if message[1] & 1:
+            return publish_second(MixedSample(*message))
+        return publish_first(message)
+
+    return publish
+
+
 def payload_for(seed: int, source: int, size: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """The random payload of *source* (never zeros, which the kernel shares for free)."""
     return np.random.default_rng([seed, source]).integers(0, 256, size, dtype=np.uint8)
@@ -489,6 +540,8 @@ class P2PSink(SinkState):
         now = time.perf_counter_ns()
         if self.array:
             stamp, seq, _, phase = HEADER.unpack_from(message)
+        elif type(message) is MixedSample:
+            phase, seq, stamp = message.phase, message.seq, message.t_ns
         else:
             phase, seq, stamp = message[0], message[1], message[2]
         return self._account(now, stamp, seq, 0, phase, message)
@@ -498,7 +551,7 @@ class P2PSink(SinkState):
         if self.array:
             got = np.asarray(message).view(np.uint8).reshape(-1)[HEADER.size :]
             return bool(np.array_equal(got, expected.view(np.uint8).reshape(-1)[HEADER.size :]))
-        payload = np.asarray(message[3])
+        payload = np.asarray(message.payload if type(message) is MixedSample else message[3])
         return (
             payload.dtype == expected.dtype
             and payload.shape == expected.shape
@@ -603,7 +656,11 @@ async def _p2p_source(
     variant: dict[str, Any] = spec["variant"]
     shape, dtype = payload_layout(size)
     body = p2p_payload_for(spec["seed"], size)
-    publish = framework.publish_function(pub)
+    publish = (
+        _mixed_publish(framework, *pub)
+        if variant["message"] == "mixed"
+        else framework.publish_function(pub)
+    )
     array, loan = variant["message"] == "array", bool(variant["loan"])
     # Typed loosely: numpy arrays are buffers, which typeshed's Buffer does not know.
     pack: Callable[..., None] = HEADER.pack_into
@@ -745,19 +802,29 @@ async def _run_units(framework: Framework, spec: dict[str, Any]) -> None:
     await commands.start()
     try:
         async with framework.context(graph) as ctx:
+            # (the mixed p2p variant: two topics, see _Alternating and _mixed_publish)
+            mixed = (spec.get("variant") or {}).get("message") == "mixed"
             try:
-                subs = {
-                    (unit.kind, unit.index): await framework.subscriber(ctx, unit.input, transport)
-                    for unit in units
-                    if unit.input is not None
-                }
+                subs: dict[tuple[str, int], Any] = {}
+                for unit in units:
+                    if unit.input is not None:
+                        sub = await framework.subscriber(ctx, unit.input, transport)
+                        if mixed:
+                            second = unit.input + MIXED_TOPIC_SUFFIX
+                            sub = _Alternating(
+                                sub, await framework.subscriber(ctx, second, transport)
+                            )
+                        subs[unit.kind, unit.index] = sub
                 _emit("subscribed")
                 await commands.expect("publish")
-                pubs = {
-                    (unit.kind, unit.index): await framework.publisher(ctx, unit.output, transport)
-                    for unit in units
-                    if unit.output is not None
-                }
+                pubs: dict[tuple[str, int], Any] = {}
+                for unit in units:
+                    if unit.output is not None:
+                        pub = await framework.publisher(ctx, unit.output, transport)
+                        if mixed:
+                            second = unit.output + MIXED_TOPIC_SUFFIX
+                            pub = (pub, await framework.publisher(ctx, second, transport))
+                        pubs[unit.kind, unit.index] = pub
             except framework.unavailable as exc:
                 _emit("unavailable", reason=str(exc))
                 return

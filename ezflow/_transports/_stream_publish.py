@@ -148,13 +148,24 @@ class StreamLink(Link):
         # send(), for one small bytes body written at once: the paced publisher's path,
         # where every attribute and call counts (caches are cold after each sleep).
         size = len(body)
+        if size > self.out_of_line_above:
+            self.send(seq, time_ns, message, EncodedMessage([body], size))
+            return
+        if self._flush_scheduled:
+            # A burst: queued as one frame (send() and _queued_one, inlined).
+            self.sent_count += 1
+            self.sent_bytes += size
+            self.inline_sends += 1
+            self._queued.append(
+                DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body
+            )
+            self._queued_messages += 1
+            self._queued_bytes += size
+            if self._queued_messages >= _FLUSH_MESSAGES or self._queued_bytes >= _FLUSH_BYTES:
+                self.flush()
+            return
         out = self.connection.out
-        if (
-            self._flush_scheduled
-            or size > self.out_of_line_above
-            or out is None
-            or out.is_closing()
-        ):
+        if out is None or out.is_closing():
             self.send(seq, time_ns, message, EncodedMessage([body], size))
             return
         self.sent_count += 1

@@ -2,6 +2,10 @@
 MessageGate, Clock, Recorder, Replayer, and rate_limited (the ezmsg ones behave as
 ezmsg.util's units of the same names; the Replayer also reads ezmsg's message logs).
 
+Recordings are ezflow's own format (below) or, with ``RecorderSettings(format="mcap")``,
+MCAP (docs/foxglove.md; needs ``ezflow-pubsub[foxglove]``, imported only then). The
+Replayer tells ezflow recordings, MCAP files and ezmsg logs apart by their content.
+
 Recording format (a "msgpack stream"): the file is a sequence of msgpack objects. The
 first is a header map ``{"format": "ezflow-recording", "version": 1, "created": <unix
 seconds>}``; each following object is a two-element array ``[offset_ns, body]``, where
@@ -50,8 +54,10 @@ __all__ = [
     "TerminateOnTimeoutSettings",
     "TerminateOnTotal",
     "TerminateOnTotalSettings",
+    "is_mcap_file",
     "rate_limited",
     "read_ezmsg_log",
+    "read_mcap",
     "read_recording",
 ]
 
@@ -393,16 +399,54 @@ class Clock(Unit):
 
 
 class RecorderSettings(Settings):
-    """*path* of the recording to create (replaced if it exists)."""
+    """*path* of the recording to create (replaced if it exists), in *format*
+    ``"ezflow"`` (ezflow's own, the module docstring) or ``"mcap"`` (docs/foxglove.md:
+    Foxglove and every MCAP reader open it; needs ``ezflow-pubsub[foxglove]``). For
+    MCAP: the *topic* its channel is named (default: the unit's ``INPUT`` topic) and the
+    *compression* of its chunks (``"zstd"``, ``"lz4"`` or ``"none"``)."""
 
     path: str
+    format: Literal["ezflow", "mcap"] = "ezflow"
+    topic: str | None = None
+    compression: Literal["zstd", "lz4", "none"] = "zstd"
+
+    def __post_init__(self) -> None:
+        if self.format not in ("ezflow", "mcap"):
+            raise ConfigurationError(
+                f"RecorderSettings.format={self.format!r} must be 'ezflow' or 'mcap'"
+            )
+        if self.compression not in ("zstd", "lz4", "none"):
+            raise ConfigurationError(
+                f"RecorderSettings.compression={self.compression!r} must be 'zstd', 'lz4' or 'none'"
+            )
 
 
 class RecorderState(State):
     file: IO[bytes]
     codec: Codec
+    mcap: Any = None  # the McapWriter of format="mcap"
+    topic: str = ""
     started: int = 0
     recorded: int = 0
+
+
+def _mcap_module() -> Any:
+    """ezflow._foxglove._mcap, imported on first use (the extra), or a
+    ConfigurationError naming the fix."""
+    try:
+        from .._foxglove import _mcap  # noqa: PLC0415 - only MCAP recordings need the extra
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"MCAP recordings need the foxglove extra: pip install 'ezflow-pubsub[foxglove]' "
+            f"({exc})"
+        ) from exc
+    return _mcap
+
+
+def is_mcap_file(path: str) -> bool:
+    """Whether *path* starts with the MCAP magic (read without the extra)."""
+    with open(path, "rb") as file:
+        return file.read(8) == b"\x89MCAP0\r\n"
 
 
 class Recorder(Unit):
@@ -416,8 +460,15 @@ class Recorder(Unit):
 
     def initialize(self) -> None:
         state: RecorderState = self.STATE
+        settings: RecorderSettings = self.SETTINGS
         state.codec = Codec()
-        state.file = open(self.SETTINGS.path, "wb")  # noqa: SIM115 - closed in shutdown()
+        if settings.format == "mcap":
+            state.topic = settings.topic or f"{self.path}/INPUT"
+            state.mcap = _mcap_module().McapWriter(
+                settings.path, compression=settings.compression, codec=state.codec
+            )
+            return
+        state.file = open(settings.path, "wb")  # noqa: SIM115 - closed in shutdown()
         header = {"format": RECORDING_FORMAT, "version": _RECORDING_VERSION, "created": time.time()}
         state.file.write(msgpack.packb(header))
         state.started = time.monotonic_ns()
@@ -425,14 +476,35 @@ class Recorder(Unit):
     @subscriber(INPUT)
     def on_message(self, message: Any) -> None:
         state: RecorderState = self.STATE
+        if state.mcap is not None:
+            state.mcap.write(state.topic, message)
+            state.recorded += 1
+            return
         body = state.codec.encode(message).to_bytes()
         state.file.write(msgpack.packb([time.monotonic_ns() - state.started, body]))
         state.recorded += 1
 
     def shutdown(self) -> None:
+        writer = getattr(self.STATE, "mcap", None)
+        if writer is not None:
+            writer.close()
         file = getattr(self.STATE, "file", None)
         if file is not None:
             file.close()
+
+
+def read_mcap(path: str, topic: str | None = None) -> Any:
+    """Iterate ``(offset_seconds, message)`` over an MCAP file (of *topic* only, if
+    given), offsets counted from the first message's log time; needs
+    ``ezflow-pubsub[foxglove]``. Channels of encodings ezflow does not read are skipped
+    (logged once each); raises :class:`~ezflow.ProtocolError` naming the file as
+    ``ezflow.foxglove.McapReader`` does."""
+    reader = _mcap_module().McapReader(path, topics=None if topic is None else [topic])
+    first: int | None = None
+    for record in reader:
+        if first is None:
+            first = record.log_time
+        yield (record.log_time - first) / 1e9, record.message
 
 
 def read_recording(path: str, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> Any:
@@ -474,8 +546,11 @@ def read_recording(path: str, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZ
 
 
 class ReplayerSettings(Settings):
-    """*path* of a recording: ezflow's, or a file of ezmsg's ``MessageLogger`` (told
-    apart by content; *allow_pickle* lets objects ezmsg pickled into one be unpickled).
+    """*path* of a recording: ezflow's, an MCAP file (ezflow's or another tool's: JSON
+    and raw-bytes channels; needs ``ezflow-pubsub[foxglove]``), or a file of ezmsg's
+    ``MessageLogger`` (told apart by content; *allow_pickle* lets objects ezmsg pickled
+    into one be unpickled). *topic*: of an MCAP file, replay only that topic (default:
+    every topic, in log-time order).
     *rate* ``"recorded"`` (the recorded timing, divided by *speed*) or ``"max"`` (as
     fast as subscribers take them); *complete*: end the graph after the last message
     (:class:`~ezflow.NormalTermination`; without it, ``OUTPUT`` ends after the last
@@ -487,6 +562,7 @@ class ReplayerSettings(Settings):
     speed: float = 1.0
     complete: bool = False
     allow_pickle: bool = False
+    topic: str | None = None
 
     def __post_init__(self) -> None:
         if not self.speed > 0:
@@ -506,11 +582,12 @@ class Replayer(Unit):
         settings: ReplayerSettings = self.SETTINGS
         loop = asyncio.get_running_loop()
         started = loop.time()
-        records = (
-            read_ezmsg_log(settings.path, allow_pickle=settings.allow_pickle)
-            if is_ezmsg_log(settings.path)
-            else read_recording(settings.path)
-        )
+        if is_mcap_file(settings.path):
+            records = read_mcap(settings.path, settings.topic)
+        elif is_ezmsg_log(settings.path):
+            records = read_ezmsg_log(settings.path, allow_pickle=settings.allow_pickle)
+        else:
+            records = read_recording(settings.path)
         for offset, message in records:
             if settings.rate == "recorded":
                 delay = started + offset / settings.speed - loop.time()

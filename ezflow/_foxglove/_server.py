@@ -1,0 +1,429 @@
+"""The live Foxglove server: a graph's topics as Foxglove WebSocket channels
+(``foxglove.websocket.v1``, served by the Foxglove SDK's Rust server; docs/foxglove.md).
+
+How a topic becomes a channel, and what it costs the graph:
+
+* Every ``FOXGLOVE_GRAPH_INTERVAL`` seconds the server reads the graph (topics with a
+  publisher, processes, edges). A topic it has not seen gets a *peek*: a leaky
+  subscriber (queue 1) that takes one message to choose the schema
+  (:func:`~ezflow._foxglove._mapping.mapping_for`) and closes. Then the topic is
+  advertised (or listed as skipped: raw bytes and the ``ezflow`` fallback have no
+  schema a viewer can show).
+* Nothing more happens until a viewer subscribes to the channel: then one leaky
+  subscriber (``FOXGLOVE_QUEUE`` newest messages, drops counted) feeds it, whatever the
+  number of viewers; it closes when the last viewer unsubscribes or leaves. A message
+  that no longer fits the channel's schema is counted (``mismatched``), logged once.
+* The SDK buffers ``FOXGLOVE_BACKLOG`` messages per viewer and drops the oldest for one
+  that reads too slowly: a slow viewer never slows the graph.
+* ``/ezflow/graph`` (JSON, when a viewer subscribes): the graph's topics, processes,
+  edges and per-topic rates, refreshed every interval; the Topic Graph panel shows the
+  publishers and subscribers (the protocol's connection graph).
+
+The SDK's callbacks run on its own threads; they only hand the event to the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import foxglove
+from foxglove.websocket import Capability, ChannelView, Client, ServerListener
+
+from .._core._config import (
+    FOXGLOVE_BACKLOG,
+    FOXGLOVE_DEFAULT_PORT,
+    FOXGLOVE_GRAPH_INTERVAL,
+    FOXGLOVE_MAX_TOPICS,
+    FOXGLOVE_QUEUE,
+)
+from .._core._exceptions import ConfigurationError, EndOfStream, EzflowError
+from .._graph._context import GraphContext
+from .._graph._subscriber import Subscriber
+from ._mapping import Mapping, NotMappable, encode_message, mapping_for
+
+__all__ = ["GRAPH_TOPIC", "FoxgloveServer", "TopicStats"]
+
+log = logging.getLogger("ezflow.foxglove")
+
+#: The JSON topic of the graph's own picture.
+GRAPH_TOPIC: Final = "/ezflow/graph"
+
+
+@dataclass
+class TopicStats:
+    """What the server did with one topic: its *schema* (``""`` until its first message
+    is seen), *skipped* (why it is not advertised, or ``""``), *sent* messages,
+    *dropped* by its leaky subscribers (the viewer was slower than the topic),
+    *mismatched* (no longer fitting the schema), and *viewers* subscribed now."""
+
+    topic: str
+    schema: str = ""
+    skipped: str = ""
+    sent: int = 0
+    dropped: int = 0
+    mismatched: int = 0
+    viewers: int = 0
+    mapping: Mapping | None = field(default=None, repr=False)
+    channel: Any = field(default=None, repr=False)
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+    subscriber: Subscriber | None = field(default=None, repr=False)
+    clients: set[int] = field(default_factory=set, repr=False)
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    """A task of the server that failed: logged (the server goes on without it)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("ezflow foxglove: %s failed", task.get_name(), exc_info=task.exception())
+
+
+def _forgotten(stats: TopicStats, task: asyncio.Task[Any]) -> None:
+    """A feeding task that ended: the next subscription starts another one."""
+    if stats.task is task:
+        stats.task = None
+
+
+class _Listener(ServerListener):
+    """The SDK's server listener: hands subscriptions to the loop."""
+
+    def __init__(self, server: FoxgloveServer, loop: asyncio.AbstractEventLoop) -> None:
+        self._server = server
+        self._loop = loop
+
+    def on_subscribe(self, client: Client, channel: ChannelView) -> None:
+        self._call(self._server._subscribed, client.id, channel.id, True)
+
+    def on_unsubscribe(self, client: Client, channel: ChannelView) -> None:
+        self._call(self._server._subscribed, client.id, channel.id, False)
+
+    def _call(self, *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nothing to feed
+            self._loop.call_soon_threadsafe(*args)
+
+
+class FoxgloveServer:
+    """A Foxglove WebSocket server showing the graph of *context* (an open
+    :class:`~ezflow.GraphContext`) on *host*:*port* (``port=0``: any free port; see
+    :attr:`port`). Loopback by default: the protocol has no authentication, anyone who
+    reaches the port sees every topic (docs/security.md). *tls_cert*/*tls_key* (PEM
+    bytes) make it ``wss://`` only.
+
+    *topics*: only these topics (default: every topic with a publisher). Use as an
+    async context manager, or ``await start()`` and ``await aclose()``."""
+
+    def __init__(
+        self,
+        context: GraphContext,
+        *,
+        host: str = "127.0.0.1",
+        port: int = FOXGLOVE_DEFAULT_PORT,
+        name: str = "ezflow",
+        topics: list[str] | None = None,
+        queue: int = FOXGLOVE_QUEUE,
+        backlog: int = FOXGLOVE_BACKLOG,
+        interval: float = FOXGLOVE_GRAPH_INTERVAL,
+        tls_cert: bytes | None = None,
+        tls_key: bytes | None = None,
+    ) -> None:
+        if (tls_cert is None) != (tls_key is None):
+            raise ConfigurationError("tls_cert and tls_key go together (PEM bytes of both)")
+        for setting, value in (("queue", queue), ("backlog", backlog)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{setting}={value!r} must be a positive int")
+        if not interval > 0:
+            raise ConfigurationError(f"interval={interval!r} must be > 0 seconds")
+        self._context = context
+        self._host = host
+        self._wanted_port = port
+        self._name = name
+        self._only = None if topics is None else set(topics)
+        self._queue = queue
+        self._backlog = backlog
+        self._interval = interval
+        self._tls = (tls_cert, tls_key)
+        self._fox_context = foxglove.Context()
+        self._server: Any = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._poller: asyncio.Task[None] | None = None
+        self._by_channel: dict[int, TopicStats] = {}
+        self._graph_channel: Any = None
+        self._graph_clients: set[int] = set()
+        self._mismatch_logged: set[str] = set()
+        #: Every topic seen, by name.
+        self.topics: dict[str, TopicStats] = {}
+        #: Topics seen beyond ``FOXGLOVE_MAX_TOPICS`` (not advertised).
+        self.over_limit = 0
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+        if self._server is None:
+            raise EzflowError("the Foxglove server is not started")
+        return int(self._server.port)
+
+    @property
+    def url(self) -> str:
+        """``ws://host:port`` (``wss://`` with TLS): what a Foxglove app connects to."""
+        scheme = "wss" if self._tls[0] is not None else "ws"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{scheme}://{host}:{self.port}"
+
+    def app_url(self) -> str:
+        """The Foxglove web app's URL that opens this server as its data source."""
+        from urllib.parse import quote  # noqa: PLC0415
+
+        return "https://app.foxglove.dev/~/view?ds=foxglove-websocket&ds.url=" + quote(
+            self.url, safe=""
+        )
+
+    async def start(self) -> None:
+        """Start listening and looking at the graph. Raises
+        :class:`~ezflow.ConfigurationError` when the port cannot be bound."""
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = foxglove.start_server(
+                name=self._name,
+                host=self._host,
+                port=self._wanted_port,
+                context=self._fox_context,
+                server_listener=_Listener(self, loop),
+                capabilities=[Capability.ConnectionGraph],
+                message_backlog_size=self._backlog,
+                tls_cert=self._tls[0],
+                tls_key=self._tls[1],
+            )
+        except Exception as exc:  # the SDK raises its own RuntimeError-like errors
+            raise ConfigurationError(
+                f"cannot serve Foxglove on {self._host}:{self._wanted_port}: {exc} (another "
+                "program on that port? choose another with --port)"
+            ) from exc
+        self._graph_channel = foxglove.Channel(
+            GRAPH_TOPIC,
+            schema=foxglove.Schema(
+                name="ezflow.Graph",
+                encoding="jsonschema",
+                data=json.dumps({"type": "object"}).encode(),
+            ),
+            message_encoding="json",
+            context=self._fox_context,
+        )
+        self._poller = asyncio.create_task(self._poll(), name="ezflow foxglove graph")
+
+    async def aclose(self) -> None:
+        """Stop the server and close every subscriber it made (idempotent)."""
+        tasks = [t for t in (self._poller, *self._tasks) if t is not None]
+        for stats in self.topics.values():
+            if stats.task is not None:
+                tasks.append(stats.task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._poller = None
+        if self._server is not None:
+            server, self._server = self._server, None
+            await asyncio.to_thread(server.stop)
+
+    async def __aenter__(self) -> FoxgloveServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- the graph ------------------------------------------------------------------
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                snapshot = await self._context.graph()
+                self._discover(snapshot)
+                if self._graph_channel.has_sinks():
+                    await self._publish_graph(snapshot)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the graph server gone or restarting: try again
+                log.warning("ezflow foxglove: cannot read the graph: %s", exc)
+            await asyncio.sleep(self._interval)
+
+    def _discover(self, snapshot: dict[str, Any]) -> None:
+        topics = sorted({str(p["topic"]) for p in snapshot.get("publishers", [])})
+        for topic in topics:
+            if topic in self.topics or (self._only is not None and topic not in self._only):
+                continue
+            if len(self.topics) >= FOXGLOVE_MAX_TOPICS:
+                self.over_limit += 1
+                continue
+            self.topics[topic] = TopicStats(topic)
+            self._spawn(self._peek(self.topics[topic]), f"ezflow foxglove peek {topic}")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_failure)
+
+    async def _peek(self, stats: TopicStats) -> None:
+        """Take one message of the topic to choose its schema, then advertise it."""
+        subscriber = await self._context.subscriber(stats.topic, leaky=True, queue=1)
+        try:
+            message = await subscriber.recv()
+        except EndOfStream:
+            del self.topics[stats.topic]  # seen again at the next look, if it comes back
+            return
+        finally:
+            await subscriber.aclose()
+        mapping = mapping_for(message)
+        stats.schema = mapping.schema_name
+        if mapping.message_encoding not in ("json", "protobuf"):
+            stats.skipped = (
+                "raw bytes: no schema to show"
+                if mapping.message_encoding == "raw"
+                else f"{type(message).__qualname__}: no JSON form (docs/foxglove.md)"
+            )
+            log.info("ezflow foxglove: not showing %s (%s)", stats.topic, stats.skipped)
+            return
+        stats.mapping = mapping
+        stats.channel = foxglove.Channel(
+            stats.topic,
+            schema=foxglove.Schema(
+                name=mapping.schema_name,
+                encoding=mapping.schema_encoding,
+                data=mapping.schema_data,
+            ),
+            message_encoding=mapping.message_encoding,
+            context=self._fox_context,
+        )
+        self._by_channel[stats.channel.id()] = stats
+
+    async def _publish_graph(self, snapshot: dict[str, Any]) -> None:
+        rates: dict[str, float] = {}
+        try:
+            telemetry = await self._context.graph_telemetry()
+        except EzflowError:
+            telemetry = {}
+        for process in telemetry.values():
+            for publisher in process.publishers:
+                rates[publisher.topic] = rates.get(publisher.topic, 0.0) + publisher.msgs_per_s
+        clients = {c.get("client_id"): c for c in snapshot.get("clients", [])}
+        topics: dict[str, dict[str, Any]] = {}
+        for kind in ("publishers", "subscribers"):
+            for entry in snapshot.get(kind, []):
+                row = topics.setdefault(
+                    str(entry["topic"]), {"publishers": 0, "subscribers": 0, "rate": 0.0}
+                )
+                row[kind] += 1
+        for topic, row in topics.items():
+            row["rate"] = rates.get(topic, 0.0)
+        picture = {
+            "topics": topics,
+            "edges": [list(edge) for edge in snapshot.get("edges", [])],
+            "processes": [
+                {"name": c.get("name", ""), "pid": c.get("pid"), "host": c.get("host", "")}
+                for c in clients.values()
+            ],
+        }
+        self._graph_channel.log(json.dumps(picture).encode(), log_time=time.time_ns())
+        graph = foxglove.ConnectionGraph()
+        for kind, setter in (
+            ("publishers", graph.set_published_topic),
+            ("subscribers", graph.set_subscribed_topic),
+        ):
+            ids: dict[str, list[str]] = {}
+            for entry in snapshot.get(kind, []):
+                client = clients.get(entry.get("client_id"), {})
+                label = f"{client.get('name', '?')} ({client.get('pid', '?')})"
+                ids.setdefault(str(entry["topic"]), []).append(label)
+            for topic, labels in ids.items():
+                setter(topic, sorted(set(labels)))
+        if self._server is not None:
+            self._server.publish_connection_graph(graph)
+
+    # -- subscriptions --------------------------------------------------------------
+
+    def _subscribed(self, client_id: int, channel_id: int, subscribed: bool) -> None:
+        if self._graph_channel is not None and channel_id == self._graph_channel.id():
+            (self._graph_clients.add if subscribed else self._graph_clients.discard)(client_id)
+            return
+        stats = self._by_channel.get(channel_id)
+        if stats is None:
+            return
+        if subscribed:
+            stats.clients.add(client_id)
+        else:
+            stats.clients.discard(client_id)
+        stats.viewers = len(stats.clients)
+        if stats.clients and stats.task is None:
+            stats.task = asyncio.create_task(
+                self._forward(stats), name=f"ezflow foxglove {stats.topic}"
+            )
+            stats.task.add_done_callback(_log_failure)
+            stats.task.add_done_callback(lambda task: _forgotten(stats, task))
+        elif not stats.clients and stats.task is not None:
+            stats.task.cancel()
+            stats.task = None
+
+    async def _forward(self, stats: TopicStats) -> None:
+        """Feed the topic's channel while a viewer is subscribed."""
+        mapping, channel = stats.mapping, stats.channel
+        assert mapping is not None and channel is not None
+        while True:
+            subscriber = await self._context.subscriber(stats.topic, leaky=True, queue=self._queue)
+            stats.subscriber = subscriber
+            try:
+                await self._feed(stats, subscriber, mapping, channel)
+            except EndOfStream:
+                pass  # its publishers ended: wait for new ones
+            finally:
+                stats.subscriber = None
+                stats.dropped += subscriber.statistics().dropped
+                await subscriber.aclose()
+            await asyncio.sleep(self._interval)
+
+    async def _feed(
+        self, stats: TopicStats, subscriber: Subscriber, mapping: Mapping, channel: Any
+    ) -> None:
+        while True:
+            message = await subscriber.recv()
+            now = time.time_ns()
+            try:
+                data = encode_message(message, mapping, now)
+            except NotMappable as exc:
+                stats.mismatched += 1
+                if stats.topic not in self._mismatch_logged:
+                    self._mismatch_logged.add(stats.topic)
+                    log.warning(
+                        "ezflow foxglove: %s: a message no longer fits its schema %s (%s); "
+                        "such messages are not shown (counted)",
+                        stats.topic,
+                        mapping.schema_name,
+                        exc,
+                    )
+                continue
+            channel.log(data, log_time=now)
+            stats.sent += 1
+
+    def statistics(self) -> list[TopicStats]:
+        """A copy of every topic's :class:`TopicStats` now (drops include those of the
+        subscriber feeding a channel now)."""
+        out = []
+        for stats in self.topics.values():
+            copy = TopicStats(
+                stats.topic,
+                stats.schema,
+                stats.skipped,
+                stats.sent,
+                stats.dropped
+                + (0 if stats.subscriber is None else stats.subscriber.statistics().dropped),
+                stats.mismatched,
+                stats.viewers,
+            )
+            out.append(copy)
+        return out
