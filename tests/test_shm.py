@@ -41,7 +41,6 @@ import ezflow
 from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec
 from ezflow._core._framing import (
-    ACK,
     FREE,
     FREE_HEADER,
     HELLO,
@@ -207,64 +206,6 @@ async def test_keeping_every_message_never_blocks_the_publisher(shm_pair: Any) -
         assert (await sub.recv())[0] == i
     stats = pub.shm_statistics()
     assert stats is not None and stats.zero_copy == 8 and stats.no_block == 36
-
-
-class _Writes:
-    """Stands in for a channel connection's transport: records the frame kinds of each
-    write (one list per call), and passes everything on to the real transport."""
-
-    def __init__(self, transport: Any) -> None:
-        self._transport = transport
-        self.calls: list[list[int]] = []
-
-    @staticmethod
-    def _kinds(data: bytes | memoryview) -> list[int]:
-        kinds, data = [], bytes(data)
-        while data:
-            (size,) = struct.unpack_from("<I", data)
-            kinds.append(data[4])
-            data = data[4 + size :]
-        return kinds
-
-    def write(self, data: bytes | memoryview) -> None:
-        self.calls.append(self._kinds(data))
-        self._transport.write(data)
-
-    def writelines(self, parts: list[bytes | memoryview]) -> None:
-        self.calls.append([kind for part in parts for kind in self._kinds(part)])
-        self._transport.writelines(parts)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-async def test_a_taken_and_dropped_message_is_acked_and_freed_in_one_write(
-    ctx: ezflow.GraphContext, shm_pair: Any
-) -> None:
-    """The ordinary loop (``m = await sub.recv()``, then the next one) takes a message
-    and drops the one before in the same turn: its ACK and FREE go out together."""
-    options = ezflow.ShmOptions(inline_limit=1 * KiB)
-    pub, sub = await shm_pair("/shm/ackfree", options)
-    assert ctx._router is not None
-    (record,) = ctx._router.channels.values()
-    assert record.inbound is not None
-    connection = record.inbound._connection  # type: ignore[attr-defined]
-    spy = connection.transport = _Writes(connection.transport)
-    try:
-        for i in range(5):
-            await pub.publish(np.full(64 * KiB, i, dtype=np.uint8))
-            message = await sub.recv()
-            assert message[0] == i
-            del message
-            await wait_until(lambda: _in_use(pub) == 0, "FREE reaches the publisher")
-    finally:
-        connection.transport = spy._transport
-    with_free = [kinds for kinds in spy.calls if FREE in kinds]
-    assert len(with_free) == 5
-    assert all(kinds == [FREE, ACK] for kinds in with_free), spy.calls
-    assert all(FREE in kinds for kinds in spy.calls if ACK in kinds), spy.calls
-    stats = pub.shm_statistics()
-    assert stats is not None and stats.zero_copy == 5
 
 
 async def test_release_from_another_thread_frees_the_block(shm_pair: Any) -> None:

@@ -355,20 +355,12 @@ class _ShmChannelConnection(ChannelConnection):
             self._call(self._send_free)
 
     def _send_free(self) -> None:
-        """Write FREE for every block released so far, and the ACK if one is due, in
-        one write.
-
-        A large message released by a subscriber that moved on to the next one is
-        usually both (taken, then its view gone) in the same loop iteration: one write
-        and one wake of the publisher instead of two. FREE goes first, so a publisher
-        that the ACK lets go on finds its most recently used block free again.
-        """
         # Reset before taking: a release racing in from another thread either is taken
         # now or schedules another call.
         self._free_scheduled = False
         released = self.reader.take_released()
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if not released or transport is None or transport.is_closing():
             return
         pack = FREE_ENTRY.pack
         frames = []
@@ -380,18 +372,7 @@ class _ShmChannelConnection(ChannelConnection):
                     + b"".join([pack(d.block, d.generation) for d in chunk])
                 )
             )
-        if self._ack_due():
-            frames.append(self._take_ack())
-        if frames:
-            transport.writelines(frames)
-
-    def _send_ack(self) -> None:
-        # The ACK goes with whatever FREE records are pending (see _send_free); alone,
-        # as on any stream connection, when none is (small messages travel inline).
-        if self.reader.releases_pending:
-            self._send_free()
-        else:
-            super()._send_ack()
+        transport.writelines(frames)
 
     def close(self) -> None:
         self._closed_here = True

@@ -736,11 +736,6 @@ class ShmRingReader:
             self._segments.move_to_end(name)
         return segment
 
-    @property
-    def releases_pending(self) -> bool:
-        """Whether descriptors were released since the last :meth:`take_released`."""
-        return bool(self._released.pending)
-
     def take_released(self) -> list[Descriptor]:
         """Descriptors released since the last call, in the order they were released
         (each once per :meth:`view`)."""

@@ -270,23 +270,14 @@ class ChannelConnection(FramedProtocol):
 
     def _scheduled_ack(self) -> None:
         self._ack_scheduled = False
-        if self._ack_due():
+        if self._released[0] > self._acked[0]:
             self._send_ack()
 
     def _send_ack(self) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            transport.write(self._take_ack())
-
-    def _take_ack(self) -> bytes:
-        """The ACK frame for everything released so far, counted as sent: for a
-        subclass that writes it together with frames of its own."""
-        count, nbytes = self._acked = self._released
-        return frame(ACK_BODY.pack(ACK, count, nbytes))
-
-    def _ack_due(self) -> bool:
-        """Whether messages were released since the last ACK."""
-        return self._released[0] > self._acked[0]
+            count, nbytes = self._acked = self._released
+            transport.write(frame(ACK_BODY.pack(ACK, count, nbytes)))
 
     # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
 
