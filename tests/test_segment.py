@@ -10,6 +10,7 @@ import errno
 import gc
 import mmap
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -134,6 +135,70 @@ def test_read_only_attachments_refuse_writes() -> None:
         perms = {line.split()[1] for line in lines if line.endswith(owner.name)}
         assert perms == {"rw-s", "r--s"}
         del array
+
+
+def _minor_faults() -> int:
+    """Minor page faults of the calling thread so far."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+def _can_populate_for_reading() -> bool:
+    with mmap.mmap(-1, PAGE) as probe:
+        try:
+            probe.madvise(_segment._MADV_POPULATE_READ)
+        except OSError:
+            return False
+    return True
+
+
+PAGE = mmap.PAGESIZE
+FAULTS_SIZE = 16 << 20  # 4096 pages: hundreds of faults when not pre-faulted
+
+
+@pytest.mark.parametrize("populate", [False, True])
+def test_populate_fills_the_page_tables_at_create(populate: bool) -> None:
+    # The first write into a fresh segment faults once per page unless it was created
+    # with populate=True (MAP_POPULATE): then the faults happened inside create().
+    payload = np.ones(FAULTS_SIZE, dtype=np.uint8)
+    with ShmSegment.create(FAULTS_SIZE, populate=populate) as seg:
+        before = _minor_faults()
+        np.frombuffer(seg.buffer, dtype=np.uint8)[:] = payload
+        faults = _minor_faults() - before
+        assert bytes(seg.buffer[-3:]) == b"\x01\x01\x01"
+    if populate:
+        assert faults < 32, faults
+    else:
+        assert faults > 512, faults  # (what populate saves: the comparison is meaningful)
+
+
+@pytest.mark.parametrize("populate", [False, True])
+def test_populate_faults_an_attachment_in_for_reading(populate: bool) -> None:
+    if populate and not _can_populate_for_reading():
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux 5.14+)")
+    with ShmSegment.create(FAULTS_SIZE) as owner:
+        np.frombuffer(owner.buffer, dtype=np.uint8)[:] = 7
+        with ShmSegment.attach(owner.name, populate=populate) as seg:
+            assert seg.buffer.readonly
+            before = _minor_faults()
+            total = int(np.frombuffer(seg.buffer, dtype=np.uint64).sum(dtype=np.uint64))
+            faults = _minor_faults() - before
+    word = int.from_bytes(bytes([7]) * 8, "little")
+    assert total == word * (FAULTS_SIZE // 8) % 2**64  # (numpy's uint64 sum wraps)
+    if populate:
+        assert faults < 32, faults
+    else:
+        assert faults > 64, faults
+
+
+def test_populate_for_reading_is_a_no_op_where_the_kernel_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An older kernel answers EINVAL: the attachment works, its pages fault in as usual.
+    monkeypatch.setattr(_segment, "_MADV_POPULATE_READ", 12345)
+    with ShmSegment.create(PAGE) as owner:
+        owner.buffer[:3] = b"abc"
+        with ShmSegment.attach(owner.name, populate=True) as seg:
+            assert bytes(seg.buffer[:3]) == b"abc"
 
 
 # -- teardown -------------------------------------------------------------------------

@@ -189,7 +189,9 @@ async def test_keeping_every_message_never_blocks_the_publisher(shm_pair: Any) -
     assert [int(m[0]) for m in kept] == list(range(40))
     assert all(np.all(m == i) for i, m in enumerate(kept))
     stats = pub.shm_statistics()
-    assert stats is not None and stats.zero_copy == 2 and stats.no_block == 38
+    # 2 ring slots, then (every slot held) 2 out-of-line blocks (at most slot_count),
+    # then inline.
+    assert stats is not None and stats.zero_copy == 4 and stats.no_block == 36
     del kept
     gc.collect()
 
@@ -198,6 +200,12 @@ async def test_keeping_every_message_never_blocks_the_publisher(shm_pair: Any) -
         return stats is not None and stats.in_use == 0
 
     await wait_until(all_free, "every block free", 2)
+    # The subscriber let go: messages go through shared memory again.
+    for i in range(4):
+        await pub.publish(np.full(8 * KiB, i, dtype=np.uint8))
+        assert (await sub.recv())[0] == i
+    stats = pub.shm_statistics()
+    assert stats is not None and stats.zero_copy == 8 and stats.no_block == 36
 
 
 async def test_release_from_another_thread_frees_the_block(shm_pair: Any) -> None:
@@ -853,10 +861,15 @@ async def test_killed_publisher_ends_cleanly_and_its_segments_are_reclaimed(
         await child.aclose()
 
 
+@pytest.mark.parametrize(
+    "options",
+    [None, ezflow.ShmOptions(slot_count=2, slot_size=128 * KiB)],
+    ids=["ring", "overflow"],  # (2 slots: the window's other messages overflow)
+)
 async def test_killed_subscriber_holding_blocks_releases_the_publisher(
-    ctx: ezflow.GraphContext,
+    ctx: ezflow.GraphContext, options: ezflow.ShmOptions | None
 ) -> None:
-    pub = await ctx.publisher("/shm/subkill", max_in_flight=8)
+    pub = await ctx.publisher("/shm/subkill", max_in_flight=8, shm=options)
     child = await Child.start(
         "subscribe_forever",
         loop_kind(),
@@ -883,6 +896,9 @@ async def test_killed_subscriber_holding_blocks_releases_the_publisher(
         assert time.monotonic() - started < 2.0
         stats = pub.shm_statistics()
         assert stats is not None and stats.in_use == 0  # its leases went with it
+        if options is not None:
+            ring = shm_of(ctx)._shm[pub.id].ring
+            assert ring.stats.slot_overflows >= 1  # blocks of its own held, and freed
     finally:
         await child.aclose()
 
@@ -1040,7 +1056,7 @@ async def test_a_ring_that_cannot_be_created_later_sends_inline_and_says_so_once
     messages travel inline on the same socket - nothing lost, one warning."""
     pub, sub = await shm_pair("/shm/late")
 
-    def refuse(size: int, *, tag: str = "") -> ShmSegment:
+    def refuse(size: int, *, tag: str = "", populate: bool = False) -> ShmSegment:
         raise ezflow.BrokenResourceError("shared memory is unavailable: no space left")
 
     monkeypatch.setattr(ShmSegment, "create", staticmethod(refuse))

@@ -12,6 +12,7 @@ import json
 import logging
 import mmap
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -77,7 +78,8 @@ def test_acquire_publish_release_cycle(ring: ShmRing) -> None:
 
 
 def test_a_block_is_reused_only_after_every_channel_released_it() -> None:
-    with ShmRing(slot_count=2, slot_size=64) as ring:
+    # (max_bytes holds the ring alone: no out-of-line block when the slots are leased)
+    with ShmRing(slot_count=2, slot_size=64, max_bytes=128) as ring:
         first = send(ring, 10, ["a", "b"])
         second = send(ring, 10, ["a"])
         assert ring.acquire(10) is None and ring.stats.failed_acquires == 1
@@ -100,7 +102,7 @@ def test_generations_increase_on_every_reuse() -> None:
 
 
 def test_stale_unknown_and_double_releases_are_ignored() -> None:
-    with ShmRing(slot_count=1, slot_size=64) as ring:
+    with ShmRing(slot_count=1, slot_size=64, max_bytes=64) as ring:
         old = send(ring, 8, ["a", "b"])
         assert ring.release("a", old)
         assert not ring.release("a", old)  # double release
@@ -142,13 +144,37 @@ def test_publish_to_no_channel_frees_and_publish_twice_is_refused(ring: ShmRing)
         ring.publish(block, ["b"])
 
 
-def test_acquire_returns_none_when_all_slots_are_leased(ring: ShmRing) -> None:
+def test_with_every_slot_leased_small_messages_overflow_into_out_of_line_blocks(
+    ring: ShmRing,
+) -> None:
     held = [send(ring, 4096, ["a"]) for _ in range(4)]
     assert len({d.block for d in held}) == 4 and ring.free_slots == 0
+    # Every slot leased: out-of-line blocks, at most slot_count of them, then nothing.
+    overflow = [send(ring, size, ["a"]) for size in (4096, 1, 0, 100)]
+    assert all(d.block >= ring.slot_count for d in overflow)
+    assert len({d.segment for d in overflow}) == 4
     assert ring.acquire(1) is None and ring.acquire(0) is None
-    assert ring.stats.failed_acquires == 2
+    assert ring.stats.failed_acquires == 2 and ring.stats.slot_overflows == 4
+    # A freed overflow block is pooled and reused like any out-of-line block (for
+    # between half its capacity and its capacity) ...
+    assert ring.release("a", overflow[0])
+    assert ring.acquire(10) is None  # (a new one would be the fifth)
+    again = take(ring, 3000).descriptor
+    assert again.segment == overflow[0].segment
+    ring.publish(Block(again, memoryview(b"")), [])  # (given back unused)
+    # ... and a freed slot is taken first again.
     assert ring.release("a", held[2])
     assert take(ring, 0).descriptor.block == held[2].block
+    assert ring.stats.slot_overflows == 5
+
+
+def test_acquire_returns_none_when_every_slot_is_leased_and_no_bytes_are_left() -> None:
+    with ShmRing(slot_count=2, slot_size=4096, max_bytes=2 * 4096 + 4096) as ring:
+        held = [send(ring, 4096, ["a"]) for _ in range(3)]  # 2 slots, 1 one-page block
+        assert ring.acquire(1) is None  # a second block would pass max_bytes
+        assert ring.stats.failed_acquires == 1 and ring.stats.slot_overflows == 1
+        assert ring.release("a", held[0])
+        assert take(ring, 1).descriptor.block == held[0].block
 
 
 def test_bad_arguments() -> None:
@@ -263,6 +289,47 @@ def test_the_most_recently_freed_slot_is_reused_first(ring: ShmRing) -> None:
         assert ring.release("x", d)
     assert take(ring, 10).descriptor.block == a.block  # cache-warm: just read by a channel
     assert take(ring, 10).descriptor.block == c.block
+
+
+def test_the_most_recently_freed_out_of_line_block_is_reused_first(ring: ShmRing) -> None:
+    # The hot-block policy for large messages too: of the pooled blocks that fit, the
+    # one a channel gave back last (its pages are the likeliest still cached).
+    a, b, c = (send(ring, 8 * PAGE, ["x"]) for _ in range(3))
+    for d in (b, a, c):
+        assert ring.release("x", d)
+    assert take(ring, 8 * PAGE).descriptor.segment == c.segment
+    assert take(ring, 8 * PAGE).descriptor.segment == a.segment
+    assert ring.stats.blocks_created == 3 and ring.stats.blocks_reused == 2
+
+
+def test_new_blocks_and_the_segments_a_reader_maps_are_pre_faulted() -> None:
+    # A new out-of-line block is written, and read through a reader that maps it for
+    # the first time, without a page fault per page (see _segment, Pre-faulting).
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+    nbytes = 16 << 20
+    with ShmRing(slot_count=2, slot_size=PAGE, max_bytes=64 << 20) as ring:
+        block = take(ring, nbytes)
+        before = faults()
+        np.frombuffer(block.buffer, dtype=np.uint8)[:] = 3
+        written = faults() - before
+        descriptor = ring.publish(block, ["x"])
+        del block
+        with ShmRingReader() as reader:
+            view = reader.view(descriptor)
+            before = faults()
+            assert int(np.frombuffer(view, dtype=np.uint8).max()) == 3
+            read = faults() - before
+            del view
+        assert ring.release("x", descriptor)
+    assert written < 32, written  # not pre-faulted: 4096, one per page
+    with mmap.mmap(-1, PAGE) as probe:
+        try:
+            probe.madvise(22)  # MADV_POPULATE_READ: Linux 5.14+
+        except OSError:
+            return  # an older kernel: the reader's pages fault in as they always did
+    assert read < 32, read  # not pre-faulted: 256 (16 pages per fault)
 
 
 def test_a_forked_child_closing_the_ring_unlinks_nothing() -> None:

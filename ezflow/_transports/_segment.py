@@ -26,6 +26,18 @@ Crash safety
     (so a sweep right then may keep the segment; the next one removes it), or later if
     a child forked without exec still maps it.
 
+Pre-faulting
+    A fresh mapping of a segment costs one page fault per page touched (about 1.5 k for
+    a 6 MB block, 6 k for a 24.9 MB frame): several milliseconds on the first write or
+    read of a large block, paid inside whatever touched it. With ``populate=True``
+    :meth:`ShmSegment.create` maps with ``MAP_POPULATE`` and :meth:`ShmSegment.attach`
+    asks for ``MADV_POPULATE_READ`` (Linux 5.14+; ignored where the kernel lacks it), so
+    the page tables are filled once, in bulk, when the segment is made or first mapped:
+    measured on the reference machine, the first read of a freshly attached 24.9 MB
+    segment went from 5.5 ms to 1.4 ms (mapping included), the first write into a new one
+    from 11.4 ms to 8.4 ms (creation included). The shm transport populates every segment
+    it makes or maps; a segment used by a few pages only would not be worth it.
+
 Errors
     OS errors are translated here: a segment that has gone raises
     :class:`BrokenResourceError` ("its publisher has gone"); no permission, no space, no
@@ -89,6 +101,19 @@ _NAME_FORMAT: Final = "ezflow-<pid>-<starttime>-<16 hex digits>[-<tag>]"
 # Tries at a fresh random name if one already exists (practically never: 64 random bits
 # next to our own pid and start time).
 _CREATE_ATTEMPTS: Final = 8
+
+# mmap flag that fills the page tables at mapping time (Linux); 0 where there is none.
+_MAP_POPULATE: Final = getattr(mmap, "MAP_POPULATE", 0)
+# madvise(2) advice that faults a mapping in for reading (Linux 5.14+; not in Python's
+# mmap module before 3.13, hence the number). Older kernels answer EINVAL: no pre-fault.
+_MADV_POPULATE_READ: Final = getattr(mmap, "MADV_POPULATE_READ", 22)
+
+
+def _populate_for_reading(mapping: mmap.mmap) -> None:
+    """Fault *mapping* in for reading now, if the kernel can (see Pre-faulting)."""
+    # An older kernel (EINVAL), or no madvise here: pages fault in on first use, as always.
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        mapping.madvise(_MADV_POPULATE_READ)
 
 
 def _unavailable(what: str, error: BaseException | None = None) -> BrokenResourceError:
@@ -205,7 +230,7 @@ class ShmSegment:
     # -- construction -------------------------------------------------------------
 
     @classmethod
-    def create(cls, size: int, *, tag: str = "") -> ShmSegment:
+    def create(cls, size: int, *, tag: str = "", populate: bool = False) -> ShmSegment:
         """Create, size and map (read-write) a new segment owned by this process.
 
         The name is ``ezflow-<pid>-<starttime>-<16 random hex digits>[-<tag>]``; it is
@@ -213,6 +238,9 @@ class ShmSegment:
         is never reused. *size* bytes are reserved in ``/dev/shm`` up front, so running
         out of space is reported here and not as a ``SIGBUS`` on the first write; the
         memory reads as zeros.
+
+        *populate*: fill the mapping's page tables now (``MAP_POPULATE``), so that the
+        first write costs no page faults (see the module, Pre-faulting).
 
         The caller owns the segment and must :meth:`unlink` it (or use ``with``).
         Segments still owned when the process exits normally are unlinked then; those
@@ -248,7 +276,7 @@ class ShmSegment:
         try:
             # Lock before anything else can go wrong: from here on the segment is ours.
             _try_lock(fd)
-            mapping = cls._size_and_map(fd, path, size)
+            mapping = cls._size_and_map(fd, path, size, populate)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -257,7 +285,7 @@ class ShmSegment:
         return cls(name, size, mapping, owner=True, writable=True, lock_fd=fd, path=path)
 
     @staticmethod
-    def _size_and_map(fd: int, path: str, size: int) -> mmap.mmap:
+    def _size_and_map(fd: int, path: str, size: int, populate: bool) -> mmap.mmap:
         try:
             # posix_fallocate on tmpfs would first allocate all it can and only then
             # fail, so refuse a size the filesystem cannot hold without trying.
@@ -269,7 +297,8 @@ class ShmSegment:
             # ftruncate alone leaves a sparse file: pages are allocated on first touch,
             # and a full tmpfs then answers with SIGBUS. Reserve them now instead.
             os.posix_fallocate(fd, 0, size)
-            return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            flags = mmap.MAP_SHARED | (_MAP_POPULATE if populate else 0)
+            return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as error:
             raise _unavailable(f"cannot size or map {path} to {size} bytes", error) from error
         except (OverflowError, ValueError) as error:
@@ -278,12 +307,15 @@ class ShmSegment:
             ) from error
 
     @classmethod
-    def attach(cls, name: str, *, writable: bool = False) -> ShmSegment:
+    def attach(cls, name: str, *, writable: bool = False, populate: bool = False) -> ShmSegment:
         """Map the existing segment *name* (as made by :meth:`create` elsewhere).
 
         The mapping is read-only (``PROT_READ``; :attr:`buffer` is a read-only
         memoryview) unless *writable*. It covers the whole segment as it is now. An
         attachment never unlinks the segment; :meth:`close` only unmaps it.
+        *populate*: fault the whole mapping in for reading now, where the kernel can
+        (``MADV_POPULATE_READ``), so that the first read of it costs no page faults
+        (see the module, Pre-faulting).
 
         *name* is checked against ``ezflow-<pid>-<starttime>-<16 hex>[-<tag>]`` before
         the filesystem is touched: anything else (paths, ``..``, a leading ``/``,
@@ -323,6 +355,8 @@ class ShmSegment:
         finally:
             # mmap keeps its own duplicate of the descriptor; ours is not needed.
             os.close(fd)
+        if populate:
+            _populate_for_reading(mapping)
         return cls(name, size, mapping, owner=False, writable=writable, path=path)
 
     # -- properties ---------------------------------------------------------------

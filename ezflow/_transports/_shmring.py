@@ -14,7 +14,12 @@ Publisher side: :class:`ShmRing`
     Messages of up to ``slot_size`` bytes go into one of ``slot_count`` fixed slots of
     one ring segment. Larger ones get a dedicated *out-of-line* segment, which is kept
     in a pool once free and reused for a later message of between half its capacity and
-    its capacity. All segments together never exceed ``max_bytes``.
+    its capacity; so does a small message when every slot is leased. All segments
+    together never exceed ``max_bytes``.
+
+    Hot blocks: free slots and pooled blocks are handed out most recently freed first
+    (the block a subscriber has just let go of is the likeliest still cached), and every
+    segment is pre-faulted when made (see :mod:`._segment`).
 
 Channel side: :class:`ShmRingReader`
     Turns a descriptor into a read-only, zero-copy memoryview of the block and learns
@@ -104,6 +109,8 @@ class ShmRingStats:
       taken from the pool;
     * ``blocks_unlinked`` - pooled out-of-line blocks removed to stay within
       ``max_bytes``;
+    * ``slot_overflows`` - messages of up to ``slot_size`` bytes that took an
+      out-of-line block because every ring slot was leased;
     * ``shm_bytes`` - bytes of shared memory held now (ring and out-of-line blocks, in
       use or pooled).
     """
@@ -113,6 +120,7 @@ class ShmRingStats:
     blocks_created: int
     blocks_reused: int
     blocks_unlinked: int
+    slot_overflows: int
     shm_bytes: int
 
 
@@ -215,6 +223,8 @@ class ShmRing:
         self._created = 0
         self._reused = 0
         self._unlinked = 0
+        self._overflows = 0
+        self._small_blocks = 0  # out-of-line blocks no larger than a slot (overflows)
 
     # -- properties ---------------------------------------------------------------
 
@@ -270,6 +280,7 @@ class ShmRing:
             blocks_created=self._created,
             blocks_reused=self._reused,
             blocks_unlinked=self._unlinked,
+            slot_overflows=self._overflows,
             shm_bytes=self._shm_bytes(),
         )
 
@@ -288,7 +299,8 @@ class ShmRing:
             raise ClosedResourceError("the shared-memory ring is closed")
         if self._ring is not None:
             return
-        ring = ShmSegment.create(self._ring_bytes, tag="ring")
+        # Pre-faulted (see _segment): the first write into a slot costs no page faults.
+        ring = ShmSegment.create(self._ring_bytes, tag="ring", populate=True)
         self._ring = ring
         for index in range(self._slot_count):
             slot = _Slot(index, ring, index * self._slot_size, self._slot_size)
@@ -321,6 +333,7 @@ class ShmRing:
         self._by_channel.clear()
         self._in_use = 0
         self._oob_bytes = 0
+        self._small_blocks = 0
         for segment in segments.values():
             self._give_up(segment)
 
@@ -342,10 +355,11 @@ class ShmRing:
 
         ``None`` means every usable block is leased (the caller waits for releases or
         drops the message); it never means "too large". A message of up to
-        ``slot_size`` bytes takes a ring slot; a larger one takes a pooled out-of-line
-        block of capacity within ``[nbytes, 2 * nbytes]`` (the smallest such) or a new
-        one, after unlinking the oldest free pooled blocks if needed to stay within
-        ``max_bytes``.
+        ``slot_size`` bytes takes a ring slot - the most recently freed one - or, when
+        every slot is leased, an out-of-line block as a larger message does: a pooled
+        one of capacity within ``[nbytes, 2 * nbytes]`` (the smallest such, of those the
+        most recently freed) or a new one, after unlinking the oldest free pooled
+        blocks if needed to stay within ``max_bytes``.
 
         Raises :class:`MessageTooLargeError` if *nbytes* exceeds
         :attr:`max_message_size` (it could never fit), ``ValueError`` for a negative
@@ -365,10 +379,17 @@ class ShmRing:
         if self._ring is None:
             self.open()
         slot: _Slot | None
-        if nbytes <= self._slot_size:
-            slot = self._free_slots.pop() if self._free_slots else None
-        else:
+        if nbytes > self._slot_size:
             slot = self._out_of_line(nbytes)
+        elif self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            # Every slot leased (a burst runs ahead of its subscribers, or they keep
+            # messages): an out-of-line block, as a larger message gets, rather than
+            # nothing - which sent the message inline, copied through the socket.
+            slot = self._out_of_line(nbytes, overflow=True)
+            if slot is not None:
+                self._overflows += 1
         if slot is None:
             self._failed += 1
             return None
@@ -380,7 +401,11 @@ class ShmRing:
         buffer = slot.segment.buffer[slot.offset : slot.offset + nbytes]
         return Block(descriptor, buffer)
 
-    def _out_of_line(self, nbytes: int) -> _Slot | None:
+    def _out_of_line(self, nbytes: int, *, overflow: bool = False) -> _Slot | None:
+        """A pooled or new out-of-line block for *nbytes*; None if the budget is held.
+        *overflow*: for a message a slot would hold; a new block then only while fewer
+        than ``slot_count`` such small blocks exist (each segment costs two descriptors
+        and a mapping in every channel: a ring's worth more is the most worth having)."""
         capacities = self._pool_capacities
         index = bisect.bisect_left(capacities, nbytes)
         # The smallest pooled capacity that holds nbytes, reused only within [capacity /
@@ -391,9 +416,13 @@ class ShmRing:
             self._unpool(slot)
             self._reused += 1
             return slot
+        if overflow and self._small_blocks >= self._slot_count:
+            return None
         budget = self._max_bytes - self._ring_bytes
         # Never round past the budget: a message that fits must get its block.
-        capacity = min(_round_to_pages(nbytes), budget)
+        capacity = min(max(_round_to_pages(nbytes), mmap.PAGESIZE), budget)
+        if capacity < max(nbytes, 1):
+            return None  # an overflow larger than what max_bytes leaves next to the ring
         if self._oob_bytes + capacity > budget:
             in_use = self._oob_bytes - self._pool_bytes
             if in_use + capacity > budget:
@@ -402,11 +431,12 @@ class ShmRing:
                 oldest = next(iter(self._pool.values()))
                 self._discard(oldest)
                 self._unlinked += 1
-        segment = ShmSegment.create(capacity, tag="block")
+        segment = ShmSegment.create(capacity, tag="block", populate=True)
         slot = _Slot(self._next_id, segment, 0, capacity)
         self._next_id += 1
         self._blocks[slot.id] = slot
         self._oob_bytes += capacity
+        self._small_blocks += capacity <= self._slot_size
         self._created += 1
         return slot
 
@@ -427,6 +457,7 @@ class ShmRing:
         self._unpool(slot)
         del self._blocks[slot.id]
         self._oob_bytes -= slot.capacity
+        self._small_blocks -= slot.capacity <= self._slot_size
         self._retired.append(slot.segment.name)
         self._give_up(slot.segment)
 
@@ -694,7 +725,9 @@ class ShmRingReader:
             raise ClosedResourceError("the ring reader is closed")
         segment = self._segments.get(name)
         if segment is None:
-            segment = ShmSegment.attach(name)
+            # Pre-faulted for reading (see _segment): a subscriber that reads a large
+            # message in a segment new to it pays no page faults in its handler.
+            segment = ShmSegment.attach(name, populate=True)
             self._segments[name] = segment
             if len(self._segments) > self._max_segments:
                 # Closing defers the unmap while views of it live (segment layer).
