@@ -47,6 +47,11 @@ def pytest_configure(config: pytest.Config) -> None:
     compileall.compile_file(os.path.join(_ROOT, "_ezflow_cli.py"), quiet=1)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+    # A shell starts a background job (`bash .ci/run &`) with SIGINT ignored, and every
+    # process inherits that: Ctrl-C would do nothing in the children the Ctrl-C tests
+    # start. A handler (not an ignore) is reset to the default in a child.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # -- a private, hostile shm directory ---------------------------------------------------
