@@ -85,7 +85,10 @@ def test_a_large_copy_lets_other_threads_run(segment: ShmSegment) -> None:
     sys.setswitchinterval(60.0)
     try:
         ran_during = []
-        for piece in (small, part):
+        # small: a fixed number of copies (it never gives the GIL up, however long);
+        # large: copies until the other thread ran, or 5 s (a busy machine may take a
+        # while to give the woken thread a core)
+        for piece, copies in ((small, 200), (part, None)):
             go, ran = threading.Event(), threading.Event()
 
             def other(go: threading.Event = go, ran: threading.Event = ran) -> None:
@@ -98,8 +101,10 @@ def test_a_large_copy_lets_other_threads_run(segment: ShmSegment) -> None:
             # the GIL stays with this thread until it gives it up.
             time.sleep(0.05)
             go.set()
-            for _ in range(4):  # several copies: the other thread is surely woken
+            deadline, done = time.monotonic() + 5.0, 0
+            while not ran.is_set() and done != copies and time.monotonic() < deadline:
                 _write_parts(segment.buffer, 0, [piece])
+                done += 1
             ran_during.append(ran.is_set())  # checked before anything blocks here
             thread.join(10.0)
             assert not thread.is_alive()
