@@ -139,27 +139,29 @@ class ChannelConnection(FramedProtocol):
         data = reader.view
         start = reader.front
         end = reader.end + nbytes
-        while end - start >= _DATA_PREFIX_SIZE:
-            size, kind, _, seq, sent_ns, drops = DATA_PREFIX.unpack_from(data, start)
-            frame_end = start + 4 + size
-            if (
-                kind != DATA
-                or frame_end > end
-                or size > _SLICE_BELOW
-                or size > reader.max_frame_size
-                or self._broken
-            ):
-                break
-            self.channel.deliver_body(
-                seq, data[start + _DATA_PREFIX_SIZE : frame_end].tobytes(), drops, sent_ns
-            )
-            start = frame_end
-        if start == end:
-            reader.front = reader.end = 0
-            return
-        # What is left, parsed by the reader (with nothing new read).
-        reader.front, reader.end = start, end
-        super().buffer_updated(0)
+        try:
+            while end - start >= _DATA_PREFIX_SIZE:
+                size, kind, _, seq, sent_ns, drops = DATA_PREFIX.unpack_from(data, start)
+                frame_end = start + 4 + size
+                if (
+                    kind != DATA
+                    or frame_end > end
+                    or size > _SLICE_BELOW
+                    or size > reader.max_frame_size
+                    or self._broken
+                ):
+                    break
+                body = data[start + _DATA_PREFIX_SIZE : frame_end].tobytes()
+                start = frame_end  # (taken before it is handed on, as the reader does)
+                self.channel.deliver_body(seq, body, drops, sent_ns)
+        finally:
+            # (whatever happens, no frame is handed on twice)
+            if start == end:
+                reader.front = reader.end = 0
+            else:
+                reader.front, reader.end = start, end
+        if reader.end:  # what is left, parsed by the reader (with nothing new read)
+            super().buffer_updated(0)
 
     def frame_received(self, body: bytes | memoryview) -> None:
         kind = body[0] if body else 0
