@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
-import ipaddress
 import logging
 import os
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
+from .._core._auth import is_loopback
 from .._core._config import (
     FOXGLOVE_DEFAULT_PORT,
     FOXGLOVE_GRAPH_INTERVAL,
@@ -57,15 +57,6 @@ class _QuietViewers(logging.Filter):
         return not (
             text.startswith(("Error sending message to client", "Error receiving from client"))
         )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def picture_page(context: GraphContext, address: str, app_url: str, ws_url: str) -> str:
@@ -209,7 +200,7 @@ def foxglove(
     if nice:
         with contextlib.suppress(OSError):  # (a platform without nice: same priority)
             os.nice(nice)  # before the SDK starts its threads: they inherit it
-    if not _is_loopback(host):
+    if not is_loopback(host):
         errors.print(
             f"warning: serving on {host}: Foxglove viewers are not authenticated; anyone who "
             "reaches this port sees every topic (docs/security.md)",

@@ -5,7 +5,6 @@ Zenoh is imported when a command runs, so ``ezflow --help`` works without the ex
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import socket
@@ -14,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
+from .._core._auth import is_loopback
 from .._core._config import ZENOH_QUEUE
 from .._core._exceptions import ConfigurationError
 from ._connection import (
@@ -78,11 +78,7 @@ def _zenoh_modules() -> Any:
 
 
 def _is_loopback(endpoint: str) -> bool:
-    host = endpoint.split("/", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+    return is_loopback(endpoint.split("/", 1)[-1].rsplit(":", 1)[0].strip("[]"))
 
 
 @app.command()
