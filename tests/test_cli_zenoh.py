@@ -670,3 +670,13 @@ async def test_the_worked_example_runs_as_written_over_mutual_tls(
     assert ("robot1", "export /camera/raw -> ezflow/robot1/%/camera/raw") in mappings
     assert refused.returncode == 1
     assert "cannot open a Zenoh session" in refused.stderr
+
+
+def test_a_router_endpoint_is_loopback_only_on_a_loopback_host() -> None:
+    """What decides the router's warning about a listener reachable from the network."""
+    from ezflow._cli._zenoh import _is_loopback  # noqa: PLC0415
+
+    for endpoint in ("tcp/127.0.0.1:7447", "tcp/[::1]:7447", "tcp/localhost:7447", "127.0.0.2"):
+        assert _is_loopback(endpoint), endpoint
+    for endpoint in ("tcp/0.0.0.0:7447", "tcp/10.79.0.1:7447", "tls/[::]:7447", "tcp/host:7447"):
+        assert not _is_loopback(endpoint), endpoint
