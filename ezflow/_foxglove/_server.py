@@ -306,11 +306,10 @@ class FoxgloveServer:
             if name in self.topics or len(self.topics) >= FOXGLOVE_MAX_TOPICS:
                 continue
             part = self.topics[name] = TopicStats(name, source=stats.topic, take=take)
-            image = take(message)
-            part.schema = mapping_for(image).schema_name
-            self._advertise(part, mapping_for(image))
+            self._advertise(part, mapping_for(take(message)))
 
     def _advertise(self, stats: TopicStats, mapping: Mapping) -> None:
+        stats.schema = mapping.schema_name
         stats.mapping = mapping
         stats.channel = foxglove.Channel(
             stats.topic,
