@@ -246,3 +246,22 @@ def test_routes_are_reachability_over_the_edges(
         for n, topic in enumerate(subs)
     }
     assert feeds(registry) == expected
+
+
+def test_a_request_of_a_removed_client_changes_nothing() -> None:
+    """The server reads a request, waits for its lock, and the connection closes
+    meanwhile: the request arrives after the client was removed."""
+    registry = Registry("h", "box")
+    gone, other = client(registry, pid=1), client(registry, pid=2)
+    publish(registry, gone, "p-1", "/x")
+    subscribe(registry, gone, "s-1", "/x")
+    subscribe(registry, other, "s-2", "/x")
+    registry.remove_client(gone)
+    before = registry.snapshot()
+    unregister = {"op": "unregister", "registration_id": "s-1"}
+    assert not registry.apply(gone, "unregister", unregister)  # (was: KeyError)
+    assert not publish(registry, gone, "p-2", "/y")  # (was: a publisher nothing removes)
+    assert not subscribe(registry, gone, "s-3", "/y")
+    assert not connect(registry, gone, "/x", "/z")
+    assert registry.snapshot() == before
+    assert feeds(registry) == {"s-2": []}

@@ -180,7 +180,13 @@ class Registry:
     def apply(self, client: RegisteredClient, op: str, message: dict[str, Any]) -> bool:
         """Apply one graph change; return whether routing may have changed. Raises
         ``ValueError`` (or ``TypeError``) for a request that is well formed but not
-        acceptable, :class:`ProtocolError` for a malformed one or an unknown *op*."""
+        acceptable, :class:`ProtocolError` for a malformed one or an unknown *op*.
+
+        A request of a client already removed changes nothing (returns False): the
+        server reads a request, then waits for its lock, and the connection may close
+        meanwhile; applied, it would register for a gone client what nothing removes."""
+        if self.clients.get(client.id) is not client:
+            return False
         if op == "register_publisher":
             pub_id = message_field(message, "publisher_id", str)
             topic = check_topic(message_field(message, "topic", str))
