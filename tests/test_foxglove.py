@@ -26,6 +26,7 @@ from conftest import loop_kind
 from foxglove.messages import RawImage, Timestamp
 
 import ezflow
+from ezflow._core._config import FOXGLOVE_STOP_TIMEOUT
 from ezflow._foxglove._mapping import image_parts
 from ezflow.foxglove import decode_message, encode_message, image_encoding, mapping_for
 
@@ -224,8 +225,11 @@ async def _publish(ctx: ezflow.GraphContext, stop: asyncio.Event, rate: float) -
 
 
 @contextlib.asynccontextmanager
-async def foxglove_command(address: str) -> AsyncIterator[tuple[str, int, str]]:
-    """``ezflow foxglove`` on *address*: (host, ws port, page URL) from its startup line."""
+async def foxglove_command(
+    address: str, started: list[asyncio.subprocess.Process] | None = None
+) -> AsyncIterator[tuple[str, int, str]]:
+    """``ezflow foxglove`` on *address*: (host, ws port, page URL) from its startup line
+    (and its process appended to *started*)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -242,6 +246,8 @@ async def foxglove_command(address: str) -> AsyncIterator[tuple[str, int, str]]:
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
     assert process.stdout is not None
+    if started is not None:
+        started.append(process)
     try:
         line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
         found = re.search(r"ws://([\d.]+):(\d+) .* open (http://\S+/)", line)
@@ -292,11 +298,16 @@ async def test_a_viewer_receives_the_published_images_and_time_series(
     stop = asyncio.Event()
     publishing = asyncio.create_task(_publish(ctx, stop, rate=100))
     address = f"{server.address[0]}:{server.address[1]}"
+    started: list[asyncio.subprocess.Process] = []
     try:
-        async with foxglove_command(address) as (host, port, page_url):
+        async with foxglove_command(address, started) as (host, port, page_url):
             client = await FoxgloveClient.connect(host, port)
             try:
                 await _advertised(client, "/camera", "/signal", "/ezflow/graph", "/framed[1]")
+                # Every thread of the command (the SDK's too) at the idle CPU priority.
+                threads = os.listdir(f"/proc/{started[0].pid}/task")
+                assert len(threads) > 1
+                assert {os.sched_getscheduler(int(tid)) for tid in threads} == {os.SCHED_IDLE}
                 # A tuple holding an image: its JSON, and the image as a channel of its own.
                 assert client.channels["/framed"]["schemaName"] == "ezflow.Tuple"
                 assert client.channels["/framed[1]"]["schemaName"] == "foxglove.RawImage"
@@ -394,7 +405,8 @@ async def test_a_viewer_that_never_reads_does_not_slow_the_graph(
 
         taking = asyncio.create_task(take())
 
-        async with foxglove_command(address) as (host, port, _):
+        started: list[asyncio.subprocess.Process] = []
+        async with foxglove_command(address, started) as (host, port, _):
             client = await FoxgloveClient.connect(host, port)
             try:
                 await _advertised(client, "/frames")
@@ -403,6 +415,15 @@ async def test_a_viewer_that_never_reads_does_not_slow_the_graph(
                 await wait_until(lambda: _viewer_count(ctx), "the viewer's subscriber")
                 watched = await rate(1.5)
                 leaky = [s["leaky"] for s in await _viewer_subscriptions(ctx, "/frames")]
+                # Stopped with that viewer still connected, its socket full (the SDK's
+                # own stop waits for such a viewer for ever): bounded, and said.
+                command = started[0]
+                stopping = time.monotonic()
+                command.terminate()
+                await asyncio.wait_for(command.wait(), 2 * FOXGLOVE_STOP_TIMEOUT + 10)
+                stop_took = time.monotonic() - stopping
+                assert command.stderr is not None
+                said = (await command.stderr.read()).decode()
             finally:
                 await client.close()
         taking.cancel()
@@ -416,6 +437,9 @@ async def test_a_viewer_that_never_reads_does_not_slow_the_graph(
     # with other work (it runs at nice 10). The report has the figures.
     assert ratio < 2.0, (alone, watched)
     assert leaky == [True]
+    assert command.returncode == 0, said
+    assert stop_took < 2 * FOXGLOVE_STOP_TIMEOUT + 5, said
+    assert "1 viewer connection(s) did not take their messages" in said, said
 
 
 async def _viewer_count(ctx: ezflow.GraphContext) -> bool:

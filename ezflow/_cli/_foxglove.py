@@ -162,6 +162,15 @@ def foxglove(
             "gets the CPU first and the viewers get fewer messages (dropped, counted).",
         ),
     ] = FOXGLOVE_NICE,
+    idle: Annotated[
+        bool,
+        typer.Option(
+            "--idle/--no-idle",
+            help="Run at the idle CPU priority (Linux SCHED_IDLE): the graph's processes get "
+            "a core whenever they want one, the viewers get what is left. --no-idle (or a "
+            "platform without it): --nice only.",
+        ),
+    ] = True,
 ) -> None:
     """Show a running graph live in Foxglove, until Ctrl-C.
 
@@ -197,9 +206,22 @@ def foxglove(
     for handler in (*logging.getLogger().handlers, logging.lastResort):
         if handler is not None:
             handler.addFilter(_QuietViewers())
+    # Before the SDK starts its threads: they inherit both.
     if nice:
         with contextlib.suppress(OSError):  # (a platform without nice: same priority)
-            os.nice(nice)  # before the SDK starts its threads: they inherit it
+            os.nice(nice)
+    if idle and hasattr(os, "SCHED_IDLE"):
+        # A viewer is best-effort: a graph process that wakes takes the core at once,
+        # where nice alone still gives this process a share and delays the wake-up.
+        # Threads to come inherit it; those started at import (numpy's BLAS pool) are
+        # set one by one.
+        try:
+            threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+        except OSError:
+            threads = [0]
+        for thread in threads:
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
     if not is_loopback(host):
         errors.print(
             f"warning: serving on {host}: Foxglove viewers are not authenticated; anyone who "

@@ -77,6 +77,7 @@ __all__ = [
     "FOXGLOVE_MAX_TOPICS",
     "FOXGLOVE_NICE",
     "FOXGLOVE_QUEUE",
+    "FOXGLOVE_STOP_TIMEOUT",
     "HANDSHAKE_MAX_FRAME_SIZE",
     "HANDSHAKE_TIMEOUT",
     "HEARTBEATS_PER_DEADLINE",
@@ -922,6 +923,10 @@ FOXGLOVE_BACKLOG: Final = 16
 #: ... how much it lowers its own CPU priority (``nice``): a viewer is best-effort, the
 #: graph's processes get a busy host's CPU first (the viewer's leaky subscribers drop) ...
 FOXGLOVE_NICE: Final = 10
+#: ... seconds its stop waits for the SDK's server, which waits for every viewer's socket
+#: to take what is queued for it: past this, the connections of viewers that stopped
+#: reading are shut down (logged), and the stop waits as long again ...
+FOXGLOVE_STOP_TIMEOUT: Final = 2.0
 #: ... topics it advertises at most (topics beyond are listed as skipped) ...
 FOXGLOVE_MAX_TOPICS: Final = 1024
 #: ... and seconds between two looks at the graph (new topics, the graph picture and its

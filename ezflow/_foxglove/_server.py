@@ -31,6 +31,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +48,7 @@ from .._core._config import (
     FOXGLOVE_GRAPH_INTERVAL,
     FOXGLOVE_MAX_TOPICS,
     FOXGLOVE_QUEUE,
+    FOXGLOVE_STOP_TIMEOUT,
 )
 from .._core._exceptions import ConfigurationError, EndOfStream, EzflowError
 from .._graph._context import GraphContext
@@ -94,6 +98,73 @@ def _forgotten(stats: TopicStats, task: asyncio.Task[Any]) -> None:
     """A feeding task that ended: the next subscription starts another one."""
     if stats.task is task:
         stats.task = None
+
+
+async def _stop(server: Any, port: int) -> None:
+    """Stop the SDK's *server* (listening on *port*), bounded. Its ``stop()`` waits until
+    every viewer's socket has taken what was queued for it, which a viewer that stopped
+    reading never does (foxglove-sdk 0.30 waits for ever). Past ``FOXGLOVE_STOP_TIMEOUT``
+    the connections it accepted are shut down, which fails those writes, and the stop
+    waits as long again; a stop that still hangs is left to a daemon thread (logged)."""
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        try:
+            server.stop()
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(done.set)
+
+    # A daemon thread, not the loop's executor: asyncio.run waits for its executor's
+    # threads at exit, and a stop that never returns would hang the program there.
+    threading.Thread(target=stop, name="ezflow foxglove stop", daemon=True).start()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done.wait(), FOXGLOVE_STOP_TIMEOUT)
+        return
+    stalled = _shut_down_accepted(port)
+    log.warning(
+        "ezflow foxglove: %d viewer connection(s) did not take their messages within %.0f s "
+        "of the stop (a viewer that stopped reading): closed",
+        stalled,
+        FOXGLOVE_STOP_TIMEOUT,
+    )
+    try:
+        await asyncio.wait_for(done.wait(), FOXGLOVE_STOP_TIMEOUT)
+    except TimeoutError:
+        log.error(
+            "ezflow foxglove: the Foxglove SDK's server did not stop within %.0f s; its "
+            "threads end with this process",
+            2 * FOXGLOVE_STOP_TIMEOUT,
+        )
+
+
+def _shut_down_accepted(port: int) -> int:
+    """Shut down this process's TCP connections accepted on *port* (those whose local
+    port is *port* and that have a peer: not the listening socket, not a client of the
+    server in this process). Returns how many. The SDK owns these sockets; shutting one
+    down (not closing it) makes its pending and next writes fail, and the SDK then closes
+    it itself."""
+    count = 0
+    with contextlib.suppress(OSError):  # no /proc (not Linux): nothing to shut down
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                sock = socket.socket(fileno=os.dup(int(name)))
+            except (OSError, ValueError):
+                continue  # not a socket (or gone meanwhile)
+            with sock:
+                try:
+                    if (
+                        sock.family in (socket.AF_INET, socket.AF_INET6)
+                        and sock.type == socket.SOCK_STREAM
+                        and sock.getsockname()[1] == port
+                    ):
+                        sock.getpeername()  # (the listening socket has none: OSError)
+                        sock.shutdown(socket.SHUT_RDWR)
+                        count += 1
+                except OSError:
+                    continue
+    return count
 
 
 class _Listener(ServerListener):
@@ -237,7 +308,7 @@ class FoxgloveServer:
         self._poller = None
         if self._server is not None:
             server, self._server = self._server, None
-            await asyncio.to_thread(server.stop)
+            await _stop(server, int(server.port))
 
     async def __aenter__(self) -> FoxgloveServer:
         await self.start()

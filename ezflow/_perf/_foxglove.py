@@ -4,11 +4,14 @@
 at 30 fps, SIGNAL an 8-sample float64 block at 1 kHz, SINK subscribes to both
 (lossless) and measures each message's one-way latency (the publisher's
 ``CLOCK_MONOTONIC`` stamp in the message) and rate; ``ezflow foxglove`` runs next to
-them. Each round measures SINK for ``--seconds`` with no viewer and ``--seconds`` with a
-viewer (a WebSocket client in this process subscribed to both topics, reading every
-frame), in alternating order. Printed: per topic, SINK's msgs/s and p50 latency for
-each phase (medians of the rounds, with their min-max spread) and the watched/alone
-ratios, and what the viewer received. The issue's bar: within 1.1x.
+them. Each round measures SINK for ``--seconds`` in three phases, in an order that
+rotates from round to round: *alone* (no viewer), *watched* (a WebSocket client in this
+process subscribed to both topics, reading every message it gets) and *stalled* (a
+client subscribed to both topics that never reads: its socket and the SDK's backlog
+fill, and the server goes on). Printed: per topic, SINK's msgs/s and p50 latency for
+each phase (medians of the rounds, with their min-max spread), the watched/alone and
+stalled/alone ratios, and what the reading viewer received. The issue's bar: within
+1.1x.
 
 **MCAP.** 1 MiB messages (1024x1024 mono8 frames, ``foxglove.RawImage``) written to a
 file in ``--dir``: the disk's own floor (the same bytes with ``write``), the mapping
@@ -38,6 +41,7 @@ FRAME_SHAPE = (2160, 3840, 3)
 FPS = 30.0
 SERIES_RATE = 1000.0
 TOPICS = {"frames": "/perf/frames", "series": "/perf/series"}
+PHASES = ("alone", "watched", "stalled")
 MCAP_MESSAGE = (1024, 1024)  # 1 MiB mono8
 #: Seconds a process has to start, connect or answer.
 STEP_TIMEOUT = 60.0
@@ -165,13 +169,15 @@ async def _measure(sink: asyncio.subprocess.Process, seconds: float) -> dict[str
     return json.loads(await _line(sink, "the sink's report"))  # type: ignore[no-any-return]
 
 
-async def _viewer(host: str, port: int, received: dict[str, int]) -> None:
+async def _viewer(host: str, port: int, received: dict[str, int], *, reads: bool) -> None:
     from .._foxglove._viewer import Viewer  # noqa: PLC0415
 
     viewer = await Viewer.connect(host, port)
     try:
         await viewer.wait_for_channels(list(TOPICS.values()), STEP_TIMEOUT)
         ids = {await viewer.subscribe(topic): name for name, topic in TOPICS.items()}
+        if not reads:  # subscribed, and never reads again (until cancelled)
+            await asyncio.Event().wait()
         while True:
             subscription, _, _ = await viewer.message()
             received[ids[subscription]] += 1
@@ -198,18 +204,22 @@ async def _bench(rounds: int, seconds: float) -> list[dict[str, Any]]:
             sink = processes[0]
             for index in range(rounds):
                 round_: dict[str, Any] = {}
-                for phase in ("alone", "watched") if index % 2 == 0 else ("watched", "alone"):
+                for phase in PHASES[index % 3 :] + PHASES[: index % 3]:
                     if phase == "alone":
                         round_[phase] = await _measure(sink, seconds)
                         continue
                     received = dict.fromkeys(TOPICS, 0)
-                    viewing = asyncio.create_task(_viewer(host, int(port), received))
-                    await asyncio.sleep(1.0)  # subscribed, frames flowing
+                    viewing = asyncio.create_task(
+                        _viewer(host, int(port), received, reads=phase == "watched")
+                    )
+                    # subscribed, frames flowing (a stalled viewer's buffers full)
+                    await asyncio.sleep(1.0)
                     if viewing.done():
                         viewing.result()  # its error
                     before = dict(received)
                     round_[phase] = await _measure(sink, seconds)
-                    round_["viewer"] = {k: (received[k] - before[k]) / seconds for k in TOPICS}
+                    if phase == "watched":
+                        round_["viewer"] = {k: (received[k] - before[k]) / seconds for k in TOPICS}
                     viewing.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await viewing
@@ -232,22 +242,32 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):9.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
+def _ratio(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
 def run(rounds: int, seconds: float) -> None:
     """Measure and print the viewer's cost (module docstring)."""
     results = asyncio.run(_bench(rounds, seconds))
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'topic':8} {'figure':12} {'alone':>24} {'watched':>24} {'watched/alone':>22}")
+    print(
+        f"{'topic':8} {'figure':12} {'alone':>24} {'watched':>24} {'stalled':>24} "
+        f"{'watched/alone':>20} {'stalled/alone':>20}"
+    )
     for name in TOPICS:
         for figure, unit in (("rate", "msgs/s"), ("p50_us", "p50 µs")):
-            alone = [r["alone"][name][figure] for r in results if r["alone"][name][figure]]
-            watched = [r["watched"][name][figure] for r in results if r["watched"][name][figure]]
-            if not alone or not watched:
+            rounds_ = [r for r in results if all(r[p][name][figure] for p in PHASES)]
+            if not rounds_:
                 print(f"{name:8} {unit:12} no messages")
                 continue
-            ratios = [w / a for w, a in zip(watched, alone, strict=False)]
+            cells = [_spread([r[p][name][figure] for r in rounds_]) for p in PHASES]
+            ratios = [
+                _ratio([r[p][name][figure] / r["alone"][name][figure] for r in rounds_])
+                for p in PHASES[1:]
+            ]
             print(
-                f"{name:8} {unit:12} {_spread(alone):>24} {_spread(watched):>24} "
-                f"{statistics.median(ratios):9.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+                f"{name:8} {unit:12} {cells[0]:>24} {cells[1]:>24} {cells[2]:>24} "
+                f"{ratios[0]:>20} {ratios[1]:>20}"
             )
     shown = {k: statistics.median(r["viewer"][k] for r in results) for k in TOPICS}
     print(
