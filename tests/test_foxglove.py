@@ -26,9 +26,15 @@ from conftest import loop_kind
 from foxglove.messages import RawImage, Timestamp
 
 import ezflow
-from ezflow._core._config import FOXGLOVE_STOP_TIMEOUT
+from ezflow._core._config import FOXGLOVE_BACKLOG, FOXGLOVE_BUSY_BYTES, FOXGLOVE_STOP_TIMEOUT
 from ezflow._foxglove._mapping import image_parts
-from ezflow.foxglove import decode_message, encode_message, image_encoding, mapping_for
+from ezflow.foxglove import (
+    FoxgloveServer,
+    decode_message,
+    encode_message,
+    image_encoding,
+    mapping_for,
+)
 
 H, W = 24, 32  # small frames: the 4K figures are `ezflow perf foxglove`'s
 #: The live tests run one loop: the server is its own process, on its own loop.
@@ -378,16 +384,21 @@ async def _receive(client: FoxgloveClient, want: int) -> tuple[list[Any], list[A
     return images, blocks, graphs
 
 
+SIZE = FOXGLOVE_BUSY_BYTES  # bytes of an int64 array: the smallest held for a busy viewer
+
+
 @ONE_LOOP
 async def test_a_viewer_that_never_reads_does_not_slow_the_graph(
     ctx: ezflow.GraphContext, server: ezflow.GraphServer
 ) -> None:
-    """A publisher in its own process (1 MiB messages at 200/s) and a lossless
+    """A publisher in its own process (256 KiB messages at 200/s) and a lossless
     subscriber here: their rate with a viewer that subscribed and never reads, against
-    the same without a viewer, in one run."""
+    the same without a viewer, in one run. Once the viewer's connection is full, the
+    server writes nothing more for it (held, counted); stopping with the viewer still
+    connected is bounded."""
     address = f"{server.address[0]}:{server.address[1]}"
     publisher = await Child.start(
-        "publish_forever", loop_kind(), address=address, topic="/frames", size=131072, pace=0.005
+        "publish_forever", loop_kind(), address=address, topic="/frames", size=SIZE // 8, pace=0.005
     )
     try:
         receiver = await ctx.subscriber("/frames")
@@ -422,8 +433,9 @@ async def test_a_viewer_that_never_reads_does_not_slow_the_graph(
                 command.terminate()
                 await asyncio.wait_for(command.wait(), 2 * FOXGLOVE_STOP_TIMEOUT + 10)
                 stop_took = time.monotonic() - stopping
-                assert command.stderr is not None
+                assert command.stderr is not None and command.stdout is not None
                 said = (await command.stderr.read()).decode()
+                summary = (await command.stdout.read()).decode()
             finally:
                 await client.close()
         taking.cancel()
@@ -439,11 +451,59 @@ async def test_a_viewer_that_never_reads_does_not_slow_the_graph(
     assert leaky == [True]
     assert command.returncode == 0, said
     assert stop_took < 2 * FOXGLOVE_STOP_TIMEOUT + 5, said
-    assert "1 viewer connection(s) did not take their messages" in said, said
+    # What the viewer's socket and the SDK's backlog take (loopback buffers: a few MiB
+    # each way), then nothing more: the rest is held, not copied for nobody.
+    found = re.search(r"/frames: \S+, (\d+) sent, \d+ dropped, (\d+) held", summary)
+    assert found, summary
+    sent, held = int(found[1]), int(found[2])
+    assert held > 0 and sent <= FOXGLOVE_BACKLOG + (16 << 20) // SIZE, summary
 
 
 async def _viewer_count(ctx: ezflow.GraphContext) -> bool:
     return await _viewer_subscribers(ctx, "/frames") == 1
+
+
+@ONE_LOOP
+async def test_a_stop_with_a_viewer_that_stopped_reading_is_bounded(
+    ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Messages a busy viewer is not spared (JSON of 1 MiB, not an array) fill its
+    socket and the SDK's backlog: the SDK's own stop would wait for that viewer for
+    ever (foxglove-sdk 0.30). The server's stop shuts its connection down and says so."""
+    publisher = await ctx.publisher("/notes")
+    note = {"text": "x" * (1 << 20)}
+
+    async def publish(count: int | None) -> None:
+        sent = 0
+        while count is None or sent < count:
+            await publisher.publish(note)
+            sent += 1
+            await asyncio.sleep(0.005)
+
+    async with FoxgloveServer(ctx, port=0, backlog=4) as viewer_server:
+        client = await FoxgloveClient.connect("127.0.0.1", viewer_server.port)
+        try:
+            peeked = asyncio.create_task(publish(None))  # until the server has seen one
+            try:
+                await _advertised(client, "/notes")
+                await client.subscribe(1, "/notes")  # ... and never reads again
+                await wait_until(lambda: _viewer_count_of(ctx, "/notes"), "its subscriber")
+            finally:
+                peeked.cancel()
+            await publish(60)  # 60 MiB: more than the socket buffers and the backlog
+            started = time.monotonic()
+            with caplog.at_level("WARNING", logger="ezflow.foxglove"):
+                await asyncio.wait_for(viewer_server.aclose(), 2 * FOXGLOVE_STOP_TIMEOUT + 10)
+            took = time.monotonic() - started
+        finally:
+            await client.close()
+    assert took < 2 * FOXGLOVE_STOP_TIMEOUT + 5
+    assert "1 viewer connection(s) did not take their messages" in caplog.text
+
+
+async def _viewer_count_of(ctx: ezflow.GraphContext, topic: str) -> bool:
+    graph = await ctx.graph()
+    return any(s["topic"] == topic and s["leaky"] for s in graph["subscribers"])
 
 
 def test_perf_foxglove_measures_mcap_writes(tmp_path: Any) -> None:

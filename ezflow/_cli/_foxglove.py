@@ -265,7 +265,8 @@ def foxglove(
             for stats in shown:
                 typer.echo(
                     f"{stats.topic}: {stats.schema}, {stats.sent} sent, {stats.dropped} "
-                    f"dropped, {stats.mismatched} not fitting its schema"
+                    f"dropped, {stats.held} held for busy viewers, {stats.mismatched} not "
+                    "fitting its schema"
                 )
             for stats in skipped:
                 typer.echo(f"{stats.topic}: not shown ({stats.skipped})")

@@ -71,6 +71,7 @@ __all__ = [
     "FORKSERVER_ORPHAN_TIMEOUT",
     "FORK_TIMEOUT",
     "FOXGLOVE_BACKLOG",
+    "FOXGLOVE_BUSY_BYTES",
     "FOXGLOVE_DEFAULT_PORT",
     "FOXGLOVE_GRAPH_INTERVAL",
     "FOXGLOVE_JSON_LIST_MAX",
@@ -920,6 +921,11 @@ FOXGLOVE_QUEUE: Final = 2
 #: reads slower than the topic publishes; a 4K RGB frame is 24 MiB, so this bounds
 #: memory, not the SDK's default of 1,024) ...
 FOXGLOVE_BACKLOG: Final = 16
+#: ... bytes a viewer's connection has not yet taken (its socket's send queue) from
+#: which it counts as busy; an array of at least this many bytes is not written for
+#: viewers while every connected viewer is busy (counted as held): a viewer that stopped
+#: reading costs no copies, one that reads slowly gets messages at its own pace ...
+FOXGLOVE_BUSY_BYTES: Final = 256 * 1024
 #: ... how much it lowers its own CPU priority (``nice``): a viewer is best-effort, the
 #: graph's processes get a busy host's CPU first (the viewer's leaky subscribers drop) ...
 FOXGLOVE_NICE: Final = 10

@@ -14,7 +14,11 @@ How a topic becomes a channel, and what it costs the graph:
   number of viewers; it closes when the last viewer unsubscribes or leaves. A message
   that no longer fits the channel's schema is counted (``mismatched``), logged once.
 * The SDK buffers ``FOXGLOVE_BACKLOG`` messages per viewer and drops the oldest for one
-  that reads too slowly: a slow viewer never slows the graph.
+  that reads too slowly: a slow viewer never slows the graph. It copies every message
+  it is given, for every viewer, whether or not the viewer reads, and says nothing about
+  a viewer's backlog; so the server looks at the viewers' connections itself (Linux: the
+  bytes each socket has not sent) and does not write an array of ``FOXGLOVE_BUSY_BYTES``
+  or more while every viewer is still taking earlier ones (counted as *held*).
 * An image-shaped array inside a tuple or registered dataclass is also a channel of its
   own (``/cam[1]``, ``/cam.frame``: :func:`~ezflow._foxglove._mapping.image_parts`),
   fed the same way from the same topic: Foxglove's Image panel shows top-level images.
@@ -33,17 +37,20 @@ import json
 import logging
 import os
 import socket
+import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import foxglove
+import numpy as np
 from foxglove.websocket import Capability, ChannelView, Client, ServerListener
 
 from .._core._config import (
     FOXGLOVE_BACKLOG,
+    FOXGLOVE_BUSY_BYTES,
     FOXGLOVE_DEFAULT_PORT,
     FOXGLOVE_GRAPH_INTERVAL,
     FOXGLOVE_MAX_TOPICS,
@@ -68,7 +75,8 @@ class TopicStats:
     """What the server did with one topic: its *schema* (``""`` until its first message
     is seen), *skipped* (why it is not advertised, or ``""``), *sent* messages,
     *dropped* by its leaky subscribers (the viewer was slower than the topic),
-    *mismatched* (no longer fitting the schema), and *viewers* subscribed now."""
+    *mismatched* (no longer fitting the schema), *viewers* subscribed now, and *held*:
+    large messages not written because every viewer was still taking earlier ones."""
 
     topic: str
     schema: str = ""
@@ -77,6 +85,7 @@ class TopicStats:
     dropped: int = 0
     mismatched: int = 0
     viewers: int = 0
+    held: int = 0
     mapping: Mapping | None = field(default=None, repr=False)
     channel: Any = field(default=None, repr=False)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -139,32 +148,94 @@ async def _stop(server: Any, port: int) -> None:
         )
 
 
-def _shut_down_accepted(port: int) -> int:
-    """Shut down this process's TCP connections accepted on *port* (those whose local
-    port is *port* and that have a peer: not the listening socket, not a client of the
-    server in this process). Returns how many. The SDK owns these sockets; shutting one
-    down (not closing it) makes its pending and next writes fail, and the SDK then closes
-    it itself."""
-    count = 0
-    with contextlib.suppress(OSError):  # no /proc (not Linux): nothing to shut down
-        for name in os.listdir("/proc/self/fd"):
+def _accepted(port: int, fds: Iterable[int] | None = None) -> Iterator[tuple[int, socket.socket]]:
+    """This process's TCP connections accepted on *port* (local port *port*, with a
+    peer: not the listening socket, not a client of the server in this process), among
+    *fds* (default: every open descriptor; none where ``/proc`` is missing): each
+    descriptor with a duplicate of its socket, closed after the caller's step. The SDK
+    owns these sockets: a duplicate is looked at or shut down, never closed for it."""
+    if fds is None:
+        try:
+            fds = [int(name) for name in os.listdir("/proc/self/fd")]
+        except OSError:
+            return
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue  # not a socket, or closed meanwhile
+        with sock:
             try:
-                sock = socket.socket(fileno=os.dup(int(name)))
-            except (OSError, ValueError):
-                continue  # not a socket (or gone meanwhile)
-            with sock:
-                try:
-                    if (
-                        sock.family in (socket.AF_INET, socket.AF_INET6)
-                        and sock.type == socket.SOCK_STREAM
-                        and sock.getsockname()[1] == port
-                    ):
-                        sock.getpeername()  # (the listening socket has none: OSError)
-                        sock.shutdown(socket.SHUT_RDWR)
-                        count += 1
-                except OSError:
+                if (
+                    sock.family not in (socket.AF_INET, socket.AF_INET6)
+                    or sock.type != socket.SOCK_STREAM
+                    or sock.getsockname()[1] != port
+                ):
                     continue
+                sock.getpeername()  # (the listening socket has none: OSError)
+            except OSError:
+                continue
+            yield fd, sock
+
+
+def _shut_down_accepted(port: int) -> int:
+    """Shut down the connections accepted on *port* (see :func:`_accepted`); returns
+    how many. Shut down, not closed: the SDK's pending and next writes fail, and it
+    closes them itself."""
+    count = 0
+    for _, sock in _accepted(port):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+            count += 1
     return count
+
+
+try:  # the bytes a socket has not sent: Linux's SIOCOUTQ (= TIOCOUTQ)
+    import fcntl
+    import termios
+
+    _OUTQ: int | None = termios.TIOCOUTQ
+except (ImportError, AttributeError):  # (no such ioctl: no viewer is ever busy)
+    _OUTQ = None
+
+
+def _unsent(sock: socket.socket) -> int:
+    """Bytes *sock* has not yet sent (0 where the platform cannot tell)."""
+    if _OUTQ is None:
+        return 0
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0
+
+
+class _Viewers:
+    """The viewers' connections on *port*, looked at from this process: :meth:`all_busy`
+    says whether every one has ``FOXGLOVE_BUSY_BYTES`` or more not yet sent. The list
+    of descriptors is read again every ``rescan`` seconds and when viewers subscribe;
+    each check verifies that a descriptor is still such a connection."""
+
+    def __init__(self, port: int, rescan: float) -> None:
+        self._port = port
+        self._rescan = rescan
+        self._fds: list[int] = []
+        self._scanned = -rescan
+
+    def changed(self) -> None:
+        """A viewer came or went: read the list of connections at the next check."""
+        self._scanned = -self._rescan
+
+    def all_busy(self) -> bool:
+        now = time.monotonic()
+        if now - self._scanned >= self._rescan:
+            self._scanned = now
+            self._fds = [fd for fd, _ in _accepted(self._port)]
+        seen = False
+        for _, sock in _accepted(self._port, self._fds):
+            if _unsent(sock) < FOXGLOVE_BUSY_BYTES:
+                return False
+            seen = True
+        return seen
 
 
 class _Listener(ServerListener):
@@ -227,6 +298,7 @@ class FoxgloveServer:
         self._tls = (tls_cert, tls_key)
         self._fox_context = foxglove.Context()
         self._server: Any = None
+        self._viewers: _Viewers | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._by_channel: dict[int, TopicStats] = {}
@@ -283,6 +355,7 @@ class FoxgloveServer:
                 f"cannot serve Foxglove on {self._host}:{self._wanted_port}: {exc} (another "
                 "program on that port? choose another with --port)"
             ) from exc
+        self._viewers = _Viewers(int(self._server.port), self._interval)
         self._graph_channel = foxglove.Channel(
             GRAPH_TOPIC,
             schema=foxglove.Schema(
@@ -446,6 +519,8 @@ class FoxgloveServer:
         stats = self._by_channel.get(channel_id)
         if stats is None:
             return
+        if self._viewers is not None:
+            self._viewers.changed()
         if subscribed:
             stats.clients.add(client_id)
         else:
@@ -484,6 +559,7 @@ class FoxgloveServer:
         self, stats: TopicStats, subscriber: Subscriber, mapping: Mapping, channel: Any
     ) -> None:
         take = stats.take
+        viewers = self._viewers
         while True:
             message = await subscriber.recv()
             now = time.time_ns()
@@ -493,6 +569,14 @@ class FoxgloveServer:
                         message = take(message)
                     except (LookupError, AttributeError, TypeError) as exc:
                         raise NotMappable(f"no {stats.topic} in it ({exc})") from exc
+                if (
+                    viewers is not None
+                    and isinstance(message, np.ndarray)
+                    and message.nbytes >= FOXGLOVE_BUSY_BYTES
+                    and viewers.all_busy()
+                ):
+                    stats.held += 1  # (its copies would wait behind the earlier ones)
+                    continue
                 data = encode_message(message, mapping, now)
             except NotMappable as exc:
                 stats.mismatched += 1
@@ -523,6 +607,7 @@ class FoxgloveServer:
                 + (0 if stats.subscriber is None else stats.subscriber.statistics().dropped),
                 stats.mismatched,
                 stats.viewers,
+                stats.held,
             )
             out.append(copy)
         return out
