@@ -24,6 +24,7 @@ from typing import Any, Final
 import msgpack
 import numpy as np
 
+from .._compiled import SPEEDUPS
 from ._dtypes import _ENC_DTYPES, _array_bytes, _encode_dtype
 from ._format import (
     _ARRAY_HEADS,
@@ -111,7 +112,7 @@ class _Template:
     arrays and numpy scalars as ext values) and the arrays, or None.
     """
 
-    __slots__ = ("entry", "exports", "kind", "prepare")
+    __slots__ = ("encode_small", "entry", "exports", "kind", "prepare")
 
     def __init__(self, kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> None:
         self.kind = kind
@@ -140,6 +141,18 @@ class _Template:
         self.prepare: Callable[[Any, int], tuple[Any, tuple[Any, ...]] | None] = namespace[
             "prepare"
         ]
+        #: ``encode_small(obj, limit)``: the compiled twin of :meth:`encode_small_py`
+        #: where the C extension is active and covers the shape, else that method
+        self.encode_small: Callable[[Any, int], bytes | None] = (
+            _compiled_template(kind, names, values, arrays, self.entry) or self.encode_small_py
+        )
+
+    def encode_small_py(self, obj: Any, limit: int) -> bytes | None:
+        """The whole body of *obj* as one ``bytes`` object when it has this shape and a
+        body of at most ``min(limit, SMALL_BODY)`` bytes, else None (what
+        :meth:`encode` returns, capped at ``SMALL_BODY``: its one part)."""
+        encoded = self.encode(obj, min(limit, SMALL_BODY))
+        return None if encoded is None else encoded.parts[0]  # type: ignore[return-value]
 
     def encode(self, obj: Any, limit: int) -> EncodedMessage | None:
         """*obj* encoded exactly as the general encoder does it (a body of at most
@@ -203,6 +216,45 @@ class _Template:
         first = b"".join((header, head, inner, _PADDING[pad]))
         data = _array_bytes(arr, self.exports[0], nbytes)
         return _new_encoded(EncodedMessage, ([first, data], total))
+
+
+# What _speedups.Template is told each item is.
+_ITEM_KINDS: Final[dict[type, int]] = {
+    type(None): 0, bool: 1, int: 2, float: 3, str: 4, bytes: 5, np.ndarray: 6,
+}  # fmt: skip
+_CONTAINERS: Final[dict[type, int]] = {tuple: 0, list: 1, dict: 2}
+
+
+def _compiled_template(
+    kind: type,
+    names: tuple[str, ...] | None,
+    values: tuple[Any, ...],
+    arrays: list[_ArraySlot],
+    entry: Any,
+) -> Callable[[Any, int], bytes | None] | None:
+    """The compiled ``encode_small`` of a shape (``_speedups.Template``), or None where
+    the C extension is not active or does not cover the shape (numpy scalars, two
+    arrays or more: the pure-Python path encodes those)."""
+    if SPEEDUPS is None or len(arrays) > 1:
+        return None
+    item_kinds = tuple(_ITEM_KINDS.get(type(value), -1) for value in values)
+    if -1 in item_kinds:
+        return None
+    slot = arrays[0] if arrays else None
+    compiled = SPEEDUPS.Template(
+        kind,
+        _CONTAINERS.get(kind, 3),
+        names,
+        tuple(map(type, values)),
+        item_kinds,
+        None if slot is None else slot.dtype,
+        0 if slot is None else slot.ndim,
+        b"" if slot is None else slot.descr,
+        b"" if entry is None else entry.prefix,
+        _MAX_EMPTY_ITEMS,
+    )
+    encode_small: Callable[[Any, int], bytes | None] = compiled.encode_small
+    return encode_small
 
 
 def _prepare_source(kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> str:

@@ -1,0 +1,21 @@
+"""Types of the optional C extension ezflow/_core/_speedups.c (see _compiled.py)."""
+
+from typing import Any
+
+class Template:
+    """The compiled encode of one message shape (``_templates._Template``'s twin)."""
+
+    def __new__(
+        cls,
+        kind: type,
+        container: int,
+        names: tuple[str, ...] | None,
+        types: tuple[type, ...],
+        item_kinds: tuple[int, ...],
+        dtype: Any,
+        ndim: int,
+        descr: bytes,
+        prefix: bytes,
+        max_empty: int,
+    ) -> Template: ...
+    def encode_small(self, obj: Any, limit: int, /) -> bytes | None: ...
