@@ -19,6 +19,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, Final
 
 import msgpack
@@ -144,7 +145,7 @@ class _Template:
         #: ``encode_small(obj, limit)``: the compiled twin of :meth:`encode_small_py`
         #: where the C extension is active and covers the shape, else that method
         self.encode_small: Callable[[Any, int], bytes | None] = (
-            _compiled_template(kind, names, values, arrays, self.entry) or self.encode_small_py
+            _compiled_template(kind, names, values, self.entry) or self.encode_small_py
         )
 
     def encode_small_py(self, obj: Any, limit: int) -> bytes | None:
@@ -229,27 +230,29 @@ def _compiled_template(
     kind: type,
     names: tuple[str, ...] | None,
     values: tuple[Any, ...],
-    arrays: list[_ArraySlot],
     entry: Any,
+    speedups: ModuleType | None = SPEEDUPS,
 ) -> Callable[[Any, int], bytes | None] | None:
-    """The compiled ``encode_small`` of a shape (``_speedups.Template``), or None where
-    the C extension is not active or does not cover the shape (numpy scalars, two
-    arrays or more: the pure-Python path encodes those)."""
-    if SPEEDUPS is None or len(arrays) > 1:
+    """The compiled ``encode_small`` of the shape of *values* (``_speedups.Template``
+    of *speedups*, the active extension by default), or None where no extension is
+    active or it does not cover the shape (numpy scalars, two arrays or more: the
+    pure-Python path encodes those). *entry* is the dataclass's registry entry."""
+    if speedups is None:
         return None
     item_kinds = tuple(_ITEM_KINDS.get(type(value), -1) for value in values)
-    if -1 in item_kinds:
+    if -1 in item_kinds or item_kinds.count(_ITEM_KINDS[np.ndarray]) > 1:
         return None
-    slot = arrays[0] if arrays else None
-    compiled = SPEEDUPS.Template(
+    array = next((value for value in values if type(value) is np.ndarray), None)
+    dtype = None if array is None else array.dtype
+    compiled = speedups.Template(
         kind,
         _CONTAINERS.get(kind, 3),
         names,
         tuple(map(type, values)),
         item_kinds,
-        None if slot is None else slot.dtype,
-        0 if slot is None else slot.ndim,
-        b"" if slot is None else slot.descr,
+        dtype,
+        0 if array is None else array.ndim,
+        b"" if dtype is None else (_ENC_DTYPES.get(dtype) or _encode_dtype(dtype))[0],
         b"" if entry is None else entry.prefix,
         _MAX_EMPTY_ITEMS,
     )
