@@ -25,12 +25,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _messages import _INT_EDGES, LEAVES, OTHER, shapes
+from _messages import _INT_EDGES, LEAVES, OTHER, assert_same_decoded, shapes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ezflow._core import _compiled
-from ezflow._core._codec import SMALL_BODY, Codec, message
+from ezflow._core._codec import HEADER, SMALL_BODY, Codec, message
+from ezflow._core._codec._format import _body_view, _spans
+from ezflow._core._codec._layouts import _Layout, _learn_layout
 from ezflow._core._codec._registry import _TYPES_BY_CLASS
 from ezflow._core._codec._templates import _compiled_template, _Template, _template_for
 from ezflow._core._config import ENV_PURE_PYTHON
@@ -171,6 +173,134 @@ def test_every_msgpack_width_boundary_encodes_alike() -> None:
             assert outcome(lambda c=compiled, p=probe, n=limit: c(p, n)) == expected, probe
             compared += expected[0] == "ok" and expected[1] is not None
     assert compared > len(probes)  # (most are bytes at the larger limit, some at both)
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def layout_of(body: bytes) -> _Layout | None:
+    """The decode layout learned from *body* (None if no layout covers it)."""
+    mv = _body_view(body, 1 << 30)
+    meta_start, meta_end, spans = _spans(mv, *HEADER.unpack_from(mv))
+    return _learn_layout(mv, meta_start, meta_end, spans)
+
+
+def decoded(call: Any) -> tuple[str, object]:
+    """("ok", result) or ("raised", (exception type, message))."""
+    try:
+        return "ok", call()
+    except Exception as exc:
+        return "raised", (type(exc), str(exc))
+
+
+def assert_same_decode(layout: _Layout, compiled: Any, body: bytes | memoryview) -> bool:
+    """The compiled decode of *body* gives what the Python one gives (None, an equal
+    message - same types, values, dtypes, views - or the same error); True when it
+    gave a message."""
+    expected = decoded(lambda: layout.decode_py(body))
+    got = decoded(lambda: compiled(body))
+    assert got[0] == expected[0], (expected, got)
+    if expected[0] == "raised" or expected[1] is None:
+        assert got == expected
+        return False
+    assert_same_decoded(expected[1], got[1])
+    for want, have in zip(_arrays_in(expected[1]), _arrays_in(got[1]), strict=True):
+        assert (have.base is body) == (want.base is body)  # views into the body alike
+    return True
+
+
+def _arrays_in(obj: Any) -> list[np.ndarray[Any, Any]]:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, dict):
+        obj = list(obj.values())
+    return [v for v in obj if isinstance(v, np.ndarray)]
+
+
+@st.composite
+def mutated(draw: st.DrawFn, body: bytes) -> bytes:
+    """*body* with a byte flipped (in its head mostly), cut short, or one byte longer."""
+    how = draw(st.sampled_from(["flip_head", "flip_head", "flip_any", "cut", "extend"]))
+    if how == "cut":
+        return body[: draw(st.integers(0, len(body) - 1))]
+    if how == "extend":
+        return body + b"\0"
+    _, _, nbuf, meta_len = HEADER.unpack_from(body)
+    end = len(body) if how == "flip_any" else min(len(body), HEADER.size + 8 * nbuf + meta_len)
+    at = draw(st.integers(0, end - 1))
+    return body[:at] + bytes([body[at] ^ draw(st.integers(1, 255))]) + body[at + 1 :]
+
+
+@needs_extension
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes(other=False), st.data())
+def test_the_compiled_decode_is_the_python_twin(shape: Any, data: st.DataObject) -> None:
+    from _messages import build  # noqa: PLC0415
+
+    obj = build(shape, data.draw)
+    try:
+        body = Codec().encode(obj).to_bytes()
+    except (TypeError, ValueError):  # (what the codec refuses: not this test's business)
+        return
+    layout = layout_of(body)
+    if layout is None:
+        return
+    compiled = layout.compiled(_speedups)
+    assert assert_same_decode(layout, compiled, body)
+    assert_same_decode(layout, compiled, memoryview(body))
+    for _ in range(6):
+        probe = data.draw(mutated(body))
+        assert_same_decode(layout, compiled, probe)
+        assert_same_decode(layout, compiled, memoryview(probe))
+    # Another message of the shape: the same layout when only values changed.
+    try:
+        other = Codec().encode(build(shape, data.draw)).to_bytes()
+    except (TypeError, ValueError):
+        return
+    assert_same_decode(layout, compiled, other)
+
+
+@needs_extension
+def test_the_compiled_decode_of_every_value_kind_and_its_failures() -> None:
+    arr = np.arange(6, dtype=">i2").reshape(2, 3)
+    messages: list[Any] = [
+        (None, True, False, 0, 127, -1, -32, -33, 255, 2**16, 2**32, 2**64 - 1, -(2**63)),
+        (1.5, float("nan"), -0.0, np.float32(2.5), np.int8(-3), np.complex64(1j)),
+        ["s", "é" * 40, b"b" * 300, np.zeros(4, np.float32), arr, np.zeros((), np.int32)],
+        {"a": 1, "b": "x", "c": np.zeros(3)},
+        Pair(1, np.ones(2, np.uint8)),
+        Pair("x", None),
+    ]
+    gave = 0
+    for message_ in messages:
+        body = Codec().encode(message_).to_bytes()
+        layout = layout_of(body)
+        assert layout is not None, message_
+        compiled = layout.compiled(_speedups)
+        gave += assert_same_decode(layout, compiled, body)
+    assert gave == len(messages)
+    # A str that is not UTF-8 and a constructor that raises: None from both
+    body = Codec().encode(("abc", 1)).to_bytes()
+    layout = layout_of(body)
+    assert layout is not None
+    bad = body.replace(b"abc", b"a\xffc")
+    assert layout.decode_py(bad) is None
+    assert layout.compiled(_speedups)(bad) is None
+    body = Codec().encode(Pair(1, 2)).to_bytes()
+    layout = layout_of(body)
+    assert layout is not None
+    compiled = layout.compiled(_speedups)
+    Pair.__init__, saved = _raising_init, Pair.__init__  # type: ignore[method-assign]
+    try:
+        assert layout.decode_py(body) is None
+        assert compiled(body) is None
+    finally:
+        Pair.__init__ = saved  # type: ignore[method-assign]
+    assert isinstance(compiled(body), Pair)
+
+
+def _raising_init(self: Any, a: Any, b: Any) -> None:
+    raise ValueError("no")
 
 
 @message(name="tests.speedups.Pair")

@@ -16,8 +16,15 @@
  *
  * Wire layout (ezflow/_core/_codec/_format.py): u8 version | u8 flags | u16 nbuf |
  * u32 meta_len | nbuf x u64 buffer length | meta (msgpack) | padding to 16 | buffer.
- * All header fields little endian, msgpack fields big endian; written byte by byte
- * (no unaligned stores).
+ * All header fields little endian, msgpack fields big endian; written and read byte by
+ * byte (no unaligned loads or stores).
+ *
+ * Layout(size, mask, fixed, codes, spec, frombuffer, ndarray)
+ *   The compiled form of ezflow._core._codec._layouts._Layout (a decode layout learned
+ *   from a body). Its decode(body) returns exactly what _Layout.decode_py(body) returns:
+ *   the message, or None when the body does not match the layout or a value is invalid
+ *   (a str that is not UTF-8, a constructor that raises: the general decoder then says
+ *   what is wrong). spec and codes are described in _layouts.py (_Message, _Item).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -555,6 +562,321 @@ static PyTypeObject TemplateType = {
     .tp_new = Template_new,
 };
 
+/* ---------------------------------------------------------------- Layout */
+
+enum { OP_NONE = 0, OP_VALUE, OP_BOOL, OP_STR, OP_FROMBUFFER, OP_NDARRAY, OP_NPSCALAR };
+enum { K_TUPLE = 0, K_LIST, K_DICT, K_DATACLASS };
+
+typedef struct {
+    Py_ssize_t offset; /* of the value's bytes in the body */
+    Py_ssize_t size;
+    char code; /* struct code (big endian): BHIQbhiqfd, or s (size bytes) */
+} Value;
+
+typedef struct {
+    int op;
+    Py_ssize_t value;  /* OP_VALUE, OP_BOOL, OP_STR: which value */
+    PyObject *dtype;   /* arrays and numpy scalars */
+    PyObject *shape;   /* OP_FROMBUFFER: the count (int); OP_NDARRAY: the shape (tuple) */
+    PyObject *offset;  /* arrays and numpy scalars: the offset (int) */
+} Item;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t size;
+    Py_ssize_t check_len;
+    unsigned char *mask; /* check_len bytes each */
+    unsigned char *fixed;
+    Py_ssize_t nvalues;
+    Value *values;
+    int kind; /* K_* */
+    Py_ssize_t nitems;
+    Item *items;
+    PyObject *keys; /* tuple of str (K_DICT, K_DATACLASS) or None */
+    PyObject *cls;  /* the dataclass, or None */
+    PyObject *frombuffer;
+    PyObject *ndarray;
+    PyObject *empty; /* () */
+} LayoutObject;
+
+static void Layout_dealloc(LayoutObject *self) {
+    if (self->items != NULL) {
+        for (Py_ssize_t i = 0; i < self->nitems; i++) {
+            Py_XDECREF(self->items[i].dtype);
+            Py_XDECREF(self->items[i].shape);
+            Py_XDECREF(self->items[i].offset);
+        }
+    }
+    PyMem_Free(self->items);
+    PyMem_Free(self->values);
+    PyMem_Free(self->mask);
+    Py_XDECREF(self->keys);
+    Py_XDECREF(self->cls);
+    Py_XDECREF(self->frombuffer);
+    Py_XDECREF(self->ndarray);
+    Py_XDECREF(self->empty);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t code_size(char code) {
+    switch (code) {
+    case 'B': case 'b': return 1;
+    case 'H': case 'h': return 2;
+    case 'I': case 'i': case 'f': return 4;
+    case 'Q': case 'q': case 'd': return 8;
+    }
+    return -1;
+}
+
+static PyObject *Layout_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"size", "mask", "fixed", "codes", "spec", "frombuffer", "ndarray",
+                             NULL};
+    Py_ssize_t size;
+    PyObject *mask, *fixed, *codes, *spec, *frombuffer, *ndarray;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nO!O!O!O!OO", kwlist, &size, &PyBytes_Type,
+                                     &mask, &PyBytes_Type, &fixed, &PyTuple_Type, &codes,
+                                     &PyTuple_Type, &spec, &frombuffer, &ndarray))
+        return NULL;
+    Py_ssize_t check_len = PyBytes_GET_SIZE(mask);
+    if (PyBytes_GET_SIZE(fixed) != check_len || size < 0) {
+        PyErr_SetString(PyExc_ValueError, "mask and fixed differ in length");
+        return NULL;
+    }
+    int kind;
+    PyObject *items, *keys, *cls;
+    if (!PyArg_ParseTuple(spec, "iO!OO", &kind, &PyTuple_Type, &items, &keys, &cls)) return NULL;
+    if (kind < K_TUPLE || kind > K_DATACLASS) {
+        PyErr_Format(PyExc_ValueError, "unknown message kind %d", kind);
+        return NULL;
+    }
+    Py_ssize_t nitems = PyTuple_GET_SIZE(items);
+    if (kind >= K_DICT && (!PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) != nitems)) {
+        PyErr_SetString(PyExc_ValueError, "keys must be a tuple of one str per item");
+        return NULL;
+    }
+    LayoutObject *self = (LayoutObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->size = size;
+    self->check_len = check_len;
+    self->kind = kind;
+    self->nitems = nitems;
+    self->nvalues = PyTuple_GET_SIZE(codes);
+    self->mask = PyMem_Malloc((size_t)(2 * check_len + 1));
+    self->values = PyMem_Calloc((size_t)(self->nvalues + 1), sizeof(Value));
+    self->items = PyMem_Calloc((size_t)(nitems + 1), sizeof(Item));
+    if (self->mask == NULL || self->values == NULL || self->items == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->fixed = self->mask + check_len;
+    if (check_len) {
+        memcpy(self->mask, PyBytes_AS_STRING(mask), (size_t)check_len);
+        memcpy(self->fixed, PyBytes_AS_STRING(fixed), (size_t)check_len);
+    }
+    for (Py_ssize_t k = 0; k < self->nvalues; k++) {
+        Py_ssize_t offset, vsize;
+        const char *code;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(codes, k), "nsn", &offset, &code, &vsize))
+            goto fail;
+        char c = code[strlen(code) - 1]; /* "B", "d", "12s" */
+        if (offset < 0 || vsize < 0 || (c != 's' && code_size(c) != vsize) ||
+            (c != 's' && strlen(code) != 1)) {
+            PyErr_Format(PyExc_ValueError, "bad value code %s", code);
+            goto fail;
+        }
+        self->values[k].offset = offset;
+        self->values[k].size = vsize;
+        self->values[k].code = c;
+    }
+    for (Py_ssize_t i = 0; i < nitems; i++) {
+        int op;
+        PyObject *a, *b, *c;
+        Item *item = &self->items[i];
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(items, i), "iOOO", &op, &a, &b, &c)) goto fail;
+        item->op = op;
+        if (op == OP_VALUE || op == OP_BOOL || op == OP_STR) {
+            item->value = PyLong_AsSsize_t(a);
+            if (item->value == -1 && PyErr_Occurred()) goto fail;
+            if (item->value < 0 || item->value >= self->nvalues) {
+                PyErr_Format(PyExc_ValueError, "item %zd reads no value", i);
+                goto fail;
+            }
+        } else if (op == OP_FROMBUFFER || op == OP_NDARRAY || op == OP_NPSCALAR) {
+            Py_INCREF(a);
+            item->dtype = a;
+            Py_INCREF(b);
+            item->shape = b;
+            Py_INCREF(c);
+            item->offset = c;
+        } else if (op != OP_NONE) {
+            PyErr_Format(PyExc_ValueError, "unknown item op %d", op);
+            goto fail;
+        }
+    }
+    Py_INCREF(keys);
+    self->keys = keys;
+    Py_INCREF(cls);
+    self->cls = cls;
+    Py_INCREF(frombuffer);
+    self->frombuffer = frombuffer;
+    Py_INCREF(ndarray);
+    self->ndarray = ndarray;
+    self->empty = PyTuple_New(0);
+    if (self->empty == NULL) goto fail;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static inline uint64_t read_be(const unsigned char *p, Py_ssize_t n) {
+    uint64_t v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* Value k of the body, as struct.unpack (big endian) gives it. */
+static PyObject *value_of(const Value *v, const unsigned char *buf) {
+    const unsigned char *p = buf + v->offset;
+    switch (v->code) {
+    case 'B': case 'H': case 'I': case 'Q':
+        return PyLong_FromUnsignedLongLong(read_be(p, v->size));
+    case 'b': return PyLong_FromLong((int8_t)p[0]);
+    case 'h': return PyLong_FromLong((int16_t)(uint16_t)read_be(p, 2));
+    case 'i': return PyLong_FromLong((long)(int32_t)(uint32_t)read_be(p, 4));
+    case 'q': return PyLong_FromLongLong((long long)read_be(p, 8));
+    case 'f': {
+#if PY_VERSION_HEX >= 0x030B0000
+        double d = PyFloat_Unpack4((const char *)p, 0);
+#else
+        double d = _PyFloat_Unpack4(p, 0);
+#endif
+        if (d == -1.0 && PyErr_Occurred()) return NULL;
+        return PyFloat_FromDouble(d);
+    }
+    case 'd': {
+#if PY_VERSION_HEX >= 0x030B0000
+        double d = PyFloat_Unpack8((const char *)p, 0);
+#else
+        double d = _PyFloat_Unpack8(p, 0);
+#endif
+        if (d == -1.0 && PyErr_Occurred()) return NULL;
+        return PyFloat_FromDouble(d);
+    }
+    default: /* 's' */
+        return PyBytes_FromStringAndSize((const char *)p, v->size);
+    }
+}
+
+static PyObject *build_item(LayoutObject *self, const Item *item, PyObject *body,
+                            const unsigned char *buf) {
+    switch (item->op) {
+    case OP_NONE:
+        Py_RETURN_NONE;
+    case OP_VALUE:
+        return value_of(&self->values[item->value], buf);
+    case OP_BOOL:
+        return PyBool_FromLong(buf[self->values[item->value].offset] == 0xc3);
+    case OP_STR: {
+        const Value *v = &self->values[item->value];
+        return PyUnicode_DecodeUTF8((const char *)buf + v->offset, v->size, NULL);
+    }
+    case OP_FROMBUFFER: {
+        PyObject *args[4] = {body, item->dtype, item->shape, item->offset};
+        return PyObject_Vectorcall(self->frombuffer, args, 4, NULL);
+    }
+    case OP_NDARRAY: {
+        PyObject *args[4] = {item->shape, item->dtype, body, item->offset};
+        return PyObject_Vectorcall(self->ndarray, args, 4, NULL);
+    }
+    default: { /* OP_NPSCALAR */
+        PyObject *args[4] = {self->empty, item->dtype, body, item->offset};
+        PyObject *arr = PyObject_Vectorcall(self->ndarray, args, 4, NULL);
+        if (arr == NULL) return NULL;
+        PyObject *scalar = PyObject_GetItem(arr, self->empty);
+        Py_DECREF(arr);
+        return scalar;
+    }
+    }
+}
+
+/* decode(body): the message in body, or None (see _Layout.decode_py). */
+static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(body, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t n = view.len;
+    PyObject *result = NULL, *items = NULL;
+    /* int.from_bytes(body[:check_len], "little") & mask != fixed, byte by byte */
+    for (Py_ssize_t i = 0; i < self->check_len; i++) {
+        unsigned char b = i < n ? buf[i] : 0;
+        if ((b & self->mask[i]) != self->fixed[i]) goto none;
+    }
+    for (Py_ssize_t k = 0; k < self->nvalues; k++) { /* (struct.error: too short) */
+        if (self->values[k].offset + self->values[k].size > n) goto none;
+    }
+    Py_ssize_t nitems = self->nitems;
+    items = self->kind == K_LIST ? PyList_New(nitems) : PyTuple_New(nitems);
+    if (items == NULL) goto done;
+    for (Py_ssize_t i = 0; i < nitems; i++) {
+        PyObject *item = build_item(self, &self->items[i], body, buf);
+        if (item == NULL) goto failed;
+        if (self->kind == K_LIST) PyList_SET_ITEM(items, i, item);
+        else PyTuple_SET_ITEM(items, i, item);
+    }
+    if (self->kind <= K_LIST) {
+        result = items;
+        items = NULL;
+        goto done;
+    }
+    PyObject *fields = PyDict_New();
+    if (fields == NULL) goto done;
+    for (Py_ssize_t i = 0; i < nitems; i++) {
+        if (PyDict_SetItem(fields, PyTuple_GET_ITEM(self->keys, i), PyTuple_GET_ITEM(items, i)) <
+            0) {
+            Py_DECREF(fields);
+            goto failed;
+        }
+    }
+    if (self->kind == K_DICT) {
+        result = fields;
+        goto done;
+    }
+    result = PyObject_Call(self->cls, self->empty, fields);
+    Py_DECREF(fields);
+    if (result == NULL) goto failed;
+    goto done;
+failed:
+    /* (a str that is not UTF-8, a constructor that raises: the general decoder says
+     * what is wrong) - as `except Exception: return None` */
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done;
+    PyErr_Clear();
+none:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(items);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef Layout_methods[] = {
+    {"decode", (PyCFunction)Layout_decode, METH_O,
+     "decode(body) -> object | None: the message in body, exactly as "
+     "_Layout.decode_py returns it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LayoutType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ezflow._core._speedups.Layout",
+    .tp_basicsize = sizeof(LayoutObject),
+    .tp_dealloc = (destructor)Layout_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The compiled decode of bodies of one layout (see the module docstring).",
+    .tp_methods = Layout_methods,
+    .tp_new = Layout_new,
+};
+
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "ezflow._core._speedups",
@@ -568,12 +890,18 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     str_nbytes = PyUnicode_InternFromString("nbytes");
     str_tobytes = PyUnicode_InternFromString("tobytes");
     if (!str_dtype || !str_shape || !str_nbytes || !str_tobytes) return NULL;
-    if (PyType_Ready(&TemplateType) < 0) return NULL;
+    if (PyType_Ready(&TemplateType) < 0 || PyType_Ready(&LayoutType) < 0) return NULL;
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL) return NULL;
     Py_INCREF(&TemplateType);
     if (PyModule_AddObject(m, "Template", (PyObject *)&TemplateType) < 0) {
         Py_DECREF(&TemplateType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&LayoutType);
+    if (PyModule_AddObject(m, "Layout", (PyObject *)&LayoutType) < 0) {
+        Py_DECREF(&LayoutType);
         Py_DECREF(m);
         return NULL;
     }

@@ -19,3 +19,18 @@ class Template:
         max_empty: int,
     ) -> Template: ...
     def encode_small(self, obj: Any, limit: int, /) -> bytes | None: ...
+
+class Layout:
+    """The compiled decode of one body layout (``_layouts._Layout``'s twin)."""
+
+    def __new__(
+        cls,
+        size: int,
+        mask: bytes,
+        fixed: bytes,
+        codes: tuple[tuple[int, str, int], ...],
+        spec: tuple[int, tuple[tuple[int, Any, Any, Any], ...], tuple[str, ...] | None, Any],
+        frombuffer: Any,
+        ndarray: Any,
+    ) -> Layout: ...
+    def decode(self, body: bytes | memoryview, /) -> object: ...
