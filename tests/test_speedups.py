@@ -36,6 +36,9 @@ from ezflow._core._codec._layouts import _Layout, _learn_layout
 from ezflow._core._codec._registry import _TYPES_BY_CLASS
 from ezflow._core._codec._templates import _compiled_template, _Template, _template_for
 from ezflow._core._config import ENV_PURE_PYTHON
+from ezflow._core._framing import DATA, DATA_PREFIX, END, HEARTBEAT, LENGTH, TRACE
+from ezflow._transports._stream_channel import _small_frames_py
+from ezflow._transports._stream_frames import HEADER_SIZE
 
 try:
     from ezflow._core import _speedups
@@ -173,6 +176,76 @@ def test_every_msgpack_width_boundary_encodes_alike() -> None:
             assert outcome(lambda c=compiled, p=probe, n=limit: c(p, n)) == expected, probe
             compared += expected[0] == "ok" and expected[1] is not None
     assert compared > len(probes)  # (most are bytes at the larger limit, some at both)
+
+
+# --------------------------------------------------------------------------- framing
+
+# One frame of a stream a channel reads: a DATA frame of a body (any bytes, a small
+# message's body, one at the small-frame size or past it), a DATA frame shorter than
+# its header, a control frame, a header claiming more than any limit.
+_FRAME = st.one_of(
+    st.binary(max_size=60).map(lambda b: ("data", b)),
+    st.sampled_from([0, 1, SMALL_BODY - 1, SMALL_BODY, SMALL_BODY + 1]).map(
+        lambda n: ("data", bytes(n % 251 for n in range(n)))
+    ),
+    st.integers(0, HEADER_SIZE - 1).map(lambda n: ("short", n)),
+    st.sampled_from([HEARTBEAT, END, TRACE, 0, 255]).map(lambda k: ("control", k)),
+    st.just(("huge", 0)),
+)
+
+
+def frame_bytes(what: str, value: Any, seq: int) -> bytes:
+    if what == "data":
+        return (
+            DATA_PREFIX.pack(HEADER_SIZE + len(value), DATA, 0, seq, -seq, 2**64 - 1 - seq) + value
+        )
+    if what == "short":
+        return LENGTH.pack(value) + bytes([DATA]) + bytes(range(1, value))
+    if what == "control":
+        return LENGTH.pack(40) + bytes([value]) + bytes(39)
+    return DATA_PREFIX.pack(1 << 30, DATA, 0, seq, 0, 0)
+
+
+@needs_extension
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_FRAME, max_size=12),
+    st.data(),
+    st.sampled_from([300, 4096, 1 << 16, 1 << 30]),
+)
+def test_the_compiled_frame_split_is_the_python_twin(
+    frames: list[tuple[str, Any]], data: st.DataObject, max_frame_size: int
+) -> None:
+    stream = b"".join(frame_bytes(w, v, seq) for seq, (w, v) in enumerate(frames, 1))
+    buffer = memoryview(bytearray(b"\xee" * data.draw(st.integers(0, 50)) + stream + b"\xee"))
+    start = data.draw(st.integers(0, len(buffer)))
+    end = data.draw(st.integers(start, len(buffer)))
+    if data.draw(st.booleans()):  # (mostly a whole stream from its first frame)
+        start, end = len(buffer) - 1 - len(stream), len(buffer) - 1
+        # (cut short: a last frame a byte or two from whole, mostly)
+        cut = data.draw(st.sampled_from([0, 1, 2]) | st.integers(0, min(len(stream), 50)))
+        end -= min(cut, len(stream))
+    for slice_below in (SMALL_BODY + HEADER_SIZE, 100):
+        args = (buffer, start, end, max_frame_size, slice_below)
+        expected = outcome(lambda a=args: _small_frames_py(*a))
+        assert outcome(lambda a=args: _speedups.small_frames(*a)) == expected
+
+
+@needs_extension
+def test_the_compiled_frame_split_refuses_what_the_python_twin_refuses() -> None:
+    buffer = memoryview(bytearray(100))
+    for start, end in ((-1, 10), (10, 5), (0, 101), (101, 101)):
+        args = (buffer, start, end, 1 << 16, SMALL_BODY)
+        expected = outcome(lambda a=args: _small_frames_py(*a))
+        assert expected[0] == "raised"
+        assert outcome(lambda a=args: _speedups.small_frames(*a)) == expected
+    stream = b"".join(frame_bytes("data", b"x" * n, n) for n in range(5))
+    view = memoryview(stream)
+    got = _speedups.small_frames(view, 0, len(stream), 1 << 16, SMALL_BODY)
+    assert got == _small_frames_py(view, 0, len(stream), 1 << 16, SMALL_BODY)
+    assert [(seq, body, drops, sent) for _, seq, body, drops, sent in got] == [
+        (n, b"x" * n, 2**64 - 1 - n, -n) for n in range(5)
+    ]
 
 
 # --------------------------------------------------------------------------- decode
@@ -366,18 +439,33 @@ def test_no_leak_over_1e5_calls() -> None:
     ]
     broken = Pair(1, 2)
     del broken.b
-    calls = []
+    calls: list[tuple[Any, tuple[Any, ...]]] = []
     for template_message, probe in probes:
         found = twins(template_message)
         assert found is not None and found[1] is not None
-        calls.append((found[1], probe))
-    calls.append((twins(Pair(1, 2))[1], broken))  # type: ignore[index]  # AttributeError
+        calls.append((found[1], (probe, SMALL_BODY)))
+    calls.append((twins(Pair(1, 2))[1], (broken, SMALL_BODY)))  # type: ignore[index]
+    # decode: a tuple with an array view, a dataclass, a body that does not match, a
+    # str that is not UTF-8 (an error cleared), a constructor that raises
+    for message_ in ((0, 1, 2.5, arr), Pair("x", arr), ("abc", 1)):
+        body = Codec().encode(message_).to_bytes()
+        layout = layout_of(body)
+        assert layout is not None
+        decode = layout.compiled(_speedups)
+        calls += [(decode, (body,)), (decode, (memoryview(body),)), (decode, (bytes(len(body)),))]
+    calls.append((decode, (body.replace(b"abc", b"a\xffc"),)))
+    # frame splits: frames, none, a refused range
+    stream = b"".join(frame_bytes("data", b"x" * n, n) for n in range(40, 48))
+    view = memoryview(stream)
+    calls.append((_speedups.small_frames, (view, 0, len(stream), 1 << 16, SMALL_BODY)))
+    calls.append((_speedups.small_frames, (view, 0, 10, 1 << 16, SMALL_BODY)))
+    calls.append((_speedups.small_frames, (view, 5, 4, 1 << 16, SMALL_BODY)))
 
     def run(times: int) -> None:
-        for compiled, probe in calls:
+        for compiled, args in calls:
             for _ in range(times):
-                with contextlib.suppress(AttributeError):
-                    compiled(probe, SMALL_BODY)
+                with contextlib.suppress(AttributeError, ValueError):
+                    compiled(*args)
 
     run(1000)  # warm: caches, interned strings, free lists
     gc.collect()

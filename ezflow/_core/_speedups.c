@@ -25,6 +25,11 @@
  *   the message, or None when the body does not match the layout or a value is invalid
  *   (a str that is not UTF-8, a constructor that raises: the general decoder then says
  *   what is wrong). spec and codes are described in _layouts.py (_Message, _Item).
+ *
+ * small_frames(data, start, end, max_frame_size, slice_below)
+ *   The read loop's split of a read (ezflow/_transports/_stream_channel.py): the whole
+ *   small DATA frames at the front of data[start:end], as a list of (frame end, seq,
+ *   body bytes, drops, sent_ns), exactly as _small_frames_py gives them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -877,11 +882,93 @@ static PyTypeObject LayoutType = {
     .tp_new = Layout_new,
 };
 
+/* ---------------------------------------------------------------- small_frames */
+
+#define DATA_KIND 1
+#define DATA_PREFIX_SIZE 36 /* u32 length | u8 kind | u8 flags | 6 pad | u64 seq | i64 sent | u64 drops */
+#define DATA_HEADER_SIZE 32
+
+static inline uint64_t read_le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* small_frames(data, start, end, max_frame_size, slice_below): the twin of
+ * ezflow._transports._stream_channel._small_frames_py. */
+static PyObject *small_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                         "small_frames(data, start, end, max_frame_size, slice_below)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    if (end == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t max_frame_size = PyLong_AsSsize_t(args[3]);
+    if (max_frame_size == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t slice_below = PyLong_AsSsize_t(args[4]);
+    if (slice_below == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *frames = NULL;
+    if (start < 0 || start > end || end > view.len) {
+        PyErr_Format(PyExc_ValueError, "frames at %zd..%zd of a buffer of %zd bytes", start, end,
+                     view.len);
+        goto done;
+    }
+    frames = PyList_New(0);
+    if (frames == NULL) goto done;
+    const unsigned char *buf = view.buf;
+    while (end - start >= DATA_PREFIX_SIZE) {
+        const unsigned char *p = buf + start;
+        uint64_t size = read_le(p, 4);
+        Py_ssize_t frame_end = start + 4 + (Py_ssize_t)size;
+        if (p[4] != DATA_KIND || frame_end > end || size > (uint64_t)slice_below ||
+            size > (uint64_t)max_frame_size || size < DATA_HEADER_SIZE)
+            break;
+        PyObject *frame = PyTuple_New(5);
+        if (frame == NULL) {
+            Py_CLEAR(frames);
+            goto done;
+        }
+        PyTuple_SET_ITEM(frame, 0, PyLong_FromSsize_t(frame_end));
+        PyTuple_SET_ITEM(frame, 1, PyLong_FromUnsignedLongLong(read_le(p + 12, 8)));
+        PyTuple_SET_ITEM(frame, 2,
+                         PyBytes_FromStringAndSize((const char *)p + DATA_PREFIX_SIZE,
+                                                   frame_end - start - DATA_PREFIX_SIZE));
+        PyTuple_SET_ITEM(frame, 3, PyLong_FromUnsignedLongLong(read_le(p + 28, 8)));
+        PyTuple_SET_ITEM(frame, 4, PyLong_FromLongLong((long long)read_le(p + 20, 8)));
+        int failed = 0;
+        for (int i = 0; i < 5; i++) failed |= PyTuple_GET_ITEM(frame, i) == NULL;
+        if (failed || PyList_Append(frames, frame) < 0) {
+            Py_DECREF(frame);
+            Py_CLEAR(frames);
+            goto done;
+        }
+        Py_DECREF(frame);
+        start = frame_end;
+    }
+done:
+    PyBuffer_Release(&view);
+    return frames;
+}
+
+static PyMethodDef module_methods[] = {
+    {"small_frames", (PyCFunction)(void (*)(void))small_frames, METH_FASTCALL,
+     "small_frames(data, start, end, max_frame_size, slice_below) -> list: the whole "
+     "small DATA frames at the front of data[start:end], as _small_frames_py gives them."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "ezflow._core._speedups",
     .m_doc = "Compiled twins of ezflow's codec hot paths (optional; see _compiled.py).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {
