@@ -538,7 +538,6 @@ def test_ezflow_version_says_which_path_is_active() -> None:
 # one child pytest: the rest of the suite runs the compiled path where it is built.
 PURE_FILES = [
     "tests/test_codec_fastpaths.py",
-    "tests/test_channel.py",
     "tests/test_stream.py",
     "tests/test_tcp.py",
     "tests/test_transport_contract.py",
