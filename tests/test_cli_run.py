@@ -47,7 +47,7 @@ def test_version() -> None:
     result = ezflow("--version")
     assert result.returncode == 0
     # The distribution is ezflow-pubsub (`ezflow` on PyPI is another project).
-    assert result.stdout == f"ezflow {version('ezflow-pubsub')}\n"
+    assert result.stdout.startswith(f"ezflow {version('ezflow-pubsub')}\ncodec: ")
 
 
 def test_run_prints_the_real_address_and_the_processes_once() -> None:

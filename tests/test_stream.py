@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec, EncodedMessage
 from ezflow._core._config import PACED_GAP_NS
-from ezflow._core._framing import DATA, DATA_PREFIX, FramedProtocol
+from ezflow._core._framing import DATA, DATA_PREFIX, LENGTH, FramedProtocol
 from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PublisherInfo
 from ezflow._transports._stream_channel import ChannelConnection
@@ -198,6 +198,8 @@ _FRAMES = st.lists(
             st.binary(min_size=0, max_size=40).map(lambda b: ("garbage", b)),
             # a control frame between DATA frames (the read loop stops at it)
             st.just(("heartbeat", b"")),
+            # a DATA frame shorter than its header (a protocol error)
+            st.integers(1, HEADER_SIZE - 1).map(lambda n: ("short", n)),
         ),
         st.sampled_from([0, 0, 0, 1, 2]),
     ),
@@ -231,6 +233,9 @@ def test_the_channels_read_loop_is_the_frame_reader(
     for seq, ((what, value), dropped) in enumerate(frames, 1):
         if what == "heartbeat":
             stream.append(heartbeat_frame(0))
+            continue
+        if what == "short":
+            stream.append(LENGTH.pack(value) + bytes([DATA]) + bytes(range(1, value)))
             continue
         body = codec.encode(value).to_bytes() if what == "message" else value
         drops += dropped

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from .._core._compiled import active_path
 from .._core._config import DISTRIBUTION
 from .._core._exceptions import EzflowError
 from . import _echo, _foxglove, _inspect, _otel, _perf, _record, _run, _serve, _top, _trace, _zenoh
@@ -40,6 +41,8 @@ def _print_version(value: bool) -> None:
         except PackageNotFoundError:  # run from a source tree that was never installed
             text = "unknown (not installed)"
         typer.echo(f"ezflow {text}")
+        # (which codec path runs: the optional C extension, or pure Python)
+        typer.echo(f"codec: {active_path()}")
         raise typer.Exit(0)
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "ENV_GRAPH_ADDRESS",
     "ENV_HEARTBEAT_DEADLINE",
     "ENV_MAX_MESSAGE_SIZE",
+    "ENV_PURE_PYTHON",
     "ENV_SHM_DIR",
     "ENV_START_METHOD",
     "ENV_TELEMETRY_INTERVAL",
@@ -199,6 +200,11 @@ ENV_GRAPH_ADDRESS: Final = "EZFLOW_GRAPH_ADDRESS"
 ENV_TRANSPORT: Final = "EZFLOW_TRANSPORT"
 ENV_MAX_MESSAGE_SIZE: Final = "EZFLOW_MAX_MESSAGE_SIZE"
 ENV_EVENT_LOOP: Final = "EZFLOW_EVENT_LOOP"
+#: ``1`` runs ezflow's pure-Python codec even where the optional C extension
+#: (``ezflow._core._speedups``) is built; ``0`` or unset uses the extension when it is
+#: there (any other value counts as ``1``). Read once, when ezflow is imported
+#: (ezflow/_core/_compiled.py); ``ezflow --version`` says which path is active.
+ENV_PURE_PYTHON: Final = "EZFLOW_PURE_PYTHON"
 
 #: Unit graphs (ezflow.run, GraphRunner): seconds every unit process has to load,
 #: initialize and register its streams; seconds a unit process has to stop after being

@@ -269,10 +269,7 @@ class Codec:
         template = self._last_template
         if template is None or template.kind is not tp:
             return None
-        encoded = template.encode(obj, min(self._limit, SMALL_BODY))
-        if encoded is None:
-            return None
-        return encoded.parts[0]  # type: ignore[return-value]  # (one bytes part when small)
+        return template.encode_small(obj, self._limit)
 
     def _small_array_body(self, arr: np.ndarray[Any, Any]) -> bytes | None:
         """The whole body of *arr* as a top-level message, as one ``bytes`` object, when

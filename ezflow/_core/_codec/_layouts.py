@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, Final, cast
 
 import numpy as np
 
+from .._compiled import SPEEDUPS
 from ._dtypes import _array_from_payload, _dtype_from
 from ._format import _U32, EXT_DATACLASS, EXT_NDARRAY, EXT_NPSCALAR, EXT_TUPLE
 from ._registry import _TYPES_BY_NAME
@@ -50,7 +52,18 @@ class _Layout:
     views into the body, exactly as the general decoder does.
     """
 
-    __slots__ = ("build", "check_len", "fixed", "mask", "size", "values", "values_at")
+    __slots__ = (
+        "build",
+        "check_len",
+        "codes",
+        "decode",
+        "fixed",
+        "mask",
+        "size",
+        "spec",
+        "values",
+        "values_at",
+    )
 
     def __init__(
         self,
@@ -61,6 +74,9 @@ class _Layout:
         values: struct.Struct,
         values_at: int,
         build: Callable[[Any, tuple[Any, ...]], object],
+        spec: _Message,
+        codes: list[tuple[int, str, int]],
+        speedups: ModuleType | None = SPEEDUPS,
     ) -> None:
         self.size = size
         self.check_len = len(mask)
@@ -69,8 +85,29 @@ class _Layout:
         self.values = values
         self.values_at = values_at
         self.build = build
+        self.spec = spec
+        self.codes = tuple(codes)
+        #: ``decode(body)``: the compiled twin of :meth:`decode_py` where the C
+        #: extension is active (*speedups*), else that method
+        self.decode: Callable[[bytes | memoryview], object] = (
+            self.decode_py if speedups is None else self.compiled(speedups)
+        )
 
-    def decode(self, body: bytes | memoryview) -> object:
+    def compiled(self, speedups: ModuleType) -> Callable[[bytes | memoryview], object]:
+        """The ``decode`` of this layout's compiled twin (``speedups.Layout``)."""
+        compiled = speedups.Layout(
+            self.size,
+            self.mask.to_bytes(self.check_len, "little"),
+            self.fixed.to_bytes(self.check_len, "little"),
+            self.codes,
+            self.spec,
+            np.frombuffer,
+            np.ndarray,
+        )
+        decode: Callable[[bytes | memoryview], object] = compiled.decode
+        return decode
+
+    def decode_py(self, body: bytes | memoryview) -> object:
         """The message in *body* (bytes or a read-only byte memoryview of :attr:`size`
         bytes; the caller checks the length), or None if *body* does not match this
         layout or a value is invalid (the general decoder then raises)."""
@@ -81,6 +118,21 @@ class _Layout:
         except Exception:  # (a str that is not UTF-8, a constructor that raises)
             return None
 
+
+# A layout's message, for its compiled twin (``_speedups.Layout``): (kind, items, keys,
+# class), with kind one of _KIND_*, keys the dict keys or dataclass fields (else None),
+# class the dataclass (else None); each item (op, a, b, c), by op:
+#   _OP_NONE          None
+#   _OP_VALUE         value a of the unpacked values, as unpacked (int, float, bytes)
+#   _OP_BOOL          value a == 0xC3
+#   _OP_STR           str(value a, "utf-8")
+#   _OP_FROMBUFFER    numpy.frombuffer(body, a (dtype), b (count), c (offset))
+#   _OP_NDARRAY       numpy.ndarray(b (shape), a (dtype), body, c (offset))
+#   _OP_NPSCALAR      numpy.ndarray((), a (dtype), body, c (offset))[()]
+_Item = tuple[int, Any, Any, Any]
+_Message = tuple[int, tuple[_Item, ...], tuple[str, ...] | None, type | None]
+_OP_NONE, _OP_VALUE, _OP_BOOL, _OP_STR, _OP_FROMBUFFER, _OP_NDARRAY, _OP_NPSCALAR = range(7)
+_KIND_TUPLE, _KIND_LIST, _KIND_DICT, _KIND_DATACLASS = range(4)
 
 # msgpack markers of fixed-width numbers -> struct code of the value after the marker.
 _NUMBER_CODES: Final = {
@@ -181,34 +233,35 @@ class _LayoutWalker:
         self.skip_fixed(size)
         return bytes(self.body[start : self.pos]).decode()
 
-    def item(self) -> str:
-        """Walk one item; return the expression that rebuilds it from ``body`` and ``v``."""
+    def item(self) -> tuple[str, _Item]:
+        """Walk one item; return the expression that rebuilds it from ``body`` and
+        ``v``, and the same as an :data:`_Item` (for the compiled twin)."""
         marker = self.byte()
         pos = self.pos
         if marker <= 0x7F or marker >= 0xE0:  # fixint: the marker is the value
             self.mask[pos] = 0x80 if marker <= 0x7F else 0xE0
             self.fixed[pos] = 0x00 if marker <= 0x7F else 0xE0
-            return self.value_hole("B" if marker <= 0x7F else "b", 1)
+            return self.value("B" if marker <= 0x7F else "b", 1, _OP_VALUE, "{}")
         if marker == 0xC0:
             self.skip_fixed(1)
-            return "None"
+            return "None", (_OP_NONE, None, None, None)
         if marker in (0xC2, 0xC3):
             self.mask[pos], self.fixed[pos] = 0xFE, 0xC2
-            return f"({self.value_hole('B', 1)} == 0xC3)"
+            return self.value("B", 1, _OP_BOOL, "({} == 0xC3)")
         if marker in _NUMBER_CODES:
             fmt = _NUMBER_CODES[marker]
             self.skip_fixed(1)
-            return self.value_hole(fmt, struct.calcsize(fmt))
+            return self.value(fmt, struct.calcsize(fmt), _OP_VALUE, "{}")
         if 0xA0 <= marker <= 0xBF or marker in _STR_LENGTHS:
             if marker <= 0xBF:
                 self.skip_fixed(1)
                 size = marker & 0x1F
             else:
                 size = self.length(_STR_LENGTHS[marker])
-            return f"str({self.value_hole(f'{size}s', size)}, 'utf-8')"
+            return self.value(f"{size}s", size, _OP_STR, "str({}, 'utf-8')")
         if marker in _BIN_LENGTHS:
             size = self.length(_BIN_LENGTHS[marker])
-            return self.value_hole(f"{size}s", size)
+            return self.value(f"{size}s", size, _OP_VALUE, "{}")
         code, size = self.ext_header()
         start = self.pos
         if code == EXT_NDARRAY:
@@ -217,8 +270,14 @@ class _LayoutWalker:
             offset = self.spans[_U32.unpack_from(self.body, start)[0]][0]
             dtype = self.constant(array.dtype)
             if array.ndim == 1 and array.dtype.itemsize:
-                return f"frombuffer(body, {dtype}, {array.shape[0]}, {offset})"
-            return f"ndarray({self.constant(array.shape)}, {dtype}, body, {offset})"
+                return (
+                    f"frombuffer(body, {dtype}, {array.shape[0]}, {offset})",
+                    (_OP_FROMBUFFER, array.dtype, array.shape[0], offset),
+                )
+            return (
+                f"ndarray({self.constant(array.shape)}, {dtype}, body, {offset})",
+                (_OP_NDARRAY, array.dtype, array.shape, offset),
+            )
         if code == EXT_NPSCALAR and size >= 4:
             descr_len = _U32.unpack_from(self.body, start)[0]
             dt = _dtype_from(bytes(self.body[start + 4 : start + 4 + descr_len]))
@@ -227,37 +286,58 @@ class _LayoutWalker:
             self.skip_fixed(4 + descr_len)
             offset = self.pos
             self.pos += dt.itemsize  # the value's bytes are free, read in place
-            return f"ndarray((), {self.constant(dt)}, body, {offset})[()]"
+            return (
+                f"ndarray((), {self.constant(dt)}, body, {offset})[()]",
+                (_OP_NPSCALAR, dt, None, offset),
+            )
         raise _NotFlat
 
-    def items(self, count: int) -> list[str]:
+    def value(self, code: str, size: int, op: int, form: str) -> tuple[str, _Item]:
+        """A value hole (:meth:`value_hole`) made an item: *form* around its read."""
+        expr = self.value_hole(code, size)
+        return form.format(expr), (op, len(self.codes) - 1, None, None)
+
+    def items(self, count: int) -> list[tuple[str, _Item]]:
         if count > _TEMPLATE_MAX_ITEMS:
             raise _NotFlat
         return [self.item() for _ in range(count)]
 
-    def fields(self) -> str:
-        """Walk a map of str keys to items; return a dict display expression."""
+    def fields(self) -> tuple[str, tuple[str, ...], list[_Item]]:
+        """Walk a map of str keys to items; return a dict display expression, its keys
+        and its items."""
         count = self.count(0x80, 0x8F, {0xDE: 2, 0xDF: 4})
         if count > _TEMPLATE_MAX_ITEMS:
             raise _NotFlat
         pairs = []
+        keys = []
+        specs = []
         for _ in range(count):
-            key = self.constant(self.fixed_str())
-            pairs.append(f"{key}: {self.item()}")
-        return "{" + ", ".join(pairs) + "}"
+            name = self.fixed_str()
+            key = self.constant(name)
+            expr, spec = self.item()
+            pairs.append(f"{key}: {expr}")
+            keys.append(name)
+            specs.append(spec)
+        return "{" + ", ".join(pairs) + "}", tuple(keys), specs
 
-    def message(self) -> str:
-        """Walk the top-level container; return the expression that rebuilds it."""
+    def message(self) -> tuple[str, _Message]:
+        """Walk the top-level container; return the expression that rebuilds it, and
+        the same as a :data:`_Message` (for the compiled twin)."""
         marker = self.byte()
         if 0x90 <= marker <= 0x9F or marker in (0xDC, 0xDD):
-            return "[" + ", ".join(self.items(self.count(0x90, 0x9F, {0xDC: 2, 0xDD: 4}))) + "]"
+            items = self.items(self.count(0x90, 0x9F, {0xDC: 2, 0xDD: 4}))
+            expr = "[" + ", ".join(expr for expr, _ in items) + "]"
+            return expr, (_KIND_LIST, tuple(spec for _, spec in items), None, None)
         if 0x80 <= marker <= 0x8F or marker in (0xDE, 0xDF):
-            return self.fields()
+            expr, keys, specs = self.fields()
+            return expr, (_KIND_DICT, tuple(specs), keys, None)
         code, size = self.ext_header()
         end = self.pos + size
+        spec: _Message
         if code == EXT_TUPLE:
             items = self.items(self.count(0x90, 0x9F, {0xDC: 2, 0xDD: 4}))
-            expr = "(" + "".join(f"{item}, " for item in items) + ")"
+            expr = "(" + "".join(f"{expr}, " for expr, _ in items) + ")"
+            spec = (_KIND_TUPLE, tuple(spec for _, spec in items), None, None)
         elif code == EXT_DATACLASS:
             if self.byte() != 0x92:
                 raise _NotFlat
@@ -265,12 +345,14 @@ class _LayoutWalker:
             entry = _TYPES_BY_NAME.get(self.fixed_str())
             if entry is None:
                 raise _NotFlat
-            expr = f"{self.constant(entry.cls)}(**{self.fields()})"
+            fields, keys, specs = self.fields()
+            expr = f"{self.constant(entry.cls)}(**{fields})"
+            spec = (_KIND_DATACLASS, tuple(specs), keys, entry.cls)
         else:
             raise _NotFlat
         if self.pos != end:
             raise _NotFlat
-        return expr
+        return expr, spec
 
 
 def _learn_layout(
@@ -284,7 +366,7 @@ def _learn_layout(
     walker = _LayoutWalker(body, head, spans)
     try:
         walker.skip_fixed(meta_start)  # version, flags, counts, buffer lengths
-        expr = walker.message()
+        expr, spec = walker.message()
     except Exception:  # (_NotFlat, mostly) learning is an optimisation: never an error
         return None
     if walker.pos != meta_end:
@@ -308,6 +390,8 @@ def _learn_layout(
         values=struct.Struct("".join(fmt)),
         values_at=at_first,
         build=cast(Callable[[Any, tuple[Any, ...]], object], namespace["build"]),
+        spec=spec,
+        codes=walker.codes,
     )
 
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, Final
 
 import msgpack
 import numpy as np
 
+from .._compiled import SPEEDUPS
 from ._dtypes import _ENC_DTYPES, _array_bytes, _encode_dtype
 from ._format import (
     _ARRAY_HEADS,
@@ -111,7 +113,7 @@ class _Template:
     arrays and numpy scalars as ext values) and the arrays, or None.
     """
 
-    __slots__ = ("entry", "exports", "kind", "prepare")
+    __slots__ = ("encode_small", "entry", "exports", "kind", "prepare")
 
     def __init__(self, kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> None:
         self.kind = kind
@@ -140,6 +142,18 @@ class _Template:
         self.prepare: Callable[[Any, int], tuple[Any, tuple[Any, ...]] | None] = namespace[
             "prepare"
         ]
+        #: ``encode_small(obj, limit)``: the compiled twin of :meth:`encode_small_py`
+        #: where the C extension is active and covers the shape, else that method
+        self.encode_small: Callable[[Any, int], bytes | None] = (
+            _compiled_template(kind, names, values, self.entry) or self.encode_small_py
+        )
+
+    def encode_small_py(self, obj: Any, limit: int) -> bytes | None:
+        """The whole body of *obj* as one ``bytes`` object when it has this shape and a
+        body of at most ``min(limit, SMALL_BODY)`` bytes, else None (what
+        :meth:`encode` returns, capped at ``SMALL_BODY``: its one part)."""
+        encoded = self.encode(obj, min(limit, SMALL_BODY))
+        return None if encoded is None else encoded.parts[0]  # type: ignore[return-value]
 
     def encode(self, obj: Any, limit: int) -> EncodedMessage | None:
         """*obj* encoded exactly as the general encoder does it (a body of at most
@@ -203,6 +217,47 @@ class _Template:
         first = b"".join((header, head, inner, _PADDING[pad]))
         data = _array_bytes(arr, self.exports[0], nbytes)
         return _new_encoded(EncodedMessage, ([first, data], total))
+
+
+# What _speedups.Template is told each item is.
+_ITEM_KINDS: Final[dict[type, int]] = {
+    type(None): 0, bool: 1, int: 2, float: 3, str: 4, bytes: 5, np.ndarray: 6,
+}  # fmt: skip
+_CONTAINERS: Final[dict[type, int]] = {tuple: 0, list: 1, dict: 2}
+
+
+def _compiled_template(
+    kind: type,
+    names: tuple[str, ...] | None,
+    values: tuple[Any, ...],
+    entry: Any,
+    speedups: ModuleType | None = SPEEDUPS,
+) -> Callable[[Any, int], bytes | None] | None:
+    """The compiled ``encode_small`` of the shape of *values* (``_speedups.Template``
+    of *speedups*, the active extension by default), or None where no extension is
+    active or it does not cover the shape (numpy scalars, two arrays or more: the
+    pure-Python path encodes those). *entry* is the dataclass's registry entry."""
+    if speedups is None:
+        return None
+    item_kinds = tuple(_ITEM_KINDS.get(type(value), -1) for value in values)
+    if -1 in item_kinds or item_kinds.count(_ITEM_KINDS[np.ndarray]) > 1:
+        return None
+    array = next((value for value in values if type(value) is np.ndarray), None)
+    dtype = None if array is None else array.dtype
+    compiled = speedups.Template(
+        kind,
+        _CONTAINERS.get(kind, 3),
+        names,
+        tuple(map(type, values)),
+        item_kinds,
+        dtype,
+        0 if array is None else array.ndim,
+        b"" if dtype is None else (_ENC_DTYPES.get(dtype) or _encode_dtype(dtype))[0],
+        b"" if entry is None else entry.prefix,
+        _MAX_EMPTY_ITEMS,
+    )
+    encode_small: Callable[[Any, int], bytes | None] = compiled.encode_small
+    return encode_small
 
 
 def _prepare_source(kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> str:

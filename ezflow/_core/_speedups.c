@@ -1,0 +1,996 @@
+/* ezflow._core._speedups: the compiled twin of the codec's small-message encode.
+ *
+ * Optional: setup.py builds it when a C compiler is there; without one (or with
+ * EZFLOW_PURE_PYTHON=1) ezflow runs the pure-Python path, which stays the reference.
+ * ezflow/_core/_compiled.py chooses, once, at import.
+ *
+ * Template(kind, container, count, names, getter, types, slots, prefix, max_empty)
+ *   The compiled form of ezflow._core._codec._templates._Template for shapes of at most
+ *   one array and no numpy scalar. Its encode_small(obj, limit) returns exactly what
+ *   the pure-Python _Template.encode_small(obj, limit) returns: the whole body as one
+ *   bytes object, or None when the general path must decide (another shape, an int out
+ *   of msgpack's range, a str that is not Unicode, a body over the limit or over
+ *   SMALL_BODY). An exception raised while reading the message (a dataclass field that
+ *   is missing, a dict key whose __eq__ raises) propagates as it does there.
+ *   tests/test_speedups.py pins the two together (hypothesis).
+ *
+ * Wire layout (ezflow/_core/_codec/_format.py): u8 version | u8 flags | u16 nbuf |
+ * u32 meta_len | nbuf x u64 buffer length | meta (msgpack) | padding to 16 | buffer.
+ * All header fields little endian, msgpack fields big endian; written and read byte by
+ * byte (no unaligned loads or stores).
+ *
+ * Layout(size, mask, fixed, codes, spec, frombuffer, ndarray)
+ *   The compiled form of ezflow._core._codec._layouts._Layout (a decode layout learned
+ *   from a body). Its decode(body) returns exactly what _Layout.decode_py(body) returns:
+ *   the message, or None when the body does not match the layout or a value is invalid
+ *   (a str that is not UTF-8, a constructor that raises: the general decoder then says
+ *   what is wrong). spec and codes are described in _layouts.py (_Message, _Item).
+ *
+ * small_frames(data, start, end, max_frame_size, slice_below)
+ *   The read loop's split of a read (ezflow/_transports/_stream_channel.py): the whole
+ *   small DATA frames at the front of data[start:end], as a list of (frame end, seq,
+ *   body bytes, drops, sent_ns), exactly as _small_frames_py gives them.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FORMAT_VERSION 1
+#define SMALL_BODY 4096
+#define INLINE_BYTES_LIMIT 1024
+#define BUFFER_ALIGNMENT 16
+#define EXT_TUPLE 1
+#define EXT_NDARRAY 2
+#define EXT_DATACLASS 6
+#define MAX_NDIM 64
+
+/* container kinds */
+enum { C_TUPLE = 0, C_LIST = 1, C_DICT = 2, C_DATACLASS = 3 };
+/* item kinds */
+enum { I_NONE = 0, I_BOOL = 1, I_INT = 2, I_FLOAT = 3, I_STR = 4, I_BYTES = 5, I_ARRAY = 6 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *kind;      /* the container type (exact) */
+    int container;       /* C_* */
+    Py_ssize_t count;    /* items */
+    PyObject *names;     /* tuple of str (dict keys, dataclass fields) or None */
+    PyObject *types;     /* tuple of item types (exact) */
+    int *item_kinds;     /* I_* per item */
+    Py_ssize_t array_at; /* index of the array item, -1: none */
+    PyObject *dtype;     /* the array's dtype */
+    Py_ssize_t ndim;     /* the array's ndim */
+    PyObject *descr;     /* bytes: the array's packed descr */
+    PyObject *prefix;    /* bytes: a dataclass's prefix (b"\x92" + packed name), or b"" */
+    long long max_empty; /* _MAX_EMPTY_ITEMS */
+} TemplateObject;
+
+static PyObject *str_dtype, *str_shape, *str_nbytes, *str_tobytes;
+
+/* ---------------------------------------------------------------- a byte writer */
+
+typedef struct {
+    unsigned char *p;
+    unsigned char *end;
+} Out;
+
+static inline int room(Out *o, Py_ssize_t n) { return o->end - o->p >= n; }
+
+static inline int put1(Out *o, unsigned char b) {
+    if (!room(o, 1)) return 0;
+    *o->p++ = b;
+    return 1;
+}
+
+static inline int put_be(Out *o, unsigned char marker, uint64_t v, int size) {
+    if (!room(o, 1 + size)) return 0;
+    *o->p++ = marker;
+    for (int i = size - 1; i >= 0; i--) *o->p++ = (unsigned char)(v >> (8 * i));
+    return 1;
+}
+
+static inline int put_raw(Out *o, const void *data, Py_ssize_t n) {
+    if (!room(o, n)) return 0;
+    if (n) memcpy(o->p, data, (size_t)n);
+    o->p += n;
+    return 1;
+}
+
+/* msgpack's int, as msgpack-python packs it (smallest form; unsigned markers for
+ * non-negative values). 0: no room. */
+static int pack_int64(Out *o, long long d) {
+    if (d < -(1LL << 5)) {
+        if (d < -(1LL << 15)) {
+            if (d < -(1LL << 31)) return put_be(o, 0xd3, (uint64_t)d, 8);
+            return put_be(o, 0xd2, (uint64_t)(uint32_t)(int32_t)d, 4);
+        }
+        if (d < -(1LL << 7)) return put_be(o, 0xd1, (uint64_t)(uint16_t)(int16_t)d, 2);
+        return put_be(o, 0xd0, (uint64_t)(uint8_t)(int8_t)d, 1);
+    }
+    if (d < (1LL << 7)) return put1(o, (unsigned char)(int8_t)d);
+    if (d < (1LL << 16)) {
+        if (d < (1LL << 8)) return put_be(o, 0xcc, (uint64_t)d, 1);
+        return put_be(o, 0xcd, (uint64_t)d, 2);
+    }
+    if (d < (1LL << 32)) return put_be(o, 0xce, (uint64_t)d, 4);
+    return put_be(o, 0xcf, (uint64_t)d, 8);
+}
+
+static int pack_len(Out *o, Py_ssize_t n, int fix, int fix_max, unsigned char m16,
+                    unsigned char m32) {
+    if (n < fix_max) return put1(o, (unsigned char)(fix | n));
+    if (n < 0x10000) return put_be(o, m16, (uint64_t)n, 2);
+    return put_be(o, m32, (uint64_t)n, 4);
+}
+
+static int pack_str_header(Out *o, Py_ssize_t n) {
+    if (n < 32) return put1(o, (unsigned char)(0xa0 | n));
+    if (n < 0x100) return put_be(o, 0xd9, (uint64_t)n, 1);
+    if (n < 0x10000) return put_be(o, 0xda, (uint64_t)n, 2);
+    return put_be(o, 0xdb, (uint64_t)n, 4);
+}
+
+static int pack_ext_header(Out *o, Py_ssize_t n, int code) {
+    int ok;
+    switch (n) {
+    case 1: ok = put1(o, 0xd4); break;
+    case 2: ok = put1(o, 0xd5); break;
+    case 4: ok = put1(o, 0xd6); break;
+    case 8: ok = put1(o, 0xd7); break;
+    case 16: ok = put1(o, 0xd8); break;
+    default:
+        if (n < 0x100) ok = put_be(o, 0xc7, (uint64_t)n, 1);
+        else if (n < 0x10000) ok = put_be(o, 0xc8, (uint64_t)n, 2);
+        else ok = put_be(o, 0xc9, (uint64_t)n, 4);
+    }
+    return ok && put1(o, (unsigned char)code);
+}
+
+static int pack_ustr(Out *o, PyObject *s, int *failed) {
+    Py_ssize_t n;
+    const char *data = PyUnicode_AsUTF8AndSize(s, &n);
+    if (data == NULL) { /* not Unicode (lone surrogates): the general path says so */
+        PyErr_Clear();
+        *failed = 1;
+        return 0;
+    }
+    return pack_str_header(o, n) && put_raw(o, data, n);
+}
+
+/* ---------------------------------------------------------------- Template */
+
+static void Template_dealloc(TemplateObject *self) {
+    Py_XDECREF(self->kind);
+    Py_XDECREF(self->names);
+    Py_XDECREF(self->types);
+    Py_XDECREF(self->dtype);
+    Py_XDECREF(self->descr);
+    Py_XDECREF(self->prefix);
+    PyMem_Free(self->item_kinds);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Template_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"kind",   "container", "names",  "types", "item_kinds",
+                             "dtype",  "ndim",      "descr",  "prefix", "max_empty", NULL};
+    PyObject *kind, *names, *types, *item_kinds, *dtype, *descr, *prefix;
+    int container;
+    Py_ssize_t ndim;
+    long long max_empty;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiOO!O!OnO!O!L", kwlist, &kind, &container,
+                                     &names, &PyTuple_Type, &types, &PyTuple_Type, &item_kinds,
+                                     &dtype, &ndim, &PyBytes_Type, &descr, &PyBytes_Type,
+                                     &prefix, &max_empty))
+        return NULL;
+    if (!PyType_Check(kind)) {
+        PyErr_SetString(PyExc_TypeError, "kind must be a type");
+        return NULL;
+    }
+    if (container < C_TUPLE || container > C_DATACLASS) {
+        PyErr_Format(PyExc_ValueError, "unknown container kind %d", container);
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(types);
+    if (PyTuple_GET_SIZE(item_kinds) != count) {
+        PyErr_SetString(PyExc_ValueError, "types and item_kinds differ in length");
+        return NULL;
+    }
+    if (container >= C_DICT) {
+        if (!PyTuple_Check(names) || PyTuple_GET_SIZE(names) != count) {
+            PyErr_SetString(PyExc_ValueError, "names must be a tuple of one str per item");
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(names, i))) {
+                PyErr_SetString(PyExc_ValueError, "names must be str");
+                return NULL;
+            }
+        }
+    }
+    if (ndim < 0 || ndim > MAX_NDIM) {
+        PyErr_Format(PyExc_ValueError, "ndim %zd out of range", ndim);
+        return NULL;
+    }
+    TemplateObject *self = (TemplateObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->item_kinds = PyMem_Calloc((size_t)(count ? count : 1), sizeof(int));
+    if (self->item_kinds == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->array_at = -1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *tp = PyTuple_GET_ITEM(types, i);
+        long k = PyLong_AsLong(PyTuple_GET_ITEM(item_kinds, i));
+        if (k == -1 && PyErr_Occurred()) goto fail;
+        if (!PyType_Check(tp) || k < I_NONE || k > I_ARRAY) {
+            PyErr_Format(PyExc_ValueError, "bad item %zd", i);
+            goto fail;
+        }
+        if (k == I_ARRAY) {
+            if (self->array_at >= 0) {
+                PyErr_SetString(PyExc_ValueError, "at most one array");
+                goto fail;
+            }
+            self->array_at = i;
+        }
+        self->item_kinds[i] = (int)k;
+    }
+    self->container = container;
+    self->count = count;
+    Py_INCREF(kind);
+    self->kind = kind;
+    Py_INCREF(names);
+    self->names = names;
+    Py_INCREF(types);
+    self->types = types;
+    Py_INCREF(dtype);
+    self->dtype = dtype;
+    self->ndim = ndim;
+    Py_INCREF(descr);
+    self->descr = descr;
+    Py_INCREF(prefix);
+    self->prefix = prefix;
+    self->max_empty = max_empty;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+/* Pack one item (type already checked). 1: done; 0: give up (None); -1: error set. */
+static int pack_item(TemplateObject *self, Py_ssize_t i, PyObject *v, Out *o,
+                     Py_ssize_t shape_n, const long long *shape) {
+    int failed = 0;
+    switch (self->item_kinds[i]) {
+    case I_NONE:
+        return put1(o, 0xc0);
+    case I_BOOL:
+        return put1(o, v == Py_True ? 0xc3 : 0xc2);
+    case I_INT: {
+        int overflow = 0;
+        long long d = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (d == -1 && PyErr_Occurred()) return -1;
+        if (overflow == 0) return pack_int64(o, d);
+        if (overflow < 0) return 0; /* below int64: msgpack raises OverflowError */
+        unsigned long long u = PyLong_AsUnsignedLongLong(v);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear(); /* above uint64 */
+            return 0;
+        }
+        return put_be(o, 0xcf, (uint64_t)u, 8);
+    }
+    case I_FLOAT: {
+        double d = PyFloat_AS_DOUBLE(v);
+        uint64_t bits;
+        memcpy(&bits, &d, sizeof bits);
+        return put_be(o, 0xcb, bits, 8);
+    }
+    case I_STR: {
+        int ok = pack_ustr(o, v, &failed);
+        return failed ? 0 : ok;
+    }
+    case I_BYTES: {
+        Py_ssize_t n = PyBytes_GET_SIZE(v);
+        if (n >= INLINE_BYTES_LIMIT) return 0;
+        int ok = n < 0x100 ? put_be(o, 0xc4, (uint64_t)n, 1) : put_be(o, 0xc5, (uint64_t)n, 2);
+        return ok && put_raw(o, PyBytes_AS_STRING(v), n);
+    }
+    case I_ARRAY: {
+        /* EXT_NDARRAY: u32 buffer index (0) | u8 ndim | ndim x u64 shape | descr */
+        Py_ssize_t dlen = PyBytes_GET_SIZE(self->descr);
+        Py_ssize_t plen = 5 + 8 * shape_n + dlen;
+        if (!pack_ext_header(o, plen, EXT_NDARRAY) || !room(o, plen)) return 0;
+        memset(o->p, 0, 4);
+        o->p[4] = (unsigned char)shape_n;
+        o->p += 5;
+        for (Py_ssize_t k = 0; k < shape_n; k++) {
+            uint64_t d = (uint64_t)shape[k];
+            for (int b = 0; b < 8; b++) *o->p++ = (unsigned char)(d >> (8 * b));
+        }
+        return put_raw(o, PyBytes_AS_STRING(self->descr), dlen);
+    }
+    }
+    return 0;
+}
+
+/* The items of obj, as a new list of count references (checked: container, length,
+ * keys). NULL with no error set: not of this shape. */
+static PyObject *items_of(TemplateObject *self, PyObject *obj) {
+    Py_ssize_t count = self->count;
+    PyObject *items = PyList_New(count);
+    if (items == NULL) return NULL;
+    switch (self->container) {
+    case C_TUPLE:
+    case C_LIST: {
+        Py_ssize_t n = self->container == C_TUPLE ? PyTuple_GET_SIZE(obj) : PyList_GET_SIZE(obj);
+        if (n != count) goto miss;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *v = self->container == C_TUPLE ? PyTuple_GET_ITEM(obj, i)
+                                                     : PyList_GET_ITEM(obj, i);
+            Py_INCREF(v);
+            PyList_SET_ITEM(items, i, v);
+        }
+        return items;
+    }
+    case C_DICT: {
+        /* len(obj) != count or tuple(obj) != NAMES, then obj.values() unpacked */
+        if (PyDict_GET_SIZE(obj) != count) goto miss;
+        PyObject *keys = PySequence_Tuple(obj);
+        if (keys == NULL) goto error;
+        int ne = PyObject_RichCompareBool(keys, self->names, Py_NE);
+        Py_DECREF(keys);
+        if (ne < 0) goto error;
+        if (ne) goto miss;
+        Py_ssize_t pos = 0, i = 0, n = PyDict_GET_SIZE(obj);
+        PyObject *key, *value;
+        if (n != count) { /* (a key's __eq__ changed the dict meanwhile) */
+            if (n > count)
+                PyErr_Format(PyExc_ValueError, "too many values to unpack (expected %zd)",
+                             count);
+            else
+                PyErr_Format(PyExc_ValueError,
+                             "not enough values to unpack (expected %zd, got %zd)", count, n);
+            goto error;
+        }
+        while (PyDict_Next(obj, &pos, &key, &value)) {
+            Py_INCREF(value);
+            PyList_SET_ITEM(items, i, value);
+            i++;
+        }
+        return items;
+    }
+    default: /* C_DATACLASS: attrgetter(*names)(obj) */
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *v = PyObject_GetAttr(obj, PyTuple_GET_ITEM(self->names, i));
+            if (v == NULL) goto error;
+            PyList_SET_ITEM(items, i, v);
+        }
+        return items;
+    }
+miss:
+    Py_DECREF(items);
+    return NULL;
+error:
+    Py_DECREF(items);
+    return NULL;
+}
+
+/* An array item's shape (checked against dtype and ndim), nbytes and data. 1: ok;
+ * 0: not of this shape; -1: error set. On 1, *data is a new reference (bytes) or NULL
+ * with *view filled (release it). */
+static int array_of(TemplateObject *self, PyObject *arr, long long *shape, Py_ssize_t *nbytes,
+                    Py_buffer *view, PyObject **data) {
+    int result = -1;
+    PyObject *dtype = NULL, *shp = NULL, *nb = NULL;
+    *data = NULL;
+    view->obj = NULL;
+    dtype = PyObject_GetAttr(arr, str_dtype);
+    if (dtype == NULL) goto done;
+    if (dtype != self->dtype) { /* (d is A.dtype or d == A.dtype) */
+        int eq = PyObject_RichCompareBool(dtype, self->dtype, Py_EQ);
+        if (eq < 0) goto done;
+        if (!eq) {
+            result = 0;
+            goto done;
+        }
+    }
+    shp = PyObject_GetAttr(arr, str_shape);
+    if (shp == NULL) goto done;
+    if (!PyTuple_Check(shp) || PyTuple_GET_SIZE(shp) != self->ndim) {
+        result = 0;
+        goto done;
+    }
+    long long size = 1;
+    for (Py_ssize_t k = 0; k < self->ndim; k++) {
+        long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(shp, k));
+        if (d == -1 && PyErr_Occurred()) goto done;
+        shape[k] = d;
+        if (size && d && size > (long long)0x7fffffffffffffffLL / d) size = 0x7fffffffffffffffLL;
+        else size *= d;
+    }
+    nb = PyObject_GetAttr(arr, str_nbytes);
+    if (nb == NULL) goto done;
+    *nbytes = PyLong_AsSsize_t(nb);
+    if (*nbytes == -1 && PyErr_Occurred()) goto done;
+    if (*nbytes > SMALL_BODY || (*nbytes == 0 && size > self->max_empty)) {
+        result = 0;
+        goto done;
+    }
+    if (PyObject_GetBuffer(arr, view, PyBUF_C_CONTIGUOUS) == 0 && view->len == *nbytes) {
+        result = 1;
+        goto done;
+    }
+    if (view->obj != NULL) PyBuffer_Release(view);
+    view->obj = NULL;
+    PyErr_Clear(); /* not C-contiguous, or a dtype the buffer protocol refuses */
+    *data = PyObject_CallMethodNoArgs(arr, str_tobytes);
+    if (*data == NULL) goto done;
+    if (!PyBytes_Check(*data) || PyBytes_GET_SIZE(*data) != *nbytes) {
+        Py_CLEAR(*data);
+        result = 0;
+        goto done;
+    }
+    result = 1;
+done:
+    Py_XDECREF(dtype);
+    Py_XDECREF(shp);
+    Py_XDECREF(nb);
+    return result;
+}
+
+static PyObject *Template_encode_small(TemplateObject *self, PyObject *const *args,
+                                       Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "encode_small(obj, limit)");
+        return NULL;
+    }
+    PyObject *obj = args[0];
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    if (limit > SMALL_BODY) limit = SMALL_BODY;
+    if ((PyObject *)Py_TYPE(obj) != self->kind) Py_RETURN_NONE;
+
+    PyObject *items = items_of(self, obj);
+    if (items == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *result = NULL;
+    PyObject *data = NULL;
+    Py_buffer view;
+    view.obj = NULL;
+    long long shape[MAX_NDIM];
+    Py_ssize_t nbytes = 0, shape_n = 0;
+    Py_ssize_t count = self->count;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if ((PyObject *)Py_TYPE(PyList_GET_ITEM(items, i)) != PyTuple_GET_ITEM(self->types, i))
+            goto none;
+    }
+    if (self->array_at >= 0) {
+        int ok = array_of(self, PyList_GET_ITEM(items, self->array_at), shape, &nbytes, &view,
+                          &data);
+        if (ok < 0) goto done;
+        if (ok == 0) goto none;
+        shape_n = self->ndim;
+        if (nbytes > limit) goto none;
+    }
+
+    /* inner: the packed container (array of items, or map of names to items) */
+    unsigned char inner_buf[SMALL_BODY];
+    Out o = {inner_buf, inner_buf + sizeof inner_buf};
+    int ok = self->container <= C_LIST ? pack_len(&o, count, 0x90, 16, 0xdc, 0xdd)
+                                       : pack_len(&o, count, 0x80, 16, 0xde, 0xdf);
+    for (Py_ssize_t i = 0; ok && i < count; i++) {
+        if (self->container >= C_DICT) {
+            int failed = 0;
+            ok = pack_ustr(&o, PyTuple_GET_ITEM(self->names, i), &failed);
+            if (!ok) break;
+        }
+        int r = pack_item(self, i, PyList_GET_ITEM(items, i), &o, shape_n, shape);
+        if (r < 0) goto done;
+        ok = r;
+    }
+    if (!ok) goto none;
+    Py_ssize_t inner_len = o.p - inner_buf;
+
+    /* head: the tuple's or dataclass's ext header (+ the dataclass prefix) */
+    unsigned char head_buf[16];
+    Out h = {head_buf, head_buf + sizeof head_buf};
+    Py_ssize_t prefix_len = 0;
+    if (self->container == C_TUPLE) {
+        pack_ext_header(&h, inner_len, EXT_TUPLE);
+    } else if (self->container == C_DATACLASS) {
+        prefix_len = PyBytes_GET_SIZE(self->prefix);
+        pack_ext_header(&h, inner_len + prefix_len, EXT_DATACLASS);
+    }
+    Py_ssize_t head_len = h.p - head_buf;
+    Py_ssize_t meta_len = head_len + prefix_len + inner_len;
+    int nbuf = self->array_at >= 0;
+    Py_ssize_t pos = 8 + 8 * nbuf + meta_len;
+    Py_ssize_t pad = nbuf ? (-pos & (BUFFER_ALIGNMENT - 1)) : 0;
+    Py_ssize_t total = pos + pad + nbytes;
+    if (total > limit) goto none;
+
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(result);
+    p[0] = FORMAT_VERSION;
+    p[1] = 0;
+    p[2] = (unsigned char)nbuf;
+    p[3] = 0;
+    for (int b = 0; b < 4; b++) p[4 + b] = (unsigned char)((uint64_t)meta_len >> (8 * b));
+    p += 8;
+    if (nbuf) {
+        for (int b = 0; b < 8; b++) p[b] = (unsigned char)((uint64_t)nbytes >> (8 * b));
+        p += 8;
+    }
+    memcpy(p, head_buf, (size_t)head_len);
+    p += head_len;
+    if (prefix_len) {
+        memcpy(p, PyBytes_AS_STRING(self->prefix), (size_t)prefix_len);
+        p += prefix_len;
+    }
+    memcpy(p, inner_buf, (size_t)inner_len);
+    p += inner_len;
+    if (nbuf) {
+        memset(p, 0, (size_t)pad);
+        p += pad;
+        if (nbytes) memcpy(p, data != NULL ? PyBytes_AS_STRING(data) : view.buf, (size_t)nbytes);
+    }
+    goto done;
+none:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (view.obj != NULL) PyBuffer_Release(&view);
+    Py_XDECREF(data);
+    Py_DECREF(items);
+    return result;
+}
+
+static PyMethodDef Template_methods[] = {
+    {"encode_small", (PyCFunction)(void (*)(void))Template_encode_small, METH_FASTCALL,
+     "encode_small(obj, limit) -> bytes | None: the body of obj, exactly as "
+     "_Template.encode_small returns it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TemplateType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ezflow._core._speedups.Template",
+    .tp_basicsize = sizeof(TemplateObject),
+    .tp_dealloc = (destructor)Template_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The compiled encode of one message shape (see the module docstring).",
+    .tp_methods = Template_methods,
+    .tp_new = Template_new,
+};
+
+/* ---------------------------------------------------------------- Layout */
+
+enum { OP_NONE = 0, OP_VALUE, OP_BOOL, OP_STR, OP_FROMBUFFER, OP_NDARRAY, OP_NPSCALAR };
+enum { K_TUPLE = 0, K_LIST, K_DICT, K_DATACLASS };
+
+typedef struct {
+    Py_ssize_t offset; /* of the value's bytes in the body */
+    Py_ssize_t size;
+    char code; /* struct code (big endian): BHIQbhiqfd, or s (size bytes) */
+} Value;
+
+typedef struct {
+    int op;
+    Py_ssize_t value;  /* OP_VALUE, OP_BOOL, OP_STR: which value */
+    PyObject *dtype;   /* arrays and numpy scalars */
+    PyObject *shape;   /* OP_FROMBUFFER: the count (int); OP_NDARRAY: the shape (tuple) */
+    PyObject *offset;  /* arrays and numpy scalars: the offset (int) */
+} Item;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t size;
+    Py_ssize_t check_len;
+    unsigned char *mask; /* check_len bytes each */
+    unsigned char *fixed;
+    Py_ssize_t nvalues;
+    Value *values;
+    int kind; /* K_* */
+    Py_ssize_t nitems;
+    Item *items;
+    PyObject *keys; /* tuple of str (K_DICT, K_DATACLASS) or None */
+    PyObject *cls;  /* the dataclass, or None */
+    PyObject *frombuffer;
+    PyObject *ndarray;
+    PyObject *empty; /* () */
+} LayoutObject;
+
+static void Layout_dealloc(LayoutObject *self) {
+    if (self->items != NULL) {
+        for (Py_ssize_t i = 0; i < self->nitems; i++) {
+            Py_XDECREF(self->items[i].dtype);
+            Py_XDECREF(self->items[i].shape);
+            Py_XDECREF(self->items[i].offset);
+        }
+    }
+    PyMem_Free(self->items);
+    PyMem_Free(self->values);
+    PyMem_Free(self->mask);
+    Py_XDECREF(self->keys);
+    Py_XDECREF(self->cls);
+    Py_XDECREF(self->frombuffer);
+    Py_XDECREF(self->ndarray);
+    Py_XDECREF(self->empty);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t code_size(char code) {
+    switch (code) {
+    case 'B': case 'b': return 1;
+    case 'H': case 'h': return 2;
+    case 'I': case 'i': case 'f': return 4;
+    case 'Q': case 'q': case 'd': return 8;
+    }
+    return -1;
+}
+
+static PyObject *Layout_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"size", "mask", "fixed", "codes", "spec", "frombuffer", "ndarray",
+                             NULL};
+    Py_ssize_t size;
+    PyObject *mask, *fixed, *codes, *spec, *frombuffer, *ndarray;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nO!O!O!O!OO", kwlist, &size, &PyBytes_Type,
+                                     &mask, &PyBytes_Type, &fixed, &PyTuple_Type, &codes,
+                                     &PyTuple_Type, &spec, &frombuffer, &ndarray))
+        return NULL;
+    Py_ssize_t check_len = PyBytes_GET_SIZE(mask);
+    if (PyBytes_GET_SIZE(fixed) != check_len || size < 0) {
+        PyErr_SetString(PyExc_ValueError, "mask and fixed differ in length");
+        return NULL;
+    }
+    int kind;
+    PyObject *items, *keys, *cls;
+    if (!PyArg_ParseTuple(spec, "iO!OO", &kind, &PyTuple_Type, &items, &keys, &cls)) return NULL;
+    if (kind < K_TUPLE || kind > K_DATACLASS) {
+        PyErr_Format(PyExc_ValueError, "unknown message kind %d", kind);
+        return NULL;
+    }
+    Py_ssize_t nitems = PyTuple_GET_SIZE(items);
+    if (kind >= K_DICT && (!PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) != nitems)) {
+        PyErr_SetString(PyExc_ValueError, "keys must be a tuple of one str per item");
+        return NULL;
+    }
+    LayoutObject *self = (LayoutObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->size = size;
+    self->check_len = check_len;
+    self->kind = kind;
+    self->nitems = nitems;
+    self->nvalues = PyTuple_GET_SIZE(codes);
+    self->mask = PyMem_Malloc((size_t)(2 * check_len + 1));
+    self->values = PyMem_Calloc((size_t)(self->nvalues + 1), sizeof(Value));
+    self->items = PyMem_Calloc((size_t)(nitems + 1), sizeof(Item));
+    if (self->mask == NULL || self->values == NULL || self->items == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->fixed = self->mask + check_len;
+    if (check_len) {
+        memcpy(self->mask, PyBytes_AS_STRING(mask), (size_t)check_len);
+        memcpy(self->fixed, PyBytes_AS_STRING(fixed), (size_t)check_len);
+    }
+    for (Py_ssize_t k = 0; k < self->nvalues; k++) {
+        Py_ssize_t offset, vsize;
+        const char *code;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(codes, k), "nsn", &offset, &code, &vsize))
+            goto fail;
+        char c = code[strlen(code) - 1]; /* "B", "d", "12s" */
+        if (offset < 0 || vsize < 0 || (c != 's' && code_size(c) != vsize) ||
+            (c != 's' && strlen(code) != 1)) {
+            PyErr_Format(PyExc_ValueError, "bad value code %s", code);
+            goto fail;
+        }
+        self->values[k].offset = offset;
+        self->values[k].size = vsize;
+        self->values[k].code = c;
+    }
+    for (Py_ssize_t i = 0; i < nitems; i++) {
+        int op;
+        PyObject *a, *b, *c;
+        Item *item = &self->items[i];
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(items, i), "iOOO", &op, &a, &b, &c)) goto fail;
+        item->op = op;
+        if (op == OP_VALUE || op == OP_BOOL || op == OP_STR) {
+            item->value = PyLong_AsSsize_t(a);
+            if (item->value == -1 && PyErr_Occurred()) goto fail;
+            if (item->value < 0 || item->value >= self->nvalues) {
+                PyErr_Format(PyExc_ValueError, "item %zd reads no value", i);
+                goto fail;
+            }
+        } else if (op == OP_FROMBUFFER || op == OP_NDARRAY || op == OP_NPSCALAR) {
+            Py_INCREF(a);
+            item->dtype = a;
+            Py_INCREF(b);
+            item->shape = b;
+            Py_INCREF(c);
+            item->offset = c;
+        } else if (op != OP_NONE) {
+            PyErr_Format(PyExc_ValueError, "unknown item op %d", op);
+            goto fail;
+        }
+    }
+    Py_INCREF(keys);
+    self->keys = keys;
+    Py_INCREF(cls);
+    self->cls = cls;
+    Py_INCREF(frombuffer);
+    self->frombuffer = frombuffer;
+    Py_INCREF(ndarray);
+    self->ndarray = ndarray;
+    self->empty = PyTuple_New(0);
+    if (self->empty == NULL) goto fail;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static inline uint64_t read_be(const unsigned char *p, Py_ssize_t n) {
+    uint64_t v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* Value k of the body, as struct.unpack (big endian) gives it. */
+static PyObject *value_of(const Value *v, const unsigned char *buf) {
+    const unsigned char *p = buf + v->offset;
+    switch (v->code) {
+    case 'B': case 'H': case 'I': case 'Q':
+        return PyLong_FromUnsignedLongLong(read_be(p, v->size));
+    case 'b': return PyLong_FromLong((int8_t)p[0]);
+    case 'h': return PyLong_FromLong((int16_t)(uint16_t)read_be(p, 2));
+    case 'i': return PyLong_FromLong((long)(int32_t)(uint32_t)read_be(p, 4));
+    case 'q': return PyLong_FromLongLong((long long)read_be(p, 8));
+    case 'f': {
+#if PY_VERSION_HEX >= 0x030B0000
+        double d = PyFloat_Unpack4((const char *)p, 0);
+#else
+        double d = _PyFloat_Unpack4(p, 0);
+#endif
+        if (d == -1.0 && PyErr_Occurred()) return NULL;
+        return PyFloat_FromDouble(d);
+    }
+    case 'd': {
+#if PY_VERSION_HEX >= 0x030B0000
+        double d = PyFloat_Unpack8((const char *)p, 0);
+#else
+        double d = _PyFloat_Unpack8(p, 0);
+#endif
+        if (d == -1.0 && PyErr_Occurred()) return NULL;
+        return PyFloat_FromDouble(d);
+    }
+    default: /* 's' */
+        return PyBytes_FromStringAndSize((const char *)p, v->size);
+    }
+}
+
+static PyObject *build_item(LayoutObject *self, const Item *item, PyObject *body,
+                            const unsigned char *buf) {
+    switch (item->op) {
+    case OP_NONE:
+        Py_RETURN_NONE;
+    case OP_VALUE:
+        return value_of(&self->values[item->value], buf);
+    case OP_BOOL:
+        return PyBool_FromLong(buf[self->values[item->value].offset] == 0xc3);
+    case OP_STR: {
+        const Value *v = &self->values[item->value];
+        return PyUnicode_DecodeUTF8((const char *)buf + v->offset, v->size, NULL);
+    }
+    case OP_FROMBUFFER: {
+        PyObject *args[4] = {body, item->dtype, item->shape, item->offset};
+        return PyObject_Vectorcall(self->frombuffer, args, 4, NULL);
+    }
+    case OP_NDARRAY: {
+        PyObject *args[4] = {item->shape, item->dtype, body, item->offset};
+        return PyObject_Vectorcall(self->ndarray, args, 4, NULL);
+    }
+    default: { /* OP_NPSCALAR */
+        PyObject *args[4] = {self->empty, item->dtype, body, item->offset};
+        PyObject *arr = PyObject_Vectorcall(self->ndarray, args, 4, NULL);
+        if (arr == NULL) return NULL;
+        PyObject *scalar = PyObject_GetItem(arr, self->empty);
+        Py_DECREF(arr);
+        return scalar;
+    }
+    }
+}
+
+/* decode(body): the message in body, or None (see _Layout.decode_py). */
+static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(body, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t n = view.len;
+    PyObject *result = NULL, *items = NULL;
+    /* int.from_bytes(body[:check_len], "little") & mask != fixed, byte by byte */
+    for (Py_ssize_t i = 0; i < self->check_len; i++) {
+        unsigned char b = i < n ? buf[i] : 0;
+        if ((b & self->mask[i]) != self->fixed[i]) goto none;
+    }
+    for (Py_ssize_t k = 0; k < self->nvalues; k++) { /* (struct.error: too short) */
+        if (self->values[k].offset + self->values[k].size > n) goto none;
+    }
+    Py_ssize_t nitems = self->nitems;
+    items = self->kind == K_LIST ? PyList_New(nitems) : PyTuple_New(nitems);
+    if (items == NULL) goto done;
+    for (Py_ssize_t i = 0; i < nitems; i++) {
+        PyObject *item = build_item(self, &self->items[i], body, buf);
+        if (item == NULL) goto failed;
+        if (self->kind == K_LIST) PyList_SET_ITEM(items, i, item);
+        else PyTuple_SET_ITEM(items, i, item);
+    }
+    if (self->kind <= K_LIST) {
+        result = items;
+        items = NULL;
+        goto done;
+    }
+    PyObject *fields = PyDict_New();
+    if (fields == NULL) goto done;
+    for (Py_ssize_t i = 0; i < nitems; i++) {
+        if (PyDict_SetItem(fields, PyTuple_GET_ITEM(self->keys, i), PyTuple_GET_ITEM(items, i)) <
+            0) {
+            Py_DECREF(fields);
+            goto failed;
+        }
+    }
+    if (self->kind == K_DICT) {
+        result = fields;
+        goto done;
+    }
+    result = PyObject_Call(self->cls, self->empty, fields);
+    Py_DECREF(fields);
+    if (result == NULL) goto failed;
+    goto done;
+failed:
+    /* (a str that is not UTF-8, a constructor that raises: the general decoder says
+     * what is wrong) - as `except Exception: return None` */
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done;
+    PyErr_Clear();
+none:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(items);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef Layout_methods[] = {
+    {"decode", (PyCFunction)Layout_decode, METH_O,
+     "decode(body) -> object | None: the message in body, exactly as "
+     "_Layout.decode_py returns it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LayoutType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ezflow._core._speedups.Layout",
+    .tp_basicsize = sizeof(LayoutObject),
+    .tp_dealloc = (destructor)Layout_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The compiled decode of bodies of one layout (see the module docstring).",
+    .tp_methods = Layout_methods,
+    .tp_new = Layout_new,
+};
+
+/* ---------------------------------------------------------------- small_frames */
+
+#define DATA_KIND 1
+#define DATA_PREFIX_SIZE 36 /* u32 length | u8 kind | u8 flags | 6 pad | u64 seq | i64 sent | u64 drops */
+#define DATA_HEADER_SIZE 32
+
+static inline uint64_t read_le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* small_frames(data, start, end, max_frame_size, slice_below): the twin of
+ * ezflow._transports._stream_channel._small_frames_py. */
+static PyObject *small_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                         "small_frames(data, start, end, max_frame_size, slice_below)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    if (end == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t max_frame_size = PyLong_AsSsize_t(args[3]);
+    if (max_frame_size == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t slice_below = PyLong_AsSsize_t(args[4]);
+    if (slice_below == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *frames = NULL;
+    if (start < 0 || start > end || end > view.len) {
+        PyErr_Format(PyExc_ValueError, "frames at %zd..%zd of a buffer of %zd bytes", start, end,
+                     view.len);
+        goto done;
+    }
+    frames = PyList_New(0);
+    if (frames == NULL) goto done;
+    const unsigned char *buf = view.buf;
+    while (end - start >= DATA_PREFIX_SIZE) {
+        const unsigned char *p = buf + start;
+        uint64_t size = read_le(p, 4);
+        Py_ssize_t frame_end = start + 4 + (Py_ssize_t)size;
+        if (p[4] != DATA_KIND || frame_end > end || size > (uint64_t)slice_below ||
+            size > (uint64_t)max_frame_size || size < DATA_HEADER_SIZE)
+            break;
+        PyObject *frame = PyTuple_New(5);
+        if (frame == NULL) {
+            Py_CLEAR(frames);
+            goto done;
+        }
+        PyTuple_SET_ITEM(frame, 0, PyLong_FromSsize_t(frame_end));
+        PyTuple_SET_ITEM(frame, 1, PyLong_FromUnsignedLongLong(read_le(p + 12, 8)));
+        PyTuple_SET_ITEM(frame, 2,
+                         PyBytes_FromStringAndSize((const char *)p + DATA_PREFIX_SIZE,
+                                                   frame_end - start - DATA_PREFIX_SIZE));
+        PyTuple_SET_ITEM(frame, 3, PyLong_FromUnsignedLongLong(read_le(p + 28, 8)));
+        PyTuple_SET_ITEM(frame, 4, PyLong_FromLongLong((long long)read_le(p + 20, 8)));
+        int failed = 0;
+        for (int i = 0; i < 5; i++) failed |= PyTuple_GET_ITEM(frame, i) == NULL;
+        if (failed || PyList_Append(frames, frame) < 0) {
+            Py_DECREF(frame);
+            Py_CLEAR(frames);
+            goto done;
+        }
+        Py_DECREF(frame);
+        start = frame_end;
+    }
+done:
+    PyBuffer_Release(&view);
+    return frames;
+}
+
+static PyMethodDef module_methods[] = {
+    {"small_frames", (PyCFunction)(void (*)(void))small_frames, METH_FASTCALL,
+     "small_frames(data, start, end, max_frame_size, slice_below) -> list: the whole "
+     "small DATA frames at the front of data[start:end], as _small_frames_py gives them."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "ezflow._core._speedups",
+    .m_doc = "Compiled twins of ezflow's codec hot paths (optional; see _compiled.py).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+    str_dtype = PyUnicode_InternFromString("dtype");
+    str_shape = PyUnicode_InternFromString("shape");
+    str_nbytes = PyUnicode_InternFromString("nbytes");
+    str_tobytes = PyUnicode_InternFromString("tobytes");
+    if (!str_dtype || !str_shape || !str_nbytes || !str_tobytes) return NULL;
+    if (PyType_Ready(&TemplateType) < 0 || PyType_Ready(&LayoutType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&speedups_module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&TemplateType);
+    if (PyModule_AddObject(m, "Template", (PyObject *)&TemplateType) < 0) {
+        Py_DECREF(&TemplateType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&LayoutType);
+    if (PyModule_AddObject(m, "Layout", (PyObject *)&LayoutType) < 0) {
+        Py_DECREF(&LayoutType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

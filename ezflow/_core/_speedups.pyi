@@ -1,0 +1,40 @@
+"""Types of the optional C extension ezflow/_core/_speedups.c (see _compiled.py)."""
+
+from typing import Any
+
+class Template:
+    """The compiled encode of one message shape (``_templates._Template``'s twin)."""
+
+    def __new__(
+        cls,
+        kind: type,
+        container: int,
+        names: tuple[str, ...] | None,
+        types: tuple[type, ...],
+        item_kinds: tuple[int, ...],
+        dtype: Any,
+        ndim: int,
+        descr: bytes,
+        prefix: bytes,
+        max_empty: int,
+    ) -> Template: ...
+    def encode_small(self, obj: Any, limit: int, /) -> bytes | None: ...
+
+class Layout:
+    """The compiled decode of one body layout (``_layouts._Layout``'s twin)."""
+
+    def __new__(
+        cls,
+        size: int,
+        mask: bytes,
+        fixed: bytes,
+        codes: tuple[tuple[int, str, int], ...],
+        spec: tuple[int, tuple[tuple[int, Any, Any, Any], ...], tuple[str, ...] | None, Any],
+        frombuffer: Any,
+        ndarray: Any,
+    ) -> Layout: ...
+    def decode(self, body: bytes | memoryview, /) -> object: ...
+
+def small_frames(
+    data: memoryview, start: int, end: int, max_frame_size: int, slice_below: int, /
+) -> list[tuple[int, int, bytes, int, int]]: ...

@@ -1,0 +1,63 @@
+"""The ordinary 64 B program between two processes, for profiling: per-side user and
+system CPU per message (getrusage) and msgs/s; with a third argument (pub or sub),
+cProfile of that side.
+
+    python perf/micro/p2p_cpu.py TRANSPORT N [pub|sub]      (SIZE=64 bytes by default)
+
+Compare the codec paths in one run: EZFLOW_PURE_PYTHON=1 python ... forces the pure one
+(perf/micro/p2p_cpu_ab.sh alternates them)."""
+import asyncio, os, sys, time, resource
+import numpy as np
+import ezflow
+
+TRANSPORT = sys.argv[1]; N = int(sys.argv[2]); PROF = sys.argv[3] if len(sys.argv) > 3 else ""
+SIZE = int(os.environ.get("SIZE", "64"))
+
+def cpu2():
+    r = resource.getrusage(resource.RUSAGE_SELF); return r.ru_utime, r.ru_stime
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF); return r.ru_utime + r.ru_stime
+
+async def pub_main(addr):
+    async with ezflow.GraphContext(addr, auto_start=False) as ctx:
+        pub = await ctx.publisher("/p2p", transport=TRANSPORT)
+        body = np.zeros(SIZE // 4, np.float32)
+        await asyncio.sleep(0.5)
+        c0 = cpu(); u0=cpu2(); t0 = time.perf_counter()
+        for seq in range(N):
+            await pub.publish((0, seq, time.perf_counter_ns(), body))
+        await pub.publish((1, -1, 0, body))
+        u1=cpu2(); print(f"pub user {1e6*(u1[0]-u0[0])/N:.2f} sys {1e6*(u1[1]-u0[1])/N:.2f} cpu/msg {1e6*(cpu()-c0)/N:.2f} us wall {N/(time.perf_counter()-t0):,.0f}/s", flush=True)
+        await asyncio.sleep(0.3)
+
+async def sub_main(addr):
+    async with ezflow.GraphContext(addr, auto_start=False) as ctx:
+        sub = await ctx.subscriber("/p2p", transport=TRANSPORT)
+        recv = sub.recv
+        m = await recv(); c0 = cpu(); u0=cpu2(); t0 = time.perf_counter(); n = 1
+        while True:
+            m = await recv()
+            if m[0] == 1: break
+            n += 1
+        dt = time.perf_counter() - t0
+        u1=cpu2(); print(f"sub user {1e6*(u1[0]-u0[0])/n:.2f} sys {1e6*(u1[1]-u0[1])/n:.2f} cpu/msg {1e6*(cpu()-c0)/n:.2f} us rate {n/dt:,.0f}/s n={n}", flush=True)
+
+def run(role, addr):
+    coro = pub_main(addr) if role == "pub" else sub_main(addr)
+    if PROF == role:
+        import cProfile, pstats
+        pr = cProfile.Profile(); pr.enable(); asyncio.run(coro); pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    else:
+        asyncio.run(coro)
+
+async def main():
+    async with ezflow.GraphServer(("127.0.0.1", 0)) as server:
+        addr = "%s:%d" % server.address
+        procs = [await asyncio.create_subprocess_exec(sys.executable, __file__, TRANSPORT, str(N), PROF, "--role", r, addr) for r in ("sub", "pub")]
+        for p in procs: await p.wait()
+
+if "--role" in sys.argv:
+    i = sys.argv.index("--role"); run(sys.argv[i+1], sys.argv[i+2])
+else:
+    asyncio.run(main())

@@ -1,0 +1,562 @@
+"""The optional C extension (ezflow/_core/_speedups.c) against its pure-Python twins.
+
+Each compiled function gets the same inputs as the Python code it replaces and must give
+the same output and the same errors (type and message): ``_speedups.Template``'s
+``encode_small`` against ``_Template.encode_small_py``, for any message of a template's
+shape and near misses (other item types, lengths, keys, out-of-range ints, surrogates,
+limits). The compiled side is skipped only where the extension is not built (CI builds
+it: the dev install compiles it). Also: which path is chosen at import and how to force
+the pure one, no leak over 1e5 calls, a build free of -Wall -Wextra warnings, and the
+end-to-end tests of a few files on the pure path (the suite itself runs the compiled one
+where it is built).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from typing import Any
+
+import numpy as np
+import pytest
+from _messages import _INT_EDGES, LEAVES, OTHER, assert_same_decoded, shapes
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ezflow._core import _compiled
+from ezflow._core._codec import HEADER, SMALL_BODY, Codec, message
+from ezflow._core._codec._format import _body_view, _spans
+from ezflow._core._codec._layouts import _Layout, _learn_layout
+from ezflow._core._codec._registry import _TYPES_BY_CLASS
+from ezflow._core._codec._templates import _compiled_template, _Template, _template_for
+from ezflow._core._config import ENV_PURE_PYTHON
+from ezflow._core._framing import DATA, DATA_PREFIX, END, HEARTBEAT, LENGTH, TRACE
+from ezflow._transports._stream_channel import _small_frames_py
+from ezflow._transports._stream_frames import HEADER_SIZE
+
+try:
+    from ezflow._core import _speedups
+except ImportError:  # pragma: no cover - a machine without a C compiler
+    _speedups = None  # type: ignore[assignment]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCE = os.path.join(ROOT, "ezflow", "_core", "_speedups.c")
+needs_extension = pytest.mark.skipif(
+    _speedups is None, reason="the C extension ezflow._core._speedups is not built"
+)
+
+
+def outcome(call: Any) -> tuple[str, object]:
+    """("ok", result) or ("raised", (exception type, message))."""
+    try:
+        return "ok", call()
+    except Exception as exc:
+        return "raised", (type(exc), str(exc))
+
+
+def twins(obj: Any) -> tuple[_Template, Any] | None:
+    """The pure-Python template of *obj*'s shape and its compiled twin (None when no
+    template covers the shape)."""
+    template = _template_for(obj, type(obj))
+    if template is None:
+        return None
+    values, names = values_and_names(obj)
+    compiled = _compiled_template(type(obj), names, values, template.entry, _speedups)
+    return template, compiled
+
+
+def values_and_names(obj: Any) -> tuple[tuple[Any, ...], tuple[str, ...] | None]:
+    if type(obj) in (tuple, list):
+        return tuple(obj), None
+    if type(obj) is dict:
+        return tuple(obj.values()), tuple(obj)
+    names = _TYPES_BY_CLASS[type(obj)].fields
+    return tuple(getattr(obj, name) for name in names), names
+
+
+def compiled_covers(values: tuple[Any, ...]) -> bool:
+    """The documented rule: at most one array, no numpy scalar."""
+    kinds = (type(None), bool, int, float, str, bytes, np.ndarray)
+    return (
+        all(type(v) in kinds for v in values) and [type(v) for v in values].count(np.ndarray) <= 1
+    )
+
+
+limits = st.sampled_from([0, 8, 40, 100, 300, 1100, SMALL_BODY - 1, SMALL_BODY, 1 << 20]) | (
+    st.integers(0, 2 * SMALL_BODY)
+)
+
+
+@st.composite
+def near_misses(draw: st.DrawFn, obj: Any) -> Any:
+    """A message like *obj*: the same values anew, one item of another kind, one item
+    more or less, another key, a dict of other key order."""
+    values, names = values_and_names(obj)
+    values_list = list(values)
+    how = draw(st.sampled_from(["same", "value", "kind", "length", "keys"]))
+    if values_list and how in ("value", "kind"):
+        i = draw(st.integers(0, len(values_list) - 1))
+        if how == "value" and type(values_list[i]) is np.ndarray:
+            arr = values_list[i]
+            values_list[i] = draw(st.sampled_from([arr.copy(), arr.T]) | LEAVES["array"])
+        else:
+            values_list[i] = draw(st.sampled_from(list(LEAVES.values())).flatmap(lambda s: s))
+    if type(obj) in (tuple, list):
+        if how == "length":
+            if values_list and draw(st.booleans()):
+                values_list.pop()
+            else:
+                values_list.append(draw(LEAVES["int"]))
+        return type(obj)(values_list)
+    if type(obj) is dict:
+        assert names is not None
+        keys = list(names)
+        if how == "keys" and keys:
+            if draw(st.booleans()):
+                keys.reverse()
+            else:
+                keys[0] = keys[0] + "x"
+        if how == "length":
+            keys.append("extra")
+            values_list.append(draw(OTHER))
+        return dict(zip(keys, values_list, strict=False))
+    return type(obj)(*values_list) if len(values_list) == len(values) else obj
+
+
+@needs_extension
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes(other=False), st.data())
+def test_the_compiled_encode_is_the_python_twin(shape: Any, data: st.DataObject) -> None:
+    from _messages import build  # noqa: PLC0415
+
+    obj = build(shape, data.draw)
+    found = twins(obj)
+    if found is None:
+        return
+    template, compiled = found
+    values, _ = values_and_names(obj)
+    assert (compiled is not None) == compiled_covers(values)
+    if compiled is None:
+        return
+    for _ in range(4):
+        probe = data.draw(near_misses(obj))
+        limit = data.draw(limits)
+        expected = outcome(lambda p=probe, n=limit: template.encode_small_py(p, n))
+        assert outcome(lambda p=probe, n=limit: compiled(p, n)) == expected, (probe, limit)
+        if expected[0] == "ok" and expected[1] is not None:
+            # ... and both are the general encoder's bytes
+            assert expected[1] == Codec().encode(probe).to_bytes()
+
+
+@needs_extension
+def test_every_msgpack_width_boundary_encodes_alike() -> None:
+    # Each side of every int, str, bytes, array and map width boundary, deterministic
+    # (hypothesis draws them too, but not every one every run).
+    probes: list[Any] = [(v, 0) for v in _INT_EDGES]
+    for n in (0, 1, 15, 16, 31, 32, 255, 256, 1023, 1024, 4000, 65535, 65536):
+        probes += [(0, "a" * n), (0, "é" * n), (0, b"b" * n)]
+        probes += [tuple(range(n))] if n < 70 else []
+    probes += [(0, np.zeros(n, np.uint8)) for n in (0, 1, 7, 8, 15, 16, 17, 4000, 4100)]
+    probes += [{f"k{i}": i for i in range(n)} for n in (0, 15, 16, 17, 64)]
+    compared = 0
+    for probe in probes:
+        found = twins(probe)
+        if found is None:
+            continue
+        template, compiled = found
+        assert compiled is not None, probe
+        for limit in (64, SMALL_BODY):
+            expected = outcome(lambda t=template, p=probe, n=limit: t.encode_small_py(p, n))
+            assert outcome(lambda c=compiled, p=probe, n=limit: c(p, n)) == expected, probe
+            compared += expected[0] == "ok" and expected[1] is not None
+    assert compared > len(probes)  # (most are bytes at the larger limit, some at both)
+
+
+# --------------------------------------------------------------------------- framing
+
+# One frame of a stream a channel reads: a DATA frame of a body (any bytes, a small
+# message's body, one at the small-frame size or past it), a DATA frame shorter than
+# its header, a control frame, a header claiming more than any limit.
+_FRAME = st.one_of(
+    st.binary(max_size=60).map(lambda b: ("data", b)),
+    st.sampled_from([0, 1, SMALL_BODY - 1, SMALL_BODY, SMALL_BODY + 1]).map(
+        lambda n: ("data", bytes(n % 251 for n in range(n)))
+    ),
+    st.integers(0, HEADER_SIZE - 1).map(lambda n: ("short", n)),
+    st.sampled_from([HEARTBEAT, END, TRACE, 0, 255]).map(lambda k: ("control", k)),
+    st.just(("huge", 0)),
+)
+
+
+def frame_bytes(what: str, value: Any, seq: int) -> bytes:
+    if what == "data":
+        return (
+            DATA_PREFIX.pack(HEADER_SIZE + len(value), DATA, 0, seq, -seq, 2**64 - 1 - seq) + value
+        )
+    if what == "short":
+        return LENGTH.pack(value) + bytes([DATA]) + bytes(range(1, value))
+    if what == "control":
+        return LENGTH.pack(40) + bytes([value]) + bytes(39)
+    return DATA_PREFIX.pack(1 << 30, DATA, 0, seq, 0, 0)
+
+
+@needs_extension
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_FRAME, max_size=12),
+    st.data(),
+    st.sampled_from([300, 4096, 1 << 16, 1 << 30]),
+)
+def test_the_compiled_frame_split_is_the_python_twin(
+    frames: list[tuple[str, Any]], data: st.DataObject, max_frame_size: int
+) -> None:
+    stream = b"".join(frame_bytes(w, v, seq) for seq, (w, v) in enumerate(frames, 1))
+    buffer = memoryview(bytearray(b"\xee" * data.draw(st.integers(0, 50)) + stream + b"\xee"))
+    start = data.draw(st.integers(0, len(buffer)))
+    end = data.draw(st.integers(start, len(buffer)))
+    if data.draw(st.booleans()):  # (mostly a whole stream from its first frame)
+        start, end = len(buffer) - 1 - len(stream), len(buffer) - 1
+        # (cut short: a last frame a byte or two from whole, mostly)
+        cut = data.draw(st.sampled_from([0, 1, 2]) | st.integers(0, min(len(stream), 50)))
+        end -= min(cut, len(stream))
+    for slice_below in (SMALL_BODY + HEADER_SIZE, 100):
+        args = (buffer, start, end, max_frame_size, slice_below)
+        expected = outcome(lambda a=args: _small_frames_py(*a))
+        assert outcome(lambda a=args: _speedups.small_frames(*a)) == expected
+
+
+@needs_extension
+def test_the_compiled_frame_split_refuses_what_the_python_twin_refuses() -> None:
+    buffer = memoryview(bytearray(100))
+    for start, end in ((-1, 10), (10, 5), (0, 101), (101, 101)):
+        args = (buffer, start, end, 1 << 16, SMALL_BODY)
+        expected = outcome(lambda a=args: _small_frames_py(*a))
+        assert expected[0] == "raised"
+        assert outcome(lambda a=args: _speedups.small_frames(*a)) == expected
+    stream = b"".join(frame_bytes("data", b"x" * n, n) for n in range(5))
+    view = memoryview(stream)
+    got = _speedups.small_frames(view, 0, len(stream), 1 << 16, SMALL_BODY)
+    assert got == _small_frames_py(view, 0, len(stream), 1 << 16, SMALL_BODY)
+    assert [(seq, body, drops, sent) for _, seq, body, drops, sent in got] == [
+        (n, b"x" * n, 2**64 - 1 - n, -n) for n in range(5)
+    ]
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def layout_of(body: bytes) -> _Layout | None:
+    """The decode layout learned from *body* (None if no layout covers it)."""
+    mv = _body_view(body, 1 << 30)
+    meta_start, meta_end, spans = _spans(mv, *HEADER.unpack_from(mv))
+    return _learn_layout(mv, meta_start, meta_end, spans)
+
+
+def decoded(call: Any) -> tuple[str, object]:
+    """("ok", result) or ("raised", (exception type, message))."""
+    try:
+        return "ok", call()
+    except Exception as exc:
+        return "raised", (type(exc), str(exc))
+
+
+def assert_same_decode(layout: _Layout, compiled: Any, body: bytes | memoryview) -> bool:
+    """The compiled decode of *body* gives what the Python one gives (None, an equal
+    message - same types, values, dtypes, views - or the same error); True when it
+    gave a message."""
+    expected = decoded(lambda: layout.decode_py(body))
+    got = decoded(lambda: compiled(body))
+    assert got[0] == expected[0], (expected, got)
+    if expected[0] == "raised" or expected[1] is None:
+        assert got == expected
+        return False
+    assert_same_decoded(expected[1], got[1])
+    for want, have in zip(_arrays_in(expected[1]), _arrays_in(got[1]), strict=True):
+        assert (have.base is body) == (want.base is body)  # views into the body alike
+    return True
+
+
+def _arrays_in(obj: Any) -> list[np.ndarray[Any, Any]]:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, dict):
+        obj = list(obj.values())
+    return [v for v in obj if isinstance(v, np.ndarray)]
+
+
+@st.composite
+def mutated(draw: st.DrawFn, body: bytes) -> bytes:
+    """*body* with a byte flipped (in its head mostly), cut short, or one byte longer."""
+    how = draw(st.sampled_from(["flip_head", "flip_head", "flip_any", "cut", "extend"]))
+    if how == "cut":
+        return body[: draw(st.integers(0, len(body) - 1))]
+    if how == "extend":
+        return body + b"\0"
+    _, _, nbuf, meta_len = HEADER.unpack_from(body)
+    end = len(body) if how == "flip_any" else min(len(body), HEADER.size + 8 * nbuf + meta_len)
+    at = draw(st.integers(0, end - 1))
+    return body[:at] + bytes([body[at] ^ draw(st.integers(1, 255))]) + body[at + 1 :]
+
+
+@needs_extension
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes(other=False), st.data())
+def test_the_compiled_decode_is_the_python_twin(shape: Any, data: st.DataObject) -> None:
+    from _messages import build  # noqa: PLC0415
+
+    obj = build(shape, data.draw)
+    try:
+        body = Codec().encode(obj).to_bytes()
+    except (TypeError, ValueError):  # (what the codec refuses: not this test's business)
+        return
+    layout = layout_of(body)
+    if layout is None:
+        return
+    compiled = layout.compiled(_speedups)
+    assert assert_same_decode(layout, compiled, body)
+    assert_same_decode(layout, compiled, memoryview(body))
+    for _ in range(6):
+        probe = data.draw(mutated(body))
+        assert_same_decode(layout, compiled, probe)
+        assert_same_decode(layout, compiled, memoryview(probe))
+    # Another message of the shape: the same layout when only values changed.
+    try:
+        other = Codec().encode(build(shape, data.draw)).to_bytes()
+    except (TypeError, ValueError):
+        return
+    assert_same_decode(layout, compiled, other)
+
+
+@needs_extension
+def test_the_compiled_decode_of_every_value_kind_and_its_failures() -> None:
+    arr = np.arange(6, dtype=">i2").reshape(2, 3)
+    messages: list[Any] = [
+        (None, True, False, 0, 127, -1, -32, -33, 255, 2**16, 2**32, 2**64 - 1, -(2**63)),
+        (1.5, float("nan"), -0.0, np.float32(2.5), np.int8(-3), np.complex64(1j)),
+        ["s", "é" * 40, b"b" * 300, np.zeros(4, np.float32), arr, np.zeros((), np.int32)],
+        {"a": 1, "b": "x", "c": np.zeros(3)},
+        Pair(1, np.ones(2, np.uint8)),
+        Pair("x", None),
+    ]
+    gave = 0
+    for message_ in messages:
+        body = Codec().encode(message_).to_bytes()
+        layout = layout_of(body)
+        assert layout is not None, message_
+        compiled = layout.compiled(_speedups)
+        gave += assert_same_decode(layout, compiled, body)
+    assert gave == len(messages)
+    # A str that is not UTF-8 and a constructor that raises: None from both
+    body = Codec().encode(("abc", 1)).to_bytes()
+    layout = layout_of(body)
+    assert layout is not None
+    bad = body.replace(b"abc", b"a\xffc")
+    assert layout.decode_py(bad) is None
+    assert layout.compiled(_speedups)(bad) is None
+    body = Codec().encode(Pair(1, 2)).to_bytes()
+    layout = layout_of(body)
+    assert layout is not None
+    compiled = layout.compiled(_speedups)
+    Pair.__init__, saved = _raising_init, Pair.__init__  # type: ignore[method-assign]
+    try:
+        assert layout.decode_py(body) is None
+        assert compiled(body) is None
+    finally:
+        Pair.__init__ = saved  # type: ignore[method-assign]
+    assert isinstance(compiled(body), Pair)
+
+
+def _raising_init(self: Any, a: Any, b: Any) -> None:
+    raise ValueError("no")
+
+
+@message(name="tests.speedups.Pair")
+@dataclasses.dataclass
+class Pair:
+    a: Any
+    b: Any
+
+
+class _Raising:
+    """A dict key equal to "a" that raises when compared to anything else."""
+
+    def __hash__(self) -> int:
+        return hash("a")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing me")
+
+
+@needs_extension
+def test_the_compiled_encode_raises_what_the_python_twin_raises() -> None:
+    cases: list[tuple[Any, Any]] = []
+    pair = Pair(1, np.zeros(3, np.float32))
+    broken = Pair(1, 2)
+    del broken.b
+    cases.append((pair, broken))  # AttributeError from the missing field
+    cases.append(({"a": 1, "b": 2}, {_Raising(): 1, "b": 2}))  # the key's __eq__ raises
+    cases.append(((1, 2.0, "x"), (1, 2.0, "\ud800")))  # a lone surrogate: None
+    cases.append(((1, 2), (2**64, 1)))  # above uint64: None
+    cases.append(((1, 2), (-(2**63) - 1, 1)))  # below int64: None
+    cases.append(((1, 2), (2**64 - 1, -(2**63))))  # both ends of the range
+    cases.append(((b"x",), (b"y" * 1023,)))  # the last inline bytes length
+    cases.append(((b"x",), (b"y" * 1024,)))  # out-of-band: None
+    arr = np.zeros((2, 3), ">i2")
+    cases.append(((0, arr), (0, np.asfortranarray(np.arange(6, dtype=">i2").reshape(2, 3)))))
+    cases.append(((0, arr), (0, np.zeros((0, 5), ">i2"))))
+    cases.append(((0, np.zeros(2, "M8[s]")), (0, np.arange(3).astype("M8[s]"))))
+    cases.append(((0, np.zeros(2, [("x", "<f4")])), (0, np.zeros(5, [("x", "<f4")]))))
+    raised = 0
+    for template_message, probe in cases:
+        found = twins(template_message)
+        assert found is not None, template_message
+        template, compiled = found
+        assert compiled is not None
+        for limit in (0, 64, SMALL_BODY, 1 << 20):
+            expected = outcome(lambda t=template, p=probe, n=limit: t.encode_small_py(p, n))
+            got = outcome(lambda c=compiled, p=probe, n=limit: c(p, n))
+            assert got == expected, (template_message, probe, limit)
+            raised += expected[0] == "raised"
+    assert raised == 8  # (the two raising cases, at four limits: the test tests errors)
+
+
+@needs_extension
+def test_no_leak_over_1e5_calls() -> None:
+    arr = np.zeros(16, np.float32)
+    fortran = np.asfortranarray(np.zeros((4, 4), np.float32))
+    probes: list[tuple[Any, Any]] = [
+        ((0, 1, 2, arr), (0, 7, 2**40, arr)),  # bytes, from the buffer
+        ((0, fortran), (1, fortran)),  # bytes, through tobytes()
+        ((0, 1), (2**70, 1)),  # None
+        ((0, "x"), (0, "\udc80")),  # None, after an error cleared
+        (Pair(1, 2), Pair(3, 4)),
+    ]
+    broken = Pair(1, 2)
+    del broken.b
+    calls: list[tuple[Any, tuple[Any, ...]]] = []
+    for template_message, probe in probes:
+        found = twins(template_message)
+        assert found is not None and found[1] is not None
+        calls.append((found[1], (probe, SMALL_BODY)))
+    calls.append((twins(Pair(1, 2))[1], (broken, SMALL_BODY)))  # type: ignore[index]
+    # decode: a tuple with an array view, a dataclass, a body that does not match, a
+    # str that is not UTF-8 (an error cleared), a constructor that raises
+    for message_ in ((0, 1, 2.5, arr), Pair("x", arr), ("abc", 1)):
+        body = Codec().encode(message_).to_bytes()
+        layout = layout_of(body)
+        assert layout is not None
+        decode = layout.compiled(_speedups)
+        calls += [(decode, (body,)), (decode, (memoryview(body),)), (decode, (bytes(len(body)),))]
+    calls.append((decode, (body.replace(b"abc", b"a\xffc"),)))
+    # frame splits: frames, none, a refused range
+    stream = b"".join(frame_bytes("data", b"x" * n, n) for n in range(40, 48))
+    view = memoryview(stream)
+    calls.append((_speedups.small_frames, (view, 0, len(stream), 1 << 16, SMALL_BODY)))
+    calls.append((_speedups.small_frames, (view, 0, 10, 1 << 16, SMALL_BODY)))
+    calls.append((_speedups.small_frames, (view, 5, 4, 1 << 16, SMALL_BODY)))
+
+    def run(times: int) -> None:
+        for compiled, args in calls:
+            for _ in range(times):
+                with contextlib.suppress(AttributeError, ValueError):
+                    compiled(*args)
+
+    run(1000)  # warm: caches, interned strings, free lists
+    gc.collect()
+    before = sys.getallocatedblocks()
+    run(100_000 // len(calls))
+    gc.collect()
+    grown = sys.getallocatedblocks() - before
+    assert grown < 100, f"{grown} memory blocks more after 1e5 calls"
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc on this machine")
+def test_the_extension_builds_free_of_warnings(tmp_path: Any) -> None:
+    include = sysconfig.get_paths()["include"]
+    command = ["gcc", "-Wall", "-Wextra", "-Werror", "-O2", "-fPIC", f"-I{include}"]
+    command += ["-c", SOURCE, "-o", str(tmp_path / "speedups.o")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_path_is_chosen_at_import_and_the_pure_one_can_be_forced() -> None:
+    probe = (
+        "from ezflow._core import _compiled\n"
+        "from ezflow._core._codec._templates import _template_for\n"
+        "t = _template_for((1, 2.0), tuple)\n"
+        "print(_compiled.SPEEDUPS is not None, t.encode_small == t.encode_small_py)\n"
+        "print(_compiled.active_path())\n"
+    )
+    env = {**os.environ, ENV_PURE_PYTHON: "1"}
+    pure = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert pure.returncode == 0, pure.stderr
+    assert pure.stdout.splitlines() == ["False True", f"pure Python ({ENV_PURE_PYTHON} is set)"]
+    env[ENV_PURE_PYTHON] = "0"
+    default = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert default.returncode == 0, default.stderr
+    built = _speedups is not None
+    lines = default.stdout.splitlines()
+    assert lines[0] == f"{built} {not built}"
+    assert lines[1] == _compiled.active_path()
+    assert ("compiled" in lines[1]) is built
+
+
+def test_ezflow_version_says_which_path_is_active() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ezflow", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"codec: {_compiled.active_path()}" in result.stdout
+
+
+# A few end-to-end files (tcp, shm, graphs of processes), on the pure-Python path in
+# one child pytest: the rest of the suite runs the compiled path where it is built.
+PURE_FILES = [
+    "tests/test_codec_fastpaths.py",
+    "tests/test_stream.py",
+    "tests/test_tcp.py",
+    "tests/test_transport_contract.py",
+    "tests/test_shm_outlet.py",
+]
+
+
+@pytest.mark.timeout(120)
+def test_end_to_end_files_pass_on_the_pure_python_path() -> None:
+    env = {**os.environ, ENV_PURE_PYTHON: "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:randomly", "-x"]
+    result = subprocess.run(
+        command + PURE_FILES,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout
