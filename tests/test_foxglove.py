@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from foxglove.messages import RawImage, Timestamp
 import ezflow
 from ezflow._core._config import FOXGLOVE_BACKLOG, FOXGLOVE_BUSY_BYTES, FOXGLOVE_STOP_TIMEOUT
 from ezflow._foxglove._mapping import image_parts
+from ezflow._foxglove._server import _accepted
 from ezflow.foxglove import (
     FoxgloveServer,
     decode_message,
@@ -499,6 +501,30 @@ async def test_a_stop_with_a_viewer_that_stopped_reading_is_bounded(
             await client.close()
     assert took < 2 * FOXGLOVE_STOP_TIMEOUT + 5
     assert "1 viewer connection(s) did not take their messages" in caplog.text
+
+
+def test_looking_at_the_viewers_connections_leaves_no_descriptor() -> None:
+    """The server looks at every descriptor of its process for the viewers' sockets
+    (each check of a busy viewer, each stop): files, pipes and sockets of other ports
+    are passed over, and no duplicate is left open."""
+    with contextlib.ExitStack() as stack:
+        listener = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+        port = listener.getsockname()[1]
+        viewer = stack.enter_context(socket.create_connection(("127.0.0.1", port)))
+        accepted, _ = listener.accept()
+        stack.enter_context(accepted)
+        stack.enter_context(open(__file__, "rb"))  # a file
+        read_end, write_end = os.pipe()  # a pipe
+        stack.callback(os.close, read_end)
+        stack.callback(os.close, write_end)
+        before = sorted(os.listdir("/proc/self/fd"))
+        for _ in range(20):
+            found = [fd for fd, _ in _accepted(port)]
+            assert found == [accepted.fileno()]  # not the listener, not the client's end
+            for _ in _accepted(port):
+                break  # (a caller that stops early)
+        assert sorted(os.listdir("/proc/self/fd")) == before
+        assert viewer.fileno() not in found
 
 
 async def _viewer_count_of(ctx: ezflow.GraphContext, topic: str) -> bool:

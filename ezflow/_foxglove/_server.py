@@ -161,9 +161,14 @@ def _accepted(port: int, fds: Iterable[int] | None = None) -> Iterator[tuple[int
             return
     for fd in fds:
         try:
-            sock = socket.socket(fileno=os.dup(fd))
+            copy = os.dup(fd)
         except OSError:
-            continue  # not a socket, or closed meanwhile
+            continue  # closed meanwhile
+        try:
+            sock = socket.socket(fileno=copy)
+        except OSError:  # not a socket (the duplicate is not closed for us)
+            os.close(copy)
+            continue
         with sock:
             try:
                 if (

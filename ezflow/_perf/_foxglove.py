@@ -4,14 +4,15 @@
 at 30 fps, SIGNAL an 8-sample float64 block at 1 kHz, SINK subscribes to both
 (lossless) and measures each message's one-way latency (the publisher's
 ``CLOCK_MONOTONIC`` stamp in the message) and rate; ``ezflow foxglove`` runs next to
-them. Each round measures SINK for ``--seconds`` in three phases, in an order that
-rotates from round to round: *alone* (no viewer), *watched* (a WebSocket client in this
-process subscribed to both topics, reading every message it gets) and *stalled* (a
-client subscribed to both topics that never reads: its socket and the SDK's backlog
-fill, and the server goes on). Printed: per topic, SINK's msgs/s and p50 latency for
-each phase (medians of the rounds, with their min-max spread), the watched/alone and
-stalled/alone ratios, and what the reading viewer received. The issue's bar: within
-1.1x.
+them. Each round measures SINK for ``--seconds`` in four phases, in an order that
+rotates from round to round: *alone* (no viewer), *tapped* (no viewer, but a process
+with the leaky subscribers a viewer brings, taking every message and doing nothing: the
+floor of any viewer), *watched* (a WebSocket client in this process subscribed to both
+topics, reading every message it gets) and *stalled* (a client subscribed to both
+topics that never reads: its socket and the SDK's backlog fill, and the server goes
+on). Printed: per topic, SINK's msgs/s and p50 latency for each phase (medians of the
+rounds, with their min-max spread), each phase's ratio to *alone*, and what the reading
+viewer received. The issue's bar: within 1.1x.
 
 **MCAP.** 1 MiB messages (1024x1024 mono8 frames, ``foxglove.RawImage``) written to a
 file in ``--dir``: the disk's own floor (the same bytes with ``write``), the mapping
@@ -41,7 +42,7 @@ FRAME_SHAPE = (2160, 3840, 3)
 FPS = 30.0
 SERIES_RATE = 1000.0
 TOPICS = {"frames": "/perf/frames", "series": "/perf/series"}
-PHASES = ("alone", "watched", "stalled")
+PHASES = ("alone", "tapped", "watched", "stalled")
 MCAP_MESSAGE = (1024, 1024)  # 1 MiB mono8
 #: Seconds a process has to start, connect or answer.
 STEP_TIMEOUT = 60.0
@@ -82,6 +83,27 @@ async def _signal(address: str) -> None:
             block = np.arange(8.0) + i
             block[0] = float(time.monotonic_ns())  # < 2**53: exact in a float64
             await publisher.publish(block)
+
+
+async def _tap(address: str) -> None:
+    """What a viewer's subscribers are without a viewer: leaky subscribers (the queue
+    ``ezflow foxglove`` gives its own) to both topics, in a process of their own, taking
+    every message and doing nothing with it."""
+    import ezflow  # noqa: PLC0415
+    from ezflow._core._config import FOXGLOVE_QUEUE  # noqa: PLC0415
+
+    async with ezflow.GraphContext(address, auto_start=False) as ctx:
+        subscribers = [
+            await ctx.subscriber(topic, leaky=True, queue=FOXGLOVE_QUEUE)
+            for topic in TOPICS.values()
+        ]
+        print("ready", flush=True)
+
+        async def take(subscriber: Any) -> None:
+            async for _ in subscriber:
+                pass
+
+        await asyncio.gather(*(take(s) for s in subscribers))
 
 
 async def _sink(address: str) -> None:
@@ -132,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     role, address = (argv or sys.argv[1:])[:2]
     from ezflow._core._loop import run_coroutine  # noqa: PLC0415
 
-    roles = {"camera": _camera, "signal": _signal, "sink": _sink}
+    roles = {"camera": _camera, "signal": _signal, "sink": _sink, "tap": _tap}
     with contextlib.suppress(KeyboardInterrupt):
         run_coroutine(roles[role](address))
 
@@ -204,9 +226,21 @@ async def _bench(rounds: int, seconds: float) -> list[dict[str, Any]]:
             sink = processes[0]
             for index in range(rounds):
                 round_: dict[str, Any] = {}
-                for phase in PHASES[index % 3 :] + PHASES[: index % 3]:
+                turn = index % len(PHASES)
+                for phase in PHASES[turn:] + PHASES[:turn]:
                     if phase == "alone":
                         round_[phase] = await _measure(sink, seconds)
+                        continue
+                    if phase == "tapped":
+                        tap = await _start(*module, "tap", address)
+                        try:
+                            await _line(tap, "tap")
+                            await asyncio.sleep(1.0)  # subscribed, messages flowing
+                            round_[phase] = await _measure(sink, seconds)
+                        finally:
+                            tap.terminate()
+                            await tap.wait()
+                        await asyncio.sleep(0.5)
                         continue
                     received = dict.fromkeys(TOPICS, 0)
                     viewing = asyncio.create_task(
@@ -251,8 +285,10 @@ def run(rounds: int, seconds: float) -> None:
     results = asyncio.run(_bench(rounds, seconds))
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
-        f"{'topic':8} {'figure':12} {'alone':>24} {'watched':>24} {'stalled':>24} "
-        f"{'watched/alone':>20} {'stalled/alone':>20}"
+        f"{'topic':8} {'figure':12} "
+        + " ".join(f"{p:>24}" for p in PHASES)
+        + " "
+        + " ".join(f"{p + '/alone':>20}" for p in PHASES[1:])
     )
     for name in TOPICS:
         for figure, unit in (("rate", "msgs/s"), ("p50_us", "p50 µs")):
@@ -266,8 +302,10 @@ def run(rounds: int, seconds: float) -> None:
                 for p in PHASES[1:]
             ]
             print(
-                f"{name:8} {unit:12} {cells[0]:>24} {cells[1]:>24} {cells[2]:>24} "
-                f"{ratios[0]:>20} {ratios[1]:>20}"
+                f"{name:8} {unit:12} "
+                + " ".join(f"{c:>24}" for c in cells)
+                + " "
+                + " ".join(f"{r:>20}" for r in ratios)
             )
     shown = {k: statistics.median(r["viewer"][k] for r in results) for k in TOPICS}
     print(
