@@ -32,8 +32,12 @@ PROBE = """
 import atexit, json, os, signal, socket, stat, sys, threading
 import ezflow
 
-print("IMPORTED", flush=True)
-atexit.register(print, "ATEXIT", os.getpid(), flush=True)
+def say(*words):  # one write per line: with PYTHONUNBUFFERED, print() writes each word
+    os.write(1, (" ".join(map(str, words)) + "\\n").encode())  # apart, and processes interleave
+
+
+say("IMPORTED")
+atexit.register(say, "ATEXIT", os.getpid())
 HELD = socket.socket()  # the program's own socket, open when it calls run()
 PROGRAM = os.getpid()
 
@@ -61,7 +65,7 @@ if __name__ == "__main__":
     one, two = Probe(), Probe()
     ezflow.run(ONE=one, TWO=two, process_components=[one, two], end_when_done=True,
                graph_address="127.0.0.1:0")
-    print("RAN", PROGRAM, flush=True)
+    say("RAN", PROGRAM)
 """
 
 
