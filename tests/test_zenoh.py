@@ -200,11 +200,13 @@ async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_p
         published_in = loop.time() - started
         received = await asyncio.wait_for(consumer, 60)
         stats = next(iter(importer.stats.values()))
+        exported = next(iter(exporter.stats.values()))
     assert [int(m[0]) for m in received] == list(range(count))
     assert all(m.shape == (64,) and (m == m[0]).all() for m in received)
     assert publisher.statistics().encodes == 0  # (a local edge: nothing encoded to reach it)
     assert published_in >= 0.2  # held back by the consumer's pauses (0.3 s of them)
     assert stats.lost_remote == 0 and stats.dropped_local == 0 and stats.messages == count
+    assert stats.samples == exported.samples > 0  # (each one counted once, as it arrived)
 
 
 async def test_leaky_mapping_counts_every_drop(router: str) -> None:
