@@ -95,26 +95,30 @@ class _Sender:
         self._cond = threading.Condition()
         # Jobs (and their messages) not done: the first one is running.
         self._jobs: collections.deque[tuple[Callable[[], None], int]] = collections.deque()
-        self._busy = 0  # messages of the jobs not done (0: idle)
+        self._pending = 0  # messages of the jobs not done
         self._stop = False
         self._waiter: asyncio.Future[None] | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     @property
-    def busy(self) -> int:
-        """Messages of the jobs being put or waiting to be (0 when idle)."""
-        return self._busy
+    def busy(self) -> bool:
+        """True while a job is being put or waits to be."""
+        return bool(self._jobs)
+
+    @property
+    def pending(self) -> int:
+        """Messages of the jobs being put or waiting to be (an end marker is none)."""
+        return self._pending
 
     async def submit(self, job: Callable[[], None], messages: int) -> None:
         """Hand *job* (putting *messages*) over; waits while ``_SENDER_DEPTH`` jobs are
         not done (one running, the next waiting: the thread never waits for the loop
         between two jobs)."""
         await self._fewer_than(_SENDER_DEPTH)
-        messages = max(1, messages)
         with self._cond:
             self._jobs.append((job, messages))
-            self._busy += messages
+            self._pending += messages
             self._cond.notify()
 
     async def idle(self) -> None:
@@ -148,7 +152,7 @@ class _Sender:
                 if error is not None:  # the jobs after it are not put either
                     failed += sum(m for _, m in self._jobs)
                     self._jobs.clear()
-                self._busy -= failed
+                self._pending -= failed
                 waiter, self._waiter = self._waiter, None
             with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
                 if error is not None:  # (told on the loop, at once: the export restarts)
@@ -214,6 +218,7 @@ class ExportRun:
         self._seq = 0
         self._held = 0  # messages taken from the subscriber, not handed to the sender yet
         self._ended = True  # the end of the topic was sent (or nothing was sent yet)
+        self._end_put: int | None = None  # the sequence number the last end marker put had
         self.draining = False
         self._task: asyncio.Task[Any] | None = None
         self._broken: Exception | None = None
@@ -599,14 +604,14 @@ class ExportRun:
     async def _send_end(self) -> None:
         """The end marker: an empty payload whose attachment says where the sequence
         ended, sent reliably (BLOCK) even on a leaky export, after every put before it,
-        so the importer counts what Zenoh dropped at the tail and ends its topic too."""
+        so the importer counts what Zenoh dropped at the tail and ends its topic too.
+        Returns once the sender thread has it (:meth:`finish` waits for the put)."""
         if self._ended:
             return
-        self._ended = True
-        log.info("export of %s: the topic ended; waiting for its next publisher", self.export.topic)
         sub = self._subscriber
         drops = sub.statistics().dropped if sub is not None else 0
-        attachment = pack_attachment(self._seq, time.time_ns(), drops, end=True)
+        seq = self._seq
+        attachment = pack_attachment(seq, time.time_ns(), drops, end=True)
         session, key, encoding = self._session, self.key, self._zenoh_encoding
 
         def put_end() -> None:
@@ -617,9 +622,13 @@ class ExportRun:
                 congestion_control=zenoh.CongestionControl.BLOCK,
                 encoding=encoding,
             )
+            self._end_put = seq  # (on the sender thread: the drain checks it)
 
         assert self._sender is not None
         await self._sender.submit(put_end, 0)
+        # (Only once handed over: a submit cancelled while waiting sends it again later.)
+        self._ended = True
+        log.info("export of %s: the topic ended; waiting for its next publisher", self.export.topic)
         self.update_state()
 
     async def start_drain(self) -> None:
@@ -633,17 +642,27 @@ class ExportRun:
 
     async def finish(self, deadline: float) -> None:
         """After a drain (the run task stopped): wait for the last put until *deadline*
-        (loop time), send the end marker if there is time, count what is left."""
+        (loop time), then put the end marker (if the topic's end was not sent yet) and
+        wait for that put too, so that the session closes after it; count what is left.
+        An end marker that did not go out by *deadline* is logged (the importing side's
+        topic does not end; what was not put before it is counted here)."""
         sender = self._sender
         loop = asyncio.get_running_loop()
         if sender is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(sender.idle(), max(0.0, deadline - loop.time()))
-            if sender.busy:
-                self.stats.lost_in_flight += sender.busy  # (may still go out)
-            elif loop.time() < deadline and not self._ended:
+            if not sender.busy and not self._ended and loop.time() < deadline:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._send_end(), max(0.0, deadline - loop.time()))
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(sender.idle(), max(0.0, deadline - loop.time()))
+            self.stats.lost_in_flight += sender.pending  # (may still go out)
+            if self._seq and self._end_put != self._seq:
+                log.warning(
+                    "export of %s: its end marker did not go out within the drain timeout: "
+                    "the importing side's topic does not end",
+                    self.export.topic,
+                )
         self.stats.lost_in_flight += self._held + self.queued
         self._held = 0
 

@@ -3,9 +3,11 @@
 Zenoh runs the import's callback on its own network thread (``indirect=False``: no
 channel of zenoh-python's in between, nothing queued outside the import, and one
 wake-up fewer a sample than a channel drained by a thread of ours, which is tens of
-microseconds of latency on a busy machine). The callback puts the sample in
-the import's :class:`SampleQueue`, bounded in samples (``queue``) and bytes
-(``ZENOH_QUEUE_BYTES``, one sample admitted whatever its size):
+microseconds of latency on a busy machine). The callback wakes the loop if it waits
+(:meth:`SampleQueue.wake_early`), copies the sample out and parses its attachment
+(inside the per-sample guard) while the loop wakes, and puts it in the import's
+:class:`SampleQueue`, bounded in samples (``queue``) and bytes (``ZENOH_QUEUE_BYTES``,
+one sample admitted whatever its size):
 
 * **lossless**: the exporters do not send more than the import acknowledged room for
   (docs/wire-format.md: acknowledgements), so the queue does not fill; a publisher that
@@ -16,7 +18,7 @@ the import's :class:`SampleQueue`, bounded in samples (``queue``) and bytes
 * **leaky**: it never waits: the oldest queued sample is dropped and counted.
 
 A task on the event loop takes the samples in order and, for each, inside one guard:
-the sample's own refusal if its attachment was bad, its key's topic, its sequence
+the sample's own refusal if its copy or attachment was bad, its key's topic, its sequence
 accounting, its bodies (split, decoded) and their publication on the graph. A bad sample
 is counted in ``refused`` by cause and logged rate-limited; it never ends the import.
 Publishing waits while the topic's subscribers are behind (the import's ezflow publisher
@@ -77,7 +79,18 @@ class _Sample:
     payload, attachment - or why it is refused), then how many of its messages are
     published already (a restart resumes there)."""
 
-    __slots__ = ("done", "encoding", "key", "meta", "payload", "raw", "refused", "seen", "size")
+    __slots__ = (
+        "counted",
+        "done",
+        "encoding",
+        "key",
+        "meta",
+        "payload",
+        "raw",
+        "refused",
+        "seen",
+        "size",
+    )
 
     def __init__(self, raw: Any, size: int, encoding: str) -> None:
         self.raw = raw
@@ -89,6 +102,7 @@ class _Sample:
         self.refused: Refused | None = None
         self.done = 0
         self.seen = False  # its sequence was accounted for
+        self.counted = False  # counted as received
 
     def parse(self) -> None:
         """Copy the sample out of Zenoh, its attachment parsed inside a guard (once)."""
@@ -116,6 +130,10 @@ class _Sample:
         self.parse()
         meta = self.meta
         return 1 if meta is None or self.refused is not None else (0 if meta.end else meta.n)
+
+
+def _noop() -> None:
+    pass
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -189,6 +207,16 @@ class SampleQueue:
         if waker is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
                 self._loop.call_soon_threadsafe(_wake, waker)
+
+    def wake_early(self) -> None:
+        """(From Zenoh's thread, before it prepares a sample for :meth:`put`) When the
+        loop waits in :meth:`get`, start waking it now: waking a sleeping loop from
+        another thread takes 50-100 µs here, and copying the sample out meanwhile
+        overlaps with it (the loop, once awake, waits for the GIL this thread holds,
+        then finds the sample queued). Nothing when the loop is busy."""
+        if self._waiter is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: we are stopping
+                self._loop.call_soon_threadsafe(_noop)
 
     def _wait_for_room(self, size: int) -> str:
         # (holding the lock) Bounded: "room", "closed" (a stop), or "stalled" (the graph
@@ -404,16 +432,20 @@ class ImportRun:
     # -- on a Zenoh thread -------------------------------------------------------------------
 
     def _on_sample(self, sample: Any) -> None:
-        """(On a Zenoh thread) Queue *sample*: as little as possible here (the event
-        loop copies it out), since while this thread holds the GIL the loop waits."""
+        """(On a Zenoh thread) Queue *sample*, copied out of Zenoh and its attachment
+        parsed (in the per-sample guard), while the loop wakes if it was waiting
+        (:meth:`SampleQueue.wake_early`). Decoding and publishing stay on the loop."""
         queue = self._queue
         if queue is None:
             return
+        queue.wake_early()  # (the loop wakes while this thread copies the sample out)
         try:
             size = len(sample.payload)
         except Exception:  # (never seen; and then the loop refuses it)
             size = 0
-        queue.put(_Sample(sample, size, self.mapping.encoding))
+        item = _Sample(sample, size, self.mapping.encoding)
+        item.parse()
+        queue.put(item)
 
     # -- on the event loop ---------------------------------------------------------------
 
@@ -436,7 +468,8 @@ class ImportRun:
                 self._took(item.key, meta.seq + item.messages, item.size)
 
     async def _handle(self, item: _Sample) -> None:
-        if item.raw is not None:
+        if not item.counted:
+            item.counted = True
             item.parse()
             self.stats.samples += 1
             if item.meta is not None and item.refused is None:
