@@ -3,7 +3,8 @@
 Needs root and iproute2 (``ip netns``); the context managers raise :class:`NetnsUnavailable`
 when namespaces cannot be made, and the fixtures that use them skip. Names and subnets
 carry the pid (and a counter), so tests in parallel workers do not collide. Everything made
-is deleted on the way out, also after a failure.
+is deleted on the way out, also after a failure; what a killed test process left (its pid
+gone) is deleted by the next one that makes a namespace.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,10 +34,48 @@ def on(namespace: str) -> tuple[str, ...]:
 
 
 def _tag() -> str:
-    return f"{os.getpid() % 100000}{next(_counter)}"
+    # (the pid, then the counter: a later run can tell whose namespace it is; with the
+    # device prefixes at most 15 characters, the kernel's limit for a device name)
+    return f"{os.getpid()}x{next(_counter)}"
+
+
+#: A namespace of this module's, and the pid of the process that made it.
+_OURS = re.compile(r"ezflow-[abr](\d+)x\d+")
+_swept: list[bool] = []
+
+
+def namespaces() -> set[str]:
+    """The names of the network namespaces that exist now."""
+    listed = subprocess.run(
+        ["ip", "netns", "list"], check=True, capture_output=True, text=True, timeout=10
+    )
+    return {line.split()[0] for line in listed.stdout.splitlines() if line.split()}
+
+
+def _sweep_stale() -> None:
+    """Delete the namespaces a killed test process left behind (its pid gone; deleting a
+    namespace deletes its veth pairs), once per process."""
+    if _swept:
+        return
+    _swept.append(True)
+    try:
+        names = namespaces()
+    except (OSError, subprocess.CalledProcessError):
+        return  # (no namespaces here: _add_namespace says so)
+    for name in names:
+        found = _OURS.fullmatch(name)
+        if found is None:
+            continue
+        try:
+            os.kill(int(found[1]), 0)
+        except ProcessLookupError:
+            _delete([name])
+        except OSError:
+            pass  # (alive, another user's)
 
 
 def _add_namespace(name: str) -> None:
+    _sweep_stale()
     try:
         ip("netns", "add", name)
     except (OSError, subprocess.CalledProcessError) as exc:

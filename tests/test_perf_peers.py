@@ -13,6 +13,7 @@ import ast
 import asyncio
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from ezflow._perf import _runner
+from ezflow._perf import _runner, _zenoh_bridge
 from ezflow._perf._peers import _command, _common, _install, _selfcheck
 from ezflow._perf._spec import END, QUICK, Cell, SpecError, Variant
 
@@ -510,3 +511,24 @@ def test_the_selfcheck_bar_applies_to_the_example_carrying_the_same_message() ->
     assert ezmsg.passed is False
     (line,) = _selfcheck.failures({"checks": [ezmsg.to_json()]})
     assert "0.60x of its library's example as it ships" in line
+
+
+def test_perf_bridge_deletes_the_namespaces_of_a_killed_run() -> None:
+    """`ezflow perf bridge` names its two namespaces after its pid; a run killed before
+    its cleanup leaves them, and the next run deletes those whose process is gone."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead, alive = f"ezbench-a{gone.stdout.strip()}", f"ezbench-b{os.getpid()}"
+    try:
+        for name in (dead, alive):
+            subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"network namespaces unavailable (needs root and iproute2): {exc}")
+    try:
+        _zenoh_bridge._sweep_stale()
+        listed = subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, text=True)
+        assert dead not in listed.stdout
+        assert alive in listed.stdout
+    finally:
+        for name in (dead, alive):
+            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)

@@ -77,9 +77,28 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
 
+def _sweep_stale() -> None:
+    """Delete the namespaces of a run that was killed (named after its pid, now gone):
+    namespaces are not files, nothing else would."""
+    listed = subprocess.run(
+        ["ip", "netns", "list"], check=False, capture_output=True, text=True, timeout=10
+    )
+    for line in listed.stdout.splitlines():
+        found = re.fullmatch(r"(ezbench-[ab](\d+))\b.*", line)
+        if found is None:
+            continue
+        try:
+            os.kill(int(found[2]), 0)
+        except ProcessLookupError:
+            subprocess.run(["ip", "netns", "del", found[1]], check=False, capture_output=True)
+        except OSError:
+            pass  # (alive, another user's)
+
+
 @contextlib.contextmanager
 def _namespaces() -> Any:
-    tag = os.getpid() % 100000
+    _sweep_stale()
+    tag = os.getpid()  # (device names: at most 15 characters)
     a, b, va, vb = f"ezbench-a{tag}", f"ezbench-b{tag}", f"ezba{tag}", f"ezbb{tag}"
     _ip("netns", "add", a)
     try:
