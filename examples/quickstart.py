@@ -51,7 +51,7 @@ async def main(blocks: int, block_size: int, rate: float) -> None:
         for channel in ctx.channels:
             print(
                 f"  channel {channel.topic} via {channel.transport}: "
-                f"{channel.stats.messages} messages, {channel.stats.decoded} decoded"
+                f"{channel.statistics.messages} messages, {channel.statistics.decoded} decoded"
             )
 
 

@@ -41,6 +41,8 @@ def run_example(env: dict[str, str], name: str, *args: str) -> str:
         env=env,
     )
     assert result.returncode == 0, result.stderr
+    # What a newcomer sees: no warning (a deprecated name in an example printed one).
+    assert "Warning:" not in result.stderr, result.stderr
     return result.stdout
 
 
@@ -112,6 +114,7 @@ def test_every_unit_example_runs_through_ezflow_run(core_only: dict[str, str]) -
         for name, process in runs.items():
             out, err = process.communicate(timeout=90)
             assert process.returncode == 0, (name, err)
+            assert "Warning:" not in err, (name, err)
             assert THROUGH_EZFLOW_RUN[name][1] in out, (name, out)
     finally:
         for process in runs.values():
