@@ -956,10 +956,223 @@ done:
     return frames;
 }
 
+
+/* ---------------------------------------------------------------- run_frames */
+
+/* buckets[index] += 1, as Python does it (IndexError past the end). */
+static int bucket_add(PyObject *buckets, Py_ssize_t index) {
+    if (index < 0 || index >= PyList_GET_SIZE(buckets)) {
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        return -1;
+    }
+    PyObject *old = PyList_GET_ITEM(buckets, index);
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL) return -1;
+    PyObject *new = PyNumber_Add(old, one);
+    Py_DECREF(one);
+    if (new == NULL) return -1;
+    PyList_SET_ITEM(buckets, index, new);
+    Py_DECREF(old);
+    return 0;
+}
+
+/* The latency of one message: buckets and *total, as _run_frames_py records it. */
+static int record_latency(PyObject *buckets, PyObject *now_obj, long long now, int now_fits,
+                          PyObject *sent_obj, PyObject **total) {
+    int overflow = 0;
+    long long sent = PyLong_AsLongLongAndOverflow(sent_obj, &overflow);
+    if (sent == -1 && PyErr_Occurred()) return -1;
+    long long latency;
+    if (now_fits && !overflow && !__builtin_sub_overflow(now, sent, &latency)) {
+        if (latency <= 0) return bucket_add(buckets, 0);
+        if (bucket_add(buckets, 64 - __builtin_clzll((unsigned long long)latency)) < 0) return -1;
+        PyObject *value = PyLong_FromLongLong(latency);
+        if (value == NULL) return -1;
+        PyObject *sum = PyNumber_Add(*total, value);
+        Py_DECREF(value);
+        if (sum == NULL) return -1;
+        Py_SETREF(*total, sum);
+        return 0;
+    }
+    /* (past 64 bits: as Python ints) */
+    PyObject *value = PyNumber_Subtract(now_obj, sent_obj);
+    if (value == NULL) return -1;
+    PyObject *zero = PyLong_FromLong(0);
+    int positive = zero == NULL ? -1 : PyObject_RichCompareBool(value, zero, Py_GT);
+    Py_XDECREF(zero);
+    int result = -1;
+    if (positive == 0) {
+        result = bucket_add(buckets, 0);
+    } else if (positive == 1) {
+        size_t bits = _PyLong_NumBits(value);
+        if (!(bits == (size_t)-1 && PyErr_Occurred()) &&
+            bucket_add(buckets, bits > (size_t)PY_SSIZE_T_MAX ? -1 : (Py_ssize_t)bits) == 0) {
+            PyObject *sum = PyNumber_Add(*total, value);
+            if (sum != NULL) {
+                Py_SETREF(*total, sum);
+                result = 0;
+            }
+        }
+    }
+    Py_DECREF(value);
+    return result;
+}
+
+/* run_frames(frames, index, decode, size, upstream, lossless, mask, pending_append,
+ * appends, buckets, now_ns, progress): the twin of
+ * ezflow._core._channel._run_frames_py (the per-message loop of Channel.deliver_run). */
+static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError,
+                        "run_frames(frames, index, decode, size, upstream, lossless, mask, "
+                        "pending_append, appends, buckets, now_ns, progress)");
+        return NULL;
+    }
+    PyObject *frames = args[0], *decode = args[2], *size_obj = args[3], *upstream = args[4];
+    PyObject *lossless_obj = args[5], *pending_append = args[7], *appends = args[8];
+    PyObject *buckets = args[9], *now_obj = args[10], *progress = args[11];
+    if (!PyList_Check(frames) || !PyList_Check(buckets) || !PyList_Check(progress) ||
+        PyList_GET_SIZE(progress) < 2 || !PyTuple_Check(appends)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "run_frames: frames, buckets and progress (of 2) are lists, appends "
+                        "a tuple");
+        return NULL;
+    }
+    Py_ssize_t index = PyLong_AsSsize_t(args[1]);
+    if (index == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t size = PyLong_AsSsize_t(size_obj);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    unsigned long long mask = PyLong_AsUnsignedLongLongMask(args[6]);
+    if (mask == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    int lossless = PyObject_IsTrue(lossless_obj);
+    if (lossless < 0) return NULL;
+    int now_overflow = 0;
+    long long now = PyLong_AsLongLongAndOverflow(now_obj, &now_overflow);
+    if (now == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t n_appends = PyTuple_GET_SIZE(appends);
+    for (Py_ssize_t k = 0; k < n_appends; k++) {
+        PyObject *pair = PyTuple_GET_ITEM(appends, k);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "run_frames: appends holds (attachment, append)");
+            return NULL;
+        }
+    }
+    PyObject *total = PyLong_FromLong(0);
+    if (total == NULL) return NULL;
+    if (index < 0) {
+        PyErr_Format(PyExc_ValueError, "run_frames from index %zd", index);
+        Py_DECREF(total);
+        return NULL;
+    }
+    Py_ssize_t i = index;
+    int failed = 0;
+    while (i < PyList_GET_SIZE(frames)) {
+        PyObject *frame = PyList_GET_ITEM(frames, i);
+        if (!PyTuple_Check(frame) || PyTuple_GET_SIZE(frame) != 5) {
+            PyErr_SetString(PyExc_TypeError, "run_frames: a frame is a tuple of 5");
+            failed = 1;
+            break;
+        }
+        Py_INCREF(frame); /* (a call below may change the list) */
+        PyObject *seq = PyTuple_GET_ITEM(frame, 1), *body = PyTuple_GET_ITEM(frame, 2);
+        PyObject *drops = PyTuple_GET_ITEM(frame, 3), *sent = PyTuple_GET_ITEM(frame, 4);
+        unsigned long long seq_bits = PyLong_AsUnsignedLongLongMask(seq);
+        if (seq_bits == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_DECREF(frame);
+            failed = 1;
+            break;
+        }
+        if (!(seq_bits & mask)) {
+            Py_DECREF(frame);
+            break;
+        }
+        int more = PyObject_RichCompareBool(drops, upstream, Py_GT);
+        if (more != 0) {
+            Py_DECREF(frame);
+            failed = more < 0;
+            break;
+        }
+        Py_ssize_t length = PyBytes_CheckExact(body) ? PyBytes_GET_SIZE(body) : PyObject_Size(body);
+        if (length < 0) {
+            Py_DECREF(frame);
+            failed = 1;
+            break;
+        }
+        if (length != size) {
+            Py_DECREF(frame);
+            break;
+        }
+        PyObject *message = PyObject_CallOneArg(decode, body);
+        if (message == NULL || message == Py_None) {
+            Py_XDECREF(message);
+            Py_DECREF(frame);
+            failed = message == NULL;
+            break;
+        }
+        if (lossless) {
+            PyObject *entry = PyList_New(3);
+            PyObject *r = NULL;
+            if (entry != NULL) {
+                Py_INCREF(seq);
+                Py_INCREF(lossless_obj);
+                Py_INCREF(size_obj);
+                PyList_SET_ITEM(entry, 0, seq);
+                PyList_SET_ITEM(entry, 1, lossless_obj);
+                PyList_SET_ITEM(entry, 2, size_obj);
+                r = PyObject_CallOneArg(pending_append, entry);
+                Py_DECREF(entry);
+            }
+            if (r == NULL) failed = 1;
+            Py_XDECREF(r);
+        }
+        for (Py_ssize_t k = 0; k < n_appends && !failed; k++) {
+            PyObject *pair = PyTuple_GET_ITEM(appends, k);
+            PyObject *item = PyTuple_Pack(3, PyTuple_GET_ITEM(pair, 0), seq, message);
+            PyObject *r = item == NULL ? NULL : PyObject_CallOneArg(PyTuple_GET_ITEM(pair, 1), item);
+            Py_XDECREF(item);
+            if (r == NULL) failed = 1;
+            Py_XDECREF(r);
+        }
+        Py_DECREF(message);
+        if (!failed) {
+            int has_sent = PyObject_IsTrue(sent);
+            if (has_sent < 0 ||
+                (has_sent && record_latency(buckets, now_obj, now, !now_overflow, sent, &total) < 0))
+                failed = 1;
+        }
+        Py_DECREF(frame);
+        if (failed) break;
+        i++;
+    }
+    /* progress[0], progress[1] = i, the latency total: also when raising */
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    PyObject *end = PyLong_FromSsize_t(i);
+    int stored = end != NULL && PyList_SetItem(progress, 0, end) == 0;
+    if (end == NULL) stored = 0;
+    if (stored) {
+        Py_INCREF(total);
+        stored = PyList_SetItem(progress, 1, total) == 0;
+    }
+    Py_DECREF(total);
+    if (exc_type != NULL) {
+        PyErr_Restore(exc_type, exc_value, exc_tb);
+        return NULL;
+    }
+    if (!stored) return NULL;
+    (void)failed;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"small_frames", (PyCFunction)(void (*)(void))small_frames, METH_FASTCALL,
      "small_frames(data, start, end, max_frame_size, slice_below) -> list: the whole "
      "small DATA frames at the front of data[start:end], as _small_frames_py gives them."},
+    {"run_frames", (PyCFunction)(void (*)(void))run_frames, METH_FASTCALL,
+     "run_frames(frames, index, decode, size, upstream, lossless, mask, pending_append, "
+     "appends, buckets, now_ns, progress) -> None: Channel.deliver_run's loop, as "
+     "_run_frames_py runs it."},
     {NULL, NULL, 0, NULL},
 };
 
