@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ezflow._core import _compiled
-from ezflow._core._channel import _run_frames_py
 from ezflow._core._codec import HEADER, SMALL_BODY, Codec, message
 from ezflow._core._codec._format import _body_view, _spans
 from ezflow._core._codec._layouts import _Layout, _learn_layout
@@ -428,100 +426,6 @@ def test_the_compiled_encode_raises_what_the_python_twin_raises() -> None:
     assert raised == 8  # (the two raising cases, at four limits: the test tests errors)
 
 
-# -- Channel.deliver_run's loop: _speedups.run_frames vs _run_frames_py ----------------
-
-
-class _Recording:
-    """What a run hands on, in order: pending entries and inbox items, by callable."""
-
-    def __init__(self, fail_at: int = -1) -> None:
-        self.calls: list[tuple[str, object]] = []
-        self.fail_at = fail_at
-
-    def appender(self, name: str) -> Any:
-        def append(item: object) -> None:
-            if len(self.calls) == self.fail_at:
-                raise RuntimeError(f"append {name} refused")
-            self.calls.append((name, item))
-
-        return append
-
-
-def _run_outcome(runner: Any, frames: list[Any], args: dict[str, Any]) -> tuple[object, ...]:
-    record = _Recording(args["fail_at"])
-    buckets = [0] * args["buckets"]
-    progress = [-7, -7]
-    appends = tuple((f"inbox{k}", record.appender(f"inbox{k}")) for k in range(args["inboxes"]))
-    result = outcome(
-        lambda: runner(
-            frames,
-            args["index"],
-            args["decode"],
-            args["size"],
-            args["upstream"],
-            args["lossless"],
-            args["mask"],
-            record.appender("pending"),
-            appends,
-            buckets,
-            args["now_ns"],
-            progress,
-        )
-    )
-    calls = [
-        (name, [*item[:2], repr(item[2])] if name != "pending" else item)  # type: ignore[index]
-        for name, item in record.calls
-    ]
-    return result, calls, buckets, progress
-
-
-_INT64 = st.integers(-(2**63), 2**63 - 1)
-
-
-@needs_extension
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.integers(1, 40) | st.integers(0, 2**64 - 1),  # seq
-            st.sampled_from([b"abcd", b"abcd", b"abce", b"none", b"xyz", b"raise", b"abcdx"]),
-            st.sampled_from([0, 0, 1, 3]) | st.integers(0, 2**64 - 1),  # drops
-            st.sampled_from([0, 1, 10**9, 2**62]) | _INT64 | st.integers(2**63, 2**70),  # sent
-        ),
-        max_size=12,
-    ),
-    st.data(),
-)
-def test_the_compiled_run_loop_is_the_python_twin(
-    frames: list[tuple[int, bytes, int, int]], data: st.DataObject
-) -> None:
-    """Same pending entries and inbox items in the same order, the same latency buckets
-    and progress (also when decode or an append raises, or a latency falls past the
-    buckets), the same stop: a timed frame, a new upstream drop, another size, a body
-    decode refuses (None)."""
-
-    def decode(body: bytes) -> object:
-        if body == b"raise":
-            raise ValueError("cannot decode")
-        return None if body == b"none" else ("message", body)
-
-    listed = [(n, seq, body, drops, sent) for n, (seq, body, drops, sent) in enumerate(frames)]
-    args = {
-        "index": data.draw(st.integers(0, len(listed) + 1) | st.just(-1)),
-        "decode": decode,
-        "size": data.draw(st.sampled_from([4, 5])),
-        "upstream": data.draw(st.integers(0, 3)),
-        "lossless": data.draw(st.sampled_from([0, 1, 2])),
-        "mask": data.draw(st.sampled_from([2**64 - 1, 15, 3, 0])),
-        "inboxes": data.draw(st.integers(0, 3)),
-        "buckets": data.draw(st.sampled_from([65, 65, 40])),  # (40: an IndexError)
-        "now_ns": data.draw(st.sampled_from([2 * 10**18, 0]) | _INT64 | st.integers(2**63, 2**66)),
-        "fail_at": data.draw(st.sampled_from([-1, 0, 1, 3])),
-    }
-    expected = _run_outcome(_run_frames_py, listed, args)
-    assert _run_outcome(_speedups.run_frames, listed, args) == expected
-
-
 @needs_extension
 def test_no_leak_over_1e5_calls() -> None:
     arr = np.zeros(16, np.float32)
@@ -556,18 +460,6 @@ def test_no_leak_over_1e5_calls() -> None:
     calls.append((_speedups.small_frames, (view, 0, len(stream), 1 << 16, SMALL_BODY)))
     calls.append((_speedups.small_frames, (view, 0, 10, 1 << 16, SMALL_BODY)))
     calls.append((_speedups.small_frames, (view, 5, 4, 1 << 16, SMALL_BODY)))
-    # a run: the ordinary tuple's frames into a deque, with latencies (one past 64 bits),
-    # to its end and stopped (a timed frame); an append that raises
-    body = Codec().encode((0, 1, 2.5, arr)).to_bytes()
-    decode = layout_of(body).compiled(_speedups)  # type: ignore[union-attr]
-    items: deque[object] = deque(maxlen=64)
-    frames = [(0, seq, body, 0, [0, 10**9, 2**70][seq % 3]) for seq in (1, 2, 3, 16, 17)]
-    for frames_ in (frames, frames[:3]):
-        run_args = (frames_, 0, decode, len(body), 0, 1, 15, items.append)
-        calls.append(
-            (_speedups.run_frames, (*run_args, (("a", items.append),), [0] * 65, 2**62, [0, 0]))
-        )
-    calls.append((_speedups.run_frames, (*run_args, (("a", [].index),), [0] * 65, 2**62, [0, 0])))
 
     def run(times: int) -> None:
         for compiled, args in calls:

@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 
 from ._codec import Codec
-from ._compiled import SPEEDUPS
 from ._config import TIMING_SAMPLE_MASK
 from ._exceptions import (
     ClosedResourceError,
@@ -72,66 +71,6 @@ log = logging.getLogger("ezflow.channel")
 
 # Called with (released_count, released_bytes), both cumulative since the channel opened.
 ReleaseCallback = Callable[[int, int], None]
-
-
-def _run_frames_py(  # noqa: PLR0917 - the loop's state, positional: one call a read
-    frames: list[tuple[int, int, bytes, int, int]],
-    index: int,
-    decode: Callable[[bytes], object],
-    size: int,
-    upstream: int,
-    lossless: int,
-    mask: int,
-    pending_append: Callable[[list[int]], None],
-    appends: tuple[tuple[Attachment, Callable[[tuple[Attachment, int, Any]], None]], ...],
-    buckets: list[int],
-    now_ns: int,
-    progress: list[int],
-) -> None:
-    """The per-message loop of :meth:`Channel.deliver_run`: from ``frames[index]`` on,
-    while a frame is not timed (``seq & mask``), brings no new upstream drop (``drops >
-    upstream``), has a body of *size* bytes and *decode* gives a message (not None):
-    a pending entry ``[seq, lossless, size]`` (when *lossless*), ``(attachment, seq,
-    message)`` to each of *appends*, the latency ``now_ns - sent_ns`` in *buckets*
-    (when the frame has a publish time). ``progress[0], progress[1]`` are set to the
-    index of the first frame not delivered and the latencies' total, also when an
-    exception escapes. ``ValueError`` for a negative *index*.
-
-    ``_speedups.run_frames`` is its compiled twin (tests/test_speedups.py pins them
-    together); :data:`_run_frames` is the one this process runs.
-    """
-    if index < 0:
-        raise ValueError(f"run_frames from index {index}")
-    i = index
-    latency_total = 0
-    try:
-        while i < len(frames):
-            _, seq, body, drops, sent_ns = frames[i]
-            if (
-                not seq & mask
-                or drops > upstream
-                or len(body) != size
-                or (message := decode(body)) is None
-            ):
-                break
-            if lossless:
-                pending_append([seq, lossless, size])
-            for attachment, append in appends:
-                append((attachment, seq, message))
-            if sent_ns:
-                latency_ns = now_ns - sent_ns
-                if latency_ns > 0:
-                    buckets[latency_ns.bit_length()] += 1
-                    latency_total += latency_ns
-                else:  # the clocks of two hosts disagree
-                    buckets[0] += 1
-            i += 1
-    finally:
-        progress[0] = i
-        progress[1] = latency_total
-
-
-_run_frames: Callable[..., None] = _run_frames_py if SPEEDUPS is None else SPEEDUPS.run_frames
 
 
 @dataclass(slots=True)
@@ -368,26 +307,39 @@ class Channel:
             if inbox._callback is not None or inbox.maxlen is not None or inbox._closed:
                 return -1
         size = layout.size
+        decode = layout.decode
+        upstream = self.stats.upstream_drops
         lossless = self._lossless
-        appends = tuple((attachment, attachment.inbox._items.append) for attachment in attachments)
-        progress = [index, 0]
+        pending_append = self._pending.append
+        appends = [(attachment, attachment.inbox._items.append) for attachment in attachments]
+        buckets = self.latency.buckets
+        now_ns = time_ns()
+        latency_total = 0
+        end = len(frames)
+        i = index
         try:
-            _run_frames(
-                frames,
-                index,
-                layout.decode,
-                size,
-                self.stats.upstream_drops,
-                lossless,
-                TIMING_SAMPLE_MASK,
-                self._pending.append,
-                appends,
-                self.latency.buckets,
-                time_ns(),
-                progress,
-            )
+            while i < end:
+                _, seq, body, drops, sent_ns = frames[i]
+                if (
+                    not seq & TIMING_SAMPLE_MASK
+                    or drops > upstream
+                    or len(body) != size
+                    or (message := decode(body)) is None
+                ):
+                    break
+                if lossless:
+                    pending_append([seq, lossless, size])
+                for attachment, append in appends:
+                    append((attachment, seq, message))
+                if sent_ns:
+                    latency_ns = now_ns - sent_ns
+                    if latency_ns > 0:
+                        buckets[latency_ns.bit_length()] += 1
+                        latency_total += latency_ns
+                    else:  # the clocks of two hosts disagree
+                        buckets[0] += 1
+                i += 1
         finally:
-            i, latency_total = progress
             self.run_end = i
             count = i - index
             if count:
@@ -413,7 +365,7 @@ class Channel:
                     self._released_count += count
                     self._released_bytes += nbytes
                     self._notify_release()
-        if i == index and i < len(frames) and frames[i][1] & TIMING_SAMPLE_MASK:
+        if i == index and i < end and frames[i][1] & TIMING_SAMPLE_MASK:
             return -1  # (not of the layout: the read goes frame by frame)
         return i
 

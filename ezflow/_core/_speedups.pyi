@@ -38,18 +38,3 @@ class Layout:
 def small_frames(
     data: memoryview, start: int, end: int, max_frame_size: int, slice_below: int, /
 ) -> list[tuple[int, int, bytes, int, int]]: ...
-def run_frames(
-    frames: list[tuple[int, int, bytes, int, int]],
-    index: int,
-    decode: Any,
-    size: int,
-    upstream: int,
-    lossless: int,
-    mask: int,
-    pending_append: Any,
-    appends: tuple[tuple[Any, Any], ...],
-    buckets: list[int],
-    now_ns: int,
-    progress: list[int],
-    /,
-) -> None: ...

@@ -168,7 +168,8 @@ class ChannelConnection(FramedProtocol):
     # dozens, from a burst) are delivered straight from it, one copy each, in one loop;
     # whatever else is there (a control frame, a large, short or incomplete frame, a
     # frame over the limit) takes the general path, in order. Two forms of the one
-    # loop: with the C extension, _speedups.small_frames splits the read in one call;
+    # loop: with the C extension, _speedups.small_frames splits the read in one call
+    # and Channel.deliver_run delivers each run of frames of one layout in one call;
     # without, the loop splits as it goes (building the list _small_frames_py returns
     # would cost a paced stream 0.2 us a message). tests/test_stream.py pins either to
     # the general path (FramedProtocol's), for any split of any stream; the pure form

@@ -1,6 +1,6 @@
 """The receive path of a tcp/shm channel in one process, no socket: 64 B ordinary
 tuples in reads of BATCH frames (default 64; 1 is a paced stream) -> ChannelConnection
--> channel -> inbox -> `await get()`. Prints ns per message, the best of 5 runs.
+-> channel -> inbox -> `await sub.recv()`. Prints ns per message, the best of 5 runs.
 
     BATCH=64 python perf/micro/receive_path.py
 
@@ -37,7 +37,8 @@ async def main():
         # as after WELCOME with the default window (64): an ACK every 16 releases (the
         # connection has no transport: nothing is written)
         channel.on_release, conn._ack_every, conn._ack_bytes = conn._on_release, 16, 1 << 20
-        get = inbox.get
+        # (the user's call: Subscriber.recv, as `await sub.recv()` makes it)
+        get = Subscriber("s-1", "/t", inbox, "tcp", lambda _: asyncio.sleep(0)).recv
         t = time.perf_counter()
         for _ in range(N // BATCH):
             buf = conn.get_buffer(-1); buf[:len(read)] = read; conn.buffer_updated(len(read))
