@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -564,3 +569,217 @@ def test_holds_tells_whether_a_channel_still_has_messages_queued() -> None:
     assert inbox.holds(channel) and inbox.holds(other)
     assert inbox.get_nowait() == "from p1"
     assert not inbox.holds(channel) and inbox.holds(other)
+
+
+# -- the batch paths: Channel.deliver_run, Inbox.get with something queued --------------------
+
+
+def _deliver_read(channel: Channel, frames: list[tuple[int, int, bytes, int, int]]) -> None:
+    """A read's frames through Channel.deliver_run, as ChannelConnection's read loop
+    hands them (its contract: the frame a run stops at goes to deliver_body)."""
+    index = 0
+    while index < len(frames):
+        run = channel.deliver_run(frames, index)
+        assert channel.run_end == (index if run < 0 else run)
+        if run < 0:
+            for _, seq, body, drops, sent_ns in frames[index:]:
+                channel.deliver_body(seq, body, drops, sent_ns)
+            return
+        if run < len(frames):
+            _, seq, body, drops, sent_ns = frames[run]
+            channel.deliver_body(seq, body, drops, sent_ns)
+        index = run + 1
+
+
+def _channel_state(channel: Channel, inboxes: list[Inbox]) -> list[object]:
+    taken: list[object] = []
+    for inbox in inboxes:
+        while len(inbox):
+            try:
+                message = inbox.get_nowait()
+            except UndecodableMessageError as exc:
+                taken.append(("raised", str(exc)))
+                continue
+            taken.append(
+                tuple(m.tobytes() if isinstance(m, np.ndarray) else m for m in message)
+                if type(message) is tuple
+                else message.tobytes()
+                if isinstance(message, np.ndarray)
+                else message
+            )
+        taken.append((dataclasses.astuple(inbox.stats), inbox.handler_time.buckets))
+    return [
+        taken,
+        dataclasses.astuple(channel.stats),
+        channel.latency.buckets,
+        channel.decode_time.buckets,
+        channel.released,
+        channel.pending,
+        channel._pending_bytes,
+        channel._last_seq,
+    ]
+
+
+_ORDINARY = st.tuples(st.integers(0, 2), st.integers(-(2**40), 2**40), st.integers(0, 2**62))
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    reads=st.lists(
+        st.lists(
+            st.tuples(
+                st.one_of(
+                    _ORDINARY.map(lambda t: ("ordinary", t)),
+                    _ORDINARY.map(lambda t: ("ordinary", t)),
+                    st.just(("other", (1, "x"))),  # another shape (a new layout)
+                    st.binary(max_size=80).map(lambda b: ("garbage", b)),
+                    st.just(("cut", b"")),  # an ordinary body one byte short
+                ),
+                st.sampled_from([0, 0, 0, 0, 1]),  # upstream drops before it
+                st.sampled_from([0, 1, 1, -1]),  # sent_ns: none, past, future
+            ),
+            max_size=40,
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    inboxes=st.lists(st.sampled_from(["lossless", "leaky", "callback"]), max_size=3),
+    take_between=st.booleans(),
+)
+def test_deliver_run_is_deliver_body_frame_by_frame(
+    monkeypatch: pytest.MonkeyPatch,
+    reads: list[list[tuple[tuple[str, object], int, int]]],
+    inboxes: list[str],
+    take_between: bool,
+) -> None:
+    """Reads of frames through deliver_run (a run per stretch of the layout decoded
+    last) and the same frames through deliver_body one by one: the same messages in
+    every inbox, in order, the same channel and inbox counters, histograms (a clock
+    that moves 1 ns a read: the run reads it once, so only the latency total may differ
+    by a few ns), releases and pending entries - with timed frames
+    (one in 4, here), upstream drops, garbage, a second shape, and any mix of lossless,
+    leaky and callback inboxes (which make the run step aside)."""
+    monkeypatch.setattr(_channel, "TIMING_SAMPLE_MASK", 3)  # (one in 4 timed: often)
+    monkeypatch.setattr(_inbox, "TIMING_SAMPLE_MASK", 3)
+    ticks = itertools.count(5_000_000_000)  # (a clock that moves: timed decodes take 1 ns)
+    monkeypatch.setattr(_channel, "time_ns", lambda: next(ticks))
+    monkeypatch.setattr(_inbox, "perf_counter_ns", lambda: 7)
+    codec = Codec()
+    sides = []
+    for _ in range(2):
+        releases: list[tuple[int, int]] = []
+        channel = Channel("p-1", "/t", codec, on_release=lambda c, b, r=releases: r.append((c, b)))
+        handled: list[object] = []
+        attached = []
+        for kind in inboxes:
+            inbox = (
+                Inbox(leaky=True, maxlen=1000)
+                if kind == "leaky"
+                else Inbox(callback=handled.append)
+                if kind == "callback"
+                else Inbox()
+            )
+            channel.attach(inbox)
+            attached.append(inbox)
+        sides.append((channel, attached, releases, handled))
+    array = np.arange(16, dtype=np.float32)
+    seq = drops = 0
+    for read in reads:
+        frames = []
+        for (what, value), dropped, when in read:
+            seq += 1
+            drops += dropped
+            if what == "ordinary":
+                body = codec.encode((*value, array)).to_bytes()  # type: ignore[misc]
+            elif what == "other":
+                body = codec.encode(value).to_bytes()
+            elif what == "cut":
+                body = codec.encode((0, 1, 2, array)).to_bytes()[:-1]
+            else:
+                assert isinstance(value, bytes)
+                body = value
+            sent_ns = {0: 0, 1: 4_000_000_000 + seq, -1: 6_000_000_000}[when]
+            frames.append((seq, seq, body, drops, sent_ns))
+        run_side, each_side = sides
+        with quiet_channel_log():
+            _deliver_read(run_side[0], frames)
+            for _, s, body, d, sent in frames:
+                each_side[0].deliver_body(s, body, d, sent)
+        assert run_side[2][-1:] == each_side[2][-1:]  # (the run reports its release once)
+        if take_between:
+            assert _channel_state(run_side[0], run_side[1]) == _channel_state(
+                each_side[0], each_side[1]
+            )
+    assert _channel_state(run_side[0], run_side[1]) == _channel_state(each_side[0], each_side[1])
+    assert abs(run_side[0].latency.total - each_side[0].latency.total) < 10_000
+    assert [repr(m) for m in run_side[3]] == [repr(m) for m in each_side[3]]
+
+
+@contextlib.contextmanager
+def quiet_channel_log() -> Iterator[None]:
+    logger = logging.getLogger("ezflow.channel")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def test_deliver_run_takes_a_stream_of_tuples_in_one_call() -> None:
+    """A read of ordinary tuples (none timed) is one run: deliver_body is not called, and
+    each lossless inbox's waiting get is woken once."""
+    codec = Codec()
+    channel = Channel("p-1", "/t", codec)
+    inbox = Inbox()
+    channel.attach(inbox)
+    array = np.arange(16, dtype=np.float32)
+    body = codec.encode((0, 1, 2, array)).to_bytes()
+    channel.deliver_body(1, body)  # (learns the layout)
+    inbox.get_nowait()
+    frames = [(seq, seq, body, 0, 0) for seq in range(2, 16)]
+    assert channel.deliver_run(frames, 0) == len(frames) == channel.run_end
+    assert len(inbox) == 14 and channel.pending == 14 and channel.stats.messages == 15
+    inbox.close()
+    assert channel.deliver_run(frames, 0) == -1  # (a closed inbox: frame by frame)
+
+
+async def test_a_queued_get_is_get_nowait() -> None:
+    """Inbox.get with something queued (get_nowait, inlined: no suspension) against
+    get_nowait: the same messages, counters, handler-time samples and releases, for
+    two channels feeding one inbox, lossless and leaky, with detaches between."""
+    sides = []
+    for _ in range(2):
+        releases: list[tuple[str, int, int]] = []
+        a = Channel("p-1", "/t", Codec(), on_release=lambda c, b, r=releases: r.append(("a", c, b)))
+        b = Channel("p-2", "/t", Codec(), on_release=lambda c, n, r=releases: r.append(("b", c, n)))
+        inbox, leaky = Inbox(), Inbox(leaky=True, maxlen=3)
+        attachments = [a.attach(inbox), b.attach(inbox), a.attach(leaky)]
+        sides.append((a, b, inbox, leaky, releases, attachments))
+    for step in range(120):
+        for a, b, _, _, _, attachments in sides:
+            (a if step % 3 else b).deliver(step + 1, f"m{step}", nbytes=step)
+            if step == 60:
+                a.detach(attachments[0])
+        for taker, (_, _, inbox, leaky, _, _) in zip(("get", "get_nowait"), sides, strict=True):
+            for box in (inbox, leaky) if step % 4 == 0 else ():
+                while len(box):
+                    box.get_nowait() if taker == "get_nowait" else await box.get()
+    states = [
+        (
+            dataclasses.astuple(inbox.stats),
+            dataclasses.astuple(leaky.stats),
+            sum(inbox.handler_time.buckets),
+            a.released,
+            b.released,
+            a.pending,
+            b.pending,
+            releases,
+        )
+        for a, b, inbox, leaky, releases, _ in sides
+    ]
+    assert states[0] == states[1]

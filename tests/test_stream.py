@@ -175,12 +175,21 @@ def _received(inbox: Inbox) -> list[Any]:
             continue
         if isinstance(message, np.ndarray):
             out.append(("array", message.dtype.str, message.shape, message.tobytes()))
+        elif type(message) is tuple:  # (the ordinary tuple: its array as bytes)
+            out.append(("tuple", *(m.tobytes() if type(m) is np.ndarray else m for m in message)))
         else:
             out.append(("object", message))
     return out
 
 
+# (the ordinary tuple twice: runs of one layout, which the read loop delivers in one
+# Channel.deliver_run call each)
+_ORDINARY = st.tuples(st.integers(0, 1), st.integers(0, 2**40)).map(
+    lambda p: (p[0], p[1], 17, np.arange(16, dtype=np.float32))
+)
 _MESSAGES = st.one_of(
+    _ORDINARY,
+    _ORDINARY,
     st.integers(-(2**40), 2**40),
     st.text(max_size=20),
     st.tuples(st.integers(0, 3), st.integers(1, 600)).map(

@@ -348,7 +348,24 @@ class Inbox:
         end: called again, it waits (for a publisher that may be routed to it later).
         Cancellation-safe: a cancelled ``get`` takes nothing.
         """
-        if not self._items:
+        items = self._items
+        if items and self._open_hop is None:
+            # Something is queued (a burst): get_nowait() without a loop, inlined - no
+            # suspension, one call fewer. tests/test_channel.py pins it to get_nowait.
+            attachment, seq, message = items.popleft()
+            self.stats.taken += 1
+            if self._handed_ns:
+                spent = perf_counter_ns() - self._handed_ns
+                handler = self.handler_time
+                handler.buckets[spent.bit_length()] += 1
+                handler.total += spent
+                self._handed_ns = 0
+            elif not seq & TIMING_SAMPLE_MASK:
+                self._handed_ns = perf_counter_ns()
+            if attachment.lossless and attachment.active:
+                attachment.channel.release(attachment, seq)
+            return message
+        if not items:
             # The subscriber is done with the previous message: its handler time ends
             # here, not when the next message arrives.
             if self._handed_ns:

@@ -59,6 +59,11 @@ class Subscriber:
         self._inbox = inbox
         self.transport = transport
         self._closed = False
+        if inbox.callback is None:
+            # recv() is the inbox's own get(), bound here: no call of ours before it,
+            # one Python call fewer for every message (the method below says what it
+            # does; a callback subscriber keeps it, to refuse).
+            self.recv = inbox.get  # type: ignore[method-assign]
 
     @property
     def leaky(self) -> bool:
@@ -117,8 +122,8 @@ class Subscriber:
         the message after it; a leaky subscriber counts it as dropped
         (``statistics()``: ``undecodable``, ``dropped``) and logs it, rate-limited.
         """
-        # The inbox's own coroutine, not one wrapped in another: a paced subscriber
-        # resumes through one frame fewer for every message.
+        # (Bound to the inbox's own get() in __init__, unless the inbox has a callback:
+        # its coroutine, not one wrapped in another or behind a call of ours.)
         inbox = self._inbox
         if inbox._callback is not None:
             raise self._nothing_to_recv()

@@ -168,7 +168,8 @@ class ChannelConnection(FramedProtocol):
     # dozens, from a burst) are delivered straight from it, one copy each, in one loop;
     # whatever else is there (a control frame, a large, short or incomplete frame, a
     # frame over the limit) takes the general path, in order. Two forms of the one
-    # loop: with the C extension, _speedups.small_frames splits the read in one call;
+    # loop: with the C extension, _speedups.small_frames splits the read in one call
+    # and Channel.deliver_run delivers each run of frames of one layout in one call;
     # without, the loop splits as it goes (building the list _small_frames_py returns
     # would cost a paced stream 0.2 us a message). tests/test_stream.py pins either to
     # the general path (FramedProtocol's), for any split of any stream; the pure form
@@ -183,12 +184,35 @@ class ChannelConnection(FramedProtocol):
         start = reader.front
         end = reader.end + nbytes
         frames = _small_frames(reader.view, start, end, reader.max_frame_size, _SLICE_BELOW)
+        count = len(frames)
+        index = 0
         try:
-            for frame_end, seq, body, drops, sent_ns in frames:
-                if self._broken:  # (a delivery broke the connection: mypy cannot tell)
+            while index < count:
+                channel = self.channel
+                upto = count
+                # Runs of the layout decoded last, in one call each (deliver_run); not
+                # for one frame (a paced stream: deliver_body is shorter), nor through a
+                # traced message's stand-in.
+                if count - index > 1 and type(channel) is Channel:
+                    try:
+                        run = channel.deliver_run(frames, index)
+                    finally:
+                        if channel.run_end > index:  # (taken, as the reader does)
+                            index = channel.run_end
+                            start = frames[index - 1][0]
+                    if run >= 0:
+                        if index == count or self._broken:
+                            break
+                        upto = index + 1  # (the frame the run left: the general path)
+                while index < upto:  # (frame by frame)
+                    if self._broken:  # (a delivery broke the connection: mypy cannot tell)
+                        break  # type: ignore[unreachable]
+                    frame_end, seq, body, drops, sent_ns = frames[index]
+                    start = frame_end  # (taken before it is handed on, as the reader does)
+                    index += 1
+                    self.channel.deliver_body(seq, body, drops, sent_ns)
+                if self._broken:
                     break  # type: ignore[unreachable]
-                start = frame_end  # (taken before it is handed on, as the reader does)
-                self.channel.deliver_body(seq, body, drops, sent_ns)
         finally:
             # (whatever happens, no frame is handed on twice)
             if start == end:

@@ -4,6 +4,9 @@ cProfile of that side.
 
     python perf/micro/p2p_cpu.py TRANSPORT N [pub|sub]      (SIZE=64 bytes by default)
 
+EZ_CALLGRIND=pub (or sub) runs that side under callgrind: instructions per message
+from two runs, as perf/micro/p2p_ir.sh does.
+
 Compare the codec paths in one run: EZFLOW_PURE_PYTHON=1 python ... forces the pure one
 (perf/micro/p2p_cpu_ab.sh alternates them)."""
 import asyncio, os, sys, time, resource
@@ -22,6 +25,7 @@ async def pub_main(addr):
     async with ezflow.GraphContext(addr, auto_start=False) as ctx:
         pub = await ctx.publisher("/p2p", transport=TRANSPORT)
         body = np.zeros(SIZE // 4, np.float32)
+        await pub.wait_for_channels(1)  # (a side under callgrind starts slowly)
         await asyncio.sleep(0.5)
         c0 = cpu(); u0=cpu2(); t0 = time.perf_counter()
         for seq in range(N):
@@ -34,13 +38,16 @@ async def sub_main(addr):
     async with ezflow.GraphContext(addr, auto_start=False) as ctx:
         sub = await ctx.subscriber("/p2p", transport=TRANSPORT)
         recv = sub.recv
-        m = await recv(); c0 = cpu(); u0=cpu2(); t0 = time.perf_counter(); n = 1
+        inbox = sub._inbox  # (how often recv waits: the wake-ups, about one per read)
+        m = await recv(); c0 = cpu(); u0=cpu2(); t0 = time.perf_counter(); n = 1; waits = 0
         while True:
+            if not inbox._items:
+                waits += 1
             m = await recv()
             if m[0] == 1: break
             n += 1
         dt = time.perf_counter() - t0
-        u1=cpu2(); print(f"sub user {1e6*(u1[0]-u0[0])/n:.2f} sys {1e6*(u1[1]-u0[1])/n:.2f} cpu/msg {1e6*(cpu()-c0)/n:.2f} us rate {n/dt:,.0f}/s n={n}", flush=True)
+        u1=cpu2(); print(f"sub user {1e6*(u1[0]-u0[0])/n:.2f} sys {1e6*(u1[1]-u0[1])/n:.2f} cpu/msg {1e6*(cpu()-c0)/n:.2f} us rate {n/dt:,.0f}/s n={n} msgs/wake {n/max(waits,1):.1f}", flush=True)
 
 def run(role, addr):
     coro = pub_main(addr) if role == "pub" else sub_main(addr)
@@ -54,7 +61,12 @@ def run(role, addr):
 async def main():
     async with ezflow.GraphServer(("127.0.0.1", 0)) as server:
         addr = "%s:%d" % server.address
-        procs = [await asyncio.create_subprocess_exec(sys.executable, __file__, TRANSPORT, str(N), PROF, "--role", r, addr) for r in ("sub", "pub")]
+        # EZ_CALLGRIND=pub|sub: that side runs under callgrind, which prints the
+        # instructions it ran ("Collected"); the difference of two runs over the
+        # difference of their N is instructions per message, whatever the load.
+        grind = os.environ.get("EZ_CALLGRIND", "")
+        valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+        procs = [await asyncio.create_subprocess_exec(*(valgrind if r == grind else []), sys.executable, __file__, TRANSPORT, str(N), PROF, "--role", r, addr) for r in ("sub", "pub")]
         for p in procs: await p.wait()
 
 if "--role" in sys.argv:
