@@ -729,6 +729,9 @@ async def test_a_watched_ring_whose_writer_restarts_is_a_new_publisher(
     async with ezflow.GraphContext(watching.address, auto_start=False) as ctx:
         ids = []
         for _ in range(2):  # the same name, a writer after another
+            # (the first writer's registration gone: a subscriber made while it is still
+            # listed reads that ended stream and ends, as it should)
+            await wait_for_publishers(watching, topic, 0)
             sub = await ctx.subscriber(topic)
             writer = await start_c(  # type: ignore[operator]
                 name,
