@@ -83,6 +83,14 @@ LONGEST_FILES = (
 )
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: a worker more than the cores this process may use (pyproject.toml's
+    --maxprocesses caps it). Much of the suite waits - for child processes to start,
+    for deadlines, leases and timeouts to pass - with a core idle meanwhile: on 2 cores
+    a third worker runs a file in that time."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Reorder whole files: :data:`LONGEST_FILES` first, in that order, then the others
     by number of tests (most first); each file's tests keep their order."""
