@@ -88,7 +88,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     --maxprocesses caps it). Much of the suite waits - for child processes to start,
     for deadlines, leases and timeouts to pass - with a core idle meanwhile: on 2 cores
     a third worker runs a file in that time."""
-    return len(os.sched_getaffinity(0)) + 1
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ()
+    return (len(usable) or os.cpu_count() or 1) + 1
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
