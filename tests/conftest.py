@@ -59,15 +59,18 @@ def pytest_configure(config: pytest.Config) -> None:
 # pytest-xdist's loadfile gives each worker a whole file at a time, in the order of the
 # collection (pyproject.toml: --no-loadscope-reorder; its own reordering, by number of
 # tests, put test_waterfall.py - one test, 25 s - last: the other worker idled meanwhile).
-# The longest files go first, longest first, so that the run ends on short ones and both
-# workers finish together; the rest by number of tests, as xdist's reordering did. Seconds
-# per file, all phases summed (`pytest -p no:randomly --durations=0`, 2 workers, load 3),
-# kept roughly current: a file missing here only runs later than it could.
+# The longest files go first, so that the run ends on short ones and both workers finish
+# together; the rest by number of tests, as xdist's reordering did. Seconds per file, all
+# phases summed (`pytest -p no:randomly --durations=0`, 2 workers, load 3), kept roughly
+# current: a file missing here only runs later than it could.
 LONGEST_FILES = (
+    # The two that load the CPU most (perf runs and pip installs, many processes at
+    # once) first, beside each other rather than beside the two that wait on deadlines
+    # and leases (when those ran next to them, their deadlines were missed under load).
+    "test_cli_perf.py",  # 37
+    "test_perf_peers.py",  # 47
     "test_zenoh.py",  # 57
     "test_trace_lease.py",  # 51
-    "test_perf_peers.py",  # 47
-    "test_cli_perf.py",  # 37
     "test_liveness.py",  # 33
     "test_ezring.py",  # 30
     "test_waterfall.py",  # 28
@@ -81,15 +84,6 @@ LONGEST_FILES = (
     "test_runner.py",  # 14
     "test_speedups.py",  # 13
 )
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: a worker more than the cores this process may use (pyproject.toml's
-    --maxprocesses caps it). Much of the suite waits - for child processes to start,
-    for deadlines, leases and timeouts to pass - with a core idle meanwhile: on 2 cores
-    a third worker runs a file in that time."""
-    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ()
-    return (len(usable) or os.cpu_count() or 1) + 1
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
