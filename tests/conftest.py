@@ -64,13 +64,13 @@ def pytest_configure(config: pytest.Config) -> None:
 # phases summed (`pytest -p no:randomly --durations=0`, 2 workers, load 3), kept roughly
 # current: a file missing here only runs later than it could.
 LONGEST_FILES = (
-    # The two that load the CPU most (perf runs and pip installs, many processes at
-    # once) first, beside each other rather than beside the two that wait on deadlines
-    # and leases (when those ran next to them, their deadlines were missed under load).
+    # Each of the two that load the CPU most (perf runs and pip installs, many processes
+    # at once) beside one that mostly waits (on routes, deadlines and leases), not beside
+    # each other: side by side, test_perf_peers took 50 s instead of 30.
     "test_cli_perf.py",  # 37
-    "test_perf_peers.py",  # 47
     "test_zenoh.py",  # 57
     "test_trace_lease.py",  # 51
+    "test_perf_peers.py",  # 47
     "test_liveness.py",  # 33
     "test_ezring.py",  # 30
     "test_waterfall.py",  # 28
