@@ -54,6 +54,53 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# -- the order files are handed out in ---------------------------------------------------
+#
+# pytest-xdist's loadfile gives each worker a whole file at a time, in the order of the
+# collection (pyproject.toml: --no-loadscope-reorder; its own reordering, by number of
+# tests, put test_waterfall.py - one test, 25 s - last: the other worker idled meanwhile).
+# The longest files go first, so that the run ends on short ones and both workers finish
+# together; the rest by number of tests, as xdist's reordering did. Seconds per file, all
+# phases summed (`pytest -p no:randomly --durations=0`, 2 workers, load 3), kept roughly
+# current: a file missing here only runs later than it could.
+LONGEST_FILES = (
+    # Each of the two that load the CPU most (perf runs and pip installs, many processes
+    # at once) beside one that mostly waits (on routes, deadlines and leases), not beside
+    # each other: side by side, test_perf_peers took 50 s instead of 30.
+    "test_cli_perf.py",  # 37
+    "test_zenoh.py",  # 57
+    "test_trace_lease.py",  # 51
+    "test_perf_peers.py",  # 47
+    "test_liveness.py",  # 33
+    "test_ezring.py",  # 30
+    "test_waterfall.py",  # 28
+    "test_ezmsg.py",  # 27
+    "test_cli.py",  # 26
+    "test_shm.py",  # 23
+    "test_server.py",  # 20
+    "test_cli_run.py",  # 18
+    "test_cli_zenoh.py",  # 15
+    "test_auth.py",  # 15
+    "test_runner.py",  # 14
+    "test_speedups.py",  # 13
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Reorder whole files: :data:`LONGEST_FILES` first, in that order, then the others
+    by number of tests (most first); each file's tests keep their order."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[str(item.path)] = counts.get(str(item.path), 0) + 1
+    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
+
+    def key(item: pytest.Item) -> tuple[int, int, str]:
+        path = str(item.path)
+        return rank.get(item.path.name, len(rank)), -counts[path], path
+
+    items.sort(key=key)
+
+
 # -- a private, hostile shm directory ---------------------------------------------------
 #
 # Every test process (each xdist worker, or the one process with -n 0) points ezflow at a

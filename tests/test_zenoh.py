@@ -30,6 +30,7 @@ pytest.importorskip(
 )
 
 import ezflow
+from ezflow._zenoh._export import ExportRun
 from ezflow.zenoh import (
     Export,
     Import,
@@ -117,6 +118,26 @@ async def wait_for(predicate: object, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def routed(*bridges: ZenohBridge, hello: bool = True, timeout: float = 10.0) -> None:
+    """Wait until Zenoh has routed every export of *bridges* to a subscriber: its Zenoh
+    publisher matches one (what a put before that would reach: nothing) and, with
+    *hello*, a lossless export has heard an importer's hello (its acknowledgements cross
+    back). Zenoh routes in the background; this takes tens of milliseconds where a
+    fixed sleep took a second."""
+
+    def matched() -> bool:
+        exports = [run for bridge in bridges for run in bridge._runs if isinstance(run, ExportRun)]
+        assert exports, "no export to wait for"
+        return all(
+            run._publisher is not None
+            and run._publisher.matching_status.matching
+            and (run._importers or not (hello and run.export.lossless))
+            for run in exports
+        )
+
+    await wait_for(matched, timeout)
+
+
 async def test_lossless_numpy_messages_cross_in_order_and_intact(router: str) -> None:
     count = 2000
     settings = ZenohSettings(mode="client", connect=(router,))
@@ -127,7 +148,7 @@ async def test_lossless_numpy_messages_cross_in_order_and_intact(router: str) ->
             settings,
             exports=[Export("/a/data", key="test/{host}/data", lossless=True)],
             host="robot1",
-        ),
+        ) as exporter,
         ZenohBridge(
             b, settings, imports=[Import("test/robot1/data", "/b/data", lossless=True, queue=8)]
         ) as importer,
@@ -136,7 +157,7 @@ async def test_lossless_numpy_messages_cross_in_order_and_intact(router: str) ->
         publisher = await a.publisher("/a/data")
         await publisher.wait_for_channels(1)
         # Zenoh routes the importer's subscription to the exporter asynchronously.
-        await asyncio.sleep(1.0)
+        await routed(exporter)
 
         async def consume() -> list[np.ndarray]:
             got = []
@@ -220,7 +241,7 @@ async def test_leaky_mapping_counts_every_drop(router: str) -> None:
         sink = await b.subscriber("/b/fast")
         publisher = await a.publisher("/a/fast")
         await publisher.wait_for_channels(1)
-        await asyncio.sleep(1.0)
+        await routed(exporter)
         received: list[int] = []
 
         async def slow() -> None:
@@ -781,7 +802,7 @@ async def test_bad_samples_are_refused_and_counted_while_good_ones_flow(router: 
                 Export(f"/a/{n}", key=f"bad/{n}", lossless=lossless)
                 for n, lossless in names.items()
             ],
-        ),
+        ) as exporter,
         ZenohBridge(
             b,
             settings,
@@ -796,7 +817,7 @@ async def test_bad_samples_are_refused_and_counted_while_good_ones_flow(router: 
         publishers = {n: await a.publisher(f"/a/{n}") for n in names}
         for publisher in publishers.values():
             await publisher.wait_for_channels(1)
-        await asyncio.sleep(1.0)  # Zenoh routes the imports to the exports
+        await routed(exporter)  # Zenoh routes the imports to the exports
         session = await asyncio.to_thread(plain_session, router)
         try:
             for i in range(count):
@@ -863,7 +884,7 @@ async def test_lossless_backpressure_reaches_the_publisher_and_a_stop_counts_its
         sink = await b.subscriber("/b/slow")
         publisher = await a.publisher("/a/slow", max_in_flight=4)
         await publisher.wait_for_channels(1)
-        await asyncio.sleep(1.0)
+        await routed(exporter)
         loop = asyncio.get_running_loop()
         received: list[int] = []
         resume = asyncio.Event()
@@ -915,7 +936,7 @@ async def test_an_export_follows_its_topic_to_the_next_publisher(router: str) ->
         two_graphs() as (a, b),
         ZenohBridge(
             a, settings, exports=[Export("/a/cam", key="cam/x")], fleet="lab", host="robot"
-        ),
+        ) as exporter,
         ZenohBridge(b, settings, imports=[Import("cam/x", "/b/cam", queue=16)]),
         open_session(settings) as watcher,
     ):
@@ -931,7 +952,7 @@ async def test_an_export_follows_its_topic_to_the_next_publisher(router: str) ->
             await publisher.wait_for_channels(1)
             await wait_for(lambda: True)
             assert await state() == "live"
-            await asyncio.sleep(0.5 if generation == 0 else 0.0)  # Zenoh routes (once)
+            await routed(exporter)  # Zenoh routes (once)
             started = asyncio.get_running_loop().time()
             for i in range(5):
                 await publisher.publish(generation * 100 + i)
@@ -983,11 +1004,14 @@ async def test_a_plain_zenoh_reader_written_from_the_wire_doc_decodes_exports(
         assert b"ready" in await asyncio.wait_for(reader.stdout.readline(), 30)
         async with (
             ezflow.GraphContext("127.0.0.1:0") as a,
-            ZenohBridge(a, settings, exports=[Export("/w", key="wire/x", lossless=True)]),
+            ZenohBridge(
+                a, settings, exports=[Export("/w", key="wire/x", lossless=True)]
+            ) as exporter,
         ):
             publisher = await a.publisher("/w")
             await publisher.wait_for_channels(1)
-            await asyncio.sleep(1.0)  # Zenoh routes the reader's subscription
+            # Zenoh routes the reader's subscription (a plain reader sends no hello)
+            await routed(exporter, hello=False)
             for message in messages:  # one by one, then all at once (a batch)
                 await publisher.publish(message)
                 await asyncio.sleep(0.05)
@@ -1049,7 +1073,13 @@ async def test_plain_json_and_raw_enter_a_graph_and_raw_leaves_it(router: str) -
             raw_in = await ctx.subscriber("/raw")
             out = await ctx.publisher("/out")
             await out.wait_for_channels(1)
-            await asyncio.sleep(1.0)  # Zenoh routes both ways
+            # Zenoh routes both ways: the export to the plain subscriber, and the plain
+            # session's puts to the imports (which its publishers of those keys match).
+            await routed(bridge, hello=False)
+            probes = [session.declare_publisher(key) for key in ("plain/json", "plain/raw")]
+            await wait_for(lambda: all(probe.matching_status.matching for probe in probes))
+            for probe in probes:
+                probe.undeclare()
             documents = [{"robot": "r1", "pose": [1.0, 2.5], "ok": True}, [1, "two", None]]
             for document in documents:  # as any JSON publisher would put it
                 session.put(
@@ -1086,7 +1116,7 @@ async def test_a_failing_mapping_restarts_and_says_so(router: str) -> None:
         sink = await b.subscriber("/b/r")
         publisher = await a.publisher("/a/r")
         await publisher.wait_for_channels(1)
-        await asyncio.sleep(1.0)
+        await routed(ex)
         await publisher.publish(0)
         assert await asyncio.wait_for(sink.recv(), 10) == 0
         # A fault under the export: its Zenoh publisher goes away behind its back.
