@@ -116,10 +116,17 @@ def test_stock_settings_are_checked() -> None:
         MessageGateSettings(default_after=0)
 
 
+class LongNumbers(Numbers):
+    """Numbers for 4 s: still publishing when a test reopens a gate on a loaded machine
+    (30 numbers end 40 ms after the tenth)."""
+
+    COUNT = 2000
+
+
 async def test_message_gate_in_its_own_process(server: ezflow.GraphServer) -> None:
     # Starts open, closes by itself after 10 messages (default_after), and a
     # GateMessage opens it again; the gate runs in a process of its own.
-    source, collect = Numbers(), Collect()
+    source, collect = LongNumbers(), Collect()
     gate = MessageGate(MessageGateSettings(start_open=True, default_open=False, default_after=10))
     async with ezflow.GraphRunner(
         SOURCE=source,
