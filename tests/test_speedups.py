@@ -493,27 +493,22 @@ def test_the_path_is_chosen_at_import_and_the_pure_one_can_be_forced() -> None:
         "print(_compiled.SPEEDUPS is not None, t.encode_small == t.encode_small_py)\n"
         "print(_compiled.active_path())\n"
     )
-    env = {**os.environ, ENV_PURE_PYTHON: "1"}
-    pure = subprocess.run(
-        [sys.executable, "-c", probe],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert pure.returncode == 0, pure.stderr
+
+    def probe_with(setting: str) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-c", probe],
+            env={**os.environ, ENV_PURE_PYTHON: setting},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result
+
+    pure = probe_with("1")
     assert pure.stdout.splitlines() == ["False True", f"pure Python ({ENV_PURE_PYTHON} is set)"]
-    env[ENV_PURE_PYTHON] = "0"
-    default = subprocess.run(
-        [sys.executable, "-c", probe],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert default.returncode == 0, default.stderr
+    default = probe_with("0")
     built = _speedups is not None
     lines = default.stdout.splitlines()
     assert lines[0] == f"{built} {not built}"

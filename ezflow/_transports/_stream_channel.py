@@ -31,6 +31,7 @@ from .._core._framing import (
     TRACE,
     WELCOME,
     FramedProtocol,
+    FrameReader,
     frame,
 )
 from .._core._liveness import Heartbeat
@@ -113,6 +114,14 @@ class _TracedDelivery:
         # Anything else (a second TRACE frame, the connection's bookkeeping) sees the
         # channel itself.
         return getattr(self._channel, name)
+
+
+def _leave(reader: FrameReader, start: int, end: int) -> None:
+    """The read loop took the frames before *start*: the reader keeps *start*..*end*."""
+    if start == end:
+        reader.front = reader.end = 0
+    else:
+        reader.front, reader.end = start, end
 
 
 class ChannelConnection(FramedProtocol):
@@ -214,11 +223,7 @@ class ChannelConnection(FramedProtocol):
                 if self._broken:
                     break  # type: ignore[unreachable]
         finally:
-            # (whatever happens, no frame is handed on twice)
-            if start == end:
-                reader.front = reader.end = 0
-            else:
-                reader.front, reader.end = start, end
+            _leave(reader, start, end)  # (whatever happens, no frame is handed on twice)
         if reader.end:  # what is left, parsed by the reader (with nothing new read)
             super().buffer_updated(0)
 
@@ -248,11 +253,7 @@ class ChannelConnection(FramedProtocol):
                 start = frame_end  # (taken before it is handed on, as the reader does)
                 self.channel.deliver_body(seq, body, drops, sent_ns)
         finally:
-            # (whatever happens, no frame is handed on twice)
-            if start == end:
-                reader.front = reader.end = 0
-            else:
-                reader.front, reader.end = start, end
+            _leave(reader, start, end)  # (whatever happens, no frame is handed on twice)
         if reader.end:  # what is left, parsed by the reader (with nothing new read)
             super().buffer_updated(0)
 
