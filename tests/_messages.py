@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ezflow._core._codec import INLINE_BYTES_LIMIT, SMALL_BODY, message
+from ezflow._core._codec import HEADER, INLINE_BYTES_LIMIT, SMALL_BODY, message
 from ezflow._core._exceptions import ProtocolError
 
 # --------------------------------------------------------------------------- leaves
@@ -287,3 +287,34 @@ __all__ = [
     "shapes",
     "templated",
 ]
+
+
+# -- mutated bodies (a codec body with a byte flipped, cut, extended or a length off) --
+
+
+def head_size(body: bytes) -> int:
+    _, _, nbuf, meta_len = HEADER.unpack_from(body)
+    return HEADER.size + 8 * nbuf + meta_len
+
+
+@st.composite
+def mutations(draw: st.DrawFn, body: bytes) -> bytes:
+    kind = draw(st.sampled_from(["truncate", "extend", "flip_head", "flip_any", "length"]))
+    if kind == "truncate":
+        return body[: draw(st.integers(0, len(body) - 1))]
+    if kind == "extend":
+        return body + bytes([draw(st.integers(0, 255))])
+    if kind == "length":
+        # meta_len or a buffer length off by a little
+        _, _, nbuf, _ = HEADER.unpack_from(body)
+        field = draw(st.integers(0, nbuf))
+        at, size = (4, 4) if field == 0 else (HEADER.size + 8 * (field - 1), 8)
+        value = int.from_bytes(body[at : at + size], "little") + draw(
+            st.sampled_from([-16, -1, 1, 8])
+        )
+        value %= 1 << (8 * size)
+        return body[:at] + value.to_bytes(size, "little") + body[at + size :]
+    end = head_size(body) if kind == "flip_head" else len(body)
+    at = draw(st.integers(0, max(0, min(end, len(body)) - 1)))
+    flipped = body[at] ^ draw(st.integers(1, 255))
+    return body[:at] + bytes([flipped]) + body[at + 1 :]

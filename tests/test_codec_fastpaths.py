@@ -25,7 +25,9 @@ from _messages import (
     assert_same_decoded,
     assert_same_outcome,
     build,
+    head_size,
     messages,
+    mutations,
     outcome,
     shapes,
     templated,
@@ -85,11 +87,6 @@ def check_decode(codec: Codec, body: bytes) -> tuple[str, object]:
     for variant in (body, memoryview(body)):
         assert_same_outcome(ref, outcome(lambda v=variant: codec.decode(v)))  # type: ignore[misc]
     return ref
-
-
-def head_size(body: bytes) -> int:
-    _, _, nbuf, meta_len = HEADER.unpack_from(body)
-    return HEADER.size + 8 * nbuf + meta_len
 
 
 def check_repeated(codec: Codec, obj: object) -> bytes | None:
@@ -182,29 +179,6 @@ def test_one_shape_with_new_values_each_time(shape: Any, data: st.DataObject) ->
 
 
 # --------------------------------------------------------------------------- mutated bodies
-
-
-@st.composite
-def mutations(draw: st.DrawFn, body: bytes) -> bytes:
-    kind = draw(st.sampled_from(["truncate", "extend", "flip_head", "flip_any", "length"]))
-    if kind == "truncate":
-        return body[: draw(st.integers(0, len(body) - 1))]
-    if kind == "extend":
-        return body + bytes([draw(st.integers(0, 255))])
-    if kind == "length":
-        # meta_len or a buffer length off by a little
-        _, _, nbuf, _ = HEADER.unpack_from(body)
-        field = draw(st.integers(0, nbuf))
-        at, size = (4, 4) if field == 0 else (HEADER.size + 8 * (field - 1), 8)
-        value = int.from_bytes(body[at : at + size], "little") + draw(
-            st.sampled_from([-16, -1, 1, 8])
-        )
-        value %= 1 << (8 * size)
-        return body[:at] + value.to_bytes(size, "little") + body[at + size :]
-    end = head_size(body) if kind == "flip_head" else len(body)
-    at = draw(st.integers(0, max(0, min(end, len(body)) - 1)))
-    flipped = body[at] ^ draw(st.integers(1, 255))
-    return body[:at] + bytes([flipped]) + body[at + 1 :]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _messages import _INT_EDGES, LEAVES, OTHER, assert_same_decoded, shapes
+from _messages import _INT_EDGES, LEAVES, OTHER, assert_same_decoded, mutations, shapes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -290,20 +290,6 @@ def _arrays_in(obj: Any) -> list[np.ndarray[Any, Any]]:
     return [v for v in obj if isinstance(v, np.ndarray)]
 
 
-@st.composite
-def mutated(draw: st.DrawFn, body: bytes) -> bytes:
-    """*body* with a byte flipped (in its head mostly), cut short, or one byte longer."""
-    how = draw(st.sampled_from(["flip_head", "flip_head", "flip_any", "cut", "extend"]))
-    if how == "cut":
-        return body[: draw(st.integers(0, len(body) - 1))]
-    if how == "extend":
-        return body + b"\0"
-    _, _, nbuf, meta_len = HEADER.unpack_from(body)
-    end = len(body) if how == "flip_any" else min(len(body), HEADER.size + 8 * nbuf + meta_len)
-    at = draw(st.integers(0, end - 1))
-    return body[:at] + bytes([body[at] ^ draw(st.integers(1, 255))]) + body[at + 1 :]
-
-
 @needs_extension
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shapes(other=False), st.data())
@@ -322,7 +308,7 @@ def test_the_compiled_decode_is_the_python_twin(shape: Any, data: st.DataObject)
     assert assert_same_decode(layout, compiled, body)
     assert_same_decode(layout, compiled, memoryview(body))
     for _ in range(6):
-        probe = data.draw(mutated(body))
+        probe = data.draw(mutations(body))
         assert_same_decode(layout, compiled, probe)
         assert_same_decode(layout, compiled, memoryview(probe))
     # Another message of the shape: the same layout when only values changed.
