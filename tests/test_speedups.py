@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _messages import _INT_EDGES, LEAVES, OTHER, assert_same_decoded, mutations, shapes
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ezflow._core import _compiled
@@ -787,3 +787,148 @@ def test_the_compiled_publish_sends_what_the_general_path_sends() -> None:
         assert not took[0] and took.count(False) <= 5
 
     asyncio.run(both())
+
+
+# -- the compiled take of a queued message (TakePath) against take_queued_py -----------
+
+
+_TAKE_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("deliver"), st.sampled_from("abb"), st.sampled_from([1, 1, 1, 2])),
+        st.tuples(st.just("garbage"), st.sampled_from("ab")),
+        st.tuples(st.just("take"), st.integers(0, 2), st.integers(1, 4)),
+        st.tuples(st.just("take"), st.integers(0, 2), st.integers(1, 4)),
+        st.tuples(st.just("handed"), st.integers(0, 2), st.booleans()),
+        st.tuples(st.just("detach"), st.integers(0, 3)),
+        st.tuples(st.just("callback"), st.booleans()),
+        st.tuples(st.just("defer"), st.sampled_from([0, 0, 0, 1, 2])),
+        st.tuples(st.just("deferred")),
+    ),
+    max_size=150,
+)
+
+
+class _Soon:
+    """The loop of a woken get_nowait: what it defers, run when the test says."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.calls.append((callback, args))
+
+    def run(self) -> None:
+        calls, self.calls = self.calls, []
+        for callback, args in calls:
+            callback(*args)
+
+
+@needs_extension
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_TAKE_OPS)
+@example(  # (the ordinary program's burst after a wake: a later entry counted to 0)
+    [("deliver", "b", 1), ("deliver", "b", 1), ("defer", 0), ("take", 0, 2), ("deferred",)]
+)
+def test_the_compiled_take_is_the_python_twin(ops: list[tuple[Any, ...]]) -> None:
+    """Two channels feeding three inboxes (two lossless, so that an entry waits for two
+    takes, and a leaky one), the same steps in two worlds (deliveries, some with a seq
+    skipped, undecodable bodies, takes, handler times under way or not, detaches, a
+    channel without on_release, woken takes whose release waits for the loop, as
+    get_nowait(loop) defers it): the compiled take and take_queued_py take the same
+    messages or decline alike, and leave the same queues, counters, handler-time
+    samples, pending entries, releases and release calls. What either declines,
+    get_nowait takes, in both."""
+    import time  # noqa: PLC0415
+
+    from ezflow._core._channel import (  # noqa: PLC0415
+        NOTHING,
+        Channel,
+        compiled_take_queued,
+        take_queued_py,
+    )
+    from ezflow._core._inbox import Inbox  # noqa: PLC0415
+
+    compiled = compiled_take_queued(_speedups)
+    assert compiled is not None
+
+    def world() -> tuple[list[Channel], list[Inbox], list[Any], list[Any]]:
+        calls: list[Any] = []
+        channels = [
+            Channel(
+                f"p-{name}", "/t", Codec(), on_release=lambda c, n, k=name: calls.append((k, c, n))
+            )
+            for name in "ab"
+        ]
+        inboxes = [Inbox(), Inbox(), Inbox(leaky=True, maxlen=3)]
+        attachments = [channels[0].attach(inboxes[0]), channels[0].attach(inboxes[1])]
+        attachments += [channels[1].attach(inboxes[0]), channels[1].attach(inboxes[2])]
+        return channels, inboxes, attachments, calls
+
+    def state(w: Any) -> Any:
+        channels, inboxes, attachments, calls = w
+        return (
+            [
+                (c.released, c.pending, c._pending_bytes, [list(e) for e in c._pending])
+                for c in channels
+            ],
+            [
+                (
+                    len(i),
+                    dataclasses.astuple(i.stats),
+                    sum(i.handler_time.buckets),
+                    i._handed_ns > 0,
+                )
+                for i in inboxes
+            ],
+            [(a.active, a.consumed_seq) for a in attachments],
+            list(calls),
+        )
+
+    worlds = [world(), world()]
+    soon = [_Soon(), _Soon()]
+    seqs = {"a": 0, "b": 0}
+    for op in ops:
+        name = op[0]
+        if name in ("deliver", "garbage"):
+            seqs[op[1]] += op[2] if name == "deliver" else 1
+            for channels, *_ in worlds:
+                channel = channels["ab".index(op[1])]
+                if name == "deliver":
+                    channel.deliver(seqs[op[1]], ("m", seqs[op[1]]), nbytes=seqs[op[1]] % 7)
+                else:
+                    channel.deliver_body(seqs[op[1]], b"\xff" * 9)
+        elif name == "take":
+            for _ in range(op[2]):
+                boxes = [w[1][op[1]] for w in worlds]
+                got = [
+                    outcome(lambda p=p, i=i: p(i))
+                    for p, i in zip((compiled, take_queued_py), boxes, strict=True)
+                ]
+                assert got[0] == got[1], (op, got)
+                if got[0] == ("ok", NOTHING) and len(boxes[0]):
+                    general = [outcome(box.get_nowait) for box in boxes]
+                    assert general[0][0] == general[1][0]
+        elif name == "defer":  # (a woken get: its release deferred to the loop)
+            boxes = [w[1][op[1]] for w in worlds]
+            if len(boxes[0]):
+                general = [
+                    outcome(lambda b=b, s=s: b.get_nowait(s))  # type: ignore[misc]
+                    for b, s in zip(boxes, soon, strict=True)
+                ]
+                assert general[0][0] == general[1][0]
+        elif name == "deferred":
+            for s in soon:
+                s.run()
+        elif name == "handed":
+            now = time.perf_counter_ns()
+            for w in worlds:
+                w[1][op[1]]._handed_ns = now - 1000 if op[2] else 0
+        elif name == "detach":
+            for _, _, attachments, _ in worlds:
+                attachment = attachments[op[1]]
+                if attachment.active:
+                    attachment.channel.detach(attachment)
+        elif name == "callback":
+            for channels, *_ in worlds:
+                channels[0].on_release = None if op[1] else channels[1].on_release
+        assert state(worlds[0]) == state(worlds[1]), op

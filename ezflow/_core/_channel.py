@@ -42,19 +42,22 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from time import monotonic_ns, time_ns
+from time import monotonic_ns, perf_counter_ns, time_ns
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from . import _inbox
 from ._codec import Codec
+from ._compiled import SPEEDUPS
 from ._config import TIMING_SAMPLE_MASK
 from ._exceptions import (
     ClosedResourceError,
     ProtocolError,
     UndecodableMessageError,
 )
-from ._inbox import Attachment, Inbox
+from ._inbox import NOTHING, Attachment, Inbox, SubscriberStats
 from ._telemetry import DELIVER_HOOKS, DROP_HOOKS, DeliverEvent, DropEvent, Histogram, emit
 from ._tracing import CURRENT, TRACING, Hop, WireTrace
 
@@ -100,6 +103,36 @@ class Channel:
     transport passes the publish time) and :attr:`decode_time` (sampled: one message in
     16) are histograms in nanoseconds.
     """
+
+    # Slots: the compiled take of a queued message reads and writes the release
+    # bookkeeping at fixed offsets (take_queued_py's twin, _speedups.TakePath).
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_attachments",
+        "_broken",
+        "_closed",
+        "_drop_hooks",
+        "_ended",
+        "_error_logged",
+        "_last_seq",
+        "_lossless",
+        "_pending",
+        "_pending_bytes",
+        "_released_bytes",
+        "_released_count",
+        "codec",
+        "decode_time",
+        "latency",
+        "lost_reason",
+        "on_mode_change",
+        "on_release",
+        "publisher_id",
+        "run_end",
+        "stats",
+        "topic",
+        "transport",
+    )
 
     def __init__(
         self,
@@ -628,3 +661,86 @@ class Channel:
         for attachment in self._attachments:
             self.detach(attachment)
         self._pending.clear()
+
+
+def take_queued_py(inbox: Inbox) -> Any:
+    """Take *inbox*'s oldest queued message as :meth:`Inbox.get` does and return it, or
+    return :data:`NOTHING` having changed nothing when the general path must decide: an
+    empty queue, a traced message being handled (``_open_hop``) or queued, an
+    undecodable one, or a lossless release whose entry is not where
+    :meth:`Channel.release` looks first (the first pending entry, or the one at its seq's
+    distance from it) or that would release the next entry too (``Channel._advance``).
+
+    Taken: ``stats.taken``, the handler-time sample (``Inbox.get_nowait``'s rule), and
+    for a lossless active attachment :meth:`Channel.release` of the first pending entry
+    (its count, and once it reaches 0 the entry's removal, the release counters and
+    ``on_release``). ``_speedups.TakePath.take`` is its compiled twin;
+    tests/test_speedups.py pins the two together and tests/test_channel.py pins
+    ``Inbox.get`` to ``get_nowait``."""
+    items = inbox._items
+    if not items or inbox._open_hop is not None:
+        return NOTHING
+    item = items[0]
+    if type(item) is not tuple:
+        return NOTHING
+    attachment, seq, message = item
+    release = attachment.lossless and attachment.active
+    channel = pending = entry = None
+    later = False  # the entry is not the first pending one
+    if release:
+        channel = attachment.channel
+        pending = channel._pending
+        if pending:
+            entry = pending[0]
+            if entry[0] != seq:
+                # Not the first (a release deferred to the loop holds it): where it is
+                # when no seq is missing between (Channel.release's rule), else NOTHING.
+                index = seq - entry[0]
+                if not 0 < index < len(pending) or pending[index][0] != seq:
+                    return NOTHING
+                entry, later = pending[index], True
+            elif entry[1] <= 1 and len(pending) > 1 and pending[1][1] <= 0:
+                return NOTHING
+    items.popleft()
+    inbox.stats.taken += 1
+    if inbox._handed_ns:
+        spent = perf_counter_ns() - inbox._handed_ns
+        handler = inbox.handler_time
+        handler.buckets[spent.bit_length()] += 1
+        handler.total += spent
+        inbox._handed_ns = 0
+    elif not seq & TIMING_SAMPLE_MASK:
+        inbox._handed_ns = perf_counter_ns()
+    if release:
+        assert channel is not None and pending is not None
+        attachment.consumed_seq = seq
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0 and not later:
+                pending.popleft()
+                nbytes = entry[2]
+                channel._pending_bytes -= nbytes
+                channel._released_count += 1
+                channel._released_bytes += nbytes
+                callback = channel.on_release
+                if callback is not None:
+                    callback(channel._released_count, channel._released_bytes)
+    return message
+
+
+def compiled_take_queued(speedups: ModuleType | None = SPEEDUPS) -> Callable[[Inbox], Any] | None:
+    """``take_queued_py``'s compiled twin (``_speedups.TakePath``) of *speedups*, the
+    active extension by default; None where no extension is active."""
+    if speedups is None:
+        return None
+    path = speedups.TakePath(
+        Inbox, Attachment, Channel, SubscriberStats, Histogram, deque, NOTHING, TIMING_SAMPLE_MASK
+    )
+    take: Callable[[Inbox], Any] = path.take
+    return take
+
+
+# Inbox.get takes a queued message through the compiled twin where it is built; on the
+# pure-Python path it keeps its own inlined code (a call to take_queued_py would cost
+# one Python frame more).
+_inbox.take_queued = compiled_take_queued()

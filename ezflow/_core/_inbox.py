@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from time import monotonic_ns, perf_counter_ns
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
 from ._config import TIMING_SAMPLE_MASK
 from ._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
@@ -123,6 +123,13 @@ def _release_taken(attachment: Attachment, seq: int) -> None:
     detached meanwhile (detaching already stopped it holding anything)."""
     if attachment.active:
         attachment.channel.release(attachment, seq)
+
+
+#: The compiled take of a queued message (``_channel.compiled_take_queued``, installed
+#: by ezflow._core._channel when the extension is built), or None; and what it returns
+#: when it took nothing.
+take_queued: Callable[[Inbox], Any] | None = None
+NOTHING: Final = object()
 
 
 class Inbox:
@@ -348,6 +355,13 @@ class Inbox:
         end: called again, it waits (for a publisher that may be routed to it later).
         Cancellation-safe: a cancelled ``get`` takes nothing.
         """
+        take = take_queued
+        if take is not None:
+            # Something queued, on the compiled path: taken in one call (or NOTHING: the
+            # code below decides).
+            message = take(self)
+            if message is not NOTHING:
+                return message
         items = self._items
         if items and self._open_hop is None:
             # Something is queued (a burst): get_nowait() without a loop, inlined - no

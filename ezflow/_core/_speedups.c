@@ -1410,6 +1410,298 @@ static PyTypeObject PublishPathType = {
     .tp_new = PublishPath_new,
 };
 
+/* ---------------------------------------------------------------- TakePath */
+
+/* TakePath(inbox_type, attachment_type, channel_type, stats_type, histogram_type,
+ *          deque_type, nothing, sample_mask)
+ *   Its take(inbox) is the compiled twin of ezflow._core._channel.take_queued_py: the
+ *   oldest queued message of a queueing inbox taken as Inbox.get takes it (counted, its
+ *   handler time sampled, its release to a lossless channel's first pending entry done,
+ *   the channel's on_release called when the cumulative release grows), or *nothing*
+ *   when the general path must decide (an empty queue, a traced or undecodable item, a
+ *   release that is not of the first pending entry or that advances more than it). The
+ *   state is read and written in the objects' __slots__, as PublishPath does. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *inbox_type, *attachment_type, *channel_type, *stats_type, *histogram_type,
+        *deque_type, *nothing, *popleft;
+    long long sample_mask;
+    Py_ssize_t i_items, i_open_hop, i_stats, i_handed, i_handler;
+    Py_ssize_t s_taken, h_buckets, h_total;
+    Py_ssize_t a_lossless, a_active, a_channel, a_consumed;
+    Py_ssize_t c_pending, c_pending_bytes, c_released_count, c_released_bytes, c_on_release;
+} TakePathObject;
+
+static long long perf_ns(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyTime_t t;
+    if (PyTime_PerfCounter(&t) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return (long long)t;
+#else
+    return (long long)_PyTime_GetPerfCounter();
+#endif
+}
+
+static int bit_length(unsigned long long v) {
+    int n = 0;
+    while (v) {
+        n++;
+        v >>= 1;
+    }
+    return n;
+}
+
+static void TakePath_dealloc(TakePathObject *self) {
+    Py_XDECREF(self->inbox_type);
+    Py_XDECREF(self->attachment_type);
+    Py_XDECREF(self->channel_type);
+    Py_XDECREF(self->stats_type);
+    Py_XDECREF(self->histogram_type);
+    Py_XDECREF(self->deque_type);
+    Py_XDECREF(self->nothing);
+    Py_XDECREF(self->popleft);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *TakePath_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *it, *at, *ct, *st, *ht, *dt, *nothing;
+    long long mask;
+    static char *kwlist[] = {"inbox_type", "attachment_type", "channel_type", "stats_type",
+                             "histogram_type", "deque_type", "nothing", "sample_mask",
+                             NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOL:TakePath", kwlist, &it, &at, &ct,
+                                     &st, &ht, &dt, &nothing, &mask))
+        return NULL;
+    TakePathObject *self = (TakePathObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject **refs[] = {&self->inbox_type, &self->attachment_type, &self->channel_type,
+                         &self->stats_type, &self->histogram_type, &self->deque_type,
+                         &self->nothing};
+    PyObject *values[] = {it, at, ct, st, ht, dt, nothing};
+    for (size_t i = 0; i < 7; i++) {
+        Py_INCREF(values[i]);
+        *refs[i] = values[i];
+    }
+    self->sample_mask = mask;
+    self->popleft = PyObject_GetAttrString(dt, "popleft");
+    if (self->popleft == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    struct {
+        Py_ssize_t *off;
+        PyObject *type;
+        const char *name;
+    } slots[] = {
+        {&self->i_items, it, "_items"},
+        {&self->i_open_hop, it, "_open_hop"},
+        {&self->i_stats, it, "stats"},
+        {&self->i_handed, it, "_handed_ns"},
+        {&self->i_handler, it, "handler_time"},
+        {&self->s_taken, st, "taken"},
+        {&self->h_buckets, ht, "buckets"},
+        {&self->h_total, ht, "total"},
+        {&self->a_lossless, at, "lossless"},
+        {&self->a_active, at, "active"},
+        {&self->a_channel, at, "channel"},
+        {&self->a_consumed, at, "consumed_seq"},
+        {&self->c_pending, ct, "_pending"},
+        {&self->c_pending_bytes, ct, "_pending_bytes"},
+        {&self->c_released_count, ct, "_released_count"},
+        {&self->c_released_bytes, ct, "_released_bytes"},
+        {&self->c_on_release, ct, "on_release"},
+    };
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+        *slots[i].off = slot_offset(slots[i].type, slots[i].name);
+        if (*slots[i].off < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    return (PyObject *)self;
+}
+
+#define NOTHING_BACK(self) return Py_NewRef((self)->nothing)
+
+static PyObject *TakePath_take(TakePathObject *self, PyObject *inbox) {
+    if (!PyObject_TypeCheck(inbox, (PyTypeObject *)self->inbox_type)) NOTHING_BACK(self);
+    PyObject *items = SLOT(inbox, self->i_items);
+    if (items == NULL || (PyObject *)Py_TYPE(items) != self->deque_type || Py_SIZE(items) < 1 ||
+        SLOT(inbox, self->i_open_hop) != Py_None)
+        NOTHING_BACK(self);
+    PyObject *stats = SLOT(inbox, self->i_stats);
+    PyObject *handler = SLOT(inbox, self->i_handler);
+    long long taken, handed, total = 0;
+    if (stats == NULL || !PyObject_TypeCheck(stats, (PyTypeObject *)self->stats_type) ||
+        !GET_LL(stats, self->s_taken, taken) || !GET_LL(inbox, self->i_handed, handed) ||
+        handler == NULL || !PyObject_TypeCheck(handler, (PyTypeObject *)self->histogram_type))
+        NOTHING_BACK(self);
+    PyObject *buckets = SLOT(handler, self->h_buckets);
+    if (handed && (buckets == NULL || !PyList_CheckExact(buckets) ||
+                   !GET_LL(handler, self->h_total, total)))
+        NOTHING_BACK(self);
+    PyObject *item = PySequence_GetItem(items, 0);
+    if (item == NULL) return NULL;
+    PyObject *result = NULL, *entry = NULL;
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3) goto nothing;
+    PyObject *attachment = PyTuple_GET_ITEM(item, 0), *message = PyTuple_GET_ITEM(item, 2);
+    long long seq;
+    if (!PyObject_TypeCheck(attachment, (PyTypeObject *)self->attachment_type) ||
+        !exact_ll(PyTuple_GET_ITEM(item, 1), &seq))
+        goto nothing;
+    PyObject *lossless = SLOT(attachment, self->a_lossless);
+    PyObject *active = SLOT(attachment, self->a_active);
+    if ((lossless != Py_True && lossless != Py_False) || (active != Py_True && active != Py_False))
+        goto nothing;
+    int release = lossless == Py_True && active == Py_True;
+    PyObject *channel = NULL, *pending = NULL;
+    long long count = 0, nbytes = 0, pending_bytes = 0, released_count = 0, released_bytes = 0;
+    int later = 0; /* the entry is not the first pending one */
+    if (release) {
+        channel = SLOT(attachment, self->a_channel);
+        if (channel == NULL || !PyObject_TypeCheck(channel, (PyTypeObject *)self->channel_type))
+            goto nothing;
+        pending = SLOT(channel, self->c_pending);
+        if (pending == NULL || (PyObject *)Py_TYPE(pending) != self->deque_type) goto nothing;
+        if (Py_SIZE(pending) > 0) {
+            entry = PySequence_GetItem(pending, 0);
+            if (entry == NULL) goto done;
+            long long first;
+            if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != 3 ||
+                !exact_ll(PyList_GET_ITEM(entry, 0), &first))
+                goto nothing;
+            if (first != seq) {
+                /* Not the first (a release deferred to the loop holds it): where it is
+                 * when no seq is missing between, counted down, never advancing. */
+                long long index = seq - first, at;
+                if (index <= 0 || index >= Py_SIZE(pending)) goto nothing;
+                Py_DECREF(entry);
+                entry = PySequence_GetItem(pending, (Py_ssize_t)index);
+                if (entry == NULL) goto done;
+                if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != 3 ||
+                    !exact_ll(PyList_GET_ITEM(entry, 0), &at) || at != seq ||
+                    !exact_ll(PyList_GET_ITEM(entry, 1), &count))
+                    goto nothing;
+                count -= 1;
+                later = 1;
+            } else if (!exact_ll(PyList_GET_ITEM(entry, 1), &count) ||
+                       !exact_ll(PyList_GET_ITEM(entry, 2), &nbytes)) {
+                goto nothing;
+            } else {
+                count -= 1;
+            }
+            if (count <= 0 && !later) {
+                if (Py_SIZE(pending) > 1) {
+                    /* (the next entry released too: Channel._advance's business) */
+                    PyObject *second = PySequence_GetItem(pending, 1);
+                    if (second == NULL) goto done;
+                    long long next_count;
+                    int ok = PyList_CheckExact(second) && PyList_GET_SIZE(second) == 3 &&
+                             exact_ll(PyList_GET_ITEM(second, 1), &next_count) &&
+                             next_count > 0;
+                    Py_DECREF(second);
+                    if (!ok) goto nothing;
+                }
+                if (!GET_LL(channel, self->c_pending_bytes, pending_bytes) ||
+                    !GET_LL(channel, self->c_released_count, released_count) ||
+                    !GET_LL(channel, self->c_released_bytes, released_bytes) ||
+                    SLOT(channel, self->c_on_release) == NULL)
+                    goto nothing;
+            }
+        }
+    }
+    /* the handler-time sample: the clock read (and the bucket checked) before any change */
+    long long now = 0;
+    Py_ssize_t bucket = -1;
+    if (handed) {
+        now = perf_ns();
+        long long spent = now - handed;
+        bucket = bit_length((unsigned long long)(spent < 0 ? -spent : spent));
+        if (bucket >= PyList_GET_SIZE(buckets) ||
+            !PyLong_CheckExact(PyList_GET_ITEM(buckets, bucket)))
+            goto nothing;
+        total += spent;
+    } else if (!(seq & self->sample_mask)) {
+        now = perf_ns();
+    }
+
+    /* From here on the message is taken. */
+    PyObject *popped = PyObject_Vectorcall(self->popleft, &items, 1, NULL);
+    if (popped == NULL) goto done;
+    Py_DECREF(popped);
+    if (set_ll(stats, self->s_taken, taken + 1) < 0) goto done;
+    if (handed) {
+        long long b;
+        PyObject *old = PyList_GET_ITEM(buckets, bucket);
+        if (!exact_ll(old, &b)) {
+            PyErr_SetString(PyExc_RuntimeError, "take: a histogram bucket changed");
+            goto done;
+        }
+        PyObject *n = PyLong_FromLongLong(b + 1);
+        if (n == NULL) goto done;
+        PyList_SetItem(buckets, bucket, n); /* (steals n, drops old) */
+        if (set_ll(handler, self->h_total, total) < 0 || set_ll(inbox, self->i_handed, 0) < 0)
+            goto done;
+    } else if (!(seq & self->sample_mask)) {
+        if (set_ll(inbox, self->i_handed, now) < 0) goto done;
+    }
+    if (release) {
+        if (set_ll(attachment, self->a_consumed, seq) < 0) goto done;
+        if (entry != NULL) {
+            PyObject *n = PyLong_FromLongLong(count);
+            if (n == NULL) goto done;
+            PyList_SetItem(entry, 1, n);
+            if (count <= 0 && !later) {
+                popped = PyObject_Vectorcall(self->popleft, &pending, 1, NULL);
+                if (popped == NULL) goto done;
+                Py_DECREF(popped);
+                if (set_ll(channel, self->c_pending_bytes, pending_bytes - nbytes) < 0 ||
+                    set_ll(channel, self->c_released_count, released_count + 1) < 0 ||
+                    set_ll(channel, self->c_released_bytes, released_bytes + nbytes) < 0)
+                    goto done;
+                PyObject *callback = SLOT(channel, self->c_on_release);
+                if (callback != NULL && callback != Py_None) {
+                    Py_INCREF(callback);
+                    PyObject *cargs[2] = {SLOT(channel, self->c_released_count),
+                                          SLOT(channel, self->c_released_bytes)};
+                    PyObject *r = PyObject_Vectorcall(callback, cargs, 2, NULL);
+                    Py_DECREF(callback);
+                    if (r == NULL) goto done;
+                    Py_DECREF(r);
+                }
+            }
+        }
+    }
+    result = Py_NewRef(message);
+    goto done;
+nothing:
+    result = Py_NewRef(self->nothing);
+done:
+    Py_XDECREF(entry);
+    Py_DECREF(item);
+    return result;
+}
+
+static PyMethodDef TakePath_methods[] = {
+    {"take", (PyCFunction)TakePath_take, METH_O,
+     "take(inbox) -> the message, or nothing: take_queued_py's compiled twin."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TakePathType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ezflow._core._speedups.TakePath",
+    .tp_basicsize = sizeof(TakePathObject),
+    .tp_dealloc = (destructor)TakePath_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The compiled take of a queued message (take_queued_py's twin).",
+    .tp_methods = TakePath_methods,
+    .tp_new = TakePath_new,
+};
+
 static PyMethodDef module_methods[] = {
     {"small_frames", (PyCFunction)(void (*)(void))small_frames, METH_FASTCALL,
      "small_frames(data, start, end, max_frame_size, slice_below) -> list: the whole "
@@ -1436,7 +1728,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         !str_out_of_line_above)
         return NULL;
     if (PyType_Ready(&TemplateType) < 0 || PyType_Ready(&LayoutType) < 0 ||
-        PyType_Ready(&PublishPathType) < 0)
+        PyType_Ready(&PublishPathType) < 0 || PyType_Ready(&TakePathType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL) return NULL;
@@ -1455,6 +1747,12 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     Py_INCREF(&PublishPathType);
     if (PyModule_AddObject(m, "PublishPath", (PyObject *)&PublishPathType) < 0) {
         Py_DECREF(&PublishPathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&TakePathType);
+    if (PyModule_AddObject(m, "TakePath", (PyObject *)&TakePathType) < 0) {
+        Py_DECREF(&TakePathType);
         Py_DECREF(m);
         return NULL;
     }

@@ -60,3 +60,19 @@ class PublishPath:
         header_size: int,
     ) -> PublishPath: ...
     def publish(self, outlet: Any, message: Any, /) -> bool: ...
+
+class TakePath:
+    """The compiled take of a queued message (``_channel.take_queued_py``'s twin)."""
+
+    def __new__(
+        cls,
+        inbox_type: type,
+        attachment_type: type,
+        channel_type: type,
+        stats_type: type,
+        histogram_type: type,
+        deque_type: type,
+        nothing: object,
+        sample_mask: int,
+    ) -> TakePath: ...
+    def take(self, inbox: Any, /) -> Any: ...
