@@ -932,3 +932,58 @@ def test_the_compiled_take_is_the_python_twin(ops: list[tuple[Any, ...]]) -> Non
             for channels, *_ in worlds:
                 channels[0].on_release = None if op[1] else channels[1].on_release
         assert state(worlds[0]) == state(worlds[1]), op
+
+
+@needs_extension
+def test_the_compiled_publish_and_take_leak_nothing_over_1e5_calls() -> None:
+    """1e5 compiled publishes (frames queued, flushed to a sink that releases them) and
+    1e5 compiled takes (each after a delivery; its release removes the pending entry and
+    calls on_release) leave no memory block behind."""
+    import asyncio  # noqa: PLC0415
+
+    from ezflow._core._channel import Channel, compiled_take_queued  # noqa: PLC0415
+    from ezflow._core._inbox import Inbox  # noqa: PLC0415
+    from ezflow._core._outlet import Outlet  # noqa: PLC0415
+    from ezflow._transports import _stream_publish  # noqa: PLC0415
+    from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
+
+    publish = _stream_publish.compiled_publish_small(_speedups)
+    take = compiled_take_queued(_speedups)
+    assert publish is not None and take is not None
+
+    async def main() -> None:
+        outlet = Outlet("p-1", "/t", Codec(), max_in_flight=64, max_in_flight_bytes=1 << 20)
+        link = StreamLink(_Connection(), lossless=True, max_size=1 << 20)  # type: ignore[arg-type]
+        outlet.add_link(link)
+        out = link.connection.out
+
+        def writelines(parts: list[bytes]) -> None:  # (the channel's ACK, at once)
+            link.released(link.sent_count, link.sent_bytes)
+
+        out.writelines = writelines  # type: ignore[method-assign]
+        arr = np.zeros(16, np.float32)
+        assert outlet.publish_nowait((0, 0, 0, arr))
+        channel = Channel("p-1", "/t", Codec(), on_release=lambda count, nbytes: None)
+        inbox = Inbox()
+        channel.attach(inbox)
+
+        def run(times: int) -> None:
+            for seq in range(1, times + 1):
+                link._flush_scheduled = True
+                outlet._unyielded = outlet._unyielded_bytes = 0
+                assert publish(outlet, (0, seq, 2**40, arr))
+                channel.deliver(seq + count[0], ("m", seq), nbytes=3)
+                assert take(inbox) == ("m", seq)
+            count[0] += times
+
+        count = [0]
+        run(1000)  # warm: caches, free lists
+        gc.collect()
+        before = sys.getallocatedblocks()
+        run(100_000)
+        gc.collect()
+        grown = sys.getallocatedblocks() - before
+        assert grown < 100, f"{grown} memory blocks more after 1e5 publishes and takes"
+        assert link.inline_sends == 101_001 and channel.pending == 0
+
+    asyncio.run(main())
