@@ -20,6 +20,7 @@ from typing import Any
 import _netns as netns
 import numpy as np
 import pytest
+from _load import overcommit
 from _proc import Child
 from conftest import loop_kind
 from hypothesis import given
@@ -622,7 +623,7 @@ async def test_a_slow_subscriber_holds_the_publisher_on_the_other_host(
     assert published >= 0.8 * done["elapsed"], (published, done["elapsed"])
     # Within the documented bound: 2 x ZENOH_QUEUE_BYTES and a sample (+ 100 MiB of Python).
     assert rss < 2 * 16 + 1 + 100, rss
-    assert took < drain + 1.0
+    assert took < drain + 1.0 * overcommit(), (took, overcommit())  # (1.30 s at load 8)
     # Every message arrived, or is counted where it was cut.
     cut = imported["lost_in_flight"] + exported["lost_in_flight"]
     assert len(values) + cut >= count, (len(values), imported, exported)  # (cut: in-process)
