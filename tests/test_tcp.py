@@ -31,7 +31,7 @@ from ezflow._core._framing import ACK, DATA, DATA_PREFIX, END, HELLO, WELCOME
 from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
 from ezflow._transports import _stream_publish
-from ezflow._transports._tcp import TcpTransport
+from ezflow._transports._tcp import TcpTransport, on_this_host
 
 
 def control(kind: int, message: dict[str, Any]) -> bytes:
@@ -284,3 +284,38 @@ async def test_closing_after_the_subscriber_process_exited_unnoticed(
         assert not tcp_of(ctx).connections
     finally:
         await child.aclose()
+
+
+@pytest.mark.parametrize(
+    ("local", "peer", "same"),
+    [
+        (("127.0.0.1", 5000), ("127.0.0.1", 6000), True),
+        (("127.0.0.1", 5000), ("127.1.2.3", 6000), True),  # all of 127/8 is loopback
+        (("::1", 5000, 0, 0), ("::1", 6000, 0, 0), True),
+        (("10.0.0.5", 5000), ("10.0.0.5", 6000), True),  # this host's own address
+        (("::ffff:10.0.0.5", 1, 0, 0), ("10.0.0.5", 2), True),  # (v4 mapped)
+        (("10.0.0.5", 5000), ("10.0.0.6", 6000), False),
+        (("fe80::1%eth0", 1, 0, 2), ("fe80::2%eth0", 2, 0, 2), False),
+        (("10.0.0.5", 5000), None, False),  # (a transport that knows no peer)
+        (("10.0.0.5", 5000), "/tmp/socket", False),
+        (("10.0.0.5", 5000), ("not an address", 1), False),
+        ((), ("127.0.0.1", 1), False),
+    ],
+)
+def test_a_channel_is_on_this_host_from_loopback_or_its_own_address(
+    local: object, peer: object, same: bool
+) -> None:
+    assert on_this_host(local, peer) is same
+
+
+async def test_a_tcp_channel_on_this_host_gets_the_handoff_unless_the_publisher_declines(
+    ctx: ezflow.GraphContext,
+) -> None:
+    # (test_outlet.py counts the yields; test_multihost.py has one from another host)
+    handoffs = []
+    for options in (None, ezflow.ShmOptions(handoff=False)):
+        pub = await ctx.publisher(f"/tcp/handoff/{options is None}", shm=options)
+        await ctx.subscriber(pub.topic, transport="tcp")
+        await pub.wait_for_channels(1)
+        handoffs.append([link.handoff for link in pub._outlet.links])
+    assert handoffs == [[True], [False]]

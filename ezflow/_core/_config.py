@@ -298,8 +298,8 @@ DATA_WRITE_BUFFER_LIMIT: Final = 16 * 1024 * 1024
 #: "Paced", one rule for the data path (docs/transports.md): a message sent this many
 #: nanoseconds (50 µs) or more after the previous one. A data connection schedules no
 #: end-of-iteration flush behind a paced message written at once, and a paced publish to
-#: shm channels by a publisher whose thread slept meanwhile ends with a CPU yield
-#: (``ShmOptions.handoff``).
+#: channels on this host (shm, or tcp from a loopback or this host's address) by a
+#: publisher whose thread slept meanwhile ends with a CPU yield (``ShmOptions.handoff``).
 PACED_GAP_NS: Final = 50_000
 #: A data connection writes the messages queued in one event-loop iteration early (one
 #: vectored write) once this many are queued ...
@@ -465,9 +465,10 @@ class ShmOptions:
       leasing a block for it.
 
     With *handoff* (the default), a paced publish - one that starts ``PACED_GAP_NS`` or
-    more after the previous one was sent (and after any yield), time spent waiting for room not
-    counted, by a publisher whose thread slept meanwhile (its event loop was idle; not
-    busy, not preempted) - that went to at least one shm subscriber ends with the
+    more after the previous one was sent (and after any yield), time spent waiting for
+    room not counted, by a publisher whose thread slept meanwhile (its event loop was
+    idle; not busy, not preempted) - that went to at least one subscriber on this host
+    (over shm, or over tcp from a loopback address or this host's own) ends with the
     publisher yielding its CPU (``sched_yield``) once every subscriber's copy is
     written. A subscriber process that the message woke on the same CPU then runs at
     once, instead of after the rest of the publisher's event-loop turn; where it was

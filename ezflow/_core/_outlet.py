@@ -209,6 +209,10 @@ class Link(ABC):
 class Outlet:
     """The sending half of one publisher."""
 
+    #: whether a paced publish to channels on this host may end with a CPU yield (the
+    #: publisher's ``ShmOptions.handoff``; each link says whether it leads to this host)
+    handoff: bool = True
+
     def __init__(
         self,
         publisher_id: str,

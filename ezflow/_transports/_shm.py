@@ -267,7 +267,7 @@ class _ShmLink(StreamLink):
         super().__init__(connection, lossless=lossless, max_size=max_size)
         self.shm = shm
         self.out_of_line_above = shm.options.inline_limit
-        self.handoff = shm.options.handoff
+        self.handoff = shm.options.handoff  # (the outlet's, for every same-host link)
 
     def send_out_of_line(
         self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage
