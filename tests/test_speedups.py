@@ -541,3 +541,249 @@ def test_end_to_end_files_pass_on_the_pure_python_path() -> None:
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
+
+
+# -- the one-call small publish (PublishPath) against publish_small_py ------------------
+
+
+class _Out:
+    """A stream link's write half that records every frame written."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def writelines(self, parts: list[bytes]) -> None:
+        for part in parts:
+            self.data += part
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Connection:
+    def __init__(self) -> None:
+        self.out = _Out()
+
+
+def _frames(data: bytes | bytearray) -> list[bytes]:
+    """The frames of a byte stream, each with its send time (time_ns) zeroed: the one
+    field the two publishes read from the clock themselves."""
+    frames, at = [], 0
+    while at < len(data):
+        (length,) = LENGTH.unpack_from(data, at)
+        frame = bytearray(data[at : at + LENGTH.size + length])
+        if frame[LENGTH.size] == DATA:
+            frame[20:28] = bytes(8)
+        frames.append(bytes(frame))
+        at += LENGTH.size + length
+    return frames
+
+
+def _state(outlet: Any) -> tuple[Any, ...]:
+    """Every counter, window figure and queued or written frame of *outlet* and its
+    links (send times zeroed; a handoff's last send time only as "moved or not")."""
+    stats = dataclasses.asdict(outlet.stats)
+    stats.pop("wait_seconds")
+    links = tuple(
+        (
+            link.sent_count,
+            link.sent_bytes,
+            link.released_count,
+            link.released_bytes,
+            link.drops,
+            link.inline_sends,
+            link._queued_messages,
+            link._queued_bytes,
+            _frames(b"".join(link._queued)),
+            link._flush_scheduled,
+            link.stalled,
+            _frames(link.connection.out.data),
+        )
+        for link in outlet._links
+    )
+    moved = outlet._sent_ns not in (0, 1 << 62)
+    return (outlet._seq, outlet._unyielded, outlet._unyielded_bytes, stats, moved, links)
+
+
+_PUBLISH = st.tuples(
+    st.just("publish"),
+    st.sampled_from(["tuple"] * 6 + ["big", "list", "str"]),
+    st.sampled_from([0, 1, -1, 2**40, 2**40, 2**40, 2**40, 2**63, 2**70]),
+)
+_MOSTLY_FALSE = st.sampled_from([False] * 5 + [True])
+_CHANGES = st.one_of(
+    st.tuples(st.just("turn")),
+    st.tuples(st.just("batch")),
+    st.tuples(st.just("batch")),
+    st.tuples(st.just("release"), st.integers(0, 2), st.integers(0, 8)),
+    st.tuples(st.just("stall"), st.integers(0, 2), _MOSTLY_FALSE),
+    st.tuples(st.just("closed"), _MOSTLY_FALSE),
+    st.tuples(st.just("tracing"), _MOSTLY_FALSE),
+    st.tuples(st.just("hook"), _MOSTLY_FALSE),
+    st.tuples(st.just("unyielded"), st.sampled_from([0, 0, 62, 63])),
+    st.tuples(st.just("handoff"), st.sampled_from([0, 1 << 62, None, None])),
+    st.tuples(st.just("out_of_line"), st.integers(0, 2), st.sampled_from([sys.maxsize, 40])),
+    st.tuples(st.just("drops"), st.integers(0, 2), st.integers(0, 300)),
+)
+#: steps: a change of state, then a few publishes
+_PUBLISH_OPS = st.tuples(_CHANGES, st.lists(_PUBLISH, max_size=20)).map(lambda s: [s[0], *s[1]])
+
+
+@needs_extension
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.sampled_from([(True, 1 << 20)] * 3 + [(False, 1 << 20)] * 2 + [(True, 100)]),
+        min_size=1,
+        max_size=3,
+    ),
+    st.sampled_from([(4, 1 << 20), (64, 224), (64, 1 << 20), (64, 1 << 20)]),
+    st.lists(_PUBLISH_OPS, min_size=5, max_size=40).map(
+        lambda steps: [op for step in steps for op in step]
+    ),
+)
+def test_the_compiled_publish_is_the_python_twin(
+    kinds: list[tuple[bool, int]], window: tuple[int, int], ops: list[tuple[Any, ...]]
+) -> None:
+    """The same outlets (1-3 stream links: lossless, leaky, small max_message_size; a
+    small window), the same steps (publishes of the cached shape and of others, out of
+    range ints, bodies over SMALL_BODY; loop turns; releases; stalls; a closed outlet;
+    tracing; a hook; the yield counter; handoff paced or not; out-of-line limits; a
+    batch under way, as after a first write of a loop turn in a burst; a link's
+    upstream drops): the
+    compiled publish and publish_small_py give the same results and errors, and leave
+    the same counters, windows, statistics and frames, queued and written. What either
+    declines goes the general path (publish_nowait), in both."""
+    import asyncio  # noqa: PLC0415
+
+    from ezflow._core._outlet import Outlet  # noqa: PLC0415
+    from ezflow._core._tracing import TraceState  # noqa: PLC0415
+    from ezflow._transports import _stream_publish  # noqa: PLC0415
+    from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
+
+    tracing, hooks = TraceState(), []
+    compiled = _stream_publish.compiled_publish_small(_speedups, tracing=tracing, hooks=hooks)
+    assert compiled is not None
+    loop = asyncio.new_event_loop()
+    saved = _stream_publish.TRACING, _stream_publish.PUBLISH_HOOKS
+    _stream_publish.TRACING, _stream_publish.PUBLISH_HOOKS = tracing, hooks  # type: ignore[misc]
+
+    async def world() -> Outlet:
+        outlet = Outlet(
+            "p-1", "/t", Codec(), max_in_flight=window[0], max_in_flight_bytes=window[1]
+        )
+        for lossless, max_size in kinds:
+            link = StreamLink(_Connection(), lossless=lossless, max_size=max_size)  # type: ignore[arg-type]
+            outlet.add_link(link)
+        return outlet
+
+    small = np.zeros(16, np.float32)
+    big = np.zeros(1100, np.float32)  # (a body over SMALL_BODY)
+    messages = {
+        "tuple": lambda n: (0, n, 7, small),
+        "big": lambda n: (0, n, 7, big),
+        "list": lambda n: [n, 1],
+        "str": lambda n: "x",
+    }
+    try:
+        worlds = [loop.run_until_complete(world()) for _ in range(2)]
+        paths = (compiled, _stream_publish.publish_small_py)
+        for op in ops:
+            name = op[0]
+            if name == "publish":
+                msg = messages[op[1]](op[2])
+                results = [
+                    outcome(lambda p=p, o=o, m=msg: p(o, m))
+                    for p, o in zip(paths, worlds, strict=True)
+                ]
+                assert results[0] == results[1], (op, results)
+                if results[0] == ("ok", False):
+                    general = [outcome(lambda o=o, m=msg: o.publish_nowait(m)) for o in worlds]
+                    assert general[0] == general[1]
+            elif name == "turn":
+                loop.run_until_complete(asyncio.sleep(0))
+            elif name == "batch":  # (as a write at once in a burst: StreamLink.send_small)
+                for outlet in worlds:
+                    for link in outlet._links:
+                        if not link._flush_scheduled:
+                            link._flush_scheduled = True
+                            loop.call_soon(link._end_of_iteration)
+            else:
+                for outlet in worlds:
+                    links = outlet._links
+                    if name == "release" and op[1] < len(links):
+                        link = links[op[1]]
+                        count = min(link.sent_count, link.released_count + op[2])
+                        link.released(count, link.sent_bytes if count == link.sent_count else 0)
+                    elif name == "stall" and op[1] < len(links):
+                        links[op[1]].stalled = op[2]
+                    elif name == "closed":
+                        outlet._closed = op[1]
+                    elif name == "unyielded":
+                        outlet._unyielded = op[1]
+                    elif name == "handoff":
+                        outlet._handoff = op[1] is not None
+                        outlet._sent_ns = op[1] or 0
+                    elif name == "drops" and op[1] < len(links):  # (as a leaky link's)
+                        links[op[1]].drops = op[2]
+                    elif name == "out_of_line" and op[1] < len(links):
+                        links[op[1]].out_of_line_above = op[2]  # type: ignore[attr-defined]
+                if name == "tracing":
+                    tracing.active = op[1]
+                elif name == "hook":
+                    hooks[:] = [lambda event: None] if op[1] else []
+            assert _state(worlds[0]) == _state(worlds[1]), op
+            for outlet in worlds:
+                for link in outlet._links:
+                    # (a write at once then never looks like a burst: the clock does not
+                    # decide whether a link batches, the "batch" steps do)
+                    link._written_ns = 0
+    finally:
+        _stream_publish.TRACING, _stream_publish.PUBLISH_HOOKS = saved  # type: ignore[misc]
+        loop.close()
+
+
+@needs_extension
+def test_the_compiled_publish_sends_what_the_general_path_sends() -> None:
+    """A burst of ordinary messages on two links: the compiled publish takes every one
+    after the first of a loop turn, and the channels get the frames the general path
+    (publish_nowait) sends, byte for byte (send times aside)."""
+    import asyncio  # noqa: PLC0415
+
+    from ezflow._core._outlet import Outlet  # noqa: PLC0415
+    from ezflow._transports import _stream_publish  # noqa: PLC0415
+    from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
+
+    compiled = _stream_publish.compiled_publish_small(_speedups)
+    assert compiled is not None
+    arr = np.arange(16, dtype=np.float32)
+
+    async def burst(fast: bool) -> tuple[list[list[bytes]], list[bool]]:
+        outlet = Outlet("p-1", "/t", Codec(), max_in_flight=1000, max_in_flight_bytes=1 << 30)
+        links = [StreamLink(_Connection(), lossless=True, max_size=1 << 20) for _ in range(2)]  # type: ignore[arg-type]
+        for link in links:
+            outlet.add_link(link)
+        took = []
+        for seq in range(40):
+            msg = (0, seq, 2**40 + seq, arr)
+            took.append(fast and compiled(outlet, msg))
+            if not took[-1]:
+                assert outlet.publish_nowait(msg)
+            if seq == 20:
+                await asyncio.sleep(0)  # (a loop turn: the queue is flushed)
+        await asyncio.sleep(0)
+        return [_frames(link.connection.out.data) for link in links], took
+
+    async def both() -> None:
+        fast, took = await burst(True)
+        general, _ = await burst(False)
+        assert fast == general and len(fast[0]) == 40
+        # Not the first (it teaches the codec its shape) nor those written at once, the
+        # first one or two of each loop turn (whether the first looks paced depends on
+        # the clock); every other.
+        assert not took[0] and took.count(False) <= 5
+
+    asyncio.run(both())

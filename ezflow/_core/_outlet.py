@@ -91,6 +91,27 @@ class Link(ABC):
     #: have woken on this very CPU: the outlet then yields the CPU once the message is
     #: written to every link (``ShmOptions.handoff``)
     handoff: bool = False
+    #: True for a link that collects a loop turn's frames in a list (a stream link):
+    #: what the one-call small publish needs of every link (see ``_links_updated``)
+    queues_frames: bool = False
+
+    # Slots: the one-call small publish (``ezflow._transports._stream_publish``,
+    # ``publish_small``; its compiled twin reads them at fixed offsets).
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_parked",
+        "drops",
+        "lossless",
+        "max_message_size",
+        "outlet",
+        "released_bytes",
+        "released_count",
+        "sent_bytes",
+        "sent_count",
+        "stalled",
+        "traced",
+    )
 
     def __init__(self, *, lossless: bool, max_message_size: int) -> None:
         self.lossless = lossless
@@ -212,6 +233,33 @@ class Outlet:
     #: whether a paced publish to channels on this host may end with a CPU yield (the
     #: publisher's ``ShmOptions.handoff``; each link says whether it leads to this host)
     handoff: bool = True
+    # Slots: the one-call small publish (``ezflow._transports._stream_publish``,
+    # ``publish_small``; its compiled twin reads them at fixed offsets).
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_closed",
+        "_fast_limit",
+        "_handoff",
+        "_links",
+        "_links_changed",
+        "_sent_ns",
+        "_seq",
+        "_slept",
+        "_small_limit",
+        "_unyielded",
+        "_unyielded_bytes",
+        "_waiter",
+        "codec",
+        "max_in_flight",
+        "max_in_flight_bytes",
+        "publisher_id",
+        "stall_timeout",
+        "stats",
+        "topic",
+        "trace_countdown",
+        "wait_time",
+    )
 
     def __init__(
         self,
@@ -245,6 +293,9 @@ class Outlet:
         # Largest body that every link takes, or -1 when some link does not encode (a
         # local one): what publish_nowait's small-message path checks. See _links_updated.
         self._small_limit = -1
+        # _small_limit when every link queues_frames (stream links), else -1: what the
+        # one-call small publish checks (ezflow._transports._stream_publish).
+        self._fast_limit = -1
         self._handoff = False  # some link is a handoff link (and the OS can yield)
         # time_ns() once the last message was sent, after any handoff (for handoffs)
         self._sent_ns = 0
@@ -285,6 +336,9 @@ class Outlet:
             self._small_limit = min((link.max_message_size for link in links), default=0)
         else:
             self._small_limit = -1
+        self._fast_limit = (
+            self._small_limit if links and all(link.queues_frames for link in links) else -1
+        )
         self._handoff = (
             _sched_yield is not None
             and _RUSAGE_THREAD is not None

@@ -33,6 +33,14 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#if PY_VERSION_HEX >= 0x030C0000
+#define EZ_T_OBJECT_EX Py_T_OBJECT_EX
+#define EZ_READONLY Py_READONLY
+#else
+#include <structmember.h>
+#define EZ_T_OBJECT_EX T_OBJECT_EX
+#define EZ_READONLY READONLY
+#endif
 #include <stdint.h>
 #include <string.h>
 
@@ -440,15 +448,10 @@ done:
     return result;
 }
 
-static PyObject *Template_encode_small(TemplateObject *self, PyObject *const *args,
-                                       Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "encode_small(obj, limit)");
-        return NULL;
-    }
-    PyObject *obj = args[0];
-    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
-    if (limit == -1 && PyErr_Occurred()) return NULL;
+/* encode_small's body, with *headroom* bytes (left unwritten) before the body in the
+ * bytes object returned: a DATA frame's prefix (PublishPath). None as encode_small. */
+static PyObject *encode_small_into(TemplateObject *self, PyObject *obj, Py_ssize_t limit,
+                                   Py_ssize_t headroom) {
     if (limit > SMALL_BODY) limit = SMALL_BODY;
     if ((PyObject *)Py_TYPE(obj) != self->kind) Py_RETURN_NONE;
 
@@ -513,9 +516,9 @@ static PyObject *Template_encode_small(TemplateObject *self, PyObject *const *ar
     Py_ssize_t total = pos + pad + nbytes;
     if (total > limit) goto none;
 
-    result = PyBytes_FromStringAndSize(NULL, total);
+    result = PyBytes_FromStringAndSize(NULL, headroom + total);
     if (result == NULL) goto done;
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(result);
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(result) + headroom;
     p[0] = FORMAT_VERSION;
     p[1] = 0;
     p[2] = (unsigned char)nbuf;
@@ -548,6 +551,17 @@ done:
     Py_XDECREF(data);
     Py_DECREF(items);
     return result;
+}
+
+static PyObject *Template_encode_small(TemplateObject *self, PyObject *const *args,
+                                       Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "encode_small(obj, limit)");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    return encode_small_into(self, args[0], limit, 0);
 }
 
 static PyMethodDef Template_methods[] = {
@@ -956,6 +970,446 @@ done:
     return frames;
 }
 
+/* ---------------------------------------------------------------- PublishPath */
+
+/* PublishPath(outlet_type, link_type, stats_type, codec_type, template_type, tracing,
+ *             hooks, yield_after, yield_bytes, paced_gap_ns, flush_messages,
+ *             flush_bytes, data_kind, header_size)
+ *   Its publish(outlet, message) is the compiled twin of
+ *   ezflow._transports._stream_publish.publish_small_py: the common path of a small
+ *   publish in one call (True), or nothing done (False). The objects' state stays where
+ *   the Python code keeps it, in the __slots__ of Outlet, Link/StreamLink, Codec,
+ *   _Template, PublisherStats and TraceState: read and written here at the offsets of
+ *   their member descriptors, found once by name (the constructor checks that each is
+ *   an object slot). Every value is checked before anything changes (an exact int, a
+ *   bool, a list); anything else is the general path's business (False). */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *outlet_type, *link_type, *stats_type, *codec_type, *template_type;
+    PyObject *tracing, *hooks;
+    Py_ssize_t o_closed, o_unyielded, o_unyielded_bytes, o_fast_limit, o_links, o_codec,
+        o_max_count, o_max_bytes, o_handoff, o_sent_ns, o_seq, o_stats;
+    Py_ssize_t c_template, c_limit, t_kind, t_encode, tr_active;
+    Py_ssize_t l_stalled, l_sent_count, l_released_count, l_sent_bytes, l_released_bytes,
+        l_drops, l_inline, l_queued, l_qmessages, l_qbytes, l_flush;
+    Py_ssize_t s_messages, s_encodes, s_bytes, s_sends;
+    long long yield_after, yield_bytes, paced_gap, flush_messages, flush_bytes;
+    int data_kind;
+    Py_ssize_t header_size;
+} PublishPathObject;
+
+static PyObject *str_flush, *str_out_of_line_above;
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* The offset of the object slot *name* of *type* (a __slots__ member), or -1 (error). */
+static Py_ssize_t slot_offset(PyObject *type, const char *name) {
+    if (!PyType_Check(type)) {
+        PyErr_Format(PyExc_TypeError, "PublishPath: %R is not a type", type);
+        return -1;
+    }
+    PyObject *d = PyObject_GetAttrString(type, name);
+    if (d == NULL) return -1;
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == EZ_T_OBJECT_EX && !(m->flags & EZ_READONLY) &&
+            PyType_IsSubtype((PyTypeObject *)type, PyDescr_TYPE(d)))
+            off = m->offset;
+    }
+    Py_DECREF(d);
+    if (off < 0)
+        PyErr_Format(PyExc_TypeError, "PublishPath: %R.%s is not an object slot", type, name);
+    return off;
+}
+
+static int exact_ll(PyObject *v, long long *out) {
+    if (v == NULL || !PyLong_CheckExact(v)) return 0;
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (*out == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* the int slot at *off* of *obj*, or 0 (not an exact int in range) */
+#define GET_LL(obj, off, var) exact_ll(SLOT(obj, off), &(var))
+
+static int set_ll(PyObject *obj, Py_ssize_t off, long long v) {
+    PyObject *n = PyLong_FromLongLong(v);
+    if (n == NULL) return -1;
+    PyObject **p = &SLOT(obj, off);
+    PyObject *old = *p;
+    *p = n;
+    Py_XDECREF(old);
+    return 0;
+}
+
+static long long wall_ns(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyTime_t t;
+    if (PyTime_Time(&t) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return (long long)t;
+#else
+    return (long long)_PyTime_GetSystemClock();
+#endif
+}
+
+static void PublishPath_dealloc(PublishPathObject *self) {
+    Py_XDECREF(self->outlet_type);
+    Py_XDECREF(self->link_type);
+    Py_XDECREF(self->stats_type);
+    Py_XDECREF(self->codec_type);
+    Py_XDECREF(self->template_type);
+    Py_XDECREF(self->tracing);
+    Py_XDECREF(self->hooks);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *ot, *lt, *st, *ct, *tt, *tracing, *hooks;
+    long long ya, yb, gap, fm, fb;
+    int kind;
+    Py_ssize_t hs;
+    static char *kwlist[] = {"outlet_type", "link_type", "stats_type", "codec_type",
+                             "template_type", "tracing", "hooks", "yield_after",
+                             "yield_bytes", "paced_gap_ns", "flush_messages", "flush_bytes",
+                             "data_kind", "header_size", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOLLLLLin:PublishPath", kwlist, &ot,
+                                     &lt, &st, &ct, &tt, &tracing, &hooks, &ya, &yb, &gap,
+                                     &fm, &fb, &kind, &hs))
+        return NULL;
+    if (!PyList_CheckExact(hooks)) {
+        PyErr_SetString(PyExc_TypeError, "PublishPath: hooks must be a list");
+        return NULL;
+    }
+    PublishPathObject *self = (PublishPathObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    Py_INCREF(ot);
+    self->outlet_type = ot;
+    Py_INCREF(lt);
+    self->link_type = lt;
+    Py_INCREF(st);
+    self->stats_type = st;
+    Py_INCREF(ct);
+    self->codec_type = ct;
+    Py_INCREF(tt);
+    self->template_type = tt;
+    Py_INCREF(tracing);
+    self->tracing = tracing;
+    Py_INCREF(hooks);
+    self->hooks = hooks;
+    self->yield_after = ya;
+    self->yield_bytes = yb;
+    self->paced_gap = gap;
+    self->flush_messages = fm;
+    self->flush_bytes = fb;
+    self->data_kind = kind;
+    self->header_size = hs;
+    PyObject *trt = (PyObject *)Py_TYPE(tracing);
+    struct {
+        Py_ssize_t *off;
+        PyObject *type;
+        const char *name;
+    } slots[] = {
+        {&self->o_closed, ot, "_closed"},
+        {&self->o_unyielded, ot, "_unyielded"},
+        {&self->o_unyielded_bytes, ot, "_unyielded_bytes"},
+        {&self->o_fast_limit, ot, "_fast_limit"},
+        {&self->o_links, ot, "_links"},
+        {&self->o_codec, ot, "codec"},
+        {&self->o_max_count, ot, "max_in_flight"},
+        {&self->o_max_bytes, ot, "max_in_flight_bytes"},
+        {&self->o_handoff, ot, "_handoff"},
+        {&self->o_sent_ns, ot, "_sent_ns"},
+        {&self->o_seq, ot, "_seq"},
+        {&self->o_stats, ot, "stats"},
+        {&self->c_template, ct, "_last_template"},
+        {&self->c_limit, ct, "_limit"},
+        {&self->t_kind, tt, "kind"},
+        {&self->t_encode, tt, "encode_small"},
+        {&self->tr_active, trt, "active"},
+        {&self->l_stalled, lt, "stalled"},
+        {&self->l_sent_count, lt, "sent_count"},
+        {&self->l_released_count, lt, "released_count"},
+        {&self->l_sent_bytes, lt, "sent_bytes"},
+        {&self->l_released_bytes, lt, "released_bytes"},
+        {&self->l_drops, lt, "drops"},
+        {&self->l_inline, lt, "inline_sends"},
+        {&self->l_queued, lt, "_queued"},
+        {&self->l_qmessages, lt, "_queued_messages"},
+        {&self->l_qbytes, lt, "_queued_bytes"},
+        {&self->l_flush, lt, "_flush_scheduled"},
+        {&self->s_messages, st, "messages"},
+        {&self->s_encodes, st, "encodes"},
+        {&self->s_bytes, st, "bytes"},
+        {&self->s_sends, st, "sends"},
+    };
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+        *slots[i].off = slot_offset(slots[i].type, slots[i].name);
+        if (*slots[i].off < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    return (PyObject *)self;
+}
+
+/* One link's state, read and checked before anything changes. */
+typedef struct {
+    PyObject *link;
+    long long sent_count, sent_bytes, drops, inline_sends, qmessages, qbytes;
+} LinkState;
+
+static int link_state(PublishPathObject *self, PyObject *link, LinkState *ls) {
+    long long released_count, released_bytes;
+    ls->link = link;
+    return PyObject_TypeCheck(link, (PyTypeObject *)self->link_type) &&
+           GET_LL(link, self->l_sent_count, ls->sent_count) &&
+           GET_LL(link, self->l_sent_bytes, ls->sent_bytes) &&
+           GET_LL(link, self->l_released_count, released_count) &&
+           GET_LL(link, self->l_released_bytes, released_bytes) &&
+           GET_LL(link, self->l_drops, ls->drops) && ls->drops >= 0 &&
+           GET_LL(link, self->l_inline, ls->inline_sends) &&
+           GET_LL(link, self->l_qmessages, ls->qmessages) &&
+           GET_LL(link, self->l_qbytes, ls->qbytes) &&
+           SLOT(link, self->l_queued) != NULL && PyList_CheckExact(SLOT(link, self->l_queued)) &&
+           (ls->sent_count -= released_count, ls->sent_bytes -= released_bytes, 1);
+    /* (sent_count / sent_bytes hold the in-flight figures here; see below) */
+}
+
+static void put_le(unsigned char *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+#define MAX_FAST_LINKS 8
+
+static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *args,
+                                     Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "publish(outlet, message)");
+        return NULL;
+    }
+    PyObject *outlet = args[0], *message = args[1];
+    if (!PyObject_TypeCheck(outlet, (PyTypeObject *)self->outlet_type)) Py_RETURN_FALSE;
+    long long unyielded, unyielded_bytes, fast_limit, max_count, max_bytes, seq, sent_ns = 0,
+                                                                                 limit;
+    PyObject *closed = SLOT(outlet, self->o_closed);
+    if (closed != Py_False || !GET_LL(outlet, self->o_unyielded, unyielded) ||
+        unyielded >= self->yield_after)
+        Py_RETURN_FALSE;
+    if (!GET_LL(outlet, self->o_fast_limit, fast_limit) || fast_limit < 0 ||
+        !GET_LL(outlet, self->o_unyielded_bytes, unyielded_bytes) ||
+        unyielded_bytes >= self->yield_bytes || SLOT(self->tracing, self->tr_active) != Py_False ||
+        PyList_GET_SIZE(self->hooks) != 0)
+        Py_RETURN_FALSE;
+    PyObject *links = SLOT(outlet, self->o_links);
+    if (links == NULL || !PyList_CheckExact(links) ||
+        !GET_LL(outlet, self->o_max_count, max_count) ||
+        !GET_LL(outlet, self->o_max_bytes, max_bytes))
+        Py_RETURN_FALSE;
+    Py_ssize_t nlinks = PyList_GET_SIZE(links);
+    if (nlinks > MAX_FAST_LINKS) Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < nlinks; i++) {
+        PyObject *link = PyList_GET_ITEM(links, i);
+        LinkState ls;
+        if (!PyObject_TypeCheck(link, (PyTypeObject *)self->link_type) ||
+            SLOT(link, self->l_stalled) != Py_False || SLOT(link, self->l_flush) != Py_True ||
+            !link_state(self, link, &ls))
+            Py_RETURN_FALSE;
+        long long count = ls.sent_count, nbytes = ls.sent_bytes; /* in flight */
+        if (count >= max_count || (count && nbytes >= max_bytes)) Py_RETURN_FALSE;
+    }
+    PyObject *codec = SLOT(outlet, self->o_codec);
+    if (codec == NULL || !PyObject_TypeCheck(codec, (PyTypeObject *)self->codec_type))
+        Py_RETURN_FALSE;
+    PyObject *template = SLOT(codec, self->c_template);
+    if (template == NULL || template == Py_None ||
+        !PyObject_TypeCheck(template, (PyTypeObject *)self->template_type))
+        Py_RETURN_FALSE;
+    PyObject *kind = SLOT(template, self->t_kind);
+    PyObject *encode = SLOT(template, self->t_encode);
+    PyObject *limit_obj = SLOT(codec, self->c_limit);
+    if (kind != (PyObject *)Py_TYPE(message) || encode == NULL || limit_obj == NULL)
+        Py_RETURN_FALSE;
+
+    /* the body, with room for the first link's frame prefix in front of it */
+    Py_ssize_t prefix = 4 + self->header_size;
+    PyObject *frame;
+    Py_ssize_t size;
+    if (PyCFunction_Check(encode) && PyCFunction_GET_SELF(encode) != NULL &&
+        Py_IS_TYPE(PyCFunction_GET_SELF(encode), &TemplateType) && exact_ll(limit_obj, &limit)) {
+        /* the compiled template's encode_small, called directly */
+        frame = encode_small_into((TemplateObject *)PyCFunction_GET_SELF(encode), message,
+                                  (Py_ssize_t)(limit > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : limit),
+                                  prefix);
+        if (frame == NULL) return NULL;
+        if (frame == Py_None) {
+            Py_DECREF(frame);
+            Py_RETURN_FALSE;
+        }
+        size = PyBytes_GET_SIZE(frame) - prefix;
+    } else {
+        PyObject *cargs[2] = {message, limit_obj};
+        PyObject *body = PyObject_Vectorcall(encode, cargs, 2, NULL);
+        if (body == NULL) return NULL;
+        if (body == Py_None) {
+            Py_DECREF(body);
+            Py_RETURN_FALSE;
+        }
+        if (!PyBytes_CheckExact(body)) {
+            Py_DECREF(body);
+            Py_RETURN_FALSE;
+        }
+        size = PyBytes_GET_SIZE(body);
+        frame = PyBytes_FromStringAndSize(NULL, prefix + size);
+        if (frame == NULL) {
+            Py_DECREF(body);
+            return NULL;
+        }
+        memcpy(PyBytes_AS_STRING(frame) + prefix, PyBytes_AS_STRING(body), (size_t)size);
+        Py_DECREF(body);
+    }
+    if (size > fast_limit) goto decline;
+    /* (the encode ran Python code only on the uncompiled template: the links may have
+     * changed meanwhile; read again below, and checked as before) */
+    nlinks = PyList_GET_SIZE(links);
+    for (Py_ssize_t i = 0; i < nlinks; i++) {
+        PyObject *link = PyList_GET_ITEM(links, i);
+        PyObject *above = PyObject_GetAttr(link, str_out_of_line_above);
+        if (above == NULL) goto fail;
+        long long a;
+        int ok = exact_ll(above, &a);
+        Py_DECREF(above);
+        if (!ok || size > a) goto decline;
+    }
+    long long now = wall_ns();
+    PyObject *handoff = SLOT(outlet, self->o_handoff);
+    if (handoff != Py_True && handoff != Py_False) goto decline;
+    if (handoff == Py_True &&
+        (!GET_LL(outlet, self->o_sent_ns, sent_ns) || now - sent_ns >= self->paced_gap))
+        goto decline;
+    if (!GET_LL(outlet, self->o_seq, seq)) goto decline;
+    PyObject *stats = SLOT(outlet, self->o_stats);
+    long long s_messages, s_encodes, s_bytes, s_sends;
+    if (stats == NULL || !PyObject_TypeCheck(stats, (PyTypeObject *)self->stats_type) ||
+        !GET_LL(stats, self->s_messages, s_messages) ||
+        !GET_LL(stats, self->s_encodes, s_encodes) || !GET_LL(stats, self->s_bytes, s_bytes) ||
+        !GET_LL(stats, self->s_sends, s_sends))
+        goto decline;
+    for (Py_ssize_t i = 0; i < nlinks; i++) {
+        LinkState ls;
+        if (!link_state(self, PyList_GET_ITEM(links, i), &ls)) goto decline;
+    }
+
+    /* From here on the message is sent: nothing declines. */
+    seq += 1;
+    if (set_ll(outlet, self->o_seq, seq) < 0) goto fail;
+    for (Py_ssize_t i = 0; i < nlinks; i++) {
+        if (i >= PyList_GET_SIZE(links)) break; /* (a flush removed links: as a for loop) */
+        PyObject *link = PyList_GET_ITEM(links, i);
+        Py_INCREF(link);
+        LinkState ls;
+        long long sent_count, sent_bytes;
+        if (!PyObject_TypeCheck(link, (PyTypeObject *)self->link_type) ||
+            !GET_LL(link, self->l_sent_count, sent_count) ||
+            !GET_LL(link, self->l_sent_bytes, sent_bytes) || !link_state(self, link, &ls)) {
+            Py_DECREF(link);
+            PyErr_SetString(PyExc_RuntimeError,
+                            "publish_small: a link's state changed while a message was sent");
+            goto fail;
+        }
+        PyObject *f = frame;
+        if (i > 0) {
+            f = PyBytes_FromStringAndSize(PyBytes_AS_STRING(frame), prefix + size);
+            if (f == NULL) {
+                Py_DECREF(link);
+                goto fail;
+            }
+        } else {
+            Py_INCREF(f);
+        }
+        unsigned char *h = (unsigned char *)PyBytes_AS_STRING(f);
+        put_le(h, (uint64_t)(self->header_size + size), 4);
+        h[4] = (unsigned char)self->data_kind;
+        h[5] = 0;
+        memset(h + 6, 0, 6);
+        put_le(h + 12, (uint64_t)seq, 8);
+        put_le(h + 20, (uint64_t)now, 8);
+        put_le(h + 28, (uint64_t)ls.drops, 8);
+        int err = set_ll(link, self->l_sent_count, sent_count + 1) < 0 ||
+                  set_ll(link, self->l_sent_bytes, sent_bytes + size) < 0 ||
+                  set_ll(link, self->l_inline, ls.inline_sends + 1) < 0 ||
+                  PyList_Append(SLOT(link, self->l_queued), f) < 0 ||
+                  set_ll(link, self->l_qmessages, ls.qmessages + 1) < 0 ||
+                  set_ll(link, self->l_qbytes, ls.qbytes + size) < 0;
+        Py_DECREF(f);
+        if (!err && (ls.qmessages + 1 >= self->flush_messages ||
+                     ls.qbytes + size >= self->flush_bytes)) {
+            PyObject *r = PyObject_CallMethodNoArgs(link, str_flush);
+            err = r == NULL;
+            Py_XDECREF(r);
+        }
+        Py_DECREF(link);
+        if (err) goto fail;
+    }
+    Py_DECREF(frame);
+    frame = NULL;
+    if (handoff == Py_True && set_ll(outlet, self->o_sent_ns, wall_ns()) < 0) return NULL;
+    /* (read again: a flush runs Python code) */
+    if (!GET_LL(outlet, self->o_unyielded, unyielded) ||
+        !GET_LL(outlet, self->o_unyielded_bytes, unyielded_bytes))
+        goto changed;
+    if (set_ll(outlet, self->o_unyielded, unyielded + 1) < 0 ||
+        set_ll(outlet, self->o_unyielded_bytes, unyielded_bytes + size) < 0)
+        return NULL;
+    stats = SLOT(outlet, self->o_stats);
+    if (stats == NULL || !PyObject_TypeCheck(stats, (PyTypeObject *)self->stats_type) ||
+        !GET_LL(stats, self->s_messages, s_messages) ||
+        !GET_LL(stats, self->s_encodes, s_encodes) || !GET_LL(stats, self->s_bytes, s_bytes) ||
+        !GET_LL(stats, self->s_sends, s_sends))
+        goto changed;
+    if (set_ll(stats, self->s_messages, s_messages + 1) < 0 ||
+        set_ll(stats, self->s_encodes, s_encodes + 1) < 0 ||
+        set_ll(stats, self->s_bytes, s_bytes + size) < 0 ||
+        set_ll(stats, self->s_sends, s_sends + PyList_GET_SIZE(links)) < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+changed:
+    PyErr_SetString(PyExc_RuntimeError,
+                    "publish_small: the outlet's state changed while a message was sent");
+    return NULL;
+decline:
+    Py_DECREF(frame);
+    Py_RETURN_FALSE;
+fail:
+    Py_XDECREF(frame);
+    return NULL;
+}
+
+static PyMethodDef PublishPath_methods[] = {
+    {"publish", (PyCFunction)(void (*)(void))PublishPath_publish, METH_FASTCALL,
+     "publish(outlet, message) -> bool: publish_small_py's compiled twin (True: sent; "
+     "False: nothing done, the general path decides)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PublishPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ezflow._core._speedups.PublishPath",
+    .tp_basicsize = sizeof(PublishPathObject),
+    .tp_dealloc = (destructor)PublishPath_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The compiled one-call small publish (publish_small_py's twin).",
+    .tp_methods = PublishPath_methods,
+    .tp_new = PublishPath_new,
+};
+
 static PyMethodDef module_methods[] = {
     {"small_frames", (PyCFunction)(void (*)(void))small_frames, METH_FASTCALL,
      "small_frames(data, start, end, max_frame_size, slice_below) -> list: the whole "
@@ -976,8 +1430,14 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     str_shape = PyUnicode_InternFromString("shape");
     str_nbytes = PyUnicode_InternFromString("nbytes");
     str_tobytes = PyUnicode_InternFromString("tobytes");
-    if (!str_dtype || !str_shape || !str_nbytes || !str_tobytes) return NULL;
-    if (PyType_Ready(&TemplateType) < 0 || PyType_Ready(&LayoutType) < 0) return NULL;
+    str_flush = PyUnicode_InternFromString("flush");
+    str_out_of_line_above = PyUnicode_InternFromString("out_of_line_above");
+    if (!str_dtype || !str_shape || !str_nbytes || !str_tobytes || !str_flush ||
+        !str_out_of_line_above)
+        return NULL;
+    if (PyType_Ready(&TemplateType) < 0 || PyType_Ready(&LayoutType) < 0 ||
+        PyType_Ready(&PublishPathType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL) return NULL;
     Py_INCREF(&TemplateType);
@@ -989,6 +1449,12 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     Py_INCREF(&LayoutType);
     if (PyModule_AddObject(m, "Layout", (PyObject *)&LayoutType) < 0) {
         Py_DECREF(&LayoutType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&PublishPathType);
+    if (PyModule_AddObject(m, "PublishPath", (PyObject *)&PublishPathType) < 0) {
+        Py_DECREF(&PublishPathType);
         Py_DECREF(m);
         return NULL;
     }

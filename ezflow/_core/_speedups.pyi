@@ -38,3 +38,25 @@ class Layout:
 def small_frames(
     data: memoryview, start: int, end: int, max_frame_size: int, slice_below: int, /
 ) -> list[tuple[int, int, bytes, int, int]]: ...
+
+class PublishPath:
+    """The compiled one-call small publish (``_stream_publish.publish_small_py``'s twin)."""
+
+    def __new__(
+        cls,
+        outlet_type: type,
+        link_type: type,
+        stats_type: type,
+        codec_type: type,
+        template_type: type,
+        tracing: Any,
+        hooks: list[Any],
+        yield_after: int,
+        yield_bytes: int,
+        paced_gap_ns: int,
+        flush_messages: int,
+        flush_bytes: int,
+        data_kind: int,
+        header_size: int,
+    ) -> PublishPath: ...
+    def publish(self, outlet: Any, message: Any, /) -> bool: ...

@@ -13,6 +13,7 @@ from .._core._deprecation import warn_deprecated
 from .._core._exceptions import ClosedResourceError
 from .._core._outlet import Outlet, PublisherStats
 from .._transports import Loans, ShmStats
+from .._transports._stream_publish import publish_small as _publish_small
 
 if TYPE_CHECKING:  # numpy.typing costs ~15 ms to import; annotations only
     from numpy.typing import DTypeLike
@@ -105,7 +106,10 @@ class Publisher:
         the message went to.
         """
         outlet = self._outlet
-        if not outlet.publish_nowait(message):
+        # (one call on the common path of a small message; else the general one)
+        if (_publish_small is None or not _publish_small(outlet, message)) and not (
+            outlet.publish_nowait(message)
+        ):
             await outlet.publish(message)
         if self._loaned:
             loans = self._loans

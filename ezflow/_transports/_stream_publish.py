@@ -10,9 +10,14 @@ import logging
 import socket
 import struct
 import sys
+from collections.abc import Callable
+from time import time_ns
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .._core._codec import EncodedMessage
+from .._core._codec import Codec, EncodedMessage
+from .._core._codec._templates import _Template
+from .._core._compiled import SPEEDUPS
 from .._core._config import (
     DATA_WRITE_BUFFER_LIMIT,
     HANDSHAKE_MAX_FRAME_SIZE,
@@ -20,6 +25,9 @@ from .._core._config import (
     MAX_CHANNELS_PER_PUBLISHER,
 )
 from .._core._config import PACED_GAP_NS as _PACED_GAP_NS
+from .._core._config import (
+    PUBLISH_YIELD_BYTES as _YIELD_BYTES,
+)
 from .._core._config import STREAM_FLUSH_BYTES as _FLUSH_BYTES
 from .._core._config import STREAM_FLUSH_MESSAGES as _FLUSH_MESSAGES
 from .._core._exceptions import (
@@ -42,9 +50,10 @@ from .._core._framing import (
 )
 from .._core._handshake import AcceptingHandshake, Challenge, refuse
 from .._core._liveness import Heartbeat
-from .._core._outlet import Link, Outlet
+from .._core._outlet import _YIELD_AFTER, Link, Outlet, PublisherStats
 from .._core._protocol import PROTOCOL, field
-from .._core._tracing import WireTrace
+from .._core._telemetry import PUBLISH_HOOKS, PublishEvent
+from .._core._tracing import TRACING, TraceState, WireTrace
 from ._stream_frames import (
     HEADER_SIZE,
     control,
@@ -57,7 +66,7 @@ from ._writer import VectoredWriter, WriteHalf, vectored_writes_pay
 if TYPE_CHECKING:
     from ._stream import StreamTransport
 
-__all__ = ["PublisherConnection", "StreamLink"]
+__all__ = ["PublisherConnection", "StreamLink", "publish_small", "publish_small_py"]
 
 log = logging.getLogger("ezflow.stream")
 
@@ -75,8 +84,21 @@ class StreamLink(Link):
     """
 
     needs_encoding = True
+    queues_frames = True
     #: Messages (encoded bytes) above this size are offered to :meth:`send_out_of_line`.
     out_of_line_above: int = sys.maxsize
+
+    # (slots: see Link; publish_small's compiled twin reads them at fixed offsets)
+    __slots__ = (
+        "_flush_scheduled",
+        "_loop",
+        "_queued",
+        "_queued_bytes",
+        "_queued_messages",
+        "_written_ns",
+        "connection",
+        "inline_sends",
+    )
 
     def __init__(self, connection: PublisherConnection, *, lossless: bool, max_size: int) -> None:
         super().__init__(lossless=lossless, max_message_size=max_size)
@@ -238,6 +260,126 @@ class StreamLink(Link):
                 out.write_eof()
             elif self.connection.transport is not None:  # pragma: no cover - stream
                 self.connection.transport.close()  # sockets can always half-close
+
+
+def publish_small_py(outlet: Outlet, message: Any) -> bool:
+    """Publish *message* in one call on the common path of a small message and return
+    True; else change nothing and return False (then ``Outlet.publish_nowait``, and
+    ``Outlet.publish`` if that declines, which decide what the unusual case needs).
+
+    The common path: the outlet is open and would not yield now (``publish_nowait``'s
+    rule), tracing is off and no publish hook is attached, every link is a stream link
+    (``queues_frames``) already collecting this loop turn's frames (its first frame of
+    the turn is written at once, by ``send_small``), with room in its in-flight window
+    (a lossless link would wait, a leaky one park) and not stalled, *message* is of the
+    shape the outlet's codec encoded last (its cached template) and its body is at most
+    the smallest ``max_message_size`` and no link's ``out_of_line_above``, and a handoff
+    outlet's message is not paced (``Outlet._hand_off``). Then, exactly as
+    ``publish_nowait`` -> ``_send_small`` -> ``StreamLink.send_small`` would: the next
+    seq, one DATA frame (header + body) queued on every link (a link's queue flushed at
+    ``STREAM_FLUSH_MESSAGES`` / ``STREAM_FLUSH_BYTES``), the links' sent and inline
+    counters, the outlet's yield counters and its statistics.
+
+    ``publish_small`` is this function's compiled twin (``_speedups.PublishPath``) when
+    the extension is built; tests/test_speedups.py pins the two together: the same
+    return values, frames, counters and errors.
+    """
+    if outlet._closed or outlet._unyielded >= _YIELD_AFTER:
+        return False
+    limit = outlet._fast_limit
+    if limit < 0 or outlet._unyielded_bytes >= _YIELD_BYTES or TRACING.active or PUBLISH_HOOKS:
+        return False
+    links = outlet._links
+    max_count = outlet.max_in_flight
+    max_bytes = outlet.max_in_flight_bytes
+    for link in links:
+        if link.stalled or not link._flush_scheduled:  # type: ignore[attr-defined]
+            return False
+        count = link.sent_count - link.released_count
+        if count >= max_count or (count and link.sent_bytes - link.released_bytes >= max_bytes):
+            return False
+    codec = outlet.codec
+    template = codec._last_template
+    if template is None or template.kind is not type(message):
+        return False
+    body = template.encode_small(message, codec._limit)
+    if body is None:
+        return False
+    size = len(body)
+    if size > limit:
+        return False
+    for link in links:
+        if size > link.out_of_line_above:  # type: ignore[attr-defined]
+            return False
+    now = time_ns()
+    handoff = outlet._handoff
+    if handoff and now - outlet._sent_ns >= _PACED_GAP_NS:
+        return False
+    outlet._seq = seq = outlet._seq + 1
+    for link in links:
+        link.sent_count += 1
+        link.sent_bytes += size
+        link.inline_sends += 1  # type: ignore[attr-defined]
+        link._queued.append(  # type: ignore[attr-defined]
+            DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, now, link.drops) + body
+        )
+        link._queued_messages += 1  # type: ignore[attr-defined]
+        link._queued_bytes += size  # type: ignore[attr-defined]
+        if (
+            link._queued_messages >= _FLUSH_MESSAGES  # type: ignore[attr-defined]
+            or link._queued_bytes >= _FLUSH_BYTES  # type: ignore[attr-defined]
+        ):
+            link.flush()  # type: ignore[attr-defined]
+    if handoff:
+        outlet._sent_ns = time_ns()
+    outlet._unyielded += 1
+    outlet._unyielded_bytes += size
+    stats = outlet.stats
+    stats.messages += 1
+    stats.encodes += 1
+    stats.bytes += size
+    stats.sends += len(links)
+    return True
+
+
+def compiled_publish_small(
+    speedups: ModuleType | None = SPEEDUPS,
+    *,
+    tracing: TraceState = TRACING,
+    hooks: list[Callable[[PublishEvent], object]] = PUBLISH_HOOKS,
+) -> Callable[[Outlet, Any], bool] | None:
+    """``publish_small_py``'s compiled twin (``_speedups.PublishPath``) of *speedups*,
+    the active extension by default; None where no extension is active. *tracing* and
+    *hooks*: what it checks for tracing and publish hooks (the process's, by default:
+    ``publish_small_py`` reads this module's ``TRACING`` and ``PUBLISH_HOOKS``)."""
+    if speedups is None:
+        return None
+    path = speedups.PublishPath(
+        Outlet,
+        StreamLink,
+        PublisherStats,
+        Codec,
+        _Template,
+        tracing,
+        hooks,
+        _YIELD_AFTER,
+        _YIELD_BYTES,
+        _PACED_GAP_NS,
+        _FLUSH_MESSAGES,
+        _FLUSH_BYTES,
+        DATA,
+        HEADER_SIZE,
+    )
+    publish: Callable[[Outlet, Any], bool] = path.publish
+    return publish
+
+
+#: The one-call small publish this process runs (``Publisher.publish`` tries it first):
+#: the compiled twin of ``publish_small_py``, or None on the pure-Python path, where
+#: ``publish_nowait`` alone is cheaper than this function and then ``publish_nowait``
+#: for the messages it declines (measured: docs/architecture.md, "The compiled hot
+#: path").
+publish_small = compiled_publish_small()
 
 
 class PublisherConnection(FramedProtocol):
