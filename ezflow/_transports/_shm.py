@@ -339,6 +339,7 @@ class _ShmChannelConnection(ChannelConnection):
                 view = self.reader.view(Descriptor(name, offset, length, block, generation))
             except (UnicodeDecodeError, ValueError, BrokenResourceError) as exc:
                 raise ProtocolError(f"unusable shared-memory notification: {exc}") from exc
+            self.large_reads += 1
             self.channel.deliver_body(seq, view, drops, sent_ns)
         elif kind == RETIRE:
             try:

@@ -83,7 +83,7 @@ async def main():
     async with ezflow.GraphServer(("127.0.0.1", 0)) as server:
         addr = "%s:%d" % server.address
         wrap = {r: os.environ.get("WRAP_" + r.upper(), "").split() for r in ("sub", "pub")}
-        procs = [await asyncio.create_subprocess_exec(*wrap[r], sys.executable, __file__, TRANSPORT, str(N), SIZE_ARG, PROF or "-", "--role", r, addr) for r in ("sub", "pub")]
+        procs = [await asyncio.create_subprocess_exec(*wrap[r], sys.executable, os.environ.get("EZ_SCRIPT", __file__), TRANSPORT, str(N), SIZE_ARG, PROF or "-", "--role", r, addr) for r in ("sub", "pub")]
         for p in procs: await p.wait()
 
 if "--role" in sys.argv:
