@@ -44,7 +44,7 @@ async def pub_main(addr):
             await pub.publish((0, seq, time.perf_counter_ns(), body))
         await pub.publish((1, -1, 0, body))
         u1 = cpu2()
-        print(f"pub user {1e6*(u1[0]-u0[0])/N:.1f} sys {1e6*(u1[1]-u0[1])/N:.1f} us/msg wall {N/(time.perf_counter()-t0):,.0f}/s", flush=True)
+        print(f"pub user {1e6*(u1[0]-u0[0])/N:.1f} sys {1e6*(u1[1]-u0[1])/N:.1f} us/msg wall {N/(time.perf_counter()-t0):,.0f}/s waits {pub.statistics().waits}", flush=True)
         await asyncio.sleep(0.3)
 
 async def sub_main(addr):
