@@ -532,24 +532,36 @@ class ExportRun:
         samples: list[tuple[list[bytes | memoryview], list[int]]] = []
         if encoding == "ezflow":
             codec = self._codec
+            # The codec's own fast path for small messages (the body as one bytes, at most
+            # 4 KiB, exactly what encode() joins; None when it does not apply): a sixth of
+            # encode()'s time for a small tuple (0.5 against 3.1 µs).
+            encode_small = codec._encode_small
             parts: list[bytes | memoryview] = []
             sizes: list[int] = []
             pos = 0
             for message in batch:
                 try:
-                    encoded = codec.encode(message)
+                    body = encode_small(message)
+                    if body is None:
+                        encoded = codec.encode(message)
+                        nbytes, body_parts = encoded.nbytes, encoded.parts
+                    else:
+                        nbytes = len(body)
                 except Exception as exc:
                     self._refused(Refused("encoding", f"{type(exc).__name__}: {exc}"), self.key)
                     continue
-                if sizes and pos + encoded.nbytes > ZENOH_EXPORT_BATCH_BYTES:
+                if sizes and pos + nbytes > ZENOH_EXPORT_BATCH_BYTES:
                     samples.append((parts, sizes))
                     parts, sizes, pos = [], [], 0
                 pad = -pos & (BATCH_ALIGNMENT - 1)
                 if pad:
                     parts.append(_PADDING[pad])
-                parts += encoded.parts
-                sizes.append(encoded.nbytes)
-                pos += pad + encoded.nbytes
+                if body is None:
+                    parts += body_parts
+                else:
+                    parts.append(body)
+                sizes.append(nbytes)
+                pos += pad + nbytes
             if sizes:
                 samples.append((parts, sizes))
         else:
