@@ -40,6 +40,12 @@ def _cpu_ns(pid: int) -> int:
     return total
 
 
+def _faults(pid: int) -> int:
+    """Minor page faults of process *pid* so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rpartition(")")[2].split()[7])
+
+
 def _threads(pid: int) -> dict[str, int]:
     """CPU ns of each thread of *pid* by name (main; Python's threads python-<tid>)."""
     found: dict[str, int] = {}
@@ -60,7 +66,7 @@ def _start(argv: list[str], ready: str, role: str) -> subprocess.Popen[bytes]:
     if os.environ.get("EZB_PROFILE") == role:
         spy = os.path.join(os.path.dirname(PY), "py-spy")
         out = f"/tmp/bridge_cli_{role}.txt"
-        argv = [spy, "record", "--nonblocking", "-r", "250", "-f", "raw", "-o", out, "--", *argv]
+        argv = [spy, "record", "--native", "-r", "200", "-f", "raw", "-o", out, "--", *argv]
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -120,9 +126,11 @@ def one_round(size: int, count: int) -> dict[str, Any]:
             pass
         pids = {role: _python_pid(proc) for role, proc in procs.items()}
         before = {role: _cpu_ns(pid) for role, pid in pids.items()}
+        faults = {role: _faults(pid) for role, pid in pids.items()}
         threads = {role: _threads(pids[role]) for role in ("exporter", "importer")}
         got = json.loads(receiver.stdout.readline())
         after = {role: _cpu_ns(pid) for role, pid in pids.items()}
+        got["faults"] = {r: round((_faults(pid) - faults[r]) / count, 1) for r, pid in pids.items()}
         for role, was in threads.items():
             now = _threads(pids[role])
             used = {name: (ns - was.get(name, 0)) / 1e3 / count for name, ns in now.items()}
@@ -174,6 +182,7 @@ def main() -> None:
         )
         for role in ("exporter", "importer"):
             print(f"  {role} threads (µs/msg): {got[role]}")
+        print(f"  page faults a message: {got['faults']}")
 
 
 if __name__ == "__main__":
