@@ -31,7 +31,7 @@ pytest.importorskip(
 )
 
 import ezflow
-from ezflow._zenoh._export import ExportRun
+from ezflow._zenoh._export import _POOL_BYTES, ExportRun, _Buffers
 from ezflow.zenoh import (
     Export,
     Import,
@@ -177,6 +177,62 @@ async def test_lossless_numpy_messages_cross_in_order_and_intact(router: str) ->
     assert all(m.shape == (256,) and (m == m[0]).all() for m in received)
     assert stats.lost_remote == 0 and stats.dropped_local == 0
     assert stats.latency_p50_us() is not None
+
+
+def test_large_payload_buffers_are_reused_by_size_and_bounded() -> None:
+    buffers = _Buffers()
+    parts: list[bytes | memoryview] = [
+        b"head",
+        memoryview(np.arange(300_000, dtype=np.uint8)).cast("B"),
+    ]
+    first = buffers.build(parts, 300_004)
+    assert bytes(first) == b"head" + np.arange(300_000, dtype=np.uint8).tobytes()
+    buffers.give_back(first)
+    again = buffers.build([b"x" * 300_004], 300_004)
+    assert again is first and bytes(again) == b"x" * 300_004  # reused, overwritten
+    assert buffers.build([b"y" * 300_004], 300_004) is not first  # (first is out)
+    # Free buffers are kept up to _POOL_BYTES, then dropped.
+    many = [bytearray(1 << 20) for _ in range(_POOL_BYTES // (1 << 20) + 2)]
+    for buffer in many:
+        buffers.give_back(buffer)
+    assert buffers._bytes == _POOL_BYTES
+    built = [buffers.build([b"z" * (1 << 20)], 1 << 20) for _ in many]
+    kept = _POOL_BYTES // (1 << 20)
+    assert sum(any(b is m for m in many) for b in built) == kept  # (the rest are new)
+    assert buffers._bytes == 0
+
+
+async def test_large_and_small_messages_cross_intact_as_each_is_reused(router: str) -> None:
+    """Large payloads are built in reused buffers and small tuples by the codec's fast
+    path: every message must still arrive as it was sent."""
+    settings = ZenohSettings(mode="client", connect=(router,))
+    large = 300 * 1024  # (at least _POOLED: built in a reused buffer)
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(a, settings, exports=[Export("/a/mixed", "test/mixed", lossless=True)]) as ex,
+        ZenohBridge(b, settings, imports=[Import("test/mixed", "/b/mixed", lossless=True)]),
+    ):
+        sink = await b.subscriber("/b/mixed")
+        publisher = await a.publisher("/a/mixed")
+        await publisher.wait_for_channels(1)
+        await routed(ex)
+        count = 120
+
+        async def consume() -> list[Any]:
+            return [await sink.recv() for _ in range(count)]
+
+        consumer = asyncio.ensure_future(consume())
+        for i in range(count):
+            if i % 3 == 0:
+                await publisher.publish(np.full(large, i % 251, dtype=np.uint8))
+            else:
+                await publisher.publish(("small", i, np.full(8, i, dtype=np.int16)))
+        got = await asyncio.wait_for(consumer, 60)
+    for i, have in enumerate(got):
+        if i % 3 == 0:
+            assert have.shape == (large,) and (have == i % 251).all(), i
+        else:
+            assert have[:2] == ("small", i) and (have[2] == i).all(), i
 
 
 async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_peer() -> None:
