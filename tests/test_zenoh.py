@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import signal
@@ -728,18 +729,31 @@ async def test_bridge_unit_in_its_own_process(router: str) -> None:
 
 class Burst(ezflow.Unit):
     """Publishes 0..COUNT-1 as fast as its edges take them (counting what went out),
-    after a second (Zenoh routes meanwhile)."""
+    once the test sets :attr:`go` (Zenoh routed the export: a put before that reaches
+    nobody, and a lossless export that heard no importer yet holds nothing back)."""
 
     COUNT = 2000
     OUTPUT = ezflow.OutputStream(int)
     published = 0
+    go: asyncio.Event
 
     @ezflow.publisher(OUTPUT)
     async def generate(self) -> AsyncIterator[tuple[Any, int]]:
-        await asyncio.sleep(1.0)
+        await Burst.go.wait()
         for i in range(self.COUNT):
             yield self.OUTPUT, i
             Burst.published = i + 1
+
+
+def exporting(topic: str) -> list[ZenohBridge]:
+    """The bridges of this process that export *topic* (a unit keeps its bridge to
+    itself)."""
+    return [
+        bridge
+        for bridge in gc.get_objects()
+        if isinstance(bridge, ZenohBridge)
+        and any(isinstance(run, ExportRun) and run.export.topic == topic for run in bridge._runs)
+    ]
 
 
 async def test_bridge_unit_in_the_publishing_process_peer_to_peer_drains_on_stop() -> None:
@@ -757,6 +771,7 @@ async def test_bridge_unit_in_the_publishing_process_peer_to_peer_drains_on_stop
         )
     endpoint = f"tcp/127.0.0.1:{free_port()}"
     Burst.published = 0
+    Burst.go = asyncio.Event()
     burst = Burst()
     bridge = ZenohBridgeUnit(
         ZenohBridgeSettings(
@@ -790,6 +805,11 @@ async def test_bridge_unit_in_the_publishing_process_peer_to_peer_drains_on_stop
             BURST=burst, BRIDGE=bridge, graph_address="127.0.0.1:0"
         ) as runner:
             assert "BRIDGE" not in runner.processes  # (in this process, with BURST)
+            # (a fixed second for Zenoh's routes was too short at load 10: all 2000 went
+            # out before the importer was heard)
+            await wait_for(lambda: exporting("BURST/OUTPUT"), 30)
+            await routed(*exporting("BURST/OUTPUT"), timeout=30)
+            Burst.go.set()
             await wait_for(lambda: Burst.published > 0, 30)
             await asyncio.sleep(0.3)  # the far side's window fills, the publisher waits
             assert Burst.published < Burst.COUNT
