@@ -1543,7 +1543,8 @@ static PyObject *copy_into(PyObject *module, PyObject *const *args, Py_ssize_t n
     char *to = (char *)dst.buf + offset;
     const char *from = (const char *)src.buf;
     size_t n = (size_t)src.len;
-    int apart = to + n <= from || from + n <= to;
+    uintptr_t t = (uintptr_t)to, f = (uintptr_t)from; /* (unrelated buffers: as integers) */
+    int apart = t + n <= f || f + n <= t;
     Py_BEGIN_ALLOW_THREADS
     if (nontemporal && apart)
         copy_streaming(to, from, n);
