@@ -32,7 +32,11 @@ pytest.importorskip(
 )
 
 import ezflow
+from ezflow._core._codec import Codec
 from ezflow._zenoh._export import _POOL_BYTES, ExportRun, _Buffers
+from ezflow._zenoh._import import ImportRun
+from ezflow._zenoh._mapping import MappingStats
+from ezflow._zenoh._wire import parse_ack
 from ezflow.zenoh import (
     Export,
     Import,
@@ -201,6 +205,33 @@ def test_large_payload_buffers_are_reused_by_size_and_bounded() -> None:
     kept = _POOL_BYTES // (1 << 20)
     assert sum(any(b is m for m in many) for b in built) == kept  # (the rest are new)
     assert buffers._bytes == 0
+
+
+def test_an_import_acknowledges_every_half_window_of_messages() -> None:
+    """Each acknowledgement costs both bridges and the router a Zenoh sample and its
+    wake-ups: an import sends one when its graph took half its window of messages (or a
+    quarter of its bytes), not more often."""
+    run = ImportRun(
+        Import("test/acks", "/acks", lossless=True, queue=16),
+        "test/acks",
+        session=None,
+        context=None,  # type: ignore[arg-type]  # (_took touches neither)
+        codec=Codec(),
+        stats=MappingStats(),
+        name="import test/acks",
+    )
+    sent: list[int | None] = []
+
+    class Recorder:
+        def send(self, key: str, payload: bytes) -> None:
+            sent.append(parse_ack(payload).next)
+
+    run._acks = Recorder()  # type: ignore[assignment]  # (what _AckSender.send gets)
+    for taken in range(1, 41):
+        run._took("test/acks", taken, 64)
+    assert sent == [1, 9, 17, 25, 33]  # the first, then every 8 messages (half of 16)
+    run._took("test/acks", 41, 4 << 20)  # a quarter of ZENOH_QUEUE_BYTES: at once
+    assert sent[-1] == 41
 
 
 async def test_large_and_small_messages_cross_intact_as_each_is_reused(router: str) -> None:

@@ -19,8 +19,10 @@ is the same, kept as an alias (and runs the two roles, ``--role``, in the namesp
 The message is what users write: a tuple ``(phase, seq, t_ns, payload)`` with a numpy
 payload of the given size. Latency: 300 messages paced 5 ms apart, publish → ``recv``
 on CLOCK_MONOTONIC (the namespaces share one kernel clock); throughput: a burst (20,000 x
-64 B, 300 x 1 MiB), msgs/s at the receiver. Prints the medians of the rounds with their
-spread (min-max), each path's ratios to direct tcp and the load average.
+64 B, 300 x 1 MiB), msgs/s at the receiver; CPU: each process's CPU time (every thread,
+/proc/PID/task/*/schedstat) from the sender's first burst message to the receiver's
+result, per burst message. Prints the medians of the rounds with their spread (min-max),
+each path's CPU per message by process, its ratios to direct tcp and the load average.
 """
 
 from __future__ import annotations

@@ -481,7 +481,8 @@ class ExportRun:
 
     def _batch_limit(self) -> int:
         """Messages a batch takes at most: ``ZENOH_EXPORT_BATCH``, and half the smallest
-        importer window (they acknowledge every quarter window: credit keeps coming)."""
+        importer window (they acknowledge every half window in messages: when an
+        acknowledgement comes, one batch has room)."""
         limit = ZENOH_EXPORT_BATCH
         for importer in self._importers.values():
             limit = min(limit, importer.window // 2)
