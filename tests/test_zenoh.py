@@ -33,7 +33,8 @@ pytest.importorskip(
 
 import ezflow
 from ezflow._core._codec import Codec
-from ezflow._zenoh._export import _POOL_BYTES, ExportRun, _Buffers
+from ezflow._core._config import ZENOH_EXPORT_POOL_BYTES
+from ezflow._zenoh._export import ExportRun, _Buffers
 from ezflow._zenoh._import import ImportRun
 from ezflow._zenoh._mapping import MappingStats
 from ezflow._zenoh._wire import parse_ack
@@ -196,13 +197,13 @@ def test_large_payload_buffers_are_reused_by_size_and_bounded() -> None:
     again = buffers.build([b"x" * 300_004], 300_004)
     assert again is first and bytes(again) == b"x" * 300_004  # reused, overwritten
     assert buffers.build([b"y" * 300_004], 300_004) is not first  # (first is out)
-    # Free buffers are kept up to _POOL_BYTES, then dropped.
-    many = [bytearray(1 << 20) for _ in range(_POOL_BYTES // (1 << 20) + 2)]
+    # Free buffers are kept up to ZENOH_EXPORT_POOL_BYTES, then dropped.
+    many = [bytearray(1 << 20) for _ in range(ZENOH_EXPORT_POOL_BYTES // (1 << 20) + 2)]
     for buffer in many:
         buffers.give_back(buffer)
-    assert buffers._bytes == _POOL_BYTES
+    assert buffers._bytes == ZENOH_EXPORT_POOL_BYTES
     built = [buffers.build([b"z" * (1 << 20)], 1 << 20) for _ in many]
-    kept = _POOL_BYTES // (1 << 20)
+    kept = ZENOH_EXPORT_POOL_BYTES // (1 << 20)
     assert sum(any(b is m for m in many) for b in built) == kept  # (the rest are new)
     assert buffers._bytes == 0
 

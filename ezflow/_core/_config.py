@@ -153,6 +153,8 @@ __all__ = [
     "ZENOH_ANSWER_TIMEOUT",
     "ZENOH_EXPORT_BATCH",
     "ZENOH_EXPORT_BATCH_BYTES",
+    "ZENOH_EXPORT_POOLED",
+    "ZENOH_EXPORT_POOL_BYTES",
     "ZENOH_FLEET_HOSTS",
     "ZENOH_IMPORT_STALL",
     "ZENOH_IMPORT_TOPICS",
@@ -239,6 +241,12 @@ ZENOH_ANSWER_TIMEOUT: Final = 5.0
 #: most this much is not yet acknowledged: Zenoh's link queue then has room, so the put
 #: does not wait (none for a second after one waited more than 5 ms anyway).
 ZENOH_INLINE_PUT: Final = 64 * 1024
+#: An export builds a sample of this many bytes or more in a reused buffer (by exact
+#: size; Zenoh's ``put`` copies the payload before it returns) instead of a new bytes
+#: object each time, whose fresh pages cost the process ~120 page faults a MiB; it keeps
+#: at most ZENOH_EXPORT_POOL_BYTES of free buffers.
+ZENOH_EXPORT_POOLED: Final = 256 * 1024
+ZENOH_EXPORT_POOL_BYTES: Final = 8 * 1024 * 1024
 #: Seconds Zenoh's delivery thread waits for room in a full lossless import queue while
 #: the graph takes nothing from it; then that sample, and every one until the graph takes
 #: one again, is dropped and counted (``dropped_local``) - Zenoh's thread is never held
@@ -250,8 +258,9 @@ ZENOH_RESTART_FIRST: Final = 0.1
 ZENOH_RESTART_MAX: Final = 5.0
 #: Lossless flow control between a bridge pair (docs/wire-format.md): an import
 #: acknowledges what its graph took at least every ZENOH_ACK_INTERVAL seconds (and
-#: whenever a quarter of its window was taken); an export forgets an importer it has
-#: not heard from for ZENOH_ACK_TIMEOUT seconds (gone without saying goodbye).
+#: whenever half of its window in messages, or a quarter in bytes, was taken); an export
+#: forgets an importer it has not heard from for ZENOH_ACK_TIMEOUT seconds (gone without
+#: saying goodbye).
 ZENOH_ACK_INTERVAL: Final = 0.5
 ZENOH_ACK_TIMEOUT: Final = 10.0
 #: Topics (keys) one wildcard import publishes on at most; samples of further keys are

@@ -40,6 +40,8 @@ from .._core._config import (
     ZENOH_ACK_TIMEOUT,
     ZENOH_EXPORT_BATCH,
     ZENOH_EXPORT_BATCH_BYTES,
+    ZENOH_EXPORT_POOL_BYTES,
+    ZENOH_EXPORT_POOLED,
     ZENOH_INLINE_PUT,
 )
 from .._core._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
@@ -72,8 +74,6 @@ _THREAD_JOIN = 2.0  # seconds a stopping export waits for its sender thread
 _SENDER_DEPTH = 2  # jobs handed to the sender thread and not done, at most
 _INLINE_SLOW = 0.005  # seconds: an inline put that took longer found the link congested
 _INLINE_PAUSE = 1.0  # seconds without inline puts after such a put
-_POOLED = 256 * 1024  # bytes: a payload this large is built in a reused buffer
-_POOL_BYTES = 8 * 1024 * 1024  # bytes of free payload buffers an export keeps, at most
 
 
 def zenoh_encoding(encoding: str) -> str:
@@ -180,7 +180,7 @@ class _Sender:
 
 
 class _Buffers:
-    """Reused buffers for large payloads (``_POOLED`` bytes or more), by exact size.
+    """Reused buffers for large payloads (``ZENOH_EXPORT_POOLED`` bytes or more), by exact size.
 
     Joining a large sample's parts into a new ``bytes`` costs more than the copy: in an
     exporting process, where the payloads are freed by the sender thread while others
@@ -188,7 +188,7 @@ class _Buffers:
     page faults and 370 µs a join, against 35 µs for the copy into a reused buffer).
     Zenoh's ``put`` copies the payload before it returns, so a buffer is free again
     once its put returned (:meth:`give_back`, from any thread). At most
-    ``_POOL_BYTES`` of free buffers are kept; a stream of one message size (frames,
+    ``ZENOH_EXPORT_POOL_BYTES`` of free buffers are kept; a stream of one message size (frames,
     tensors) reuses the same few."""
 
     def __init__(self) -> None:
@@ -216,10 +216,10 @@ class _Buffers:
 
     def give_back(self, buffer: bytearray) -> None:
         """*buffer* (from :meth:`build`) was put: keep it for the next payload of its
-        size, unless ``_POOL_BYTES`` of free buffers are kept already."""
+        size, unless ``ZENOH_EXPORT_POOL_BYTES`` of free buffers are kept already."""
         nbytes = len(buffer)
         with self._lock:
-            if self._bytes + nbytes <= _POOL_BYTES:
+            if self._bytes + nbytes <= ZENOH_EXPORT_POOL_BYTES:
                 self._free.setdefault(nbytes, []).append(buffer)
                 self._bytes += nbytes
 
@@ -613,7 +613,10 @@ class ExportRun:
                 payload = parts[0]
             else:
                 length = sum(len(part) for part in parts)
-                payload = buffers.build(parts, length) if length >= _POOLED else b"".join(parts)
+                if length >= ZENOH_EXPORT_POOLED:
+                    payload = buffers.build(parts, length)
+                else:
+                    payload = b"".join(parts)
             puts.append((payload, pack_attachment(seq, now, drops, sizes)))
             counts.append(n)
         publisher = self._publisher
