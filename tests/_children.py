@@ -265,7 +265,9 @@ async def publish(args: dict[str, Any]) -> None:
                 await pub.publish(np.array([tag, i], dtype=np.int64))
             if args.get("pace"):
                 await asyncio.sleep(args["pace"])
-        report("done", seq=pub.statistics().messages)
+        # (whether each link hands off the CPU after a paced publish: a channel on this host)
+        handoff = [link.handoff for link in pub._outlet.links]
+        report("done", seq=pub.statistics().messages, handoff=handoff)
         await wait_for_stdin_close()
 
 

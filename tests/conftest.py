@@ -54,6 +54,17 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# -- how many workers ----------------------------------------------------------------------
+#
+# One more than the cores, at most 4: much of the suite waits (on child processes, sockets,
+# routes, deadlines and leases), so one worker per core left cores idle. On 2 cores a third
+# worker took a whole run from 405 to 281 s; the deadline tests allow for the load it adds.
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(4, (cores or 1) + 1)
+
+
 # -- the order files are handed out in ---------------------------------------------------
 #
 # pytest-xdist's loadfile gives each worker a whole file at a time, in the order of the

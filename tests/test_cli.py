@@ -484,8 +484,22 @@ def test_top_once_shows_every_channel(graph: Graph) -> None:
     relay_in = rows["TICKER/SOURCE/OUTPUT"]  # received in RELAY's process, over shm
     assert relay_in["transport"] == "shm"
     assert relay_in["process"] == "ezflow:TICKER/RELAY"
-    assert relay_in["msgs_per_s"] == pytest.approx(RATE, rel=0.3)
     assert relay_in["drops"] == 0
+    # The rate is over the last telemetry interval (0.2 s here: 10 messages), which one
+    # late tick and its catch-up swing by 20-40% on a loaded machine (69.8 at load 8):
+    # top must report the graph's rate, not every window of it.
+    rates: list[float] = []
+
+    def at_rate() -> bool:
+        rows = {row["topic"]: row for row in channels()}
+        rate = rows.get("TICKER/SOURCE/OUTPUT", {}).get("msgs_per_s", 0.0)
+        rates.append(rate)
+        return bool(rate == pytest.approx(RATE, rel=0.3))
+
+    try:
+        _wait_for(at_rate, 10, f"a rate of {RATE} +- 30%")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; reported: {rates}") from None
     table = ezflow_cli("top", "--once", "--address", graph.address)
     assert table.returncode == 0, table.stderr
     assert "TICKER/RELAY/OUTPUT" in table.stdout and "msgs/s" in table.stdout

@@ -199,10 +199,11 @@ class _OutletClocks:
     [
         ("shm", None, True),
         ("shm", ezflow.ShmOptions(handoff=False), False),
-        ("tcp", None, False),
+        ("tcp", None, True),  # (from 127.0.0.1: this host)
+        ("tcp", ezflow.ShmOptions(handoff=False), False),
     ],
 )
-async def test_a_paced_publish_to_shm_subscribers_yields_the_cpu_once(
+async def test_a_paced_publish_to_subscribers_on_this_host_yields_the_cpu_once(
     ctx: ezflow.GraphContext,
     monkeypatch: pytest.MonkeyPatch,
     transport: str,
@@ -210,7 +211,7 @@ async def test_a_paced_publish_to_shm_subscribers_yields_the_cpu_once(
     handoff: bool,
 ) -> None:
     clocks = _OutletClocks(monkeypatch)
-    topic = f"/outlet/handoff/{transport}/{handoff}"
+    topic = f"/outlet/handoff/{transport}/{options is None}"
     pub = await ctx.publisher(topic, shm=options)
     subs = [await ctx.subscriber(topic, transport=transport) for _ in range(2)]
     await pub.wait_for_channels(1)

@@ -52,7 +52,7 @@ from ezflow._core._framing import (
 from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
 from ezflow._transports._segment import ShmSegment
-from ezflow._transports._shm import SegmentUnlinker, ShmTransport
+from ezflow._transports._shm import SegmentUnlinker, ShmTransport, _ShmLink
 from ezflow._transports._shmfiles import shm_dir
 from ezflow._transports._shmring import ShmRing
 
@@ -813,6 +813,27 @@ async def test_a_lossless_shm_subscriber_gets_everything_in_order(shm_pair: Any)
             await asyncio.sleep(0.01)  # a slow moment: the publisher must wait, not drop
     await producing
     assert pub.statistics().waits > 0 and pub.statistics().drops == 0
+
+
+async def test_a_burst_of_large_messages_is_notified_once_a_loop_turn(shm_pair: Any) -> None:
+    """Back to back, the notifications of large messages wait for the end of the loop
+    turn and go together (one write, one wake-up of the subscriber); a paced message's
+    goes out at once, before ``publish`` returns."""
+    pub, sub = await shm_pair("/shm/burst")
+    (link,) = pub._outlet._links
+    assert isinstance(link, _ShmLink)
+    frames = [np.full(300 * KiB, i, dtype=np.uint8) for i in range(8)]
+    for paced in range(3):
+        await asyncio.sleep(0.02)  # the publisher's thread sleeps: the next one is paced
+        await pub.publish(frames[0])
+        assert not link._queued  # written at once
+        await asyncio.sleep(0)  # a turn of the loop, without sleeping: still a burst
+        for frame_ in frames[1:4]:
+            await pub.publish(frame_)
+        assert len(link._queued) == 3  # waiting for the end of the turn, together
+        for i in range(4):
+            assert (await asyncio.wait_for(sub.recv(), 5))[0] == i, paced
+        assert not link._queued
 
 
 # -- crashes -----------------------------------------------------------------------------------

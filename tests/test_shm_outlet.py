@@ -1,9 +1,10 @@
 """One publisher's shared memory (``_transports/_shm_outlet.py``): how a message's parts
 are written into its block.
 
-``_write_parts`` copies large parts with ``numpy.copyto`` (the GIL released) and small
-ones by slice assignment: a differential test pins both to the plain concatenation of
-the parts, and a thread is shown to run during a large copy. Real shared memory (a
+``_write_parts`` copies large parts with ``copy_into`` (the GIL released; streaming
+stores with the C extension) and small ones by slice assignment: a differential test
+pins both to the plain concatenation of the parts, and a thread is shown to run during
+a large copy. Real shared memory (a
 segment of the run's shm directory) throughout.
 """
 

@@ -993,3 +993,83 @@ def test_the_compiled_publish_and_take_leak_nothing_over_1e5_calls() -> None:
         assert link.inline_sends == 101_001 and channel.pending == 0
 
     asyncio.run(main())
+
+
+# -- copy_into: the shm publisher's copy of a large part (issue 28) ---------------------
+
+
+def _copy_outcome(copy: Any, dst: bytearray, offset: int, src: Any, nontemporal: bool) -> Any:
+    got = outcome(lambda: copy(dst, offset, src, nontemporal))
+    return got, bytes(dst)
+
+
+@needs_extension
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.tuples(st.integers(0, 400), st.integers(0, 400)),  # destination, source
+    offset=st.integers(-2, 420),
+    skew=st.integers(0, 17),  # (the source's address within a 16-byte line)
+    nontemporal=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_the_compiled_copy_is_the_python_twin(
+    sizes: tuple[int, int], offset: int, skew: int, nontemporal: bool, seed: int
+) -> None:
+    dst_size, src_size = sizes
+    rng = np.random.default_rng(seed)
+    source = memoryview(bytes(rng.integers(0, 256, skew + src_size, dtype=np.uint8)))[skew:]
+    initial = bytes(rng.integers(0, 256, dst_size, dtype=np.uint8))
+    compiled = _copy_outcome(_speedups.copy_into, bytearray(initial), offset, source, nontemporal)
+    pure = _copy_outcome(_compiled.copy_into_py, bytearray(initial), offset, source, nontemporal)
+    assert compiled == pure
+    if 0 <= offset <= dst_size - src_size:
+        assert compiled[1] == initial[:offset] + bytes(source) + initial[offset + src_size :]
+
+
+@needs_extension
+@pytest.mark.parametrize("nontemporal", [False, True])
+def test_the_compiled_copy_of_a_large_part_and_its_refusals(nontemporal: bool) -> None:
+    source = np.random.default_rng(7).integers(0, 256, (1 << 20) + 77, dtype=np.uint8)
+    for copy in (_speedups.copy_into, _compiled.copy_into_py):
+        block = np.zeros((1 << 20) + 200, np.uint8)
+        copy(block, 19, source, nontemporal)  # (an odd offset: the head is copied apart)
+        assert np.array_equal(block[19 : 19 + source.size], source)
+        assert not block[:19].any() and not block[19 + source.size :].any()
+        # overlapping source and destination: as memmove
+        block[:] = np.arange(block.size, dtype=np.uint64).astype(np.uint8)
+        expected = block.copy()
+        expected[64 : 64 + 4096] = block[:4096]
+        copy(block, 64, block[:4096], nontemporal)
+        assert np.array_equal(block, expected)
+    refused = [
+        (bytes(8), 0, b"x"),  # read-only destination
+        (bytearray(8), 0, np.zeros((4, 4), np.uint8)[:, :2]),  # non-contiguous source
+        (bytearray(8), 0, 5),  # not a buffer
+        (np.zeros((4, 4), np.uint8)[:, :2], 0, b"x"),  # non-contiguous destination
+        (bytearray(8), 7, b"xy"),  # past the end
+        (bytearray(8), -1, b""),  # before the start
+    ]
+    for args in refused:
+        compiled = outcome(lambda args=args: _speedups.copy_into(*args, nontemporal))
+        pure = outcome(lambda args=args: _compiled.copy_into_py(*args, nontemporal))
+        assert compiled == pure and compiled[0] == "raised", args
+
+
+@needs_extension
+def test_the_compiled_copy_leaks_nothing() -> None:
+    block, part = bytearray(4096), bytes(range(256)) * 8
+    calls = [(block, 5, part, True), (block, 0, part, False), (block, 4000, part, True)]
+    calls.append((bytes(8), 0, part, True))
+
+    def run(times: int) -> None:
+        for _ in range(times):
+            for args in calls:
+                with contextlib.suppress(ValueError, TypeError):
+                    _speedups.copy_into(*args)
+
+    run(1000)
+    gc.collect()
+    before = sys.getallocatedblocks()
+    run(25_000)
+    gc.collect()
+    assert sys.getallocatedblocks() - before < 100

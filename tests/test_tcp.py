@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import struct
 from typing import Any
 
@@ -27,11 +28,11 @@ from conftest import loop_kind
 import ezflow
 from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec
-from ezflow._core._framing import ACK, DATA, DATA_PREFIX, END, HELLO, WELCOME
+from ezflow._core._framing import ACK, ACK_BODY, DATA, DATA_PREFIX, END, HELLO, WELCOME
 from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
 from ezflow._transports import _stream_publish
-from ezflow._transports._tcp import TcpTransport
+from ezflow._transports._tcp import TcpTransport, on_this_host
 
 
 def control(kind: int, message: dict[str, Any]) -> bytes:
@@ -284,3 +285,85 @@ async def test_closing_after_the_subscriber_process_exited_unnoticed(
         assert not tcp_of(ctx).connections
     finally:
         await child.aclose()
+
+
+@pytest.mark.parametrize(
+    ("local", "peer", "same"),
+    [
+        (("127.0.0.1", 5000), ("127.0.0.1", 6000), True),
+        (("127.0.0.1", 5000), ("127.1.2.3", 6000), True),  # all of 127/8 is loopback
+        (("::1", 5000, 0, 0), ("::1", 6000, 0, 0), True),
+        (("10.0.0.5", 5000), ("10.0.0.5", 6000), True),  # this host's own address
+        (("::ffff:10.0.0.5", 1, 0, 0), ("10.0.0.5", 2), True),  # (v4 mapped)
+        (("10.0.0.5", 5000), ("10.0.0.6", 6000), False),
+        (("fe80::1%eth0", 1, 0, 2), ("fe80::2%eth0", 2, 0, 2), False),
+        (("10.0.0.5", 5000), None, False),  # (a transport that knows no peer)
+        (("10.0.0.5", 5000), "/tmp/socket", False),
+        (("10.0.0.5", 5000), ("not an address", 1), False),
+        ((), ("127.0.0.1", 1), False),
+    ],
+)
+def test_a_channel_is_on_this_host_from_loopback_or_its_own_address(
+    local: object, peer: object, same: bool
+) -> None:
+    assert on_this_host(local, peer) is same
+
+
+async def test_a_tcp_channel_on_this_host_gets_the_handoff_unless_the_publisher_declines(
+    ctx: ezflow.GraphContext,
+) -> None:
+    # (test_outlet.py counts the yields; test_multihost.py has one from another host)
+    handoffs = []
+    for options in (None, ezflow.ShmOptions(handoff=False)):
+        pub = await ctx.publisher(f"/tcp/handoff/{options is None}", shm=options)
+        await ctx.subscriber(pub.topic, transport="tcp")
+        await pub.wait_for_channels(1)
+        handoffs.append([link.handoff for link in pub._outlet.links])
+    assert handoffs == [[True], [False]]
+
+
+async def test_a_flowing_stream_of_large_messages_is_acknowledged_every_quarter_window() -> None:
+    """While large frames keep arriving, the channel acknowledges at each quarter of the
+    window (16 of 64 messages here), not at the end of every loop iteration that took
+    one; once the stream pauses, everything taken is acknowledged at once. (The
+    publisher: a thread writing as fast as the socket takes it, as another process.)
+    uvloop reads whatever the socket holds in one callback (libuv loops on ``read``),
+    so the subscriber then takes the messages with no read in between: every take is
+    acknowledged as before; there the test checks that all of them are.)"""
+    count, window = 48, 64
+    body = Codec().encode(np.arange(25_000, dtype=np.float32)).to_bytes()  # 100 KB
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+    acks: list[int] = []
+
+    def publish() -> None:
+        conn, _ = listener.accept()
+        with conn, conn.makefile("rb") as incoming:
+            conn.settimeout(10)
+            (size,) = struct.unpack("<I", incoming.read(4))
+            incoming.read(size)  # HELLO
+            welcome = {"op": "welcome", "ok": True, "max_in_flight": window}
+            conn.sendall(control(WELCOME, {**welcome, "max_in_flight_bytes": 1 << 30}))
+            conn.sendall(b"".join(data_frame(seq, body) for seq in range(1, count + 1)))
+            while not acks or acks[-1] < count:
+                (size,) = struct.unpack("<I", incoming.read(4))
+                frame_body = incoming.read(size)
+                if frame_body[0] == ACK:
+                    acks.append(ACK_BODY.unpack(frame_body)[1])
+
+    port = listener.getsockname()[1]
+    info = PublisherInfo("p-fake", "/fake", "c0", "h", 1, ("127.0.0.1", port))
+    transport, channel, inbox, lost = channel_for_fake()
+    publisher = asyncio.ensure_future(asyncio.to_thread(publish))
+    try:
+        inbound = await transport.open_channel(channel, info, on_lost=lost.set)
+        for _ in range(count):
+            assert (await asyncio.wait_for(inbox.get(), 10)).nbytes == 100_000
+        await asyncio.wait_for(publisher, 10)  # the stream paused: all of it acknowledged
+        assert acks == sorted(acks) and acks[-1] == count
+        if loop_kind() == "asyncio":
+            assert len(acks) <= count // 2, acks
+        inbound.close()
+    finally:
+        listener.close()
+        await transport.aclose()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from typing import Any
 import _netns as netns
 import numpy as np
 import pytest
+from _load import overcommit
 from _proc import Child
 from conftest import loop_kind
 from hypothesis import given
@@ -30,7 +32,12 @@ pytest.importorskip(
 )
 
 import ezflow
-from ezflow._zenoh._export import ExportRun
+from ezflow._core._codec import Codec
+from ezflow._core._config import ZENOH_EXPORT_POOL_BYTES
+from ezflow._zenoh._export import ExportRun, _Buffers
+from ezflow._zenoh._import import ImportRun
+from ezflow._zenoh._mapping import MappingStats
+from ezflow._zenoh._wire import parse_ack
 from ezflow.zenoh import (
     Export,
     Import,
@@ -176,6 +183,89 @@ async def test_lossless_numpy_messages_cross_in_order_and_intact(router: str) ->
     assert all(m.shape == (256,) and (m == m[0]).all() for m in received)
     assert stats.lost_remote == 0 and stats.dropped_local == 0
     assert stats.latency_p50_us() is not None
+
+
+def test_large_payload_buffers_are_reused_by_size_and_bounded() -> None:
+    buffers = _Buffers()
+    parts: list[bytes | memoryview] = [
+        b"head",
+        memoryview(np.arange(300_000, dtype=np.uint8)).cast("B"),
+    ]
+    first = buffers.build(parts, 300_004)
+    assert bytes(first) == b"head" + np.arange(300_000, dtype=np.uint8).tobytes()
+    buffers.give_back(first)
+    again = buffers.build([b"x" * 300_004], 300_004)
+    assert again is first and bytes(again) == b"x" * 300_004  # reused, overwritten
+    assert buffers.build([b"y" * 300_004], 300_004) is not first  # (first is out)
+    # Free buffers are kept up to ZENOH_EXPORT_POOL_BYTES, then dropped.
+    many = [bytearray(1 << 20) for _ in range(ZENOH_EXPORT_POOL_BYTES // (1 << 20) + 2)]
+    for buffer in many:
+        buffers.give_back(buffer)
+    assert buffers._bytes == ZENOH_EXPORT_POOL_BYTES
+    built = [buffers.build([b"z" * (1 << 20)], 1 << 20) for _ in many]
+    kept = ZENOH_EXPORT_POOL_BYTES // (1 << 20)
+    assert sum(any(b is m for m in many) for b in built) == kept  # (the rest are new)
+    assert buffers._bytes == 0
+
+
+def test_an_import_acknowledges_every_half_window_of_messages() -> None:
+    """Each acknowledgement costs both bridges and the router a Zenoh sample and its
+    wake-ups: an import sends one when its graph took half its window of messages (or a
+    quarter of its bytes), not more often."""
+    run = ImportRun(
+        Import("test/acks", "/acks", lossless=True, queue=16),
+        "test/acks",
+        session=None,
+        context=None,  # type: ignore[arg-type]  # (_took touches neither)
+        codec=Codec(),
+        stats=MappingStats(),
+        name="import test/acks",
+    )
+    sent: list[int | None] = []
+
+    class Recorder:
+        def send(self, key: str, payload: bytes) -> None:
+            sent.append(parse_ack(payload).next)
+
+    run._acks = Recorder()  # type: ignore[assignment]  # (what _AckSender.send gets)
+    for taken in range(1, 41):
+        run._took("test/acks", taken, 64)
+    assert sent == [1, 9, 17, 25, 33]  # the first, then every 8 messages (half of 16)
+    run._took("test/acks", 41, 4 << 20)  # a quarter of ZENOH_QUEUE_BYTES: at once
+    assert sent[-1] == 41
+
+
+async def test_large_and_small_messages_cross_intact_as_each_is_reused(router: str) -> None:
+    """Large payloads are built in reused buffers and small tuples by the codec's fast
+    path: every message must still arrive as it was sent."""
+    settings = ZenohSettings(mode="client", connect=(router,))
+    large = 300 * 1024  # (at least _POOLED: built in a reused buffer)
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(a, settings, exports=[Export("/a/mixed", "test/mixed", lossless=True)]) as ex,
+        ZenohBridge(b, settings, imports=[Import("test/mixed", "/b/mixed", lossless=True)]),
+    ):
+        sink = await b.subscriber("/b/mixed")
+        publisher = await a.publisher("/a/mixed")
+        await publisher.wait_for_channels(1)
+        await routed(ex)
+        count = 120
+
+        async def consume() -> list[Any]:
+            return [await sink.recv() for _ in range(count)]
+
+        consumer = asyncio.ensure_future(consume())
+        for i in range(count):
+            if i % 3 == 0:
+                await publisher.publish(np.full(large, i % 251, dtype=np.uint8))
+            else:
+                await publisher.publish(("small", i, np.full(8, i, dtype=np.int16)))
+        got = await asyncio.wait_for(consumer, 60)
+    for i, have in enumerate(got):
+        if i % 3 == 0:
+            assert have.shape == (large,) and (have == i % 251).all(), i
+        else:
+            assert have[:2] == ("small", i) and (have[2] == i).all(), i
 
 
 async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_peer() -> None:
@@ -622,7 +712,7 @@ async def test_a_slow_subscriber_holds_the_publisher_on_the_other_host(
     assert published >= 0.8 * done["elapsed"], (published, done["elapsed"])
     # Within the documented bound: 2 x ZENOH_QUEUE_BYTES and a sample (+ 100 MiB of Python).
     assert rss < 2 * 16 + 1 + 100, rss
-    assert took < drain + 1.0
+    assert took < drain + 1.0 * overcommit(), (took, overcommit())  # (1.30 s at load 8)
     # Every message arrived, or is counted where it was cut.
     cut = imported["lost_in_flight"] + exported["lost_in_flight"]
     assert len(values) + cut >= count, (len(values), imported, exported)  # (cut: in-process)
@@ -671,18 +761,31 @@ async def test_bridge_unit_in_its_own_process(router: str) -> None:
 
 class Burst(ezflow.Unit):
     """Publishes 0..COUNT-1 as fast as its edges take them (counting what went out),
-    after a second (Zenoh routes meanwhile)."""
+    once the test sets :attr:`go` (Zenoh routed the export: a put before that reaches
+    nobody, and a lossless export that heard no importer yet holds nothing back)."""
 
     COUNT = 2000
     OUTPUT = ezflow.OutputStream(int)
     published = 0
+    go: asyncio.Event
 
     @ezflow.publisher(OUTPUT)
     async def generate(self) -> AsyncIterator[tuple[Any, int]]:
-        await asyncio.sleep(1.0)
+        await Burst.go.wait()
         for i in range(self.COUNT):
             yield self.OUTPUT, i
             Burst.published = i + 1
+
+
+def exporting(topic: str) -> list[ZenohBridge]:
+    """The bridges of this process that export *topic* (a unit keeps its bridge to
+    itself)."""
+    return [
+        bridge
+        for bridge in gc.get_objects()
+        if isinstance(bridge, ZenohBridge)
+        and any(isinstance(run, ExportRun) and run.export.topic == topic for run in bridge._runs)
+    ]
 
 
 async def test_bridge_unit_in_the_publishing_process_peer_to_peer_drains_on_stop() -> None:
@@ -700,6 +803,7 @@ async def test_bridge_unit_in_the_publishing_process_peer_to_peer_drains_on_stop
         )
     endpoint = f"tcp/127.0.0.1:{free_port()}"
     Burst.published = 0
+    Burst.go = asyncio.Event()
     burst = Burst()
     bridge = ZenohBridgeUnit(
         ZenohBridgeSettings(
@@ -733,6 +837,11 @@ async def test_bridge_unit_in_the_publishing_process_peer_to_peer_drains_on_stop
             BURST=burst, BRIDGE=bridge, graph_address="127.0.0.1:0"
         ) as runner:
             assert "BRIDGE" not in runner.processes  # (in this process, with BURST)
+            # (a fixed second for Zenoh's routes was too short at load 10: all 2000 went
+            # out before the importer was heard)
+            await wait_for(lambda: exporting("BURST/OUTPUT"), 30)
+            await routed(*exporting("BURST/OUTPUT"), timeout=30)
+            Burst.go.set()
             await wait_for(lambda: Burst.published > 0, 30)
             await asyncio.sleep(0.3)  # the far side's window fills, the publisher waits
             assert Burst.published < Burst.COUNT

@@ -11,11 +11,15 @@ twin. docs/architecture.md ("The compiled hot path") says what is compiled and w
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 from ._config import ENV_PURE_PYTHON
 
-__all__ = ["SPEEDUPS", "active_path"]
+__all__ = ["SPEEDUPS", "active_path", "copy_into", "copy_into_py"]
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -34,3 +38,40 @@ SPEEDUPS, _PATH = _load()
 def active_path() -> str:
     """Which codec path this process runs, and why, in a few words."""
     return _PATH
+
+
+def copy_into_py(dst: Any, offset: int, src: Any, nontemporal: bool) -> None:
+    """Copy the bytes of the contiguous buffer *src* into the writable contiguous buffer
+    *dst* at *offset*, with the GIL released (``numpy.copyto``: a ``memmove``).
+
+    Raises ``TypeError`` when *src* is not a C-contiguous buffer or *dst* not a
+    writable one, ``ValueError`` when the span lies outside *dst*. *nontemporal* asks for stores
+    that bypass the cache; only ``_speedups.copy_into``, the compiled twin, can make
+    them (tests/test_speedups.py pins the two together): the shm publisher's copy of a
+    part of ``SHM_COPY_NT_BYTES`` or more.
+    """
+    try:
+        source = memoryview(src)
+    except TypeError:
+        source = None
+    if source is None or not source.c_contiguous:
+        raise TypeError("copy_into: the source is not a contiguous buffer")
+    try:
+        target = memoryview(dst)
+    except TypeError:
+        target = None
+    if target is None or target.readonly or not target.c_contiguous:
+        raise TypeError("copy_into: the destination is not a writable contiguous buffer")
+    n, length = source.nbytes, target.nbytes
+    if offset < 0 or offset > length or n > length - offset:
+        raise ValueError(f"copy_into: {n} bytes at {offset} of a buffer of {length} bytes")
+    np.copyto(
+        np.frombuffer(target.cast("B"), np.uint8, n, offset),
+        np.frombuffer(source.cast("B"), np.uint8, n),
+    )
+
+
+#: The copy this process runs: ``_speedups.copy_into`` or :func:`copy_into_py`.
+copy_into: Callable[[Any, int, Any, bool], None] = (
+    copy_into_py if SPEEDUPS is None else SPEEDUPS.copy_into
+)

@@ -122,6 +122,7 @@ __all__ = [
     "ROUTE_APPLY_TIMEOUT",
     "SERVER_CLIENT_BACKLOG",
     "SHM_COPY_NOGIL_BYTES",
+    "SHM_COPY_NT_BYTES",
     "SHM_FREE_PER_FRAME",
     "SHM_LOAN_ROOM",
     "SHM_MAX_MAPPED_SEGMENTS",
@@ -152,6 +153,8 @@ __all__ = [
     "ZENOH_ANSWER_TIMEOUT",
     "ZENOH_EXPORT_BATCH",
     "ZENOH_EXPORT_BATCH_BYTES",
+    "ZENOH_EXPORT_POOLED",
+    "ZENOH_EXPORT_POOL_BYTES",
     "ZENOH_FLEET_HOSTS",
     "ZENOH_IMPORT_STALL",
     "ZENOH_IMPORT_TOPICS",
@@ -238,6 +241,12 @@ ZENOH_ANSWER_TIMEOUT: Final = 5.0
 #: most this much is not yet acknowledged: Zenoh's link queue then has room, so the put
 #: does not wait (none for a second after one waited more than 5 ms anyway).
 ZENOH_INLINE_PUT: Final = 64 * 1024
+#: An export builds a sample of this many bytes or more in a reused buffer (by exact
+#: size; Zenoh's ``put`` copies the payload before it returns) instead of a new bytes
+#: object each time, whose fresh pages cost the process ~120 page faults a MiB; it keeps
+#: at most ZENOH_EXPORT_POOL_BYTES of free buffers.
+ZENOH_EXPORT_POOLED: Final = 256 * 1024
+ZENOH_EXPORT_POOL_BYTES: Final = 8 * 1024 * 1024
 #: Seconds Zenoh's delivery thread waits for room in a full lossless import queue while
 #: the graph takes nothing from it; then that sample, and every one until the graph takes
 #: one again, is dropped and counted (``dropped_local``) - Zenoh's thread is never held
@@ -249,8 +258,9 @@ ZENOH_RESTART_FIRST: Final = 0.1
 ZENOH_RESTART_MAX: Final = 5.0
 #: Lossless flow control between a bridge pair (docs/wire-format.md): an import
 #: acknowledges what its graph took at least every ZENOH_ACK_INTERVAL seconds (and
-#: whenever a quarter of its window was taken); an export forgets an importer it has
-#: not heard from for ZENOH_ACK_TIMEOUT seconds (gone without saying goodbye).
+#: whenever half of its window in messages, or a quarter in bytes, was taken); an export
+#: forgets an importer it has not heard from for ZENOH_ACK_TIMEOUT seconds (gone without
+#: saying goodbye).
 ZENOH_ACK_INTERVAL: Final = 0.5
 ZENOH_ACK_TIMEOUT: Final = 10.0
 #: Topics (keys) one wildcard import publishes on at most; samples of further keys are
@@ -298,8 +308,8 @@ DATA_WRITE_BUFFER_LIMIT: Final = 16 * 1024 * 1024
 #: "Paced", one rule for the data path (docs/transports.md): a message sent this many
 #: nanoseconds (50 µs) or more after the previous one. A data connection schedules no
 #: end-of-iteration flush behind a paced message written at once, and a paced publish to
-#: shm channels by a publisher whose thread slept meanwhile ends with a CPU yield
-#: (``ShmOptions.handoff``).
+#: channels on this host (shm, or tcp from a loopback or this host's address) by a
+#: publisher whose thread slept meanwhile ends with a CPU yield (``ShmOptions.handoff``).
 PACED_GAP_NS: Final = 50_000
 #: A data connection writes the messages queued in one event-loop iteration early (one
 #: vectored write) once this many are queued ...
@@ -397,6 +407,14 @@ SHM_LOAN_ROOM: Final = 4 * 1024
 #: it up and getting it back, and a busy thread could keep it from the event loop for up
 #: to the switch interval (5 ms). About 35-60 µs of copy at 1 MiB on the reference machine.
 SHM_COPY_NOGIL_BYTES: Final = 1024 * 1024
+#: A part of a message at least this large is copied into its shared-memory block with
+#: non-temporal (streaming) stores where the C extension can make them (x86-64): stores
+#: that bypass the cache instead of first reading every line they write. The block is
+#: for another process to read, and a part this large would evict most of the writer's
+#: own cache (2 MiB of L2 a core on the reference machine). Measured there (2 processes,
+#: load 7): the 24.9 MB frame's copy 2.8-3.5 ms -> 1.9 ms; the publisher of 1 MiB
+#: messages 180-185 -> 104-111 µs of CPU a message, its subscriber 58-65 -> 36-44 µs.
+SHM_COPY_NT_BYTES: Final = 1024 * 1024
 #: Shared-memory segments a receiving process keeps mapped per channel; the least
 #: recently used one is unmapped beyond it (arrays still viewing it keep their mapping).
 SHM_MAX_MAPPED_SEGMENTS: Final = 64
@@ -465,9 +483,10 @@ class ShmOptions:
       leasing a block for it.
 
     With *handoff* (the default), a paced publish - one that starts ``PACED_GAP_NS`` or
-    more after the previous one was sent (and after any yield), time spent waiting for room not
-    counted, by a publisher whose thread slept meanwhile (its event loop was idle; not
-    busy, not preempted) - that went to at least one shm subscriber ends with the
+    more after the previous one was sent (and after any yield), time spent waiting for
+    room not counted, by a publisher whose thread slept meanwhile (its event loop was
+    idle; not busy, not preempted) - that went to at least one subscriber on this host
+    (over shm, or over tcp from a loopback address or this host's own) ends with the
     publisher yielding its CPU (``sched_yield``) once every subscriber's copy is
     written. A subscriber process that the message woke on the same CPU then runs at
     once, instead of after the rest of the publisher's event-loop turn; where it was

@@ -230,6 +230,9 @@ class Link(ABC):
 class Outlet:
     """The sending half of one publisher."""
 
+    #: whether a paced publish to channels on this host may end with a CPU yield (the
+    #: publisher's ``ShmOptions.handoff``; each link says whether it leads to this host)
+    handoff: bool = True
     # Slots: the one-call small publish (``ezflow._transports._stream_publish``,
     # ``publish_small``; its compiled twin reads them at fixed offsets).
     __slots__ = (

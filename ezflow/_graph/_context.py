@@ -453,6 +453,7 @@ class GraphContext:
             max_in_flight_bytes=max_in_flight_bytes,
             stall_timeout=stall_timeout,
         )
+        outlet.handoff = ShmOptions().handoff if shm is None else shm.handoff
         transports.add_outlet(outlet, shm=shm)
         publisher = Publisher(outlet, transports.loans(outlet), self._close_publisher)
         self._publishers[outlet.publisher_id] = publisher

@@ -19,8 +19,10 @@ is the same, kept as an alias (and runs the two roles, ``--role``, in the namesp
 The message is what users write: a tuple ``(phase, seq, t_ns, payload)`` with a numpy
 payload of the given size. Latency: 300 messages paced 5 ms apart, publish → ``recv``
 on CLOCK_MONOTONIC (the namespaces share one kernel clock); throughput: a burst (20,000 x
-64 B, 300 x 1 MiB), msgs/s at the receiver. Prints the medians of the rounds with their
-spread (min-max), each path's ratios to direct tcp and the load average.
+64 B, 300 x 1 MiB), msgs/s at the receiver; CPU: each process's CPU time (every thread,
+/proc/PID/task/*/schedstat) from the sender's first burst message to the receiver's
+result, per burst message. Prints the medians of the rounds with their spread (min-max),
+each path's CPU per message by process, its ratios to direct tcp and the load average.
 """
 
 from __future__ import annotations
@@ -153,6 +155,7 @@ async def _send(address: str, topic: str, size: int, peer: str | None = None) ->
         for seq in range(PACED):
             await pub.publish((1, seq, time.monotonic_ns(), payload))
             await asyncio.sleep(PACE)
+        print("burst", flush=True)  # (the CPU of the burst is measured from here)
         for seq in range(BURST[size]):
             await pub.publish((0, seq, time.monotonic_ns(), payload))
         await pub.publish((2, 0, 0, payload[:1]))
@@ -223,6 +226,7 @@ def _zenoh_send(peer: str, size: int) -> None:
         for seq in range(PACED):
             publisher.put(_HEADER.pack(1, seq, time.monotonic_ns()) + payload)
             time.sleep(PACE)
+        print("burst", flush=True)  # (the CPU of the burst is measured from here)
         for seq in range(BURST[size]):
             publisher.put(_HEADER.pack(0, seq, time.monotonic_ns()) + payload)
         publisher.put(_HEADER.pack(2, 0, 0))
@@ -314,6 +318,20 @@ async def _process(argv: list[str], ready: str, env: dict[str, str]) -> AsyncIte
                 await asyncio.wait_for(proc.wait(), 10)
 
 
+def _cpu_ns(pid: int) -> int:
+    """CPU time (ns) of every live thread of process *pid* (its schedstat: finer than
+    the clock ticks of getrusage)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with (
+                contextlib.suppress(OSError, ValueError, IndexError),
+                open(f"/proc/{pid}/task/{task}/schedstat") as stat,
+            ):
+                total += int(stat.read().split()[0])
+    return total
+
+
 def _address(banner: str) -> str:
     found = re.search(r"listening on ([^\s,;]+)", banner)
     if found is None:
@@ -330,8 +348,10 @@ async def _measure(a: str, b: str, path: str, size: int, env: dict[str, str]) ->
     topic = "/bench"
     async with contextlib.AsyncExitStack() as stack:
         peer: list[str] = []
+        others: dict[str, Any] = {}  # the path's other processes, by role
         if path == "direct":
             server = await stack.enter_async_context(await _serve(a, HOST_A, env))
+            others["server"] = server
             address = _address(server.first_line)
             send_at, receive_at = address, address
         elif path == "zenoh":
@@ -345,9 +365,10 @@ async def _measure(a: str, b: str, path: str, size: int, env: dict[str, str]) ->
             peer = [endpoint]
             await asyncio.sleep(1.0)  # Zenoh routes the subscriber to the publisher
         elif path == "in-process":
-            addresses = []
+            addresses: list[str] = []
             for ns in (a, b):
                 server = await stack.enter_async_context(await _serve(ns, "127.0.0.1", env))
+                others[f"server {len(addresses) + 1}"] = server
                 addresses.append(_address(server.first_line))
             send_at, receive_at = addresses
             peer = ["--peer", f"tcp/{HOST_A}:7447"]
@@ -363,9 +384,10 @@ async def _measure(a: str, b: str, path: str, size: int, env: dict[str, str]) ->
             addresses = []
             for ns in (a, b):
                 server = await stack.enter_async_context(await _serve(ns, "127.0.0.1", env))
+                others[f"server {len(addresses) + 1}"] = server
                 addresses.append(_address(server.first_line))
             router = f"tcp/{HOST_A}:7447"
-            await stack.enter_async_context(
+            others["router"] = await stack.enter_async_context(
                 _process(
                     _in(a, "-m", "ezflow", "zenoh", "router", "--listen", router), "listening", env
                 )
@@ -374,7 +396,9 @@ async def _measure(a: str, b: str, path: str, size: int, env: dict[str, str]) ->
                 (a, addresses[0], ["--export", f"{topic}=bench/data"]),
                 (b, addresses[1], ["--import", f"bench/data={topic}"]),
             ):
-                await stack.enter_async_context(
+                others[
+                    "exporter" if "--export" in mapping else "importer"
+                ] = await stack.enter_async_context(
                     _process(
                         _in(
                             ns,
@@ -402,13 +426,24 @@ async def _measure(a: str, b: str, path: str, size: int, env: dict[str, str]) ->
             sender = await stack.enter_async_context(
                 _process(_in(a, *me, "send", send_at, topic, str(size)), "ready", env)
             )
-        assert sender.stdin is not None and receiver.stdout is not None
+        assert sender.stdin is not None and sender.stdout is not None
+        assert receiver.stdout is not None
         sender.stdin.write(b"go\n")
         await sender.stdin.drain()
+        while b"burst" not in await asyncio.wait_for(sender.stdout.readline(), 300):
+            pass
+        processes = {"sender": sender, "receiver": receiver, **others}
+        before = {role: _cpu_ns(proc.pid) for role, proc in processes.items()}
         line = await asyncio.wait_for(receiver.stdout.readline(), 300)
+        after = {role: _cpu_ns(proc.pid) for role, proc in processes.items()}
         sender.stdin.write(b"done\n")
         await sender.stdin.drain()
-        return dict(json.loads(line))
+        found = dict(json.loads(line))
+        # CPU per message of the burst, each process (µs; what the load does not decide)
+        found["cpu_us"] = {
+            role: (after[role] - before[role]) / 1e3 / BURST[size] for role in processes
+        }
+        return found
 
 
 async def _run(rounds: int, paths: tuple[str, ...], sizes: tuple[int, ...]) -> None:
@@ -435,6 +470,15 @@ async def _run(rounds: int, paths: tuple[str, ...], sizes: tuple[int, ...]) -> N
             f"({min(p50s):5.0f}-{max(p50s):5.0f}) {medians[path, size][1]:10,.0f} "
             f"({min(rates):7,.0f}-{max(rates):7,.0f})"
         )
+    print("CPU per message of the burst (µs, medians; every thread of each process):")
+    for (path, size), runs in sorted(
+        results.items(), key=lambda kv: (kv[0][1], PATHS.index(kv[0][0]))
+    ):
+        cpu = {
+            role: statistics.median(r["cpu_us"][role] for r in runs) for role in runs[0]["cpu_us"]
+        }
+        listed = ", ".join(f"{role} {us:.1f}" for role, us in cpu.items())
+        print(f"{path:10} {_label(size):>6} total {sum(cpu.values()):7.1f}: {listed}")
     for size in sizes:
         for path in paths:
             if path != "direct" and ("direct", size) in medians:

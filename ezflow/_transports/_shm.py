@@ -65,6 +65,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from time import time_ns as _time_ns
 from typing import Any, ClassVar
 
 import numpy as np
@@ -72,6 +73,7 @@ import numpy as np
 from .._core._auth import Credentials
 from .._core._channel import Channel
 from .._core._codec import Codec, EncodedMessage
+from .._core._config import PACED_GAP_NS as _PACED_GAP_NS
 from .._core._config import SHM_FREE_PER_FRAME as _FREE_PER_FRAME
 from .._core._config import SHM_SWEEP_DELAYS as _SWEEP_DELAYS
 from .._core._config import ShmOptions
@@ -86,7 +88,7 @@ from .._core._framing import (
     SHM_PREFIX,
     frame,
 )
-from .._core._outlet import Outlet
+from .._core._outlet import _RUSAGE_THREAD, Outlet, _voluntary_switches
 from .._core._protocol import PublisherInfo, field
 from ._base import Loans, Transport, TransportSettings
 from ._ezring_files import sweep_stale_rings
@@ -267,7 +269,9 @@ class _ShmLink(StreamLink):
         super().__init__(connection, lossless=lossless, max_size=max_size)
         self.shm = shm
         self.out_of_line_above = shm.options.inline_limit
-        self.handoff = shm.options.handoff
+        self.handoff = shm.options.handoff  # (the outlet's, for every same-host link)
+        self._placed_ns = 0  # time_ns when the last message placed in shm was
+        self._slept = -1  # _voluntary_switches() when _back_to_back last asked
 
     def send_out_of_line(
         self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage
@@ -278,6 +282,12 @@ class _ShmLink(StreamLink):
             return False
         d, name = placed
         self.shm.stats.zero_copy += 1
+        if not self._flush_scheduled and self._back_to_back(time_ns):
+            # The notification goes at the end of the loop iteration with the others of
+            # the burst: one write and one wake-up of the subscriber for several large
+            # messages, not one each. A paced message's goes out at once (queue_frame).
+            self._flush_scheduled = True
+            self._loop.call_soon(self._end_of_iteration)
         self.queue_frame(
             SHM_PREFIX.pack(
                 SHM_HEADER.size + len(name),
@@ -293,7 +303,21 @@ class _ShmLink(StreamLink):
             )
             + name
         )
+        self._placed_ns = _time_ns()
         return True
+
+    def _back_to_back(self, started: int) -> bool:
+        """Whether the message published at *started* (``time_ns``) follows the last one
+        placed back to back: within ``PACED_GAP_NS``, or later without this thread
+        sleeping since we last looked (a yield to its event loop, preemption) - the
+        outlet's test of a paced publish (``Outlet._hand_off``), which reads the
+        context switches (a system call) only when the gap is long."""
+        if started - self._placed_ns < _PACED_GAP_NS:
+            return True
+        if _RUSAGE_THREAD is None:  # pragma: no cover - not on Linux
+            return False
+        slept, self._slept = self._slept, _voluntary_switches()
+        return slept == self._slept
 
 
 # -- subscriber side -----------------------------------------------------------------------
@@ -339,6 +363,7 @@ class _ShmChannelConnection(ChannelConnection):
                 view = self.reader.view(Descriptor(name, offset, length, block, generation))
             except (UnicodeDecodeError, ValueError, BrokenResourceError) as exc:
                 raise ProtocolError(f"unusable shared-memory notification: {exc}") from exc
+            self.large_reads += 1
             self.channel.deliver_body(seq, view, drops, sent_ns)
         elif kind == RETIRE:
             try:

@@ -16,6 +16,7 @@ seconds is declared dead.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -23,13 +24,32 @@ from typing import Any, ClassVar
 from .._core._auth import Credentials
 from .._core._config import Address, format_address
 from .._core._liveness import tune_keepalive
+from .._core._outlet import Outlet
 from .._core._protocol import PublisherInfo
 from ._base import Transport, TransportSettings
 from ._stream import StreamTransport
 from ._stream_channel import ChannelConnection
-from ._stream_publish import PublisherConnection
+from ._stream_publish import PublisherConnection, StreamLink
 
 __all__ = ["TcpTransport"]
+
+
+def on_this_host(local: object, peer: object) -> bool:
+    """Whether a connection between socket addresses *local* and *peer* (as
+    ``getsockname`` / ``getpeername`` give them) stays on this host: the peer is a
+    loopback address or this very address. False for anything else, unknown included."""
+    if not (isinstance(local, tuple) and isinstance(peer, tuple) and local and peer):
+        return False
+    try:
+        here = ipaddress.ip_address(str(local[0]).split("%")[0])
+        there = ipaddress.ip_address(str(peer[0]).split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(there, ipaddress.IPv6Address) and there.ipv4_mapped is not None:
+        there = there.ipv4_mapped
+    if isinstance(here, ipaddress.IPv6Address) and here.ipv4_mapped is not None:
+        here = here.ipv4_mapped
+    return there.is_loopback or there == here
 
 
 class TcpTransport(StreamTransport[Address]):
@@ -81,6 +101,19 @@ class TcpTransport(StreamTransport[Address]):
 
     def where(self, publisher: PublisherInfo) -> str:
         return format_address(publisher.address)
+
+    def make_link(
+        self, connection: PublisherConnection, outlet: Outlet, hello: dict[str, Any]
+    ) -> tuple[StreamLink, dict[str, Any]]:
+        link, extra = super().make_link(connection, outlet, hello)
+        # A channel on this host may be waiting for this very CPU, as over shm: a paced
+        # publish hands off to it (ShmOptions.handoff). One on another host is not.
+        transport = connection.transport
+        if outlet.handoff and transport is not None:
+            link.handoff = on_this_host(
+                transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+            )
+        return link, extra
 
     def tune(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")

@@ -40,6 +40,8 @@ from .._core._config import (
     ZENOH_ACK_TIMEOUT,
     ZENOH_EXPORT_BATCH,
     ZENOH_EXPORT_BATCH_BYTES,
+    ZENOH_EXPORT_POOL_BYTES,
+    ZENOH_EXPORT_POOLED,
     ZENOH_INLINE_PUT,
 )
 from .._core._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
@@ -177,6 +179,51 @@ class _Sender:
             log.warning("%s: its Zenoh put did not return; leaving it", self._thread.name)
 
 
+class _Buffers:
+    """Reused buffers for large payloads (``ZENOH_EXPORT_POOLED`` bytes or more), by exact size.
+
+    Joining a large sample's parts into a new ``bytes`` costs more than the copy: in an
+    exporting process, where the payloads are freed by the sender thread while others
+    are built, the allocator hands out fresh pages most times (measured at 1 MiB: 120
+    page faults and 370 µs a join, against 35 µs for the copy into a reused buffer).
+    Zenoh's ``put`` copies the payload before it returns, so a buffer is free again
+    once its put returned (:meth:`give_back`, from any thread). At most
+    ``ZENOH_EXPORT_POOL_BYTES`` of free buffers are kept; a stream of one message size (frames,
+    tensors) reuses the same few."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: dict[int, list[bytearray]] = {}
+        self._bytes = 0  # of the free buffers
+
+    def build(self, parts: list[bytes | memoryview], nbytes: int) -> bytearray:
+        """The concatenation of *parts* (*nbytes* in all), in a free buffer of that
+        size or a new one."""
+        with self._lock:
+            free = self._free.get(nbytes)
+            buffer = free.pop() if free else None
+            if buffer is not None:
+                self._bytes -= nbytes
+        if buffer is None:
+            buffer = bytearray(nbytes)
+        with memoryview(buffer) as view:
+            pos = 0
+            for part in parts:
+                end = pos + len(part)
+                view[pos:end] = part
+                pos = end
+        return buffer
+
+    def give_back(self, buffer: bytearray) -> None:
+        """*buffer* (from :meth:`build`) was put: keep it for the next payload of its
+        size, unless ``ZENOH_EXPORT_POOL_BYTES`` of free buffers are kept already."""
+        nbytes = len(buffer)
+        with self._lock:
+            if self._bytes + nbytes <= ZENOH_EXPORT_POOL_BYTES:
+                self._free.setdefault(nbytes, []).append(buffer)
+                self._bytes += nbytes
+
+
 class _Importer:
     """What a lossless export knows of one importer: every message before *next* was
     taken, *window* messages and *nbytes* bytes beyond it may be in flight."""
@@ -231,6 +278,7 @@ class ExportRun:
         self._credit = asyncio.Event()
         self._inline_after = 0.0  # (monotonic) no inline put before this
         self._acks: Any = None
+        self._buffers = _Buffers()
 
     async def open(self) -> None:
         """Declare the Zenoh publisher and the ezflow subscriber (ConfigurationError for
@@ -433,7 +481,8 @@ class ExportRun:
 
     def _batch_limit(self) -> int:
         """Messages a batch takes at most: ``ZENOH_EXPORT_BATCH``, and half the smallest
-        importer window (they acknowledge every quarter window: credit keeps coming)."""
+        importer window (they acknowledge every half window in messages: when an
+        acknowledgement comes, one batch has room)."""
         limit = ZENOH_EXPORT_BATCH
         for importer in self._importers.values():
             limit = min(limit, importer.window // 2)
@@ -484,24 +533,36 @@ class ExportRun:
         samples: list[tuple[list[bytes | memoryview], list[int]]] = []
         if encoding == "ezflow":
             codec = self._codec
+            # The codec's own fast path for small messages (the body as one bytes, at most
+            # 4 KiB, exactly what encode() joins; None when it does not apply): a sixth of
+            # encode()'s time for a small tuple (0.5 against 3.1 µs).
+            encode_small = codec._encode_small
             parts: list[bytes | memoryview] = []
             sizes: list[int] = []
             pos = 0
             for message in batch:
                 try:
-                    encoded = codec.encode(message)
+                    body = encode_small(message)
+                    if body is None:
+                        encoded = codec.encode(message)
+                        nbytes, body_parts = encoded.nbytes, encoded.parts
+                    else:
+                        nbytes = len(body)
                 except Exception as exc:
                     self._refused(Refused("encoding", f"{type(exc).__name__}: {exc}"), self.key)
                     continue
-                if sizes and pos + encoded.nbytes > ZENOH_EXPORT_BATCH_BYTES:
+                if sizes and pos + nbytes > ZENOH_EXPORT_BATCH_BYTES:
                     samples.append((parts, sizes))
                     parts, sizes, pos = [], [], 0
                 pad = -pos & (BATCH_ALIGNMENT - 1)
                 if pad:
                     parts.append(_PADDING[pad])
-                parts += encoded.parts
-                sizes.append(encoded.nbytes)
-                pos += pad + encoded.nbytes
+                if body is None:
+                    parts += body_parts
+                else:
+                    parts.append(body)
+                sizes.append(nbytes)
+                pos += pad + nbytes
             if sizes:
                 samples.append((parts, sizes))
         else:
@@ -538,15 +599,24 @@ class ExportRun:
         sub = self._subscriber
         # (A lossless subscriber drops nothing: no snapshot of its statistics to take.)
         drops = 0 if sub is None or self.export.lossless else sub.statistics().dropped
-        puts = []
+        puts: list[tuple[bytes | bytearray, bytes]] = []
         counts = []
         now = time.time_ns()
+        buffers = self._buffers
         for parts, sizes in samples:
             n = len(sizes)
             seq = self._seq
             self._seq += n
             self._record(n, sum(sizes))
-            payload = parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
+            payload: bytes | bytearray
+            if len(parts) == 1 and type(parts[0]) is bytes:
+                payload = parts[0]
+            else:
+                length = sum(len(part) for part in parts)
+                if length >= ZENOH_EXPORT_POOLED:
+                    payload = buffers.build(parts, length)
+                else:
+                    payload = b"".join(parts)
             puts.append((payload, pack_attachment(seq, now, drops, sizes)))
             counts.append(n)
         publisher = self._publisher
@@ -559,6 +629,8 @@ class ExportRun:
             for index, (payload, attachment) in enumerate(puts):
                 try:
                     publisher.put(payload, attachment=attachment)
+                    if type(payload) is bytearray:  # (copied by Zenoh: free again)
+                        buffers.give_back(payload)
                 except Exception:  # (the supervisor restarts the export)
                     lost = sum(counts[index:])
                     self.stats.messages += count - lost
@@ -574,6 +646,8 @@ class ExportRun:
             def put_all() -> None:
                 for payload, attachment in puts:
                     publisher.put(payload, attachment=attachment)
+                    if type(payload) is bytearray:  # (copied by Zenoh: free again)
+                        buffers.give_back(payload)
 
             await sender.submit(put_all, count)
         self._held = max(0, self._held - count)  # (handed over: counted, or lost if it fails)
@@ -583,7 +657,7 @@ class ExportRun:
         stats.bytes += nbytes
         stats.dropped_local = drops
 
-    def _inline(self, puts: list[tuple[bytes, bytes]]) -> bool:
+    def _inline(self, puts: list[tuple[bytes | bytearray, bytes]]) -> bool:
         """True when *puts* may run on the event loop: at most ``ZENOH_INLINE_PUT``
         bytes, and (lossless) an importer acknowledges and at most that much is not
         acknowledged, so Zenoh's link queue has room and the put does not wait for the
