@@ -774,8 +774,9 @@ def bridge(rounds: Annotated[int, typer.Option(min=1, help="Rounds of every cell
     Two network namespaces joined by a veth pair stand for the hosts. Direct tcp, the
     bridge as processes of its own, the bridge inside the publishing and subscribing
     processes, and plain zenoh-python; 64 B and 1 MiB messages: p50 latency of paced
-    messages and msgs/s of a burst, medians of the rounds with their spread, and each
-    path's ratios to direct tcp (docs/fleets.md).
+    messages and msgs/s of a burst, medians of the rounds with their spread, each
+    path's ratios to direct tcp, and each process's CPU per message of the burst (every
+    thread: the figure the load does not decide) (docs/fleets.md).
     """
     from .._perf import _zenoh_bridge  # noqa: PLC0415 - only this command
 
