@@ -685,8 +685,7 @@ def take_queued_py(inbox: Inbox) -> Any:
         return NOTHING
     attachment, seq, message = item
     release = attachment.lossless and attachment.active
-    channel = pending = entry = None
-    later = False  # the entry is not the first pending one
+    channel = None
     if release:
         channel = attachment.channel
         pending = channel._pending
@@ -698,7 +697,6 @@ def take_queued_py(inbox: Inbox) -> Any:
                 index = seq - entry[0]
                 if not 0 < index < len(pending) or pending[index][0] != seq:
                     return NOTHING
-                entry, later = pending[index], True
             elif entry[1] <= 1 and len(pending) > 1 and pending[1][1] <= 0:
                 return NOTHING
     items.popleft()
@@ -712,19 +710,9 @@ def take_queued_py(inbox: Inbox) -> Any:
     elif not seq & TIMING_SAMPLE_MASK:
         inbox._handed_ns = perf_counter_ns()
     if release:
-        assert channel is not None and pending is not None
-        attachment.consumed_seq = seq
-        if entry is not None:
-            entry[1] -= 1
-            if entry[1] <= 0 and not later:
-                pending.popleft()
-                nbytes = entry[2]
-                channel._pending_bytes -= nbytes
-                channel._released_count += 1
-                channel._released_bytes += nbytes
-                callback = channel.on_release
-                if callback is not None:
-                    callback(channel._released_count, channel._released_bytes)
+        # (the checks above leave Channel.release the cases it handles without _advance)
+        assert channel is not None
+        channel.release(attachment, seq)
     return message
 
 
