@@ -42,7 +42,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from time import monotonic_ns, perf_counter_ns, time_ns
+from time import monotonic_ns, time_ns
 from types import ModuleType
 from typing import Any
 
@@ -683,12 +683,9 @@ def take_queued_py(inbox: Inbox) -> Any:
     item = items[0]
     if type(item) is not tuple:
         return NOTHING
-    attachment, seq, message = item
-    release = attachment.lossless and attachment.active
-    channel = None
-    if release:
-        channel = attachment.channel
-        pending = channel._pending
+    attachment, seq, _ = item
+    if attachment.lossless and attachment.active:
+        pending = attachment.channel._pending
         if pending:
             entry = pending[0]
             if entry[0] != seq:
@@ -699,21 +696,9 @@ def take_queued_py(inbox: Inbox) -> Any:
                     return NOTHING
             elif entry[1] <= 1 and len(pending) > 1 and pending[1][1] <= 0:
                 return NOTHING
-    items.popleft()
-    inbox.stats.taken += 1
-    if inbox._handed_ns:
-        spent = perf_counter_ns() - inbox._handed_ns
-        handler = inbox.handler_time
-        handler.buckets[spent.bit_length()] += 1
-        handler.total += spent
-        inbox._handed_ns = 0
-    elif not seq & TIMING_SAMPLE_MASK:
-        inbox._handed_ns = perf_counter_ns()
-    if release:
-        # (the checks above leave Channel.release the cases it handles without _advance)
-        assert channel is not None
-        channel.release(attachment, seq)
-    return message
+    # The general path itself, on the cases the checks above leave: the take, its
+    # handler-time sample, and Channel.release (without _advance) at once.
+    return inbox.get_nowait()
 
 
 def compiled_take_queued(speedups: ModuleType | None = SPEEDUPS) -> Callable[[Inbox], Any] | None:
