@@ -67,6 +67,20 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def _report_sender(used: float, faults: int, threads: dict[str, int], count: int) -> None:
+    """The sending side's line: CPU, page faults and per-thread CPU a message."""
+    print(
+        json.dumps(
+            {
+                "sender_cpu_us": used / count * 1e6,
+                "sender_faults": faults / count,
+                "sender_threads": _per_thread(threads, count),
+            }
+        ),
+        flush=True,
+    )
+
+
 def _session(listen: bool) -> Any:
     import zenoh
 
@@ -97,16 +111,7 @@ def zenoh_send(size: int, count: int) -> None:
     publisher.put(_HEADER.pack(2, 0, 0))
     used, faults = _cpu() - start, _faults() - faults
     sys.stdin.readline()
-    print(
-        json.dumps(
-            {
-                "sender_cpu_us": used / count * 1e6,
-                "sender_faults": faults / count,
-                "sender_threads": _per_thread(threads, count),
-            }
-        ),
-        flush=True,
-    )
+    _report_sender(used, faults, threads, count)
     session.close()
 
 
@@ -169,16 +174,7 @@ async def bridge_send(size: int, count: int) -> None:
         await pub.publish((2, 0, 0, payload[:1]))
         await asyncio.to_thread(sys.stdin.readline)
         used, faults = _cpu() - start, _faults() - faults
-        print(
-            json.dumps(
-                {
-                    "sender_cpu_us": used / count * 1e6,
-                    "sender_faults": faults / count,
-                    "sender_threads": _per_thread(threads, count),
-                }
-            ),
-            flush=True,
-        )
+        _report_sender(used, faults, threads, count)
 
 
 async def bridge_receive(size: int, count: int) -> None:
