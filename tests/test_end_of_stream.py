@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -356,3 +357,50 @@ async def test_complete_ends_one_function_and_outputs_end(server: ezflow.GraphSe
     assert unit.first == [0, 1, 2]
     assert unit.every == list(range(10))
     assert sink.received == [0, 1, 2, 3, 4]
+
+
+class _CountingSink(ezflow.Unit):
+    INPUT = ezflow.InputStream(int)
+
+    def initialize(self) -> None:
+        self.taken: list[int] = []
+
+    @ezflow.subscriber(INPUT)
+    async def take(self, value: int) -> None:
+        self.taken.append(value)
+
+
+async def test_a_unit_process_that_reads_its_start_and_stop_together_still_drains(
+    server: ezflow.GraphServer,
+) -> None:
+    """A unit process that reads the parent's start and stop in one go (a burst that
+    ended the graph while that process was busy) still starts its input loops, so that
+    the drain delivers what its lossless edges accepted, instead of cutting all of it.
+    The process's serving coroutine, on this loop, with the parent's side of its control
+    socket played here."""
+    from ezflow._units._process import _frame, _read_frame, _serve  # noqa: PLC0415
+
+    sink = _CountingSink()
+    sink.path = "SINK"
+    ours, theirs = socket.socketpair()
+    boot = {"address": list(server.address), "name": "p-sink", "drain": 5.0}
+    loop = asyncio.get_running_loop()
+    serving = asyncio.ensure_future(_serve(theirs, boot, [sink], None))
+    reader, writer = await asyncio.open_connection(sock=ours)
+    try:
+        said = await asyncio.wait_for(_read_frame(reader), 10)
+        assert said is not None and said["op"] == "ready", said
+        async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+            pub = await ctx.publisher("SINK/INPUT")
+            await asyncio.wait_for(pub.wait_for_channels(1), 10)
+            for i in range(200):  # accepted by the lossless edge, before the start
+                await asyncio.wait_for(pub.publish(i), 5)
+            writer.write(_frame({"op": "start"}) + _frame({"op": "stop", "drain": 5.0}))
+            await asyncio.sleep(0.1)
+        code = await asyncio.wait_for(serving, 15)
+        assert code == 0
+        assert sink.taken == list(range(200))
+    finally:
+        serving.cancel()
+        loop.remove_signal_handler(signal.SIGTERM)  # (the process's own, set by _serve)
+        writer.close()

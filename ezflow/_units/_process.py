@@ -523,9 +523,12 @@ async def _serve(
                 stopper = asyncio.ensure_future(stop.wait())
                 await asyncio.wait((waiter, stopper), return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
-                if started.is_set() and not stop.is_set():
+                # Started, even when the stop came right behind the start: what the
+                # other processes published in between (a burst that ended the graph
+                # at once) is the drain's to deliver, which only started input loops do.
+                if started.is_set():
                     host.start()
-                    if main is not None:
+                    if main is not None and not stop.is_set():
                         main[0].open()
                 await stopper
             finally:
