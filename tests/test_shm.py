@@ -208,6 +208,42 @@ async def test_keeping_every_message_never_blocks_the_publisher(shm_pair: Any) -
     assert stats is not None and stats.zero_copy == 8 and stats.no_block == 36
 
 
+async def test_a_lossless_channel_waits_at_the_block_window_not_inline(shm_pair: Any) -> None:
+    """A lossless channel holds at most ``2 * slot_count`` untaken messages in blocks
+    (its ``max_in_flight`` is far larger): the next publish waits for it to take one,
+    instead of sending the message inline; small inline messages are not counted."""
+    options = ezflow.ShmOptions(slot_count=3, slot_size=16 * KiB, inline_limit=1 * KiB)
+    pub, sub = await shm_pair("/shm/blockwindow", options)
+    (link,) = pub._outlet._links
+    assert isinstance(link, _ShmLink) and pub._outlet.max_in_flight > 6
+    for i in range(100):  # inline: no block, no wait
+        await asyncio.wait_for(pub.publish(np.full(16, i, dtype=np.uint8)), 2)
+    for i in range(6):  # 3 slots and 3 small out-of-line blocks
+        await asyncio.wait_for(pub.publish(np.full(8 * KiB, i, dtype=np.uint8)), 2)
+    assert link.stalled
+    link.set_backlogged(True)  # the socket's backlog went over its bound and back:
+    link.set_backlogged(False)  # the block window still holds
+    assert link.stalled
+    publishing = asyncio.ensure_future(pub.publish(np.full(8 * KiB, 6, dtype=np.uint8)))
+    await asyncio.sleep(0.1)  # a window in which the publish may not go through
+    assert not publishing.done()
+    assert pub.statistics().waits == 1
+    for i in range(100):
+        assert (await asyncio.wait_for(sub.recv(), 2))[0] == i
+    assert not publishing.done()  # (inline messages taken: no block released)
+    kept = await asyncio.wait_for(sub.recv(), 2)  # taken, and kept: its lease stays
+    assert kept[0] == 0
+    await asyncio.wait_for(publishing, 2)
+    for i in range(1, 7):
+        assert (await asyncio.wait_for(sub.recv(), 2))[0] == i
+    stats = pub.shm_statistics()
+    # The seventh waited for the window, not for a block: every block was still leased
+    # (the kept message, and the untaken ones' views in the inbox), so it went inline.
+    assert stats is not None and (stats.zero_copy, stats.no_block) == (6, 1)
+    assert not link.stalled and not link._unreleased_blocks
+    del kept
+
+
 async def test_release_from_another_thread_frees_the_block(shm_pair: Any) -> None:
     options = ezflow.ShmOptions(slot_count=2, slot_size=16 * KiB, inline_limit=0)
     pub, sub = await shm_pair("/shm/thread", options)

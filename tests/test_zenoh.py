@@ -290,7 +290,8 @@ async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_p
         ) as importer,
     ):
         sink = await b.subscriber("/cam")
-        publisher = await a.publisher("/cam")
+        # (a window well under the count: the publisher has to wait for the far consumer)
+        publisher = await a.publisher("/cam", max_in_flight=64)
         await publisher.wait_for_channels(1)
         # (the export knows the importer once its hello crossed: Zenoh has routed both ways)
         await wait_for(lambda: any(run._importers for run in exporter._runs), 10)

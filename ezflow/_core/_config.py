@@ -281,8 +281,14 @@ OTHER_ADDRESS_HINT: Final = (
 #: Largest encoded message a publisher sends or a channel accepts (bytes).
 DEFAULT_MAX_MESSAGE_SIZE: Final = 128 * 1024 * 1024
 #: Lossless flow control: a publisher waits once a channel holds this many unreleased
-#: messages ...
-DEFAULT_MAX_IN_FLIGHT: Final = 64
+#: messages ... A window is worth what it covers of a scheduling hiccup: at 400k
+#: messages/s, 512 are 1.3 ms. With 64, two processes of a back-to-back stream took
+#: turns instead of running side by side (one wake-up per window; both idle about half
+#: the time): the ordinary 64 B program over shm ran at 163-243k msgs/s and 6.5-7.9 µs
+#: of CPU a message, against 372-475k and 4.3-5.1 µs with 256-512 (2026-11-27,
+#: docs/perf.md). A shared-memory channel also holds at most ``2 * slot_count``
+#: messages in blocks (``ShmOptions``): what its ring can hold.
+DEFAULT_MAX_IN_FLIGHT: Final = 512
 #: ... or this many unreleased encoded bytes (whichever comes first; one message is
 #: always allowed, however large).
 DEFAULT_MAX_IN_FLIGHT_BYTES: Final = 32 * 1024 * 1024
@@ -493,11 +499,15 @@ class ShmOptions:
     woken on another, idle CPU the yield costs one system call. Back-to-back publishing
     yields at most for the first message of a burst.
 
+    A lossless channel holds at most ``2 * slot_count`` messages in blocks that it has
+    not yet taken (received by its subscribers), whatever its ``max_in_flight``: the
+    ring's slots and as many small out-of-line blocks, what the ring can hold without
+    sending messages of its size inline. The publish then waits as for a full window.
     When every usable block is still leased (subscribers keep old messages alive), a
     message travels inline instead: leases never block a publisher, only the
-    ``max_in_flight`` window does. Raises :class:`ConfigurationError` for a non-positive
-    size, a negative *inline_limit*, a ring larger than *max_bytes*, or a *handoff*
-    that is not a bool.
+    ``max_in_flight`` window and the block window do. Raises
+    :class:`ConfigurationError` for a non-positive size, a negative *inline_limit*, a
+    ring larger than *max_bytes*, or a *handoff* that is not a bool.
     """
 
     slot_count: int = DEFAULT_SHM_SLOT_COUNT

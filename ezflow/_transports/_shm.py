@@ -272,6 +272,34 @@ class _ShmLink(StreamLink):
         self.handoff = shm.options.handoff  # (the outlet's, for every same-host link)
         self._placed_ns = 0  # time_ns when the last message placed in shm was
         self._slept = -1  # _voluntary_switches() when _back_to_back last asked
+        # The block window (ShmOptions): a lossless channel's messages in blocks that it
+        # has not taken yet, each as the link's sent_count once it was sent; beyond
+        # what the ring holds, messages of their size would travel inline (copied
+        # through the socket, several times slower than the window's wait).
+        self._unreleased_blocks: collections.deque[int] = collections.deque()
+        self._block_window = 2 * shm.options.slot_count
+        self._backlogged = False
+
+    def set_backlogged(self, backlogged: bool) -> None:
+        self._backlogged = backlogged
+        self.stalled = backlogged or len(self._unreleased_blocks) >= self._block_window
+
+    def released(self, count: int, nbytes: int) -> None:
+        blocks = self._unreleased_blocks
+        if blocks and blocks[0] <= count:
+            while blocks and blocks[0] <= count:
+                blocks.popleft()
+            # (before the base class looks at has_room and wakes a waiting publish)
+            self.stalled = self._backlogged or len(blocks) >= self._block_window
+        super().released(count, nbytes)
+
+    def set_lossless(self, lossless: bool) -> None:
+        # A leaky channel is never waited for; one that turns lossless starts afresh
+        # (the base class forgives what was in flight).
+        if lossless != self.lossless:
+            self._unreleased_blocks.clear()
+            self.stalled = self._backlogged
+        super().set_lossless(lossless)
 
     def send_out_of_line(
         self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage
@@ -282,6 +310,11 @@ class _ShmLink(StreamLink):
             return False
         d, name = placed
         self.shm.stats.zero_copy += 1
+        if self.lossless:
+            blocks = self._unreleased_blocks
+            blocks.append(self.sent_count)
+            if len(blocks) >= self._block_window:
+                self.stalled = True
         if not self._flush_scheduled and self._back_to_back(time_ns):
             # The notification goes at the end of the loop iteration with the others of
             # the burst: one write and one wake-up of the subscriber for several large

@@ -199,6 +199,11 @@ class StreamLink(Link):
             self._loop.call_soon(self._end_of_iteration)
         self._written_ns = time_ns
 
+    def set_backlogged(self, backlogged: bool) -> None:
+        """Whether the connection's unsent backlog is over its bound (the link is then
+        :attr:`stalled`)."""
+        self.stalled = backlogged
+
     def send_out_of_line(
         self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage
     ) -> bool:
@@ -597,14 +602,14 @@ class PublisherConnection(FramedProtocol):
         room until it drains (a lossless publish waits, a leaky link parks): it is
         ``stalled``."""
         if self.link is not None:
-            self.link.stalled = True
+            self.link.set_backlogged(True)
 
     def resume_writing(self) -> None:
         """The backlog drained to a quarter of the limit: send what a leaky link
         parked, and wake a waiting publish."""
         link, outlet = self.link, self.outlet
         if link is not None:
-            link.stalled = False
+            link.set_backlogged(False)
         if link is not None and outlet is not None and link.outlet is outlet:
             if link.has_room(outlet):
                 link.flush_parked()
