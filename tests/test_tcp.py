@@ -23,6 +23,7 @@ import pytest
 from _proc import Child
 from _rawpeer import closed_by_peer
 from _transport_of import tcp_of
+from _waiting import wait_until
 from conftest import loop_kind
 
 import ezflow
@@ -388,12 +389,8 @@ async def test_a_channel_that_goes_away_is_dropped_with_one_log_line(
     await asyncio.sleep(0.1)  # (its releases reach the publisher)
     await sub.aclose()
 
-    async def dropped() -> list[logging.LogRecord]:
-        while pub.channels:
-            await asyncio.sleep(0.01)
-        return [r for r in caplog.records if "dropped the tcp channel" in r.getMessage()]
-
-    (record,) = await asyncio.wait_for(dropped(), 5)
+    await wait_until(lambda: not pub.channels, "the channel dropped", 5)
+    (record,) = [r for r in caplog.records if "dropped the tcp channel" in r.getMessage()]
     assert record.levelno == (logging.INFO if unreleased else logging.DEBUG)
     assert record.getMessage().startswith(f"publisher {pub.id} on topic '/tcp/gone': ")
     assert f"with {unreleased} messages unreleased" in record.getMessage()
