@@ -246,7 +246,8 @@ async def test_a_ring_filled_while_a_reader_registers(
                 seqs = [(await asyncio.wait_for(reader.receive(), 5)).seq for _ in range(3)]
                 assert seqs == [4, 5, 6]
                 assert writer.stats().dropped_full == 1  # (frame 7: frame 3 was held)
-            assert (waited >= 0.04) == (case == "scan-under-way")
+            if case == "scan-under-way":
+                assert waited >= 0.04  # (it waited for the scan's end)
 
 
 async def test_a_scan_that_never_ends_makes_the_reader_start_after_the_frames(
