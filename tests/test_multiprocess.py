@@ -413,7 +413,8 @@ async def test_a_subscriber_killed_mid_blast_leaves_the_publisher_and_the_other_
     """A subscriber process SIGKILLed while the publisher process blasts (the compiled
     publish engaged): ``publish`` neither hangs nor raises, the subscriber here gets every
     message in order, the publisher drops the dead channel and logs it once (no warning,
-    no error, no traceback, no line per message)."""
+    no error, no traceback, no line per message), and the graph server drops the dead
+    subscriber."""
     topic, env, count = f"/mp/subkill/{transport}", path_env(path), 10_000
     here = await ctx.subscriber(topic, transport=transport)
     children = [
@@ -456,6 +457,11 @@ async def test_a_subscriber_killed_mid_blast_leaves_the_publisher_and_the_other_
         assert [line for line in logs if not line.startswith(("DEBUG", "INFO"))] == [], logs
         assert "Traceback" not in "".join(logs) and len(logs) < 40, logs
         assert await victim.process.wait() == -signal.SIGKILL
+
+        async def victim_dropped() -> bool:  # (by the graph server too)
+            return len((await ctx.graph())["subscribers"]) == 1
+
+        await wait_until(victim_dropped, "the killed subscriber dropped", 5)
         assert await pub.stop() == 0
     finally:
         for child in children:
