@@ -53,7 +53,7 @@ extern "C" {
 
 #define EZR_MAGIC 0x31474e49525a45ULL /* "EZRING1\0" little-endian */
 #define EZR_MAJOR 1u
-#define EZR_MINOR 0u
+#define EZR_MINOR 1u /* 1: scan_count (docs/ezring.md, "Registration") */
 #define EZR_HEADER_SIZE 384u
 #define EZR_READER_ENTRY_SIZE 64u
 #define EZR_SLOT_HEADER_SIZE 256u
@@ -145,6 +145,7 @@ uint64_t ezr_now_ns(void);
 #define EZR_OFF_WRITE_SEQ 256
 #define EZR_OFF_DROPPED 320
 #define EZR_OFF_RECLAIMED 328
+#define EZR_OFF_SCAN_COUNT 336 /* v1.1: odd while the writer scans the reader table */
 /* Reader entry offsets. */
 #define EZR_R_STATE 0   /* u64: low 32 bits state, high 32 bits generation */
 #define EZR_R_MODE 8    /* u32: 1 lossless, 2 leaky */
@@ -175,6 +176,7 @@ struct ezr_writer {
     uint64_t slot_size, slot_stride, reader_table, slot_table;
     uint64_t loaned_seq; /* seq of the outstanding loan, 0 if none */
     uint64_t published, dropped, reclaimed;
+    uint64_t scans; /* reader-table scans begun: scan_count is 2 * scans - 1 during one */
     char path[512];
 };
 
@@ -409,9 +411,13 @@ static int ezr__reclaim_if_dead(ezr_writer *w, uint32_t i, uint64_t state_word) 
 void *ezr_loan(ezr_writer *w, uint64_t nbytes) {
     if (!w || nbytes > w->slot_size) return NULL;
     uint64_t seq = w->published + 1;
-    if (seq > w->slot_count) {
+    int scanned = seq > w->slot_count;
+    if (scanned) {
         uint64_t previous = seq - w->slot_count; /* the frame this slot still holds */
-        /* Pairs with the reader's state store + full barrier + write_seq load. */
+        /* Announce the scan (scan_count odd), then the fence: pairs with a registering
+         * reader's state store + full barrier + loads of write_seq and scan_count. */
+        w->scans++;
+        __atomic_store_n(EZR_AT64(w, EZR_OFF_SCAN_COUNT), 2 * w->scans - 1, __ATOMIC_RELAXED);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
         for (uint32_t i = 0; i < w->max_readers; i++) {
             unsigned char *r = ezr__reader(w, i);
@@ -425,6 +431,8 @@ void *ezr_loan(ezr_writer *w, uint64_t nbytes) {
                                                    __ATOMIC_ACQUIRE);
             if (cursor >= previous) continue;
             if (ezr__reclaim_if_dead(w, i, word)) continue;
+            /* The scan is over: the frame is held, nothing was written. */
+            __atomic_store_n(EZR_AT64(w, EZR_OFF_SCAN_COUNT), 2 * w->scans, __ATOMIC_RELEASE);
             w->dropped++;
             __atomic_store_n(EZR_AT64(w, EZR_OFF_DROPPED), w->dropped, __ATOMIC_RELAXED);
             w->loaned_seq = 0;
@@ -435,6 +443,9 @@ void *ezr_loan(ezr_writer *w, uint64_t nbytes) {
     /* Seqlock: mark the slot as being written before touching its payload. */
     __atomic_store_n(EZR_U64(s + EZR_S_SEQ), 0, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
+    /* The scan is over, after the slot's mark (a reader that sees it sees the mark). */
+    if (scanned)
+        __atomic_store_n(EZR_AT64(w, EZR_OFF_SCAN_COUNT), 2 * w->scans, __ATOMIC_RELEASE);
     w->loaned_seq = seq;
     return s + EZR_SLOT_HEADER_SIZE;
 }

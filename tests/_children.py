@@ -11,13 +11,16 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
 
 import ezflow
+from ezflow._core import _compiled
 from ezflow._core._codec import Codec
 
 
@@ -390,6 +393,143 @@ async def serve(args: dict[str, Any]) -> None:
         await server.serve_forever()
 
 
+# -- the compiled paths' edges: a blast of ordinary tuples, a peer killed or stalled ------
+
+
+def count_compiled_paths() -> dict[str, int]:
+    """Count what the compiled one-call publish and take do in this process (a counting
+    wrapper around each, where ``Publisher.publish`` and ``Inbox.get`` look them up):
+    ``{"publishes": n, "takes": n}``; both stay 0 on the pure-Python path."""
+    from ezflow._core import _inbox  # noqa: PLC0415
+    from ezflow._graph import _publisher  # noqa: PLC0415
+
+    counts = {"publishes": 0, "takes": 0}
+    publish_small, take_queued = _publisher._publish_small, _inbox.take_queued
+    if publish_small is not None:
+
+        def counting_publish(outlet: Any, message: Any) -> bool:
+            took = publish_small(outlet, message)
+            counts["publishes"] += took
+            return took
+
+        _publisher._publish_small = counting_publish  # type: ignore[assignment]
+    if take_queued is not None:
+
+        def counting_take(inbox: Any) -> Any:
+            message = take_queued(inbox)
+            counts["takes"] += message is not _inbox.NOTHING
+            return message
+
+        _inbox.take_queued = counting_take
+    return counts
+
+
+class LogLines(logging.Handler):
+    """Every log record of this process (ezflow's DEBUG ones included), one line each."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        logging.getLogger().setLevel(logging.INFO)
+        logging.getLogger().addHandler(self)
+        logging.getLogger("ezflow").setLevel(logging.DEBUG)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+
+
+async def blast(args: dict[str, Any]) -> None:
+    """The ordinary program's publisher: ``(0, seq, time_ns, float32 array)`` tuples back
+    to back (``count`` of them, or until killed) once ``channels`` are connected,
+    reporting its progress every 20 ms; then its statistics, what ``publish`` raised (if
+    anything) and every log line. Idles until stdin closes."""
+    compiled = count_compiled_paths()
+    logs = LogLines()
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        pub = await ctx.publisher(args["topic"], transport=args["transport"])
+        report("ready", publisher_id=pub.id, path=_compiled.active_path())
+        await pub.wait_for_channels(args.get("channels", 1))
+        arr = np.arange(16, dtype=np.float32)
+        count = args.get("count")
+        seq = 0
+
+        async def tick() -> None:
+            while True:
+                report("progress", seq=seq, compiled=compiled["publishes"])
+                await asyncio.sleep(0.02)
+
+        ticking = asyncio.ensure_future(tick())
+        error = None
+        started = time.monotonic()
+        try:
+            while count is None or seq < count:
+                await pub.publish((0, seq, time.time_ns(), arr))
+                seq += 1
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        ticking.cancel()
+        stats = pub.statistics()
+        report(
+            "done",
+            sent=seq,
+            error=error,
+            seconds=time.monotonic() - started,
+            compiled=compiled["publishes"],
+            channels=pub.channels,
+            waits=stats.waits,
+            wait_seconds=stats.wait_seconds,
+            drops=stats.drops,
+            logs=logs.lines,
+        )
+        await wait_for_stdin_close()
+
+
+async def receive_blast(args: dict[str, Any]) -> None:
+    """The ordinary program's subscriber of :func:`blast`: ``recv()`` until ``count``
+    messages or the end of the stream (stalling ``stall`` seconds after the
+    ``stall_at``-th); report how many, the first and last seq, every gap or bad message,
+    how it ended and what the compiled take took. With ``then``: one more ``recv()``
+    after the end (a publisher that comes later), reported as ``after``."""
+    compiled = count_compiled_paths()
+    async with ezflow.GraphContext(args["address"], auto_start=False) as ctx:
+        sub = await ctx.subscriber(args["topic"], transport=args.get("transport"))
+        report("ready", subscriber_id=sub.id, path=_compiled.active_path())
+        expected = np.arange(16, dtype=np.float32)
+        count, stall_at = args.get("count"), args.get("stall_at")
+        n, first, last, bad = 0, None, None, []
+        ended = None
+        try:
+            while count is None or n < count:
+                phase, seq, _, arr = await sub.recv()
+                if first is None:
+                    first = seq
+                elif seq != last + 1 or phase != 0 or not np.array_equal(arr, expected):
+                    bad.append([last, seq, phase])
+                    del bad[10:]
+                last, n = seq, n + 1
+                if n == stall_at:
+                    await asyncio.sleep(args["stall"])  # (no recv(): the window fills)
+        except ezflow.EndOfStream:
+            ended = "EndOfStream"
+        except Exception as exc:
+            ended = f"{type(exc).__name__}: {exc}"
+        stats = sub.statistics()
+        report(
+            "done",
+            n=n,
+            first=first,
+            last=last,
+            bad=bad,
+            ended=ended,
+            takes=compiled["takes"],
+            broken=stats.publishers_broken,
+        )
+        if args.get("then"):
+            phase, seq, _, _ = await asyncio.wait_for(sub.recv(), 20)
+            report("after", phase=phase, seq=seq)
+        await wait_for_stdin_close()
+
+
 async def wait_for_stdin_close() -> None:
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, sys.stdin.read)
@@ -410,6 +550,8 @@ ROLES = {
     "publish_until_closed": publish_until_closed,
     "collect_slowly": collect_slowly,
     "publish_ints": publish_ints,
+    "blast": blast,
+    "receive_blast": receive_blast,
 }
 
 if __name__ == "__main__":

@@ -27,11 +27,18 @@ class Child:
 
     @classmethod
     async def start(
-        cls, role: str, loop: str, *, prefix: tuple[str, ...] = (), **args: Any
+        cls,
+        role: str,
+        loop: str,
+        *,
+        prefix: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        **args: Any,
     ) -> Child:
         """Start *role* on event loop *loop*; *prefix* runs it through another command
-        first (``("ip", "netns", "exec", NAME)`` puts it on another test host)."""
-        env = dict(os.environ, EZFLOW_EVENT_LOOP=loop, PYTHONUNBUFFERED="1")
+        first (``("ip", "netns", "exec", NAME)`` puts it on another test host); *env*:
+        variables set for it on top of this process's."""
+        env = dict(os.environ, **(env or {}), EZFLOW_EVENT_LOOP=loop, PYTHONUNBUFFERED="1")
         process = await asyncio.create_subprocess_exec(
             *prefix,
             sys.executable,

@@ -346,7 +346,7 @@ def tracing_off() -> Iterator[None]:
         set_own_rate(0, "default")
         TRACING.lease = None
         TRACING.update()
-        TRACING.active = False
+        TRACING.active = TRACING.carrying = False
         TRACING.hops.clear()
 
     reset()

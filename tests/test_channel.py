@@ -10,6 +10,7 @@ import itertools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -245,6 +246,53 @@ def test_callback_inbox_takes_and_releases_each_message_as_it_returns() -> None:
     assert [queued.get_nowait() for _ in range(3)] == ["m1", "m2", "m3"]
     assert releases[-1] == (3, 30)
     assert channel.pending == 0
+
+
+class _Soon:
+    """The loop of a woken ``get_nowait(loop)``: the release it defers, run on demand."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.calls.append((callback, args))
+
+    def run(self) -> None:
+        calls, self.calls = self.calls, []
+        for callback, args in calls:
+            callback(*args)
+
+
+@pytest.mark.parametrize("detach_first", [True, False])
+def test_a_deferred_release_overtaken_by_a_later_one_then_a_detach(detach_first: bool) -> None:
+    """An inbox takes m1 with its release deferred to the loop (a woken get), then m2
+    released at once, and is detached before (or after) the loop runs the deferred
+    release; the other inbox still takes m1 and m2. Every message is released once its
+    last holder took it, never before: neither stuck behind a release that detaching
+    dropped (the channel would hold the publisher's window for good) nor released while
+    the other inbox still holds it (detaching let go of m2 a second time)."""
+    channel, releases, _ = make_channel()
+    early, other = Inbox(), Inbox()
+    attachment = channel.attach(early)
+    channel.attach(other)
+    for seq in (1, 2):
+        channel.deliver(seq, f"m{seq}", nbytes=10)
+    soon = _Soon()
+    assert early.get_nowait(soon) == "m1"  # type: ignore[arg-type]
+    assert early.get_nowait() == "m2"
+    assert other.get_nowait() == "m1"
+    if detach_first:
+        channel.detach(attachment)
+        soon.run()
+    else:
+        soon.run()
+        channel.detach(attachment)
+    assert releases[-1] == (1, 10)  # m2: the other inbox holds it still
+    assert other.get_nowait() == "m2"
+    assert releases[-1] == (2, 20) and channel.pending == 0
+    channel.deliver(3, "m3", nbytes=10)
+    assert other.get_nowait() == "m3"
+    assert releases[-1] == (3, 30) and channel.pending == 0
 
 
 def test_callback_that_detaches_during_delivery_does_not_skip_others() -> None:

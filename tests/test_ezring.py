@@ -13,8 +13,11 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +28,15 @@ from conftest import loop_kind
 import ezflow
 from ezflow import BrokenResourceError, ProtocolError
 from ezflow._core._config import EZRING_WATCH_INTERVAL
-from ezflow._transports._ezring_files import ring_path
+from ezflow._transports import _ezring
+from ezflow._transports._ezring_files import (
+    OFF_DROPPED,
+    OFF_SCAN_COUNT,
+    R_STATE,
+    READER_ENTRY_SIZE,
+    STATE_ACTIVE,
+    ring_path,
+)
 from ezflow._transports._shm import sweep_shm_dir
 from ezflow._transports._shmfiles import shm_dir
 from ezflow.ezring import RingReader, RingWriter
@@ -148,6 +159,143 @@ async def test_c_writer_counts_drops_exactly_while_a_lossless_reader_holds_every
             "readers_live": 1,
             "readers_reclaimed": 0,
         }
+        numbers = [frame_number(frame.array) async for frame in reader]
+    assert numbers == [0, 1, 2, 3]
+
+
+# -- the registration race (docs/ezring.md, "Registration") ----------------------------
+#
+# A reader announces itself (cursor, then state) and reads write_seq again after a full
+# barrier. The tests run the writer inside that barrier (_ezring.locked_elsewhere, the
+# reader's barrier, hooked on its first call): the interleaving that once failed the test
+# above at load 10, made deterministic.
+
+
+def during_registration(monkeypatch: pytest.MonkeyPatch, step: Any) -> None:
+    """Run *step(fd)* inside the first full barrier a RingReader takes (its
+    registration's, between its announcement and its second look at write_seq)."""
+    barrier = _ezring.locked_elsewhere
+    calls: list[int] = []
+
+    def hooked(fd: int, offset: int) -> bool:
+        held = barrier(fd, offset)
+        if not calls:
+            calls.append(fd)
+            step(fd)
+        return held
+
+    monkeypatch.setattr(_ezring, "locked_elsewhere", hooked)
+
+
+def entry_of(writer: RingWriter, index: int = 0) -> int:
+    return writer.header.reader_table + index * READER_ENTRY_SIZE
+
+
+@pytest.mark.parametrize("case", ["seen", "seen-v1.0", "missed", "scan-under-way"])
+async def test_a_ring_filled_while_a_reader_registers(
+    monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """The writer commits exactly slot_count frames (3..6 of a 4-slot ring) between a
+    lossless reader's announcement and its second look at write_seq.
+
+    seen: the writer's scans saw the reader, so the frames are intact and held: the
+    reader gets every one (it skipped them before scan_count). seen-v1.0: the same
+    from a writer that announces no scans (minor 0): the reader cannot tell, it starts
+    after them (skipped, not lost: the v1.0 rule). missed: the loan of frame 7 scanned
+    before the announcement (the entry hidden from the writer) and took frame 3's slot:
+    the reader starts after frame 6. scan-under-way: a scan is announced and not over
+    when the reader looks: it waits for its end, then finds frame 3 in its slot."""
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=4) as writer:
+        m = writer._m
+        for i in range(2):  # before = 2
+            assert writer.publish(np.full(8, i, "<u8"))
+        if case == "seen-v1.0":
+            struct.pack_into("<H", m.rw, 10, 0)  # minor 0
+
+        def step(fd: int) -> None:
+            word = m.load(entry_of(writer) + R_STATE)
+            assert word & 0xFFFFFFFF == STATE_ACTIVE  # (announced)
+            if case == "missed":
+                m.store(entry_of(writer) + R_STATE, 0)
+            for i in range(2, 6):
+                assert writer.publish(np.full(8, i, "<u8"))  # write_seq 6 = before + 4
+            if case == "missed":
+                view = writer.loan(64)  # frame 7: frame 3's slot is taken
+                assert view is not None
+                np.frombuffer(view, "<u8")[:] = 6
+                m.store(entry_of(writer) + R_STATE, word)
+            elif case == "scan-under-way":
+                scans = m.load(OFF_SCAN_COUNT)
+                m.store(OFF_SCAN_COUNT, scans + 1)  # odd: under way, ...
+                threading.Timer(0.05, m.store, (OFF_SCAN_COUNT, scans + 2)).start()  # ...over
+
+        during_registration(monkeypatch, step)
+        started = time.monotonic()
+        async with await RingReader.open(name) as reader:
+            waited = time.monotonic() - started
+            if case == "missed":
+                writer.commit(64, "<u8", (8,))
+            else:
+                assert writer.publish(np.full(8, 6, "<u8")) == (case == "seen-v1.0")
+            frame = await asyncio.wait_for(reader.receive(), 5)
+            first = (frame.seq, frame_number(frame.array))
+            assert first == ((7, 6) if case in ("missed", "seen-v1.0") else (3, 2))
+            if case in ("seen", "scan-under-way"):  # and the three after it
+                del frame
+                seqs = [(await asyncio.wait_for(reader.receive(), 5)).seq for _ in range(3)]
+                assert seqs == [4, 5, 6]
+                assert writer.stats().dropped_full == 1  # (frame 7: frame 3 was held)
+            if case == "scan-under-way":
+                assert waited >= 0.04  # (it waited for the scan's end)
+
+
+async def test_a_scan_that_never_ends_makes_the_reader_start_after_the_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer announced a scan and stopped there (stopped or stuck while it lives):
+    the registering reader waits no longer than its open timeout and starts after the
+    frames it cannot tell are held (skipped, to be safe)."""
+    name = fresh_name()
+    with RingWriter.create(name, slot_size=64, slot_count=4) as writer:
+        m = writer._m
+
+        def step(fd: int) -> None:
+            for i in range(4):
+                assert writer.publish(np.full(8, i, "<u8"))
+            m.store(OFF_SCAN_COUNT, m.load(OFF_SCAN_COUNT) + 1)  # odd, for good
+
+        during_registration(monkeypatch, step)
+        started = time.monotonic()
+        async with await RingReader.open(name, timeout=0.3) as reader:
+            assert 0.25 <= time.monotonic() - started < 3
+            m.store(OFF_SCAN_COUNT, m.load(OFF_SCAN_COUNT) + 1)
+            assert writer.publish(np.full(8, 4, "<u8"))
+            assert (await asyncio.wait_for(reader.receive(), 5)).seq == 5
+
+
+async def test_c_writer_that_fills_the_ring_during_registration_keeps_it_for_the_reader(
+    start_c: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C writer (``--wait-readers 1``) sees the reader, fills the 4 slots and drops
+    the other 46 frames, all between the reader's announcement and its second look at
+    write_seq: the reader gets the 4 frames, in order (it got none before scan_count:
+    the flake of the test above at load 10)."""
+    name = fresh_name()
+    writer = await start_c(  # type: ignore[operator]
+        name, "--slots", 4, "--frame-size", 64, "--count", 50, "--wait-readers", 1
+    )
+
+    def step(fd: int) -> None:
+        deadline = time.monotonic() + 20
+        while struct.unpack("<Q", os.pread(fd, 8, OFF_DROPPED))[0] < 46:  # the writer is done
+            assert time.monotonic() < deadline, "the C writer did not fill the ring"
+            time.sleep(0.005)
+
+    during_registration(monkeypatch, step)
+    async with await RingReader.open(name) as reader:
+        stats = await writer.stats()
+        assert (stats["published"], stats["dropped_full"]) == (4, 46)
         numbers = [frame_number(frame.array) async for frame in reader]
     assert numbers == [0, 1, 2, 3]
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +16,8 @@ from _waiting import wait_until
 from conftest import loop_kind
 
 import ezflow
+from ezflow._core import _compiled
+from ezflow._core._config import ENV_PURE_PYTHON
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -281,3 +285,229 @@ async def test_on_message_subscriber_over_shm_from_another_process(
         assert await child.stop() == 0
     finally:
         await child.aclose()
+
+
+# -- the compiled paths' edges: a peer killed or stalled in a blast ---------------------
+#
+# The ordinary program (``await pub.publish((0, seq, t_ns, float32 array))`` back to back,
+# ``recv()``) in child processes, on the compiled one-call publish and take and on the
+# pure-Python path (EZFLOW_PURE_PYTHON=1 in the children), over shm and tcp. The children
+# count what the compiled paths took, so that each compiled case shows it engaged.
+
+ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])
+PATHS = pytest.mark.parametrize("path", ["compiled", "pure"])
+TRANSPORTS = pytest.mark.parametrize("transport", ["shm", "tcp"])
+ARRAY = np.arange(16, dtype=np.float32)
+
+
+def path_env(path: str) -> dict[str, str]:
+    """The children's environment for *path* (the compiled case skipped where the
+    extension is not built)."""
+    if path == "compiled" and _compiled.SPEEDUPS is None:
+        pytest.skip("the C extension ezflow._core._speedups is not built")
+    return {ENV_PURE_PYTHON: "1" if path == "pure" else "0"}
+
+
+def engaged(path: str, counted: int) -> bool:
+    """A compiled path took something in the compiled case, nothing in the pure one."""
+    return counted > 0 if path == "compiled" else counted == 0
+
+
+async def last_event(child: Child, name: str, timeout: float = 10) -> dict[str, Any] | None:
+    """The last *name* event of a child that exited (read to the end of its output)."""
+
+    async def read() -> dict[str, Any] | None:
+        assert child.process.stdout is not None
+        found = None
+        while line := await child.process.stdout.readline():
+            event = json.loads(line)
+            if event["event"] == name:
+                found = event
+        return found
+
+    return await asyncio.wait_for(read(), timeout)
+
+
+@ONE_LOOP
+@PATHS
+@TRANSPORTS
+@pytest.mark.timeout(60)
+async def test_a_publisher_killed_mid_blast_ends_its_subscribers_streams_after_a_prefix(
+    ctx: ezflow.GraphContext, transport: str, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The publisher process SIGKILLed in the middle of a back-to-back blast: its
+    subscriber in another process and the one here each get an in-order prefix with no
+    gap (from the first message), then the end of the stream (``EndOfStream``, broken),
+    not a hang; the graph server drops the publisher, and a new publisher reaches both
+    subscribers. (no_leaks: nothing left in the shm directory.)"""
+    topic, env = f"/mp/blastkill/{transport}", path_env(path)
+    here = await ctx.subscriber(topic, transport=transport)
+    children = [
+        await Child.start(
+            role,
+            loop_kind(),
+            env=env,
+            address=list(ctx.address),
+            topic=topic,
+            transport=transport,
+            **extra,
+        )
+        for role, extra in (("receive_blast", {"then": True}), ("blast", {"channels": 2}))
+    ]
+    sub, pub = children
+    try:
+        for child in children:
+            assert (await child.event("ready"))["path"].startswith(path)
+        seqs: list[int] = []
+
+        async def take() -> None:
+            while True:
+                phase, seq, _, arr = await here.recv()
+                assert phase == 0 and np.array_equal(arr, ARRAY)
+                seqs.append(seq)
+
+        taking = asyncio.ensure_future(take())
+        progress = await pub.event("progress")
+        while progress["seq"] < 3000:  # in the middle of the blast
+            progress = await pub.event("progress")
+        os.kill(pub.pid, signal.SIGKILL)
+        with pytest.raises(ezflow.EndOfStream):
+            await asyncio.wait_for(taking, 10)
+        progress = await last_event(pub, "progress") or progress
+        assert engaged(path, progress["compiled"])
+        assert len(seqs) >= 3000 and seqs == list(range(len(seqs)))
+        done = await sub.event("done", timeout=10)
+        assert (done["ended"], done["first"], done["bad"], done["broken"]) == (
+            "EndOfStream",
+            0,
+            [],
+            1,
+        )
+        assert done["n"] == done["last"] + 1 >= 3000
+        assert engaged(path, done["takes"])
+        assert here.statistics().publishers_broken == 1
+
+        async def publisher_gone() -> bool:
+            return not (await ctx.graph())["publishers"]
+
+        await wait_until(publisher_gone, "the killed publisher dropped", 5)
+        healthy = await ctx.publisher(topic, transport=transport)
+        await healthy.wait_for_channels(2)
+        await healthy.publish((1, -1, 0, ARRAY))
+        assert (await asyncio.wait_for(here.recv(), 5))[:2] == (1, -1)
+        assert (await sub.event("after", timeout=10))["seq"] == -1
+        assert await sub.stop() == 0
+        assert "Traceback" not in caplog.text
+    finally:
+        for child in children:
+            await child.aclose()
+
+
+@ONE_LOOP
+@PATHS
+@TRANSPORTS
+@pytest.mark.timeout(60)
+async def test_a_subscriber_killed_mid_blast_leaves_the_publisher_and_the_other_subscriber(
+    ctx: ezflow.GraphContext, transport: str, path: str
+) -> None:
+    """A subscriber process SIGKILLed while the publisher process blasts (the compiled
+    publish engaged): ``publish`` neither hangs nor raises, the subscriber here gets every
+    message in order, the publisher drops the dead channel and logs it once (no warning,
+    no error, no traceback, no line per message), and the graph server drops the dead
+    subscriber."""
+    topic, env, count = f"/mp/subkill/{transport}", path_env(path), 10_000
+    here = await ctx.subscriber(topic, transport=transport)
+    children = [
+        await Child.start(
+            role,
+            loop_kind(),
+            env=env,
+            address=list(ctx.address),
+            topic=topic,
+            transport=transport,
+            **extra,
+        )
+        for role, extra in (("receive_blast", {}), ("blast", {"channels": 2, "count": count}))
+    ]
+    victim, pub = children
+    try:
+        for child in children:
+            assert (await child.event("ready"))["path"].startswith(path)
+        seqs: list[int] = []
+
+        async def take() -> None:
+            while len(seqs) < count:
+                phase, seq, _, arr = await here.recv()
+                assert phase == 0 and np.array_equal(arr, ARRAY)
+                seqs.append(seq)
+                if len(seqs) == count // 4:
+                    # (the publisher is at most its window ahead of this one: mid-blast)
+                    os.kill(victim.pid, signal.SIGKILL)
+
+        await asyncio.wait_for(take(), 30)
+        assert seqs == list(range(count))
+        done = await pub.event("done", timeout=20)
+        assert (done["sent"], done["error"], done["drops"], done["channels"]) == (count, None, 0, 1)
+        assert engaged(path, done["compiled"])
+        # one line for the dead channel (INFO when it left messages unreleased), no
+        # warning or error, no traceback
+        logs = done["logs"]
+        dropped = [line for line in logs if "dropped the" in line]
+        assert len(dropped) == 1 and f"on topic '{topic}'" in dropped[0], logs
+        assert [line for line in logs if not line.startswith(("DEBUG", "INFO"))] == [], logs
+        assert "Traceback" not in "".join(logs) and len(logs) < 40, logs
+        assert await victim.process.wait() == -signal.SIGKILL
+
+        async def victim_dropped() -> bool:  # (by the graph server too)
+            return len((await ctx.graph())["subscribers"]) == 1
+
+        await wait_until(victim_dropped, "the killed subscriber dropped", 5)
+        assert await pub.stop() == 0
+    finally:
+        for child in children:
+            await child.aclose()
+
+
+@ONE_LOOP
+@PATHS
+@TRANSPORTS
+@pytest.mark.timeout(60)
+async def test_a_subscriber_that_stalls_mid_blast_loses_nothing(
+    ctx: ezflow.GraphContext, transport: str, path: str
+) -> None:
+    """A subscriber process that stops calling ``recv()`` for a second in the middle of
+    a blast and then goes on: the lossless publisher waits for it (the compiled publish
+    engaged before and after), and the subscriber gets every message, in order."""
+    topic, env, count = f"/mp/stall/{transport}", path_env(path), 10_000
+    children = [
+        await Child.start(
+            role,
+            loop_kind(),
+            env=env,
+            address=list(ctx.address),
+            topic=topic,
+            transport=transport,
+            count=count,
+            **extra,
+        )
+        for role, extra in (
+            ("receive_blast", {"stall_at": count // 4, "stall": 1.0}),
+            ("blast", {}),
+        )
+    ]
+    sub, pub = children
+    try:
+        for child in children:
+            assert (await child.event("ready"))["path"].startswith(path)
+        done = await sub.event("done", timeout=30)
+        assert (done["n"], done["first"], done["last"], done["bad"]) == (count, 0, count - 1, [])
+        assert engaged(path, done["takes"])
+        sent = await pub.event("done", timeout=10)
+        assert (sent["sent"], sent["error"], sent["drops"]) == (count, None, 0)
+        assert sent["waits"] > 0 and sent["wait_seconds"] > 0.5  # (it waited out the stall)
+        assert engaged(path, sent["compiled"])
+        for child in children:
+            assert await child.stop() == 0
+    finally:
+        for child in children:
+            await child.aclose()

@@ -795,6 +795,53 @@ def test_the_compiled_publish_sends_what_the_general_path_sends() -> None:
     asyncio.run(both())
 
 
+@needs_extension
+@pytest.mark.parametrize("slack", [-1, 0, 1])
+def test_the_compiled_publish_stops_where_the_byte_window_fills(slack: int) -> None:
+    """A byte window of two message bodies (and a byte less, and a byte more): the
+    compiled publish sends while the link's in-flight bytes are below the window and
+    declines once they reach it exactly, as publish_small_py does and as the general
+    room rule (``Link.has_room``) says. (The boundary itself: the hypothesis twin test
+    reaches it only by chance.)"""
+    import asyncio  # noqa: PLC0415
+
+    from ezflow._core._outlet import Outlet  # noqa: PLC0415
+    from ezflow._transports import _stream_publish  # noqa: PLC0415
+    from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
+
+    compiled = _stream_publish.compiled_publish_small(_speedups)
+    assert compiled is not None
+    arr = np.zeros(16, np.float32)
+    size = len(Codec().encode((0, 1, 7, arr)).to_bytes())
+
+    async def run(publish: Any) -> tuple[list[bool], list[bool], Any]:
+        outlet = Outlet(
+            "p-1", "/t", Codec(), max_in_flight=64, max_in_flight_bytes=2 * size + slack
+        )
+        link = StreamLink(_Connection(), lossless=True, max_size=1 << 20)  # type: ignore[arg-type]
+        outlet.add_link(link)
+        assert outlet.publish_nowait((0, 0, 7, arr))  # (teaches the codec the shape)
+        link._flush_scheduled = True  # (a burst: the rest of the loop turn is queued)
+        sent, room = [], []
+        for seq in (1, 2, 3):
+            room.append(link.has_room(outlet))
+            sent.append(publish(outlet, (0, seq, 7, arr)))
+        assert link.sent_bytes == size * (1 + sent.count(True))
+        return sent, room, _state(outlet)
+
+    async def both() -> None:
+        fast, room, fast_state = await run(compiled)
+        twin, _, twin_state = await run(_stream_publish.publish_small_py)
+        assert fast == twin == room
+        assert fast_state == twin_state
+        # in flight before each: 1, 2 (then 2 or 3) bodies
+        assert fast == {-1: [True, False, False], 0: [True, False, False]}.get(
+            slack, [True, True, False]
+        )
+
+    asyncio.run(both())
+
+
 # -- the compiled take of a queued message (TakePath) against take_queued_py -----------
 
 
@@ -938,6 +985,51 @@ def test_the_compiled_take_is_the_python_twin(ops: list[tuple[Any, ...]]) -> Non
             for channels, *_ in worlds:
                 channels[0].on_release = None if op[1] else channels[1].on_release
         assert state(worlds[0]) == state(worlds[1]), op
+
+
+@needs_extension
+@pytest.mark.parametrize("next_count", [-1, 0, 1, 2])
+def test_the_compiled_take_leaves_a_released_next_entry_to_the_general_path(
+    next_count: int,
+) -> None:
+    """The take that releases the first pending entry when the entry after it is already
+    released (its count 0 or below: its last holder's release came first, as a deferred
+    release can) declines: Channel.release's _advance removes both, and the publisher
+    hears of both at once. With the next entry still held (count 1, 2) the compiled take
+    releases the first one itself. The compiled take and take_queued_py alike."""
+    from ezflow._core._channel import (  # noqa: PLC0415
+        NOTHING,
+        Channel,
+        compiled_take_queued,
+        take_queued_py,
+    )
+    from ezflow._core._inbox import Inbox  # noqa: PLC0415
+
+    compiled = compiled_take_queued(_speedups)
+    assert compiled is not None
+
+    def run(take: Any) -> tuple[Any, Any]:
+        calls: list[tuple[int, int]] = []
+        channel = Channel("p-1", "/t", Codec(), on_release=lambda c, n: calls.append((c, n)))
+        inbox = Inbox()
+        channel.attach(inbox)
+        for seq in (1, 2, 3):
+            channel.deliver(seq, ("m", seq), nbytes=10 * seq)
+        channel._pending[1][1] = next_count
+        took = take(inbox)
+        if took is NOTHING:
+            assert inbox.get_nowait() == ("m", 1)  # (the general path: Channel.release)
+        state = (channel.released, [list(e) for e in channel._pending], calls, len(inbox))
+        return took, state
+
+    fast, twin = run(compiled), run(take_queued_py)
+    assert fast == twin
+    if next_count <= 0:
+        assert fast[0] is NOTHING
+        assert fast[1][1:] == ([[3, 1, 30]], [(2, 30)], 2)  # both entries released at once
+    else:
+        assert fast[0] == ("m", 1)
+        assert fast[1][1:] == ([[2, next_count, 20], [3, 1, 30]], [(1, 10)], 2)
 
 
 @needs_extension

@@ -23,6 +23,7 @@ import pytest
 from _proc import Child
 from _rawpeer import closed_by_peer
 from _transport_of import tcp_of
+from _waiting import wait_until
 from conftest import loop_kind
 
 import ezflow
@@ -367,3 +368,29 @@ async def test_a_flowing_stream_of_large_messages_is_acknowledged_every_quarter_
     finally:
         listener.close()
         await transport.aclose()
+
+
+@pytest.mark.parametrize("unreleased", [0, 3])
+async def test_a_channel_that_goes_away_is_dropped_with_one_log_line(
+    ctx: ezflow.GraphContext, caplog: pytest.LogCaptureFixture, unreleased: int
+) -> None:
+    """A subscriber that closes (or whose process dies: from the publisher's side the two
+    look alike): the publisher drops its channel and logs it once, naming the publisher,
+    the topic, the channel and what it left unreleased; INFO when that is something,
+    DEBUG when it took everything."""
+    caplog.set_level(logging.DEBUG, logger="ezflow.stream")
+    pub = await ctx.publisher("/tcp/gone")
+    sub = await ctx.subscriber("/tcp/gone", transport="tcp")
+    await pub.wait_for_channels(1)
+    for i in range(5):
+        await pub.publish(i)
+    for _ in range(5 - unreleased):
+        await asyncio.wait_for(sub.recv(), 5)
+    await asyncio.sleep(0.1)  # (its releases reach the publisher)
+    await sub.aclose()
+
+    await wait_until(lambda: not pub.channels, "the channel dropped", 5)
+    (record,) = [r for r in caplog.records if "dropped the tcp channel" in r.getMessage()]
+    assert record.levelno == (logging.INFO if unreleased else logging.DEBUG)
+    assert record.getMessage().startswith(f"publisher {pub.id} on topic '/tcp/gone': ")
+    assert f"with {unreleased} messages unreleased" in record.getMessage()

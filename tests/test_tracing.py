@@ -30,6 +30,7 @@ from ezflow._core._tracing import (
     STAGES,
     TRACING,
     WireTrace,
+    apply_lease,
     check_rows,
     hop_stages,
 )
@@ -552,3 +553,75 @@ async def test_ezflow_top_without_traced_hops_shows_no_stages(
         client: Any = Refusing(reply)
         assert await fetch_traces(client) == []
     assert rows({}, time.time(), []) == {"channels": [], "publishers": []}
+
+
+async def test_a_process_that_only_sampled_stops_looking_for_traces_when_its_rate_ends(
+    server: ezflow.GraphServer,
+) -> None:
+    """A publisher's process traced (its own rate, or the graph's lease from
+    ``ezflow trace --sample``, also one whose command was killed halfway) and its rate
+    is back to 0: it looks for traces no more, so its burst goes the one-call compiled
+    publish again (before, it stayed off for the process's life once any rate had been
+    set). A process that received a traced message keeps looking: a handler of one may
+    still publish, carrying its trace on."""
+    from ezflow._graph import _publisher  # noqa: PLC0415
+
+    compiled = _publisher._publish_small
+    took = [0]
+
+    def counting(outlet: Any, message: Any) -> bool:
+        assert compiled is not None
+        fast = compiled(outlet, message)
+        took[0] += fast
+        return fast
+
+    async with ezflow.GraphContext(server.address, auto_start=False) as ctx:
+        pub = await ctx.publisher("/sampled", transport="tcp")
+        sub = await ctx.subscriber("/sampled", transport="tcp")
+        alone = await ctx.publisher("/sampled/alone")
+        await pub.wait_for_channels(1)
+
+        async def burst() -> int:
+            took[0] = 0
+
+            async def take() -> None:
+                for _ in range(200):
+                    await sub.recv()
+
+            async def give() -> None:
+                for i in range(200):  # (a lossless window: the other task takes them)
+                    await pub.publish((0, i, 0, np.zeros(16, np.float32)))
+
+            await asyncio.wait_for(asyncio.gather(give(), take()), 10)
+            return took[0]
+
+        with pytest.MonkeyPatch.context() as patch:
+            if compiled is not None:
+                patch.setattr(_publisher, "_publish_small", counting)
+            for start, end in (
+                (lambda: ezflow.set_trace_rate(1000), lambda: ezflow.set_trace_rate(0)),
+                (
+                    lambda: apply_lease({"id": "L1", "rate": 1000, "remaining": 30}),
+                    lambda: apply_lease(None),  # (ended by the server)
+                ),
+                (
+                    lambda: apply_lease({"id": "L2", "rate": 1000, "remaining": 0}),
+                    lambda: TRACING.expire(time.monotonic_ns() + 10**12),  # (ran out)
+                ),
+            ):
+                start()
+                assert TRACING.active
+                for i in range(10):  # sampled (to no subscriber: none is received here)
+                    await alone.publish((0, i, 0, np.zeros(16, np.float32)))
+                end()
+                assert not TRACING.active and TRACING.rate == 0
+                if compiled is not None:
+                    assert await burst() > 150  # (the first of each loop turn aside)
+            # A traced message received here: this process carries traces on for good.
+            ezflow.set_trace_rate(1)
+            await pub.publish((0, -1, 0, np.zeros(16, np.float32)))
+            await asyncio.wait_for(sub.recv(), 5)
+            ezflow.set_trace_rate(0)
+            assert TRACING.carrying and TRACING.active
+            if compiled is not None:
+                assert await burst() == 0

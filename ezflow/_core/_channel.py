@@ -440,7 +440,7 @@ class Channel:
         ``on_message`` callback handles it during this call: its hop's queue stage is
         0 and its handler stage ends when every local callback of this message returned
         (or at the first publish it caused)."""
-        TRACING.active = True  # (publishes from here on carry traces on)
+        TRACING.carrying = TRACING.active = True  # (publishes from here on carry traces on)
         attachments = self._attachments  # (a callback may attach or detach meanwhile)
         if not received_ns:
             received_ns = decoded_ns = monotonic_ns()

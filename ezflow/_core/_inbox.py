@@ -119,10 +119,16 @@ class _TracedItem:
 
 
 def _release_taken(attachment: Attachment, seq: int) -> None:
-    """Release message *seq*, taken from *attachment*'s inbox, unless the attachment was
-    detached meanwhile (detaching already stopped it holding anything)."""
-    if attachment.active:
+    """Release message *seq*, taken from *attachment*'s inbox by a get that deferred its
+    release to the loop. Meanwhile a later message may have been taken and released at
+    once: its mark (``consumed_seq``) stays. And the attachment may have been detached:
+    detaching let go of every message after the mark, so *seq* is released here only
+    when it is at or before the mark (else it was let go already)."""
+    consumed = attachment.consumed_seq
+    if attachment.active or seq <= consumed:
         attachment.channel.release(attachment, seq)
+        if consumed > seq:
+            attachment.consumed_seq = consumed
 
 
 #: The compiled take of a queued message (``_channel.compiled_take_queued``, installed

@@ -185,6 +185,7 @@ class TraceState:
 
     __slots__ = (
         "active",
+        "carrying",
         "hops",
         "lease",
         "lease_deadline",
@@ -197,9 +198,13 @@ class TraceState:
     )
 
     def __init__(self) -> None:
-        #: True once this process samples (rate > 0) or has seen a traced message: only
-        #: then does a publish look for a trace to carry on
+        #: True while this process samples (rate > 0), and for good once it has received
+        #: a traced message (:attr:`carrying`): only then does a publish look for a trace
+        #: to carry on (and the compiled one-call publish declines)
         self.active = False
+        #: this process has received a traced message: a handler of one may still be
+        #: running, whose publishes carry its trace on
+        self.carrying = False
         #: one message in this many starts a trace (0: this process starts none): the
         #: graph's lease while this process holds one, else its own rate
         self.rate = 0
@@ -228,8 +233,9 @@ class TraceState:
         else:
             self.rate = lease.rate
             self.lease_deadline = lease.deadline
-        if self.rate:
-            self.active = True
+        # (A process that only sampled looks for traces no more once its rate is 0 - a
+        # lease that ended, a rate set back - and gets its untraced publish back.)
+        self.active = bool(self.rate) or self.carrying
 
     def expire(self, now: int) -> None:
         """End the lease if its deadline is past at *now* (``monotonic_ns``)."""

@@ -1,11 +1,12 @@
-"""ezring v1: a shared-memory ring that C/C++ (or Python) producers write and ezflow reads;
+"""ezring v1.1: a shared-memory ring that C/C++ (or Python) producers write and ezflow reads;
 its reader, and the ezring transport (a ring feeds graph channels).
 
 The format is specified in ``docs/ezring.md`` (normative; ``c/ezflow_ring.h`` is the C
 writer). In short: one file ``/dev/shm/ezflow-ring-<name>``::
 
     0      header (384 bytes in v1.0): magic, version, geometry, writer pid/start,
-           topic; write_seq at 256, writer statistics at 320
+           topic; write_seq at 256, writer statistics at 320, scan_count at 336
+           (v1.1: odd while the writer scans the reader table)
     384    reader table: max_readers entries of 64 bytes (state word, mode, pid,
            release cursor, wake-up address)
     page   slot table: slot_count slots of slot_stride bytes (256-byte slot header:
@@ -24,11 +25,12 @@ Atomicity on the Python side: 8-byte fields are read and written through a
 on x86-64 and one ``ldr``/``str`` on aarch64; aligned 8-byte accesses are single-copy
 atomic on both). The *ordering* this module relies on is x86-64's (TSO: loads are not
 reordered with loads, stores not with stores; the one reordering x86-64 does - a later load
-passing an earlier store to another address - matters only at registration (state store,
-then ``write_seq`` load), where a system call that takes a kernel lock (``F_OFD_GETLK``)
-is the full barrier). On aarch64 the Python reader and writer are not guaranteed correct
-(the spec's "Atomicity and aarch64" section); the C writer is, because it uses
-acquire/release atomics.
+passing an earlier store to another address - matters only at a reader's registration
+(state store, then ``write_seq`` and ``scan_count`` loads) and at the writer's scan
+announcement (``scan_count`` store, then the entries' loads), where a system call that
+takes a kernel lock (``F_OFD_GETLK``) is the full barrier). On aarch64 the Python reader
+and writer are not guaranteed correct (the spec's "Atomicity and aarch64" section); the C
+writer is, because it uses acquire/release atomics.
 
 The files: :mod:`._ezring_files` holds the format's constants and header and every look
 at a ring file (open, sweep, scan), :mod:`._ezring_writer` the Python writer, this module
@@ -79,6 +81,7 @@ from ._ezring_files import (
     OFF_DROPPED,
     OFF_FLAGS,
     OFF_RECLAIMED,
+    OFF_SCAN_COUNT,
     OFF_WRITE_SEQ,
     R_ADDR,
     R_CURSOR,
@@ -214,13 +217,21 @@ class RingReader:
             header = RingHeader.parse(mapping.rw, mapping.size)
             reader = cls(name, mapping, header, lossless)
             reader._loop = asyncio.get_running_loop()
-            reader._register()
+            before, after = reader._register()
         except BaseException:
             mapping.close()
             raise
+        try:
+            await reader._settle(before, after, deadline)
+        except BaseException:
+            reader.close()
+            raise
         return reader
 
-    def _register(self) -> None:
+    def _register(self) -> tuple[int, int]:
+        """Take a reader entry and announce it (docs/ezring.md, "Registration", steps
+        1-4): ``(before, after)``, ``write_seq`` read before and after the announcement,
+        for :meth:`_settle`."""
         h, m = self._header, self._m
         for i in range(h.max_readers):
             if lock_byte(m.fd, h.reader_table + i * READER_ENTRY_SIZE):
@@ -252,13 +263,49 @@ class RingReader:
         # "Registration"): a system call taking a kernel lock. It doubles as the first
         # liveness check of the writer.
         locked_elsewhere(m.fd, 0)
-        after = m.load(OFF_WRITE_SEQ)
-        # Frames after `before` are intact unless the writer, not yet seeing us, lapped
-        # the ring meanwhile; only then do we start at `after`.
-        start = before if after - before < self._header.slot_count else after
-        m.store(base + R_CURSOR, start)
+        return before, m.load(OFF_WRITE_SEQ)
+
+    async def _settle(self, before: int, after: int, deadline: float) -> None:
+        """Where this reader starts (docs/ezring.md, "Registration", step 5): after
+        *before* when the frames committed since are intact and held for it, else after
+        *after*; its cursor stored there.
+
+        Fewer than ``slot_count`` frames since *before*: intact (a loan that did not
+        see this reader overwrote at most frame *before*). More: lapped. Exactly
+        ``slot_count``: intact unless the loan of the next frame overwrote frame
+        ``before + 1`` without seeing this reader - a loan whose scan began before the
+        announcement. A v1.1 writer announces each scan (``scan_count`` odd); once no
+        scan that began before is under way, frame ``before + 1`` still in its slot
+        means that no such loan took it, and every later scan sees this reader. A
+        scan under way is waited for (a few microseconds; polled every millisecond up
+        to *deadline*, while the writer lives); a v1.0 writer announces nothing:
+        lapped, to be safe (those frames are skipped, not counted as lost)."""
+        h, m = self._header, self._m
+        start = before
+        if after - before > h.slot_count or (
+            after - before == h.slot_count and not await self._kept(before, deadline)
+        ):
+            start = after
+        m.store(self._entry_offset + R_CURSOR, start)
         self._next = start + 1
         self._delivered = self._cursor = start
+
+    async def _kept(self, before: int, deadline: float) -> bool:
+        """Whether frame ``before + 1`` is intact and held for this reader: no scan that
+        could have missed it took its slot (see :meth:`_settle`)."""
+        h, m = self._header, self._m
+        if h.minor < 1:
+            return False
+        scans = m.load(OFF_SCAN_COUNT)
+        while scans & 1 and m.load(OFF_SCAN_COUNT) == scans:
+            # A scan under way: it may have begun before our announcement.
+            if not self._writer_alive():
+                break  # (a dead writer takes no slot any more: the slot tells)
+            if time.monotonic() > deadline:
+                return False  # (a writer stopped mid-scan: lapped, to be safe)
+            await asyncio.sleep(0.001)
+        offset = h.slot_table + (before % h.slot_count) * h.slot_stride
+        return bool(m.load(offset + S_SEQ) == before + 1)
 
     @property
     def _entry_offset(self) -> int:

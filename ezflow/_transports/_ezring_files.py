@@ -51,7 +51,7 @@ FILE_RE: Final = re.compile(r"ezflow-ring-[A-Za-z0-9_-]{1,64}")
 
 MAGIC: Final = int.from_bytes(b"EZRING1\0", "little")
 MAJOR: Final = 1
-MINOR: Final = 0
+MINOR: Final = 1  # 1: the writer keeps scan_count (OFF_SCAN_COUNT)
 HEADER_SIZE: Final = 384
 READER_ENTRY_SIZE: Final = 64
 SLOT_HEADER_SIZE: Final = 256
@@ -68,6 +68,7 @@ OFF_FLAGS: Final = 16
 OFF_WRITE_SEQ: Final = 256
 OFF_DROPPED: Final = 320
 OFF_RECLAIMED: Final = 328
+OFF_SCAN_COUNT: Final = 336  # (v1.1) odd while the writer scans the reader table
 # magic, major, minor, header_size, flags, slot_count, max_readers, slot_size,
 # slot_stride, reader_table, slot_table, segment_size, writer_pid, (pad), writer_start,
 # created_ns

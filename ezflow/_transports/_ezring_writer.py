@@ -32,6 +32,7 @@ from ._ezring_files import (
     OFF_FLAGS,
     OFF_MAGIC,
     OFF_RECLAIMED,
+    OFF_SCAN_COUNT,
     OFF_WRITE_SEQ,
     R_ADDR,
     R_CURSOR,
@@ -77,6 +78,7 @@ class RingWriter:
         self._dropped = 0
         self._reclaimed = 0
         self._loaned = 0
+        self._scans = 0  # scan_count / 2: the reader-table scans done
         self._closed = False
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._sock.setblocking(False)
@@ -200,26 +202,45 @@ class RingWriter:
         if not 0 <= nbytes <= h.slot_size:
             raise ValueError(f"{nbytes} bytes do not fit an ezring slot of {h.slot_size}")
         seq = self._published + 1
-        if seq > h.slot_count:
-            previous = seq - h.slot_count
-            for i in range(h.max_readers):
-                base = h.reader_table + i * READER_ENTRY_SIZE
-                word = m.load(base + R_STATE)
-                if word & 0xFFFFFFFF != STATE_ACTIVE:
-                    continue
-                if m.rw[base + R_MODE] != MODE_LOSSLESS:
-                    continue
-                if m.load(base + R_CURSOR) >= previous or self._reclaim_if_dead(i, word):
-                    continue
-                self._dropped += 1
-                m.store(OFF_DROPPED, self._dropped)
-                self._loaned = 0
-                return None
         offset = h.slot_table + ((seq - 1) % h.slot_count) * h.slot_stride
-        m.store(offset + S_SEQ, 0)  # seqlock: being written
+        if seq <= h.slot_count:
+            m.store(offset + S_SEQ, 0)  # seqlock: being written
+        elif self._scan(seq - h.slot_count):
+            m.store(offset + S_SEQ, 0)
+            m.store(OFF_SCAN_COUNT, 2 * self._scans)  # the scan is over (docs/ezring.md)
+        else:
+            m.store(OFF_SCAN_COUNT, 2 * self._scans)
+            self._dropped += 1
+            m.store(OFF_DROPPED, self._dropped)
+            self._loaned = 0
+            return None
         self._loaned = seq
         start = offset + SLOT_HEADER_SIZE
         return self._payload[start : start + nbytes]
+
+    def _scan(self, previous: int) -> bool:
+        """The reader-table scan of a loan that overwrites frame *previous*: true when
+        no live lossless reader holds it. Announced (``scan_count`` odd) and then a full
+        barrier before the first entry is read; the caller ends it (``scan_count`` even)
+        after the slot's seqlock store, or at once when the frame is held."""
+        m, h = self._m, self._h
+        self._scans += 1
+        m.store(OFF_SCAN_COUNT, 2 * self._scans - 1)
+        # Full barrier between that store and the loads of the entries (docs/ezring.md,
+        # "Registration": a Dekker pair with a registering reader): a system call that
+        # takes a kernel lock, as the reader's.
+        locked_elsewhere(m.fd, 0)
+        for i in range(h.max_readers):
+            base = h.reader_table + i * READER_ENTRY_SIZE
+            word = m.load(base + R_STATE)
+            if word & 0xFFFFFFFF != STATE_ACTIVE:
+                continue
+            if m.rw[base + R_MODE] != MODE_LOSSLESS:
+                continue
+            if m.load(base + R_CURSOR) >= previous or self._reclaim_if_dead(i, word):
+                continue
+            return False
+        return True
 
     def commit(
         self,

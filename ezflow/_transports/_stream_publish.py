@@ -411,6 +411,8 @@ class PublisherConnection(FramedProtocol):
         self.heartbeat: Heartbeat | None = None
         #: END was written and our sending side shut down: nothing more may be written
         self.eof_sent = False
+        #: why the connection goes was logged already (a dead peer, a failed write)
+        self._loss_logged = False
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -542,6 +544,7 @@ class PublisherConnection(FramedProtocol):
             silence,
             deadline,
         )
+        self._loss_logged = True
         self.abort()
 
     def _authenticate(self, message: dict[str, Any]) -> dict[str, Any] | None:
@@ -617,13 +620,26 @@ class PublisherConnection(FramedProtocol):
 
     def _write_failed(self, exc: OSError) -> None:
         # As the transport does on a send error: only this connection goes, and
-        # connection_lost removes the link.
-        log.info(
-            "%s data server: connection to %s failed while sending: %s",
-            self.server.name,
-            self.peer_name(),
-            exc,
-        )
+        # connection_lost removes the link (this line is its one log line).
+        outlet, link = self.outlet, self.link
+        if outlet is None or link is None:
+            log.info(
+                "%s data server: connection to %s failed while sending: %s",
+                self.server.name,
+                self.describe_peer(),
+                exc,
+            )
+        else:
+            log.info(
+                "publisher %s on topic %r: dropped the %s: sending failed (%s) with %d "
+                "messages unreleased",
+                outlet.publisher_id,
+                outlet.topic,
+                link.describe(),
+                exc,
+                link.in_flight,
+            )
+        self._loss_logged = True
         self.abort()
 
     def send_frame(self, body: bytes) -> None:
@@ -656,6 +672,23 @@ class PublisherConnection(FramedProtocol):
         if not self.closed.done():
             self.closed.set_result(None)
         self.server.connections.discard(self)
-        if self.outlet is not None and self.link is not None:
-            self.outlet.remove_link(self.link)
-            self.server.link_lost(self, self.outlet, self.link)
+        outlet, link = self.outlet, self.link
+        if outlet is not None and link is not None:
+            if not self._loss_logged and not outlet.closed and link in outlet.links:
+                # The channel's end closed it: its process exited or was killed, or it
+                # unsubscribed (the two look alike from here). One line: INFO when it
+                # broke or left messages unreleased, else DEBUG. (A cut, a dead peer or
+                # a failed write logged already.)
+                unreleased = link.in_flight
+                log.log(
+                    logging.INFO if unreleased or exc is not None else logging.DEBUG,
+                    "publisher %s on topic %r: dropped the %s: its connection closed "
+                    "(%s) with %d messages unreleased",
+                    outlet.publisher_id,
+                    outlet.topic,
+                    link.describe(),
+                    exc or "by the channel",
+                    unreleased,
+                )
+            outlet.remove_link(link)
+            self.server.link_lost(self, outlet, link)
