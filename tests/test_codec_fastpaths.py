@@ -286,6 +286,55 @@ def test_dataclass_templates_send_init_fields_and_rebuild_by_the_constructor() -
     assert codec._last_layout is not None
 
 
+def test_a_dataclass_is_rebuilt_by_position_only_where_its_init_binds_so() -> None:
+    """A layout calls a dataclass with its fields as positional arguments (cheaper than
+    a dict of keywords) only when its ``__init__`` takes them in that order; a
+    keyword-only field or an ``__init__`` of the class's own keeps the keywords. Both
+    ways, compiled and pure, rebuild what the general decoder rebuilds."""
+
+    @_codec.message(name="tests.fastpaths.InOrder")
+    @dataclasses.dataclass(slots=True)
+    class InOrder:
+        phase: int
+        payload: np.ndarray[Any, Any]
+        source: str = "mixed"
+
+    @_codec.message(name="tests.fastpaths.KeywordOnly")
+    @dataclasses.dataclass
+    class KeywordOnly:
+        phase: int
+        payload: np.ndarray[Any, Any] = dataclasses.field(kw_only=True)
+
+    @_codec.message(name="tests.fastpaths.OwnInit")
+    @dataclasses.dataclass(init=False)
+    class OwnInit:
+        phase: int
+        source: str
+
+        def __init__(self, source: str, phase: int) -> None:  # (the other order)
+            self.phase, self.source = phase, source
+
+    cases = [
+        (InOrder(3, np.arange(4.0), "x"), None),
+        (KeywordOnly(3, payload=np.arange(4.0)), ("phase", "payload")),
+        (OwnInit("x", 3), ("phase", "source")),
+    ]
+    for obj, keys in cases:
+        codec = Codec()
+        body = codec.encode(obj).to_bytes()
+        forget_layouts(body)
+        for _ in range(3):
+            ref = check_decode(codec, body)
+        layout = codec._last_layout
+        assert layout is not None and layout.spec[2] == keys, (obj, layout.spec)
+        assert ref[0] == "ok" and type(ref[1]) is type(obj)
+        for field in dataclasses.fields(obj):  # (each field where it belongs)
+            sent, got = getattr(obj, field.name), getattr(ref[1], field.name)
+            assert np.array_equal(got, sent) if isinstance(sent, np.ndarray) else got == sent
+        for decode in (layout.decode, layout.decode_py):
+            assert_same_decoded(ref[1], decode(body))
+
+
 def test_a_failing_constructor_is_a_protocol_error_on_the_layout_path_too() -> None:
     codec = Codec()
     good = Sample(1, 2, 3, 4)

@@ -611,7 +611,8 @@ typedef struct {
     int kind; /* K_* */
     Py_ssize_t nitems;
     Item *items;
-    PyObject *keys; /* tuple of str (K_DICT, K_DATACLASS) or None */
+    PyObject *keys; /* tuple of str (K_DICT, K_DATACLASS), or None (a dataclass called with
+                     * its items as positional arguments; tuples and lists) */
     PyObject *cls;  /* the dataclass, or None */
     PyObject *frombuffer;
     PyObject *ndarray;
@@ -669,7 +670,9 @@ static PyObject *Layout_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         return NULL;
     }
     Py_ssize_t nitems = PyTuple_GET_SIZE(items);
-    if (kind >= K_DICT && (!PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) != nitems)) {
+    /* (a dataclass without keys is called with its items as positional arguments) */
+    if (kind >= K_DICT && !(kind == K_DATACLASS && keys == Py_None) &&
+        (!PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) != nitems)) {
         PyErr_SetString(PyExc_ValueError, "keys must be a tuple of one str per item");
         return NULL;
     }
@@ -846,6 +849,11 @@ static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
     if (self->kind <= K_LIST) {
         result = items;
         items = NULL;
+        goto done;
+    }
+    if (self->keys == Py_None) { /* a dataclass whose __init__ takes its fields in order */
+        result = PyObject_Vectorcall(self->cls, &PyTuple_GET_ITEM(items, 0), nitems, NULL);
+        if (result == NULL) goto failed;
         goto done;
     }
     PyObject *fields = PyDict_New();

@@ -13,6 +13,7 @@ wrong. The shapes covered are those of :mod:`._templates`; the caches are bounde
 
 from __future__ import annotations
 
+import inspect
 import struct
 from collections.abc import Callable
 from types import ModuleType
@@ -120,8 +121,9 @@ class _Layout:
 
 
 # A layout's message, for its compiled twin (``_speedups.Layout``): (kind, items, keys,
-# class), with kind one of _KIND_*, keys the dict keys or dataclass fields (else None),
-# class the dataclass (else None); each item (op, a, b, c), by op:
+# class), with kind one of _KIND_*, keys the dict keys or dataclass fields (else None;
+# None for a dataclass: called with its items as positional arguments, see
+# _binds_in_order), class the dataclass (else None); each item (op, a, b, c), by op:
 #   _OP_NONE          None
 #   _OP_VALUE         value a of the unpacked values, as unpacked (int, float, bytes)
 #   _OP_BOOL          value a == 0xC3
@@ -302,15 +304,16 @@ class _LayoutWalker:
             raise _NotFlat
         return [self.item() for _ in range(count)]
 
-    def fields(self) -> tuple[str, tuple[str, ...], list[_Item]]:
-        """Walk a map of str keys to items; return a dict display expression, its keys
-        and its items."""
+    def fields(self) -> tuple[str, tuple[str, ...], list[_Item], list[str]]:
+        """Walk a map of str keys to items; return a dict display expression, its keys,
+        its items and their expressions."""
         count = self.count(0x80, 0x8F, {0xDE: 2, 0xDF: 4})
         if count > _TEMPLATE_MAX_ITEMS:
             raise _NotFlat
         pairs = []
         keys = []
         specs = []
+        exprs = []
         for _ in range(count):
             name = self.fixed_str()
             key = self.constant(name)
@@ -318,7 +321,8 @@ class _LayoutWalker:
             pairs.append(f"{key}: {expr}")
             keys.append(name)
             specs.append(spec)
-        return "{" + ", ".join(pairs) + "}", tuple(keys), specs
+            exprs.append(expr)
+        return "{" + ", ".join(pairs) + "}", tuple(keys), specs, exprs
 
     def message(self) -> tuple[str, _Message]:
         """Walk the top-level container; return the expression that rebuilds it, and
@@ -329,7 +333,7 @@ class _LayoutWalker:
             expr = "[" + ", ".join(expr for expr, _ in items) + "]"
             return expr, (_KIND_LIST, tuple(spec for _, spec in items), None, None)
         if 0x80 <= marker <= 0x8F or marker in (0xDE, 0xDF):
-            expr, keys, specs = self.fields()
+            expr, keys, specs, _ = self.fields()
             return expr, (_KIND_DICT, tuple(specs), keys, None)
         code, size = self.ext_header()
         end = self.pos + size
@@ -345,14 +349,40 @@ class _LayoutWalker:
             entry = _TYPES_BY_NAME.get(self.fixed_str())
             if entry is None:
                 raise _NotFlat
-            fields, keys, specs = self.fields()
-            expr = f"{self.constant(entry.cls)}(**{fields})"
-            spec = (_KIND_DATACLASS, tuple(specs), keys, entry.cls)
+            fields, keys, specs, exprs = self.fields()
+            cls = self.constant(entry.cls)
+            if _binds_in_order(entry.cls, keys):
+                # (positional: a third of the cost of building and passing a dict)
+                expr = f"{cls}({''.join(f'{e}, ' for e in exprs)})"
+                spec = (_KIND_DATACLASS, tuple(specs), None, entry.cls)
+            else:
+                expr = f"{cls}(**{fields})"
+                spec = (_KIND_DATACLASS, tuple(specs), keys, entry.cls)
         else:
             raise _NotFlat
         if self.pos != end:
             raise _NotFlat
         return expr, spec
+
+
+def _binds_in_order(cls: type, keys: tuple[str, ...]) -> bool:
+    """Whether ``cls(*values)`` binds *values* exactly as ``cls(**dict(zip(keys,
+    values)))`` does: the first parameters of ``cls`` are *keys*, in order, each one
+    positional-or-keyword, and every later one has a default (a dataclass's generated
+    ``__init__``, unless a field is keyword-only or the class wrote its own)."""
+    try:
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):  # (no signature to read: keep the keywords)
+        return False
+    if len(parameters) < len(keys):
+        return False
+    for parameter, key in zip(parameters, keys, strict=False):
+        if parameter.name != key or parameter.kind is not parameter.POSITIONAL_OR_KEYWORD:
+            return False
+    return all(
+        parameter.default is not parameter.empty or parameter.kind is parameter.VAR_KEYWORD
+        for parameter in parameters[len(keys) :]
+    )
 
 
 def _learn_layout(
