@@ -10,6 +10,7 @@ import itertools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -783,3 +784,79 @@ async def test_a_queued_get_is_get_nowait() -> None:
         for a, b, inbox, leaky, releases, _ in sides
     ]
     assert states[0] == states[1]
+
+
+# ----------------------------------------------------------------- encoded inboxes
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages(), min_size=1, max_size=4), st.data())
+def test_encoded_inboxes_get_the_body_the_codec_makes_and_the_others_the_message(
+    objs: list[object], data: st.DataObject
+) -> None:
+    """An encoded inbox gets each message's body exactly as Codec.encode makes it - the
+    body that arrived (bytes, or a memoryview made read-only), undecoded when every
+    inbox is encoded; from a local publisher (no body), encoded once by the channel -
+    while an inbox beside it gets what the general decoder gives; a garbled body goes to
+    the encoded inbox as it came and to the other as an undecodable message."""
+    reference = Codec()
+    codec = Codec()
+    channel = Channel("p-1", "/t", codec)
+    encoded = Inbox(encoded=True)
+    channel.attach(encoded)
+    plain = Inbox() if data.draw(st.booleans()) else None
+    if plain is not None:
+        channel.attach(plain)
+    seq = 0
+    for obj in objs:
+        body = _encoded(reference, obj)
+        if body is None:
+            continue
+        how = data.draw(st.sampled_from(["bytes", "memoryview", "local", "garbled"]))
+        seq += 1
+        if how == "local":
+            channel.deliver(seq, obj)
+        elif how == "garbled":
+            body = body[: len(body) // 2]
+            channel.deliver_body(seq, body)
+        else:
+            channel.deliver_body(seq, body if how == "bytes" else memoryview(bytearray(body)))
+        got = encoded.get_nowait()
+        assert bytes(got) == body
+        assert type(got) is bytes or (type(got) is memoryview and got.readonly)
+        if how != "garbled":
+            assert_same_decoded(_decode_general(reference, body), reference.decode(got))
+        if plain is not None:
+            expected = outcome(lambda b=body: _decode_general(reference, b))  # type: ignore[misc]
+            actual = outcome(plain.get_nowait)
+            if how == "local":
+                assert actual[0] == "ok" and (actual[1] is obj or isinstance(obj, np.ndarray))
+            elif expected[0] == "raised":
+                assert actual == ("raised", UndecodableMessageError)
+            else:
+                assert_same_decoded(expected[1], actual[1])
+        assert not len(encoded) and (plain is None or not len(plain))
+    # Nothing decoded for an encoded inbox alone (but a local message, which is one).
+    if plain is None:
+        assert channel.stats.decoded == 0
+    assert channel.pending == 0 and channel._body is None
+
+
+def test_an_encoded_inbox_holds_and_releases_like_any_lossless_one() -> None:
+    channel, releases, _ = make_channel()
+    encoded = Inbox(encoded=True)
+    channel.attach(encoded)
+    for seq in range(1, 4):
+        channel.deliver_body(seq, Codec().encode((seq, "x")).to_bytes())
+    assert channel.pending == 3 and releases == []
+    assert Codec().decode(encoded.get_nowait()) == (1, "x")
+    assert channel.released[0] == 1 and channel.pending == 2
+    leaky = Inbox(encoded=True, leaky=True, maxlen=1)
+    channel.attach(leaky)
+    for seq in range(4, 7):
+        channel.deliver_body(seq, Codec().encode(seq).to_bytes())
+    assert leaky.stats.dropped == 2 and Codec().decode(leaky.get_nowait()) == 6
+    calls: list[Any] = []
+    channel.attach(Inbox(encoded=True, callback=calls.append))
+    channel.deliver(7, (7, "y"))  # (a local message: encoded once for the callback)
+    assert calls == [Codec().encode((7, "y")).to_bytes()]
