@@ -648,7 +648,9 @@ _ORDINARY = st.tuples(st.integers(0, 2), st.integers(-(2**40), 2**40), st.intege
         min_size=1,
         max_size=4,
     ),
-    inboxes=st.lists(st.sampled_from(["lossless", "leaky", "callback"]), max_size=3),
+    inboxes=st.lists(
+        st.sampled_from(["lossless", "leaky", "callback", "encoded", "encoded"]), max_size=3
+    ),
     take_between=st.booleans(),
 )
 def test_deliver_run_is_deliver_body_frame_by_frame(
@@ -663,7 +665,8 @@ def test_deliver_run_is_deliver_body_frame_by_frame(
     that moves 1 ns a read: the run reads it once, so only the latency total may differ
     by a few ns), releases and pending entries - with timed frames
     (one in 4, here), upstream drops, garbage, a second shape, and any mix of lossless,
-    leaky and callback inboxes (which make the run step aside)."""
+    leaky and callback inboxes (which make the run step aside), and encoded ones (a run
+    of bodies, undecoded, when every inbox is one; else the run steps aside)."""
     monkeypatch.setattr(_channel, "TIMING_SAMPLE_MASK", 3)  # (one in 4 timed: often)
     monkeypatch.setattr(_inbox, "TIMING_SAMPLE_MASK", 3)
     ticks = itertools.count(5_000_000_000)  # (a clock that moves: timed decodes take 1 ns)
@@ -680,6 +683,8 @@ def test_deliver_run_is_deliver_body_frame_by_frame(
             inbox = (
                 Inbox(leaky=True, maxlen=1000)
                 if kind == "leaky"
+                else Inbox(encoded=True)
+                if kind == "encoded"
                 else Inbox(callback=handled.append)
                 if kind == "callback"
                 else Inbox()

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ._codec import Codec, EncodedMessage
+from ._codec._format import _new_encoded
 from ._config import PACED_GAP_NS, PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
 from ._exceptions import ClosedResourceError, MessageTooLargeError
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
@@ -462,19 +463,36 @@ class Outlet:
                     await asyncio.sleep(0)
                     if self._blocked():
                         await self._wait_for_room()
-                # The run: each message while every lossless link has room for it.
+                # The run: each message while every lossless link has room for it
+                # (_blocked, over the lossless links, inlined: once a message).
+                lossless = [link for link in self._links if link.lossless]
+                max_count, max_bytes = self.max_in_flight, self.max_in_flight_bytes
                 while True:
                     body = bodies[index]
-                    trace = carry(self) if TRACING.active else None
-                    self.send_now(messages[index], trace, EncodedMessage([body], len(body)))
+                    self.send_now(
+                        messages[index],
+                        carry(self) if TRACING.active else None,
+                        _new_encoded(EncodedMessage, ([body], len(body))),
+                    )
                     index += 1
                     self._unyielded += 1
                     if (
                         index == count
                         or self._unyielded >= PUBLISH_YIELD_EVERY
                         or self._unyielded_bytes >= PUBLISH_YIELD_BYTES
-                        or self._blocked()
                     ):
+                        break
+                    full = False
+                    for link in lossless:
+                        in_flight = link.sent_count - link.released_count
+                        if (
+                            link.stalled
+                            or in_flight >= max_count
+                            or (in_flight and link.sent_bytes - link.released_bytes >= max_bytes)
+                        ):
+                            full = True
+                            break
+                    if full:
                         break
         except (ClosedResourceError, MessageTooLargeError) as exc:
             raise type(exc)(

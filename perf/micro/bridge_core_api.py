@@ -49,7 +49,11 @@ async def publish_costs(count: int, rounds: int) -> dict[str, list[float]]:
     from ezflow._core._codec._format import EncodedMessage
 
     body = Codec().encode(MESSAGE).to_bytes()
-    found: dict[str, list[float]] = {"one by one": [], "in runs of 64": []}
+    found: dict[str, list[float]] = {
+        "one by one": [],
+        "in runs of 64": [],
+        "publish_encoded_many of 32": [],
+    }
     async with ezflow.GraphContext("127.0.0.1:0") as ctx:
         address = "{}:{}".format(*ctx.address)
         pub = await ctx.publisher("/api")
@@ -67,6 +71,10 @@ async def publish_costs(count: int, rounds: int) -> dict[str, list[float]]:
                     if name == "one by one":
                         for _ in range(count):
                             await pub.publish_encoded(MESSAGE, body)
+                    elif name.startswith("publish_encoded_many"):
+                        messages, bodies = [MESSAGE] * 32, [body] * 32
+                        for _ in range(count // 32):
+                            await pub.publish_encoded_many(messages, bodies)
                     else:
                         left = count
                         while left:
