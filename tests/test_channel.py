@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import ezflow
 from ezflow import ClosedResourceError, ProtocolError, UndecodableMessageError
-from ezflow._core import _channel, _inbox
+from ezflow._core import _channel, _channel_encoded, _inbox
 from ezflow._core._channel import Channel
 from ezflow._core._codec import HEADER, Codec, _decode_general
 from ezflow._core._inbox import Inbox
@@ -671,6 +671,7 @@ def test_deliver_run_is_deliver_body_frame_by_frame(
     monkeypatch.setattr(_inbox, "TIMING_SAMPLE_MASK", 3)
     ticks = itertools.count(5_000_000_000)  # (a clock that moves: timed decodes take 1 ns)
     monkeypatch.setattr(_channel, "time_ns", lambda: next(ticks))
+    monkeypatch.setattr(_channel_encoded, "time_ns", lambda: next(ticks))
     monkeypatch.setattr(_inbox, "perf_counter_ns", lambda: 7)
     codec = Codec()
     sides = []

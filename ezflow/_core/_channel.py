@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from . import _inbox
+from ._channel_encoded import deliver_run_encoded, put_encoded
 from ._codec import Codec
 from ._compiled import SPEEDUPS
 from ._config import TIMING_SAMPLE_MASK
@@ -354,7 +355,7 @@ class Channel:
         if self._encoded:
             if self._encoded != len(self._attachments) or DELIVER_HOOKS:
                 return -1
-            return self._deliver_run_encoded(frames, index)
+            return deliver_run_encoded(self, frames, index)
         codec = self.codec
         layout = codec._last_layout
         if layout is None or DELIVER_HOOKS:
@@ -428,73 +429,6 @@ class Channel:
                     self._notify_release()
         if i == index and i < end and frames[i][1] & TIMING_SAMPLE_MASK:
             return -1  # (not of the layout: the read goes frame by frame)
-        return i
-
-    def _deliver_run_encoded(
-        self, frames: list[tuple[int, int, bytes, int, int]], index: int
-    ) -> int:
-        """:meth:`deliver_run` for a channel whose inboxes all take encoded bodies (see
-        :meth:`deliver_body`): each frame's body as it came (nothing to decode, time or
-        learn), up to the first frame with new upstream drops. ``tests/test_channel.py``
-        pins it to :meth:`deliver_body`."""
-        attachments = self._attachments
-        for attachment in attachments:
-            inbox = attachment.inbox
-            if inbox._callback is not None or inbox.maxlen is not None or inbox._closed:
-                return -1
-        upstream = self.stats.upstream_drops
-        lossless = self._lossless
-        pending_append = self._pending.append
-        appends = [(attachment, attachment.inbox._items.append) for attachment in attachments]
-        buckets = self.latency.buckets
-        now_ns = time_ns()
-        latency_total = 0
-        nbytes = 0
-        end = len(frames)
-        i = index
-        try:
-            while i < end:
-                _, seq, body, drops, sent_ns = frames[i]
-                if drops > upstream:
-                    break
-                size = len(body)
-                if lossless:
-                    pending_append([seq, lossless, size])
-                for attachment, append in appends:
-                    append((attachment, seq, body))
-                nbytes += size
-                if sent_ns:
-                    latency_ns = now_ns - sent_ns
-                    if latency_ns > 0:
-                        buckets[latency_ns.bit_length()] += 1
-                        latency_total += latency_ns
-                    else:  # the clocks of two hosts disagree
-                        buckets[0] += 1
-                i += 1
-        finally:
-            self.run_end = i
-            count = i - index
-            if count:
-                self._last_seq = frames[i - 1][1]
-                stats = self.stats
-                stats.messages += count
-                stats.bytes += nbytes
-                stats.deliveries += count * len(attachments)
-                self.latency.total += latency_total
-                if lossless:
-                    self._pending_bytes += nbytes
-                for attachment in attachments:
-                    inbox = attachment.inbox
-                    inbox.stats.received += count
-                    waiter = inbox._waiter
-                    if waiter is not None:
-                        inbox._waiter = None
-                        if not waiter.done():
-                            waiter.set_result(None)
-                if not lossless:
-                    self._released_count += count
-                    self._released_bytes += nbytes
-                    self._notify_release()
         return i
 
     def deliver_body_traced(
@@ -615,7 +549,7 @@ class Channel:
             self._released_bytes += nbytes
         attachments = self._attachments
         if self._encoded:
-            self._put_encoded(seq, message)
+            put_encoded(self, seq, message)
         else:
             for attachment in attachments:
                 attachment.inbox.put(attachment, seq, message)
@@ -649,39 +583,6 @@ class Channel:
                     decode_ns,
                 ),
             )
-
-    def _put_encoded(self, seq: int, message: Any) -> None:
-        """(deliver, with encoded inboxes attached) Put *message* in each inbox that
-        decodes and its body in each encoded one: the body that arrived
-        (:meth:`deliver_body`), or - from a publisher without one (local, ezring) - the
-        body :meth:`Codec.encode` makes of it, encoded once here for all of them."""
-        body, self._body = self._body, None
-        if body is None:
-            codec = self.codec
-            try:
-                # (the codec's one-bytes fast path for a small message of a cached shape:
-                # exactly what encode() joins, a sixth of its time for a small tuple)
-                body = codec._encode_small(message)
-                if body is None:
-                    body = codec.encode(message).to_bytes()
-            except Exception as exc:  # (the publisher validated it: not seen)
-                self._not_encodable(seq, message, exc)
-                return
-        for attachment in self._attachments:
-            attachment.inbox.put(attachment, seq, body if attachment.encoded else message)
-
-    def _not_encodable(self, seq: int, message: Any, exc: Exception) -> None:
-        # The encoded inboxes are told in its place (and release it: they never take it).
-        for attachment in self._attachments:
-            if not attachment.encoded:
-                attachment.inbox.put(attachment, seq, message)
-                continue
-            error = UndecodableMessageError(
-                self.topic, self.publisher_id, f"cannot encode it for an encoded subscriber: {exc}"
-            )
-            attachment.inbox.put_undecodable(error, attachment.lossless)
-            if attachment.lossless:
-                self.release(attachment, seq)
 
     def _undecodable(self, exc: ProtocolError, seq: int = 0) -> None:
         """Tell every attached inbox, in the undecodable message's place (one error
