@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import ezflow
 from ezflow import ClosedResourceError, ProtocolError, UndecodableMessageError
-from ezflow._core import _channel, _inbox
+from ezflow._core import _channel, _channel_encoded, _inbox
 from ezflow._core._channel import Channel
 from ezflow._core._codec import HEADER, Codec, _decode_general
 from ezflow._core._inbox import Inbox
@@ -695,7 +695,9 @@ _ORDINARY = st.tuples(st.integers(0, 2), st.integers(-(2**40), 2**40), st.intege
         min_size=1,
         max_size=4,
     ),
-    inboxes=st.lists(st.sampled_from(["lossless", "leaky", "callback"]), max_size=3),
+    inboxes=st.lists(
+        st.sampled_from(["lossless", "leaky", "callback", "encoded", "encoded"]), max_size=3
+    ),
     take_between=st.booleans(),
 )
 def test_deliver_run_is_deliver_body_frame_by_frame(
@@ -710,11 +712,13 @@ def test_deliver_run_is_deliver_body_frame_by_frame(
     that moves 1 ns a read: the run reads it once, so only the latency total may differ
     by a few ns), releases and pending entries - with timed frames
     (one in 4, here), upstream drops, garbage, a second shape, and any mix of lossless,
-    leaky and callback inboxes (which make the run step aside)."""
+    leaky and callback inboxes (which make the run step aside), and encoded ones (a run
+    of bodies, undecoded, when every inbox is one; else the run steps aside)."""
     monkeypatch.setattr(_channel, "TIMING_SAMPLE_MASK", 3)  # (one in 4 timed: often)
     monkeypatch.setattr(_inbox, "TIMING_SAMPLE_MASK", 3)
     ticks = itertools.count(5_000_000_000)  # (a clock that moves: timed decodes take 1 ns)
     monkeypatch.setattr(_channel, "time_ns", lambda: next(ticks))
+    monkeypatch.setattr(_channel_encoded, "time_ns", lambda: next(ticks))
     monkeypatch.setattr(_inbox, "perf_counter_ns", lambda: 7)
     codec = Codec()
     sides = []
@@ -727,6 +731,8 @@ def test_deliver_run_is_deliver_body_frame_by_frame(
             inbox = (
                 Inbox(leaky=True, maxlen=1000)
                 if kind == "leaky"
+                else Inbox(encoded=True)
+                if kind == "encoded"
                 else Inbox(callback=handled.append)
                 if kind == "callback"
                 else Inbox()
@@ -831,3 +837,79 @@ async def test_a_queued_get_is_get_nowait() -> None:
         for a, b, inbox, leaky, releases, _ in sides
     ]
     assert states[0] == states[1]
+
+
+# ----------------------------------------------------------------- encoded inboxes
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages(), min_size=1, max_size=4), st.data())
+def test_encoded_inboxes_get_the_body_the_codec_makes_and_the_others_the_message(
+    objs: list[object], data: st.DataObject
+) -> None:
+    """An encoded inbox gets each message's body exactly as Codec.encode makes it - the
+    body that arrived (bytes, or a memoryview made read-only), undecoded when every
+    inbox is encoded; from a local publisher (no body), encoded once by the channel -
+    while an inbox beside it gets what the general decoder gives; a garbled body goes to
+    the encoded inbox as it came and to the other as an undecodable message."""
+    reference = Codec()
+    codec = Codec()
+    channel = Channel("p-1", "/t", codec)
+    encoded = Inbox(encoded=True)
+    channel.attach(encoded)
+    plain = Inbox() if data.draw(st.booleans()) else None
+    if plain is not None:
+        channel.attach(plain)
+    seq = 0
+    for obj in objs:
+        body = _encoded(reference, obj)
+        if body is None:
+            continue
+        how = data.draw(st.sampled_from(["bytes", "memoryview", "local", "garbled"]))
+        seq += 1
+        if how == "local":
+            channel.deliver(seq, obj)
+        elif how == "garbled":
+            body = body[: len(body) // 2]
+            channel.deliver_body(seq, body)
+        else:
+            channel.deliver_body(seq, body if how == "bytes" else memoryview(bytearray(body)))
+        got = encoded.get_nowait()
+        assert bytes(got) == body
+        assert type(got) is bytes or (type(got) is memoryview and got.readonly)
+        if how != "garbled":
+            assert_same_decoded(_decode_general(reference, body), reference.decode(got))
+        if plain is not None:
+            expected = outcome(lambda b=body: _decode_general(reference, b))  # type: ignore[misc]
+            actual = outcome(plain.get_nowait)
+            if how == "local":
+                assert actual[0] == "ok" and (actual[1] is obj or isinstance(obj, np.ndarray))
+            elif expected[0] == "raised":
+                assert actual == ("raised", UndecodableMessageError)
+            else:
+                assert_same_decoded(expected[1], actual[1])
+        assert not len(encoded) and (plain is None or not len(plain))
+    # Nothing decoded for an encoded inbox alone (but a local message, which is one).
+    if plain is None:
+        assert channel.stats.decoded == 0
+    assert channel.pending == 0 and channel._body is None
+
+
+def test_an_encoded_inbox_holds_and_releases_like_any_lossless_one() -> None:
+    channel, releases, _ = make_channel()
+    encoded = Inbox(encoded=True)
+    channel.attach(encoded)
+    for seq in range(1, 4):
+        channel.deliver_body(seq, Codec().encode((seq, "x")).to_bytes())
+    assert channel.pending == 3 and releases == []
+    assert Codec().decode(encoded.get_nowait()) == (1, "x")
+    assert channel.released[0] == 1 and channel.pending == 2
+    leaky = Inbox(encoded=True, leaky=True, maxlen=1)
+    channel.attach(leaky)
+    for seq in range(4, 7):
+        channel.deliver_body(seq, Codec().encode(seq).to_bytes())
+    assert leaky.stats.dropped == 2 and Codec().decode(leaky.get_nowait()) == 6
+    calls: list[Any] = []
+    channel.attach(Inbox(encoded=True, callback=calls.append))
+    channel.deliver(7, (7, "y"))  # (a local message: encoded once for the callback)
+    assert calls == [Codec().encode((7, "y")).to_bytes()]

@@ -447,3 +447,130 @@ async def test_a_stalled_link_makes_publish_wait_until_it_resumes(
     pub._outlet.wake()
     await asyncio.wait_for(publishing, 5)
     assert list(await sub.recv()) == [0.0, 1.0, 2.0]
+
+
+# ------------------------------------------------------------- publish_encoded_many
+
+
+class _WindowLink(_RecordingLink):
+    """A recording link that counts bytes too and notes its window at each send."""
+
+    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        assert encoded is not None and self.outlet is not None
+        self.bodies.append(("send", seq, b"".join(encoded.parts)))
+        self.windows.append((self.in_flight, self.in_flight_bytes, self.has_room(self.outlet)))
+        self.sent_count += 1
+        self.sent_bytes += encoded.nbytes
+
+    def __init__(self, *, lossless: bool, max_message_size: int = 1 << 27) -> None:
+        super().__init__(lossless=lossless, max_message_size=max_message_size)
+        self.windows: list[tuple[int, int, bool]] = []
+
+    def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
+        # (the same frame on a stream link: send's, for a body in one bytes)
+        self.send(seq, time_ns, message, EncodedMessage([body], len(body)))
+
+
+async def _publish_both_ways(
+    batch: bool, bodies: list[bytes | memoryview], links: list[bool], window: tuple[int, int]
+) -> tuple[list[Any], tuple[int, ...]]:
+    outlet = _outlet.Outlet(
+        "p-1", "/t", Codec(), max_in_flight=window[0], max_in_flight_bytes=window[1]
+    )
+    recording = [_WindowLink(lossless=lossless) for lossless in links]
+    for link in recording:
+        outlet.add_link(link)
+    done = False
+
+    async def consumer() -> None:  # releases everything sent whenever the publisher waits
+        while not done:
+            await asyncio.sleep(0)
+            if outlet._waiter is not None:
+                for link in recording:
+                    link.released(link.sent_count, link.sent_bytes)
+
+    task = asyncio.ensure_future(consumer())
+    messages = list(range(len(bodies)))
+    try:
+        if batch:
+            await outlet.publish_encoded_many(messages, bodies)
+        else:
+            for message, body in zip(messages, bodies, strict=True):
+                await outlet.publish(message, EncodedMessage([body], len(body)))
+    finally:
+        done = True
+        await task
+    stats = outlet.stats
+    counters = (stats.messages, stats.bytes, stats.encodes, stats.sends, stats.drops)
+    return [(link.bodies, link.windows, link.drops) for link in recording], counters
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.binary(min_size=1, max_size=64).map(
+            lambda b: memoryview(b) if len(b) % 3 == 0 else b  # (views: never "small")
+        ),
+        min_size=1,
+        max_size=150,
+    ),
+    st.lists(st.booleans(), min_size=1, max_size=3),
+    st.tuples(st.integers(1, 8), st.integers(1, 400)),
+)
+def test_publish_encoded_many_sends_what_publishing_one_by_one_sends(
+    bodies: list[bytes | memoryview], links: list[bool], window: tuple[int, int]
+) -> None:
+    """Differential: the same frames (seq, body) to every link, each with the same room
+    at its send (a lossless window is never exceeded), the same parked drops on leaky
+    links, the same counters, as one publish of each body in turn."""
+    one_by_one = asyncio.run(_publish_both_ways(False, bodies, links, window))
+    batched = asyncio.run(_publish_both_ways(True, bodies, links, window))
+    assert batched == one_by_one
+    for lossless, (_, windows, _) in zip(links, batched[0], strict=True):
+        if lossless:  # every message went with room for it: the window was never exceeded
+            assert all(room for _, _, room in windows)
+
+
+def test_publish_encoded_many_names_the_message_it_refuses() -> None:
+    async def main() -> None:
+        outlet = _outlet.Outlet("p-1", "/t", Codec(), max_in_flight=64, max_in_flight_bytes=1 << 20)
+        link = _RecordingLink(max_message_size=10)
+        outlet.add_link(link)
+        bodies = [b"a" * 5, b"b" * 10, b"c" * 11, b"d"]
+        with pytest.raises(ezflow.MessageTooLargeError, match=r"message 2 of the 4 .*the 2 before"):
+            await outlet.publish_encoded_many([0, 1, 2, 3], bodies)
+        assert [body for _, _, body in link.bodies] == bodies[:2]
+        assert outlet.stats.messages == 2
+        with pytest.raises(ValueError, match="2 messages and 1 bodies"):
+            await outlet.publish_encoded_many([0, 1], [b"x"])
+        with pytest.raises(TypeError, match="body 1 given to publish_encoded_many is a str"):
+            await outlet.publish_encoded_many([0, 1], [b"x", "y"])  # type: ignore[list-item]
+        assert outlet.stats.messages == 2  # (nothing sent for either)
+        outlet.close()
+        with pytest.raises(ezflow.ClosedResourceError, match="message 0 of the 1"):
+            await outlet.publish_encoded_many([0], [b"x"])
+
+    asyncio.run(main())
+
+
+async def test_publish_encoded_many_through_a_real_edge_waits_for_its_subscriber(
+    ctx: ezflow.GraphContext,
+) -> None:
+    pub = await ctx.publisher("/outlet/many", max_in_flight=8)
+    local = await ctx.subscriber("/outlet/many", transport="local")
+    remote = await ctx.subscriber("/outlet/many", transport="tcp")
+    await pub.wait_for_channels(2)
+    codec = Codec()
+    sent = [(i, "x", np.arange(i, i + 4, dtype=np.int16)) for i in range(100)]
+    bodies = [codec.encode(m).to_bytes() for m in sent]
+    task = asyncio.ensure_future(pub.publish_encoded_many(sent, bodies))
+    async with asyncio.timeout(20):
+        for message in sent:
+            for sub in (local, remote):
+                got = await sub.recv()
+                assert got[:2] == message[:2] and np.array_equal(got[2], message[2])
+                assert pub.in_flight <= 8
+        await task
+    stats = pub.statistics()
+    assert stats.messages == 100 and stats.encodes == 0 and stats.waits > 0
+    assert stats.bytes == sum(len(b) for b in bodies)

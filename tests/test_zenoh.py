@@ -972,6 +972,50 @@ async def test_bad_samples_are_refused_and_counted_while_good_ones_flow(router: 
     assert took < importer.drain_timeout + 1.0
 
 
+@ONE_LOOP
+async def test_a_bad_body_inside_a_batch_is_refused_and_the_bodies_around_it_go_on(
+    router: str,
+) -> None:
+    """The import publishes a batch's bodies in runs (one publish_encoded_many each): a
+    body that does not decode, or that is too large for a subscriber, is refused by
+    itself, and every body before and after it arrives, in order."""
+    import zenoh  # noqa: PLC0415
+
+    from ezflow._zenoh._wire import BATCH_ALIGNMENT, pack_attachment  # noqa: PLC0415
+
+    codec = Codec()
+    bodies = [codec.encode((i, "ok")).to_bytes() for i in range(6)]
+    bodies[1] = bodies[1][:5]  # garbled
+    bodies[3] = codec.encode((3, "x" * 400)).to_bytes()  # over the subscriber's 256 bytes
+    payload = b""
+    for body in bodies:
+        payload += b"\0" * (-len(payload) & (BATCH_ALIGNMENT - 1)) + body
+    settings = ZenohSettings(mode="client", connect=(router,))
+    async with (
+        two_graphs() as (_, b),
+        ezflow.GraphContext(b.address, auto_start=False, max_message_size=256) as small,
+        ZenohBridge(b, settings, imports=[Import("batch/k", "/b/batch", queue=16)]) as importer,
+    ):
+        sink = await small.subscriber("/b/batch", transport="tcp")
+        session = await asyncio.to_thread(plain_session, router)
+        try:
+            put = session.declare_publisher(
+                "batch/k", congestion_control=zenoh.CongestionControl.BLOCK
+            )
+            await wait_for(lambda: put.matching_status.matching)  # (Zenoh routed it)
+            await asyncio.to_thread(
+                put.put,
+                payload,
+                attachment=pack_attachment(0, 0, 0, [len(body) for body in bodies]),
+            )
+            got = [(await asyncio.wait_for(sink.recv(), 20))[0] for _ in range(4)]
+        finally:
+            await asyncio.to_thread(session.close)
+        row = importer.summary()["import batch/k -> /b/batch"]
+    assert got == [0, 2, 4, 5]
+    assert row["refused"] == {"body": 1, "publish": 1} and row["messages"] == 4, row
+
+
 @ONE_LOOP  # (both loops: test_bad_samples_are_refused_and_counted_while_good_ones_flow)
 async def test_lossless_backpressure_reaches_the_publisher_and_a_stop_counts_its_cut(
     router: str,

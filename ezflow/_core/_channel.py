@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from . import _inbox
+from ._channel_encoded import deliver_run_encoded, put_encoded
 from ._codec import Codec
 from ._compiled import SPEEDUPS
 from ._config import TIMING_SAMPLE_MASK
@@ -82,7 +83,9 @@ class ChannelStats:
 
     messages: int = 0  #: messages received from the publisher
     bytes: int = 0  #: encoded bytes received (0 for the local transport)
-    decoded: int = 0  #: messages decoded (exactly one per received encoded message)
+    #: messages decoded (exactly one per received encoded message, none when every
+    #: subscriber attached takes encoded bodies)
+    decoded: int = 0
     decode_errors: int = 0  #: messages that could not be decoded (logged, released)
     #: time spent decoding, estimated from one message in 16 (``TIMING_SAMPLE_MASK``)
     decode_seconds: float = 0.0
@@ -110,9 +113,11 @@ class Channel:
         "__dict__",
         "__weakref__",
         "_attachments",
+        "_body",
         "_broken",
         "_closed",
         "_drop_hooks",
+        "_encoded",
         "_ended",
         "_error_logged",
         "_last_seq",
@@ -159,6 +164,10 @@ class Channel:
         # may (indirectly) change it.
         self._attachments: tuple[Attachment, ...] = ()
         self._lossless = 0
+        # Encoded inboxes attached (Subscriber encoded=True), and the body of the message
+        # being delivered while some are (deliver hands it to them; see deliver_body).
+        self._encoded = 0
+        self._body: bytes | memoryview | None = None
         # Pending entries [seq, remaining_holders, nbytes], in seq order (an inbox takes
         # a channel's messages in order: the one released is nearly always the first).
         self._pending: deque[list[int]] = deque()
@@ -209,6 +218,8 @@ class Channel:
             inbox.publisher_lost(self.publisher_id)
         was_lossless = self.lossless
         self._attachments = (*self._attachments, attachment)
+        if attachment.encoded:
+            self._encoded += 1
         if attachment.lossless:
             self._lossless += 1
         if self.lossless != was_lossless and self.on_mode_change is not None:
@@ -222,6 +233,8 @@ class Channel:
             return
         attachment.active = False
         self._attachments = tuple(a for a in self._attachments if a is not attachment)
+        if attachment.encoded:
+            self._encoded -= 1
         if not attachment.lossless:
             return
         self._lossless -= 1
@@ -245,7 +258,18 @@ class Channel:
         (:meth:`Inbox.put_undecodable`): a lossless subscriber's ``recv()`` raises
         :class:`~ezflow.UndecodableMessageError` there, a leaky one counts a drop and
         logs (rate-limited; the channel logs when no inbox is attached). This never
-        raises."""
+        raises.
+
+        Encoded inboxes attached (``Inbox(encoded=True)``): they get *body* itself (a
+        ``memoryview`` made read-only), whether it decodes or not; when every attached
+        inbox is one, nothing is decoded at all (``stats.decoded`` does not count it)."""
+        if self._encoded:
+            if isinstance(body, memoryview) and not body.readonly:
+                body = body.toreadonly()  # (it reaches user code: as a decoded array is)
+            self._body = body  # (deliver hands it to them)
+            if self._encoded == len(self._attachments):
+                self.deliver(seq, body, len(body), upstream_drops, sent_ns)
+                return
         if seq & TIMING_SAMPLE_MASK and type(body) is bytes:  # (not a timed one)
             # A message of the kind decoded last (a paced stream): the codec's shortcuts
             # (Codec.decode's first lines), inlined - with caches cold, a call costs a
@@ -282,8 +306,9 @@ class Channel:
             self._released_bytes += len(body)
             self._notify_release()
             if self._attachments:
-                # Each subscriber is told: a lossless one raises, the others log.
-                self._undecodable(exc)
+                # Each subscriber is told: a lossless one raises, the others log (and
+                # encoded ones get the body: they decode nothing).
+                self._undecodable(exc, seq)
             elif self._error_logged < 5 or stats.decode_errors % 1000 == 0:
                 self._error_logged += 1
                 log.error(
@@ -327,6 +352,10 @@ class Channel:
         ``tests/test_channel.py`` pins it to :meth:`deliver_body`.
         """
         self.run_end = index
+        if self._encoded:
+            if self._encoded != len(self._attachments) or DELIVER_HOOKS:
+                return -1
+            return deliver_run_encoded(self, frames, index)
         codec = self.codec
         layout = codec._last_layout
         if layout is None or DELIVER_HOOKS:
@@ -413,6 +442,13 @@ class Channel:
         """:meth:`deliver_body` for a traced message (*trace* came with it): records a
         :class:`~ezflow._core._tracing.Hop` for every attached subscriber."""
         received = monotonic_ns()
+        if self._encoded:
+            if isinstance(body, memoryview) and not body.readonly:
+                body = body.toreadonly()  # (it reaches user code: as a decoded array is)
+            self._body = body
+            if self._encoded == len(self._attachments):  # (nothing to decode)
+                self.deliver_traced(trace, seq, body, len(body), upstream_drops, sent_ns)
+                return
         try:
             message = self.codec.decode(body)
         except ProtocolError:
@@ -512,8 +548,11 @@ class Channel:
             self._released_count += 1
             self._released_bytes += nbytes
         attachments = self._attachments
-        for attachment in attachments:
-            attachment.inbox.put(attachment, seq, message)
+        if self._encoded:
+            put_encoded(self, seq, message)
+        else:
+            for attachment in attachments:
+                attachment.inbox.put(attachment, seq, message)
         # Counters and histograms after the hand-over: an on_message callback (called
         # by put) gets the message a little sooner.
         stats.messages += 1
@@ -545,10 +584,15 @@ class Channel:
                 ),
             )
 
-    def _undecodable(self, exc: ProtocolError) -> None:
+    def _undecodable(self, exc: ProtocolError, seq: int = 0) -> None:
         """Tell every attached inbox, in the undecodable message's place (one error
-        object per inbox: each is raised where that subscriber takes it)."""
+        object per inbox: each is raised where that subscriber takes it); an encoded
+        inbox gets the body (message *seq*, already released) instead."""
+        body, self._body = self._body, None
         for attachment in self._attachments:
+            if body is not None and attachment.encoded:
+                attachment.inbox.put(attachment, seq, body)
+                continue
             error = UndecodableMessageError(self.topic, self.publisher_id, str(exc))
             error.__cause__ = exc
             attachment.inbox.put_undecodable(error, attachment.lossless)

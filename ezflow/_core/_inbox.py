@@ -62,12 +62,13 @@ class SubscriberStats:
 class Attachment:
     """The link between one channel and one inbox (internal bookkeeping)."""
 
-    __slots__ = ("active", "channel", "consumed_seq", "first_seq", "inbox", "lossless")
+    __slots__ = ("active", "channel", "consumed_seq", "encoded", "first_seq", "inbox", "lossless")
 
     def __init__(self, channel: Channel, inbox: Inbox, first_seq: int) -> None:
         self.channel = channel
         self.inbox = inbox
         self.lossless = not inbox.leaky
+        self.encoded = inbox.encoded  # it takes encoded bodies (see Inbox)
         self.active = True
         self.first_seq = first_seq  # first seq this attachment can hold
         self.consumed_seq = first_seq - 1
@@ -153,6 +154,11 @@ class Inbox:
     released) when the callback returns. An exception from the callback is logged with
     its traceback and counted in ``stats.callback_errors``; delivery goes on with the
     next message. :attr:`handler_time` then times the callback itself (sampled).
+
+    An *encoded* inbox is handed each message's encoded body (what ``Codec.encode``
+    makes of it: ``bytes``, or a read-only ``memoryview``) instead of the decoded
+    object; the channel decides what to hand over (``Channel.deliver``), the inbox
+    queues, releases and counts it as any message.
     """
 
     __slots__ = (
@@ -171,6 +177,7 @@ class Inbox:
         "_open_hop",
         "_routed",
         "_waiter",
+        "encoded",
         "handler_time",
         "leaky",
         "maxlen",
@@ -185,10 +192,12 @@ class Inbox:
         maxlen: int | None = None,
         name: str = "",
         callback: Callable[[Any], object] | None = None,
+        encoded: bool = False,
     ) -> None:
         if leaky and callback is None and (maxlen is None or maxlen < 1):
             raise ValueError("a leaky inbox needs maxlen >= 1")
         self.name = name
+        self.encoded = encoded
         self._callback = callback
         self._drop_hooks = DROP_HOOKS
         self._handed_ns = 0  # perf_counter_ns when the last message was taken, 0: none

@@ -32,6 +32,7 @@ import os
 import resource
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from time import time_ns
 from typing import Any
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ._codec import Codec, EncodedMessage
+from ._codec._format import _new_encoded
 from ._config import PACED_GAP_NS, PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
 from ._exceptions import ClosedResourceError, MessageTooLargeError
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
@@ -414,6 +416,97 @@ class Outlet:
                     await self._wait_for_room()
         self.send_now(message, trace, encoded)
 
+    async def publish_encoded_many(
+        self, messages: Sequence[Any], bodies: Sequence[bytes | memoryview]
+    ) -> None:
+        """:meth:`publish` ``messages[i]`` with its body ``bodies[i]`` (a relay's:
+        links that carry bytes send it as it is, local ones get the message), for each
+        *i* in order, as one call of :meth:`publish` per message would - the same frames,
+        counters, waits and errors - with one room check (and wait) per run of messages
+        instead of a coroutine and a check each: every message that has room is sent
+        before the next wait.
+
+        Raises ``ValueError`` when the two sequences differ in length and ``TypeError``
+        for a body that is not a ``bytes``, ``bytearray`` or ``memoryview`` (before
+        anything is sent); :class:`ClosedResourceError` and
+        :class:`MessageTooLargeError` as :meth:`publish` does for the message they
+        concern, naming its index: the messages before it were published, it and those
+        after it not. Cancelled while waiting, the messages before the wait were
+        published (``stats.messages`` counts them), the rest not."""
+        count = len(messages)
+        if len(bodies) != count:
+            raise ValueError(
+                f"publish_encoded_many got {count} messages and {len(bodies)} bodies: "
+                "give one encoded body per message"
+            )
+        for index, body in enumerate(bodies):
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                raise TypeError(
+                    f"body {index} given to publish_encoded_many is a "
+                    f"{type(body).__name__}: each body must be bytes, bytearray or a "
+                    "memoryview (what Codec().encode(message).to_bytes() makes)"
+                )
+        index = 0
+        try:
+            while index < count:
+                if self._closed:
+                    raise ClosedResourceError("publisher is closed")
+                # publish's room check, wait and yield: once per run.
+                if self._blocked():
+                    self._unyielded = self._unyielded_bytes = 0
+                    await self._wait_for_room()
+                elif (
+                    self._unyielded >= PUBLISH_YIELD_EVERY
+                    or self._unyielded_bytes >= PUBLISH_YIELD_BYTES
+                ):
+                    self._unyielded = self._unyielded_bytes = 0
+                    await asyncio.sleep(0)
+                    if self._blocked():
+                        await self._wait_for_room()
+                # The run: each message while every lossless link has room for it
+                # (_blocked, over the lossless links, inlined: once a message).
+                links = self._links
+                lossless = [link for link in links if link.lossless]
+                max_count, max_bytes = self.max_in_flight, self.max_in_flight_bytes
+                # Every link takes a small bytes body as one (none local, none traced):
+                # _send_small, publish_nowait's path, else send_now.
+                small = -1 if TRACING.active else self._small_limit
+                while True:
+                    body = bodies[index]
+                    if type(body) is bytes and len(body) <= small:
+                        self._send_small(links, messages[index], body, relayed=True)
+                    else:
+                        self.send_now(
+                            messages[index],
+                            carry(self) if TRACING.active else None,
+                            _new_encoded(EncodedMessage, ([body], len(body))),
+                        )
+                    index += 1
+                    self._unyielded += 1
+                    if (
+                        index == count
+                        or self._unyielded >= PUBLISH_YIELD_EVERY
+                        or self._unyielded_bytes >= PUBLISH_YIELD_BYTES
+                    ):
+                        break
+                    full = False
+                    for link in lossless:
+                        in_flight = link.sent_count - link.released_count
+                        if (
+                            link.stalled
+                            or in_flight >= max_count
+                            or (in_flight and link.sent_bytes - link.released_bytes >= max_bytes)
+                        ):
+                            full = True
+                            break
+                    if full:
+                        break
+        except (ClosedResourceError, MessageTooLargeError) as exc:
+            raise type(exc)(
+                f"message {index} of the {count} given to publish_encoded_many: {exc} "
+                f"(the {index} before it were published, none after it)"
+            ) from exc
+
     def publish_nowait(self, message: Any) -> bool:
         """Send *message* now and return True when :meth:`publish` would neither wait
         nor yield; else send nothing and return False (then await :meth:`publish`).
@@ -456,8 +549,11 @@ class Outlet:
         self.send_now(message)
         return True
 
-    def _send_small(self, links: list[Link], message: Any, body: bytes) -> None:
-        # send_now for a small message that every link (none local) takes as *body*.
+    def _send_small(
+        self, links: list[Link], message: Any, body: bytes, *, relayed: bool = False
+    ) -> None:
+        # send_now for a small message that every link (none local) takes as *body*
+        # (*relayed*: the caller's body, not encoded here: not counted in encodes).
         self._seq = seq = self._seq + 1
         now = time_ns()
         sends = drops = 0
@@ -474,7 +570,7 @@ class Outlet:
         self._unyielded_bytes += len(body)
         stats = self.stats
         stats.messages += 1
-        stats.encodes += 1
+        stats.encodes += not relayed
         stats.bytes += len(body)
         stats.sends += sends
         stats.drops += drops

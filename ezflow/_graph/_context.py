@@ -523,6 +523,7 @@ class GraphContext:
         queue: int | None = None,
         transport: str | None = None,
         on_message: Callable[[Any], object] | None = None,
+        encoded: bool = False,
     ) -> Subscriber:
         """Register a subscriber on *topic*.
 
@@ -541,9 +542,19 @@ class GraphContext:
         publisher drops messages for this subscriber instead of waiting when its
         process falls behind. Raises :class:`~ezflow.ConfigurationError` for a
         coroutine function or with *queue*.
+
+        *encoded*: hand over each message's encoded body instead of the message (a
+        relay that forwards bodies, as the Zenoh bridge does): see
+        :attr:`Subscriber.encoded`. Raises :class:`~ezflow.ConfigurationError` when not
+        a bool.
         """
         self._check_open()
         check_topic(topic)
+        if not isinstance(encoded, bool):
+            raise ConfigurationError(
+                f"encoded={encoded!r} must be True (receive encoded bodies) or False "
+                "(receive messages)"
+            )
         if on_message is not None:
             if not callable(on_message) or inspect.iscoroutinefunction(on_message):
                 raise ConfigurationError(
@@ -564,7 +575,7 @@ class GraphContext:
             queue = check_positive(DEFAULT_LEAKY_QUEUE if queue is None else queue, setting="queue")
         transport = check_transport(transport, setting="transport", names=transport_names())
         sub_id = f"s-{uuid.uuid4().hex[:16]}"
-        inbox = Inbox(leaky=leaky, maxlen=queue, name=sub_id, callback=on_message)
+        inbox = Inbox(leaky=leaky, maxlen=queue, name=sub_id, callback=on_message, encoded=encoded)
         subscriber = Subscriber(sub_id, topic, inbox, transport, self._close_subscriber)
         self._subscribers[sub_id] = subscriber
         request: dict[str, Any] = {

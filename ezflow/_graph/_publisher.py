@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -123,6 +123,24 @@ class Publisher:
         is (it is not encoded again), same-process ones *message*. Waits, raises and
         counts as :meth:`publish`."""
         await self._outlet.publish(message, EncodedMessage([body], len(body)))
+
+    async def publish_encoded_many(
+        self, messages: Sequence[Any], bodies: Sequence[bytes | memoryview]
+    ) -> None:
+        """:meth:`publish_encoded` each of *messages* with its body in *bodies* (one per
+        message, in order), in fewer steps: one check for room (and wait) per run of
+        messages instead of a coroutine and a check each - what a relay that receives
+        messages in batches (the Zenoh bridge) saves per message. Sends the same frames
+        and counts the same as calling :meth:`publish_encoded` for each in turn, waits
+        where that would (a lossless subscriber's window is never exceeded).
+
+        Raises ``ValueError`` when the two differ in length and ``TypeError`` for a body
+        that is not ``bytes``, ``bytearray`` or ``memoryview`` (nothing sent);
+        :class:`~ezflow.ClosedResourceError` and :class:`~ezflow.MessageTooLargeError`
+        naming the index of the message concerned: those before it were published, it
+        and those after it not. Cancelled while waiting, the messages before the wait
+        were published and the rest not (``statistics().messages`` counts them)."""
+        await self._outlet.publish_encoded_many(messages, bodies)
 
     async def loan(
         self, shape: int | tuple[int, ...], dtype: DTypeLike = np.uint8

@@ -69,6 +69,28 @@ class Subscriber:
     def leaky(self) -> bool:
         return self._inbox.leaky
 
+    @property
+    def encoded(self) -> bool:
+        """True for a subscriber created with ``encoded=True``: :meth:`recv`,
+        :meth:`recv_nowait` and ``on_message`` get each message's encoded body, not the
+        message - what a relay forwards without decoding it and encoding it again.
+
+        The body is exactly what ``ezflow.Codec().encode(message)`` makes of the message
+        (``Codec().decode(body)`` gives it back): the bytes that arrived from a tcp or
+        shm publisher, not decoded in this process at all when every subscriber of that
+        publisher here is an encoded one (else decoded once for the others, as ever); from
+        a publisher in this process (a local edge, which carries no bytes) or an ezring
+        stream, encoded here once for every encoded subscriber of it. It is ``bytes`` or
+        a read-only ``memoryview``, valid for as long as it is referenced: from shm, a
+        view of the publisher's shared memory, whose block is not reused until the view
+        (and everything made from it) is gone - hold it as briefly as a zero-copy array.
+        Flow control, release, counters, end of stream and errors are those of a
+        subscriber of messages: a body is taken (and released, for a lossless one) when
+        ``recv`` returns it. Bodies are not checked: one a publisher's peer garbled is
+        handed over as it came (a subscriber of messages of the same publisher in this
+        process gets :class:`~ezflow.UndecodableMessageError` in its place)."""
+        return self._inbox.encoded
+
     def statistics(self) -> SubscriberStats:
         """A snapshot of this subscriber's counters (received, taken, dropped,
         undecodable, publishers ended, rejoins...): a copy taken now, which later

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import zenoh
 
-from .._core._codec import Codec
+from .._core._codec import SMALL_BODY, Codec
 from .._core._config import (
     DEFAULT_MAX_IN_FLIGHT,
     ZENOH_ACK_INTERVAL,
@@ -509,29 +509,20 @@ class ImportRun:
             except ConfigurationError as exc:  # the graph refuses this topic: the key's fault
                 self._refused(Refused("key", str(exc)), key)
                 return
-        codec = self._codec
+        if encoding == "ezflow":
+            await self._publish_bodies(item, bodies, publisher, key)
+            return
         stats = self.stats
         for index in range(item.done, len(bodies)):
             body = bodies[index]
             item.done = index + 1
             try:
-                if encoding == "ezflow":
-                    message = codec.decode(body)
-                elif encoding == "json":
-                    message = _from_json(body)
-                else:
-                    message = body
+                message = _from_json(body) if encoding == "json" else body
             except Refused as refused:
                 self._refused(refused, key)
                 continue
-            except ProtocolError as exc:
-                self._refused(Refused("body", str(exc)), key)
-                continue
             try:
-                if encoding == "ezflow":  # (as it came: not encoded again)
-                    await publisher.publish_encoded(message, body)
-                else:
-                    await publisher.publish(message)
+                await publisher.publish(message)
             except (MessageTooLargeError, UnregisteredTypeError) as exc:
                 self._refused(Refused("publish", str(exc)), key)
                 continue
@@ -540,6 +531,61 @@ class ImportRun:
                 raise
             stats.messages += 1
             stats.bytes += len(body)
+
+    async def _publish_bodies(
+        self, item: _Sample, bodies: list[Any], publisher: Publisher, key: str
+    ) -> None:
+        """Publish *item*'s ezflow *bodies* from ``item.done`` on, as they came (not
+        encoded again): decoded here only to refuse a bad one (and for subscribers in
+        this process), in runs - each with one ``publish_encoded_many``, one room check
+        (and wait) for the run instead of one coroutine a message. ``item.done`` counts
+        the bodies published or refused (a restart resumes after them)."""
+        decode = self._codec.decode
+        outlet_stats = publisher._outlet.stats  # (the live counters: statistics() copies)
+        count = len(bodies)
+        index = item.done
+        while index < count:
+            start = index
+            messages: list[Any] = []
+            refused: Refused | None = None
+            while index < count:
+                body = bodies[index]
+                if type(body) is not bytes and len(body) <= SMALL_BODY:
+                    # A small body of a batch as bytes of its own: a copy that costs less
+                    # than it saves (the codec decodes bytes faster than a view - 0.47
+                    # against 0.81 µs with the copy, 64 B - and a link writes them in one
+                    # piece), and the message no longer holds the whole payload.
+                    body = bodies[index] = bytes(body)
+                try:
+                    messages.append(decode(body))
+                except ProtocolError as exc:
+                    refused = Refused("body", str(exc))
+                    break
+                index += 1
+            if messages:
+                run = bodies[start:index] if start or index < count else bodies
+                before = outlet_stats.messages
+                try:
+                    await publisher.publish_encoded_many(messages, run)
+                except MessageTooLargeError as exc:  # (one of them: the others go on)
+                    refused = Refused("publish", str(exc))
+                    index = start + outlet_stats.messages - before
+                except BaseException:
+                    index = start + outlet_stats.messages - before
+                    self._published(run, index - start)
+                    item.done = index  # the rest is not published: a restart publishes it
+                    raise
+                self._published(run, index - start)
+            item.done = index
+            if refused is not None:  # (the body at index)
+                self._refused(refused, key)
+                index += 1
+                item.done = index
+
+    def _published(self, bodies: list[Any], count: int) -> None:
+        stats = self.stats
+        stats.messages += count
+        stats.bytes += sum(len(body) for body in bodies[:count])
 
     def _topic(self, key: str) -> str:
         topic = self._topics.get(key)
