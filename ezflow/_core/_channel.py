@@ -50,6 +50,7 @@ import numpy as np
 
 from . import _inbox
 from ._channel_encoded import deliver_run_encoded, put_encoded
+from ._channel_run import run_frames
 from ._codec import Codec
 from ._compiled import SPEEDUPS
 from ._config import TIMING_SAMPLE_MASK
@@ -369,38 +370,30 @@ class Channel:
             if inbox._callback is not None or inbox.maxlen is not None or inbox._closed:
                 return -1
         size = layout.size
-        decode = layout.decode
-        upstream = self.stats.upstream_drops
         lossless = self._lossless
-        pending_append = self._pending.append
         appends = [(attachment, attachment.inbox._items.append) for attachment in attachments]
-        buckets = self.latency.buckets
-        now_ns = time_ns()
-        latency_total = 0
         end = len(frames)
         i = index
+        latency_total = 0
+        progress = [index, 0]
         try:
-            while i < end:
-                _, seq, body, drops, sent_ns = frames[i]
-                if (
-                    not seq & TIMING_SAMPLE_MASK
-                    or drops > upstream
-                    or len(body) != size
-                    or (message := decode(body)) is None
-                ):
-                    break
-                if lossless:
-                    pending_append([seq, lossless, size])
-                for attachment, append in appends:
-                    append((attachment, seq, message))
-                if sent_ns:
-                    latency_ns = now_ns - sent_ns
-                    if latency_ns > 0:
-                        buckets[latency_ns.bit_length()] += 1
-                        latency_total += latency_ns
-                    else:  # the clocks of two hosts disagree
-                        buckets[0] += 1
-                i += 1
+            i, latency_total = run_frames(
+                frames,
+                index,
+                size,
+                layout.decode,
+                self.stats.upstream_drops,
+                lossless,
+                self._pending.append,
+                appends,
+                self.latency.buckets,
+                time_ns(),
+                TIMING_SAMPLE_MASK,
+                progress,
+            )
+        except BaseException:
+            i, latency_total = progress
+            raise
         finally:
             self.run_end = i
             count = i - index

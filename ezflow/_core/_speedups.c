@@ -30,6 +30,12 @@
  *   The read loop's split of a read (ezflow/_transports/_stream_channel.py): the whole
  *   small DATA frames at the front of data[start:end], as a list of (frame end, seq,
  *   body bytes, drops, sent_ns), exactly as _small_frames_py gives them.
+ *
+ * run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends,
+ *            buckets, now_ns, mask, progress)
+ *   The loop of Channel.deliver_run: those frames decoded and queued in every inbox
+ *   until the first that needs the general path, exactly as
+ *   ezflow._core._channel_run.run_frames_py does it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -904,6 +910,147 @@ static PyTypeObject LayoutType = {
     .tp_new = Layout_new,
 };
 
+/* ---------------------------------------------------------------- run_frames */
+
+/* buckets[k] += 1 (a list of ints, as Histogram keeps them); -1 with an error set */
+static int bump_bucket(PyObject *buckets, Py_ssize_t k) {
+    if (k < 0 || k >= PyList_GET_SIZE(buckets)) {
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        return -1;
+    }
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL) return -1;
+    PyObject *sum = PyNumber_Add(PyList_GET_ITEM(buckets, k), one);
+    Py_DECREF(one);
+    if (sum == NULL) return -1;
+    PyList_SetItem(buckets, k, sum); /* (steals sum) */
+    return 0;
+}
+
+/* run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends,
+ * buckets, now_ns, mask, progress) -> (index reached, latency total): the twin of
+ * ezflow._core._channel_run.run_frames_py (the loop of Channel.deliver_run). On an
+ * exception progress[:] = [index reached, latency total so far]. */
+static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 12 || !PyList_Check(args[0]) || !PyList_Check(args[7]) ||
+        !PyList_Check(args[8]) || !PyList_Check(args[11])) {
+        PyErr_SetString(PyExc_TypeError,
+                         "run_frames(frames: list, index, size, decode, upstream, lossless, "
+                         "pending_append, appends: list, buckets: list, now_ns, mask, "
+                         "progress: list)");
+        return NULL;
+    }
+    PyObject *frames = args[0], *size_obj = args[2], *decode = args[3], *lossless = args[5];
+    PyObject *pending_append = args[6], *appends = args[7], *buckets = args[8];
+    PyObject *progress = args[11];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0) {
+        PyErr_SetString(PyExc_ValueError, "index must not be negative");
+        return NULL;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(size_obj);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    unsigned long long upstream = PyLong_AsUnsignedLongLong(args[4]);
+    if (upstream == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    int is_lossless = PyObject_IsTrue(lossless);
+    if (is_lossless < 0) return NULL;
+    long long now_ns = PyLong_AsLongLong(args[9]);
+    if (now_ns == -1 && PyErr_Occurred()) return NULL;
+    unsigned long long mask = PyLong_AsUnsignedLongLong(args[10]);
+    if (mask == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t nappends = PyList_GET_SIZE(appends);
+    for (Py_ssize_t a = 0; a < nappends; a++) {
+        PyObject *pair = PyList_GET_ITEM(appends, a);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "appends must be (attachment, append) pairs");
+            return NULL;
+        }
+    }
+    long long latency_total = 0;
+    /* (frames and appends are the read loop's own lists, out of reach of what decode
+     * may run: their items are borrowed) */
+    while (i < PyList_GET_SIZE(frames)) {
+        PyObject *frame = PyList_GET_ITEM(frames, i);
+        if (!PyTuple_Check(frame) || PyTuple_GET_SIZE(frame) != 5) {
+            PyErr_SetString(PyExc_TypeError, "a frame must be a 5-tuple");
+            goto error;
+        }
+        PyObject *seq = PyTuple_GET_ITEM(frame, 1), *body = PyTuple_GET_ITEM(frame, 2);
+        unsigned long long seqv = PyLong_AsUnsignedLongLong(seq);
+        if (seqv == (unsigned long long)-1 && PyErr_Occurred()) goto error;
+        if (!(seqv & mask)) break;
+        unsigned long long drops = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(frame, 3));
+        if (drops == (unsigned long long)-1 && PyErr_Occurred()) goto error;
+        if (drops > upstream) break;
+        Py_ssize_t length = PyObject_Length(body);
+        if (length < 0) goto error;
+        if (length != size) break;
+        PyObject *message = PyObject_CallOneArg(decode, body);
+        if (message == NULL) goto error;
+        if (message == Py_None) {
+            Py_DECREF(message);
+            break;
+        }
+        if (is_lossless) {
+            PyObject *entry = PyList_New(3);
+            if (entry == NULL) goto failed;
+            Py_INCREF(seq);
+            PyList_SET_ITEM(entry, 0, seq);
+            Py_INCREF(lossless);
+            PyList_SET_ITEM(entry, 1, lossless);
+            Py_INCREF(size_obj);
+            PyList_SET_ITEM(entry, 2, size_obj);
+            PyObject *r = PyObject_CallOneArg(pending_append, entry);
+            Py_DECREF(entry);
+            if (r == NULL) goto failed;
+            Py_DECREF(r);
+        }
+        for (Py_ssize_t a = 0; a < nappends; a++) {
+            PyObject *pair = PyList_GET_ITEM(appends, a);
+            PyObject *item = PyTuple_Pack(3, PyTuple_GET_ITEM(pair, 0), seq, message);
+            if (item == NULL) goto failed;
+            PyObject *r = PyObject_CallOneArg(PyTuple_GET_ITEM(pair, 1), item);
+            Py_DECREF(item);
+            if (r == NULL) goto failed;
+            Py_DECREF(r);
+        }
+        Py_DECREF(message);
+        long long sent_ns = PyLong_AsLongLong(PyTuple_GET_ITEM(frame, 4));
+        if (sent_ns == -1 && PyErr_Occurred()) goto error;
+        if (sent_ns) {
+            long long latency = now_ns - sent_ns;
+            if (latency > 0) {
+                if (bump_bucket(buckets, 64 - __builtin_clzll((unsigned long long)latency)) < 0)
+                    goto error;
+                latency_total += latency;
+            } else if (bump_bucket(buckets, 0) < 0) { /* the clocks of two hosts disagree */
+                goto error;
+            }
+        }
+        i++;
+        continue;
+    failed:
+        Py_DECREF(message);
+        goto error;
+    }
+    return Py_BuildValue("(nL)", i, latency_total);
+error:;
+    /* progress[:] = [i, latency_total], the exception kept */
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *reached = Py_BuildValue("[nL]", i, latency_total);
+    if (reached != NULL) {
+        if (PyList_SetSlice(progress, 0, PyList_GET_SIZE(progress), reached) < 0) PyErr_Clear();
+        Py_DECREF(reached);
+    } else {
+        PyErr_Clear();
+    }
+    PyErr_Restore(type, value, traceback);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- small_frames */
 
 #define DATA_KIND 1
@@ -1711,6 +1858,10 @@ static PyTypeObject TakePathType = {
 };
 
 static PyMethodDef module_methods[] = {
+    {"run_frames", (PyCFunction)(void (*)(void))run_frames, METH_FASTCALL,
+     "run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends, "
+     "buckets, now_ns, mask, progress) -> (index, latency total): the loop of "
+     "Channel.deliver_run, as _channel_run.run_frames_py runs it."},
     {"small_frames", (PyCFunction)(void (*)(void))small_frames, METH_FASTCALL,
      "small_frames(data, start, end, max_frame_size, slice_below) -> list: the whole "
      "small DATA frames at the front of data[start:end], as _small_frames_py gives them."},

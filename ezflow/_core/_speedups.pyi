@@ -1,5 +1,6 @@
 """Types of the optional C extension ezflow/_core/_speedups.c (see _compiled.py)."""
 
+from collections.abc import Callable
 from typing import Any
 
 class Template:
@@ -35,6 +36,21 @@ class Layout:
     ) -> Layout: ...
     def decode(self, body: bytes | memoryview, /) -> object: ...
 
+def run_frames(
+    frames: list[tuple[int, int, bytes, int, int]],
+    index: int,
+    size: int,
+    decode: Callable[[bytes], Any],
+    upstream: int,
+    lossless: int,
+    pending_append: Callable[[list[int]], None],
+    appends: list[tuple[Any, Callable[[tuple[Any, int, Any]], None]]],
+    buckets: list[int],
+    now_ns: int,
+    mask: int,
+    progress: list[int],
+    /,
+) -> tuple[int, int]: ...
 def small_frames(
     data: memoryview, start: int, end: int, max_frame_size: int, slice_below: int, /
 ) -> list[tuple[int, int, bytes, int, int]]: ...

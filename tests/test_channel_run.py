@@ -1,0 +1,128 @@
+"""The loop of ``Channel.deliver_run`` (ezflow/_core/_channel_run.py): the compiled twin
+(``_speedups.run_frames``) against ``run_frames_py``. Channel-level behaviour (a run is
+``deliver_body`` frame by frame) is pinned in tests/test_channel.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ezflow._core._channel_run import run_frames_py
+from ezflow._core._compiled import SPEEDUPS
+from ezflow._core._config import TIMING_SAMPLE_MASK
+
+pytestmark = pytest.mark.skipif(SPEEDUPS is None, reason="the C extension is not built")
+
+SIZE = 8
+NOW = 10_000
+
+
+class Stop(BaseException):
+    """What a constructor may raise that is not an ``Exception`` (KeyboardInterrupt)."""
+
+
+def decoder(refuse: set[bytes], stop: set[bytes]) -> Any:
+    def decode(body: bytes) -> object:
+        if body in stop:
+            raise Stop(body)
+        if body in refuse:
+            return None
+        return ("decoded", body)
+
+    return decode
+
+
+frame_strategy = st.tuples(
+    st.integers(0, 40),  # frame end (unused by the loop)
+    st.integers(0, 2**20),  # seq: one in TIMING_SAMPLE_MASK + 1 is timed
+    st.binary(min_size=SIZE - 1, max_size=SIZE + 1),
+    st.integers(0, 3),  # upstream drops
+    st.one_of(st.just(0), st.integers(1, 2 * NOW)),  # sent_ns: 0, earlier, or later
+)
+
+
+def run(  # noqa: PLR0917 - the cases' parameters, in the loop's order
+    loop: Any,
+    frames: list[tuple[int, int, bytes, int, int]],
+    index: int,
+    lossless: int,
+    inboxes: int,
+    refuse: set[bytes],
+    stop: set[bytes],
+) -> tuple[object, list[Any], list[list[Any]], list[int], list[int]]:
+    pending: list[list[int]] = []
+    items: list[list[Any]] = [[] for _ in range(inboxes)]
+    appends = [(f"attachment-{k}", items[k].append) for k in range(inboxes)]
+    buckets = [0] * 64
+    progress = [index, 0]
+    try:
+        outcome: object = loop(
+            frames,
+            index,
+            SIZE,
+            decoder(refuse, stop),
+            1,
+            lossless,
+            pending.append,
+            appends,
+            buckets,
+            NOW,
+            TIMING_SAMPLE_MASK,
+            progress,
+        )
+    except Stop as exc:
+        outcome = ("stopped", exc.args)
+    return outcome, pending, items, buckets, progress
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    frames=st.lists(frame_strategy, max_size=12),
+    index=st.integers(0, 3),
+    lossless=st.integers(0, 2),
+    inboxes=st.integers(0, 3),
+    data=st.data(),
+)
+def test_the_compiled_loop_is_its_python_twin(
+    frames: list[tuple[int, int, bytes, int, int]],
+    index: int,
+    lossless: int,
+    inboxes: int,
+    data: st.DataObject,
+) -> None:
+    bodies = sorted({frame[2] for frame in frames})
+    refuse = set(data.draw(st.lists(st.sampled_from(bodies), max_size=2))) if bodies else set()
+    stop = set(data.draw(st.lists(st.sampled_from(bodies), max_size=1))) if bodies else set()
+    index = min(index, len(frames))
+    assert SPEEDUPS is not None
+    compiled = run(SPEEDUPS.run_frames, frames, index, lossless, inboxes, refuse, stop)
+    assert compiled == run(run_frames_py, frames, index, lossless, inboxes, refuse, stop)
+
+
+def test_a_run_stops_at_each_kind_of_frame_it_leaves_to_the_general_path() -> None:
+    """The explicit cases: a timed frame, a new upstream drop, another size, a body the
+    layout refuses; latencies recorded, a negative one (two hosts' clocks) in bucket 0;
+    an exception leaves the index reached and the latency total so far."""
+    good = b"g" * SIZE
+    cases: list[tuple[tuple[int, int, bytes, int, int], int]] = [
+        ((0, TIMING_SAMPLE_MASK + 1, good, 0, 0), 1),  # timed
+        ((0, 3, good, 2, 0), 1),  # a new upstream drop (upstream is 1)
+        ((0, 3, b"short", 0, 0), 1),  # another size
+        ((0, 3, b"r" * SIZE, 0, 0), 1),  # refused by the layout
+    ]
+    assert SPEEDUPS is not None
+    for loop in (SPEEDUPS.run_frames, run_frames_py):
+        for stopper, reached in cases:
+            frames = [(0, 1, good, 1, NOW - 100), stopper, (0, 5, good, 0, 0)]
+            outcome, pending, items, buckets, _ = run(loop, frames, 0, 1, 1, {b"r" * SIZE}, set())
+            assert outcome == (reached, 100), (loop, stopper)
+            assert pending == [[1, 1, SIZE]] and items == [[("attachment-0", 1, ("decoded", good))]]
+            assert buckets[(100).bit_length()] == 1 and sum(buckets) == 1
+        later = [(0, 1, good, 0, NOW + 5), (0, 2, good, 0, NOW - 7), (0, 3, b"s" * SIZE, 0, 0)]
+        outcome, pending, items, buckets, progress = run(loop, later, 0, 0, 2, set(), {b"s" * SIZE})
+        assert outcome == ("stopped", (b"s" * SIZE,)) and progress == [2, 7]
+        assert pending == [] and [len(i) for i in items] == [2, 2]
+        assert buckets[0] == 1 and buckets[(7).bit_length()] == 1
