@@ -880,6 +880,9 @@ def plain_session(router: str) -> Any:
     config.insert_json5("mode", '"client"')
     config.insert_json5("connect/endpoints", json.dumps([router]))
     config.insert_json5("scouting/multicast/enabled", "false")
+    # (Zenoh's own shared memory, on by default, leaves its segments in /dev/shm when
+    # a Python process that used it exits: off, as in ezflow's bridge sessions)
+    config.insert_json5("transport/shared_memory/enabled", "false")
     return zenoh.open(config)
 
 
