@@ -395,34 +395,54 @@ class Channel:
             i, latency_total = progress
             raise
         finally:
-            self.run_end = i
-            count = i - index
-            if count:
-                self._last_seq = frames[i - 1][1]
-                nbytes = count * size
-                stats = self.stats
-                stats.decoded += count
-                stats.messages += count
-                stats.bytes += nbytes
-                stats.deliveries += count * len(attachments)
-                self.latency.total += latency_total
-                if lossless:
-                    self._pending_bytes += nbytes
-                for attachment in attachments:
-                    inbox = attachment.inbox
-                    inbox.stats.received += count
-                    waiter = inbox._waiter
-                    if waiter is not None:
-                        inbox._waiter = None
-                        if not waiter.done():
-                            waiter.set_result(None)
-                if not lossless:
-                    self._released_count += count
-                    self._released_bytes += nbytes
-                    self._notify_release()
+            self.end_run(frames, index, i, (i - index) * size, latency_total, decoded=True)
         if i == index and i < end and frames[i][1] & TIMING_SAMPLE_MASK:
             return -1  # (not of the layout: the read goes frame by frame)
         return i
+
+    def end_run(
+        self,
+        frames: list[tuple[int, int, bytes, int, int]],
+        index: int,
+        end: int,
+        nbytes: int,
+        latency_total: int,
+        *,
+        decoded: bool,
+    ) -> None:
+        """The bookkeeping of a run that delivered ``frames[index:end]`` (*nbytes* of
+        bodies, *latency_total* recorded in the histogram's buckets already), once for
+        the run (see :meth:`deliver_run`, and ``_channel_encoded.deliver_run_encoded``,
+        whose messages are not *decoded*): :attr:`run_end`, the counters, every inbox's
+        waiting ``get`` woken once, and a leaky channel's release reported once."""
+        self.run_end = end
+        count = end - index
+        if not count:
+            return
+        self._last_seq = frames[end - 1][1]
+        stats = self.stats
+        if decoded:
+            stats.decoded += count
+        stats.messages += count
+        stats.bytes += nbytes
+        attachments = self._attachments
+        stats.deliveries += count * len(attachments)
+        self.latency.total += latency_total
+        lossless = self._lossless
+        if lossless:
+            self._pending_bytes += nbytes
+        for attachment in attachments:
+            inbox = attachment.inbox
+            inbox.stats.received += count
+            waiter = inbox._waiter
+            if waiter is not None:
+                inbox._waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
+        if not lossless:
+            self._released_count += count
+            self._released_bytes += nbytes
+            self._notify_release()
 
     def deliver_body_traced(
         self,

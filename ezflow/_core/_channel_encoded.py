@@ -98,27 +98,5 @@ def deliver_run_encoded(
                     buckets[0] += 1
             i += 1
     finally:
-        channel.run_end = i
-        count = i - index
-        if count:
-            channel._last_seq = frames[i - 1][1]
-            stats = channel.stats
-            stats.messages += count
-            stats.bytes += nbytes
-            stats.deliveries += count * len(attachments)
-            channel.latency.total += latency_total
-            if lossless:
-                channel._pending_bytes += nbytes
-            for attachment in attachments:
-                inbox = attachment.inbox
-                inbox.stats.received += count
-                waiter = inbox._waiter
-                if waiter is not None:
-                    inbox._waiter = None
-                    if not waiter.done():
-                        waiter.set_result(None)
-            if not lossless:
-                channel._released_count += count
-                channel._released_bytes += nbytes
-                channel._notify_release()
+        channel.end_run(frames, index, i, nbytes, latency_total, decoded=False)
     return i
