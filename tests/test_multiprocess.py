@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -328,6 +330,29 @@ async def last_event(child: Child, name: str, timeout: float = 10) -> dict[str, 
     return await asyncio.wait_for(read(), timeout)
 
 
+@contextlib.asynccontextmanager
+async def blast_children(
+    ctx: ezflow.GraphContext, path: str, roles: list[tuple[str, dict[str, Any]]], **common: Any
+) -> AsyncIterator[list[Child]]:
+    """The children of a blast test, one per ``(role, its own arguments)`` of *roles*, in
+    that order, on the graph of *ctx* and on *path* (each says so when ready), with
+    *common* arguments; closed on leaving, also when one fails to start."""
+    env = path_env(path)
+    children: list[Child] = []
+    try:
+        for role, extra in roles:
+            child = await Child.start(
+                role, loop_kind(), env=env, address=list(ctx.address), **common, **extra
+            )
+            children.append(child)
+        for child in children:
+            assert (await child.event("ready"))["path"].startswith(path)
+        yield children
+    finally:
+        for child in children:
+            await child.aclose()
+
+
 @ONE_LOOP
 @PATHS
 @TRANSPORTS
@@ -340,24 +365,10 @@ async def test_a_publisher_killed_mid_blast_ends_its_subscribers_streams_after_a
     gap (from the first message), then the end of the stream (``EndOfStream``, broken),
     not a hang; the graph server drops the publisher, and a new publisher reaches both
     subscribers. (no_leaks: nothing left in the shm directory.)"""
-    topic, env = f"/mp/blastkill/{transport}", path_env(path)
+    topic = f"/mp/blastkill/{transport}"
     here = await ctx.subscriber(topic, transport=transport)
-    children = [
-        await Child.start(
-            role,
-            loop_kind(),
-            env=env,
-            address=list(ctx.address),
-            topic=topic,
-            transport=transport,
-            **extra,
-        )
-        for role, extra in (("receive_blast", {"then": True}), ("blast", {"channels": 2}))
-    ]
-    sub, pub = children
-    try:
-        for child in children:
-            assert (await child.event("ready"))["path"].startswith(path)
+    roles = [("receive_blast", {"then": True}), ("blast", {"channels": 2})]
+    async with blast_children(ctx, path, roles, topic=topic, transport=transport) as (sub, pub):
         seqs: list[int] = []
 
         async def take() -> None:
@@ -398,9 +409,6 @@ async def test_a_publisher_killed_mid_blast_ends_its_subscribers_streams_after_a
         assert (await sub.event("after", timeout=10))["seq"] == -1
         assert await sub.stop() == 0
         assert "Traceback" not in caplog.text
-    finally:
-        for child in children:
-            await child.aclose()
 
 
 @ONE_LOOP
@@ -415,24 +423,13 @@ async def test_a_subscriber_killed_mid_blast_leaves_the_publisher_and_the_other_
     message in order, the publisher drops the dead channel and logs it once (no warning,
     no error, no traceback, no line per message), and the graph server drops the dead
     subscriber."""
-    topic, env, count = f"/mp/subkill/{transport}", path_env(path), 10_000
+    topic, count = f"/mp/subkill/{transport}", 10_000
     here = await ctx.subscriber(topic, transport=transport)
-    children = [
-        await Child.start(
-            role,
-            loop_kind(),
-            env=env,
-            address=list(ctx.address),
-            topic=topic,
-            transport=transport,
-            **extra,
-        )
-        for role, extra in (("receive_blast", {}), ("blast", {"channels": 2, "count": count}))
-    ]
-    victim, pub = children
-    try:
-        for child in children:
-            assert (await child.event("ready"))["path"].startswith(path)
+    roles = [("receive_blast", {}), ("blast", {"channels": 2, "count": count})]
+    async with blast_children(ctx, path, roles, topic=topic, transport=transport) as (
+        victim,
+        pub,
+    ):
         seqs: list[int] = []
 
         async def take() -> None:
@@ -463,9 +460,6 @@ async def test_a_subscriber_killed_mid_blast_leaves_the_publisher_and_the_other_
 
         await wait_until(victim_dropped, "the killed subscriber dropped", 5)
         assert await pub.stop() == 0
-    finally:
-        for child in children:
-            await child.aclose()
 
 
 @ONE_LOOP
@@ -478,27 +472,12 @@ async def test_a_subscriber_that_stalls_mid_blast_loses_nothing(
     """A subscriber process that stops calling ``recv()`` for a second in the middle of
     a blast and then goes on: the lossless publisher waits for it (the compiled publish
     engaged before and after), and the subscriber gets every message, in order."""
-    topic, env, count = f"/mp/stall/{transport}", path_env(path), 10_000
-    children = [
-        await Child.start(
-            role,
-            loop_kind(),
-            env=env,
-            address=list(ctx.address),
-            topic=topic,
-            transport=transport,
-            count=count,
-            **extra,
-        )
-        for role, extra in (
-            ("receive_blast", {"stall_at": count // 4, "stall": 1.0}),
-            ("blast", {}),
-        )
-    ]
-    sub, pub = children
-    try:
-        for child in children:
-            assert (await child.event("ready"))["path"].startswith(path)
+    topic, count = f"/mp/stall/{transport}", 10_000
+    roles = [("receive_blast", {"stall_at": count // 4, "stall": 1.0}), ("blast", {})]
+    async with blast_children(ctx, path, roles, topic=topic, transport=transport, count=count) as (
+        sub,
+        pub,
+    ):
         done = await sub.event("done", timeout=30)
         assert (done["n"], done["first"], done["last"], done["bad"]) == (count, 0, count - 1, [])
         assert engaged(path, done["takes"])
@@ -506,8 +485,5 @@ async def test_a_subscriber_that_stalls_mid_blast_loses_nothing(
         assert (sent["sent"], sent["error"], sent["drops"]) == (count, None, 0)
         assert sent["waits"] > 0 and sent["wait_seconds"] > 0.5  # (it waited out the stall)
         assert engaged(path, sent["compiled"])
-        for child in children:
+        for child in (sub, pub):
             assert await child.stop() == 0
-    finally:
-        for child in children:
-            await child.aclose()
