@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _messages import arrays, assert_same_decoded, messages, outcome
+from _soon import Soon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -248,21 +249,6 @@ def test_callback_inbox_takes_and_releases_each_message_as_it_returns() -> None:
     assert channel.pending == 0
 
 
-class _Soon:
-    """The loop of a woken ``get_nowait(loop)``: the release it defers, run on demand."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
-
-    def call_soon(self, callback: Any, *args: Any) -> None:
-        self.calls.append((callback, args))
-
-    def run(self) -> None:
-        calls, self.calls = self.calls, []
-        for callback, args in calls:
-            callback(*args)
-
-
 @pytest.mark.parametrize("detach_first", [True, False])
 def test_a_deferred_release_overtaken_by_a_later_one_then_a_detach(detach_first: bool) -> None:
     """An inbox takes m1 with its release deferred to the loop (a woken get), then m2
@@ -277,7 +263,7 @@ def test_a_deferred_release_overtaken_by_a_later_one_then_a_detach(detach_first:
     channel.attach(other)
     for seq in (1, 2):
         channel.deliver(seq, f"m{seq}", nbytes=10)
-    soon = _Soon()
+    soon = Soon()
     assert early.get_nowait(soon) == "m1"  # type: ignore[arg-type]
     assert early.get_nowait() == "m2"
     assert other.get_nowait() == "m1"

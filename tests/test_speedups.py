@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _messages import _INT_EDGES, LEAVES, OTHER, assert_same_decoded, mutations, shapes
+from _soon import Soon
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -861,21 +862,6 @@ _TAKE_OPS = st.lists(
 )
 
 
-class _Soon:
-    """The loop of a woken get_nowait: what it defers, run when the test says."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
-
-    def call_soon(self, callback: Any, *args: Any) -> None:
-        self.calls.append((callback, args))
-
-    def run(self) -> None:
-        calls, self.calls = self.calls, []
-        for callback, args in calls:
-            callback(*args)
-
-
 @needs_extension
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_TAKE_OPS)
@@ -938,7 +924,7 @@ def test_the_compiled_take_is_the_python_twin(ops: list[tuple[Any, ...]]) -> Non
         )
 
     worlds = [world(), world()]
-    soon = [_Soon(), _Soon()]
+    soon = [Soon(), Soon()]
     seqs = {"a": 0, "b": 0}
     for op in ops:
         name = op[0]
