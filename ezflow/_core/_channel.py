@@ -373,9 +373,7 @@ class Channel:
         lossless = self._lossless
         appends = [(attachment, attachment.inbox._items.append) for attachment in attachments]
         end = len(frames)
-        i = index
-        latency_total = 0
-        progress = [index, 0]
+        progress = [index, 0]  # (where an exception leaves the run: run_frames sets it)
         try:
             i, latency_total = run_frames(
                 frames,
