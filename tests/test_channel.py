@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from _messages import arrays, assert_same_decoded, messages, outcome
 from _soon import Soon
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ezflow
@@ -899,3 +899,153 @@ def test_an_encoded_inbox_holds_and_releases_like_any_lossless_one() -> None:
     channel.attach(Inbox(encoded=True, callback=calls.append))
     channel.deliver(7, (7, "y"))  # (a local message: encoded once for the callback)
     assert calls == [Codec().encode((7, "y")).to_bytes()]
+
+
+# -- the stock loop's wake-up and deferred-release handles (ezflow._core._loop.ready_queue)
+
+_WAKE_OPS = st.one_of(
+    st.just(("wait",)),
+    st.just(("deliver",)),
+    st.just(("deliver_soon",)),
+    st.tuples(st.just("spin"), st.integers(1, 12)),
+    st.just(("yield",)),
+    st.just(("take_b",)),
+    st.just(("detach_a",)),
+    st.just(("cancel",)),
+)
+
+
+def _run_wake_script(ops: list[tuple[Any, ...]], *, b_lossless: bool, fast: bool) -> list[Any]:
+    """Run *ops* on a new stock asyncio loop: tasks awaiting ``get`` of inbox a (two
+    messages each), deliveries now or from a callback of the loop, other callbacks
+    queued ahead (a ready queue longer than ``WAKE_QUEUE_SCAN``), takes from inbox b,
+    a detach, cancellations; the state after each op. Inbox b is lossless (a message is
+    released once both took it) or leaky (a's takes alone release). *fast*: with the
+    inboxes' kept handles (what ``ready_queue`` allows on this loop), else as on any
+    other loop."""
+
+    async def main() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        assert (_inbox.ready_queue(loop) is not None) == fast
+        channel, releases, _ = make_channel()
+        a, b = Inbox(), Inbox() if b_lossless else Inbox(leaky=True, maxlen=4)
+        taker = channel.attach(a)
+        channel.attach(b)
+        seqs = itertools.count(1)
+        tasks: list[asyncio.Task[list[Any]]] = []
+
+        def deliver() -> None:
+            seq = next(seqs)
+            channel.deliver(seq, ("m", seq), nbytes=seq % 5 + 1)
+
+        async def take_two() -> list[Any]:
+            return [await a.get(), await a.get()]
+
+        def state() -> Any:
+            return (
+                list(releases),
+                [
+                    (t.cancelled(), t.result() if t.done() and not t.cancelled() else None)
+                    for t in tasks
+                ],
+                len(a),
+                len(b),
+                channel.pending,
+                dataclasses.astuple(a.stats),
+            )
+
+        trace = []
+        for op in ops:
+            name = op[0]
+            if name == "wait" and sum(not t.done() for t in tasks) < 3:
+                tasks.append(asyncio.ensure_future(take_two()))
+            elif name == "deliver":
+                deliver()
+            elif name == "deliver_soon":
+                loop.call_soon(deliver)
+            elif name == "spin":
+                for _ in range(op[1]):
+                    loop.call_soon(lambda: None)
+            elif name == "yield":
+                await asyncio.sleep(0)
+            elif name == "take_b" and len(b):
+                b.get_nowait()
+            elif name == "detach_a":
+                channel.detach(taker)
+            elif name == "cancel":
+                for task in tasks:
+                    if not task.done():
+                        task.cancel()
+                        break
+            trace.append(state())
+        for _ in range(4):
+            await asyncio.sleep(0)
+        trace.append(state())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return trace
+
+    runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
+    with runner, contextlib.ExitStack() as stack:
+        if not fast:
+            patch = pytest.MonkeyPatch()
+            stack.callback(patch.undo)
+            patch.setattr(_inbox, "ready_queue", lambda loop: None)
+        return runner.run(main())
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_WAKE_OPS, min_size=1, max_size=30), st.booleans())
+# (a delivery that wakes a task waiting anew while the kept wake-up handle is queued
+# still for another task: a get that took the first delivery's message in between)
+@example(
+    ops=[("wait",), ("yield",), ("deliver_soon",), ("wait",), ("deliver_soon",), ("yield",)],
+    b_lossless=False,
+)
+def test_the_stock_loops_kept_handles_wake_and_release_as_call_soon_does(
+    ops: list[tuple[Any, ...]], b_lossless: bool
+) -> None:
+    """On the stock asyncio loop a delivery wakes a waiting get through the inbox's kept
+    wake-up handle (not ``Future.set_result``'s ``call_soon``), and a woken get's
+    release is deferred through the inbox's kept release handle (not one ``call_soon``
+    each): the same steps with and without them give the same takes, results,
+    cancellations, releases and counters after every step - with several tasks waiting
+    at once, deliveries from callbacks between their steps, long ready queues (where
+    the kept wake-up handle is not used), detaches and cancellations."""
+    fast = _run_wake_script(ops, b_lossless=b_lossless, fast=True)
+    assert fast == _run_wake_script(ops, b_lossless=b_lossless, fast=False)
+
+
+def test_a_woken_get_on_the_stock_loop_uses_the_kept_handles() -> None:
+    """The fast path of the differential test above is the one taken: a paced get's
+    wake-up and its deferred release go through the two handles the inbox keeps, and no
+    ``call_soon`` is made for either."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        channel, releases, _ = make_channel()
+        inbox = Inbox()
+        channel.attach(inbox)
+        calls: list[Any] = []
+        original = loop.call_soon
+
+        def call_soon(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+            calls.append(callback)
+            return original(callback, *args, **kwargs)
+
+        for seq in (1, 2, 3):
+            waiting = asyncio.ensure_future(inbox.get())
+            await asyncio.sleep(0)  # (the get waits)
+            loop.call_soon = call_soon  # type: ignore[method-assign]
+            try:
+                channel.deliver(seq, f"m{seq}", nbytes=1)
+                assert inbox._wake_handle is not None and inbox._wake_handle in loop._ready  # type: ignore[attr-defined]
+                assert await waiting == f"m{seq}"  # (its release ran meanwhile)
+            finally:
+                del loop.call_soon
+            assert releases[-1] == (seq, seq) and not inbox._deferred
+        assert not any(getattr(c, "__name__", "") == "_release_taken" for c in calls), calls
+
+    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+        runner.run(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,36 @@ def test_unknown_loop_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EZFLOW_EVENT_LOOP", "trio")
     with pytest.raises(ezflow.ConfigurationError, match="EZFLOW_EVENT_LOOP='trio'"):
         ezflow.lowlevel.loop_factory()
+
+
+def test_ready_queue_is_the_stock_loops_own_and_nothing_elsewhere() -> None:
+    """ready_queue: the ready queue of a stock asyncio loop (what call_soon appends to),
+    None for uvloop (its call_soon is compiled), a loop in debug mode, a loop class with
+    a call_soon of its own, and anything that is not a loop."""
+    import uvloop  # noqa: PLC0415
+
+    from ezflow._core._loop import ready_queue  # noqa: PLC0415
+
+    async def stock() -> None:
+        loop = asyncio.get_running_loop()
+        ready = ready_queue(loop)
+        assert ready is not None
+        handle = loop.call_soon(lambda: None)
+        assert ready[-1] is handle
+        loop.set_debug(True)
+        assert ready_queue(loop) is None
+
+    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+        runner.run(stock())
+
+    class Custom(asyncio.SelectorEventLoop):
+        def call_soon(self, *args: Any, **kwargs: Any) -> asyncio.Handle:
+            return super().call_soon(*args, **kwargs)
+
+    async def elsewhere() -> None:
+        assert ready_queue(asyncio.get_running_loop()) is None
+
+    for factory in (Custom, uvloop.new_event_loop):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(elsewhere())
+    assert ready_queue(object()) is None

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec, EncodedMessage
 from ezflow._core._config import PACED_GAP_NS
-from ezflow._core._framing import DATA, DATA_PREFIX, LENGTH, FramedProtocol
+from ezflow._core._framing import ACK, ACK_BODY, DATA, DATA_PREFIX, LENGTH, FramedProtocol
 from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PublisherInfo
 from ezflow._transports._stream_channel import ChannelConnection
@@ -293,3 +293,80 @@ def _split(data: bytes, chunks: list[int]) -> list[bytes]:
         position += size
         index += 1
     return reads
+
+
+# -- the end-of-iteration ACK: the stock loop's kept handle vs call_soon -----------------
+
+
+def _acks_of(batches: list[int], *, fast: bool) -> list[bytes]:
+    """The ACK frames a ChannelConnection on a socketpair writes back when
+    *batches* of small DATA frames arrive, each batch in one write once a task awaiting
+    ``recv`` took everything before it (a paced stream: batches of 1), on the stock
+    loop; *fast*: with the connection's kept ACK handle, else with ``call_soon``."""
+    import socket  # noqa: PLC0415
+
+    from ezflow._transports import _stream_channel  # noqa: PLC0415
+
+    async def main() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        codec = Codec()
+        body = codec.encode((1, 7, 0, np.arange(8, dtype=np.float32))).to_bytes()
+        ours, theirs = socket.socketpair()
+        theirs.setblocking(False)
+        connection, inbox = _connection(Codec())
+        await loop.create_unix_connection(lambda: connection, sock=ours)
+        channel = connection.channel
+        # as after WELCOME with a window of 64: an ACK at once every 16 releases, else
+        # one at the end of the loop iteration
+        channel.on_release, connection._ack_every, connection._ack_bytes = (
+            connection._on_release,
+            16,
+            1 << 20,
+        )
+        seq = 0
+        for count in batches:
+            frames = []
+            for _ in range(count):
+                seq += 1
+                frames.append(DATA_PREFIX.pack(HEADER_SIZE + len(body), DATA, 0, seq, 0, 0) + body)
+            theirs.send(b"".join(frames))
+            async with asyncio.timeout(10):
+                for _ in range(count):
+                    await inbox.get()
+            for _ in range(3):
+                await asyncio.sleep(0)
+        written = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := theirs.recv(1 << 16):
+                written += chunk
+        connection.welcome.cancel()  # (no WELCOME comes: nothing is told of it)
+        connection.close()
+        theirs.close()
+        acks, at = [], 0
+        while at < len(written):  # (the frames: HELLO first, then the ACKs)
+            (size,) = LENGTH.unpack_from(written, at)
+            body = written[at + LENGTH.size : at + LENGTH.size + size]
+            if body[0] == ACK:
+                acks.append(body)
+            at += LENGTH.size + size
+        return acks
+
+    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+        if fast:
+            return runner.run(main())
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_stream_channel, "ready_queue", lambda loop: None)
+            return runner.run(main())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from([1, 1, 1, 2, 5, 17, 40]), min_size=1, max_size=25))
+def test_the_end_of_iteration_ack_is_the_same_through_the_kept_handle(batches: list[int]) -> None:
+    """On the stock loop a connection appends the handle it keeps for its end-of-
+    iteration ACK to the loop's ready queue instead of calling ``call_soon`` (a paced
+    stream schedules one for every message): the same ACKs, with the same counts, in
+    the same order, paced or in bursts (an ACK at once every 16 releases, the rest at
+    the end of the iteration)."""
+    fast = _acks_of(batches, fast=True)
+    assert fast == _acks_of(batches, fast=False)
+    assert ACK_BODY.unpack(fast[-1])[1] == sum(batches)  # (the last: every message)

@@ -148,6 +148,7 @@ __all__ = [
     "TRACE_SERVER_KEEP",
     "TRANSPORTS",
     "TYPO_GRACE_PERIOD",
+    "WAKE_QUEUE_SCAN",
     "ZENOH_ACK_INTERVAL",
     "ZENOH_ACK_TIMEOUT",
     "ZENOH_ANSWER_TIMEOUT",
@@ -317,6 +318,12 @@ DATA_WRITE_BUFFER_LIMIT: Final = 16 * 1024 * 1024
 #: channels on this host (shm, or tcp from a loopback or this host's address) by a
 #: publisher whose thread slept meanwhile ends with a CPU yield (``ShmOptions.handoff``).
 PACED_GAP_NS: Final = 50_000
+#: On the stock asyncio loop, a delivery that wakes a waiting ``recv`` queues the
+#: waiting task's wake-up in a handle its subscriber keeps (no ``call_soon``: with the
+#: caches cold after a paced pause, it costs several microseconds) when the loop's
+#: ready queue holds at most this many handles (it checks that the kept one is not
+#: among them); with more, ``call_soon`` as usual.
+WAKE_QUEUE_SCAN: Final = 8
 #: A data connection writes the messages queued in one event-loop iteration early (one
 #: vectored write) once this many are queued ...
 STREAM_FLUSH_MESSAGES: Final = 16

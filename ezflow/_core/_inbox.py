@@ -9,6 +9,7 @@ modules are the receiving half of every edge, split by class.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 from time import monotonic_ns, perf_counter_ns
 from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
-from ._config import TIMING_SAMPLE_MASK
+from ._config import TIMING_SAMPLE_MASK, WAKE_QUEUE_SCAN
 from ._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
+from ._loop import ready_queue
 from ._telemetry import DROP_HOOKS, DropEvent, Histogram, emit
 from ._tracing import CURRENT, Hop
 
@@ -132,6 +134,10 @@ def _release_taken(attachment: Attachment, seq: int) -> None:
             attachment.consumed_seq = consumed
 
 
+def _ignore(*args: object) -> None:
+    """What the wake-up handle of an inbox runs before its first wake-up: nothing."""
+
+
 #: The compiled take of a queued message (``_channel.compiled_take_queued``, installed
 #: by ezflow._core._channel when the extension is built), or None; and what it returns
 #: when it took nothing.
@@ -166,6 +172,7 @@ class Inbox:
         "_broken",
         "_callback",
         "_closed",
+        "_deferred",
         "_drop_hooks",
         "_end_told",
         "_ended",
@@ -173,10 +180,14 @@ class Inbox:
         "_had_publisher",
         "_handed_ns",
         "_items",
+        "_loop",
         "_lost",
         "_open_hop",
+        "_ready",
+        "_release_handle",
         "_routed",
         "_waiter",
+        "_wake_handle",
         "encoded",
         "handler_time",
         "leaky",
@@ -207,6 +218,15 @@ class Inbox:
         self.maxlen = maxlen if leaky and callback is None else None
         self._items: deque[tuple[Attachment, int, Any]] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        # The loop a get() last waited on; on the stock asyncio loop, its ready queue
+        # and a handle built once that runs the releases deferred to it (_deferred),
+        # appended there when the first is deferred (see ezflow._core._loop.ready_queue:
+        # with the caches cold, call_soon costs a woken get several microseconds).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: deque[asyncio.Handle] | None = None
+        self._release_handle: asyncio.Handle | None = None
+        self._wake_handle: asyncio.Handle | None = None
+        self._deferred: list[tuple[Attachment, int]] = []
         self._closed = False
         self.stats = SubscriberStats()
         # End of stream (see the module docstring): publishers that feed this inbox,
@@ -275,7 +295,30 @@ class Inbox:
         if waiter is not None:
             self._waiter = None
             if not waiter.done():
-                waiter.set_result(None)
+                ready = self._ready
+                callbacks = waiter._callbacks if ready is not None else None
+                handle = self._wake_handle
+                if (
+                    callbacks
+                    and len(callbacks) == 1
+                    and ready is not None
+                    and handle is not None
+                    and len(ready) <= WAKE_QUEUE_SCAN
+                    and handle not in ready
+                ):
+                    # On the stock loop: set_result, with the waiting task's wake-up
+                    # queued as its call_soon would queue it (a handle running the
+                    # callback with the waiter, in the callback's context), but in the
+                    # handle this inbox keeps for it (not queued: it ran).
+                    callback, context = callbacks[0]
+                    waiter.remove_done_callback(callback)
+                    waiter.set_result(None)
+                    handle._callback = callback  # type: ignore[attr-defined]
+                    handle._args = (waiter,)
+                    handle._context = context  # type: ignore[attr-defined]
+                    ready.append(handle)
+                else:
+                    waiter.set_result(None)
 
     def put_undecodable(self, error: UndecodableMessageError, lossless: bool) -> None:
         """A message for this inbox could not be decoded (*error*).
@@ -357,9 +400,36 @@ class Inbox:
         if attachment.lossless and attachment.active:
             if loop is None:
                 attachment.channel.release(attachment, seq)
+            elif loop is self._loop and self._release_handle is not None:
+                deferred = self._deferred
+                deferred.append((attachment, seq))
+                if len(deferred) == 1:  # (else the handle is queued already)
+                    ready = self._ready
+                    assert ready is not None
+                    ready.append(self._release_handle)
             else:
                 loop.call_soon(_release_taken, attachment, seq)
         return message
+
+    def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A get() waits on *loop*, not the loop before (if any): what get_nowait(loop)
+        and put need to know of it (see ``__init__``)."""
+        if self._deferred:
+            self._release_deferred()  # (deferred to a loop that may not run them now)
+        self._loop = loop
+        self._ready = ready = ready_queue(loop)
+        if ready is None:
+            self._release_handle = self._wake_handle = None
+        else:
+            empty = contextvars.Context()
+            self._release_handle = asyncio.Handle(self._release_deferred, (), loop, empty)
+            self._wake_handle = asyncio.Handle(_ignore, (), loop, empty)
+
+    def _release_deferred(self) -> None:
+        """Release what woken takes deferred to the loop, in the order they were taken."""
+        deferred, self._deferred = self._deferred, []
+        for attachment, seq in deferred:
+            _release_taken(attachment, seq)
 
     async def get(self) -> Any:
         """Wait for and take the oldest message.
@@ -412,6 +482,8 @@ class Inbox:
                 self._end_told = True
                 raise self.end_of_stream()
             loop = asyncio.get_running_loop()
+            if loop is not self._loop:
+                self._adopt(loop)
             waiter = self._waiter
             if waiter is None or waiter.done():
                 waiter = self._waiter = loop.create_future()

@@ -5,6 +5,8 @@ publisher elsewhere."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, cast
@@ -35,6 +37,7 @@ from .._core._framing import (
     frame,
 )
 from .._core._liveness import Heartbeat
+from .._core._loop import ready_queue
 from .._core._protocol import PROTOCOL, PublisherInfo
 from .._core._tracing import TRACING, WireTrace
 from ._stream_frames import (
@@ -142,6 +145,18 @@ class ChannelConnection(FramedProtocol):
         self.welcome: asyncio.Future[None] = self._loop.create_future()
         self._on_lost: Callable[[], None] | None = on_lost
         self._ack_scheduled = False
+        # On the stock asyncio loop, the end-of-iteration ACK is a handle built once and
+        # appended to the loop's ready queue (ezflow._core._loop.ready_queue: a paced
+        # stream schedules one for every message); elsewhere, call_soon.
+        ready = ready_queue(self._loop)
+        self._ack_soon: Callable[[], object] = (
+            functools.partial(self._loop.call_soon, self._scheduled_ack)
+            if ready is None
+            else functools.partial(
+                ready.append,
+                asyncio.Handle(self._scheduled_ack, (), self._loop, contextvars.Context()),
+            )
+        )
         #: reads of large bodies so far (into a large frame's own buffer; shm: its
         #: notifications): while they keep coming, the end-of-iteration ACK waits
         self.large_reads = 0
@@ -386,12 +401,12 @@ class ChannelConnection(FramedProtocol):
             # (a connection that read large bodies looks at least once more: this
             # iteration's reads run after the callback)
             self._ack_mark = self.large_reads - 1 if self.large_reads else 0
-            self._loop.call_soon(self._scheduled_ack)
+            self._ack_soon()
 
     def _scheduled_ack(self) -> None:
         if self.large_reads != self._ack_mark and self.transport is not None:
             self._ack_mark = self.large_reads  # (still arriving: look again next time)
-            self._loop.call_soon(self._scheduled_ack)
+            self._ack_soon()
             return
         self._ack_scheduled = False
         if self._released[0] > self._acked[0]:
