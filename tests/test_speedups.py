@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 from typing import Any
 
 import numpy as np
@@ -1151,3 +1152,31 @@ def test_the_compiled_copy_leaks_nothing() -> None:
     run(25_000)
     gc.collect()
     assert sys.getallocatedblocks() - before < 100
+
+
+# -- voluntary_switches: the paced-publish handoff's test (issue 28) ------------------
+
+
+@needs_extension
+@pytest.mark.skipif(_compiled.RUSAGE_THREAD is None, reason="RUSAGE_THREAD: Linux only")
+def test_the_compiled_voluntary_switches_count_what_getrusage_counts() -> None:
+    """_speedups.voluntary_switches reads the count voluntary_switches_py reads (this
+    thread's voluntary context switches): never behind one read before it, never ahead
+    of one read after it; a blocking sleep adds one to both; a busy loop (no blocking)
+    adds none."""
+    assert _speedups is not None
+    compiled, pure = _speedups.voluntary_switches, _compiled.voluntary_switches_py
+    if _compiled.SPEEDUPS is not None:  # (what this process runs)
+        assert _compiled.voluntary_switches is compiled
+    for _ in range(5):
+        before = pure()
+        got = compiled()
+        after = pure()
+        assert before <= got <= after
+        time.sleep(0.002)
+        assert compiled() > got and pure() > after
+    deadline = time.perf_counter() + 0.002
+    busy = compiled()
+    while time.perf_counter() < deadline:
+        pass
+    assert compiled() == busy

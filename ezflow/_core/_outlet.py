@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import resource
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ import numpy as np
 
 from ._codec import Codec, EncodedMessage
 from ._codec._format import _new_encoded
+from ._compiled import RUSAGE_THREAD, voluntary_switches
 from ._config import PACED_GAP_NS, PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
 from ._exceptions import ClosedResourceError, MessageTooLargeError
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
@@ -53,16 +53,10 @@ log = logging.getLogger("ezflow.outlet")
 # publish_nowait declines (so that publish yields) once this many went without a yield.
 _YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
 _sched_yield = getattr(os, "sched_yield", None)  # (not on Windows)
-_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # (Linux only)
-
-
-def _voluntary_switches() -> int:
-    """Times this thread has blocked (slept) so far: its voluntary context switches.
-
-    An event loop waiting for its next timer or I/O blocks in the kernel and counts one;
-    a thread that is preempted, or that yields with ``sched_yield``, counts an
-    involuntary one instead. One system call (~1 µs)."""
-    return resource.getrusage(_RUSAGE_THREAD).ru_nvcsw  # type: ignore[arg-type]
+_RUSAGE_THREAD = RUSAGE_THREAD  # (Linux only)
+# This thread's voluntary context switches so far (voluntary_switches_py says what they
+# tell): the compiled twin where it is built.
+_voluntary_switches = voluntary_switches
 
 
 @dataclass(slots=True)
