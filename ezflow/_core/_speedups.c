@@ -81,6 +81,8 @@ typedef struct {
 } TemplateObject;
 
 static PyObject *str_dtype, *str_shape, *str_nbytes, *str_tobytes;
+/* What a fields layout looks up on its class (see fields_hold). */
+static PyObject *str_init, *str_new, *str_setattr;
 
 /* ---------------------------------------------------------------- a byte writer */
 
@@ -590,7 +592,7 @@ static PyTypeObject TemplateType = {
 /* ---------------------------------------------------------------- Layout */
 
 enum { OP_NONE = 0, OP_VALUE, OP_BOOL, OP_STR, OP_FROMBUFFER, OP_NDARRAY, OP_NPSCALAR };
-enum { K_TUPLE = 0, K_LIST, K_DICT, K_DATACLASS };
+enum { K_TUPLE = 0, K_LIST, K_DICT, K_DATACLASS, K_FIELDS };
 
 typedef struct {
     Py_ssize_t offset; /* of the value's bytes in the body */
@@ -620,6 +622,10 @@ typedef struct {
     PyObject *keys; /* tuple of str (K_DICT, K_DATACLASS), or None (a dataclass called with
                      * its items as positional arguments; tuples and lists) */
     PyObject *cls;  /* the dataclass, or None */
+    Py_ssize_t *slots; /* K_FIELDS: per item, the offset of its __slots__ member in the
+                        * instance, or -1 (set with PyObject_GenericSetAttr) */
+    PyObject *init, *new_, *setattr; /* K_FIELDS: the class's, as learned (fields_hold) */
+    unsigned int version;            /* K_FIELDS: the class's tp_version_tag when they were */
     PyObject *frombuffer;
     PyObject *ndarray;
     PyObject *empty; /* () */
@@ -634,6 +640,10 @@ static void Layout_dealloc(LayoutObject *self) {
         }
     }
     PyMem_Free(self->items);
+    PyMem_Free(self->slots);
+    Py_XDECREF(self->init);
+    Py_XDECREF(self->new_);
+    Py_XDECREF(self->setattr);
     PyMem_Free(self->values);
     PyMem_Free(self->mask);
     Py_XDECREF(self->keys);
@@ -671,7 +681,7 @@ static PyObject *Layout_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     int kind;
     PyObject *items, *keys, *cls;
     if (!PyArg_ParseTuple(spec, "iO!OO", &kind, &PyTuple_Type, &items, &keys, &cls)) return NULL;
-    if (kind < K_TUPLE || kind > K_DATACLASS) {
+    if (kind < K_TUPLE || kind > K_FIELDS) {
         PyErr_Format(PyExc_ValueError, "unknown message kind %d", kind);
         return NULL;
     }
@@ -745,6 +755,38 @@ static PyObject *Layout_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->keys = keys;
     Py_INCREF(cls);
     self->cls = cls;
+    if (kind == K_FIELDS) {
+        /* object.__new__(cls), then object.__setattr__ of each field: for a __slots__
+         * member (what a member descriptor's __set__ does) the store itself. */
+        if (!PyType_Check(cls)) {
+            PyErr_SetString(PyExc_TypeError, "a fields layout needs a class");
+            goto fail;
+        }
+        PyTypeObject *tp = (PyTypeObject *)cls;
+        self->init = Py_XNewRef(_PyType_Lookup(tp, str_init));
+        self->new_ = Py_XNewRef(_PyType_Lookup(tp, str_new));
+        self->setattr = Py_XNewRef(_PyType_Lookup(tp, str_setattr));
+        self->version = tp->tp_version_tag;
+        self->slots = PyMem_Calloc((size_t)(nitems + 1), sizeof(Py_ssize_t));
+        if (self->slots == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < nitems; i++) {
+            PyObject *key = PyTuple_GET_ITEM(keys, i);
+            if (!PyUnicode_Check(key)) {
+                PyErr_SetString(PyExc_TypeError, "field names must be str");
+                goto fail;
+            }
+            PyObject *descr = _PyType_Lookup((PyTypeObject *)cls, key); /* (borrowed) */
+            self->slots[i] = -1;
+            if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+                PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+                if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
+                    self->slots[i] = member->offset;
+            }
+        }
+    }
     Py_INCREF(frombuffer);
     self->frombuffer = frombuffer;
     Py_INCREF(ndarray);
@@ -828,6 +870,21 @@ static PyObject *build_item(LayoutObject *self, const Item *item, PyObject *body
     }
 }
 
+/* Whether the class of a fields layout still is what the layout was learned from: its
+ * __init__, __new__ and __setattr__ the same objects (a __post_init__ added later is
+ * not called by a generated __init__ either). One compare while the class is unchanged
+ * (its version tag); after a change, the lookups. */
+static int fields_hold(LayoutObject *self) {
+    PyTypeObject *tp = (PyTypeObject *)self->cls;
+    if ((tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag == self->version)
+        return 1;
+    if (_PyType_Lookup(tp, str_init) != self->init || _PyType_Lookup(tp, str_new) != self->new_ ||
+        _PyType_Lookup(tp, str_setattr) != self->setattr)
+        return 0;
+    if (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) self->version = tp->tp_version_tag;
+    return 1;
+}
+
 /* decode(body): the message in body, or None (see _Layout.decode_py). */
 static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
     Py_buffer view;
@@ -844,6 +901,34 @@ static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
         if (self->values[k].offset + self->values[k].size > n) goto none;
     }
     Py_ssize_t nitems = self->nitems;
+    if (self->kind == K_FIELDS && fields_hold(self)) {
+        /* (a dataclass whose generated __init__ only stores its fields: see
+         * _layouts._builds_by_fields; a class changed since is called with keywords,
+         * as the general decoder calls it) */
+        PyObject *message = PyBaseObject_Type.tp_new((PyTypeObject *)self->cls, self->empty, NULL);
+        if (message == NULL) goto failed;
+        for (Py_ssize_t i = 0; i < nitems; i++) {
+            PyObject *item = build_item(self, &self->items[i], body, buf);
+            if (item == NULL) {
+                Py_DECREF(message);
+                goto failed;
+            }
+            Py_ssize_t slot = self->slots[i];
+            if (slot >= 0) {
+                PyObject **at = (PyObject **)((char *)message + slot);
+                Py_XSETREF(*at, item);
+            } else {
+                int set = PyObject_GenericSetAttr(message, PyTuple_GET_ITEM(self->keys, i), item);
+                Py_DECREF(item);
+                if (set < 0) {
+                    Py_DECREF(message);
+                    goto failed;
+                }
+            }
+        }
+        result = message;
+        goto done;
+    }
     items = self->kind == K_LIST ? PyList_New(nitems) : PyTuple_New(nitems);
     if (items == NULL) goto done;
     for (Py_ssize_t i = 0; i < nitems; i++) {
@@ -1885,8 +1970,11 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     str_tobytes = PyUnicode_InternFromString("tobytes");
     str_flush = PyUnicode_InternFromString("flush");
     str_out_of_line_above = PyUnicode_InternFromString("out_of_line_above");
+    str_init = PyUnicode_InternFromString("__init__");
+    str_new = PyUnicode_InternFromString("__new__");
+    str_setattr = PyUnicode_InternFromString("__setattr__");
     if (!str_dtype || !str_shape || !str_nbytes || !str_tobytes || !str_flush ||
-        !str_out_of_line_above)
+        !str_out_of_line_above || !str_init || !str_new || !str_setattr)
         return NULL;
     if (PyType_Ready(&TemplateType) < 0 || PyType_Ready(&LayoutType) < 0 ||
         PyType_Ready(&PublishPathType) < 0 || PyType_Ready(&TakePathType) < 0)
