@@ -113,6 +113,41 @@ static inline int put_raw(Out *o, const void *data, Py_ssize_t n) {
     return 1;
 }
 
+/* The value of the exact int *v* when it has at most 60 bits (three 30-bit digits
+ * below 2**63 on 3.11; one digit on 3.12+): 1 and *out set, else 0 (take the general
+ * conversion). The counters and stamps the message path reads are such ints, and
+ * PyLong_AsLongLongAndOverflow costs several times this. */
+static inline int small_ll(PyObject *v, long long *out) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)v)) {
+        *out = (long long)PyUnstable_Long_CompactValue((PyLongObject *)v);
+        return 1;
+    }
+    return 0;
+#else
+#if PYLONG_BITS_IN_DIGIT != 30
+    return 0;
+#else
+    Py_ssize_t size = Py_SIZE(v);
+    const digit *d = ((PyLongObject *)v)->ob_digit;
+    Py_ssize_t n = size < 0 ? -size : size;
+    unsigned long long u;
+    switch (n) {
+    case 0: *out = 0; return 1;
+    case 1: u = d[0]; break;
+    case 2: u = ((unsigned long long)d[1] << 30) | d[0]; break;
+    case 3:
+        if (d[2] >= 8) return 0; /* (2**63 and up) */
+        u = ((unsigned long long)d[2] << 60) | ((unsigned long long)d[1] << 30) | d[0];
+        break;
+    default: return 0;
+    }
+    *out = size < 0 ? -(long long)u : (long long)u;
+    return 1;
+#endif
+#endif
+}
+
 /* msgpack's int, as msgpack-python packs it (smallest form; unsigned markers for
  * non-negative values). 0: no room. */
 static int pack_int64(Out *o, long long d) {
@@ -286,7 +321,9 @@ static int pack_item(TemplateObject *self, Py_ssize_t i, PyObject *v, Out *o,
         return put1(o, v == Py_True ? 0xc3 : 0xc2);
     case I_INT: {
         int overflow = 0;
-        long long d = PyLong_AsLongLongAndOverflow(v, &overflow);
+        long long d;
+        if (PyLong_CheckExact(v) && small_ll(v, &d)) return pack_int64(o, d);
+        d = PyLong_AsLongLongAndOverflow(v, &overflow);
         if (d == -1 && PyErr_Occurred()) return -1;
         if (overflow == 0) return pack_int64(o, d);
         if (overflow < 0) return 0; /* below int64: msgpack raises OverflowError */
@@ -1266,6 +1303,7 @@ static Py_ssize_t slot_offset(PyObject *type, const char *name) {
 
 static int exact_ll(PyObject *v, long long *out) {
     if (v == NULL || !PyLong_CheckExact(v)) return 0;
+    if (small_ll(v, out)) return 1;
     int overflow = 0;
     *out = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (overflow || (*out == -1 && PyErr_Occurred())) {
