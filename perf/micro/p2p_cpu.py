@@ -20,6 +20,14 @@ import ezflow
 TRANSPORT = sys.argv[1]; N = int(sys.argv[2]); PROF = sys.argv[3] if len(sys.argv) > 3 else ""
 SIZE = int(os.environ.get("SIZE", "64"))
 MIXED = os.environ.get("MIXED", "")
+if os.environ.get("EZ_CALLGRIND") == "pub" and "--role" in sys.argv:
+    # A publisher under callgrind runs ~50x slower: every publish would come PACED_GAP_NS
+    # after the previous write and take the paced path (a write and a CPU handoff each).
+    # Lift the gap, as for a publisher at full speed, and build the compiled path again.
+    import ezflow._transports._stream_publish as _sp, ezflow._transports._shm as _shm
+    import ezflow._graph._publisher as _gp
+    _sp._PACED_GAP_NS = _shm._PACED_GAP_NS = 10**15
+    _gp._publish_small = _sp.compiled_publish_small()
 if MIXED:
     from ezflow import register_message
     from ezflow._perf._worker import MixedSample
