@@ -93,7 +93,7 @@ def _run_all(
 
 
 #: What the stand-in peer's workers of the ``tiny`` run leave in /dev/shm.
-LEAVE = f"ezflow-test-leftover-{os.getpid()}"
+LEAVE = f"perf-leftover-test-{os.getpid()}"
 
 #: The module's runs start together, in the first test that needs one of them: it may
 #: take this long (the one run that takes longest alone, the p2p, takes about 20 s on a
