@@ -32,9 +32,9 @@
  *   body bytes, drops, sent_ns), exactly as _small_frames_py gives them.
  *
  * run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends,
- *            buckets, now_ns, mask, progress)
- *   The loop of Channel.deliver_run: those frames decoded and queued in every inbox
- *   until the first that needs the general path, exactly as
+ *            buckets, now_ns, mask, progress, clock, decode_buckets)
+ *   The loop of Channel.deliver_run: those frames decoded (one in mask + 1 timed) and
+ *   queued in every inbox until the first that needs the general path, exactly as
  *   ezflow._core._channel_run.run_frames_py does it.
  */
 #define PY_SSIZE_T_CLEAN
@@ -1049,23 +1049,33 @@ static int bump_bucket(PyObject *buckets, Py_ssize_t k) {
     return 0;
 }
 
+/* clock() as a long long (time.time_ns); -1 with an error set */
+static int clock_ns(PyObject *clock, long long *out) {
+    PyObject *t = PyObject_CallNoArgs(clock);
+    if (t == NULL) return -1;
+    *out = PyLong_AsLongLong(t);
+    Py_DECREF(t);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
 /* run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends,
- * buckets, now_ns, mask, progress) -> (index reached, latency total): the twin of
- * ezflow._core._channel_run.run_frames_py (the loop of Channel.deliver_run). On an
- * exception progress[:] = [index reached, latency total so far]. */
+ * buckets, now_ns, mask, progress, clock, decode_buckets) -> (index reached, latency
+ * total, decode total): the twin of ezflow._core._channel_run.run_frames_py (the loop of
+ * Channel.deliver_run). On an exception progress[:] = [index reached, latency total so
+ * far, decode total so far]. */
 static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 12 || !PyList_Check(args[0]) || !PyList_Check(args[7]) ||
-        !PyList_Check(args[8]) || !PyList_Check(args[11])) {
+    if (nargs != 14 || !PyList_Check(args[0]) || !PyList_Check(args[7]) ||
+        !PyList_Check(args[8]) || !PyList_Check(args[11]) || !PyList_Check(args[13])) {
         PyErr_SetString(PyExc_TypeError,
                          "run_frames(frames: list, index, size, decode, upstream, lossless, "
                          "pending_append, appends: list, buckets: list, now_ns, mask, "
-                         "progress: list)");
+                         "progress: list, clock, decode_buckets: list)");
         return NULL;
     }
     PyObject *frames = args[0], *size_obj = args[2], *decode = args[3], *lossless = args[5];
     PyObject *pending_append = args[6], *appends = args[7], *buckets = args[8];
-    PyObject *progress = args[11];
+    PyObject *progress = args[11], *clock = args[12], *decode_buckets = args[13];
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
     if (i == -1 && PyErr_Occurred()) return NULL;
     if (i < 0) {
@@ -1090,7 +1100,7 @@ static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t 
             return NULL;
         }
     }
-    long long latency_total = 0;
+    long long latency_total = 0, decode_total = 0;
     /* (frames and appends are the read loop's own lists, out of reach of what decode
      * may run: their items are borrowed) */
     while (i < PyList_GET_SIZE(frames)) {
@@ -1102,18 +1112,30 @@ static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyObject *seq = PyTuple_GET_ITEM(frame, 1), *body = PyTuple_GET_ITEM(frame, 2);
         unsigned long long seqv = PyLong_AsUnsignedLongLong(seq);
         if (seqv == (unsigned long long)-1 && PyErr_Occurred()) goto error;
-        if (!(seqv & mask)) break;
         unsigned long long drops = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(frame, 3));
         if (drops == (unsigned long long)-1 && PyErr_Occurred()) goto error;
         if (drops > upstream) break;
         Py_ssize_t length = PyObject_Length(body);
         if (length < 0) goto error;
         if (length != size) break;
+        long long started = 0; /* (a timed one: one in mask + 1) */
+        if (!(seqv & mask) && clock_ns(clock, &started) < 0) goto error;
         PyObject *message = PyObject_CallOneArg(decode, body);
         if (message == NULL) goto error;
         if (message == Py_None) {
             Py_DECREF(message);
             break;
+        }
+        if (!(seqv & mask)) {
+            long long stopped;
+            if (clock_ns(clock, &stopped) < 0) goto failed;
+            long long decode_ns = stopped - started;
+            if (decode_ns > 0) { /* (not across a clock step) */
+                if (bump_bucket(decode_buckets,
+                                64 - __builtin_clzll((unsigned long long)decode_ns)) < 0)
+                    goto failed;
+                decode_total += decode_ns;
+            }
         }
         if (is_lossless) {
             PyObject *entry = PyList_New(3);
@@ -1157,12 +1179,12 @@ static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_DECREF(message);
         goto error;
     }
-    return Py_BuildValue("(nL)", i, latency_total);
+    return Py_BuildValue("(nLL)", i, latency_total, decode_total);
 error:;
-    /* progress[:] = [i, latency_total], the exception kept */
+    /* progress[:] = [i, latency_total, decode_total], the exception kept */
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
-    PyObject *reached = Py_BuildValue("[nL]", i, latency_total);
+    PyObject *reached = Py_BuildValue("[nLL]", i, latency_total, decode_total);
     if (reached != NULL) {
         if (PyList_SetSlice(progress, 0, PyList_GET_SIZE(progress), reached) < 0) PyErr_Clear();
         Py_DECREF(reached);
@@ -1983,8 +2005,9 @@ static PyTypeObject TakePathType = {
 static PyMethodDef module_methods[] = {
     {"run_frames", (PyCFunction)(void (*)(void))run_frames, METH_FASTCALL,
      "run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends, "
-     "buckets, now_ns, mask, progress) -> (index, latency total): the loop of "
-     "Channel.deliver_run, as _channel_run.run_frames_py runs it."},
+     "buckets, now_ns, mask, progress, clock, decode_buckets) -> (index, latency total, "
+     "decode total): the loop of Channel.deliver_run, as _channel_run.run_frames_py runs "
+     "it."},
     {"small_frames", (PyCFunction)(void (*)(void))small_frames, METH_FASTCALL,
      "small_frames(data, start, end, max_frame_size, slice_below) -> list: the whole "
      "small DATA frames at the front of data[start:end], as _small_frames_py gives them."},
