@@ -231,9 +231,10 @@ class ChannelConnection(FramedProtocol):
         finally:
             _leave(reader, start, end)  # (whatever happens, no frame is handed on twice)
         if reader.end:  # what is left, parsed by the reader (with nothing new read)
+            large = reader.large
             super().buffer_updated(0)
-            if reader.big is not None:  # (a large frame began: mypy cannot tell)
-                self.large_reads += 1  # type: ignore[unreachable]
+            if reader.large != large:  # (a large frame began, or came whole)
+                self.large_reads += 1
 
     def _buffer_updated_pure(self, nbytes: int) -> None:
         self.heard = True
@@ -264,9 +265,10 @@ class ChannelConnection(FramedProtocol):
         finally:
             _leave(reader, start, end)  # (whatever happens, no frame is handed on twice)
         if reader.end:  # what is left, parsed by the reader (with nothing new read)
+            large = reader.large
             super().buffer_updated(0)
-            if reader.big is not None:  # (a large frame began: mypy cannot tell)
-                self.large_reads += 1  # type: ignore[unreachable]
+            if reader.large != large:  # (a large frame began, or came whole)
+                self.large_reads += 1
 
     buffer_updated = _buffer_updated_pure if SPEEDUPS is None else _buffer_updated_compiled
 
