@@ -110,6 +110,7 @@ __all__ = [
     "PACED_GAP_NS",
     "PUBLISH_YIELD_BYTES",
     "PUBLISH_YIELD_EVERY",
+    "PUBLISH_YIELD_LARGE_BYTES",
     "RECONNECT_MAX_DELAY",
     "RECONNECT_MIN_DELAY",
     "RECONNECT_ROUTE_GRACE",
@@ -302,6 +303,14 @@ PUBLISH_YIELD_EVERY: Final = 64
 #: reads its channels' releases often: the shared-memory blocks they free are reused
 #: while still in the CPU's cache, instead of a window's worth of cold ones.
 PUBLISH_YIELD_BYTES: Final = 4 * 1024 * 1024
+#: ... where a message of ``SHM_COPY_NT_BYTES`` (1 MiB) or more counts as a quarter of
+#: its bytes: it yields once per this many bytes of such messages. Their copy into shm
+#: is streamed (it bypasses the cache), so a freed block gains nothing from coming back
+#: warm, while each turn of the loop costs the publisher and wakes its subscribers (who
+#: take a turn's messages in one wake). The 1 MiB ordinary program over shm, 3
+#: alternations against 4 MiB (load 2-3): publisher 104 -> 90 µs of CPU a message,
+#: subscriber 29 -> 15 µs, 8.4k -> 10.7k msgs/s; tcp unchanged.
+PUBLISH_YIELD_LARGE_BYTES: Final = 16 * 1024 * 1024
 
 #: Unsent bytes a publisher's data connection (tcp or shm socket) may hold beyond what
 #: the kernel took. Above it the link counts as full, like a full in-flight window: a
