@@ -85,6 +85,7 @@ __all__ = [
     "HEARTBEATS_PER_DEADLINE",
     "INTERRUPT_STOP_TIMEOUT",
     "JSONL_MAX_BYTES",
+    "LARGE_ACK_DELAY",
     "MAX_CHANNELS_PER_PUBLISHER",
     "MAX_DRAIN_TIMEOUT",
     "MAX_HEARTBEAT_DEADLINE",
@@ -339,6 +340,14 @@ RECV_POOL_BUFFERS: Final = 4
 #: ... holding at most this many bytes in all (older ones are freed; a buffer is reused
 #: only once no message refers to it).
 RECV_POOL_BYTES: Final = 64 * 1024 * 1024
+#: Seconds a tcp channel that receives large bodies (frames read into their own
+#: buffers) waits before acknowledging releases short of a quarter window: while more
+#: large bodies arrive within it, it waits on (a quarter window is always acknowledged
+#: at once). One ``ACK`` every quarter window for a flowing stream of large messages
+#: instead of one a message (each read a read of its own, with loop iterations between
+#: them); the publisher is not waiting for these (its window is not full). shm channels
+#: wait one loop iteration at a time instead: their ACKs also open the block window.
+LARGE_ACK_DELAY: Final = 0.001
 
 #: Largest frame accepted before a peer has completed the handshake.
 HANDSHAKE_MAX_FRAME_SIZE: Final = 64 * 1024
