@@ -138,14 +138,16 @@ async def test_a_small_array_parked_for_a_full_leaky_channel_is_sent_when_room_f
         (512 * 1024, PUBLISH_YIELD_BYTES),
         # (copied into shm with streaming stores: no block to reuse while warm)
         (SHM_COPY_NT_BYTES, PUBLISH_YIELD_LARGE_BYTES),
+        # (as large as PUBLISH_YIELD_BYTES: a yield after each, as a frame needs)
+        (PUBLISH_YIELD_BYTES, PUBLISH_YIELD_BYTES),
     ],
 )
 async def test_a_publisher_of_large_messages_yields_to_its_loop_every_few_mib(
     ctx: ezflow.GraphContext, size: int, every: int
 ) -> None:
     """Besides every PUBLISH_YIELD_EVERY messages, publish yields once per
-    PUBLISH_YIELD_BYTES encoded (PUBLISH_YIELD_LARGE_BYTES of messages of 1 MiB or
-    more): the loop then reads the channels' releases (for shm: blocks come back while
+    PUBLISH_YIELD_BYTES encoded (PUBLISH_YIELD_LARGE_BYTES of messages of 1 MiB up to
+    4 MiB): the loop then reads the channels' releases (for shm: blocks come back while
     still in cache) and runs its other tasks."""
     pub = await ctx.publisher("/outlet/yield-bytes", max_in_flight_bytes=1 << 30)
     sub = await ctx.subscriber("/outlet/yield-bytes", transport="shm")

@@ -58,8 +58,8 @@ log = logging.getLogger("ezflow.outlet")
 
 # publish_nowait declines (so that publish yields) once this many went without a yield.
 _YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
-# What a message of SHM_COPY_NT_BYTES or more counts toward PUBLISH_YIELD_BYTES: its
-# size divided by this.
+# What a message of SHM_COPY_NT_BYTES up to PUBLISH_YIELD_BYTES counts toward
+# PUBLISH_YIELD_BYTES: its size divided by this.
 _LARGE_SHARE = PUBLISH_YIELD_LARGE_BYTES // PUBLISH_YIELD_BYTES
 _sched_yield = getattr(os, "sched_yield", None)  # (not on Windows)
 _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # (Linux only)
@@ -402,7 +402,7 @@ class Outlet:
 
         A publish that did not have to wait yields to the event loop once every
         ``PUBLISH_YIELD_EVERY`` messages or ``PUBLISH_YIELD_BYTES`` encoded bytes
-        (``PUBLISH_YIELD_LARGE_BYTES`` of messages of 1 MiB or more), so
+        (``PUBLISH_YIELD_LARGE_BYTES`` of messages of 1 MiB up to 4 MiB), so
         that a tight publishing loop cannot starve the other tasks of its loop (a leaky
         subscriber in the same process would never run otherwise) and reads its
         channels' releases often.
@@ -741,8 +741,11 @@ class Outlet:
             nbytes = encoded.nbytes
             stats.encodes += not relayed
         stats.bytes += nbytes
-        # (a message whose copy is streamed counts a quarter: PUBLISH_YIELD_LARGE_BYTES)
-        self._unyielded_bytes += nbytes if nbytes < SHM_COPY_NT_BYTES else nbytes // _LARGE_SHARE
+        # (a message whose copy is streamed, short of PUBLISH_YIELD_BYTES, counts a
+        # quarter: PUBLISH_YIELD_LARGE_BYTES)
+        self._unyielded_bytes += (
+            nbytes // _LARGE_SHARE if SHM_COPY_NT_BYTES <= nbytes < PUBLISH_YIELD_BYTES else nbytes
+        )
         stats.sends += sends
         stats.drops += drops
         if PUBLISH_HOOKS:
