@@ -18,16 +18,18 @@ from ezflow._core._exceptions import ProtocolError
 
 # --------------------------------------------------------------------------- leaves
 
-# Every msgpack int encoding boundary, each side of it, and the first values out of range.
+# Every msgpack int encoding boundary, each side of it, and the first values out of range;
+# also each side of 2**30 and 2**60, where an int gains a CPython digit (the compiled
+# paths read ints of up to three digits themselves).
 _INT_EDGES = sorted(
     {
         v + d
-        for v in (0, 127, 128, 255, 256, 2**15, 2**16, 2**31, 2**32, 2**63, 2**64 - 1)
+        for v in (0, 127, 128, 255, 256, 2**15, 2**16, 2**30, 2**31, 2**32, 2**60, 2**63, 2**64 - 1)
         for d in (-1, 0, 1)
     }
     | {
         -v + d
-        for v in (1, 32, 33, 128, 129, 2**15, 2**15 + 1, 2**31, 2**31 + 1, 2**63)
+        for v in (1, 32, 33, 128, 129, 2**15, 2**15 + 1, 2**30, 2**31, 2**31 + 1, 2**60, 2**63)
         for d in (-1, 0, 1)
     }
 )

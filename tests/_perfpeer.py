@@ -12,6 +12,10 @@ retries and crash counting: ``TRANSPORT:MODE`` pairs, comma-separated, where MOD
 * ``always`` — every units worker over TRANSPORT exits so;
 * ``after`` — every publishing worker over TRANSPORT sends its figures, then exits
   with status 1.
+
+With ``EZFLOW_PERFPEER_LEAVE=PREFIX`` it behaves like Zenoh's shm: each publishing
+worker leaves a file ``/dev/shm/PREFIX-PID`` behind, and the framework names
+``PREFIX-*`` as its ``leftovers`` for the runner to remove.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ T = TypeVar("T")
 
 CRASH = "EZFLOW_PERFPEER_CRASH"
 MARKS = "EZFLOW_PERFPEER_MARKS"
+LEAVE = "EZFLOW_PERFPEER_LEAVE"
 #: The exit status of a crash on purpose.
 CRASHED = 1
 
@@ -48,12 +53,19 @@ def _claim(transport: str) -> bool:
     return True
 
 
+def _leave_file(prefix: str) -> None:
+    """What a Zenoh process with shm on leaves behind: a file in /dev/shm."""
+    Path(f"/dev/shm/{prefix}-{os.getpid()}").write_bytes(b"left" * 1024)
+
+
 class StandIn(EzflowFramework):
     name = "standin"
 
     def __init__(self) -> None:
         super().__init__()
         self._crash_at_exit = False
+        self._leave = os.environ.get(LEAVE, "")
+        self.leftovers = (f"{self._leave}-*",) if self._leave else ()
 
     async def publisher(self, ctx: Any, topic: str, transport: str) -> Any:
         if transport == "tcp":
@@ -64,6 +76,8 @@ class StandIn(EzflowFramework):
             sys.stderr.flush()
             os._exit(CRASHED)  # no clean-up at all, as a real crash
         self._crash_at_exit = mode == "after"
+        if self._leave:
+            _leave_file(self._leave)
         return await super().publisher(ctx, topic, transport)
 
     def run(self, main: Coroutine[Any, Any, T]) -> T:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -44,6 +45,21 @@ frame_strategy = st.tuples(
 )
 
 
+class Clock:
+    """A clock that reads *times* in turn, then times that grow by a different step each
+    read (so that a read more or less changes every later duration), counting reads."""
+
+    def __init__(self, times: list[int]) -> None:
+        start = times[-1] if times else 0
+        later = (start + 7 * k * k for k in itertools.count(1))
+        self.readings = itertools.chain(times, later)
+        self.reads = 0
+
+    def __call__(self) -> int:
+        self.reads += 1
+        return next(self.readings)
+
+
 def run(  # noqa: PLR0917 - the cases' parameters, in the loop's order
     loop: Any,
     frames: list[tuple[int, int, bytes, int, int]],
@@ -52,12 +68,17 @@ def run(  # noqa: PLR0917 - the cases' parameters, in the loop's order
     inboxes: int,
     refuse: set[bytes],
     stop: set[bytes],
-) -> tuple[object, list[Any], list[list[Any]], list[int], list[int]]:
+    times: list[int] = [],  # noqa: B006 - read only
+) -> tuple[object, list[Any], list[list[Any]], list[int], list[int], list[int]]:
+    """One call of *loop*: what it returned or raised, the pending entries, the items of
+    each inbox, the latency buckets, the progress, the decode buckets and clock reads."""
     pending: list[list[int]] = []
     items: list[list[Any]] = [[] for _ in range(inboxes)]
     appends = [(f"attachment-{k}", items[k].append) for k in range(inboxes)]
     buckets = [0] * 64
-    progress = [index, 0]
+    decode_buckets = [0] * 64
+    progress = [index, 0, 0]
+    clock = Clock(times)
     try:
         outcome: object = loop(
             frames,
@@ -72,10 +93,12 @@ def run(  # noqa: PLR0917 - the cases' parameters, in the loop's order
             NOW,
             TIMING_SAMPLE_MASK,
             progress,
+            clock,
+            decode_buckets,
         )
     except Stop as exc:
         outcome = ("stopped", exc.args)
-    return outcome, pending, items, buckets, progress
+    return outcome, pending, items, buckets, progress, [*decode_buckets, clock.reads]
 
 
 @settings(max_examples=300, deadline=None)
@@ -84,13 +107,15 @@ def run(  # noqa: PLR0917 - the cases' parameters, in the loop's order
     index=st.integers(0, 3),
     lossless=st.integers(0, 2),
     inboxes=st.integers(0, 3),
+    times=st.lists(st.integers(0, 10**6), max_size=8),  # (a clock that may step back)
     data=st.data(),
 )
-def test_the_compiled_loop_is_its_python_twin(
+def test_the_compiled_loop_is_its_python_twin(  # noqa: PLR0917 - hypothesis's arguments
     frames: list[tuple[int, int, bytes, int, int]],
     index: int,
     lossless: int,
     inboxes: int,
+    times: list[int],
     data: st.DataObject,
 ) -> None:
     bodies = sorted({frame[2] for frame in frames})
@@ -98,17 +123,16 @@ def test_the_compiled_loop_is_its_python_twin(
     stop = set(data.draw(st.lists(st.sampled_from(bodies), max_size=1))) if bodies else set()
     index = min(index, len(frames))
     assert SPEEDUPS is not None
-    compiled = run(SPEEDUPS.run_frames, frames, index, lossless, inboxes, refuse, stop)
-    assert compiled == run(run_frames_py, frames, index, lossless, inboxes, refuse, stop)
+    compiled = run(SPEEDUPS.run_frames, frames, index, lossless, inboxes, refuse, stop, times)
+    assert compiled == run(run_frames_py, frames, index, lossless, inboxes, refuse, stop, times)
 
 
 def test_a_run_stops_at_each_kind_of_frame_it_leaves_to_the_general_path() -> None:
-    """The explicit cases: a timed frame, a new upstream drop, another size, a body the
-    layout refuses; latencies recorded, a negative one (two hosts' clocks) in bucket 0;
-    an exception leaves the index reached and the latency total so far."""
+    """The explicit cases: a new upstream drop, another size, a body the layout refuses;
+    latencies recorded, a negative one (two hosts' clocks) in bucket 0; an exception
+    leaves the index reached and the latency and decode totals so far."""
     good = b"g" * SIZE
     cases: list[tuple[tuple[int, int, bytes, int, int], int]] = [
-        ((0, TIMING_SAMPLE_MASK + 1, good, 0, 0), 1),  # timed
         ((0, 3, good, 2, 0), 1),  # a new upstream drop (upstream is 1)
         ((0, 3, b"short", 0, 0), 1),  # another size
         ((0, 3, b"r" * SIZE, 0, 0), 1),  # refused by the layout
@@ -117,12 +141,35 @@ def test_a_run_stops_at_each_kind_of_frame_it_leaves_to_the_general_path() -> No
     for loop in (SPEEDUPS.run_frames, run_frames_py):
         for stopper, reached in cases:
             frames = [(0, 1, good, 1, NOW - 100), stopper, (0, 5, good, 0, 0)]
-            outcome, pending, items, buckets, _ = run(loop, frames, 0, 1, 1, {b"r" * SIZE}, set())
-            assert outcome == (reached, 100), (loop, stopper)
+            outcome, pending, items, buckets, _, _ = run(
+                loop, frames, 0, 1, 1, {b"r" * SIZE}, set()
+            )
+            assert outcome == (reached, 100, 0), (loop, stopper)
             assert pending == [[1, 1, SIZE]] and items == [[("attachment-0", 1, ("decoded", good))]]
             assert buckets[(100).bit_length()] == 1 and sum(buckets) == 1
-        later = [(0, 1, good, 0, NOW + 5), (0, 2, good, 0, NOW - 7), (0, 3, b"s" * SIZE, 0, 0)]
-        outcome, pending, items, buckets, progress = run(loop, later, 0, 0, 2, set(), {b"s" * SIZE})
-        assert outcome == ("stopped", (b"s" * SIZE,)) and progress == [2, 7]
+        timed = TIMING_SAMPLE_MASK + 1
+        later = [(0, 1, good, 0, NOW + 5), (0, timed, good, 0, NOW - 7), (0, 3, b"s" * SIZE, 0, 0)]
+        outcome, pending, items, buckets, progress, decoded = run(
+            loop, later, 0, 0, 2, set(), {b"s" * SIZE}, [500, 800]
+        )
+        assert outcome == ("stopped", (b"s" * SIZE,)) and progress == [2, 7, 300]
         assert pending == [] and [len(i) for i in items] == [2, 2]
         assert buckets[0] == 1 and buckets[(7).bit_length()] == 1
+        assert decoded[(300).bit_length()] == 1 and sum(decoded[:-1]) == 1 and decoded[-1] == 2
+
+
+def test_a_timed_frame_is_decoded_in_the_run_and_its_time_recorded_once() -> None:
+    """One frame in TIMING_SAMPLE_MASK + 1 (by sequence number) has its decode timed, as
+    Channel.deliver_body times it: a positive time in its bucket and the total, one that
+    is not (the wall clock stepped back) nowhere; the run goes on past it."""
+    good = b"g" * SIZE
+    timed = 2 * (TIMING_SAMPLE_MASK + 1)
+    frames = [(0, 1, good, 0, 0), (0, timed, good, 0, 0), (0, 3, good, 0, 0), (0, 0, good, 0, 0)]
+    assert SPEEDUPS is not None
+    for loop in (SPEEDUPS.run_frames, run_frames_py):
+        # (seq 0 is timed too: its clock steps back, 900 -> 100)
+        outcome, _, items, _, _, decoded = run(
+            loop, frames, 0, 0, 1, set(), set(), [0, 1, 900, 100]
+        )
+        assert outcome == (4, 0, 1) and len(items[0]) == 4
+        assert decoded[1] == 1 and sum(decoded[:-1]) == 1 and decoded[-1] == 4  # (1 ns counts)

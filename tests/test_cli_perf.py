@@ -92,6 +92,9 @@ def _run_all(
     return done
 
 
+#: What the stand-in peer's workers of the ``tiny`` run leave in /dev/shm.
+LEAVE = f"perf-leftover-test-{os.getpid()}"
+
 #: The module's runs start together, in the first test that needs one of them: it may
 #: take this long (the one run that takes longest alone, the p2p, takes about 20 s on a
 #: loaded machine).
@@ -107,7 +110,8 @@ def perf_runs(
     name -> (the finished command, its results file). The runs leave no shared memory
     behind (checked once they have all ended).
 
-    * ``tiny``: TINY with the stand-in peer;
+    * ``tiny``: TINY with the stand-in peer, whose publishers each leave a file in
+      /dev/shm (named ``LEAVE-...``) for the runner to sweep;
     * ``p2p``: TINY_P2P with a stand-in peer that crashes once over local (retried) and
       after its figures over shm;
     * ``crash``: p2p over local with a peer that always crashes;
@@ -127,7 +131,7 @@ def perf_runs(
     mixed = ["-s", "p2p", "-t", "shm", "--size", "64B", "-V", "mixed", "--duration", "0.2"]
     mixed += ["--latency-samples", "10", "--min-messages", "200", "--repeats", "1"]
     runs = {
-        "tiny": ([*TINY, "--peer", PEER], {}),
+        "tiny": ([*TINY, "--peer", PEER], {"EZFLOW_PERFPEER_LEAVE": LEAVE}),
         "p2p": ([*TINY_P2P, "--peer", PEER], crash_once),
         "crash": (
             [*TINY_P2P[:2], "-t", "local", "--size", "64B", *TINY_P2P[8:], "--peer", PEER],
@@ -221,6 +225,19 @@ def test_tiny_run_measures_every_cell(
     env = perf_results["environment"]
     assert env["packages"]["ezflow"] and env["packages"]["numpy"]
     assert env["event_loop"] in ("uvloop", "asyncio") and env["cores"] >= 1
+
+
+def test_files_a_peer_leaves_in_dev_shm_are_removed_after_each_cell(
+    perf_results: dict[str, Any],
+) -> None:
+    """The stand-in peer's publishers leave a file in /dev/shm each, as Zenoh's shm does
+    (docs/perf.md, Leftovers): the runner removes them after each cell and says so."""
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(LEAVE)]
+    for cell in perf_results["cells"]:
+        measured = cell["framework"] == "standin" and cell["status"] == "ok"
+        assert bool(cell["swept"]) is measured, cell
+        assert all(item["name"].startswith(LEAVE + "-") for item in cell["swept"])
+        assert all(item["bytes"] == 4096 for item in cell["swept"]) and not cell["unswept"]
 
 
 def test_real_results_validate(perf_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:

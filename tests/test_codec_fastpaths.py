@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
+import functools
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pytest
@@ -290,7 +292,9 @@ def test_a_dataclass_is_rebuilt_by_position_only_where_its_init_binds_so() -> No
     """A layout calls a dataclass with its fields as positional arguments (cheaper than
     a dict of keywords) only when its ``__init__`` takes them in that order; a
     keyword-only field or an ``__init__`` of the class's own keeps the keywords. Both
-    ways, compiled and pure, rebuild what the general decoder rebuilds."""
+    ways, compiled and pure, rebuild what the general decoder rebuilds. (Where the
+    generated ``__init__`` runs, the compiled twin writes the fields instead: see
+    ``test_a_dataclass_is_built_by_writing_its_fields_only_where_init_would_do_just_that``.)"""
 
     @_codec.message(name="tests.fastpaths.InOrder")
     @dataclasses.dataclass(slots=True)
@@ -314,25 +318,231 @@ def test_a_dataclass_is_rebuilt_by_position_only_where_its_init_binds_so() -> No
         def __init__(self, source: str, phase: int) -> None:  # (the other order)
             self.phase, self.source = phase, source
 
-    cases = [
-        (InOrder(3, np.arange(4.0), "x"), None),
-        (KeywordOnly(3, payload=np.arange(4.0)), ("phase", "payload")),
-        (OwnInit("x", 3), ("phase", "source")),
+    cases = [  # (message, called with keywords by the pure path, compiled layout kind)
+        (InOrder(3, np.arange(4.0), "x"), False, _layouts._KIND_FIELDS),
+        (KeywordOnly(3, payload=np.arange(4.0)), True, _layouts._KIND_FIELDS),
+        (OwnInit("x", 3), True, _layouts._KIND_DATACLASS),
     ]
-    for obj, keys in cases:
+    for obj, keywords, kind in cases:
         codec = Codec()
         body = codec.encode(obj).to_bytes()
         forget_layouts(body)
         for _ in range(3):
             ref = check_decode(codec, body)
         layout = codec._last_layout
-        assert layout is not None and layout.spec[2] == keys, (obj, layout.spec)
+        assert layout is not None and layout.spec[0] == kind, (obj, layout.spec)
+        opnames = {instruction.opname for instruction in dis.get_instructions(layout.build)}
+        assert ("CALL_FUNCTION_EX" in opnames) is keywords, (obj, opnames)
         assert ref[0] == "ok" and type(ref[1]) is type(obj)
         for field in dataclasses.fields(obj):  # (each field where it belongs)
             sent, got = getattr(obj, field.name), getattr(ref[1], field.name)
             assert np.array_equal(got, sent) if isinstance(sent, np.ndarray) else got == sent
         for decode in (layout.decode, layout.decode_py):
             assert_same_decoded(ref[1], decode(body))
+
+
+class _Calls(type):
+    """A metaclass with a ``__call__`` of its own (which a layout must not skip)."""
+
+    calls = 0
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        _Calls.calls += 1
+        return super().__call__(*args, **kwargs)
+
+
+# What the classes of _field_classes ran of their own code, in order.
+_RAN: list[str] = []
+
+
+class _Stored:
+    """A data descriptor as a field's default: ``__init__`` stores through it."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = "_" + name
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        return 7 if obj is None else getattr(obj, self.name)
+
+    def __set__(self, obj: object, value: Any) -> None:
+        _RAN.append("set " + self.name)
+        setattr(obj, self.name, value)
+
+
+def _recording_setattr(self: object, name: str, value: Any) -> None:
+    _RAN.append("set " + name)
+    object.__setattr__(self, name, value)
+
+
+def _field_classes() -> list[tuple[str, type, bool]]:
+    """Dataclasses of every kind a user writes: (name, class, whether a compiled layout
+    may build it by writing its fields instead of calling it)."""
+    counted = _RAN
+
+    @dataclasses.dataclass(slots=True)
+    class Slots:
+        a: int
+        b: np.ndarray[Any, Any]
+
+    @dataclasses.dataclass
+    class Plain:
+        a: int
+        b: np.ndarray[Any, Any]
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        a: int
+        b: np.ndarray[Any, Any]
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class FrozenSlots:
+        a: int
+        b: np.ndarray[Any, Any]
+
+    @dataclasses.dataclass
+    class Defaults:
+        a: int = 1
+        b: float = dataclasses.field(default_factory=float)
+        c: str = dataclasses.field(default="x", kw_only=True)
+
+    @dataclasses.dataclass(slots=True)
+    class Child(Slots):
+        c: str = "c"
+
+    class NotADataclass(Plain):
+        pass
+
+    @dataclasses.dataclass
+    class Descriptor:
+        a: int
+        b: _Stored = _Stored()
+
+    @dataclasses.dataclass
+    class PostInit:
+        a: int
+        b: np.ndarray[Any, Any]
+
+        def __post_init__(self) -> None:
+            counted.append("post_init")
+
+    @dataclasses.dataclass
+    class NotInInit:
+        a: int
+        b: int = dataclasses.field(default=5, init=False)
+
+    @dataclasses.dataclass
+    class OwnSetattr:
+        a: int
+        b: np.ndarray[Any, Any]
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            counted.append(name)
+            object.__setattr__(self, name, value)
+
+    @dataclasses.dataclass
+    class OwnNew:
+        a: int
+        b: np.ndarray[Any, Any]
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            counted.append("new")
+            return super().__new__(cls)
+
+    @dataclasses.dataclass
+    class Meta(metaclass=_Calls):
+        a: int
+        b: np.ndarray[Any, Any]
+
+    @dataclasses.dataclass(init=False)
+    class OwnInit:
+        a: int
+        b: np.ndarray[Any, Any]
+
+        def __init__(self, a: int, b: np.ndarray[Any, Any]) -> None:
+            self.a = -a  # (the generated one's names, parameters and stores, not its code)
+            self.b = b
+
+    return [
+        ("slots", Slots, True),
+        ("plain", Plain, True),
+        ("frozen", Frozen, True),
+        ("frozen_slots", FrozenSlots, True),
+        ("defaults", Defaults, True),
+        ("child", Child, True),
+        ("not_a_dataclass", NotADataclass, False),
+        ("descriptor", Descriptor, True),
+        ("post_init", PostInit, False),
+        ("not_in_init", NotInInit, False),
+        ("own_setattr", OwnSetattr, False),
+        ("own_new", OwnNew, False),
+        ("metaclass_call", Meta, False),
+        ("own_init", OwnInit, False),
+    ]
+
+
+# The classes of _field_classes whose own code runs when one is built.
+_RUNS_CODE: Final = {
+    "descriptor",
+    "post_init",
+    "own_setattr",
+    "own_new",
+    "metaclass_call",
+}
+
+
+def _state(obj: object) -> dict[str, Any]:
+    """Every attribute an instance holds (its __dict__ and its slots), arrays as lists."""
+    names = list(getattr(obj, "__dict__", {}))
+    for klass in type(obj).__mro__:
+        names += [n for n in getattr(klass, "__slots__", ()) if n not in ("__weakref__",)]
+    state = {n: getattr(obj, n) for n in names if hasattr(obj, n)}
+    return {n: v.tolist() if isinstance(v, np.ndarray) else v for n, v in state.items()}
+
+
+def test_a_dataclass_is_built_by_writing_its_fields_only_where_init_would_do_just_that() -> None:
+    """The compiled layout builds a registered dataclass with ``object.__new__`` and a
+    store per field (a fifth of the cost of calling it) only where the ``__init__``
+    that ``@dataclass`` generated would run and do just that: nothing of the class's
+    own (``__post_init__``, ``__setattr__``, ``__new__``, a metaclass ``__call__``, an
+    ``__init__`` it wrote) may be skipped. Every kind rebuilds, compiled and pure, the
+    same instance as the general decoder, with the same calls of the class's code."""
+    for name, cls, fields_build in _field_classes():
+        _codec.message(name=f"tests.fastpaths.fields.{name}")(cls)
+        kwargs: dict[str, Any] = {"a": 3}
+        if "b" in {f.name for f in dataclasses.fields(cls) if f.init}:
+            kwargs["b"] = {"defaults": 2.5, "descriptor": 2}.get(name, np.arange(4.0))
+        obj = cls(**kwargs)
+        codec = Codec()
+        body = codec.encode(obj).to_bytes()
+        forget_layouts(body)
+        for _ in range(3):
+            ref = check_decode(codec, body)
+        layout = codec._last_layout
+        assert layout is not None, name
+        assert (layout.spec[0] == _layouts._KIND_FIELDS) is fields_build, (name, layout.spec)
+        assert ref[0] == "ok" and type(ref[1]) is cls
+        assert _state(ref[1]) == _state(obj) or name == "own_init", name
+        # The class's own code runs as often on each path as on the general decoder's.
+        ran = []
+        general = functools.partial(_decode_general, codec)
+        for decode in (general, layout.decode, layout.decode_py):
+            del _RAN[:]
+            calls = _Calls.calls
+            got = decode(body)
+            ran.append((list(_RAN), _Calls.calls - calls))
+            assert type(got) is cls and _state(got) == _state(ref[1]), name
+        assert ran[0] == ran[1] == ran[2], (name, ran)
+        assert (ran[0] != ([], 0)) is (name in _RUNS_CODE), (name, ran)
+        if name == "plain":  # a __setattr__ given to the class later is called too
+            cls.__setattr__ = _recording_setattr  # type: ignore[method-assign]
+            try:
+                del _RAN[:]
+                assert _state(layout.decode(body)) == _state(ref[1])
+                assert _RAN == ["set a", "set b"]
+            finally:
+                del cls.__setattr__
+            del _RAN[:]
+            assert _state(layout.decode(body)) == _state(ref[1]) and not _RAN
 
 
 def test_a_failing_constructor_is_a_protocol_error_on_the_layout_path_too() -> None:

@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 import ezflow
 from ezflow._core import _outlet
 from ezflow._core._codec import SMALL_BODY, Codec, EncodedMessage, _encode_general
-from ezflow._core._config import PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
+from ezflow._core._config import (
+    PUBLISH_YIELD_BYTES,
+    PUBLISH_YIELD_EVERY,
+    PUBLISH_YIELD_LARGE_BYTES,
+    SHM_COPY_NT_BYTES,
+)
 from ezflow._transports._shm import ShmTransport
 
 needs_shm = pytest.mark.skipif(not ShmTransport.available(), reason="needs Linux shared memory")
@@ -127,14 +132,25 @@ async def test_a_small_array_parked_for_a_full_leaky_channel_is_sent_when_room_f
     assert np.array_equal(newest, np.full(16, last, dtype=np.int64))
 
 
+@pytest.mark.parametrize(
+    ("size", "every"),
+    [
+        (512 * 1024, PUBLISH_YIELD_BYTES),
+        # (copied into shm with streaming stores: no block to reuse while warm)
+        (SHM_COPY_NT_BYTES, PUBLISH_YIELD_LARGE_BYTES),
+        # (as large as PUBLISH_YIELD_BYTES: a yield after each, as a frame needs)
+        (PUBLISH_YIELD_BYTES, PUBLISH_YIELD_BYTES),
+    ],
+)
 async def test_a_publisher_of_large_messages_yields_to_its_loop_every_few_mib(
-    ctx: ezflow.GraphContext,
+    ctx: ezflow.GraphContext, size: int, every: int
 ) -> None:
     """Besides every PUBLISH_YIELD_EVERY messages, publish yields once per
-    PUBLISH_YIELD_BYTES encoded: the loop then reads the channels' releases (for shm:
-    blocks come back while still in cache) and runs its other tasks."""
-    pub = await ctx.publisher("/outlet/yield-bytes")
-    sub = await ctx.subscriber("/outlet/yield-bytes", transport="tcp")
+    PUBLISH_YIELD_BYTES encoded (PUBLISH_YIELD_LARGE_BYTES of messages of 1 MiB up to
+    4 MiB): the loop then reads the channels' releases (for shm: blocks come back while
+    still in cache) and runs its other tasks."""
+    pub = await ctx.publisher("/outlet/yield-bytes", max_in_flight_bytes=1 << 30)
+    sub = await ctx.subscriber("/outlet/yield-bytes", transport="shm")
     await pub.wait_for_channels(1)
     ticks = 0
 
@@ -146,14 +162,14 @@ async def test_a_publisher_of_large_messages_yields_to_its_loop_every_few_mib(
 
     ticker = asyncio.ensure_future(tick())
     await asyncio.sleep(0)
-    payload = np.ones(1024 * 1024, dtype=np.uint8)
-    count = 4 * PUBLISH_YIELD_BYTES // payload.nbytes  # fewer than PUBLISH_YIELD_EVERY
+    payload = np.ones(size, dtype=np.uint8)  # (encoded: a few bytes more)
+    count = 2 * (every // size) + 1  # a yield before the last of each every // size
     assert count < PUBLISH_YIELD_EVERY
     ticks = 0
     for _ in range(count):
         await pub.publish(payload)
     assert pub.statistics().waits == 0  # (so each tick came from a yield, not a wait)
-    assert ticks >= 3
+    assert ticks == 2
     ticker.cancel()
     for _ in range(count):
         assert (await sub.recv()).nbytes == payload.nbytes

@@ -340,13 +340,13 @@ class Channel:
         :meth:`deliver_body` and calls this again for the rest. Returns -1, having
         delivered nothing, when the run cannot apply to this channel now (an inbox with
         a callback, a bound or closed; a deliver hook; no learned layout, or the first
-        frame is not of it and not a timed one): the caller delivers the read frame by
-        frame.
+        frame is not of it): the caller delivers the read frame by frame.
 
         The run (the same bookkeeping as :meth:`deliver`, once per read instead of once
-        per message): each body of the layout decoded last, not timed (one in 16 is, by
-        sequence number), with no new upstream drop, is decoded and queued in every
-        attached inbox; the clock is read once for the latency of the run's messages,
+        per message): each body of the layout decoded last with no new upstream drop is
+        decoded and queued in every attached inbox, the decode of one in 16 (by sequence
+        number) timed as :meth:`deliver_body` times it; the clock is read once for the
+        latency of the run's messages,
         the counters and histograms are added once, every inbox's waiting ``get`` is
         woken once, and a leaky channel reports its release once. :attr:`run_end` is the
         index after the last frame delivered, also when an exception escapes.
@@ -373,9 +373,9 @@ class Channel:
         lossless = self._lossless
         appends = [(attachment, attachment.inbox._items.append) for attachment in attachments]
         end = len(frames)
-        progress = [index, 0]  # (where an exception leaves the run: run_frames sets it)
+        progress = [index, 0, 0]  # (where an exception leaves the run: run_frames sets it)
         try:
-            i, latency_total = run_frames(
+            i, latency_total, decode_total = run_frames(
                 frames,
                 index,
                 size,
@@ -388,13 +388,18 @@ class Channel:
                 time_ns(),
                 TIMING_SAMPLE_MASK,
                 progress,
+                time_ns,
+                self.decode_time.buckets,
             )
         except BaseException:
-            i, latency_total = progress
+            i, latency_total, decode_total = progress
             raise
         finally:
+            if decode_total:
+                self.stats.decode_seconds += decode_total * (TIMING_SAMPLE_MASK + 1) * 1e-9
+                self.decode_time.total += decode_total
             self.end_run(frames, index, i, (i - index) * size, latency_total, decoded=True)
-        if i == index and i < end and frames[i][1] & TIMING_SAMPLE_MASK:
+        if i == index and i < end:
             return -1  # (not of the layout: the read goes frame by frame)
         return i
 

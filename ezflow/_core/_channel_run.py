@@ -17,8 +17,9 @@ from ._compiled import SPEEDUPS
 __all__ = ["RunFrames", "run_frames", "run_frames_py"]
 
 #: ``run_frames(frames, index, size, decode, upstream, lossless, pending_append,
-#: appends, buckets, now_ns, mask, progress) -> (index reached, latency total)``
-RunFrames = Callable[..., tuple[int, int]]
+#: appends, buckets, now_ns, mask, progress, clock, decode_buckets) -> (index reached,
+#: latency total, decode total)``
+RunFrames = Callable[..., tuple[int, int, int]]
 
 
 def run_frames_py(  # noqa: PLR0917 - the loop's state, passed once per read
@@ -34,32 +35,44 @@ def run_frames_py(  # noqa: PLR0917 - the loop's state, passed once per read
     now_ns: int,
     mask: int,
     progress: list[int],
-) -> tuple[int, int]:
+    clock: Callable[[], int],
+    decode_buckets: list[int],
+) -> tuple[int, int, int]:
     """Decode and queue ``frames[index:]`` - ``(frame end, seq, body, upstream drops,
-    sent_ns)`` each - up to the first that is timed (``not seq & mask``), reports a new
-    upstream drop (``> upstream``), is not *size* bytes or does not *decode* (None);
-    return the index of that frame (``len(frames)`` when none is) and the sum of the
-    latencies (``now_ns - sent_ns``) recorded in *buckets*. For each message: a pending
-    entry ``[seq, lossless, size]`` when *lossless* (the count of lossless inboxes) is
-    not 0, then ``(attachment, seq, message)`` handed to every ``append`` of
-    *appends*. On an exception (a constructor that raises what is not an
-    ``Exception``, a full memory) *progress* holds the index reached and the latency
-    total so far, and the exception propagates. ``ValueError`` for a negative *index*."""
+    sent_ns)`` each - up to the first that reports a new upstream drop (``>
+    upstream``), is not *size* bytes or does not *decode* (None); return the index of
+    that frame (``len(frames)`` when none is), the sum of the latencies (``now_ns -
+    sent_ns``) recorded in *buckets*, and the sum of the decode times recorded in
+    *decode_buckets*. A timed frame (``not seq & mask``: one in ``mask + 1``) has its
+    decode timed with *clock* (``time.time_ns``, as ``Channel.deliver_body`` times it;
+    a time that is not positive, across a clock step, is not recorded). For each
+    message: a pending entry ``[seq, lossless, size]`` when *lossless* (the count of
+    lossless inboxes) is not 0, then ``(attachment, seq, message)`` handed to every
+    ``append`` of *appends*. On an exception (a constructor that raises what is not an
+    ``Exception``, a full memory) *progress* holds the index reached and the latency and
+    decode totals so far, and the exception propagates. ``ValueError`` for a negative
+    *index*."""
     if index < 0:
         raise ValueError("index must not be negative")
-    latency_total = 0
+    latency_total = decode_total = 0
     end = len(frames)
     i = index
     try:
         while i < end:
             _, seq, body, drops, sent_ns = frames[i]
-            if (
-                not seq & mask
-                or drops > upstream
-                or len(body) != size
-                or (message := decode(body)) is None
-            ):
+            if drops > upstream or len(body) != size:
                 break
+            if seq & mask:
+                if (message := decode(body)) is None:
+                    break
+            else:  # (a timed one)
+                started = clock()
+                if (message := decode(body)) is None:
+                    break
+                decode_ns = clock() - started
+                if decode_ns > 0:
+                    decode_buckets[decode_ns.bit_length()] += 1
+                    decode_total += decode_ns
             if lossless:
                 pending_append([seq, lossless, size])
             for attachment, append in appends:
@@ -73,9 +86,9 @@ def run_frames_py(  # noqa: PLR0917 - the loop's state, passed once per read
                     buckets[0] += 1
             i += 1
     except BaseException:
-        progress[:] = [i, latency_total]
+        progress[:] = [i, latency_total, decode_total]
         raise
-    return i, latency_total
+    return i, latency_total, decode_total
 
 
 #: The loop of ``Channel.deliver_run``: the compiled twin where the C extension is

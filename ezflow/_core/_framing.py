@@ -18,6 +18,15 @@ most ``_POOL_BYTES`` in all) and reuses one only when nothing refers to it any m
 decoded array, no view, no message anyone still holds — so a message a subscriber keeps
 never changes under it. Reuse spares the page faults and zero-filling of fresh memory,
 which otherwise cost a third of the receiving CPU at 1 MiB per message.
+
+A stream of large frames is read a frame a read: after a large frame, the reader expects
+another of the same size and, when it holds nothing, hands the event loop a buffer of
+its own for that frame (length prefix included) instead of the scratch buffer. A frame
+that turns out to be exactly there (whole, or its start) is taken in place: one read
+and one loop iteration per 1 MiB message instead of a 64 KiB read into scratch, a copy
+out of it and a second read for the rest. Whatever else arrives there (small frames,
+another size) is parsed from that buffer as from scratch; a frame is never handed on
+from a buffer the reader still reads into.
 """
 
 from __future__ import annotations
@@ -109,8 +118,12 @@ FREE_ENTRY: Final = struct.Struct("<QQ")
 
 _SCRATCH_SIZE: Final = 64 * 1024
 # A frame at least this large that is not yet complete in the scratch buffer gets its own
-# buffer and is read into directly; smaller ones wait in scratch.
+# buffer and is read into directly; smaller ones wait in scratch. After one, the reader
+# expects the next frame to be as large (see the module docstring).
 _DIRECT_READ_THRESHOLD: Final = 16 * 1024
+# Where a frame read straight into its own buffer starts in it: its length prefix here,
+# so that the body (at 16) keeps the codec's 16-byte alignment.
+_DIRECT_OFFSET: Final = 12
 
 
 log = logging.getLogger("ezflow.framing")
@@ -147,25 +160,30 @@ class FrameReader:
     more than ``max_frame_size`` (after yielding every complete frame before it); the
     reader is unusable afterwards (close the connection).
 
-    ``view`` (the read buffer), ``front`` and ``end`` (the unconsumed bytes are
-    ``view[front:end]``) and ``big`` (the buffer of a large frame being read, or None)
-    are public for a consumer that takes the whole small frames at the front of a read
+    ``view`` (the read buffer: the scratch buffer, or after a large frame one for the
+    next frame, see the module docstring), ``front`` and ``end`` (the unconsumed bytes
+    are ``view[front:end]``) and ``big`` (the buffer of a large frame being read, or
+    None) are public for a consumer that takes the whole small frames at the front of a read
     itself, in one loop (every call counts on the message path). While ``big`` is None
     the bytes just read follow ``end``; such a consumer takes whole frames within
     :attr:`max_frame_size` from ``front`` on, then sets ``front`` past the last one it
     took and ``end`` past the bytes read (both to 0 when it took everything), and
     passes 0 to :meth:`buffer_updated` for the rest, if any. ``view`` is valid only
     until the next :meth:`get_buffer`. (``ChannelConnection.buffer_updated`` does this;
-    tests/test_stream.py pins it to the general path.)
+    tests/test_stream.py pins it to the general path.) ``large`` counts the large frames
+    begun so far (read into their own buffer, in one read or several).
     """
 
     __slots__ = (
         "_big_filled",
+        "_expect",
+        "_home",
         "_pool",
         "_scratch",
         "big",
         "end",
         "front",
+        "large",
         "max_frame_size",
         "view",
     )
@@ -173,12 +191,14 @@ class FrameReader:
     def __init__(self, max_frame_size: int) -> None:
         self.max_frame_size = max_frame_size
         self._scratch = bytearray(_SCRATCH_SIZE)
-        self.view = memoryview(self._scratch)
-        self.front = 0  # first unparsed byte in scratch
-        self.end = 0  # one past the last byte read into scratch
+        self._home = self.view = memoryview(self._scratch)
+        self.front = 0  # first unparsed byte in view
+        self.end = 0  # one past the last byte read into view
         self.big: memoryview | None = None
         self._big_filled = 0
         self._pool: list[np.ndarray] = []
+        self._expect = 0  # size of the last large frame: the next one is read in place
+        self.large = 0
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Where the next read goes (*sizehint*, from the event loop, is ignored)."""
@@ -187,8 +207,12 @@ class FrameReader:
             return big[self._big_filled :]
         end = self.end
         if not end:
+            expect = self._expect
+            if expect and (self.view is self._home or len(self.view) != 4 + expect):
+                # After a large frame: the next one straight into a buffer of its own.
+                self.view = self._large_buffer(_DIRECT_OFFSET + 4 + expect)[_DIRECT_OFFSET:]
             return self.view  # the usual case: everything before was consumed
-        if end == len(self._scratch):
+        if end == len(self.view):
             self._compact()
             end = self.end
         return self.view[end:]
@@ -222,11 +246,35 @@ class FrameReader:
                     + _looks_like(bytes(view[start : start + 4]))
                 )
             frame_end = start + 4 + size
+            if (
+                size >= _DIRECT_READ_THRESHOLD
+                and not start
+                and view is not self._home
+                and frame_end <= len(view)
+            ):
+                # A large frame at the start of a buffer of its own that holds it (the
+                # one expected, or a smaller one): taken in place, and the reader reads
+                # on elsewhere.
+                self._expect = size if 4 + size > len(self._scratch) else 0
+                self.large += 1
+                body = view[4:frame_end]
+                self._leave_direct(view, min(frame_end, end), end)
+                if frame_end <= end:
+                    yield body
+                    view = self.view
+                    continue
+                self.big = body
+                self._big_filled = end - 4
+                break
             if frame_end <= end:
                 self.front = frame_end
                 yield bytes(view[start + 4 : frame_end])
                 continue
             if size >= _DIRECT_READ_THRESHOLD:
+                # (expected next only when scratch could never hold it: frames that fit
+                # are better read several at a time)
+                self._expect = size if 4 + size > len(self._scratch) else 0
+                self.large += 1
                 buffer = self._large_buffer(size)
                 have = end - start - 4
                 buffer[:have] = view[start + 4 : end]
@@ -239,8 +287,22 @@ class FrameReader:
         elif self.big is None and self.end - self.front >= 4:
             # An incomplete small frame must fit in the space left after compaction.
             (size,) = unpack(view, self.front)
-            if self.front + 4 + size > len(self._scratch):
+            if self.front + 4 + size > len(view):
                 self._compact()
+
+    def _leave_direct(self, view: memoryview, taken: int, end: int) -> None:
+        """A frame was taken in place from *view* (a buffer of its own) up to *taken* of
+        the *end* bytes read: read on in scratch, with the bytes after it, if any, moved
+        there (or into a buffer of their own when more than scratch holds)."""
+        rest = end - taken
+        if rest > len(self._scratch):
+            home = self._large_buffer(_DIRECT_OFFSET + rest)[_DIRECT_OFFSET:]
+        else:
+            home = self._home
+        if rest:
+            home[:rest] = view[taken:end]
+        self.view = home
+        self.front, self.end = 0, rest
 
     def _large_buffer(self, size: int) -> memoryview:
         pool = self._pool

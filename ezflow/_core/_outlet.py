@@ -41,7 +41,13 @@ import numpy as np
 from ._codec import Codec, EncodedMessage
 from ._codec._format import _new_encoded
 from ._compiled import RUSAGE_THREAD, voluntary_switches
-from ._config import PACED_GAP_NS, PUBLISH_YIELD_BYTES, PUBLISH_YIELD_EVERY
+from ._config import (
+    PACED_GAP_NS,
+    PUBLISH_YIELD_BYTES,
+    PUBLISH_YIELD_EVERY,
+    PUBLISH_YIELD_LARGE_BYTES,
+    SHM_COPY_NT_BYTES,
+)
 from ._exceptions import ClosedResourceError, MessageTooLargeError
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 from ._tracing import TRACING, WireTrace, carry
@@ -52,6 +58,9 @@ log = logging.getLogger("ezflow.outlet")
 
 # publish_nowait declines (so that publish yields) once this many went without a yield.
 _YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
+# What a message of SHM_COPY_NT_BYTES up to PUBLISH_YIELD_BYTES counts toward
+# PUBLISH_YIELD_BYTES: its size divided by this.
+_LARGE_SHARE = PUBLISH_YIELD_LARGE_BYTES // PUBLISH_YIELD_BYTES
 _sched_yield = getattr(os, "sched_yield", None)  # (not on Windows)
 _RUSAGE_THREAD = RUSAGE_THREAD  # (Linux only)
 # This thread's voluntary context switches so far (voluntary_switches_py says what they
@@ -386,7 +395,8 @@ class Outlet:
         goes on for the others.
 
         A publish that did not have to wait yields to the event loop once every
-        ``PUBLISH_YIELD_EVERY`` messages or ``PUBLISH_YIELD_BYTES`` encoded bytes, so
+        ``PUBLISH_YIELD_EVERY`` messages or ``PUBLISH_YIELD_BYTES`` encoded bytes
+        (``PUBLISH_YIELD_LARGE_BYTES`` of messages of 1 MiB up to 4 MiB), so
         that a tight publishing loop cannot starve the other tasks of its loop (a leaky
         subscriber in the same process would never run otherwise) and reads its
         channels' releases often.
@@ -725,7 +735,11 @@ class Outlet:
             nbytes = encoded.nbytes
             stats.encodes += not relayed
         stats.bytes += nbytes
-        self._unyielded_bytes += nbytes
+        # (a message whose copy is streamed, short of PUBLISH_YIELD_BYTES, counts a
+        # quarter: PUBLISH_YIELD_LARGE_BYTES)
+        self._unyielded_bytes += (
+            nbytes // _LARGE_SHARE if SHM_COPY_NT_BYTES <= nbytes < PUBLISH_YIELD_BYTES else nbytes
+        )
         stats.sends += sends
         stats.drops += drops
         if PUBLISH_HOOKS:

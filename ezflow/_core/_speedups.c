@@ -32,9 +32,9 @@
  *   body bytes, drops, sent_ns), exactly as _small_frames_py gives them.
  *
  * run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends,
- *            buckets, now_ns, mask, progress)
- *   The loop of Channel.deliver_run: those frames decoded and queued in every inbox
- *   until the first that needs the general path, exactly as
+ *            buckets, now_ns, mask, progress, clock, decode_buckets)
+ *   The loop of Channel.deliver_run: those frames decoded (one in mask + 1 timed) and
+ *   queued in every inbox until the first that needs the general path, exactly as
  *   ezflow._core._channel_run.run_frames_py does it.
  */
 #define PY_SSIZE_T_CLEAN
@@ -81,6 +81,8 @@ typedef struct {
 } TemplateObject;
 
 static PyObject *str_dtype, *str_shape, *str_nbytes, *str_tobytes;
+/* What a fields layout looks up on its class (see fields_hold). */
+static PyObject *str_init, *str_new, *str_setattr;
 
 /* ---------------------------------------------------------------- a byte writer */
 
@@ -109,6 +111,41 @@ static inline int put_raw(Out *o, const void *data, Py_ssize_t n) {
     if (n) memcpy(o->p, data, (size_t)n);
     o->p += n;
     return 1;
+}
+
+/* The value of the exact int *v* when it has at most 60 bits (three 30-bit digits
+ * below 2**63 on 3.11; one digit on 3.12+): 1 and *out set, else 0 (take the general
+ * conversion). The counters and stamps the message path reads are such ints, and
+ * PyLong_AsLongLongAndOverflow costs several times this. */
+static inline int small_ll(PyObject *v, long long *out) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)v)) {
+        *out = (long long)PyUnstable_Long_CompactValue((PyLongObject *)v);
+        return 1;
+    }
+    return 0;
+#else
+#if PYLONG_BITS_IN_DIGIT != 30
+    return 0;
+#else
+    Py_ssize_t size = Py_SIZE(v);
+    const digit *d = ((PyLongObject *)v)->ob_digit;
+    Py_ssize_t n = size < 0 ? -size : size;
+    unsigned long long u;
+    switch (n) {
+    case 0: *out = 0; return 1;
+    case 1: u = d[0]; break;
+    case 2: u = ((unsigned long long)d[1] << 30) | d[0]; break;
+    case 3:
+        if (d[2] >= 8) return 0; /* (2**63 and up) */
+        u = ((unsigned long long)d[2] << 60) | ((unsigned long long)d[1] << 30) | d[0];
+        break;
+    default: return 0;
+    }
+    *out = size < 0 ? -(long long)u : (long long)u;
+    return 1;
+#endif
+#endif
 }
 
 /* msgpack's int, as msgpack-python packs it (smallest form; unsigned markers for
@@ -284,7 +321,9 @@ static int pack_item(TemplateObject *self, Py_ssize_t i, PyObject *v, Out *o,
         return put1(o, v == Py_True ? 0xc3 : 0xc2);
     case I_INT: {
         int overflow = 0;
-        long long d = PyLong_AsLongLongAndOverflow(v, &overflow);
+        long long d;
+        if (PyLong_CheckExact(v) && small_ll(v, &d)) return pack_int64(o, d);
+        d = PyLong_AsLongLongAndOverflow(v, &overflow);
         if (d == -1 && PyErr_Occurred()) return -1;
         if (overflow == 0) return pack_int64(o, d);
         if (overflow < 0) return 0; /* below int64: msgpack raises OverflowError */
@@ -590,7 +629,7 @@ static PyTypeObject TemplateType = {
 /* ---------------------------------------------------------------- Layout */
 
 enum { OP_NONE = 0, OP_VALUE, OP_BOOL, OP_STR, OP_FROMBUFFER, OP_NDARRAY, OP_NPSCALAR };
-enum { K_TUPLE = 0, K_LIST, K_DICT, K_DATACLASS };
+enum { K_TUPLE = 0, K_LIST, K_DICT, K_DATACLASS, K_FIELDS };
 
 typedef struct {
     Py_ssize_t offset; /* of the value's bytes in the body */
@@ -620,6 +659,10 @@ typedef struct {
     PyObject *keys; /* tuple of str (K_DICT, K_DATACLASS), or None (a dataclass called with
                      * its items as positional arguments; tuples and lists) */
     PyObject *cls;  /* the dataclass, or None */
+    Py_ssize_t *slots; /* K_FIELDS: per item, the offset of its __slots__ member in the
+                        * instance, or -1 (set with PyObject_GenericSetAttr) */
+    PyObject *init, *new_, *setattr; /* K_FIELDS: the class's, as learned (fields_hold) */
+    unsigned int version;            /* K_FIELDS: the class's tp_version_tag when they were */
     PyObject *frombuffer;
     PyObject *ndarray;
     PyObject *empty; /* () */
@@ -634,6 +677,10 @@ static void Layout_dealloc(LayoutObject *self) {
         }
     }
     PyMem_Free(self->items);
+    PyMem_Free(self->slots);
+    Py_XDECREF(self->init);
+    Py_XDECREF(self->new_);
+    Py_XDECREF(self->setattr);
     PyMem_Free(self->values);
     PyMem_Free(self->mask);
     Py_XDECREF(self->keys);
@@ -671,7 +718,7 @@ static PyObject *Layout_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     int kind;
     PyObject *items, *keys, *cls;
     if (!PyArg_ParseTuple(spec, "iO!OO", &kind, &PyTuple_Type, &items, &keys, &cls)) return NULL;
-    if (kind < K_TUPLE || kind > K_DATACLASS) {
+    if (kind < K_TUPLE || kind > K_FIELDS) {
         PyErr_Format(PyExc_ValueError, "unknown message kind %d", kind);
         return NULL;
     }
@@ -745,6 +792,38 @@ static PyObject *Layout_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->keys = keys;
     Py_INCREF(cls);
     self->cls = cls;
+    if (kind == K_FIELDS) {
+        /* object.__new__(cls), then object.__setattr__ of each field: for a __slots__
+         * member (what a member descriptor's __set__ does) the store itself. */
+        if (!PyType_Check(cls)) {
+            PyErr_SetString(PyExc_TypeError, "a fields layout needs a class");
+            goto fail;
+        }
+        PyTypeObject *tp = (PyTypeObject *)cls;
+        self->init = Py_XNewRef(_PyType_Lookup(tp, str_init));
+        self->new_ = Py_XNewRef(_PyType_Lookup(tp, str_new));
+        self->setattr = Py_XNewRef(_PyType_Lookup(tp, str_setattr));
+        self->version = tp->tp_version_tag;
+        self->slots = PyMem_Calloc((size_t)(nitems + 1), sizeof(Py_ssize_t));
+        if (self->slots == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < nitems; i++) {
+            PyObject *key = PyTuple_GET_ITEM(keys, i);
+            if (!PyUnicode_Check(key)) {
+                PyErr_SetString(PyExc_TypeError, "field names must be str");
+                goto fail;
+            }
+            PyObject *descr = _PyType_Lookup((PyTypeObject *)cls, key); /* (borrowed) */
+            self->slots[i] = -1;
+            if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+                PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+                if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
+                    self->slots[i] = member->offset;
+            }
+        }
+    }
     Py_INCREF(frombuffer);
     self->frombuffer = frombuffer;
     Py_INCREF(ndarray);
@@ -828,6 +907,21 @@ static PyObject *build_item(LayoutObject *self, const Item *item, PyObject *body
     }
 }
 
+/* Whether the class of a fields layout still is what the layout was learned from: its
+ * __init__, __new__ and __setattr__ the same objects (a __post_init__ added later is
+ * not called by a generated __init__ either). One compare while the class is unchanged
+ * (its version tag); after a change, the lookups. */
+static int fields_hold(LayoutObject *self) {
+    PyTypeObject *tp = (PyTypeObject *)self->cls;
+    if ((tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag == self->version)
+        return 1;
+    if (_PyType_Lookup(tp, str_init) != self->init || _PyType_Lookup(tp, str_new) != self->new_ ||
+        _PyType_Lookup(tp, str_setattr) != self->setattr)
+        return 0;
+    if (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) self->version = tp->tp_version_tag;
+    return 1;
+}
+
 /* decode(body): the message in body, or None (see _Layout.decode_py). */
 static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
     Py_buffer view;
@@ -844,6 +938,34 @@ static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
         if (self->values[k].offset + self->values[k].size > n) goto none;
     }
     Py_ssize_t nitems = self->nitems;
+    if (self->kind == K_FIELDS && fields_hold(self)) {
+        /* (a dataclass whose generated __init__ only stores its fields: see
+         * _layouts._builds_by_fields; a class changed since is called with keywords,
+         * as the general decoder calls it) */
+        PyObject *message = PyBaseObject_Type.tp_new((PyTypeObject *)self->cls, self->empty, NULL);
+        if (message == NULL) goto failed;
+        for (Py_ssize_t i = 0; i < nitems; i++) {
+            PyObject *item = build_item(self, &self->items[i], body, buf);
+            if (item == NULL) {
+                Py_DECREF(message);
+                goto failed;
+            }
+            Py_ssize_t slot = self->slots[i];
+            if (slot >= 0) {
+                PyObject **at = (PyObject **)((char *)message + slot);
+                Py_XSETREF(*at, item);
+            } else {
+                int set = PyObject_GenericSetAttr(message, PyTuple_GET_ITEM(self->keys, i), item);
+                Py_DECREF(item);
+                if (set < 0) {
+                    Py_DECREF(message);
+                    goto failed;
+                }
+            }
+        }
+        result = message;
+        goto done;
+    }
     items = self->kind == K_LIST ? PyList_New(nitems) : PyTuple_New(nitems);
     if (items == NULL) goto done;
     for (Py_ssize_t i = 0; i < nitems; i++) {
@@ -927,23 +1049,33 @@ static int bump_bucket(PyObject *buckets, Py_ssize_t k) {
     return 0;
 }
 
+/* clock() as a long long (time.time_ns); -1 with an error set */
+static int clock_ns(PyObject *clock, long long *out) {
+    PyObject *t = PyObject_CallNoArgs(clock);
+    if (t == NULL) return -1;
+    *out = PyLong_AsLongLong(t);
+    Py_DECREF(t);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
 /* run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends,
- * buckets, now_ns, mask, progress) -> (index reached, latency total): the twin of
- * ezflow._core._channel_run.run_frames_py (the loop of Channel.deliver_run). On an
- * exception progress[:] = [index reached, latency total so far]. */
+ * buckets, now_ns, mask, progress, clock, decode_buckets) -> (index reached, latency
+ * total, decode total): the twin of ezflow._core._channel_run.run_frames_py (the loop of
+ * Channel.deliver_run). On an exception progress[:] = [index reached, latency total so
+ * far, decode total so far]. */
 static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 12 || !PyList_Check(args[0]) || !PyList_Check(args[7]) ||
-        !PyList_Check(args[8]) || !PyList_Check(args[11])) {
+    if (nargs != 14 || !PyList_Check(args[0]) || !PyList_Check(args[7]) ||
+        !PyList_Check(args[8]) || !PyList_Check(args[11]) || !PyList_Check(args[13])) {
         PyErr_SetString(PyExc_TypeError,
                          "run_frames(frames: list, index, size, decode, upstream, lossless, "
                          "pending_append, appends: list, buckets: list, now_ns, mask, "
-                         "progress: list)");
+                         "progress: list, clock, decode_buckets: list)");
         return NULL;
     }
     PyObject *frames = args[0], *size_obj = args[2], *decode = args[3], *lossless = args[5];
     PyObject *pending_append = args[6], *appends = args[7], *buckets = args[8];
-    PyObject *progress = args[11];
+    PyObject *progress = args[11], *clock = args[12], *decode_buckets = args[13];
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
     if (i == -1 && PyErr_Occurred()) return NULL;
     if (i < 0) {
@@ -968,7 +1100,7 @@ static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t 
             return NULL;
         }
     }
-    long long latency_total = 0;
+    long long latency_total = 0, decode_total = 0;
     /* (frames and appends are the read loop's own lists, out of reach of what decode
      * may run: their items are borrowed) */
     while (i < PyList_GET_SIZE(frames)) {
@@ -980,18 +1112,30 @@ static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyObject *seq = PyTuple_GET_ITEM(frame, 1), *body = PyTuple_GET_ITEM(frame, 2);
         unsigned long long seqv = PyLong_AsUnsignedLongLong(seq);
         if (seqv == (unsigned long long)-1 && PyErr_Occurred()) goto error;
-        if (!(seqv & mask)) break;
         unsigned long long drops = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(frame, 3));
         if (drops == (unsigned long long)-1 && PyErr_Occurred()) goto error;
         if (drops > upstream) break;
         Py_ssize_t length = PyObject_Length(body);
         if (length < 0) goto error;
         if (length != size) break;
+        long long started = 0; /* (a timed one: one in mask + 1) */
+        if (!(seqv & mask) && clock_ns(clock, &started) < 0) goto error;
         PyObject *message = PyObject_CallOneArg(decode, body);
         if (message == NULL) goto error;
         if (message == Py_None) {
             Py_DECREF(message);
             break;
+        }
+        if (!(seqv & mask)) {
+            long long stopped;
+            if (clock_ns(clock, &stopped) < 0) goto failed;
+            long long decode_ns = stopped - started;
+            if (decode_ns > 0) { /* (not across a clock step) */
+                if (bump_bucket(decode_buckets,
+                                64 - __builtin_clzll((unsigned long long)decode_ns)) < 0)
+                    goto failed;
+                decode_total += decode_ns;
+            }
         }
         if (is_lossless) {
             PyObject *entry = PyList_New(3);
@@ -1035,12 +1179,12 @@ static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_DECREF(message);
         goto error;
     }
-    return Py_BuildValue("(nL)", i, latency_total);
+    return Py_BuildValue("(nLL)", i, latency_total, decode_total);
 error:;
-    /* progress[:] = [i, latency_total], the exception kept */
+    /* progress[:] = [i, latency_total, decode_total], the exception kept */
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
-    PyObject *reached = Py_BuildValue("[nL]", i, latency_total);
+    PyObject *reached = Py_BuildValue("[nLL]", i, latency_total, decode_total);
     if (reached != NULL) {
         if (PyList_SetSlice(progress, 0, PyList_GET_SIZE(progress), reached) < 0) PyErr_Clear();
         Py_DECREF(reached);
@@ -1181,6 +1325,7 @@ static Py_ssize_t slot_offset(PyObject *type, const char *name) {
 
 static int exact_ll(PyObject *v, long long *out) {
     if (v == NULL || !PyLong_CheckExact(v)) return 0;
+    if (small_ll(v, out)) return 1;
     int overflow = 0;
     *out = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (overflow || (*out == -1 && PyErr_Occurred())) {
@@ -1860,8 +2005,9 @@ static PyTypeObject TakePathType = {
 static PyMethodDef module_methods[] = {
     {"run_frames", (PyCFunction)(void (*)(void))run_frames, METH_FASTCALL,
      "run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends, "
-     "buckets, now_ns, mask, progress) -> (index, latency total): the loop of "
-     "Channel.deliver_run, as _channel_run.run_frames_py runs it."},
+     "buckets, now_ns, mask, progress, clock, decode_buckets) -> (index, latency total, "
+     "decode total): the loop of Channel.deliver_run, as _channel_run.run_frames_py runs "
+     "it."},
     {"small_frames", (PyCFunction)(void (*)(void))small_frames, METH_FASTCALL,
      "small_frames(data, start, end, max_frame_size, slice_below) -> list: the whole "
      "small DATA frames at the front of data[start:end], as _small_frames_py gives them."},
@@ -1886,8 +2032,11 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     str_tobytes = PyUnicode_InternFromString("tobytes");
     str_flush = PyUnicode_InternFromString("flush");
     str_out_of_line_above = PyUnicode_InternFromString("out_of_line_above");
+    str_init = PyUnicode_InternFromString("__init__");
+    str_new = PyUnicode_InternFromString("__new__");
+    str_setattr = PyUnicode_InternFromString("__setattr__");
     if (!str_dtype || !str_shape || !str_nbytes || !str_tobytes || !str_flush ||
-        !str_out_of_line_above)
+        !str_out_of_line_above || !str_init || !str_new || !str_setattr)
         return NULL;
     if (PyType_Ready(&TemplateType) < 0 || PyType_Ready(&LayoutType) < 0 ||
         PyType_Ready(&PublishPathType) < 0 || PyType_Ready(&TakePathType) < 0)

@@ -49,8 +49,10 @@ def run_frames(
     now_ns: int,
     mask: int,
     progress: list[int],
+    clock: Callable[[], int],
+    decode_buckets: list[int],
     /,
-) -> tuple[int, int]: ...
+) -> tuple[int, int, int]: ...
 def small_frames(
     data: memoryview, start: int, end: int, max_frame_size: int, slice_below: int, /
 ) -> list[tuple[int, int, bytes, int, int]]: ...

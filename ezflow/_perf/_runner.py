@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from .._transports._shm import sweep_shm_dir
-from . import _environment, _floor
+from . import _environment, _floor, _leftovers
 from ._schema import SCHEMA_ID
 from ._spec import Cell, Plan, latency_count, layout, suite_pacing
 
@@ -178,6 +178,8 @@ class FrameworkInfo:
     event_loop: str = "asyncio"
     graph: Worker | None = None
     address: tuple[str, int] = ("127.0.0.1", 0)
+    #: Globs of /dev/shm files its workers may leave behind (:mod:`._leftovers`).
+    leftovers: tuple[str, ...] = ()
 
     async def start(self) -> None:
         info = await Worker.start("framework info", [*self.command, "info"])
@@ -190,6 +192,7 @@ class FrameworkInfo:
             event["version"],
             event["loop"],
         )
+        self.leftovers = tuple(str(glob) for glob in event.get("leftovers", ()))
         self.graph = await Worker.start(f"{self.name} graph server", [*self.command, "graph"])
         ready = await self.graph.event({"ready"}, SETUP_TIMEOUT)
         self.address = (ready["address"][0], int(ready["address"][1]))
@@ -216,6 +219,10 @@ class CellRecord:
     loop: str | None = None
     crashes: int = 0
     crash_reasons: list[str] = field(default_factory=list)
+    #: Files the framework's workers left in /dev/shm, removed after a repeat (name,
+    #: bytes), and those matching that were left (name, why) (:mod:`._leftovers`).
+    swept: list[tuple[str, int]] = field(default_factory=list)
+    unswept: list[tuple[str, str]] = field(default_factory=list)
 
     def crashed(self, reason: str) -> None:
         """Count one crash of a worker of this cell."""
@@ -253,6 +260,8 @@ class CellRecord:
             "processes": self.processes,
             "crashes": self.crashes,
             "crash_reasons": self.crash_reasons,
+            "swept": [{"name": name, "bytes": size} for name, size in self.swept],
+            "unswept": [{"name": name, "why": why} for name, why in self.unswept],
             "repeats": self.repeats,
             "metrics": self.metrics,
         }
@@ -316,6 +325,7 @@ async def _run_cell(
         "profile": profile,
     }
     workers: list[Worker] = []
+    before = _leftovers.snapshot(framework.leftovers)
     try:
         for index, group in enumerate(groups):
             spec = dict(base, units=[unit.to_json() for unit in group.units])
@@ -343,6 +353,10 @@ async def _run_cell(
     finally:
         # Concurrently: each close may wait a few seconds for a worker to leave.
         await asyncio.gather(*(worker.close() for worker in workers), return_exceptions=True)
+        if framework.leftovers:
+            swept = _leftovers.sweep(framework.leftovers, before)
+            record.swept += swept.removed
+            record.unswept += swept.kept
     record.repeats.append(metrics)
     record.loop = results[0].get("loop", framework.event_loop)
     for worker in workers:

@@ -8,7 +8,8 @@ against it without any dependency, implementing exactly the keywords the schema 
 
 The version is in ``schema`` (``ezflow-perf/1``): a change that could break a reader
 bumps it; adding an optional field does not. Optional so far (absent in files written
-before the p2p suite): a cell's ``variant``, ``loop``, ``crashes`` and ``crash_reasons``;
+before the p2p suite): a cell's ``variant``, ``loop``, ``crashes``, ``crash_reasons``,
+``swept`` and ``unswept``;
 the plan's ``min_messages``, ``max_duration`` and ``shm_inline_limit``; the floor's
 ``memcpy_us``, ``paced_one_way_us`` and ``stream_msgs_per_s``; the environment's
 ``load_before`` and ``load_after``. A reader takes an absent
@@ -107,6 +108,27 @@ _CELL = {
         "crashes": _COUNT
         | {"description": "worker crashes in this cell, every attempt (retried ones too)"},
         "crash_reasons": {"type": "array", "items": {"type": "string"}},
+        "swept": {
+            "type": "array",
+            "description": "files the framework's workers left in /dev/shm, removed after "
+            "a repeat (see ezflow/_perf/_leftovers.py)",
+            "items": {
+                "type": "object",
+                "required": ["name", "bytes"],
+                "additionalProperties": False,
+                "properties": {"name": {"type": "string"}, "bytes": _COUNT},
+            },
+        },
+        "unswept": {
+            "type": "array",
+            "description": "files matching what the workers may leave that were kept, and why",
+            "items": {
+                "type": "object",
+                "required": ["name", "why"],
+                "additionalProperties": False,
+                "properties": {"name": {"type": "string"}, "why": {"type": "string"}},
+            },
+        },
         "repeats": {"type": "array", "items": {"$ref": "#/$defs/metrics"}},
         "metrics": {"anyOf": [{"$ref": "#/$defs/metrics"}, {"type": "null"}]},
     },

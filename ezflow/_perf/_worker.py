@@ -111,6 +111,11 @@ class Framework(Protocol):
     dict)``: :func:`main` calls it with the units spec (``spec["variant"]`` is the
     cell's :class:`~._spec.Variant` as JSON, or None outside p2p; ``spec["plan"]`` the
     plan) before :meth:`run`. Peers run the default variant and need not define it.
+
+    A framework whose processes may leave shared-memory files behind when they exit may
+    name their patterns in ``leftovers`` (a tuple of globs of /dev/shm names, e.g.
+    ``("*.zenoh",)``): the runner removes the new ones no process uses after each cell
+    (:mod:`._leftovers`).
     """
 
     name: str
@@ -1033,6 +1038,7 @@ def main(framework: Framework, argv: list[str] | None = None) -> None:
                 framework=framework.name,
                 version=framework.version(),
                 loop=framework.loop_name(),
+                leftovers=list(getattr(framework, "leftovers", ())),
             )
         else:
             sys.exit("usage: worker graph | units SPEC_JSON | throughput SPEC_JSON | info")

@@ -357,6 +357,9 @@ class _ShmLink(StreamLink):
 
 
 class _ShmChannelConnection(ChannelConnection):
+    # (its ACKs open the block window too: no delay, see ChannelConnection._on_release)
+    large_ack_delay = 0.0
+
     def __init__(
         self,
         channel: Channel,

@@ -15,6 +15,7 @@ from .._core._auth import Initiator
 from .._core._channel import Channel
 from .._core._codec import SMALL_BODY
 from .._core._compiled import SPEEDUPS
+from .._core._config import LARGE_ACK_DELAY
 from .._core._exceptions import (
     AuthenticationError,
     BrokenResourceError,
@@ -129,6 +130,10 @@ def _leave(reader: FrameReader, start: int, end: int) -> None:
 
 class ChannelConnection(FramedProtocol):
     """This process's channel, connected to a publisher elsewhere."""
+
+    #: Seconds an ACK short of a quarter window waits while large bodies arrive (0: one
+    #: loop iteration at a time; see _on_release)
+    large_ack_delay: float = LARGE_ACK_DELAY
 
     def __init__(
         self,
@@ -246,9 +251,10 @@ class ChannelConnection(FramedProtocol):
         finally:
             _leave(reader, start, end)  # (whatever happens, no frame is handed on twice)
         if reader.end:  # what is left, parsed by the reader (with nothing new read)
+            large = reader.large
             super().buffer_updated(0)
-            if reader.big is not None:  # (a large frame began: mypy cannot tell)
-                self.large_reads += 1  # type: ignore[unreachable]
+            if reader.large != large:  # (a large frame began, or came whole)
+                self.large_reads += 1
 
     def _buffer_updated_pure(self, nbytes: int) -> None:
         self.heard = True
@@ -279,9 +285,10 @@ class ChannelConnection(FramedProtocol):
         finally:
             _leave(reader, start, end)  # (whatever happens, no frame is handed on twice)
         if reader.end:  # what is left, parsed by the reader (with nothing new read)
+            large = reader.large
             super().buffer_updated(0)
-            if reader.big is not None:  # (a large frame began: mypy cannot tell)
-                self.large_reads += 1  # type: ignore[unreachable]
+            if reader.large != large:  # (a large frame began, or came whole)
+                self.large_reads += 1
 
     buffer_updated = _buffer_updated_pure if SPEEDUPS is None else _buffer_updated_compiled
 
@@ -386,10 +393,14 @@ class ChannelConnection(FramedProtocol):
     # ACKs: at once when a quarter of either window was released since the last one;
     # else at the end of the event-loop iteration - unless large bodies are still
     # arriving (a read into a large frame's buffer, a shm notification, since the
-    # release): then one iteration later, and so on, until an iteration reads none.
-    # A stream of 1 MiB messages was acknowledged message by message (one write for the
-    # channel, one wake and read for the publisher each); now every quarter window,
-    # and at once when it pauses. A connection that never read a large body: as before.
+    # release): then over tcp LARGE_ACK_DELAY later (large_ack_delay), over shm one
+    # iteration later, and so on, until none arrived meanwhile. A stream of 1 MiB
+    # messages was acknowledged message by message (one write for the channel, one
+    # wake and read for the publisher each); now every quarter window, and soon after
+    # it pauses. (Over tcp, frames read a frame a read leave iterations without a read
+    # between them, hence the delay; over shm, ACKs also open the block window, which
+    # a small window of large blocks reaches before a quarter of the message window.)
+    # A connection that never read a large body: as before.
 
     def _on_release(self, count: int, nbytes: int) -> None:
         self._released = (count, nbytes)
@@ -398,15 +409,22 @@ class ChannelConnection(FramedProtocol):
             self._send_ack()
         elif not self._ack_scheduled:
             self._ack_scheduled = True
-            # (a connection that read large bodies looks at least once more: this
-            # iteration's reads run after the callback)
-            self._ack_mark = self.large_reads - 1 if self.large_reads else 0
-            self._ack_soon()
+            if self.large_reads and self.large_ack_delay:
+                self._ack_mark = self.large_reads
+                self._loop.call_later(self.large_ack_delay, self._scheduled_ack)
+            else:
+                # (a connection that read large bodies looks at least once more: this
+                # iteration's reads run after the callback)
+                self._ack_mark = self.large_reads - 1 if self.large_reads else 0
+                self._ack_soon()
 
     def _scheduled_ack(self) -> None:
         if self.large_reads != self._ack_mark and self.transport is not None:
-            self._ack_mark = self.large_reads  # (still arriving: look again next time)
-            self._ack_soon()
+            self._ack_mark = self.large_reads  # (still arriving: look again later)
+            if self.large_ack_delay:
+                self._loop.call_later(self.large_ack_delay, self._scheduled_ack)
+            else:
+                self._ack_soon()
             return
         self._ack_scheduled = False
         if self._released[0] > self._acked[0]:

@@ -7,6 +7,10 @@ cProfile of that side.
 EZ_CALLGRIND=pub (or sub) runs that side under callgrind: instructions per message
 from two runs, as perf/micro/p2p_ir.sh does.
 
+MIXED=1 interleaves two topics as the perf `mixed` cell does (tuple on /p2p, the perf
+worker's registered MixedSample dataclass on /p2p/mixed, one task alternating recv);
+MIXED=dc sends the dataclass alone on one topic.
+
 Compare the codec paths in one run: EZFLOW_PURE_PYTHON=1 python ... forces the pure one
 (perf/micro/p2p_cpu_ab.sh alternates them)."""
 import asyncio, os, sys, time, resource
@@ -15,6 +19,19 @@ import ezflow
 
 TRANSPORT = sys.argv[1]; N = int(sys.argv[2]); PROF = sys.argv[3] if len(sys.argv) > 3 else ""
 SIZE = int(os.environ.get("SIZE", "64"))
+MIXED = os.environ.get("MIXED", "")
+if os.environ.get("EZ_CALLGRIND") == "pub" and "--role" in sys.argv:
+    # A publisher under callgrind runs ~50x slower: every publish would come PACED_GAP_NS
+    # after the previous write and take the paced path (a write and a CPU handoff each).
+    # Lift the gap, as for a publisher at full speed, and build the compiled path again.
+    import ezflow._transports._stream_publish as _sp, ezflow._transports._shm as _shm
+    import ezflow._graph._publisher as _gp
+    _sp._PACED_GAP_NS = _shm._PACED_GAP_NS = 10**15
+    _gp._publish_small = _sp.compiled_publish_small()
+if MIXED:
+    from ezflow import register_message
+    from ezflow._perf._worker import MixedSample
+    register_message(MixedSample, name="ezflow.perf.MixedSample")
 
 def cpu2():
     r = resource.getrusage(resource.RUSAGE_SELF); return r.ru_utime, r.ru_stime
@@ -26,11 +43,25 @@ async def pub_main(addr):
         pub = await ctx.publisher("/p2p", transport=TRANSPORT)
         body = np.zeros(SIZE // 4, np.float32)
         await pub.wait_for_channels(1)  # (a side under callgrind starts slowly)
+        if MIXED == "1":
+            pub2 = await ctx.publisher("/p2p/mixed", transport=TRANSPORT)
+            await pub2.wait_for_channels(1)
         await asyncio.sleep(0.5)
         c0 = cpu(); u0=cpu2(); t0 = time.perf_counter()
-        for seq in range(N):
+        if MIXED == "1":
+            p1, p2 = pub.publish, pub2.publish
+            for seq in range(N):
+                m = (0, seq, time.perf_counter_ns(), body)
+                await (p2(MixedSample(*m)) if seq & 1 else p1(m))
+            await (p2(MixedSample(1, -1, 0, body)) if N & 1 else p1((1, -1, 0, body)))
+        elif MIXED == "dc":
+            for seq in range(N):
+                await pub.publish(MixedSample(0, seq, time.perf_counter_ns(), body))
+            await pub.publish(MixedSample(1, -1, 0, body))
+        else:
+          for seq in range(N):
             await pub.publish((0, seq, time.perf_counter_ns(), body))
-        await pub.publish((1, -1, 0, body))
+          await pub.publish((1, -1, 0, body))
         u1=cpu2(); print(f"pub user {1e6*(u1[0]-u0[0])/N:.2f} sys {1e6*(u1[1]-u0[1])/N:.2f} cpu/msg {1e6*(cpu()-c0)/N:.2f} us wall {N/(time.perf_counter()-t0):,.0f}/s", flush=True)
         await asyncio.sleep(0.3)
 
@@ -39,12 +70,22 @@ async def sub_main(addr):
         sub = await ctx.subscriber("/p2p", transport=TRANSPORT)
         recv = sub.recv
         inbox = sub._inbox  # (how often recv waits: the wake-ups, about one per read)
-        m = await recv(); c0 = cpu(); u0=cpu2(); t0 = time.perf_counter(); n = 1; waits = 0
-        while True:
+        if MIXED == "1":
+            sub2 = await ctx.subscriber("/p2p/mixed", transport=TRANSPORT)
+            recvs = (sub.recv, sub2.recv)
+            m = await recv(); c0 = cpu(); u0=cpu2(); t0 = time.perf_counter(); n = 1; waits = 0
+            while True:
+                m = await recvs[n & 1]()
+                if (m.phase if n & 1 else m[0]) == 1: break
+                n += 1
+        else:
+          phase = (lambda m: m.phase) if MIXED == "dc" else (lambda m: m[0])
+          m = await recv(); c0 = cpu(); u0=cpu2(); t0 = time.perf_counter(); n = 1; waits = 0
+          while True:
             if not inbox._items:
                 waits += 1
             m = await recv()
-            if m[0] == 1: break
+            if phase(m) == 1: break
             n += 1
         dt = time.perf_counter() - t0
         u1=cpu2(); print(f"sub user {1e6*(u1[0]-u0[0])/n:.2f} sys {1e6*(u1[1]-u0[1])/n:.2f} cpu/msg {1e6*(cpu()-c0)/n:.2f} us rate {n/dt:,.0f}/s n={n} msgs/wake {n/max(waits,1):.1f}", flush=True)

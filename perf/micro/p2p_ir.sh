@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per message of one side of perf/micro/p2p_cpu.py (callgrind: the same
-# figure whatever the load; that side runs ~50x slower, so the other one waits on it):
+# figure whatever the load; that side runs ~50x slower, so the other one waits on it;
+# a publisher under it has the paced gap lifted, see p2p_cpu.py):
 #   bash perf/micro/p2p_ir.sh pub|sub [TRANSPORT=tcp]        (from the repository root)
 # Compare trees with the same interpreter: PYTHONPATH=/path/to/tree bash ...
 set -euo pipefail

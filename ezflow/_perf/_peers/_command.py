@@ -401,7 +401,8 @@ def markdown(document: dict[str, Any]) -> str:
 
 
 def notes(document: dict[str, Any]) -> list[str]:
-    """One line per cell without figures (why) and per crash reason kept."""
+    """One line per cell without figures (why), per crash reason kept, per cell whose
+    workers left files in /dev/shm that the runner removed, and per such file kept."""
     lines = []
     for cell in document["cells"]:
         if not _ordinary(cell):
@@ -411,6 +412,15 @@ def notes(document: dict[str, Any]) -> list[str]:
             lines.append(f"{where}: {cell['status']}: {cell['reason']}")
         for reason in cell.get("crash_reasons", []):
             lines.append(f"{where}: crashed: {reason}")
+        swept = cell.get("swept", [])
+        if swept:
+            megabytes = sum(item["bytes"] for item in swept) / 1e6
+            lines.append(
+                f"{where}: removed {len(swept)} files its workers left in /dev/shm "
+                f"({megabytes:,.1f} MB)"
+            )
+        for item in cell.get("unswept", []):
+            lines.append(f"{where}: left /dev/shm/{item['name']}: {item['why']}")
     return lines
 
 

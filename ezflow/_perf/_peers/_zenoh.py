@@ -220,6 +220,9 @@ class ZenohFramework(RendezvousFramework):
     library = "zenoh"
     distribution = "eclipse-zenoh"
     flavours = ("callback", "fifo")
+    #: The segments of Zenoh's shared memory (shm cells): a Python process that exits
+    #: does not always run the handlers that remove them (eclipse-zenoh/zenoh#2787).
+    leftovers = ("*.zenoh",)
 
     @contextlib.asynccontextmanager
     async def _context(self, graph: tuple[str, int]) -> AsyncIterator[_Process]:
