@@ -325,9 +325,8 @@ class Channel:
             now = time_ns()
             decode_ns = now - started
             if decode_ns > 0:  # (not across a wall-clock step)
-                stats.decode_seconds += decode_ns * (TIMING_SAMPLE_MASK + 1) * 1e-9
                 self.decode_time.buckets[decode_ns.bit_length()] += 1  # Histogram.record
-                self.decode_time.total += decode_ns
+                self._add_decode_time(decode_ns)
             self.deliver(seq, message, len(body), upstream_drops, sent_ns, now, decode_ns)
         else:
             self.deliver(seq, message, len(body), upstream_drops, sent_ns)
@@ -395,9 +394,8 @@ class Channel:
             i, latency_total, decode_total = progress
             raise
         finally:
-            if decode_total:
-                self.stats.decode_seconds += decode_total * (TIMING_SAMPLE_MASK + 1) * 1e-9
-                self.decode_time.total += decode_total
+            if decode_total:  # (run_frames recorded the buckets)
+                self._add_decode_time(decode_total)
             self.end_run(frames, index, i, (i - index) * size, latency_total, decoded=True)
         if i == index and i < end:
             return -1  # (not of the layout: the read goes frame by frame)
@@ -530,6 +528,13 @@ class Channel:
         for hop, attachment in zip(hops, attachments, strict=True):
             if attachment.inbox.callback is None:
                 attachment.inbox.mark_traced(attachment, seq, hop)
+
+    def _add_decode_time(self, sampled_ns: int) -> None:
+        """Add *sampled_ns* of timed decodes (one message in ``TIMING_SAMPLE_MASK + 1``)
+        to the decode histogram's total and, scaled to every message, to
+        ``stats.decode_seconds``."""
+        self.stats.decode_seconds += sampled_ns * (TIMING_SAMPLE_MASK + 1) * 1e-9
+        self.decode_time.total += sampled_ns
 
     def deliver(  # noqa: PLR0917 - the message path: positional arguments are cheapest
         self,
