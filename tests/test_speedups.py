@@ -37,7 +37,7 @@ from ezflow._core._codec._format import _body_view, _spans
 from ezflow._core._codec._layouts import _Layout, _learn_layout
 from ezflow._core._codec._registry import _TYPES_BY_CLASS
 from ezflow._core._codec._templates import _compiled_template, _Template, _template_for
-from ezflow._core._config import ENV_PURE_PYTHON
+from ezflow._core._config import ENV_PURE_PYTHON, STREAM_FLUSH_MESSAGES
 from ezflow._core._framing import DATA, DATA_PREFIX, END, HEARTBEAT, LENGTH, TRACE
 from ezflow._transports._stream_channel import _small_frames_py
 from ezflow._transports._stream_frames import HEADER_SIZE
@@ -646,9 +646,14 @@ _PUBLISH_OPS = st.tuples(_CHANGES, st.lists(_PUBLISH, max_size=20)).map(lambda s
     st.lists(_PUBLISH_OPS, min_size=5, max_size=40).map(
         lambda steps: [op for step in steps for op in step]
     ),
+    # (STREAM_FLUSH_MESSAGES itself is out of a small window's reach: smaller ones too)
+    st.sampled_from([3, 16, STREAM_FLUSH_MESSAGES]),
 )
 def test_the_compiled_publish_is_the_python_twin(
-    kinds: list[tuple[bool, int]], window: tuple[int, int], ops: list[tuple[Any, ...]]
+    kinds: list[tuple[bool, int]],
+    window: tuple[int, int],
+    ops: list[tuple[Any, ...]],
+    flush_messages: int,
 ) -> None:
     """The same outlets (1-3 stream links: lossless, leaky, small max_message_size; a
     small window), the same steps (publishes of the cached shape and of others, out of
@@ -667,11 +672,17 @@ def test_the_compiled_publish_is_the_python_twin(
     from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
 
     tracing, hooks = TraceState(), []
-    compiled = _stream_publish.compiled_publish_small(_speedups, tracing=tracing, hooks=hooks)
+    saved_flush = _stream_publish._FLUSH_MESSAGES
+    _stream_publish._FLUSH_MESSAGES = flush_messages  # type: ignore[misc]
+    try:
+        compiled = _stream_publish.compiled_publish_small(_speedups, tracing=tracing, hooks=hooks)
+    finally:
+        _stream_publish._FLUSH_MESSAGES = saved_flush  # type: ignore[misc]
     assert compiled is not None
     loop = asyncio.new_event_loop()
     saved = _stream_publish.TRACING, _stream_publish.PUBLISH_HOOKS
     _stream_publish.TRACING, _stream_publish.PUBLISH_HOOKS = tracing, hooks  # type: ignore[misc]
+    _stream_publish._FLUSH_MESSAGES = flush_messages  # type: ignore[misc]
 
     async def world() -> Outlet:
         outlet = Outlet(
@@ -748,6 +759,7 @@ def test_the_compiled_publish_is_the_python_twin(
                     link._written_ns = 0
     finally:
         _stream_publish.TRACING, _stream_publish.PUBLISH_HOOKS = saved  # type: ignore[misc]
+        _stream_publish._FLUSH_MESSAGES = saved_flush  # type: ignore[misc]
         loop.close()
 
 
@@ -1037,7 +1049,14 @@ def test_the_compiled_publish_and_take_leak_nothing_over_1e5_calls() -> None:
     assert publish is not None and take is not None
 
     async def main() -> None:
-        outlet = Outlet("p-1", "/t", Codec(), max_in_flight=64, max_in_flight_bytes=1 << 20)
+        # (a window the flushes reach: each flush releases what it wrote)
+        outlet = Outlet(
+            "p-1",
+            "/t",
+            Codec(),
+            max_in_flight=4 * STREAM_FLUSH_MESSAGES,
+            max_in_flight_bytes=1 << 22,
+        )
         link = StreamLink(_Connection(), lossless=True, max_size=1 << 20)  # type: ignore[arg-type]
         outlet.add_link(link)
         out = link.connection.out

@@ -33,10 +33,11 @@ from hypothesis import strategies as st
 
 from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec, EncodedMessage
-from ezflow._core._config import PACED_GAP_NS
+from ezflow._core._config import PACED_GAP_NS, STREAM_FLUSH_MESSAGES
 from ezflow._core._framing import ACK, ACK_BODY, DATA, DATA_PREFIX, LENGTH, FramedProtocol
 from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PublisherInfo
+from ezflow._transports import _stream_publish
 from ezflow._transports._stream_channel import ChannelConnection
 from ezflow._transports._stream_frames import HEADER_SIZE, heartbeat_frame
 from ezflow._transports._stream_publish import StreamLink
@@ -114,13 +115,17 @@ _STEPS = st.lists(st.tuples(_GAPS, st.integers(0, 4096), st.booleans()), min_siz
     closing_at=st.one_of(st.none(), st.integers(1, 40)),
     out_of_line_above=st.sampled_from([sys.maxsize, 2048]),
     drops=st.integers(0, 3),
+    # (STREAM_FLUSH_MESSAGES itself is more than a 40-step burst reaches: smaller ones too)
+    flush_messages=st.sampled_from([3, 16, STREAM_FLUSH_MESSAGES]),
 )
 def test_send_small_is_send_of_one_small_body(
     kind: str,
+    *,
     steps: list[tuple[int, int, bool]],
     closing_at: int | None,
     out_of_line_above: int,
     drops: int,
+    flush_messages: int,
 ) -> None:
     # (closing_at: the socket starts closing before that message, and stays closing)
     async def drive() -> None:
@@ -151,7 +156,12 @@ def test_send_small_is_send_of_one_small_body(
             # what went out is each message's DATA frame, in order
             assert b"".join(data for _, data in general.connection.out.writes) == expected
 
-    run(kind, drive())
+    saved = _stream_publish._FLUSH_MESSAGES
+    _stream_publish._FLUSH_MESSAGES = flush_messages  # type: ignore[misc]
+    try:
+        run(kind, drive())
+    finally:
+        _stream_publish._FLUSH_MESSAGES = saved  # type: ignore[misc]
 
 
 # -- ChannelConnection.buffer_updated vs FramedProtocol.buffer_updated ---------------------
