@@ -164,6 +164,55 @@ def test_send_small_is_send_of_one_small_body(
         _stream_publish._FLUSH_MESSAGES = saved  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("kind", LOOPS)
+@pytest.mark.parametrize("small", [True, False])
+def test_a_paced_message_is_written_at_once_and_a_bursts_turn_in_one_write(
+    kind: str, small: bool
+) -> None:
+    """A message PACED_GAP_NS or more after the previous one is written at once and
+    schedules nothing; every message of a burst's loop turn, its first one too, goes out
+    in one write at the turn's end (or at STREAM_FLUSH_MESSAGES)."""
+
+    async def drive() -> None:
+        link = StreamLink(_Connection(_Recorder()), lossless=True, max_size=1 << 20)  # type: ignore[arg-type]
+        writes = link.connection.out.writes
+        now = 1_700_000_000_000_000_000
+        seq = 0
+
+        def send(gap: int) -> None:
+            nonlocal now, seq
+            now += gap
+            seq += 1
+            body = bytes([seq & 0xFF]) * 8
+            if small:
+                link.send_small(seq, now, None, body)
+            else:
+                link.send(seq, now, None, EncodedMessage([body], len(body)))
+
+        send(10**9)  # paced: out at once, nothing scheduled
+        assert [kind for kind, _ in writes] == ["write"]
+        assert not link._flush_scheduled
+        await asyncio.sleep(0)
+        assert len(writes) == 1
+        for _ in range(5):  # a burst: nothing written before the turn ends
+            send(1_000)
+        assert len(writes) == 1
+        await asyncio.sleep(0)
+        assert len(writes) == 2
+        assert writes[1][0] == "writelines"
+        for _ in range(STREAM_FLUSH_MESSAGES + 3):  # still a burst: flushed at the bound
+            send(1_000)
+        assert len(writes) == 3
+        await asyncio.sleep(0)
+        assert len(writes) == 4
+        frame = DATA_PREFIX.size + 8  # (each message's frame: its prefix and 8 bytes)
+        assert [len(data) / frame for _, data in writes] == [1, 5, STREAM_FLUSH_MESSAGES, 3]
+        send(PACED_GAP_NS)  # paced again
+        assert len(writes) == 5 and not link._flush_scheduled
+
+    run(kind, drive())
+
+
 # -- ChannelConnection.buffer_updated vs FramedProtocol.buffer_updated ---------------------
 
 

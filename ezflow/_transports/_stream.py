@@ -20,12 +20,12 @@ bad connections are logged per cause, rate-limited
 heartbeat deadline) after it.
 
 Sending is batched without delaying a lone message: the first message of an event-loop
-iteration is written at once (lowest latency for paced publishers). Unless it came
-``_PACED_GAP_NS`` or more after the previous one written at once (a paced publisher,
-which then schedules nothing), later ones are queued and handed to
+iteration that came ``_PACED_GAP_NS`` or more after the previous iteration's first (a
+paced publisher) is written at once and schedules nothing (lowest latency). In a burst,
+the iteration's messages, its first one too, are queued and handed to
 ``transport.writelines`` (one vectored write) at the end of the iteration, or as soon as
 ``_FLUSH_MESSAGES`` / ``_FLUSH_BYTES`` are queued, so that the subscriber starts working
-while the publisher is still encoding. Small messages go out as one joined ``bytes``
+on large bodies while the publisher is still encoding. Small messages go out as one joined ``bytes``
 object. Array buffers are never copied on the way out: uvloop's ``writelines`` is
 vectored, and on the stock asyncio loop (whose ``writelines`` joins the parts) a
 :class:`~._writer.VectoredWriter` writes the connection instead, from the handshake on.

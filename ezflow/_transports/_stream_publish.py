@@ -108,7 +108,7 @@ class StreamLink(Link):
         self._queued_messages = 0
         self._queued_bytes = 0
         self._flush_scheduled = False
-        self._written_ns = 0  # publish time (time.time_ns) of the last message written at once
+        self._written_ns = 0  # publish time (time.time_ns) of the last turn's first message
         self.inline_sends = 0  #: messages sent as DATA frames
 
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
@@ -123,21 +123,25 @@ class StreamLink(Link):
         head = DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops)
         parts = encoded.parts
         if not self._flush_scheduled:
-            # First message of this loop iteration: out now, in as few calls as possible.
-            out = self.connection.out
-            if out is not None and not out.is_closing():
-                if len(parts) == 1 and size <= _JOIN_BELOW:
-                    out.write(head + parts[0])
-                else:
-                    out.writelines([head, *parts])
-            if time_ns - self._written_ns < _PACED_GAP_NS:
-                # A burst: collect the rest of this iteration's messages and write them
-                # together at its end. A paced publisher schedules nothing (whatever
-                # runs before its loop sleeps again delays a subscriber on this CPU).
-                self._flush_scheduled = True
-                self._loop.call_soon(self._end_of_iteration)
+            # First message of this loop iteration.
+            paced = time_ns - self._written_ns >= _PACED_GAP_NS
             self._written_ns = time_ns
-            return
+            if paced:
+                # Out now, in as few calls as possible, and nothing scheduled (whatever
+                # runs before a paced publisher's loop sleeps again delays a subscriber
+                # on this CPU).
+                out = self.connection.out
+                if out is not None and not out.is_closing():
+                    if len(parts) == 1 and size <= _JOIN_BELOW:
+                        out.write(head + parts[0])
+                    else:
+                        out.writelines([head, *parts])
+                return
+            # A burst: this iteration's messages, this one too, are written together
+            # at its end (or at the flush bounds): one write, one wake-up of the
+            # subscriber, where a write of this one alone costs both again.
+            self._flush_scheduled = True
+            self._loop.call_soon(self._end_of_iteration)
         queued = self._queued
         queued.append(head)
         queued.extend(parts)
@@ -186,6 +190,23 @@ class StreamLink(Link):
             if self._queued_messages >= _FLUSH_MESSAGES or self._queued_bytes >= _FLUSH_BYTES:
                 self.flush()
             return
+        if time_ns - self._written_ns < _PACED_GAP_NS:
+            # The first message of a burst's loop iteration: queued as the rest will be
+            # (send(), inlined).
+            self._written_ns = time_ns
+            self._flush_scheduled = True
+            self._loop.call_soon(self._end_of_iteration)
+            self.sent_count += 1
+            self.sent_bytes += size
+            self.inline_sends += 1
+            self._queued.append(
+                DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body
+            )
+            self._queued_messages += 1
+            self._queued_bytes += size
+            if self._queued_messages >= _FLUSH_MESSAGES or self._queued_bytes >= _FLUSH_BYTES:
+                self.flush()
+            return
         out = self.connection.out
         if out is None or out.is_closing():
             self.send(seq, time_ns, message, EncodedMessage([body], size))
@@ -194,9 +215,6 @@ class StreamLink(Link):
         self.sent_bytes += size
         self.inline_sends += 1
         out.write(DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body)
-        if time_ns - self._written_ns < _PACED_GAP_NS:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._end_of_iteration)
         self._written_ns = time_ns
 
     def set_backlogged(self, backlogged: bool) -> None:
@@ -275,7 +293,8 @@ def publish_small_py(outlet: Outlet, message: Any) -> bool:
     The common path: the outlet is open and would not yield now (``publish_nowait``'s
     rule), tracing is off and no publish hook is attached, every link is a stream link
     (``queues_frames``) already collecting this loop turn's frames (its first frame of
-    the turn is written at once, by ``send_small``), with room in its in-flight window
+    the turn goes through ``send_small``, which writes a paced one at once and queues a
+    burst's, scheduling the turn's flush), with room in its in-flight window
     (a lossless link would wait, a leaky one park) and not stalled, *message* is of the
     shape the outlet's codec encoded last (its cached template) and its body is at most
     the smallest ``max_message_size`` and no link's ``out_of_line_above``, and a handoff
