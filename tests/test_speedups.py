@@ -603,6 +603,7 @@ def _state(outlet: Any) -> tuple[Any, ...]:
             link._flush_scheduled,
             link.stalled,
             _frames(link.connection.out.data),
+            link._written_ns != 0,  # (the test zeroes it after each step)
         )
         for link in outlet._links
     )

@@ -1291,7 +1291,7 @@ typedef struct {
         o_max_count, o_max_bytes, o_handoff, o_sent_ns, o_seq, o_stats;
     Py_ssize_t c_template, c_limit, t_kind, t_encode, tr_active;
     Py_ssize_t l_stalled, l_sent_count, l_released_count, l_sent_bytes, l_released_bytes,
-        l_drops, l_inline, l_queued, l_qmessages, l_qbytes, l_flush;
+        l_drops, l_inline, l_queued, l_qmessages, l_qbytes, l_flush, l_written;
     Py_ssize_t s_messages, s_encodes, s_bytes, s_sends;
     long long yield_after, yield_bytes, paced_gap, flush_messages, flush_bytes;
     int data_kind;
@@ -1446,6 +1446,7 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         {&self->l_qmessages, lt, "_queued_messages"},
         {&self->l_qbytes, lt, "_queued_bytes"},
         {&self->l_flush, lt, "_flush_scheduled"},
+        {&self->l_written, lt, "_written_ns"},
         {&self->s_messages, st, "messages"},
         {&self->s_encodes, st, "encodes"},
         {&self->s_bytes, st, "bytes"},
@@ -1611,6 +1612,10 @@ static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *a
     /* From here on the message is sent: nothing declines. */
     seq += 1;
     if (set_ll(outlet, self->o_seq, seq) < 0) goto fail;
+    /* (each link's _written_ns: the time of its last message, which tells its next
+     * loop turn's first message whether it is paced) */
+    PyObject *now_obj = PyLong_FromLongLong(now);
+    if (now_obj == NULL) goto fail;
     for (Py_ssize_t i = 0; i < nlinks; i++) {
         if (i >= PyList_GET_SIZE(links)) break; /* (a flush removed links: as a for loop) */
         PyObject *link = PyList_GET_ITEM(links, i);
@@ -1621,15 +1626,19 @@ static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *a
             !GET_LL(link, self->l_sent_count, sent_count) ||
             !GET_LL(link, self->l_sent_bytes, sent_bytes) || !link_state(self, link, &ls)) {
             Py_DECREF(link);
+            Py_DECREF(now_obj);
             PyErr_SetString(PyExc_RuntimeError,
                             "publish_small: a link's state changed while a message was sent");
             goto fail;
         }
+        Py_INCREF(now_obj);
+        Py_XSETREF(SLOT(link, self->l_written), now_obj);
         PyObject *f = frame;
         if (i > 0) {
             f = PyBytes_FromStringAndSize(PyBytes_AS_STRING(frame), prefix + size);
             if (f == NULL) {
                 Py_DECREF(link);
+                Py_DECREF(now_obj);
                 goto fail;
             }
         } else {
@@ -1657,8 +1666,12 @@ static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *a
             Py_XDECREF(r);
         }
         Py_DECREF(link);
-        if (err) goto fail;
+        if (err) {
+            Py_DECREF(now_obj);
+            goto fail;
+        }
     }
+    Py_DECREF(now_obj);
     Py_DECREF(frame);
     frame = NULL;
     if (handoff == Py_True && set_ll(outlet, self->o_sent_ns, wall_ns()) < 0) return NULL;

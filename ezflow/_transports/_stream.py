@@ -19,9 +19,9 @@ bad connections are logged per cause, rate-limited
 ``refused`` before the handshake, ``frame`` (a malformed frame) and ``silent`` (past the
 heartbeat deadline) after it.
 
-Sending is batched without delaying a lone message: the first message of an event-loop
-iteration that came ``_PACED_GAP_NS`` or more after the previous iteration's first (a
-paced publisher) is written at once and schedules nothing (lowest latency). In a burst,
+Sending is batched without delaying a lone message: a message sent ``_PACED_GAP_NS`` or
+more after the previous one on its connection (a paced publisher) is written at once and
+schedules nothing (lowest latency). In a burst,
 the iteration's messages, its first one too, are queued and handed to
 ``transport.writelines`` (one vectored write) at the end of the iteration, or as soon as
 ``_FLUSH_MESSAGES`` / ``_FLUSH_BYTES`` are queued, so that the subscriber starts working

@@ -108,7 +108,7 @@ class StreamLink(Link):
         self._queued_messages = 0
         self._queued_bytes = 0
         self._flush_scheduled = False
-        self._written_ns = 0  # publish time (time.time_ns) of the last turn's first message
+        self._written_ns = 0  # publish time (time.time_ns) of the last message sent
         self.inline_sends = 0  #: messages sent as DATA frames
 
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
@@ -142,6 +142,7 @@ class StreamLink(Link):
             # subscriber, where a write of this one alone costs both again.
             self._flush_scheduled = True
             self._loop.call_soon(self._end_of_iteration)
+        self._written_ns = time_ns
         queued = self._queued
         queued.append(head)
         queued.extend(parts)
@@ -179,6 +180,7 @@ class StreamLink(Link):
             return
         if self._flush_scheduled:
             # A burst: queued as one frame (send() and _queued_one, inlined).
+            self._written_ns = time_ns
             self.sent_count += 1
             self.sent_bytes += size
             self.inline_sends += 1
@@ -341,6 +343,7 @@ def publish_small_py(outlet: Outlet, message: Any) -> bool:
         return False
     outlet._seq = seq = outlet._seq + 1
     for link in links:
+        link._written_ns = now  # type: ignore[attr-defined]
         link.sent_count += 1
         link.sent_bytes += size
         link.inline_sends += 1  # type: ignore[attr-defined]
