@@ -673,15 +673,18 @@ class Channel:
                 return
 
     def _advance(self) -> None:
+        # (a wake-up's deferred release of its first message advances over the whole
+        # run taken meanwhile: counted in locals, stored once)
         pending = self._pending
-        advanced = False
+        popleft = pending.popleft
+        count = nbytes = 0
         while pending and pending[0][1] <= 0:
-            _, _, nbytes = pending.popleft()
+            nbytes += popleft()[2]
+            count += 1
+        if count:
             self._pending_bytes -= nbytes
-            self._released_count += 1
+            self._released_count += count
             self._released_bytes += nbytes
-            advanced = True
-        if advanced:
             callback = self.on_release  # (_notify_release, inlined)
             if callback is not None:
                 callback(self._released_count, self._released_bytes)
