@@ -765,6 +765,62 @@ def test_the_compiled_publish_is_the_python_twin(
 
 
 @needs_extension
+@pytest.mark.parametrize("start", [0, 250, 2**30 - 3, 2**60 - 3, 2**62 - 3])
+def test_the_compiled_publish_counts_across_int_sizes_and_never_changes_a_held_int(
+    start: int,
+) -> None:
+    """Counters that start just below 2**30 or 2**60 (a digit more on 3.11) or at the
+    small ints' edge count as publish_small_py counts them; and an int that other code
+    holds (the compiled publish writes a counter in place only where its slot is the one
+    reference) keeps its value."""
+    import asyncio  # noqa: PLC0415
+
+    from ezflow._core._outlet import Outlet  # noqa: PLC0415
+    from ezflow._transports import _stream_publish  # noqa: PLC0415
+    from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
+
+    compiled = _stream_publish.compiled_publish_small(_speedups)
+    assert compiled is not None
+    loop = asyncio.new_event_loop()
+    small = np.zeros(16, np.float32)
+
+    async def world() -> Outlet:
+        outlet = Outlet("p-1", "/t", Codec(), max_in_flight=1 << 20, max_in_flight_bytes=1 << 40)
+        outlet.add_link(StreamLink(_Connection(), lossless=True, max_size=1 << 20))  # type: ignore[arg-type]
+        assert outlet.publish_nowait((0, 0, 7, small))  # (the template learned)
+        fresh = lambda: int(str(start))  # noqa: E731  (a new int object each call)
+        link = outlet._links[0]
+        link.sent_count, link.released_count = fresh(), fresh()
+        link.sent_bytes, link.released_bytes = fresh(), fresh()
+        link.inline_sends = fresh()  # type: ignore[attr-defined]
+        outlet._seq = fresh()
+        stats = outlet.stats
+        stats.messages, stats.encodes, stats.bytes, stats.sends = (fresh() for _ in range(4))
+        return outlet
+
+    try:
+        worlds = [loop.run_until_complete(world()) for _ in range(2)]
+        link = worlds[0]._links[0]
+        stats = worlds[0].stats
+        held = [link.sent_count, link.sent_bytes, link.inline_sends, stats.messages]  # type: ignore[attr-defined]
+        for n in range(1, 6):
+            for outlet in worlds:
+                outlet._links[0]._flush_scheduled = True  # type: ignore[attr-defined]
+                outlet._unyielded = outlet._unyielded_bytes = 0
+            results = [
+                compiled(worlds[0], (0, n, 7, small)),
+                _stream_publish.publish_small_py(worlds[1], (0, n, 7, small)),
+            ]
+            assert results == [True, True]
+            assert _state(worlds[0]) == _state(worlds[1]), n
+        assert held == [start] * 4
+        assert link.sent_count == start + 5 and stats.messages == start + 5
+        assert worlds[0]._seq == start + 5
+    finally:
+        loop.close()
+
+
+@needs_extension
 def test_the_compiled_publish_sends_what_the_general_path_sends() -> None:
     """A burst of ordinary messages on two links: the compiled publish takes every one
     after the first of a loop turn, and the channels get the frames the general path
