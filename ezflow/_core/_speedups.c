@@ -1058,6 +1058,21 @@ static int clock_ns(PyObject *clock, long long *out) {
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* PyLong_AsUnsignedLongLong / PyLong_AsLongLong, with exact ints of up to 60 bits read
+ * directly (small_ll): 3.11's converts every unsigned and every multi-digit int through a
+ * byte array, several times this for a frame's seq, drops and send time. */
+static inline unsigned long long as_ull(PyObject *v) {
+    long long x;
+    if (PyLong_CheckExact(v) && small_ll(v, &x) && x >= 0) return (unsigned long long)x;
+    return PyLong_AsUnsignedLongLong(v);
+}
+
+static inline long long as_ll(PyObject *v) {
+    long long x;
+    if (PyLong_CheckExact(v) && small_ll(v, &x)) return x;
+    return PyLong_AsLongLong(v);
+}
+
 /* run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends,
  * buckets, now_ns, mask, progress, clock, decode_buckets) -> (index reached, latency
  * total, decode total): the twin of ezflow._core._channel_run.run_frames_py (the loop of
@@ -1110,9 +1125,9 @@ static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t 
             goto error;
         }
         PyObject *seq = PyTuple_GET_ITEM(frame, 1), *body = PyTuple_GET_ITEM(frame, 2);
-        unsigned long long seqv = PyLong_AsUnsignedLongLong(seq);
+        unsigned long long seqv = as_ull(seq);
         if (seqv == (unsigned long long)-1 && PyErr_Occurred()) goto error;
-        unsigned long long drops = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(frame, 3));
+        unsigned long long drops = as_ull(PyTuple_GET_ITEM(frame, 3));
         if (drops == (unsigned long long)-1 && PyErr_Occurred()) goto error;
         if (drops > upstream) break;
         Py_ssize_t length = PyObject_Length(body);
@@ -1161,7 +1176,7 @@ static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t 
             Py_DECREF(r);
         }
         Py_DECREF(message);
-        long long sent_ns = PyLong_AsLongLong(PyTuple_GET_ITEM(frame, 4));
+        long long sent_ns = as_ll(PyTuple_GET_ITEM(frame, 4));
         if (sent_ns == -1 && PyErr_Occurred()) goto error;
         if (sent_ns) {
             long long latency = now_ns - sent_ns;
