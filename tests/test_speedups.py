@@ -798,6 +798,72 @@ def test_the_compiled_publish_sends_what_the_general_path_sends() -> None:
 
 
 @needs_extension
+def test_the_compiled_paced_publish_writes_and_hands_off_as_the_general_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Paced messages on one link (each long after the previous write, no loop turn's
+    batch under way): the compiled publish writes each at once and hands off as the
+    general path (publish_nowait -> StreamLink.send_small -> Outlet._hand_off) does:
+    the same frames written, counters and statistics, and the same yields - after a
+    publisher that slept, not after one that was busy or preempted - and the same
+    handoff state; it declines the first message of a burst (a write within the paced
+    gap), which the general path answers by collecting the loop turn."""
+    import asyncio  # noqa: PLC0415
+
+    from ezflow._core import _outlet  # noqa: PLC0415
+    from ezflow._core._outlet import Outlet  # noqa: PLC0415
+    from ezflow._transports import _stream_publish  # noqa: PLC0415
+    from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
+
+    compiled = _stream_publish.compiled_publish_small(_speedups)
+    assert compiled is not None
+    arr = np.arange(16, dtype=np.float32)
+    sleeps, yields = [0], [0]
+    monkeypatch.setattr(_outlet, "_voluntary_switches", lambda: sleeps[0])
+    monkeypatch.setattr(_outlet, "_sched_yield", lambda: yields.__setitem__(0, yields[0] + 1))
+    # (slept before each message, or busy: a yield after each that came after a sleep)
+    slept = [True, True, False, True, False, False, True, True]
+
+    async def paced(fast: bool) -> tuple[Any, list[bool], list[int], int]:
+        outlet = Outlet("p-1", "/t", Codec(), max_in_flight=64, max_in_flight_bytes=1 << 30)
+        link = StreamLink(_Connection(), lossless=True, max_size=1 << 20)  # type: ignore[arg-type]
+        link.handoff = True  # (as a link to this host is)
+        outlet.add_link(link)
+        assert outlet._handoff
+        yields[0] = sleeps[0] = 0
+        took, yielded = [], []
+        for seq, sleep in enumerate(slept):
+            msg = (0, seq, 2**40 + seq, arr)
+            link._written_ns = outlet._sent_ns = 0  # (paced: long after the last write)
+            sleeps[0] += sleep
+            took.append(fast and compiled(outlet, msg))
+            if not took[-1]:
+                assert outlet.publish_nowait(msg)
+            assert not link._flush_scheduled and not link._queued
+            yielded.append(yields[0])
+        # the first message of a burst (written within the paced gap): declined
+        burst = (0, 99, 0, arr)
+        link._written_ns = time.time_ns()
+        took.append(fast and compiled(outlet, burst))
+        if not took[-1]:
+            assert outlet.publish_nowait(burst)
+        assert link._flush_scheduled
+        await asyncio.sleep(0)
+        return _state(outlet), took, yielded, outlet._slept
+
+    async def both() -> None:
+        fast = await paced(True)
+        general = await paced(False)
+        assert fast[0] == general[0] and fast[2:] == general[2:]
+        assert len(fast[0][-1][0][-1]) == len(slept) + 1  # (every frame written)
+        # (the first teaches the codec its shape; the burst's first is declined)
+        assert fast[1] == [False] + [True] * (len(slept) - 1) + [False]
+        assert fast[2] == [1, 2, 2, 3, 3, 3, 4, 5]
+
+    asyncio.run(both())
+
+
+@needs_extension
 @pytest.mark.parametrize("slack", [-1, 0, 1])
 def test_the_compiled_publish_stops_where_the_byte_window_fills(slack: int) -> None:
     """A byte window of two message bodies (and a byte less, and a byte more): the
