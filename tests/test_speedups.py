@@ -864,6 +864,69 @@ def test_the_compiled_paced_publish_writes_and_hands_off_as_the_general_path(
 
 
 @needs_extension
+@pytest.mark.skipif(
+    not hasattr(os, "sched_yield") or not hasattr(_speedups, "voluntary_switches"),
+    reason="the handoff needs sched_yield and the thread's switch count (Linux)",
+)
+def test_the_compiled_paced_handoff_decides_as_outlet_hand_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the outlet module's own functions, the compiled paced publish does the
+    handoff itself (``PublishPath.handoffs``): it yields after a sleep (a voluntary
+    switch since the last paced publish) and not after busy time, as ``Outlet._hand_off``
+    decides (counted on the general path by a wrapper around ``_sched_yield``), and
+    leaves the outlet's switch mark as the method does. With one of those functions
+    replaced (as a test's clock replaces them) it calls the method instead."""
+    import asyncio  # noqa: PLC0415
+
+    from ezflow._core import _outlet  # noqa: PLC0415
+    from ezflow._core._outlet import Outlet  # noqa: PLC0415
+    from ezflow._transports import _stream_publish  # noqa: PLC0415
+    from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
+
+    compiled = _stream_publish.compiled_publish_small(_speedups)
+    assert compiled is not None
+    path = compiled.__self__  # type: ignore[attr-defined]
+    arr = np.arange(16, dtype=np.float32)
+    slept = [True, False, True, True, False, False, True]
+    yields = [0]
+    real_yield = os.sched_yield
+
+    def counted_yield() -> None:
+        yields[0] += 1
+        real_yield()
+
+    async def paced(publish: Any) -> tuple[Any, list[int], list[int]]:
+        outlet = Outlet("p-1", "/t", Codec(), max_in_flight=64, max_in_flight_bytes=1 << 30)
+        link = StreamLink(_Connection(), lossless=True, max_size=1 << 20)  # type: ignore[arg-type]
+        link.handoff = True
+        outlet.add_link(link)
+        assert outlet.publish_nowait((0, -1, 0, arr))  # (teaches the codec the shape)
+        here, yielded = [], []
+        for seq, sleep in enumerate(slept):
+            link._written_ns = outlet._sent_ns = 0  # (paced: long after the last write)
+            if sleep:
+                await asyncio.sleep(0.001)  # (the thread blocks in its poll: a voluntary switch)
+            before = path.handoffs, path.handoff_yields, yields[0]
+            assert publish(outlet, (0, seq, 7, arr))
+            here.append(path.handoffs - before[0])
+            yielded.append(path.handoff_yields - before[1] + yields[0] - before[2])
+            assert outlet._slept == _speedups.voluntary_switches()
+        return _state(outlet), here, yielded
+
+    fast = asyncio.run(paced(compiled))
+    with monkeypatch.context() as patch:
+        patch.setattr(_outlet, "_sched_yield", counted_yield)
+        general = asyncio.run(paced(lambda outlet, message: outlet.publish_nowait(message)))
+        called = asyncio.run(paced(compiled))  # (the compiled publish, the method called)
+    expected = [int(sleep) for sleep in slept]
+    assert fast[1] == [1] * len(slept) and fast[2] == expected
+    assert general[1] == called[1] == [0] * len(slept)
+    assert general[2] == called[2] == expected
+    assert fast[0] == general[0] == called[0]
+
+
+@needs_extension
 @pytest.mark.parametrize("slack", [-1, 0, 1])
 def test_the_compiled_publish_stops_where_the_byte_window_fills(slack: int) -> None:
     """A byte window of two message bodies (and a byte less, and a byte more): the

@@ -49,6 +49,10 @@
 #endif
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
+#include <sched.h>
+#include <sys/resource.h>
+#endif
 
 #define FORMAT_VERSION 1
 #define SMALL_BODY 4096
@@ -1298,10 +1302,15 @@ typedef struct {
     long long yield_after, yield_bytes, paced_gap, flush_messages, flush_bytes;
     int data_kind;
     Py_ssize_t header_size;
+    /* the paced handoff done here (see handoff_here), given the outlet module's globals
+     * and the functions Outlet._hand_off runs there; else it is called */
+    PyObject *ho_globals, *ho_method, *ho_switches, *ho_yield, *ho_clock;
+    Py_ssize_t o_slept;
+    long long handoffs, handoff_yields; /* (done here: counted, for the tests) */
 } PublishPathObject;
 
 static PyObject *str_flush, *str_out_of_line_above, *str_out, *str_is_closing, *str_write,
-    *str_hand_off;
+    *str_hand_off, *str_g_switches, *str_g_yield, *str_g_clock, *str_g_gap;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -1372,22 +1381,34 @@ static void PublishPath_dealloc(PublishPathObject *self) {
     Py_XDECREF(self->template_type);
     Py_XDECREF(self->tracing);
     Py_XDECREF(self->hooks);
+    Py_XDECREF(self->ho_globals);
+    Py_XDECREF(self->ho_method);
+    Py_XDECREF(self->ho_switches);
+    Py_XDECREF(self->ho_yield);
+    Py_XDECREF(self->ho_clock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *ot, *lt, *st, *ct, *tt, *tracing, *hooks;
+    PyObject *hg = NULL, *hm = NULL, *hsw = NULL, *hy = NULL, *hc = NULL;
     long long ya, yb, gap, fm, fb;
     int kind;
     Py_ssize_t hs;
     static char *kwlist[] = {"outlet_type", "link_type", "stats_type", "codec_type",
                              "template_type", "tracing", "hooks", "yield_after",
                              "yield_bytes", "paced_gap_ns", "flush_messages", "flush_bytes",
-                             "data_kind", "header_size", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOLLLLLin:PublishPath", kwlist, &ot,
-                                     &lt, &st, &ct, &tt, &tracing, &hooks, &ya, &yb, &gap,
-                                     &fm, &fb, &kind, &hs))
+                             "data_kind", "header_size", "handoff_globals", "hand_off",
+                             "switches", "sched_yield", "clock", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOLLLLLin|OOOOO:PublishPath", kwlist,
+                                     &ot, &lt, &st, &ct, &tt, &tracing, &hooks, &ya, &yb, &gap,
+                                     &fm, &fb, &kind, &hs, &hg, &hm, &hsw, &hy, &hc))
         return NULL;
+    if (hg == Py_None) hg = NULL;
+    if (hg != NULL && !PyDict_Check(hg)) {
+        PyErr_SetString(PyExc_TypeError, "PublishPath: handoff_globals must be a dict");
+        return NULL;
+    }
     if (!PyList_CheckExact(hooks)) {
         PyErr_SetString(PyExc_TypeError, "PublishPath: hooks must be a list");
         return NULL;
@@ -1415,6 +1436,18 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->flush_bytes = fb;
     self->data_kind = kind;
     self->header_size = hs;
+    if (hg != NULL && hm != NULL && hsw != NULL && hy != NULL && hc != NULL) {
+        Py_INCREF(hg);
+        self->ho_globals = hg;
+        Py_INCREF(hm);
+        self->ho_method = hm;
+        Py_INCREF(hsw);
+        self->ho_switches = hsw;
+        Py_INCREF(hy);
+        self->ho_yield = hy;
+        Py_INCREF(hc);
+        self->ho_clock = hc;
+    }
     PyObject *trt = (PyObject *)Py_TYPE(tracing);
     struct {
         Py_ssize_t *off;
@@ -1433,6 +1466,7 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         {&self->o_sent_ns, ot, "_sent_ns"},
         {&self->o_seq, ot, "_seq"},
         {&self->o_stats, ot, "stats"},
+        {&self->o_slept, ot, "_slept"},
         {&self->c_template, ct, "_last_template"},
         {&self->c_limit, ct, "_limit"},
         {&self->t_kind, tt, "kind"},
@@ -1506,6 +1540,53 @@ static void fill_header(PublishPathObject *self, unsigned char *h, Py_ssize_t si
     put_le(h + 28, (uint64_t)drops, 8);
 }
 
+/* Outlet._hand_off(started) done here, when it is what that method would run: the
+ * method is Outlet's own (not replaced on the class nor the instance), the outlet
+ * module's _voluntary_switches, _sched_yield, time_ns and PACED_GAP_NS are the ones
+ * given (the compiled switch count, os.sched_yield, time.time_ns, this path's gap), and
+ * the outlet's _sent_ns and _slept are exact ints. 1: done; 0: not (nothing changed:
+ * the caller calls the method); -1: an error. */
+static int handoff_here(PublishPathObject *self, PyObject *outlet, long long started) {
+#if defined(__linux__) && defined(RUSAGE_THREAD)
+    if (self->ho_globals == NULL) return 0;
+    PyObject *g = self->ho_globals;
+    PyObject *gap = PyDict_GetItemWithError(g, str_g_gap);
+    long long gap_ns, sent_ns, slept_before;
+    if (PyDict_GetItemWithError(g, str_g_switches) != self->ho_switches ||
+        PyDict_GetItemWithError(g, str_g_yield) != self->ho_yield ||
+        PyDict_GetItemWithError(g, str_g_clock) != self->ho_clock || !exact_ll(gap, &gap_ns) ||
+        gap_ns != self->paced_gap || !GET_LL(outlet, self->o_sent_ns, sent_ns) ||
+        !GET_LL(outlet, self->o_slept, slept_before))
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *method = PyObject_GetAttr(outlet, str_hand_off);
+    if (method == NULL) return -1;
+    int own = PyMethod_Check(method) && PyMethod_GET_FUNCTION(method) == self->ho_method &&
+              PyMethod_GET_SELF(method) == outlet;
+    Py_DECREF(method);
+    if (!own) return 0;
+    if (started - sent_ns >= self->paced_gap) {
+        struct rusage usage;
+        if (getrusage(RUSAGE_THREAD, &usage) != 0) return 0;
+        long long slept = usage.ru_nvcsw;
+        if (slept != slept_before) {
+            Py_BEGIN_ALLOW_THREADS
+            sched_yield();
+            Py_END_ALLOW_THREADS
+            self->handoff_yields += 1;
+        }
+        if (set_ll(outlet, self->o_slept, slept) < 0) return -1;
+    }
+    if (set_ll(outlet, self->o_sent_ns, wall_ns()) < 0) return -1;
+    self->handoffs += 1;
+    return 1;
+#else
+    (void)self;
+    (void)outlet;
+    (void)started;
+    return 0;
+#endif
+}
+
 /* The paced message's send on its one *link*, as StreamLink.send_small writes the first
  * message of a loop turn when it is paced (no flush scheduled): its counters, the frame
  * written through *out* unless it is closing, its write time; then the outlet's handoff
@@ -1541,7 +1622,9 @@ static PyObject *publish_paced(PublishPathObject *self, PyObject *outlet, PyObje
         Py_DECREF(w);
     }
     if (set_ll(link, self->l_written, now) < 0) goto done;
-    if (handoff) {
+    int here = handoff ? handoff_here(self, outlet, now) : 0;
+    if (here < 0) goto done;
+    if (handoff && !here) {
         PyObject *started = PyLong_FromLongLong(now);
         if (started == NULL) goto done;
         r = PyObject_CallMethodOneArg(outlet, str_hand_off, started);
@@ -1800,6 +1883,14 @@ static PyMethodDef PublishPath_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef PublishPath_members[] = {
+    {"handoffs", T_LONGLONG, offsetof(PublishPathObject, handoffs), READONLY,
+     "paced handoffs done here (not by calling Outlet._hand_off)"},
+    {"handoff_yields", T_LONGLONG, offsetof(PublishPathObject, handoff_yields), READONLY,
+     "the sched_yield calls among them"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject PublishPathType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ezflow._core._speedups.PublishPath",
     .tp_basicsize = sizeof(PublishPathObject),
@@ -1807,6 +1898,7 @@ static PyTypeObject PublishPathType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The compiled one-call small publish (publish_small_py's twin).",
     .tp_methods = PublishPath_methods,
+    .tp_members = PublishPath_members,
     .tp_new = PublishPath_new,
 };
 
@@ -2136,6 +2228,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     str_is_closing = PyUnicode_InternFromString("is_closing");
     str_write = PyUnicode_InternFromString("write");
     str_hand_off = PyUnicode_InternFromString("_hand_off");
+    str_g_switches = PyUnicode_InternFromString("_voluntary_switches");
+    str_g_yield = PyUnicode_InternFromString("_sched_yield");
+    str_g_clock = PyUnicode_InternFromString("time_ns");
+    str_g_gap = PyUnicode_InternFromString("PACED_GAP_NS");
     str_init = PyUnicode_InternFromString("__init__");
     str_new = PyUnicode_InternFromString("__new__");
     str_setattr = PyUnicode_InternFromString("__setattr__");

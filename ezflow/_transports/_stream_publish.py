@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import struct
 import sys
@@ -15,6 +16,7 @@ from time import time_ns
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from .._core import _outlet
 from .._core._codec import Codec, EncodedMessage
 from .._core._codec._templates import _Template
 from .._core._compiled import SPEEDUPS
@@ -392,6 +394,19 @@ def compiled_publish_small(
     ``publish_small_py`` reads this module's ``TRACING`` and ``PUBLISH_HOOKS``)."""
     if speedups is None:
         return None
+    # The paced handoff is done in C while Outlet._hand_off would run just that: these
+    # functions, looked up where it looks them up (see _speedups.c, handoff_here).
+    switches = getattr(speedups, "voluntary_switches", None)
+    sched_yield = getattr(os, "sched_yield", None)
+    handoff = {}
+    if switches is not None and sched_yield is not None:
+        handoff = {
+            "handoff_globals": vars(_outlet),
+            "hand_off": Outlet._hand_off,
+            "switches": switches,
+            "sched_yield": sched_yield,
+            "clock": time_ns,
+        }
     path = speedups.PublishPath(
         Outlet,
         StreamLink,
@@ -407,6 +422,7 @@ def compiled_publish_small(
         _FLUSH_BYTES,
         DATA,
         HEADER_SIZE,
+        **handoff,
     )
     publish: Callable[[Outlet, Any], bool] = path.publish
     return publish
