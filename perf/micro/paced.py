@@ -3,7 +3,12 @@
 cell's latency phase measures it. Prints p50/p90/p99/max and the late messages' runs.
 
     python perf/micro/paced.py TRANSPORT N [PERIOD_S]   (SESSIONS=1: each side in its own
-    session, as the perf runner starts its workers; OUT=file: the latencies, one a line)
+    session, as the perf runner starts its workers; OUT=file: per message, the read
+    callback's start and recv's return (from the stamp), the subscriber's run delay and
+    CPU since the previous recv; OUT.pub: the write (where the handoff starts) and
+    publish's return (from the stamp). OUT wraps Outlet._hand_off, so the compiled
+    publish calls it instead of handing off itself: leave OUT out for the p50.)
+NOHANDOFF=1: the publisher's sched_yield is a no-op.
 
 Compare two trees with the same interpreter: PYTHONPATH=/path/to/tree python ..."""
 import asyncio, os, sys, time
@@ -26,12 +31,13 @@ async def pub_main(addr):
         due = time.monotonic()
         done = []
         handed = [0]
-        import ezflow._core._outlet as _o
-        orig = _o.Outlet._hand_off
-        def ho(self, started, orig=orig):
-            handed[0] = clock()
-            return orig(self, started)
-        _o.Outlet._hand_off = ho
+        if os.environ.get("OUT"):  # (the write's time: taken where the handoff starts)
+            import ezflow._core._outlet as _o
+            orig = _o.Outlet._hand_off
+            def ho(self, started, orig=orig):
+                handed[0] = clock()
+                return orig(self, started)
+            _o.Outlet._hand_off = ho  # (the compiled publish then calls it: not its own)
         for seq in range(N + WARM):
             t = clock()
             await pub.publish((0, seq, t, body))
