@@ -66,9 +66,10 @@ def test_ready_queue_is_the_stock_loops_own_and_nothing_elsewhere() -> None:
 
 def test_a_lone_wake_handle_runs_now_and_nothing_else_does() -> None:
     """run_lone_wake runs the one queued handle when it is a WakeHandle (the next the
-    loop would run, with nothing of this iteration left before it), and leaves the
-    queue alone otherwise: a wake-up behind another handle, a plain handle, an empty
-    queue, a loop that is stopping."""
+    loop would run, with nothing of this iteration left before it; a cancelled one is
+    taken and skipped, as the loop skips it), and leaves the queue alone otherwise: a
+    wake-up behind another handle, a plain handle, an empty queue, a loop that is
+    stopping."""
     import contextvars  # noqa: PLC0415
 
     from ezflow._core._loop import WakeHandle, ready_queue, run_lone_wake  # noqa: PLC0415
@@ -97,6 +98,11 @@ def test_a_lone_wake_handle_runs_now_and_nothing_else_does() -> None:
             run_lone_wake(loop, ready)
             assert ran == ["wake"] and list(ready) == [other]
             ready.clear()
+            cancelled = WakeHandle(ran.append, ("cancelled",), loop, empty)
+            cancelled.cancel()
+            ready.append(cancelled)
+            run_lone_wake(loop, ready)  # (taken, not run: as the loop skips it)
+            assert ran == ["wake"] and not ready
             ready.append(wake)
             loop.stop()  # (the loop's next iteration would not come: the wake waits)
             run_lone_wake(loop, ready)

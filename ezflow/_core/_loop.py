@@ -105,7 +105,9 @@ def run_lone_wake(loop: asyncio.AbstractEventLoop, ready: deque[asyncio.Handle])
     paced message, with the caches cold. Not once the loop is stopping (its next
     iteration would not come)."""
     if len(ready) == 1 and type(ready[0]) is WakeHandle and not loop._stopping:  # type: ignore[attr-defined]
-        ready.popleft()._run()
+        handle = ready.popleft()
+        if not handle._cancelled:  # (as the loop skips one)
+            handle._run()
 
 
 def run_coroutine(main: Coroutine[Any, Any, T], *, loop: str | None = None) -> T:
