@@ -908,11 +908,16 @@ def test_the_compiled_paced_handoff_decides_as_outlet_hand_off(
             link._written_ns = outlet._sent_ns = 0  # (paced: long after the last write)
             if sleep:
                 await asyncio.sleep(0.001)  # (the thread blocks in its poll: a voluntary switch)
-            before = path.handoffs, path.handoff_yields, yields[0]
+            before = path.handoffs, path.handoff_yields, yields[0], outlet._slept
             assert publish(outlet, (0, seq, 7, arr))
             here.append(path.handoffs - before[0])
             yielded.append(path.handoff_yields - before[1] + yields[0] - before[2])
             assert outlet._slept == _speedups.voluntary_switches()
+            # The rule: a yield when the thread switched voluntarily since the last paced
+            # publish (after every sleep; after busy time only if it waited on something,
+            # such as the GIL, which a loaded test run can make it do).
+            assert yielded[-1] == (outlet._slept != before[3]), (seq, sleep)
+            assert yielded[-1] or not sleep
         return _state(outlet), here, yielded
 
     fast = asyncio.run(paced(compiled))
@@ -920,10 +925,10 @@ def test_the_compiled_paced_handoff_decides_as_outlet_hand_off(
         patch.setattr(_outlet, "_sched_yield", counted_yield)
         general = asyncio.run(paced(lambda outlet, message: outlet.publish_nowait(message)))
         called = asyncio.run(paced(compiled))  # (the compiled publish, the method called)
-    expected = [int(sleep) for sleep in slept]
-    assert fast[1] == [1] * len(slept) and fast[2] == expected
-    assert general[1] == called[1] == [0] * len(slept)
-    assert general[2] == called[2] == expected
+    assert fast[1] == [1] * len(slept)  # (each handoff done in C)
+    assert general[1] == called[1] == [0] * len(slept)  # (each by the method)
+    # (nearly always exactly the sleeps; the rule above decides each)
+    assert sum(fast[2]) < len(slept) or sum(general[2]) < len(slept)
     assert fast[0] == general[0] == called[0]
 
 
