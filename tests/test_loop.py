@@ -62,3 +62,55 @@ def test_ready_queue_is_the_stock_loops_own_and_nothing_elsewhere() -> None:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(elsewhere())
     assert ready_queue(object()) is None
+
+
+def test_a_lone_wake_handle_runs_now_and_nothing_else_does() -> None:
+    """run_lone_wake runs the one queued handle when it is a WakeHandle (the next the
+    loop would run, with nothing of this iteration left before it; a cancelled one is
+    taken and skipped, as the loop skips it), and leaves the queue alone otherwise: a
+    wake-up behind another handle, a plain handle, an empty queue, a loop that is
+    stopping."""
+    import contextvars  # noqa: PLC0415
+
+    from ezflow._core._loop import WakeHandle, ready_queue, run_lone_wake  # noqa: PLC0415
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ready = ready_queue(loop)
+        assert ready is not None
+        await asyncio.sleep(0)  # (whatever the runner queued has run)
+        ran: list[str] = []
+        empty = contextvars.Context()
+        wake = WakeHandle(ran.append, ("wake",), loop, empty)
+        other = asyncio.Handle(ran.append, ("other",), loop, empty)
+        saved = list(ready)
+        ready.clear()
+        try:
+            run_lone_wake(loop, ready)  # (nothing queued)
+            ready.append(wake)
+            run_lone_wake(loop, ready)
+            assert ran == ["wake"] and not ready
+            ready.extend((other, wake))
+            run_lone_wake(loop, ready)
+            assert ran == ["wake"] and list(ready) == [other, wake]
+            ready.clear()
+            ready.append(other)
+            run_lone_wake(loop, ready)
+            assert ran == ["wake"] and list(ready) == [other]
+            ready.clear()
+            cancelled = WakeHandle(ran.append, ("cancelled",), loop, empty)
+            cancelled.cancel()
+            ready.append(cancelled)
+            run_lone_wake(loop, ready)  # (taken, not run: as the loop skips it)
+            assert ran == ["wake"] and not ready
+            ready.append(wake)
+            loop.stop()  # (the loop's next iteration would not come: the wake waits)
+            run_lone_wake(loop, ready)
+            assert ran == ["wake"] and list(ready) == [wake]
+        finally:
+            loop._stopping = False  # type: ignore[attr-defined]
+            ready.clear()
+            ready.extend(saved)
+
+    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+        runner.run(main())

@@ -859,11 +859,146 @@ def test_the_compiled_publish_sends_what_the_general_path_sends() -> None:
         general, _ = await burst(False)
         assert fast == general and len(fast[0]) == 40
         # Not the first (it teaches the codec its shape; the second too when the shape
-        # is new to this process) nor the first of each loop turn (written at once);
-        # every other.
+        # is new to this process) nor the first of each loop turn (send_small's: it
+        # starts the turn's batch); every other.
         assert [seq for seq, fast in enumerate(took) if not fast] in ([0, 21], [0, 1, 21])
 
     asyncio.run(both())
+
+
+@needs_extension
+def test_the_compiled_paced_publish_writes_and_hands_off_as_the_general_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Paced messages on one link (each long after the previous write, no loop turn's
+    batch under way): the compiled publish writes each at once and hands off as the
+    general path (publish_nowait -> StreamLink.send_small -> Outlet._hand_off) does:
+    the same frames written, counters and statistics, and the same yields - after a
+    publisher that slept, not after one that was busy or preempted - and the same
+    handoff state; it declines the first message of a burst (a write within the paced
+    gap), which the general path answers by collecting the loop turn."""
+    import asyncio  # noqa: PLC0415
+
+    from ezflow._core import _outlet  # noqa: PLC0415
+    from ezflow._core._outlet import Outlet  # noqa: PLC0415
+    from ezflow._transports import _stream_publish  # noqa: PLC0415
+    from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
+
+    compiled = _stream_publish.compiled_publish_small(_speedups)
+    assert compiled is not None
+    arr = np.arange(16, dtype=np.float32)
+    sleeps, yields = [0], [0]
+    monkeypatch.setattr(_outlet, "_voluntary_switches", lambda: sleeps[0])
+    monkeypatch.setattr(_outlet, "_sched_yield", lambda: yields.__setitem__(0, yields[0] + 1))
+    # (slept before each message, or busy: a yield after each that came after a sleep)
+    slept = [True, True, False, True, False, False, True, True]
+
+    async def paced(fast: bool) -> tuple[Any, list[bool], list[int], int]:
+        outlet = Outlet("p-1", "/t", Codec(), max_in_flight=64, max_in_flight_bytes=1 << 30)
+        link = StreamLink(_Connection(), lossless=True, max_size=1 << 20)  # type: ignore[arg-type]
+        link.handoff = True  # (as a link to this host is)
+        outlet.add_link(link)
+        assert outlet._handoff
+        yields[0] = sleeps[0] = 0
+        took, yielded = [], []
+        for seq, sleep in enumerate(slept):
+            msg = (0, seq, 2**40 + seq, arr)
+            link._written_ns = outlet._sent_ns = 0  # (paced: long after the last write)
+            sleeps[0] += sleep
+            took.append(fast and compiled(outlet, msg))
+            if not took[-1]:
+                assert outlet.publish_nowait(msg)
+            assert not link._flush_scheduled and not link._queued
+            yielded.append(yields[0])
+        # the first message of a burst (written within the paced gap): declined
+        burst = (0, 99, 0, arr)
+        # (ahead of any clock read: within the gap whatever the load delays)
+        link._written_ns = time.time_ns() + 10**12
+        took.append(fast and compiled(outlet, burst))
+        if not took[-1]:
+            assert outlet.publish_nowait(burst)
+        assert link._flush_scheduled
+        await asyncio.sleep(0)
+        return _state(outlet), took, yielded, outlet._slept
+
+    async def both() -> None:
+        fast = await paced(True)
+        general = await paced(False)
+        assert fast[0] == general[0] and fast[2:] == general[2:]
+        assert len(fast[0][-1][0][-2]) == len(slept) + 1  # (every frame written)
+        # (the first teaches the codec its shape; the burst's first is declined)
+        assert fast[1] == [False] + [True] * (len(slept) - 1) + [False]
+        assert fast[2] == [1, 2, 2, 3, 3, 3, 4, 5]
+
+    asyncio.run(both())
+
+
+@needs_extension
+@pytest.mark.skipif(
+    not hasattr(os, "sched_yield") or not hasattr(_speedups, "voluntary_switches"),
+    reason="the handoff needs sched_yield and the thread's switch count (Linux)",
+)
+def test_the_compiled_paced_handoff_decides_as_outlet_hand_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the outlet module's own functions, the compiled paced publish does the
+    handoff itself (``PublishPath.handoffs``): it yields after a sleep (a voluntary
+    switch since the last paced publish) and not after busy time, as ``Outlet._hand_off``
+    decides (counted on the general path by a wrapper around ``_sched_yield``), and
+    leaves the outlet's switch mark as the method does. With one of those functions
+    replaced (as a test's clock replaces them) it calls the method instead."""
+    import asyncio  # noqa: PLC0415
+
+    from ezflow._core import _outlet  # noqa: PLC0415
+    from ezflow._core._outlet import Outlet  # noqa: PLC0415
+    from ezflow._transports import _stream_publish  # noqa: PLC0415
+    from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
+
+    compiled = _stream_publish.compiled_publish_small(_speedups)
+    assert compiled is not None
+    path = compiled.__self__  # type: ignore[attr-defined]
+    arr = np.arange(16, dtype=np.float32)
+    slept = [True, False, True, True, False, False, True]
+    yields = [0]
+    real_yield = os.sched_yield
+
+    def counted_yield() -> None:
+        yields[0] += 1
+        real_yield()
+
+    async def paced(publish: Any) -> tuple[Any, list[int], list[int]]:
+        outlet = Outlet("p-1", "/t", Codec(), max_in_flight=64, max_in_flight_bytes=1 << 30)
+        link = StreamLink(_Connection(), lossless=True, max_size=1 << 20)  # type: ignore[arg-type]
+        link.handoff = True
+        outlet.add_link(link)
+        assert outlet.publish_nowait((0, -1, 0, arr))  # (teaches the codec the shape)
+        here, yielded = [], []
+        for seq, sleep in enumerate(slept):
+            link._written_ns = outlet._sent_ns = 0  # (paced: long after the last write)
+            if sleep:
+                await asyncio.sleep(0.001)  # (the thread blocks in its poll: a voluntary switch)
+            before = path.handoffs, path.handoff_yields, yields[0], outlet._slept
+            assert publish(outlet, (0, seq, 7, arr))
+            here.append(path.handoffs - before[0])
+            yielded.append(path.handoff_yields - before[1] + yields[0] - before[2])
+            assert outlet._slept == _speedups.voluntary_switches()
+            # The rule: a yield when the thread switched voluntarily since the last paced
+            # publish (after every sleep; after busy time only if it waited on something,
+            # such as the GIL, which a loaded test run can make it do).
+            assert yielded[-1] == (outlet._slept != before[3]), (seq, sleep)
+            assert yielded[-1] or not sleep
+        return _state(outlet), here, yielded
+
+    fast = asyncio.run(paced(compiled))
+    with monkeypatch.context() as patch:
+        patch.setattr(_outlet, "_sched_yield", counted_yield)
+        general = asyncio.run(paced(lambda outlet, message: outlet.publish_nowait(message)))
+        called = asyncio.run(paced(compiled))  # (the compiled publish, the method called)
+    assert fast[1] == [1] * len(slept)  # (each handoff done in C)
+    assert general[1] == called[1] == [0] * len(slept)  # (each by the method)
+    # (nearly always exactly the sleeps; the rule above decides each)
+    assert sum(fast[2]) < len(slept) or sum(general[2]) < len(slept)
+    assert fast[0] == general[0] == called[0]
 
 
 @needs_extension

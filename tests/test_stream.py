@@ -436,3 +436,75 @@ def test_the_end_of_iteration_ack_is_the_same_through_the_kept_handle(batches: l
     fast = _acks_of(batches, fast=True)
     assert fast == _acks_of(batches, fast=False)
     assert ACK_BODY.unpack(fast[-1])[1] == sum(batches)  # (the last: every message)
+
+
+# -- a paced frame's task runs within the read (the stock loop) ---------------------------
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_a_paced_frame_wakes_the_waiting_task_within_its_read(kind: str) -> None:
+    """On the stock loop a task awaiting ``recv`` runs to its next wait within the read
+    callback that delivered its message (``run_lone_wake``: one loop iteration less on
+    every paced message), and its release and ACK follow as before; elsewhere (uvloop) it
+    runs in the loop's next iteration. Either way every message arrives, in order, and
+    every one is acknowledged."""
+    import socket  # noqa: PLC0415
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        codec = Codec()
+        ours, theirs = socket.socketpair()
+        theirs.setblocking(False)
+        connection, inbox = _connection(Codec())
+        read = connection.buffer_updated
+        woken_within: list[bool] = []
+        got: list[Any] = []
+
+        def buffer_updated(nbytes: int) -> None:
+            before = len(got)
+            read(nbytes)
+            woken_within.append(len(got) > before)
+
+        # (set before the transport exists: uvloop looks the method up once, then)
+        connection.buffer_updated = buffer_updated  # type: ignore[method-assign]
+        await loop.create_unix_connection(lambda: connection, sock=ours)
+        channel = connection.channel
+        channel.on_release, connection._ack_every, connection._ack_bytes = (
+            connection._on_release,
+            16,
+            1 << 20,
+        )
+
+        arrived = asyncio.Event()
+
+        async def receive(count: int) -> None:
+            for _ in range(count):
+                got.append((await inbox.get())[1])
+                arrived.set()
+
+        task = asyncio.ensure_future(receive(5))
+        try:
+            for seq in range(1, 6):
+                body = codec.encode((0, seq, 0, np.arange(4, dtype=np.float32))).to_bytes()
+                await asyncio.sleep(0.002)  # (the task waits, the loop is idle)
+                theirs.send(DATA_PREFIX.pack(HEADER_SIZE + len(body), DATA, 0, seq, 0, 0) + body)
+                await asyncio.wait_for(arrived.wait(), 10)
+                arrived.clear()
+            await asyncio.wait_for(task, 10)
+            for _ in range(3):
+                await asyncio.sleep(0)
+            acked = b""
+            with contextlib.suppress(BlockingIOError):
+                while chunk := theirs.recv(1 << 16):
+                    acked += chunk
+        finally:
+            task.cancel()
+            connection.welcome.cancel()
+            connection.close()
+            theirs.close()
+        assert got == [1, 2, 3, 4, 5]
+        assert woken_within == [kind == "asyncio"] * 5
+        # (the last frame written back: the ACK of all five)
+        assert ACK_BODY.unpack(acked[-ACK_BODY.size :])[1] == 5
+
+    run(kind, main())

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
 from ._config import TIMING_SAMPLE_MASK, WAKE_QUEUE_SCAN
 from ._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
-from ._loop import ready_queue
+from ._loop import WakeHandle, ready_queue
 from ._telemetry import DROP_HOOKS, DropEvent, Histogram, emit
 from ._tracing import CURRENT, Hop
 
@@ -423,7 +423,7 @@ class Inbox:
         else:
             empty = contextvars.Context()
             self._release_handle = asyncio.Handle(self._release_deferred, (), loop, empty)
-            self._wake_handle = asyncio.Handle(_ignore, (), loop, empty)
+            self._wake_handle = WakeHandle(_ignore, (), loop, empty)
 
     def _release_deferred(self) -> None:
         """Release what woken takes deferred to the loop, in the order they were taken."""

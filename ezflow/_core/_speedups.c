@@ -49,6 +49,10 @@
 #endif
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
+#include <sched.h>
+#include <sys/resource.h>
+#endif
 
 #define FORMAT_VERSION 1
 #define SMALL_BODY 4096
@@ -1296,7 +1300,9 @@ done:
  *   _Template, PublisherStats and TraceState: read and written here at the offsets of
  *   their member descriptors, found once by name (the constructor checks that each is
  *   an object slot). Every value is checked before anything changes (an exact int, a
- *   bool, a list); anything else is the general path's business (False). */
+ *   bool, a list); anything else is the general path's business (False). A paced
+ *   message on one link (publish_paced) is written through the link's write half and
+ *   handed off by Outlet._hand_off: the three Python calls left on that path. */
 
 typedef struct {
     PyObject_HEAD
@@ -1306,14 +1312,20 @@ typedef struct {
         o_max_count, o_max_bytes, o_handoff, o_sent_ns, o_seq, o_stats;
     Py_ssize_t c_template, c_limit, t_kind, t_encode, tr_active;
     Py_ssize_t l_stalled, l_sent_count, l_released_count, l_sent_bytes, l_released_bytes,
-        l_drops, l_inline, l_queued, l_qmessages, l_qbytes, l_flush, l_written;
+        l_drops, l_inline, l_queued, l_qmessages, l_qbytes, l_flush, l_written, l_connection;
     Py_ssize_t s_messages, s_encodes, s_bytes, s_sends;
     long long yield_after, yield_bytes, paced_gap, flush_messages, flush_bytes;
     int data_kind;
     Py_ssize_t header_size;
+    /* the paced handoff done here (see handoff_here), given the outlet module's globals
+     * and the functions Outlet._hand_off runs there; else it is called */
+    PyObject *ho_globals, *ho_method, *ho_switches, *ho_yield, *ho_clock;
+    Py_ssize_t o_slept;
+    long long handoffs, handoff_yields; /* (done here: counted, for the tests) */
 } PublishPathObject;
 
-static PyObject *str_flush, *str_out_of_line_above;
+static PyObject *str_flush, *str_out_of_line_above, *str_out, *str_is_closing, *str_write,
+    *str_hand_off, *str_g_switches, *str_g_yield, *str_g_clock, *str_g_gap;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -1405,22 +1417,34 @@ static void PublishPath_dealloc(PublishPathObject *self) {
     Py_XDECREF(self->template_type);
     Py_XDECREF(self->tracing);
     Py_XDECREF(self->hooks);
+    Py_XDECREF(self->ho_globals);
+    Py_XDECREF(self->ho_method);
+    Py_XDECREF(self->ho_switches);
+    Py_XDECREF(self->ho_yield);
+    Py_XDECREF(self->ho_clock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *ot, *lt, *st, *ct, *tt, *tracing, *hooks;
+    PyObject *hg = NULL, *hm = NULL, *hsw = NULL, *hy = NULL, *hc = NULL;
     long long ya, yb, gap, fm, fb;
     int kind;
     Py_ssize_t hs;
     static char *kwlist[] = {"outlet_type", "link_type", "stats_type", "codec_type",
                              "template_type", "tracing", "hooks", "yield_after",
                              "yield_bytes", "paced_gap_ns", "flush_messages", "flush_bytes",
-                             "data_kind", "header_size", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOLLLLLin:PublishPath", kwlist, &ot,
-                                     &lt, &st, &ct, &tt, &tracing, &hooks, &ya, &yb, &gap,
-                                     &fm, &fb, &kind, &hs))
+                             "data_kind", "header_size", "handoff_globals", "hand_off",
+                             "switches", "sched_yield", "clock", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOLLLLLin|OOOOO:PublishPath", kwlist,
+                                     &ot, &lt, &st, &ct, &tt, &tracing, &hooks, &ya, &yb, &gap,
+                                     &fm, &fb, &kind, &hs, &hg, &hm, &hsw, &hy, &hc))
         return NULL;
+    if (hg == Py_None) hg = NULL;
+    if (hg != NULL && !PyDict_Check(hg)) {
+        PyErr_SetString(PyExc_TypeError, "PublishPath: handoff_globals must be a dict");
+        return NULL;
+    }
     if (!PyList_CheckExact(hooks)) {
         PyErr_SetString(PyExc_TypeError, "PublishPath: hooks must be a list");
         return NULL;
@@ -1448,6 +1472,18 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->flush_bytes = fb;
     self->data_kind = kind;
     self->header_size = hs;
+    if (hg != NULL && hm != NULL && hsw != NULL && hy != NULL && hc != NULL) {
+        Py_INCREF(hg);
+        self->ho_globals = hg;
+        Py_INCREF(hm);
+        self->ho_method = hm;
+        Py_INCREF(hsw);
+        self->ho_switches = hsw;
+        Py_INCREF(hy);
+        self->ho_yield = hy;
+        Py_INCREF(hc);
+        self->ho_clock = hc;
+    }
     PyObject *trt = (PyObject *)Py_TYPE(tracing);
     struct {
         Py_ssize_t *off;
@@ -1466,6 +1502,7 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         {&self->o_sent_ns, ot, "_sent_ns"},
         {&self->o_seq, ot, "_seq"},
         {&self->o_stats, ot, "stats"},
+        {&self->o_slept, ot, "_slept"},
         {&self->c_template, ct, "_last_template"},
         {&self->c_limit, ct, "_limit"},
         {&self->t_kind, tt, "kind"},
@@ -1483,6 +1520,7 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         {&self->l_qbytes, lt, "_queued_bytes"},
         {&self->l_flush, lt, "_flush_scheduled"},
         {&self->l_written, lt, "_written_ns"},
+        {&self->l_connection, lt, "connection"},
         {&self->s_messages, st, "messages"},
         {&self->s_encodes, st, "encodes"},
         {&self->s_bytes, st, "bytes"},
@@ -1527,6 +1565,116 @@ static void put_le(unsigned char *p, uint64_t v, int n) {
 
 #define MAX_FAST_LINKS 8
 
+static void fill_header(PublishPathObject *self, unsigned char *h, Py_ssize_t size, long long seq,
+                        long long now, long long drops) {
+    put_le(h, (uint64_t)(self->header_size + size), 4);
+    h[4] = (unsigned char)self->data_kind;
+    h[5] = 0;
+    memset(h + 6, 0, 6);
+    put_le(h + 12, (uint64_t)seq, 8);
+    put_le(h + 20, (uint64_t)now, 8);
+    put_le(h + 28, (uint64_t)drops, 8);
+}
+
+/* Outlet._hand_off(started) done here, when it is what that method would run: the
+ * method is Outlet's own (not replaced on the class nor the instance), the outlet
+ * module's _voluntary_switches, _sched_yield, time_ns and PACED_GAP_NS are the ones
+ * given (the compiled switch count, os.sched_yield, time.time_ns, this path's gap), and
+ * the outlet's _sent_ns and _slept are exact ints. 1: done; 0: not (nothing changed:
+ * the caller calls the method); -1: an error. */
+static int handoff_here(PublishPathObject *self, PyObject *outlet, long long started) {
+#if defined(__linux__) && defined(RUSAGE_THREAD)
+    if (self->ho_globals == NULL) return 0;
+    PyObject *g = self->ho_globals;
+    PyObject *gap = PyDict_GetItemWithError(g, str_g_gap);
+    long long gap_ns, sent_ns, slept_before;
+    if (PyDict_GetItemWithError(g, str_g_switches) != self->ho_switches ||
+        PyDict_GetItemWithError(g, str_g_yield) != self->ho_yield ||
+        PyDict_GetItemWithError(g, str_g_clock) != self->ho_clock || !exact_ll(gap, &gap_ns) ||
+        gap_ns != self->paced_gap || !GET_LL(outlet, self->o_sent_ns, sent_ns) ||
+        !GET_LL(outlet, self->o_slept, slept_before))
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *method = PyObject_GetAttr(outlet, str_hand_off);
+    if (method == NULL) return -1;
+    int own = PyMethod_Check(method) && PyMethod_GET_FUNCTION(method) == self->ho_method &&
+              PyMethod_GET_SELF(method) == outlet;
+    Py_DECREF(method);
+    if (!own) return 0;
+    if (started - sent_ns >= self->paced_gap) {
+        struct rusage usage;
+        if (getrusage(RUSAGE_THREAD, &usage) != 0) return 0;
+        long long slept = usage.ru_nvcsw;
+        if (slept != slept_before) {
+            Py_BEGIN_ALLOW_THREADS
+            sched_yield();
+            Py_END_ALLOW_THREADS
+            self->handoff_yields += 1;
+        }
+        if (set_ll(outlet, self->o_slept, slept) < 0) return -1;
+    }
+    if (set_ll(outlet, self->o_sent_ns, wall_ns()) < 0) return -1;
+    self->handoffs += 1;
+    return 1;
+#else
+    (void)self;
+    (void)outlet;
+    (void)started;
+    return 0;
+#endif
+}
+
+/* The paced message's send on its one *link*, as StreamLink.send_small writes the first
+ * message of a loop turn when it is paced (no flush scheduled): its counters, the frame
+ * written through *out* unless it is closing, its write time; then the outlet's handoff
+ * (Outlet._hand_off, called: it decides and yields as the general path does). None, or
+ * NULL with an exception (a Python call failed: the message was counted). */
+static PyObject *publish_paced(PublishPathObject *self, PyObject *outlet, PyObject *link,
+                               PyObject *out, PyObject *frame, Py_ssize_t size, long long seq,
+                               long long now, int handoff) {
+    LinkState ls;
+    long long sent_count, sent_bytes;
+    Py_INCREF(link);
+    if (!GET_LL(link, self->l_sent_count, sent_count) ||
+        !GET_LL(link, self->l_sent_bytes, sent_bytes) || !link_state(self, link, &ls)) {
+        Py_DECREF(link);
+        PyErr_SetString(PyExc_RuntimeError,
+                        "publish_small: a link's state changed while a message was sent");
+        return NULL;
+    }
+    fill_header(self, (unsigned char *)PyBytes_AS_STRING(frame), size, seq, now, ls.drops);
+    PyObject *r = NULL;
+    if (set_ll(link, self->l_sent_count, sent_count + 1) < 0 ||
+        set_ll(link, self->l_sent_bytes, sent_bytes + size) < 0 ||
+        set_ll(link, self->l_inline, ls.inline_sends + 1) < 0)
+        goto done;
+    PyObject *closing = PyObject_CallMethodNoArgs(out, str_is_closing);
+    if (closing == NULL) goto done;
+    int is_closing = PyObject_IsTrue(closing);
+    Py_DECREF(closing);
+    if (is_closing < 0) goto done;
+    if (!is_closing) {
+        PyObject *w = PyObject_CallMethodOneArg(out, str_write, frame);
+        if (w == NULL) goto done;
+        Py_DECREF(w);
+    }
+    if (set_ll(link, self->l_written, now) < 0) goto done;
+    int here = handoff ? handoff_here(self, outlet, now) : 0;
+    if (here < 0) goto done;
+    if (handoff && !here) {
+        PyObject *started = PyLong_FromLongLong(now);
+        if (started == NULL) goto done;
+        r = PyObject_CallMethodOneArg(outlet, str_hand_off, started);
+        Py_DECREF(started);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+    }
+    r = Py_None;
+    Py_INCREF(r);
+done:
+    Py_DECREF(link);
+    return r;
+}
+
 static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *args,
                                      Py_ssize_t nargs) {
     if (nargs != 2) {
@@ -1553,13 +1701,27 @@ static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *a
         Py_RETURN_FALSE;
     Py_ssize_t nlinks = PyList_GET_SIZE(links);
     if (nlinks > MAX_FAST_LINKS) Py_RETURN_FALSE;
+    /* paced: the one link is not collecting a loop turn's frames: the message is written
+     * at once (StreamLink.send_small's first write), then the outlet's handoff */
+    int paced = 0;
     for (Py_ssize_t i = 0; i < nlinks; i++) {
         PyObject *link = PyList_GET_ITEM(links, i);
         LinkState ls;
+        PyObject *collecting = SLOT(link, self->l_flush);
         if (!PyObject_TypeCheck(link, (PyTypeObject *)self->link_type) ||
-            SLOT(link, self->l_stalled) != Py_False || SLOT(link, self->l_flush) != Py_True ||
+            SLOT(link, self->l_stalled) != Py_False ||
+            (collecting != Py_True && (collecting != Py_False || nlinks != 1)) ||
             !link_state(self, link, &ls))
             Py_RETURN_FALSE;
+        if (collecting == Py_False) {
+            /* (a write within the paced gap: a burst's first message of a loop turn,
+             * for send_small, which schedules the turn's flush) */
+            long long written_ns;
+            if (!GET_LL(link, self->l_written, written_ns) ||
+                wall_ns() - written_ns < self->paced_gap)
+                Py_RETURN_FALSE;
+            paced = 1;
+        }
         long long count = ls.sent_count, nbytes = ls.sent_bytes; /* in flight */
         if (count >= max_count || (count && nbytes >= max_bytes)) Py_RETURN_FALSE;
     }
@@ -1629,25 +1791,51 @@ static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *a
     long long now = wall_ns();
     PyObject *handoff = SLOT(outlet, self->o_handoff);
     if (handoff != Py_True && handoff != Py_False) goto decline;
-    if (handoff == Py_True &&
-        (!GET_LL(outlet, self->o_sent_ns, sent_ns) || now - sent_ns >= self->paced_gap))
+    PyObject *out = NULL; /* (paced: the link's write half, a new reference) */
+    if (paced) {
+        PyObject *connection = SLOT(PyList_GET_ITEM(links, 0), self->l_connection);
+        if (connection == NULL) goto decline;
+        out = PyObject_GetAttr(connection, str_out);
+        if (out == NULL) goto fail;
+        if (out == Py_None) {
+            Py_DECREF(out);
+            goto decline;
+        }
+    } else if (handoff == Py_True &&
+               (!GET_LL(outlet, self->o_sent_ns, sent_ns) || now - sent_ns >= self->paced_gap))
         goto decline;
-    if (!GET_LL(outlet, self->o_seq, seq)) goto decline;
     PyObject *stats = SLOT(outlet, self->o_stats);
     long long s_messages, s_encodes, s_bytes, s_sends;
-    if (stats == NULL || !PyObject_TypeCheck(stats, (PyTypeObject *)self->stats_type) ||
-        !GET_LL(stats, self->s_messages, s_messages) ||
-        !GET_LL(stats, self->s_encodes, s_encodes) || !GET_LL(stats, self->s_bytes, s_bytes) ||
-        !GET_LL(stats, self->s_sends, s_sends))
-        goto decline;
-    for (Py_ssize_t i = 0; i < nlinks; i++) {
+    int ready = GET_LL(outlet, self->o_seq, seq) && stats != NULL &&
+                PyObject_TypeCheck(stats, (PyTypeObject *)self->stats_type) &&
+                GET_LL(stats, self->s_messages, s_messages) &&
+                GET_LL(stats, self->s_encodes, s_encodes) &&
+                GET_LL(stats, self->s_bytes, s_bytes) && GET_LL(stats, self->s_sends, s_sends);
+    for (Py_ssize_t i = 0; ready && i < nlinks; i++) {
         LinkState ls;
-        if (!link_state(self, PyList_GET_ITEM(links, i), &ls)) goto decline;
+        ready = link_state(self, PyList_GET_ITEM(links, i), &ls);
+    }
+    if (!ready) {
+        Py_XDECREF(out);
+        goto decline;
     }
 
     /* From here on the message is sent: nothing declines. */
     seq += 1;
-    if (set_ll(outlet, self->o_seq, seq) < 0) goto fail;
+    if (set_ll(outlet, self->o_seq, seq) < 0) {
+        Py_XDECREF(out);
+        goto fail;
+    }
+    if (paced) {
+        PyObject *r = publish_paced(self, outlet, PyList_GET_ITEM(links, 0), out, frame, size,
+                                    seq, now, handoff == Py_True);
+        Py_DECREF(out);
+        Py_DECREF(frame);
+        frame = NULL;
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+        goto counted;
+    }
     for (Py_ssize_t i = 0; i < nlinks; i++) {
         if (i >= PyList_GET_SIZE(links)) break; /* (a flush removed links: as a for loop) */
         PyObject *link = PyList_GET_ITEM(links, i);
@@ -1672,14 +1860,7 @@ static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *a
         } else {
             Py_INCREF(f);
         }
-        unsigned char *h = (unsigned char *)PyBytes_AS_STRING(f);
-        put_le(h, (uint64_t)(self->header_size + size), 4);
-        h[4] = (unsigned char)self->data_kind;
-        h[5] = 0;
-        memset(h + 6, 0, 6);
-        put_le(h + 12, (uint64_t)seq, 8);
-        put_le(h + 20, (uint64_t)now, 8);
-        put_le(h + 28, (uint64_t)ls.drops, 8);
+        fill_header(self, (unsigned char *)PyBytes_AS_STRING(f), size, seq, now, ls.drops);
         /* (_written_ns: the time of the link's last message, which tells its next loop
          * turn's first message whether it is paced) */
         int err = set_ll(link, self->l_written, now) < 0 ||
@@ -1702,7 +1883,8 @@ static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *a
     Py_DECREF(frame);
     frame = NULL;
     if (handoff == Py_True && set_ll(outlet, self->o_sent_ns, wall_ns()) < 0) return NULL;
-    /* (read again: a flush runs Python code) */
+counted:
+    /* (read again: a flush, a write and a handoff run Python code) */
     if (!GET_LL(outlet, self->o_unyielded, unyielded) ||
         !GET_LL(outlet, self->o_unyielded_bytes, unyielded_bytes))
         goto changed;
@@ -1740,6 +1922,14 @@ static PyMethodDef PublishPath_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef PublishPath_members[] = {
+    {"handoffs", T_LONGLONG, offsetof(PublishPathObject, handoffs), READONLY,
+     "paced handoffs done here (not by calling Outlet._hand_off)"},
+    {"handoff_yields", T_LONGLONG, offsetof(PublishPathObject, handoff_yields), READONLY,
+     "the sched_yield calls among them"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject PublishPathType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ezflow._core._speedups.PublishPath",
     .tp_basicsize = sizeof(PublishPathObject),
@@ -1747,6 +1937,7 @@ static PyTypeObject PublishPathType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The compiled one-call small publish (publish_small_py's twin).",
     .tp_methods = PublishPath_methods,
+    .tp_members = PublishPath_members,
     .tp_new = PublishPath_new,
 };
 
@@ -2072,6 +2263,14 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     str_tobytes = PyUnicode_InternFromString("tobytes");
     str_flush = PyUnicode_InternFromString("flush");
     str_out_of_line_above = PyUnicode_InternFromString("out_of_line_above");
+    str_out = PyUnicode_InternFromString("out");
+    str_is_closing = PyUnicode_InternFromString("is_closing");
+    str_write = PyUnicode_InternFromString("write");
+    str_hand_off = PyUnicode_InternFromString("_hand_off");
+    str_g_switches = PyUnicode_InternFromString("_voluntary_switches");
+    str_g_yield = PyUnicode_InternFromString("_sched_yield");
+    str_g_clock = PyUnicode_InternFromString("time_ns");
+    str_g_gap = PyUnicode_InternFromString("PACED_GAP_NS");
     str_init = PyUnicode_InternFromString("__init__");
     str_new = PyUnicode_InternFromString("__new__");
     str_setattr = PyUnicode_InternFromString("__setattr__");

@@ -76,8 +76,16 @@ class PublishPath:
         flush_bytes: int,
         data_kind: int,
         header_size: int,
+        handoff_globals: dict[str, Any] | None = None,
+        hand_off: Any = None,
+        switches: Any = None,
+        sched_yield: Any = None,
+        clock: Any = None,
     ) -> PublishPath: ...
     def publish(self, outlet: Any, message: Any, /) -> bool: ...
+    #: paced handoffs done in C (not by calling ``Outlet._hand_off``), and their yields
+    handoffs: int
+    handoff_yields: int
 
 class TakePath:
     """The compiled take of a queued message (``_channel.take_queued_py``'s twin)."""

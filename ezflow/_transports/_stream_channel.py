@@ -38,7 +38,7 @@ from .._core._framing import (
     frame,
 )
 from .._core._liveness import Heartbeat
-from .._core._loop import ready_queue
+from .._core._loop import ready_queue, run_lone_wake
 from .._core._protocol import PROTOCOL, PublisherInfo
 from .._core._tracing import TRACING, WireTrace
 from ._stream_frames import (
@@ -153,7 +153,7 @@ class ChannelConnection(FramedProtocol):
         # On the stock asyncio loop, the end-of-iteration ACK is a handle built once and
         # appended to the loop's ready queue (ezflow._core._loop.ready_queue: a paced
         # stream schedules one for every message); elsewhere, call_soon.
-        ready = ready_queue(self._loop)
+        ready = self._ready = ready_queue(self._loop)
         self._ack_soon: Callable[[], object] = (
             functools.partial(self._loop.call_soon, self._scheduled_ack)
             if ready is None
@@ -215,6 +215,9 @@ class ChannelConnection(FramedProtocol):
         if reader.big is not None or self._broken:
             self.large_reads += 1
             super().buffer_updated(nbytes)
+            ready = self._ready
+            if ready:  # (the stock loop, with a handle queued: see the end)
+                run_lone_wake(self._loop, ready)
             return
         start = reader.front
         end = reader.end + nbytes
@@ -255,6 +258,11 @@ class ChannelConnection(FramedProtocol):
             super().buffer_updated(0)
             if reader.large != large:  # (a large frame began, or came whole)
                 self.large_reads += 1
+        ready = self._ready
+        if ready:  # (the stock loop, with a handle queued)
+            # A task waiting for what this read delivered runs now, not an iteration
+            # of the loop later (run_lone_wake: when nothing else is due first).
+            run_lone_wake(self._loop, ready)
 
     def _buffer_updated_pure(self, nbytes: int) -> None:
         self.heard = True
@@ -262,6 +270,9 @@ class ChannelConnection(FramedProtocol):
         if reader.big is not None or self._broken:
             self.large_reads += 1
             super().buffer_updated(nbytes)
+            ready = self._ready
+            if ready:
+                run_lone_wake(self._loop, ready)
             return
         data = reader.view
         start = reader.front
@@ -289,6 +300,9 @@ class ChannelConnection(FramedProtocol):
             super().buffer_updated(0)
             if reader.large != large:  # (a large frame began, or came whole)
                 self.large_reads += 1
+        ready = self._ready
+        if ready:
+            run_lone_wake(self._loop, ready)
 
     buffer_updated = _buffer_updated_pure if SPEEDUPS is None else _buffer_updated_compiled
 

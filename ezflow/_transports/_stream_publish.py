@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import struct
 import sys
@@ -15,6 +16,7 @@ from time import time_ns
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from .._core import _outlet
 from .._core._codec import Codec, EncodedMessage
 from .._core._codec._templates import _Template
 from .._core._compiled import SPEEDUPS
@@ -294,17 +296,25 @@ def publish_small_py(outlet: Outlet, message: Any) -> bool:
 
     The common path: the outlet is open and would not yield now (``publish_nowait``'s
     rule), tracing is off and no publish hook is attached, every link is a stream link
-    (``queues_frames``) already collecting this loop turn's frames (its first frame of
-    the turn goes through ``send_small``, which writes a paced one at once and queues a
-    burst's, scheduling the turn's flush), with room in its in-flight window
-    (a lossless link would wait, a leaky one park) and not stalled, *message* is of the
-    shape the outlet's codec encoded last (its cached template) and its body is at most
-    the smallest ``max_message_size`` and no link's ``out_of_line_above``, and a handoff
-    outlet's message is not paced (``Outlet._hand_off``). Then, exactly as
-    ``publish_nowait`` -> ``_send_small`` -> ``StreamLink.send_small`` would: the next
-    seq, one DATA frame (header + body) queued on every link (a link's queue flushed at
-    ``STREAM_FLUSH_MESSAGES`` / ``STREAM_FLUSH_BYTES``), the links' sent and inline
-    counters, the outlet's yield counters and its statistics.
+    (``queues_frames``) with room in its in-flight window (a lossless link would wait, a
+    leaky one park) and not stalled, *message* is of the shape the outlet's codec
+    encoded last (its cached template) and its body is at most the smallest
+    ``max_message_size`` and no link's ``out_of_line_above``; and either
+
+    * every link is already collecting this loop turn's frames (its first frame of the
+      turn went through ``send_small``, which queues a burst's and schedules the turn's
+      flush) and a handoff outlet's message is not paced (``Outlet._hand_off``). Then,
+      exactly as ``publish_nowait`` -> ``_send_small`` -> ``StreamLink.send_small``
+      would: the next seq, one DATA frame (header + body) queued on every link (a link's
+      queue flushed at ``STREAM_FLUSH_MESSAGES`` / ``STREAM_FLUSH_BYTES``), the links'
+      sent and inline counters, the outlet's yield counters and its statistics; or
+    * the message is paced: one link, not collecting, last written ``PACED_GAP_NS`` or
+      more ago (a write within the gap is a burst's first message, which ``send_small``
+      answers by collecting the turn), its connection's write half open. Then, as the
+      same calls would: the next seq, the frame written at once (not while the write
+      half is closing), the link's counters and write time, ``Outlet._hand_off`` for a
+      handoff outlet (called: it decides and yields), the outlet's yield counters and
+      statistics.
 
     ``publish_small`` is this function's compiled twin (``_speedups.PublishPath``) when
     the extension is built; tests/test_speedups.py pins the two together: the same
@@ -318,9 +328,17 @@ def publish_small_py(outlet: Outlet, message: Any) -> bool:
     links = outlet._links
     max_count = outlet.max_in_flight
     max_bytes = outlet.max_in_flight_bytes
+    paced = False
     for link in links:
-        if link.stalled or not link._flush_scheduled:  # type: ignore[attr-defined]
+        if link.stalled:
             return False
+        if not link._flush_scheduled:  # type: ignore[attr-defined]
+            # The one link's first message of a loop turn, written at once: paced, or
+            # (written within the paced gap) a burst's, for send_small, which schedules
+            # the turn's flush.
+            if len(links) != 1 or time_ns() - link._written_ns < _PACED_GAP_NS:  # type: ignore[attr-defined]
+                return False
+            paced = True
         count = link.sent_count - link.released_count
         if count >= max_count or (count and link.sent_bytes - link.released_bytes >= max_bytes):
             return False
@@ -339,26 +357,42 @@ def publish_small_py(outlet: Outlet, message: Any) -> bool:
             return False
     now = time_ns()
     handoff = outlet._handoff
-    if handoff and now - outlet._sent_ns >= _PACED_GAP_NS:
+    if paced:
+        link = links[0]
+        out = link.connection.out  # type: ignore[attr-defined]
+        if out is None:
+            return False
+    elif handoff and now - outlet._sent_ns >= _PACED_GAP_NS:
         return False
     outlet._seq = seq = outlet._seq + 1
-    for link in links:
-        link._written_ns = now  # type: ignore[attr-defined]
+    if paced:
+        # (send_small's write at once of a paced message, then _send_small's handoff)
         link.sent_count += 1
         link.sent_bytes += size
         link.inline_sends += 1  # type: ignore[attr-defined]
-        link._queued.append(  # type: ignore[attr-defined]
-            DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, now, link.drops) + body
-        )
-        link._queued_messages += 1  # type: ignore[attr-defined]
-        link._queued_bytes += size  # type: ignore[attr-defined]
-        if (
-            link._queued_messages >= _FLUSH_MESSAGES  # type: ignore[attr-defined]
-            or link._queued_bytes >= _FLUSH_BYTES  # type: ignore[attr-defined]
-        ):
-            link.flush()  # type: ignore[attr-defined]
-    if handoff:
-        outlet._sent_ns = time_ns()
+        if not out.is_closing():
+            out.write(DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, now, link.drops) + body)
+        link._written_ns = now  # type: ignore[attr-defined]
+        if handoff:
+            outlet._hand_off(now)
+    else:
+        for link in links:
+            link._written_ns = now  # type: ignore[attr-defined]
+            link.sent_count += 1
+            link.sent_bytes += size
+            link.inline_sends += 1  # type: ignore[attr-defined]
+            link._queued.append(  # type: ignore[attr-defined]
+                DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, now, link.drops) + body
+            )
+            link._queued_messages += 1  # type: ignore[attr-defined]
+            link._queued_bytes += size  # type: ignore[attr-defined]
+            if (
+                link._queued_messages >= _FLUSH_MESSAGES  # type: ignore[attr-defined]
+                or link._queued_bytes >= _FLUSH_BYTES  # type: ignore[attr-defined]
+            ):
+                link.flush()  # type: ignore[attr-defined]
+        if handoff:
+            outlet._sent_ns = time_ns()
     outlet._unyielded += 1
     outlet._unyielded_bytes += size
     stats = outlet.stats
@@ -381,6 +415,19 @@ def compiled_publish_small(
     ``publish_small_py`` reads this module's ``TRACING`` and ``PUBLISH_HOOKS``)."""
     if speedups is None:
         return None
+    # The paced handoff is done in C while Outlet._hand_off would run just that: these
+    # functions, looked up where it looks them up (see _speedups.c, handoff_here).
+    switches = getattr(speedups, "voluntary_switches", None)
+    sched_yield = getattr(os, "sched_yield", None)
+    handoff = {}
+    if switches is not None and sched_yield is not None:
+        handoff = {
+            "handoff_globals": vars(_outlet),
+            "hand_off": Outlet._hand_off,
+            "switches": switches,
+            "sched_yield": sched_yield,
+            "clock": time_ns,
+        }
     path = speedups.PublishPath(
         Outlet,
         StreamLink,
@@ -396,6 +443,7 @@ def compiled_publish_small(
         _FLUSH_BYTES,
         DATA,
         HEADER_SIZE,
+        **handoff,
     )
     publish: Callable[[Outlet, Any], bool] = path.publish
     return publish
