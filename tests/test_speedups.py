@@ -365,6 +365,27 @@ def test_the_compiled_decode_of_every_value_kind_and_its_failures() -> None:
     assert isinstance(compiled(body), Pair)
 
 
+@needs_extension
+def test_the_compiled_decode_hands_out_the_last_str_again_only_for_the_same_bytes() -> None:
+    """A str item decoded last is handed out again (an ASCII str, its bytes compared):
+    a stream of one tag allocates none; any other bytes of the length are decoded."""
+    layout = layout_of(Codec().encode(("abc", 1)).to_bytes())
+    assert layout is not None
+    compiled = layout.compiled(_speedups)
+    order = ["abc", "abd", "abc", "abc", "xbc", "\xe9b", "\xe9b", "abc"]
+    last = None
+    for text in order:
+        body = Codec().encode((text, 1)).to_bytes()
+        assert len(body) == layout.size  # ("\xe9b": three bytes of UTF-8 too)
+        got = compiled(body)
+        assert got == layout.decode_py(body) == (text, 1)
+        if last is not None and last[0] == text:
+            # the same object where ASCII (nothing allocated), else a new one
+            assert (got[0] is last[0]) == text.isascii()
+        last = got
+    assert compiled(Codec().encode(("abc", 1)).to_bytes().replace(b"abc", b"a\xffc")) is None
+
+
 def _raising_init(self: Any, a: Any, b: Any) -> None:
     raise ValueError("no")
 

@@ -756,6 +756,8 @@ typedef struct {
     PyObject *dtype;   /* arrays and numpy scalars */
     PyObject *shape;   /* OP_FROMBUFFER: the count (int); OP_NDARRAY: the shape (tuple) */
     PyObject *offset;  /* arrays and numpy scalars: the offset (int) */
+    PyObject *last;    /* OP_STR: the last ASCII str decoded here (a stream repeats its
+                        * names and tags: an equal str is handed out again) */
 } Item;
 
 typedef struct {
@@ -787,6 +789,7 @@ static void Layout_dealloc(LayoutObject *self) {
             Py_XDECREF(self->items[i].dtype);
             Py_XDECREF(self->items[i].shape);
             Py_XDECREF(self->items[i].offset);
+            Py_XDECREF(self->items[i].last);
         }
     }
     PyMem_Free(self->items);
@@ -988,7 +991,7 @@ static PyObject *value_of(const Value *v, const unsigned char *buf) {
     }
 }
 
-static PyObject *build_item(LayoutObject *self, const Item *item, PyObject *body,
+static PyObject *build_item(LayoutObject *self, Item *item, PyObject *body,
                             const unsigned char *buf) {
     switch (item->op) {
     case OP_NONE:
@@ -999,7 +1002,15 @@ static PyObject *build_item(LayoutObject *self, const Item *item, PyObject *body
         return PyBool_FromLong(buf[self->values[item->value].offset] == 0xc3);
     case OP_STR: {
         const Value *v = &self->values[item->value];
-        return PyUnicode_DecodeUTF8((const char *)buf + v->offset, v->size, NULL);
+        const char *data = (const char *)buf + v->offset;
+        PyObject *last = item->last;
+        if (last != NULL && PyUnicode_GET_LENGTH(last) == v->size &&
+            memcmp(PyUnicode_DATA(last), data, (size_t)v->size) == 0)
+            return Py_NewRef(last); /* (an ASCII str: its bytes are its UTF-8) */
+        PyObject *str = PyUnicode_DecodeUTF8(data, v->size, NULL);
+        if (str != NULL && PyUnicode_IS_ASCII(str) && PyUnicode_IS_COMPACT(str))
+            Py_XSETREF(item->last, Py_NewRef(str));
+        return str;
     }
     case OP_FROMBUFFER: {
         PyObject *args[4] = {body, item->dtype, item->shape, item->offset};
@@ -1042,8 +1053,17 @@ static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
     const unsigned char *buf = view.buf;
     Py_ssize_t n = view.len;
     PyObject *result = NULL, *items = NULL;
-    /* int.from_bytes(body[:check_len], "little") & mask != fixed, byte by byte */
-    for (Py_ssize_t i = 0; i < self->check_len; i++) {
+    /* int.from_bytes(body[:check_len], "little") & mask != fixed: eight bytes at a
+     * time where the body has them, then byte by byte (a byte past the body is 0) */
+    Py_ssize_t words = (self->check_len < n ? self->check_len : n) & ~(Py_ssize_t)7;
+    for (Py_ssize_t i = 0; i < words; i += 8) {
+        uint64_t b, m, f;
+        memcpy(&b, buf + i, 8);
+        memcpy(&m, self->mask + i, 8);
+        memcpy(&f, self->fixed + i, 8);
+        if ((b & m) != f) goto none;
+    }
+    for (Py_ssize_t i = words; i < self->check_len; i++) {
         unsigned char b = i < n ? buf[i] : 0;
         if ((b & self->mask[i]) != self->fixed[i]) goto none;
     }
