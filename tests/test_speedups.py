@@ -36,7 +36,12 @@ from ezflow._core._codec import HEADER, SMALL_BODY, Codec, message
 from ezflow._core._codec._format import _body_view, _spans
 from ezflow._core._codec._layouts import _Layout, _learn_layout
 from ezflow._core._codec._registry import _TYPES_BY_CLASS
-from ezflow._core._codec._templates import _compiled_template, _Template, _template_for
+from ezflow._core._codec._templates import (
+    _TEMPLATE_MAX_ITEMS,
+    _compiled_template,
+    _Template,
+    _template_for,
+)
 from ezflow._core._config import ENV_PURE_PYTHON, STREAM_FLUSH_MESSAGES
 from ezflow._core._framing import DATA, DATA_PREFIX, END, HEARTBEAT, LENGTH, TRACE
 from ezflow._transports._stream_channel import _small_frames_py
@@ -360,6 +365,27 @@ def test_the_compiled_decode_of_every_value_kind_and_its_failures() -> None:
     assert isinstance(compiled(body), Pair)
 
 
+@needs_extension
+def test_the_compiled_decode_hands_out_the_last_str_again_only_for_the_same_bytes() -> None:
+    """A str item decoded last is handed out again (an ASCII str, its bytes compared):
+    a stream of one tag allocates none; any other bytes of the length are decoded."""
+    layout = layout_of(Codec().encode(("abc", 1)).to_bytes())
+    assert layout is not None
+    compiled = layout.compiled(_speedups)
+    order = ["abc", "abd", "abc", "abc", "xbc", "\xe9b", "\xe9b", "abc"]
+    last = None
+    for text in order:
+        body = Codec().encode((text, 1)).to_bytes()
+        assert len(body) == layout.size  # ("\xe9b": three bytes of UTF-8 too)
+        got = compiled(body)
+        assert got == layout.decode_py(body) == (text, 1)
+        if last is not None and last[0] == text:
+            # the same object where ASCII (nothing allocated), else a new one
+            assert (got[0] is last[0]) == text.isascii()
+        last = got
+    assert compiled(Codec().encode(("abc", 1)).to_bytes().replace(b"abc", b"a\xffc")) is None
+
+
 def _raising_init(self: Any, a: Any, b: Any) -> None:
     raise ValueError("no")
 
@@ -412,6 +438,65 @@ def test_the_compiled_encode_raises_what_the_python_twin_raises() -> None:
             assert got == expected, (template_message, probe, limit)
             raised += expected[0] == "raised"
     assert raised == 8  # (the two raising cases, at four limits: the test tests errors)
+
+
+@message(name="tests.speedups.Slotted")
+@dataclasses.dataclass(slots=True)
+class Slotted:
+    a: Any
+    b: Any
+    source: str = "s"
+
+
+@needs_extension
+def test_the_compiled_encode_reads_slots_directly_only_while_getattr_would_read_them() -> None:
+    """A __slots__ dataclass's fields are read at their members' offsets: the bytes are
+    the twin's (getattr's) while the class is as it was, and after it changes (a field
+    turned property, a __getattribute__ added, and each undone) the class is obeyed."""
+    arr = np.arange(4, dtype=np.float32)
+    template, compiled = twins(Slotted(1, arr))  # type: ignore[misc]
+    assert compiled is not None
+    assert _speedups.TEMPLATE_MAX_ITEMS == _TEMPLATE_MAX_ITEMS
+
+    def same(probe: Any) -> tuple[str, object]:
+        expected = outcome(lambda: template.encode_small_py(probe, SMALL_BODY))
+        assert outcome(lambda: compiled(probe, SMALL_BODY)) == expected, probe
+        return expected
+
+    probe = Slotted(7, arr, "mixed")  # (made before the class changes)
+    plain = same(probe)
+    assert plain[0] == "ok" and plain[1] is not None
+    unset = Slotted(7, arr)
+    del unset.b
+    assert same(unset)[0] == "raised"  # AttributeError, from the member as from getattr
+    member = Slotted.__dict__["a"]
+    changes: list[tuple[str, Any]] = [
+        ("a", property(lambda self: 8)),  # a field's member replaced on the class
+        (
+            "__getattribute__",
+            lambda self, name: 9 if name == "a" else object.__getattribute__(self, name),
+        ),
+        ("__getattr__", lambda self, name: 10),  # (only asked where a member is unset)
+    ]
+    for name, value in changes:
+        setattr(Slotted, name, value)
+        try:
+            changed = same(probe)
+            if name != "__getattr__":
+                assert changed != plain, name  # (the class's reading is the one taken)
+            assert same(unset)[0] == ("ok" if name == "__getattr__" else "raised")
+        finally:
+            if name == "a":
+                setattr(Slotted, name, member)
+            else:
+                delattr(Slotted, name)
+        assert same(probe) == plain  # as before, fast again
+
+    # a dict of a key that is not Unicode packs nothing on either path
+    template, compiled = twins({"\ud800": 1, "b": 2})  # type: ignore[misc]
+    assert compiled is not None
+    assert outcome(lambda: compiled({"\ud800": 1, "b": 2}, SMALL_BODY)) == ("ok", None)
+    assert template.encode_small_py({"\ud800": 1, "b": 2}, SMALL_BODY) is None
 
 
 @needs_extension

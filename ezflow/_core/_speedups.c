@@ -11,7 +11,9 @@
  *   bytes object, or None when the general path must decide (another shape, an int out
  *   of msgpack's range, a str that is not Unicode, a body over the limit or over
  *   SMALL_BODY). An exception raised while reading the message (a dataclass field that
- *   is missing, a dict key whose __eq__ raises) propagates as it does there.
+ *   is missing, a dict key whose __eq__ raises) propagates as it does there. Names are
+ *   packed once; a dataclass whose fields are all __slots__ members has them read at
+ *   their offsets while its class is unchanged (see template_slots, slots_hold).
  *   tests/test_speedups.py pins the two together (hypothesis).
  *
  * Wire layout (ezflow/_core/_codec/_format.py): u8 version | u8 flags | u16 nbuf |
@@ -62,6 +64,7 @@
 #define EXT_NDARRAY 2
 #define EXT_DATACLASS 6
 #define MAX_NDIM 64
+#define TEMPLATE_MAX_ITEMS 64 /* _templates._TEMPLATE_MAX_ITEMS (tests/test_speedups.py) */
 
 /* container kinds */
 enum { C_TUPLE = 0, C_LIST = 1, C_DICT = 2, C_DATACLASS = 3 };
@@ -82,6 +85,17 @@ typedef struct {
     PyObject *descr;     /* bytes: the array's packed descr */
     PyObject *prefix;    /* bytes: a dataclass's prefix (b"\x92" + packed name), or b"" */
     long long max_empty; /* _MAX_EMPTY_ITEMS */
+    PyObject *packed_names; /* tuple of bytes: each name packed as msgpack packs it, or
+                             * NULL (sequences; a name that is not Unicode: no match) */
+    /* C_DATACLASS whose fields are all __slots__ members: per item the member's offset
+     * in the instance, read directly while the class is what it was (its version tag;
+     * after a change, the same descriptors found again and the generic __getattribute__);
+     * else NULL, and the fields are read with getattr. */
+    Py_ssize_t *slots;
+    PyObject *descrs;     /* tuple: the member descriptors, as found */
+    unsigned int version; /* the class's tp_version_tag when they were */
+    int slots_ok;         /* whether they still are */
+    int names_unpackable; /* a name is not Unicode (lone surrogates) */
 } TemplateObject;
 
 static PyObject *str_dtype, *str_shape, *str_nbytes, *str_tobytes;
@@ -222,8 +236,69 @@ static void Template_dealloc(TemplateObject *self) {
     Py_XDECREF(self->dtype);
     Py_XDECREF(self->descr);
     Py_XDECREF(self->prefix);
+    Py_XDECREF(self->packed_names);
+    Py_XDECREF(self->descrs);
+    PyMem_Free(self->slots);
     PyMem_Free(self->item_kinds);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Sets self->slots and self->descrs where every field of the dataclass template is a
+ * __slots__ member (an object member of a class *kind* derives from) and the class reads
+ * attributes with the generic __getattribute__: then getattr(obj, name) is exactly the
+ * member's value, or AttributeError where it is unset. Else leaves them NULL (the fields
+ * are read with getattr). 0, or -1 with an error set. */
+static int template_slots(TemplateObject *self) {
+    PyTypeObject *tp = (PyTypeObject *)self->kind;
+    Py_ssize_t count = self->count;
+    if (tp->tp_getattro != PyObject_GenericGetAttr) return 0;
+    PyObject *descrs = PyTuple_New(count);
+    Py_ssize_t *slots = PyMem_Calloc((size_t)count, sizeof(Py_ssize_t));
+    if (descrs == NULL || slots == NULL) {
+        Py_XDECREF(descrs);
+        PyMem_Free(slots);
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *d = _PyType_Lookup(tp, PyTuple_GET_ITEM(self->names, i)); /* (borrowed) */
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type) ||
+            !PyType_IsSubtype(tp, PyDescr_TYPE(d))) {
+            Py_DECREF(descrs);
+            PyMem_Free(slots);
+            return 0;
+        }
+        PyMemberDef *member = ((PyMemberDescrObject *)d)->d_member;
+        if (member->type != EZ_T_OBJECT_EX || (member->flags & ~EZ_READONLY) != 0) {
+            Py_DECREF(descrs);
+            PyMem_Free(slots);
+            return 0;
+        }
+        slots[i] = member->offset;
+        Py_INCREF(d);
+        PyTuple_SET_ITEM(descrs, i, d);
+    }
+    self->slots = slots;
+    self->descrs = descrs;
+    self->version = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+    self->slots_ok = 1;
+    return 0;
+}
+
+/* Whether the slots of a dataclass template may be read directly: the class unchanged
+ * since (its version tag: one compare), or, after a change, the same member descriptors
+ * found again and still the generic __getattribute__. */
+static int slots_hold(TemplateObject *self) {
+    PyTypeObject *tp = (PyTypeObject *)self->kind;
+    if ((tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag == self->version)
+        return self->slots_ok;
+    int ok = tp->tp_getattro == PyObject_GenericGetAttr;
+    for (Py_ssize_t i = 0; ok && i < self->count; i++)
+        ok = _PyType_Lookup(tp, PyTuple_GET_ITEM(self->names, i)) ==
+             PyTuple_GET_ITEM(self->descrs, i);
+    self->slots_ok = ok;
+    if (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) self->version = tp->tp_version_tag;
+    return ok;
 }
 
 static PyObject *Template_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -262,6 +337,11 @@ static PyObject *Template_new(PyTypeObject *type, PyObject *args, PyObject *kwds
                 return NULL;
             }
         }
+    }
+    if (count > TEMPLATE_MAX_ITEMS) {
+        PyErr_Format(PyExc_ValueError, "%zd items: a template has at most %d", count,
+                     TEMPLATE_MAX_ITEMS);
+        return NULL;
     }
     if (ndim < 0 || ndim > MAX_NDIM) {
         PyErr_Format(PyExc_ValueError, "ndim %zd out of range", ndim);
@@ -308,6 +388,31 @@ static PyObject *Template_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     Py_INCREF(prefix);
     self->prefix = prefix;
     self->max_empty = max_empty;
+    if (container >= C_DICT) {
+        /* the names packed once (a name that is not Unicode packs to nothing: every
+         * message of this shape then goes to the general path, which says so) */
+        self->packed_names = PyTuple_New(count);
+        if (self->packed_names == NULL) goto fail;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Py_ssize_t n;
+            const char *data = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(names, i), &n);
+            if (data == NULL) {
+                PyErr_Clear();
+                Py_CLEAR(self->packed_names);
+                self->names_unpackable = 1;
+                break;
+            }
+            unsigned char head[5];
+            Out h = {head, head + sizeof head};
+            pack_str_header(&h, n);
+            PyObject *packed = PyBytes_FromStringAndSize(NULL, (h.p - head) + n);
+            if (packed == NULL) goto fail;
+            memcpy(PyBytes_AS_STRING(packed), head, (size_t)(h.p - head));
+            memcpy(PyBytes_AS_STRING(packed) + (h.p - head), data, (size_t)n);
+            PyTuple_SET_ITEM(self->packed_names, i, packed);
+        }
+    }
+    if (container == C_DATACLASS && count && template_slots(self) < 0) goto fail;
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -372,34 +477,32 @@ static int pack_item(TemplateObject *self, Py_ssize_t i, PyObject *v, Out *o,
     return 0;
 }
 
-/* The items of obj, as a new list of count references (checked: container, length,
- * keys). NULL with no error set: not of this shape. */
-static PyObject *items_of(TemplateObject *self, PyObject *obj) {
+/* The items of obj, as count new references in items[] (checked: container, length,
+ * keys). 1: done; 0: not of this shape; -1: error set (nothing left in items[]). */
+static int items_of(TemplateObject *self, PyObject *obj, PyObject **items) {
     Py_ssize_t count = self->count;
-    PyObject *items = PyList_New(count);
-    if (items == NULL) return NULL;
     switch (self->container) {
     case C_TUPLE:
     case C_LIST: {
         Py_ssize_t n = self->container == C_TUPLE ? PyTuple_GET_SIZE(obj) : PyList_GET_SIZE(obj);
-        if (n != count) goto miss;
+        if (n != count) return 0;
+        PyObject **src = self->container == C_TUPLE ? &PyTuple_GET_ITEM(obj, 0)
+                                                    : ((PyListObject *)obj)->ob_item;
         for (Py_ssize_t i = 0; i < count; i++) {
-            PyObject *v = self->container == C_TUPLE ? PyTuple_GET_ITEM(obj, i)
-                                                     : PyList_GET_ITEM(obj, i);
-            Py_INCREF(v);
-            PyList_SET_ITEM(items, i, v);
+            items[i] = src[i];
+            Py_INCREF(items[i]);
         }
-        return items;
+        return 1;
     }
     case C_DICT: {
         /* len(obj) != count or tuple(obj) != NAMES, then obj.values() unpacked */
-        if (PyDict_GET_SIZE(obj) != count) goto miss;
+        if (PyDict_GET_SIZE(obj) != count) return 0;
         PyObject *keys = PySequence_Tuple(obj);
-        if (keys == NULL) goto error;
+        if (keys == NULL) return -1;
         int ne = PyObject_RichCompareBool(keys, self->names, Py_NE);
         Py_DECREF(keys);
-        if (ne < 0) goto error;
-        if (ne) goto miss;
+        if (ne < 0) return -1;
+        if (ne) return 0;
         Py_ssize_t pos = 0, i = 0, n = PyDict_GET_SIZE(obj);
         PyObject *key, *value;
         if (n != count) { /* (a key's __eq__ changed the dict meanwhile) */
@@ -409,29 +512,37 @@ static PyObject *items_of(TemplateObject *self, PyObject *obj) {
             else
                 PyErr_Format(PyExc_ValueError,
                              "not enough values to unpack (expected %zd, got %zd)", count, n);
-            goto error;
+            return -1;
         }
         while (PyDict_Next(obj, &pos, &key, &value)) {
             Py_INCREF(value);
-            PyList_SET_ITEM(items, i, value);
-            i++;
+            items[i++] = value;
         }
-        return items;
+        return 1;
     }
     default: /* C_DATACLASS: attrgetter(*names)(obj) */
+        if (self->slots != NULL && slots_hold(self)) {
+            /* (the members' values: what getattr returns; an unset one raises there) */
+            Py_ssize_t i = 0;
+            for (; i < count; i++) {
+                PyObject *v = *(PyObject **)((char *)obj + self->slots[i]);
+                if (v == NULL) break;
+                Py_INCREF(v);
+                items[i] = v;
+            }
+            if (i == count) return 1;
+            for (Py_ssize_t k = 0; k < i; k++) Py_DECREF(items[k]);
+        }
         for (Py_ssize_t i = 0; i < count; i++) {
             PyObject *v = PyObject_GetAttr(obj, PyTuple_GET_ITEM(self->names, i));
-            if (v == NULL) goto error;
-            PyList_SET_ITEM(items, i, v);
+            if (v == NULL) {
+                for (Py_ssize_t k = 0; k < i; k++) Py_DECREF(items[k]);
+                return -1;
+            }
+            items[i] = v;
         }
-        return items;
+        return 1;
     }
-miss:
-    Py_DECREF(items);
-    return NULL;
-error:
-    Py_DECREF(items);
-    return NULL;
 }
 
 /* An array item's shape (checked against dtype and ndim), nbytes and data. 1: ok;
@@ -504,9 +615,10 @@ static PyObject *encode_small_into(TemplateObject *self, PyObject *obj, Py_ssize
     if (limit > SMALL_BODY) limit = SMALL_BODY;
     if ((PyObject *)Py_TYPE(obj) != self->kind) Py_RETURN_NONE;
 
-    PyObject *items = items_of(self, obj);
-    if (items == NULL) {
-        if (PyErr_Occurred()) return NULL;
+    PyObject *items[TEMPLATE_MAX_ITEMS];
+    int got = items_of(self, obj, items);
+    if (got <= 0) {
+        if (got < 0) return NULL;
         Py_RETURN_NONE;
     }
     PyObject *result = NULL;
@@ -517,17 +629,18 @@ static PyObject *encode_small_into(TemplateObject *self, PyObject *obj, Py_ssize
     Py_ssize_t nbytes = 0, shape_n = 0;
     Py_ssize_t count = self->count;
     for (Py_ssize_t i = 0; i < count; i++) {
-        if ((PyObject *)Py_TYPE(PyList_GET_ITEM(items, i)) != PyTuple_GET_ITEM(self->types, i))
+        if ((PyObject *)Py_TYPE(items[i]) != PyTuple_GET_ITEM(self->types, i))
             goto none;
     }
     if (self->array_at >= 0) {
-        int ok = array_of(self, PyList_GET_ITEM(items, self->array_at), shape, &nbytes, &view,
-                          &data);
+        int ok = array_of(self, items[self->array_at], shape, &nbytes, &view, &data);
         if (ok < 0) goto done;
         if (ok == 0) goto none;
         shape_n = self->ndim;
         if (nbytes > limit) goto none;
     }
+
+    if (self->names_unpackable) goto none; /* (as packing the name fails there) */
 
     /* inner: the packed container (array of items, or map of names to items) */
     unsigned char inner_buf[SMALL_BODY];
@@ -536,11 +649,11 @@ static PyObject *encode_small_into(TemplateObject *self, PyObject *obj, Py_ssize
                                        : pack_len(&o, count, 0x80, 16, 0xde, 0xdf);
     for (Py_ssize_t i = 0; ok && i < count; i++) {
         if (self->container >= C_DICT) {
-            int failed = 0;
-            ok = pack_ustr(&o, PyTuple_GET_ITEM(self->names, i), &failed);
+            PyObject *name = PyTuple_GET_ITEM(self->packed_names, i);
+            ok = put_raw(&o, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name));
             if (!ok) break;
         }
-        int r = pack_item(self, i, PyList_GET_ITEM(items, i), &o, shape_n, shape);
+        int r = pack_item(self, i, items[i], &o, shape_n, shape);
         if (r < 0) goto done;
         ok = r;
     }
@@ -598,7 +711,7 @@ none:
 done:
     if (view.obj != NULL) PyBuffer_Release(&view);
     Py_XDECREF(data);
-    Py_DECREF(items);
+    for (Py_ssize_t i = 0; i < count; i++) Py_DECREF(items[i]);
     return result;
 }
 
@@ -647,6 +760,8 @@ typedef struct {
     PyObject *dtype;   /* arrays and numpy scalars */
     PyObject *shape;   /* OP_FROMBUFFER: the count (int); OP_NDARRAY: the shape (tuple) */
     PyObject *offset;  /* arrays and numpy scalars: the offset (int) */
+    PyObject *last;    /* OP_STR: the last ASCII str decoded here (a stream repeats its
+                        * names and tags: an equal str is handed out again) */
 } Item;
 
 typedef struct {
@@ -678,6 +793,7 @@ static void Layout_dealloc(LayoutObject *self) {
             Py_XDECREF(self->items[i].dtype);
             Py_XDECREF(self->items[i].shape);
             Py_XDECREF(self->items[i].offset);
+            Py_XDECREF(self->items[i].last);
         }
     }
     PyMem_Free(self->items);
@@ -879,7 +995,7 @@ static PyObject *value_of(const Value *v, const unsigned char *buf) {
     }
 }
 
-static PyObject *build_item(LayoutObject *self, const Item *item, PyObject *body,
+static PyObject *build_item(LayoutObject *self, Item *item, PyObject *body,
                             const unsigned char *buf) {
     switch (item->op) {
     case OP_NONE:
@@ -890,7 +1006,15 @@ static PyObject *build_item(LayoutObject *self, const Item *item, PyObject *body
         return PyBool_FromLong(buf[self->values[item->value].offset] == 0xc3);
     case OP_STR: {
         const Value *v = &self->values[item->value];
-        return PyUnicode_DecodeUTF8((const char *)buf + v->offset, v->size, NULL);
+        const char *data = (const char *)buf + v->offset;
+        PyObject *last = item->last;
+        if (last != NULL && PyUnicode_GET_LENGTH(last) == v->size &&
+            memcmp(PyUnicode_DATA(last), data, (size_t)v->size) == 0)
+            return Py_NewRef(last); /* (an ASCII str: its bytes are its UTF-8) */
+        PyObject *str = PyUnicode_DecodeUTF8(data, v->size, NULL);
+        if (str != NULL && PyUnicode_IS_ASCII(str) && PyUnicode_IS_COMPACT(str))
+            Py_XSETREF(item->last, Py_NewRef(str));
+        return str;
     }
     case OP_FROMBUFFER: {
         PyObject *args[4] = {body, item->dtype, item->shape, item->offset};
@@ -933,8 +1057,17 @@ static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
     const unsigned char *buf = view.buf;
     Py_ssize_t n = view.len;
     PyObject *result = NULL, *items = NULL;
-    /* int.from_bytes(body[:check_len], "little") & mask != fixed, byte by byte */
-    for (Py_ssize_t i = 0; i < self->check_len; i++) {
+    /* int.from_bytes(body[:check_len], "little") & mask != fixed: eight bytes at a
+     * time where the body has them, then byte by byte (a byte past the body is 0) */
+    Py_ssize_t words = (self->check_len < n ? self->check_len : n) & ~(Py_ssize_t)7;
+    for (Py_ssize_t i = 0; i < words; i += 8) {
+        uint64_t b, m, f;
+        memcpy(&b, buf + i, 8);
+        memcpy(&m, self->mask + i, 8);
+        memcpy(&f, self->fixed + i, 8);
+        if ((b & m) != f) goto none;
+    }
+    for (Py_ssize_t i = words; i < self->check_len; i++) {
         unsigned char b = i < n ? buf[i] : 0;
         if ((b & self->mask[i]) != self->fixed[i]) goto none;
     }
@@ -2283,6 +2416,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL) return NULL;
     if (add_copy_functions(m) < 0 || add_switch_functions(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "TEMPLATE_MAX_ITEMS", TEMPLATE_MAX_ITEMS) < 0) {
         Py_DECREF(m);
         return NULL;
     }
