@@ -929,8 +929,9 @@ def test_the_compiled_publish_sends_what_the_general_path_sends() -> None:
         took = []
         for seq in range(40):
             msg = (0, seq, 2**40 + seq, arr)
-            for link in links:  # (a burst, whatever the load: see StreamLink.send_small)
-                link._written_ns = time.time_ns()
+            for link in links:  # (a burst, whatever the load: see StreamLink.send_small;
+                # ahead of any clock read, so within the paced gap however late it runs)
+                link._written_ns = time.time_ns() + 10**12
             took.append(fast and compiled(outlet, msg))
             if not took[-1]:
                 assert outlet.publish_nowait(msg)
