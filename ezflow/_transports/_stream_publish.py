@@ -180,46 +180,36 @@ class StreamLink(Link):
         if size > self.out_of_line_above:
             self.send(seq, time_ns, message, EncodedMessage([body], size))
             return
-        if self._flush_scheduled:
-            # A burst: queued as one frame (send() and _queued_one, inlined).
-            self._written_ns = time_ns
-            self.sent_count += 1
-            self.sent_bytes += size
-            self.inline_sends += 1
-            self._queued.append(
-                DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body
-            )
-            self._queued_messages += 1
-            self._queued_bytes += size
-            if self._queued_messages >= _FLUSH_MESSAGES or self._queued_bytes >= _FLUSH_BYTES:
-                self.flush()
-            return
-        if time_ns - self._written_ns < _PACED_GAP_NS:
-            # The first message of a burst's loop iteration: queued as the rest will be
-            # (send(), inlined).
-            self._written_ns = time_ns
+        if not self._flush_scheduled:
+            if time_ns - self._written_ns >= _PACED_GAP_NS:
+                # Paced: out at once, nothing scheduled.
+                out = self.connection.out
+                if out is None or out.is_closing():
+                    self.send(seq, time_ns, message, EncodedMessage([body], size))
+                    return
+                self.sent_count += 1
+                self.sent_bytes += size
+                self.inline_sends += 1
+                out.write(
+                    DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body
+                )
+                self._written_ns = time_ns
+                return
+            # The first message of a burst's loop iteration: the turn's batch begins.
             self._flush_scheduled = True
             self._loop.call_soon(self._end_of_iteration)
-            self.sent_count += 1
-            self.sent_bytes += size
-            self.inline_sends += 1
-            self._queued.append(
-                DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body
-            )
-            self._queued_messages += 1
-            self._queued_bytes += size
-            if self._queued_messages >= _FLUSH_MESSAGES or self._queued_bytes >= _FLUSH_BYTES:
-                self.flush()
-            return
-        out = self.connection.out
-        if out is None or out.is_closing():
-            self.send(seq, time_ns, message, EncodedMessage([body], size))
-            return
+        # A burst: queued as one frame (send() and _queued_one, inlined).
+        self._written_ns = time_ns
         self.sent_count += 1
         self.sent_bytes += size
         self.inline_sends += 1
-        out.write(DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body)
-        self._written_ns = time_ns
+        self._queued.append(
+            DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops) + body
+        )
+        self._queued_messages += 1
+        self._queued_bytes += size
+        if self._queued_messages >= _FLUSH_MESSAGES or self._queued_bytes >= _FLUSH_BYTES:
+            self.flush()
 
     def set_backlogged(self, backlogged: bool) -> None:
         """Whether the connection's unsent backlog is over its bound (the link is then
