@@ -224,6 +224,13 @@ def _connection(codec: Codec, max_size: int = 1 << 16) -> tuple[ChannelConnectio
     return ChannelConnection(channel, info, max_size=max_size, on_lost=lambda: None), inbox
 
 
+def _ack_as_after_welcome(connection: ChannelConnection) -> None:
+    """As after WELCOME with a window of 64: an ACK at once every 16 releases, else one at
+    the end of the loop iteration."""
+    connection.channel.on_release = connection._on_release
+    connection._ack_every, connection._ack_bytes = 16, 1 << 20
+
+
 def _received(inbox: Inbox) -> list[Any]:
     out = []
     while len(inbox):
@@ -381,14 +388,7 @@ def _acks_of(batches: list[int], *, fast: bool) -> list[bytes]:
         theirs.setblocking(False)
         connection, inbox = _connection(Codec())
         await loop.create_unix_connection(lambda: connection, sock=ours)
-        channel = connection.channel
-        # as after WELCOME with a window of 64: an ACK at once every 16 releases, else
-        # one at the end of the loop iteration
-        channel.on_release, connection._ack_every, connection._ack_bytes = (
-            connection._on_release,
-            16,
-            1 << 20,
-        )
+        _ack_as_after_welcome(connection)
         seq = 0
         for count in batches:
             frames = []
@@ -468,12 +468,7 @@ def test_a_paced_frame_wakes_the_waiting_task_within_its_read(kind: str) -> None
         # (set before the transport exists: uvloop looks the method up once, then)
         connection.buffer_updated = buffer_updated  # type: ignore[method-assign]
         await loop.create_unix_connection(lambda: connection, sock=ours)
-        channel = connection.channel
-        channel.on_release, connection._ack_every, connection._ack_bytes = (
-            connection._on_release,
-            16,
-            1 << 20,
-        )
+        _ack_as_after_welcome(connection)
 
         arrived = asyncio.Event()
 
