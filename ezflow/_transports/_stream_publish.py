@@ -124,27 +124,27 @@ class StreamLink(Link):
         self.inline_sends += 1
         head = DATA_PREFIX.pack(HEADER_SIZE + size, DATA, 0, seq, time_ns, self.drops)
         parts = encoded.parts
+        # (paced: the first message of this loop iteration, PACED_GAP_NS or more after
+        # the previous one)
+        paced = not self._flush_scheduled and time_ns - self._written_ns >= _PACED_GAP_NS
+        self._written_ns = time_ns
+        if paced:
+            # Out now, in as few calls as possible, and nothing scheduled (whatever runs
+            # before a paced publisher's loop sleeps again delays a subscriber on this
+            # CPU).
+            out = self.connection.out
+            if out is not None and not out.is_closing():
+                if len(parts) == 1 and size <= _JOIN_BELOW:
+                    out.write(head + parts[0])
+                else:
+                    out.writelines([head, *parts])
+            return
         if not self._flush_scheduled:
-            # First message of this loop iteration.
-            paced = time_ns - self._written_ns >= _PACED_GAP_NS
-            self._written_ns = time_ns
-            if paced:
-                # Out now, in as few calls as possible, and nothing scheduled (whatever
-                # runs before a paced publisher's loop sleeps again delays a subscriber
-                # on this CPU).
-                out = self.connection.out
-                if out is not None and not out.is_closing():
-                    if len(parts) == 1 and size <= _JOIN_BELOW:
-                        out.write(head + parts[0])
-                    else:
-                        out.writelines([head, *parts])
-                return
-            # A burst: this iteration's messages, this one too, are written together
-            # at its end (or at the flush bounds): one write, one wake-up of the
-            # subscriber, where a write of this one alone costs both again.
+            # A burst's first of this iteration: its messages, this one too, are written
+            # together at its end (or at the flush bounds): one write, one wake-up of
+            # the subscriber, where a write of this one alone costs both again.
             self._flush_scheduled = True
             self._loop.call_soon(self._end_of_iteration)
-        self._written_ns = time_ns
         queued = self._queued
         queued.append(head)
         queued.extend(parts)
