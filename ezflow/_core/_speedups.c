@@ -1186,18 +1186,10 @@ static int bump_bucket(PyObject *buckets, Py_ssize_t k) {
     return 0;
 }
 
-/* clock() as a long long (time.time_ns); -1 with an error set */
-static int clock_ns(PyObject *clock, long long *out) {
-    PyObject *t = PyObject_CallNoArgs(clock);
-    if (t == NULL) return -1;
-    *out = PyLong_AsLongLong(t);
-    Py_DECREF(t);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
 /* PyLong_AsUnsignedLongLong / PyLong_AsLongLong, with exact ints of up to 60 bits read
  * directly (small_ll): 3.11's converts every unsigned and every multi-digit int through a
- * byte array, several times this for a frame's seq, drops and send time. */
+ * byte array, several times this for a frame's seq, drops and send time and the sampled
+ * clock reading. */
 static inline unsigned long long as_ull(PyObject *v) {
     long long x;
     if (PyLong_CheckExact(v) && small_ll(v, &x) && x >= 0) return (unsigned long long)x;
@@ -1208,6 +1200,15 @@ static inline long long as_ll(PyObject *v) {
     long long x;
     if (PyLong_CheckExact(v) && small_ll(v, &x)) return x;
     return PyLong_AsLongLong(v);
+}
+
+/* clock() as a long long (time.time_ns); -1 with an error set */
+static int clock_ns(PyObject *clock, long long *out) {
+    PyObject *t = PyObject_CallNoArgs(clock);
+    if (t == NULL) return -1;
+    *out = as_ll(t);
+    Py_DECREF(t);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
 /* run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends,
