@@ -215,9 +215,12 @@ async def graph(unused_tcp_port: int) -> AsyncIterator[Graph]:
 
 
 async def pub_and_sub(graph: Graph, topic: str, **args: Any) -> tuple[Peer, Peer]:
-    """A publisher process and a subscriber process of *topic*, messages flowing."""
-    pub = await graph.peer("publisher", topic=topic, name="pub", **args)
-    sub = await graph.peer("subscriber", topic=topic, name="sub")
+    """A publisher process and a subscriber process of *topic*, messages flowing. (The
+    two start at once: an interpreter importing ezflow takes seconds on a loaded machine.)"""
+    pub, sub = await asyncio.gather(
+        graph.peer("publisher", topic=topic, name="pub", **args),
+        graph.peer("subscriber", topic=topic, name="sub"),
+    )
     await eventually(lambda: sub.state.get("count", 0) > 5, 30, "messages flowing")
     return pub, sub
 
@@ -344,9 +347,11 @@ async def test_a_server_killed_during_a_lease_leaves_no_process_tracing_after_it
 async def test_rate_shows_rates_and_sources_and_rate_0_ends_the_lease_at_once(
     graph: Graph,
 ) -> None:
-    pub, sub = await pub_and_sub(graph, "/rates", env={"EZFLOW_TRACE": "7"})
-    # (the publisher's own rate from EZFLOW_TRACE, the subscriber's from set_trace_rate)
-    sub_rate = await graph.peer("subscriber", topic="/rates", name="counting", rate=3)
+    # (the publisher's own rate from EZFLOW_TRACE, the third's from set_trace_rate)
+    (pub, sub), sub_rate = await asyncio.gather(
+        pub_and_sub(graph, "/rates", env={"EZFLOW_TRACE": "7"}),
+        graph.peer("subscriber", topic="/rates", name="counting", rate=3),
+    )
     await eventually(lambda: sub_rate.state.get("count", 0) > 0, 30, "the third process")
 
     async def listed() -> dict[str, dict[str, Any]] | None:
@@ -463,10 +468,12 @@ async def test_traces_missing_hops_are_counted_and_labelled_incomplete(
     interval = {"relay": 0.2, "sink": 0.2}
     if silent is not None:
         interval[silent] = 3600
-    await graph.peer("publisher", topic="/in", name="source", pace=0.02)
-    await graph.peer("relay", topic="/in", out="/out", name="relay", telemetry=interval["relay"])
-    sink = await graph.peer("subscriber", topic="/out", name="sink", telemetry=interval["sink"])
-    echo = await graph.peer("subscriber", topic="/out", name="echo", telemetry=0)
+    _, _, sink, echo = await asyncio.gather(
+        graph.peer("publisher", topic="/in", name="source", pace=0.02),
+        graph.peer("relay", topic="/in", out="/out", name="relay", telemetry=interval["relay"]),
+        graph.peer("subscriber", topic="/out", name="sink", telemetry=interval["sink"]),
+        graph.peer("subscriber", topic="/out", name="echo", telemetry=0),
+    )
     await eventually(lambda: sink.state.get("count", 0) > 5 and echo.state.get("count"), 30, "flow")
     report = await graph.json("trace", "--sample", "1", "--duration", "1.5")
     incomplete = report["incomplete"]
