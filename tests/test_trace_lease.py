@@ -430,9 +430,16 @@ def test_rate_and_sample_options_that_do_not_fit_are_usage_errors() -> None:
 async def test_duration_samples_that_long_and_reads_every_hop_of_it(graph: Graph) -> None:
     pace = 0.02
     pub, _ = await pub_and_sub(graph, "/window", pace=pace)
+    command = await graph.start("trace", "--sample", "1", "--duration", "2", "--json")
+    # From the lease's grant (each process says what it holds ten times a second) to the
+    # command's end: its start-up, an interpreter importing ezflow, is no part of it (at
+    # load 8 that alone took seconds).
+    await holding([pub], "the lease")
     began = time.monotonic()
-    report = await graph.json("trace", "--sample", "1", "--duration", "2")
+    out, err = await asyncio.wait_for(command.communicate(), 30)
     took = time.monotonic() - began
+    assert command.returncode == 0, err
+    report = json.loads(out)
     times = await pub.publish_times()
     async with ezflow.GraphContext(graph.address, auto_start=False, telemetry_interval=0) as ctx:
         hops = [h for h in await ctx.graph_traces() if h["topic"] == "/window"]
