@@ -726,14 +726,13 @@ def _start_long_run(output: Path) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def _workers_up(runner: subprocess.Popen[str]) -> set[int]:
-    """The runner's processes once its relay workers are up, well into the stream."""
+def _wait_for_workers(runner: subprocess.Popen[str]) -> None:
+    """Return once the runner's relay workers are up."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         # the graph server and the two processes of the cell
         if len(_descendants(runner.pid)) >= 3:
-            time.sleep(1.0)  # well into the stream
-            return _descendants(runner.pid)
+            return
         assert runner.poll() is None, runner.communicate()[1]
         time.sleep(0.1)
     pytest.fail("the run did not start its workers")
@@ -747,13 +746,19 @@ def stopped_runs(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, tuple[subprocess.Popen[str], set[int], str, Path]]:
     """Three long runs at once, each stopped well into its stream, by each of STOPS:
-    (runner, its processes before the stop, its stderr, its results file)."""
+    (runner, its processes before the stop, its stderr, its results file). The three
+    are stopped together, a second after the last one's workers came up: each streams
+    back to back until then, so one stopped after the other kept the cores busy longer."""
     folder = tmp_path_factory.mktemp("stops")
     runners = {name: _start_long_run(folder / f"{name}.json") for name in STOPS}
     stopped = {}
     try:
+        for runner in runners.values():
+            _wait_for_workers(runner)
+        time.sleep(1.0)  # well into every stream
         for name, runner in runners.items():
-            workers = _workers_up(runner)
+            workers = _descendants(runner.pid)
+            assert runner.poll() is None, runner.communicate()[1]
             runner.send_signal(STOPS[name])
             stopped[name] = (runner, workers)
         found = {}
