@@ -995,6 +995,20 @@ static PyObject *value_of(const Value *v, const unsigned char *buf) {
     }
 }
 
+/* Untrack *tuple* when none of its items is tracked by the collector (ints, floats, str,
+ * arrays...): such a tuple cannot be part of a reference cycle, and the collector would
+ * untrack it at its first pass anyway (_PyTuple_MaybeUntrack). Untracked at once, it never
+ * sits in the young generation a collection walks, nor gets promoted to an older one:
+ * a subscriber's backlog of decoded messages costs the collector nothing. A tuple holding
+ * anything tracked (a list, a dict, a tracked tuple, an object) stays tracked. */
+static void untrack_if_atomic(PyObject *tuple) {
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(tuple); i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, i);
+        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) return;
+    }
+    PyObject_GC_UnTrack(tuple);
+}
+
 static PyObject *build_item(LayoutObject *self, Item *item, PyObject *body,
                             const unsigned char *buf) {
     switch (item->op) {
@@ -1112,6 +1126,7 @@ static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
         else PyTuple_SET_ITEM(items, i, item);
     }
     if (self->kind <= K_LIST) {
+        if (self->kind == K_TUPLE) untrack_if_atomic(items);
         result = items;
         items = NULL;
         goto done;
@@ -1299,6 +1314,9 @@ static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t 
             PyList_SET_ITEM(entry, 1, lossless);
             Py_INCREF(size_obj);
             PyList_SET_ITEM(entry, 2, size_obj);
+            /* Ints only, now and when its count is written: never in a cycle, so never
+             * walked by the collector (a backlog of pending entries is one per message). */
+            PyObject_GC_UnTrack(entry);
             PyObject *r = PyObject_CallOneArg(pending_append, entry);
             Py_DECREF(entry);
             if (r == NULL) goto failed;
