@@ -1191,6 +1191,9 @@ _TAKE_OPS = st.lists(
         st.tuples(st.just("callback"), st.booleans()),
         st.tuples(st.just("defer"), st.sampled_from([0, 0, 0, 1, 2])),
         st.tuples(st.just("deferred")),
+        # quiet marks: no on_release below released + (count, bytes) ahead; 0 ahead is
+        # the default's "every release calls"
+        st.tuples(st.just("quiet"), st.sampled_from("ab"), st.integers(0, 4), st.integers(0, 9)),
     ),
     max_size=150,
 )
@@ -1202,12 +1205,16 @@ _TAKE_OPS = st.lists(
 @example(  # (the ordinary program's burst after a wake: a later entry counted to 0)
     [("deliver", "b", 1), ("deliver", "b", 1), ("defer", 0), ("take", 0, 2), ("deferred",)]
 )
+@example(  # (releases held back by quiet marks, then one at the mark)
+    [("deliver", "b", 1), ("deliver", "b", 1), ("quiet", "b", 2, 9), ("take", 0, 2)]
+)
 def test_the_compiled_take_is_the_python_twin(ops: list[tuple[Any, ...]]) -> None:
     """Two channels feeding three inboxes (two lossless, so that an entry waits for two
     takes, and a leaky one), the same steps in two worlds (deliveries, some with a seq
     skipped, undecodable bodies, takes, handler times under way or not, detaches, a
     channel without on_release, woken takes whose release waits for the loop, as
-    get_nowait(loop) defers it): the compiled take and take_queued_py take the same
+    get_nowait(loop) defers it, quiet marks that hold release calls back): the compiled
+    take and take_queued_py take the same
     messages or decline alike, and leave the same queues, counters, handler-time
     samples, pending entries, releases and release calls. What either declines,
     get_nowait takes, in both."""
@@ -1304,6 +1311,12 @@ def test_the_compiled_take_is_the_python_twin(ops: list[tuple[Any, ...]]) -> Non
         elif name == "callback":
             for channels, *_ in worlds:
                 channels[0].on_release = None if op[1] else channels[1].on_release
+        elif name == "quiet":
+            for channels, *_ in worlds:
+                channel = channels["ab".index(op[1])]
+                count, nbytes = channel.released
+                channel.release_quiet_count = count + op[2] if op[2] else 0
+                channel.release_quiet_bytes = nbytes + op[3] if op[3] else 0
         assert state(worlds[0]) == state(worlds[1]), op
 
 
