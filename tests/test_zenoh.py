@@ -32,6 +32,7 @@ pytest.importorskip(
 )
 
 import ezflow
+from ezflow._core import _config as ezflow_config
 from ezflow._core._codec import Codec
 from ezflow._core._config import ZENOH_EXPORT_POOL_BYTES
 from ezflow._zenoh._export import ExportRun, _Buffers
@@ -320,6 +321,51 @@ async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_p
     assert published_in >= 0.2  # held back by the consumer's pauses (0.3 s of them)
     assert stats.lost_remote == 0 and stats.dropped_local == 0 and stats.messages == count
     assert stats.samples == exported.samples > 0  # (each one counted once, as it arrived)
+
+
+async def test_a_lossless_export_batches_half_its_importers_window() -> None:
+    """A burst through a lossless export and import (in the publishing and subscribing
+    contexts, peer to peer): batches of up to half the importer's window (128 with the
+    default queue), beyond ZENOH_EXPORT_BATCH (a leaky export's cap); every message
+    arrives, in order, with nothing lost, refused or dropped."""
+    count = 3000
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(
+            a,
+            ZenohSettings(mode="peer", listen=(endpoint,)),
+            exports=[Export("/burst", key="peer/burst", lossless=True)],
+        ) as exporter,
+        ZenohBridge(
+            b,
+            ZenohSettings(mode="peer", connect=(endpoint,)),
+            imports=[Import("peer/burst", "/burst", lossless=True)],
+        ) as importer,
+    ):
+        sink = await b.subscriber("/burst")
+        publisher = await a.publisher("/burst")
+        await publisher.wait_for_channels(1)
+        await wait_for(lambda: any(run._importers for run in exporter._runs), 10)
+        (run,) = exporter._runs
+        assert isinstance(run, ExportRun)
+        assert run._batch_limit() == ezflow_config.ZENOH_QUEUE // 2
+
+        async def consume() -> list[int]:
+            return [await sink.recv() for _ in range(count)]
+
+        consumer = asyncio.ensure_future(consume())
+        for i in range(count):
+            await publisher.publish(i)
+        received = await asyncio.wait_for(consumer, 60)
+        out = next(iter(exporter.stats.values()))
+        into = next(iter(importer.stats.values()))
+    assert received == list(range(count))
+    assert out.messages == into.messages == count and out.samples == into.samples
+    assert into.lost_remote == into.dropped_local == out.lost_in_flight == 0
+    assert sum(out.refused.values()) == sum(into.refused.values()) == 0
+    # (seen: 24-26 samples; batches capped at ZENOH_EXPORT_BATCH would need 47 or more)
+    assert out.samples < count / ezflow_config.ZENOH_EXPORT_BATCH
 
 
 async def test_leaky_mapping_counts_every_drop(router: str) -> None:

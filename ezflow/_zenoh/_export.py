@@ -5,10 +5,7 @@ keeping the newest ``queue``; for an ``ezflow`` export an encoded subscriber, wh
 hands over each message's body as it arrived: nothing is decoded and encoded again)
 feeds a loop that takes every message already queued (up to half the smallest importer
 window of a lossless export, else ``ZENOH_EXPORT_BATCH`` messages, and
-``ZENOH_EXPORT_BATCH_BYTES``; when it finds a burst - ``_GROW_AFTER``
-messages or more - it lets the loop turn once and takes what came meanwhile too, so a
-publisher that yields every ``PUBLISH_YIELD_EVERY`` messages still fills batches of
-half an importer's window: each sample costs both ends Zenoh's calls and thread
+``ZENOH_EXPORT_BATCH_BYTES``: each sample costs both ends Zenoh's calls and thread
 wake-ups, whatever it holds) and hands the batch - one Zenoh sample for an
 ``ezflow`` export, one per message for ``raw`` and ``json`` - to the export's sender
 thread, which puts it on Zenoh; a batch of at most
@@ -81,7 +78,6 @@ _THREAD_JOIN = 2.0  # seconds a stopping export waits for its sender thread
 _SENDER_DEPTH = 2  # jobs handed to the sender thread and not done, at most
 _INLINE_SLOW = 0.005  # seconds: an inline put that took longer found the link congested
 _INLINE_PAUSE = 1.0  # seconds without inline puts after such a put
-_GROW_AFTER = 48  # messages queued at once: a burst (the export takes one more loop turn's)
 
 
 def zenoh_encoding(encoding: str) -> str:
@@ -404,23 +400,16 @@ class ExportRun:
             ended = False
             batch_max = self._batch_limit() if ezflow else 1
             # (Only what is queued: an end met here is met by the next recv() too.)
-            grow = _GROW_AFTER
-            while True:
-                more = min(batch_max - len(batch), sub.queued)
-                for _ in range(more):
-                    try:
-                        batch.append(recv_nowait())
-                    except (asyncio.QueueEmpty, ClosedResourceError):
-                        break
-                    except EndOfStream:
-                        ended = True
-                        break
-                    except UndecodableMessageError as exc:
-                        self._refused(Refused("undecodable", str(exc)), self.export.topic)
-                if ended or len(batch) < grow or len(batch) >= batch_max:
+            for _ in range(min(batch_max - 1, sub.queued)):
+                try:
+                    batch.append(recv_nowait())
+                except (asyncio.QueueEmpty, ClosedResourceError):
                     break
-                grow = batch_max  # (once)
-                await asyncio.sleep(0)
+                except EndOfStream:
+                    ended = True
+                    break
+                except UndecodableMessageError as exc:
+                    self._refused(Refused("undecodable", str(exc)), self.export.topic)
             if self._ended:
                 self._ended = False
                 self.update_state()
