@@ -38,7 +38,7 @@ from ezflow._core._config import ZENOH_EXPORT_POOL_BYTES
 from ezflow._zenoh._export import ExportRun, _Buffers
 from ezflow._zenoh._import import ImportRun
 from ezflow._zenoh._mapping import MappingStats
-from ezflow._zenoh._wire import parse_ack
+from ezflow._zenoh._wire import BATCH_ALIGNMENT, Refused, join_batch, parse_ack, split_batch
 from ezflow.zenoh import (
     Export,
     Import,
@@ -62,6 +62,42 @@ def test_topic_key_round_trip(topic: str) -> None:
     chunks = key.split("/")
     assert all(chunks) and not any(c in _FORBIDDEN for c in key)
     assert key_to_topic(key, "ezflow/host") == topic
+
+
+def _split_by_views(payload: bytes, sizes: list[int]) -> list[memoryview] | None:
+    # The reference: every body a view, None when the sizes do not add up.
+    view, pos, bodies = memoryview(payload), 0, []
+    for size in sizes:
+        pos += -pos & (BATCH_ALIGNMENT - 1)
+        bodies.append(view[pos : pos + size])
+        pos += size
+    return bodies if pos == len(payload) else None
+
+
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=20),
+    st.booleans(),
+    st.integers(-20, 20),
+    st.sampled_from([0, 16, 4096]),
+)
+def test_split_batch_copies_small_bodies_and_refuses_what_does_not_add_up(
+    sizes: list[int], same: bool, extra: int, small: int
+) -> None:
+    """Differential: split_batch (its one-size fast path included) gives the bodies the
+    plain split by views gives, those of at most *small* bytes as bytes, and refuses
+    exactly the payloads whose sizes do not add up."""
+    if same:
+        sizes = [sizes[0]] * len(sizes)
+    payload, _ = join_batch([bytes([i % 251]) * n for i, n in enumerate(sizes)])
+    payload = payload + b"z" * extra if extra >= 0 else payload[:extra]
+    expected = _split_by_views(payload, sizes)
+    if expected is None:
+        with pytest.raises(Refused, match="batch of"):
+            split_batch(payload, sizes, small)
+        return
+    got = split_batch(payload, sizes, small)
+    assert [bytes(body) for body in got] == [bytes(body) for body in expected]
+    assert [type(body) is bytes for body in got] == [len(body) <= small for body in got]
 
 
 def test_settings_are_checked() -> None:
