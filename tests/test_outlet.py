@@ -576,9 +576,9 @@ def test_publish_encoded_many_to_links_of_objects_sends_what_one_by_one_sends(
     bodies: list[bytes | memoryview], links: list[bool], window: tuple[int, int]
 ) -> None:
     """Differential: to links that take objects (local ones: publish_encoded_many's
-    _send_objects path), the same messages (arrays as read-only views), each with the
-    same room at its send, the same parked drops, the same counters, as one publish of
-    each in turn (send_now)."""
+    path through ezflow._core._outlet_objects.send_objects), the same messages (arrays
+    as read-only views), each with the same room at its send, the same parked drops, the
+    same counters, as one publish of each in turn (send_now)."""
     one_by_one = asyncio.run(_publish_both_ways(False, bodies, links, window, _ObjectLink))
     batched = asyncio.run(_publish_both_ways(True, bodies, links, window, _ObjectLink))
 

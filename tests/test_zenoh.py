@@ -388,7 +388,12 @@ async def test_a_lossless_export_batches_half_its_importers_window() -> None:
         assert run._batch_limit() == ezflow_config.ZENOH_QUEUE // 2
 
         async def consume() -> list[int]:
-            return [await sink.recv() for _ in range(count)]
+            got = []
+            for _ in range(count):
+                got.append(await sink.recv())
+                if len(got) % 500 == 0:
+                    await asyncio.sleep(0.05)  # (the export waits for credit meanwhile)
+            return got
 
         consumer = asyncio.ensure_future(consume())
         for i in range(count):

@@ -49,6 +49,7 @@ from ._config import (
     SHM_COPY_NT_BYTES,
 )
 from ._exceptions import ClosedResourceError, MessageTooLargeError
+from ._outlet_objects import send_objects
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 from ._tracing import TRACING, WireTrace, carry
 
@@ -474,7 +475,7 @@ class Outlet:
                 max_count, max_bytes = self.max_in_flight, self.max_in_flight_bytes
                 # Every link takes a small bytes body as one (none local, none traced):
                 # _send_small, publish_nowait's path; no link takes bodies (all local,
-                # none traced, no publish hooks): _send_objects; else send_now.
+                # none traced, no publish hooks): send_objects; else send_now.
                 small = -1 if TRACING.active else self._small_limit
                 objects = (
                     small < 0
@@ -486,7 +487,7 @@ class Outlet:
                 while True:
                     body = bodies[index]
                     if objects:
-                        self._send_objects(links, messages[index], len(body))
+                        send_objects(self, links, messages[index], len(body))
                     elif type(body) is bytes and len(body) <= small:
                         self._send_small(links, messages[index], body, relayed=True)
                     else:
@@ -593,36 +594,6 @@ class Outlet:
                 PUBLISH_HOOKS,
                 PublishEvent(self.topic, self.publisher_id, seq, len(body), len(links), now),
             )
-
-    def _send_objects(self, links: list[Link], message: Any, nbytes: int) -> None:
-        # send_now for a relayed message (its body of *nbytes* given, not encoded here)
-        # to links none of which takes bodies (local ones), untraced, without publish
-        # hooks or handoff: what send_now does for them, without its per-link encoding
-        # checks. tests/test_outlet.py pins the two together.
-        if self._closed:
-            raise ClosedResourceError("publisher is closed")
-        if type(message) is np.ndarray and message.flags.writeable:
-            message = message.view()  # (read-only for the receivers, as send_now does)
-            message.flags.writeable = False
-        self._seq = seq = self._seq + 1
-        now = time_ns()
-        sends = drops = 0
-        for link in links:
-            if link.lossless or link.has_room(self):
-                link.send(seq, now, message, None)
-                sends += 1
-            else:
-                before = link.drops
-                link.park(seq, now, message, None)
-                drops += link.drops - before
-        stats = self.stats
-        stats.messages += 1
-        stats.bytes += nbytes
-        self._unyielded_bytes += (
-            nbytes // _LARGE_SHARE if SHM_COPY_NT_BYTES <= nbytes < PUBLISH_YIELD_BYTES else nbytes
-        )
-        stats.sends += sends
-        stats.drops += drops
 
     async def wait_for_room(self) -> None:
         """Return once no lossless channel is full (at once if none is): what
