@@ -667,8 +667,7 @@ class Channel:
                 released_bytes = self._released_bytes = self._released_bytes + nbytes
                 callback = self.on_release
                 if callback is not None and (
-                    count >= self.release_quiet_count
-                    or released_bytes >= self.release_quiet_bytes
+                    count >= self.release_quiet_count or released_bytes >= self.release_quiet_bytes
                 ):
                     callback(count, released_bytes)
             return
