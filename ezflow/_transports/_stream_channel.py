@@ -418,8 +418,8 @@ class ChannelConnection(FramedProtocol):
     # While an ACK is scheduled, the channel is told not to call back until a quarter
     # window is reached (its quiet marks): the scheduled ACK reads the channel's released
     # figures when it goes. A subscriber whose takes release one message at a time (the
-    # second of two topics read in turn, a relay that awaits between messages) called
-    # back on every message for nothing.
+    # second of two topics read in turn; a task that yields between takes without
+    # waiting) called back on every message for nothing.
 
     def _on_release(self, count: int, nbytes: int) -> None:
         acked_count, acked_bytes = self._acked
