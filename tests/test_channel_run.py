@@ -158,6 +158,24 @@ def test_a_run_stops_at_each_kind_of_frame_it_leaves_to_the_general_path() -> No
         assert decoded[(300).bit_length()] == 1 and sum(decoded[:-1]) == 1 and decoded[-1] == 2
 
 
+def test_the_compiled_loops_pending_entries_are_untracked_ints() -> None:
+    """A lossless run's pending entries (one per message: ``[seq, count, size]``, ints
+    only, now and when a release writes the count) are not tracked by the collector on
+    the compiled loop: a subscriber's backlog of them is never walked. Equal to the
+    twin's, and writable as the channel writes them."""
+    import gc  # noqa: PLC0415
+
+    good = b"g" * SIZE
+    frames = [(0, seq, good, 0, 0) for seq in (1, 2, 3)]
+    assert SPEEDUPS is not None
+    _, pending, *_ = run(SPEEDUPS.run_frames, frames, 0, 2, 1, set(), set())
+    _, twin, *_ = run(run_frames_py, frames, 0, 2, 1, set(), set())
+    assert pending == twin == [[1, 2, SIZE], [2, 2, SIZE], [3, 2, SIZE]]
+    assert not any(gc.is_tracked(entry) for entry in pending)
+    pending[0][1] -= 1  # (Channel.release)
+    assert pending[0] == [1, 1, SIZE] and not gc.is_tracked(pending[0])
+
+
 def test_a_timed_frame_is_decoded_in_the_run_and_its_time_recorded_once() -> None:
     """One frame in TIMING_SAMPLE_MASK + 1 (by sequence number) has its decode timed, as
     Channel.deliver_body times it: a positive time in its bucket and the total, one that

@@ -107,8 +107,8 @@ def perf_runs(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
     """Every `perf run` of this module, run at once: name -> (the finished command, its
-    results file). The runs leave no shared memory
-    behind (checked once they have all ended).
+    results file). The runs leave no shared memory behind (checked once they have all
+    ended).
 
     * ``tiny``: TINY with the stand-in peer, whose publishers each leave a file in
       /dev/shm (named ``LEAVE-...``) for the runner to sweep;
@@ -116,7 +116,7 @@ def perf_runs(
       after its figures over shm;
     * ``crash``: p2p over local with a peer that always crashes;
     * ``fanin``: fan-in over N=1 and N=2, local and shm;
-    * ``mixed``: the p2p variant ``mixed`` over shm, 64 B.
+    * ``mixed``: the p2p variants ``mixed`` and ``pair`` over shm, 64 B.
     """
     folder = tmp_path_factory.mktemp("perf")
     (folder / "p2p-marks").mkdir()
@@ -127,7 +127,7 @@ def perf_runs(
                     "EZFLOW_PERFPEER_MARKS": str(folder / "crash-marks")}  # fmt: skip
     fanin = ["-s", "fanin", "-t", "local,shm", "-n", "1", "-n", "2", "--size", "64B"]
     fanin += ["--duration", "0.1", "--latency-samples", "5", "--repeats", "1"]
-    mixed = ["-s", "p2p", "-t", "shm", "--size", "64B", "-V", "mixed", "--duration", "0.2"]
+    mixed = ["-s", "p2p", "-t", "shm", "--size", "64B", "-V", "mixed,pair", "--duration", "0.2"]
     mixed += ["--latency-samples", "10", "--min-messages", "200", "--repeats", "1"]
     runs = {
         "tiny": ([*TINY, "--peer", PEER], {"EZFLOW_PERFPEER_LEAVE": LEAVE}),
@@ -797,3 +797,16 @@ def test_the_mixed_variant_interleaves_a_tuple_and_a_dataclass_stream(
     assert result.returncode == 0, result.stderr
     cell = _p2p(_schema.load(output), "ezflow", "shm", "mixed")
     _sane(cell)
+
+
+def test_the_pair_variant_is_the_mixed_cell_with_one_shape(
+    perf_runs: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+) -> None:
+    """The pair cell, the mixed cell's control: the same two topics and the same
+    alternating sink, the tuple on both (a stream left on one topic would leave the sink
+    waiting on the other: the cell would end in an error, not measured)."""
+    result, output = perf_runs["mixed"]
+    assert result.returncode == 0, result.stderr
+    cell = _p2p(_schema.load(output), "ezflow", "shm", "pair")
+    _sane(cell)
+    assert cell["variant"]["message"] == "pair"

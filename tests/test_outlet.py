@@ -487,13 +487,30 @@ class _WindowLink(_RecordingLink):
         self.send(seq, time_ns, message, EncodedMessage([body], len(body)))
 
 
+class _ObjectLink(_WindowLink):
+    """A recording link that takes objects, not bodies (as a local one): its window
+    counts messages only, as the local transport's does."""
+
+    needs_encoding = False
+
+    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        assert self.outlet is not None
+        self.bodies.append(("object", seq, message))
+        self.windows.append((self.in_flight, self.in_flight_bytes, self.has_room(self.outlet)))
+        self.sent_count += 1
+
+
 async def _publish_both_ways(
-    batch: bool, bodies: list[bytes | memoryview], links: list[bool], window: tuple[int, int]
+    batch: bool,
+    bodies: list[bytes | memoryview],
+    links: list[bool],
+    window: tuple[int, int],
+    link_type: type[_WindowLink] = _WindowLink,
 ) -> tuple[list[Any], tuple[int, ...]]:
     outlet = _outlet.Outlet(
         "p-1", "/t", Codec(), max_in_flight=window[0], max_in_flight_bytes=window[1]
     )
-    recording = [_WindowLink(lossless=lossless) for lossless in links]
+    recording = [link_type(lossless=lossless) for lossless in links]
     for link in recording:
         outlet.add_link(link)
     done = False
@@ -506,7 +523,9 @@ async def _publish_both_ways(
                     link.released(link.sent_count, link.sent_bytes)
 
     task = asyncio.ensure_future(consumer())
-    messages = list(range(len(bodies)))
+    messages: list[Any] = list(range(len(bodies)))
+    if link_type is _ObjectLink:  # (arrays too: a writable one goes as a read-only view)
+        messages = [np.full(2, i) if i % 4 == 1 else i for i in messages]
     try:
         if batch:
             await outlet.publish_encoded_many(messages, bodies)
@@ -545,6 +564,43 @@ def test_publish_encoded_many_sends_what_publishing_one_by_one_sends(
     for lossless, (_, windows, _) in zip(links, batched[0], strict=True):
         if lossless:  # every message went with room for it: the window was never exceeded
             assert all(room for _, _, room in windows)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.binary(min_size=1, max_size=64), min_size=1, max_size=150),
+    st.lists(st.booleans(), min_size=1, max_size=3),
+    st.tuples(st.integers(1, 8), st.integers(1, 400)),
+)
+def test_publish_encoded_many_to_links_of_objects_sends_what_one_by_one_sends(
+    bodies: list[bytes | memoryview], links: list[bool], window: tuple[int, int]
+) -> None:
+    """Differential: to links that take objects (local ones: publish_encoded_many's
+    path through ezflow._core._outlet_objects.send_objects), the same messages (arrays
+    as read-only views), each with the same room at its send, the same parked drops, the
+    same counters, as one publish of each in turn (send_now)."""
+    one_by_one = asyncio.run(_publish_both_ways(False, bodies, links, window, _ObjectLink))
+    batched = asyncio.run(_publish_both_ways(True, bodies, links, window, _ObjectLink))
+
+    def plain(result: tuple[list[Any], tuple[int, ...]]) -> Any:
+        sent = [
+            ([(how, seq, _as_list(message)) for how, seq, message in got], windows, drops)
+            for got, windows, drops in result[0]
+        ]
+        return sent, result[1]
+
+    assert plain(batched) == plain(one_by_one)
+    for got, _, _ in batched[0]:
+        for _, _, message in got:
+            if isinstance(message, np.ndarray):
+                assert not message.flags.writeable
+    for lossless, (_, windows, _) in zip(links, batched[0], strict=True):
+        if lossless:
+            assert all(room for _, _, room in windows)
+
+
+def _as_list(message: Any) -> Any:
+    return ("array", message.tolist()) if isinstance(message, np.ndarray) else message
 
 
 def test_publish_encoded_many_names_the_message_it_refuses() -> None:

@@ -182,7 +182,8 @@ def test_variants_parse_and_label_round_trip() -> None:
         Variant(loop="trio")
     assert parse_variant("mixed") == Variant(message="mixed")
     assert parse_variant("mixed+uvloop").label == "mixed+uvloop"
-    for refused in ("mixed+loan", "mixed+on_message"):
+    assert parse_variant("pair+uvloop") == Variant(message="pair", loop="uvloop")
+    for refused in ("mixed+loan", "mixed+on_message", "pair+loan", "pair+on_message"):
         with pytest.raises(SpecError, match="does not combine with loan or on_message"):
             parse_variant(refused)
 

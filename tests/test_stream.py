@@ -371,11 +371,18 @@ def _split(data: bytes, chunks: list[int]) -> list[bytes]:
 # -- the end-of-iteration ACK: the stock loop's kept handle vs call_soon -----------------
 
 
-def _acks_of(batches: list[int], *, fast: bool) -> list[bytes]:
+def _acks_of(
+    batches: list[int], *, fast: bool, one_by_one: bool = False, loud: bool = False,
+    calls: list[int] | None = None,
+) -> list[bytes]:  # fmt: skip
     """The ACK frames a ChannelConnection on a socketpair writes back when
     *batches* of small DATA frames arrive, each batch in one write once a task awaiting
     ``recv`` took everything before it (a paced stream: batches of 1), on the stock
-    loop; *fast*: with the connection's kept ACK handle, else with ``call_soon``."""
+    loop; *fast*: with the connection's kept ACK handle, else with ``call_soon``.
+    *one_by_one*: the task takes each batch's messages with ``get_nowait`` after one
+    ``get``, each released at once (as the second of two topics read in turn is), and
+    *loud* clears the channel's quiet marks before each take (a release call every
+    time, as before the marks); the release calls go into *calls*."""
     import socket  # noqa: PLC0415
 
     from ezflow._transports import _stream_channel  # noqa: PLC0415
@@ -389,6 +396,15 @@ def _acks_of(batches: list[int], *, fast: bool) -> list[bytes]:
         connection, inbox = _connection(Codec())
         await loop.create_unix_connection(lambda: connection, sock=ours)
         _ack_as_after_welcome(connection)
+        channel = connection.channel
+        if calls is not None:
+            on_release = connection._on_release
+
+            def counted(count: int, nbytes: int) -> None:
+                calls.append(count)
+                on_release(count, nbytes)
+
+            channel.on_release = counted
         seq = 0
         for count in batches:
             frames = []
@@ -397,8 +413,18 @@ def _acks_of(batches: list[int], *, fast: bool) -> list[bytes]:
                 frames.append(DATA_PREFIX.pack(HEADER_SIZE + len(body), DATA, 0, seq, 0, 0) + body)
             theirs.send(b"".join(frames))
             async with asyncio.timeout(10):
-                for _ in range(count):
-                    await inbox.get()
+                if one_by_one:
+                    # (waits for the read without taking: a take by get, woken, would
+                    # defer its release to the loop, and the rest with it)
+                    while len(inbox) < count:  # noqa: ASYNC110
+                        await asyncio.sleep(0.001)
+                    for _ in range(count):
+                        if loud:
+                            channel.release_quiet_count = channel.release_quiet_bytes = 0
+                        inbox.get_nowait()
+                else:
+                    for _ in range(count):
+                        await inbox.get()
             for _ in range(3):
                 await asyncio.sleep(0)
         written = b""
@@ -436,6 +462,24 @@ def test_the_end_of_iteration_ack_is_the_same_through_the_kept_handle(batches: l
     fast = _acks_of(batches, fast=True)
     assert fast == _acks_of(batches, fast=False)
     assert ACK_BODY.unpack(fast[-1])[1] == sum(batches)  # (the last: every message)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from([1, 2, 5, 17, 40]), min_size=1, max_size=12))
+def test_quiet_marks_hold_back_release_calls_not_acks(batches: list[int]) -> None:
+    """Takes that release one message at a time: while the connection's end-of-iteration
+    ACK is scheduled, its channel calls it back only at the next quarter window (the
+    quiet marks), and the ACKs written are those of a channel that calls back on every
+    release - the same counts, in the same order."""
+    quiet_calls: list[int] = []
+    loud_calls: list[int] = []
+    quiet = _acks_of(batches, fast=True, one_by_one=True, calls=quiet_calls)
+    loud = _acks_of(batches, fast=True, one_by_one=True, loud=True, calls=loud_calls)
+    assert quiet == loud
+    assert ACK_BODY.unpack(quiet[-1])[1] == sum(batches)
+    assert loud_calls == list(range(1, sum(batches) + 1))
+    # one call a batch to schedule its ACK, one more each quarter window (16) it spans
+    assert len(quiet_calls) <= len(batches) + sum(batches) // 16
 
 
 # -- a paced frame's task runs within the read (the stock loop) ---------------------------

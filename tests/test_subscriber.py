@@ -142,3 +142,38 @@ async def test_an_encoded_callback_subscriber_gets_bodies(ctx: ezflow.GraphConte
 async def test_encoded_must_be_a_bool(ctx: ezflow.GraphContext) -> None:
     with pytest.raises(ezflow.ConfigurationError, match="encoded='yes' must be True"):
         await ctx.subscriber("/sub/bad", encoded="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("encoded_first", [True, False])
+async def test_a_local_channel_with_an_encoded_subscriber_is_fed_bodies_by_the_outlet(
+    ctx: ezflow.GraphContext, encoded_first: bool
+) -> None:
+    """Differential: a local channel that has an encoded subscriber when it opens gets
+    each body from the outlet (encoded once there, the small-message path included);
+    one that gets it later encodes in the channel. Both hand out the same: the codec's
+    body to the encoded subscriber, the object (arrays read-only) to the other."""
+    pub = await ctx.publisher("/sub/local-bodies")
+    first = await ctx.subscriber("/sub/local-bodies", transport="local", encoded=encoded_first)
+    second = await ctx.subscriber("/sub/local-bodies", transport="local", encoded=not encoded_first)
+    encoded, plain = (first, second) if encoded_first else (second, first)
+    await pub.wait_for_channels(1)
+    (link,) = pub._outlet.links
+    assert link.needs_encoding is encoded_first  # (the outlet encodes for this link)
+    sent: list[Any] = [
+        (0, 1, np.arange(4, dtype=np.uint8)),  # small: the outlet's one-bytes path
+        np.arange(6.0),  # a writable array
+        {"big": np.zeros(1 << 16, np.uint8), "s": "x"},  # several parts, joined
+        "text",
+    ]
+    for message in sent:
+        await pub.publish(message)
+    for message in sent:
+        body = await encoded.recv()
+        assert bytes(body) == Codec().encode(message).to_bytes()
+        got = await plain.recv()  # (the object, not a copy: same type, same body)
+        assert type(got) is type(message) and bytes(body) == Codec().encode(got).to_bytes()
+        if isinstance(got, np.ndarray):
+            assert not got.flags.writeable  # (a view: the publisher's array stays writable)
+    assert sent[1].flags.writeable
+    assert pub.statistics().encodes == (len(sent) if encoded_first else 0)
+    assert encoded.statistics().taken == plain.statistics().taken == len(sent)

@@ -32,12 +32,13 @@ pytest.importorskip(
 )
 
 import ezflow
+from ezflow._core import _config as ezflow_config
 from ezflow._core._codec import Codec
 from ezflow._core._config import ZENOH_EXPORT_POOL_BYTES
 from ezflow._zenoh._export import ExportRun, _Buffers
 from ezflow._zenoh._import import ImportRun
 from ezflow._zenoh._mapping import MappingStats
-from ezflow._zenoh._wire import parse_ack
+from ezflow._zenoh._wire import BATCH_ALIGNMENT, Refused, join_batch, parse_ack, split_batch
 from ezflow.zenoh import (
     Export,
     Import,
@@ -61,6 +62,42 @@ def test_topic_key_round_trip(topic: str) -> None:
     chunks = key.split("/")
     assert all(chunks) and not any(c in _FORBIDDEN for c in key)
     assert key_to_topic(key, "ezflow/host") == topic
+
+
+def _split_by_views(payload: bytes, sizes: list[int]) -> list[memoryview] | None:
+    # The reference: every body a view, None when the sizes do not add up.
+    view, pos, bodies = memoryview(payload), 0, []
+    for size in sizes:
+        pos += -pos & (BATCH_ALIGNMENT - 1)
+        bodies.append(view[pos : pos + size])
+        pos += size
+    return bodies if pos == len(payload) else None
+
+
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=20),
+    st.booleans(),
+    st.integers(-20, 20),
+    st.sampled_from([0, 16, 4096]),
+)
+def test_split_batch_copies_small_bodies_and_refuses_what_does_not_add_up(
+    sizes: list[int], same: bool, extra: int, small: int
+) -> None:
+    """Differential: split_batch (its one-size fast path included) gives the bodies the
+    plain split by views gives, those of at most *small* bytes as bytes, and refuses
+    exactly the payloads whose sizes do not add up."""
+    if same:
+        sizes = [sizes[0]] * len(sizes)
+    payload, _ = join_batch([bytes([i % 251]) * n for i, n in enumerate(sizes)])
+    payload = payload + b"z" * extra if extra >= 0 else payload[:extra]
+    expected = _split_by_views(payload, sizes)
+    if expected is None:
+        with pytest.raises(Refused, match="batch of"):
+            split_batch(payload, sizes, small)
+        return
+    got = split_batch(payload, sizes, small)
+    assert [bytes(body) for body in got] == [bytes(body) for body in expected]
+    assert [type(body) is bytes for body in got] == [len(body) <= small for body in got]
 
 
 def test_settings_are_checked() -> None:
@@ -271,9 +308,10 @@ async def test_large_and_small_messages_cross_intact_as_each_is_reused(router: s
 async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_peer() -> None:
     """docs/fleets.md, "A bridge in your own process": each host's bridge on the context
     of its publisher or subscriber, the two Zenoh sessions peer to peer (no router). The
-    edge to the export is local (the publisher encodes nothing: the export packs each
-    message once), and everything holds as between separate bridges: lossless, in order,
-    intact, a slow consumer holds the publisher back."""
+    edge to the export is local (each message is encoded once, by the publisher, for the
+    export's encoded subscriber: nothing is validated or encoded again), and everything
+    holds as between separate bridges: lossless, in order, intact, a slow consumer holds
+    the publisher back."""
     count = 1000
     endpoint = f"tcp/127.0.0.1:{free_port()}"
     async with (
@@ -315,10 +353,60 @@ async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_p
         exported = next(iter(exporter.stats.values()))
     assert [int(m[0]) for m in received] == list(range(count))
     assert all(m.shape == (64,) and (m == m[0]).all() for m in received)
-    assert publisher.statistics().encodes == 0  # (a local edge: nothing encoded to reach it)
+    assert publisher.statistics().encodes == count  # (once each, for the export: a local edge)
     assert published_in >= 0.2  # held back by the consumer's pauses (0.3 s of them)
     assert stats.lost_remote == 0 and stats.dropped_local == 0 and stats.messages == count
     assert stats.samples == exported.samples > 0  # (each one counted once, as it arrived)
+
+
+async def test_a_lossless_export_batches_half_its_importers_window() -> None:
+    """A burst through a lossless export and import (in the publishing and subscribing
+    contexts, peer to peer): batches of up to half the importer's window (128 with the
+    default queue), beyond ZENOH_EXPORT_BATCH (a leaky export's cap); every message
+    arrives, in order, with nothing lost, refused or dropped."""
+    count = 3000
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    async with (
+        two_graphs() as (a, b),
+        ZenohBridge(
+            a,
+            ZenohSettings(mode="peer", listen=(endpoint,)),
+            exports=[Export("/burst", key="peer/burst", lossless=True)],
+        ) as exporter,
+        ZenohBridge(
+            b,
+            ZenohSettings(mode="peer", connect=(endpoint,)),
+            imports=[Import("peer/burst", "/burst", lossless=True)],
+        ) as importer,
+    ):
+        sink = await b.subscriber("/burst")
+        publisher = await a.publisher("/burst")
+        await publisher.wait_for_channels(1)
+        await wait_for(lambda: any(run._importers for run in exporter._runs), 10)
+        (run,) = exporter._runs
+        assert isinstance(run, ExportRun)
+        assert run._batch_limit() == ezflow_config.ZENOH_QUEUE // 2
+
+        async def consume() -> list[int]:
+            got = []
+            for _ in range(count):
+                got.append(await sink.recv())
+                if len(got) % 500 == 0:
+                    await asyncio.sleep(0.05)  # (the export waits for credit meanwhile)
+            return got
+
+        consumer = asyncio.ensure_future(consume())
+        for i in range(count):
+            await publisher.publish(i)
+        received = await asyncio.wait_for(consumer, 60)
+        out = next(iter(exporter.stats.values()))
+        into = next(iter(importer.stats.values()))
+    assert received == list(range(count))
+    assert out.messages == into.messages == count and out.samples == into.samples
+    assert into.lost_remote == into.dropped_local == out.lost_in_flight == 0
+    assert sum(out.refused.values()) == sum(into.refused.values()) == 0
+    # (seen: 24-26 samples; batches capped at ZENOH_EXPORT_BATCH would need 47 or more)
+    assert out.samples < count / ezflow_config.ZENOH_EXPORT_BATCH
 
 
 async def test_leaky_mapping_counts_every_drop(router: str) -> None:

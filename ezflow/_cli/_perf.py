@@ -142,8 +142,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             "--variant",
             "-V",
             help="p2p variants (repeat or comma-separate): ordinary (the default: tuple "
-            "message, asyncio.run, recv), or words joined with '+' among array, uvloop, "
-            "on_message, loan, e.g. array+uvloop+on_message; 'all' for "
+            "message, asyncio.run, recv), or words joined with '+' among array, mixed, pair, "
+            "uvloop, on_message, loan, e.g. array+uvloop+on_message; 'all' for "
             f"{', '.join(ALL_VARIANTS)}. Peers run the ordinary program only.",
         ),
     ] = None,

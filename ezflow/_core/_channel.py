@@ -102,7 +102,12 @@ class Channel:
     """Receives one publisher's messages once, decodes once, fans out to local inboxes.
 
     *on_release* is called (synchronously) whenever the cumulative released count grows;
-    the transport forwards it to the publisher, coalescing as it sees fit. Besides
+    the transport forwards it to the publisher, coalescing as it sees fit - and may say
+    when it needs no call: while the released count stays below
+    :attr:`release_quiet_count` and the released bytes below
+    :attr:`release_quiet_bytes` (0, 0: every release calls), releases are counted
+    without calling *on_release* (a transport that will read :attr:`released` at the
+    end of the loop iteration anyway). Besides
     :attr:`stats`, :attr:`latency` (publish -> deliver of every message, when the
     transport passes the publish time) and :attr:`decode_time` (sampled: one message in
     16) are histograms in nanoseconds.
@@ -134,6 +139,8 @@ class Channel:
         "on_mode_change",
         "on_release",
         "publisher_id",
+        "release_quiet_bytes",
+        "release_quiet_count",
         "run_end",
         "stats",
         "topic",
@@ -160,6 +167,9 @@ class Channel:
         self.latency = Histogram()
         self.decode_time = Histogram()
         self.on_release = on_release
+        #: no *on_release* call while both released figures stay below these (see above)
+        self.release_quiet_count = 0
+        self.release_quiet_bytes = 0
         self.on_mode_change = on_mode_change
         # A tuple, replaced on attach and detach: delivery iterates it while a callback
         # may (indirectly) change it.
@@ -653,11 +663,13 @@ class Channel:
                 pending.popleft()
                 nbytes = entry[2]
                 self._pending_bytes -= nbytes
-                self._released_count += 1
-                self._released_bytes += nbytes
+                count = self._released_count = self._released_count + 1
+                released_bytes = self._released_bytes = self._released_bytes + nbytes
                 callback = self.on_release
-                if callback is not None:
-                    callback(self._released_count, self._released_bytes)
+                if callback is not None and (
+                    count >= self.release_quiet_count or released_bytes >= self.release_quiet_bytes
+                ):
+                    callback(count, released_bytes)
             return
         # Not the first (another inbox, or a release deferred to the loop, holds it):
         # where it is when no seq is missing between (only undecodable messages and
@@ -685,13 +697,14 @@ class Channel:
             self._pending_bytes -= nbytes
             self._released_count += count
             self._released_bytes += nbytes
-            callback = self.on_release  # (_notify_release, inlined)
-            if callback is not None:
-                callback(self._released_count, self._released_bytes)
+            self._notify_release()
 
     def _notify_release(self) -> None:
         callback = self.on_release
-        if callback is not None:
+        if callback is not None and (
+            self._released_count >= self.release_quiet_count
+            or self._released_bytes >= self.release_quiet_bytes
+        ):
             callback(self._released_count, self._released_bytes)
 
     @property

@@ -4,8 +4,9 @@ body of each message instead of the message (see ``Channel.deliver_body``).
 A channel counts its encoded inboxes; while it has any, it keeps the body of the message
 being delivered (``Channel._body``) for :func:`put_encoded`, and when every inbox it
 feeds is an encoded one it decodes nothing: a read's small frames go to them in one run
-(:func:`deliver_run_encoded`). A publisher without a body (local, ezring) has its message
-encoded once here for all of them. Kept apart from :mod:`._channel`, which calls these at
+(:func:`deliver_run_encoded`). A publisher without a body (ezring, or local to a channel
+that had no encoded inbox when its link opened) has its message encoded once here for
+all of them. Kept apart from :mod:`._channel`, which calls these at
 those three points; tests/test_channel.py pins them to the general paths.
 """
 
@@ -25,8 +26,9 @@ __all__ = ["deliver_run_encoded", "put_encoded"]
 def put_encoded(channel: Channel, seq: int, message: Any) -> None:
     """(``Channel.deliver``, with encoded inboxes attached) Put *message* in each inbox that
     decodes and its body in each encoded one: the body that arrived
-    (``Channel.deliver_body``), or - from a publisher without one (local, ezring) - the
-    body :meth:`Codec.encode` makes of it, encoded once here for all of them."""
+    (``Channel.deliver_body``) or that a local link handed over, or - from a publisher
+    without one (ezring, a local link that does not encode) - the body
+    :meth:`Codec.encode` makes of it, encoded once here for all of them."""
     body, channel._body = channel._body, None
     if body is None:
         codec = channel.codec

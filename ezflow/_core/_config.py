@@ -232,8 +232,9 @@ INTERRUPT_STOP_TIMEOUT: Final = 5.0
 #: Zenoh bridge (ezflow.zenoh; the core does not import Zenoh): samples a mapping
 #: queues at each end (``queue``), and bytes an import's queue holds at most (it admits
 #: one sample when empty, whatever its size); messages and bytes an export packs into
-#: one Zenoh sample (a batch stops growing at either); seconds a host takes at most to
-#: answer a fleet query.
+#: one Zenoh sample (a batch stops growing at either; the messages are a leaky export's,
+#: a lossless one's batches take half the smallest importer window); seconds a host takes
+#: at most to answer a fleet query.
 ZENOH_QUEUE: Final = 256
 ZENOH_QUEUE_BYTES: Final = 16 * 1024 * 1024
 ZENOH_EXPORT_BATCH: Final = 64

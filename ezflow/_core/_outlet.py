@@ -49,6 +49,7 @@ from ._config import (
     SHM_COPY_NT_BYTES,
 )
 from ._exceptions import ClosedResourceError, MessageTooLargeError
+from ._outlet_objects import send_objects
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 from ._tracing import TRACING, WireTrace, carry
 
@@ -473,11 +474,21 @@ class Outlet:
                 lossless = [link for link in links if link.lossless]
                 max_count, max_bytes = self.max_in_flight, self.max_in_flight_bytes
                 # Every link takes a small bytes body as one (none local, none traced):
-                # _send_small, publish_nowait's path, else send_now.
+                # _send_small, publish_nowait's path; no link takes bodies (all local,
+                # none traced, no publish hooks): send_objects; else send_now.
                 small = -1 if TRACING.active else self._small_limit
+                objects = (
+                    small < 0
+                    and not TRACING.active
+                    and not PUBLISH_HOOKS
+                    and not self._handoff
+                    and not any(link.needs_encoding for link in links)
+                )
                 while True:
                     body = bodies[index]
-                    if type(body) is bytes and len(body) <= small:
+                    if objects:
+                        send_objects(self, links, messages[index], len(body))
+                    elif type(body) is bytes and len(body) <= small:
                         self._send_small(links, messages[index], body, relayed=True)
                     else:
                         self.send_now(

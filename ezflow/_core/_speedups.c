@@ -995,6 +995,20 @@ static PyObject *value_of(const Value *v, const unsigned char *buf) {
     }
 }
 
+/* Untrack *tuple* when none of its items is tracked by the collector (ints, floats, str,
+ * arrays...): such a tuple cannot be part of a reference cycle, and the collector would
+ * untrack it at its first pass anyway (_PyTuple_MaybeUntrack). Untracked at once, it never
+ * sits in the young generation a collection walks, nor gets promoted to an older one:
+ * a subscriber's backlog of decoded messages costs the collector nothing. A tuple holding
+ * anything tracked (a list, a dict, a tracked tuple, an object) stays tracked. */
+static void untrack_if_atomic(PyObject *tuple) {
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(tuple); i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, i);
+        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) return;
+    }
+    PyObject_GC_UnTrack(tuple);
+}
+
 static PyObject *build_item(LayoutObject *self, Item *item, PyObject *body,
                             const unsigned char *buf) {
     switch (item->op) {
@@ -1112,6 +1126,7 @@ static PyObject *Layout_decode(LayoutObject *self, PyObject *body) {
         else PyTuple_SET_ITEM(items, i, item);
     }
     if (self->kind <= K_LIST) {
+        if (self->kind == K_TUPLE) untrack_if_atomic(items);
         result = items;
         items = NULL;
         goto done;
@@ -1299,6 +1314,9 @@ static PyObject *run_frames(PyObject *module, PyObject *const *args, Py_ssize_t 
             PyList_SET_ITEM(entry, 1, lossless);
             Py_INCREF(size_obj);
             PyList_SET_ITEM(entry, 2, size_obj);
+            /* Ints only, now and when its count is written: never in a cycle, so never
+             * walked by the collector (a backlog of pending entries is one per message). */
+            PyObject_GC_UnTrack(entry);
             PyObject *r = PyObject_CallOneArg(pending_append, entry);
             Py_DECREF(entry);
             if (r == NULL) goto failed;
@@ -2096,6 +2114,7 @@ typedef struct {
     Py_ssize_t s_taken, h_buckets, h_total;
     Py_ssize_t a_lossless, a_active, a_channel, a_consumed;
     Py_ssize_t c_pending, c_pending_bytes, c_released_count, c_released_bytes, c_on_release;
+    Py_ssize_t c_quiet_count, c_quiet_bytes;
 } TakePathObject;
 
 static long long perf_ns(void) {
@@ -2179,6 +2198,8 @@ static PyObject *TakePath_new(PyTypeObject *type, PyObject *args, PyObject *kwds
         {&self->c_released_count, ct, "_released_count"},
         {&self->c_released_bytes, ct, "_released_bytes"},
         {&self->c_on_release, ct, "on_release"},
+        {&self->c_quiet_count, ct, "release_quiet_count"},
+        {&self->c_quiet_bytes, ct, "release_quiet_bytes"},
     };
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
         *slots[i].off = slot_offset(slots[i].type, slots[i].name);
@@ -2225,6 +2246,7 @@ static PyObject *TakePath_take(TakePathObject *self, PyObject *inbox) {
     int release = lossless == Py_True && active == Py_True;
     PyObject *channel = NULL, *pending = NULL;
     long long count = 0, nbytes = 0, pending_bytes = 0, released_count = 0, released_bytes = 0;
+    long long quiet_count = 0, quiet_bytes = 0;
     int later = 0; /* the entry is not the first pending one */
     if (release) {
         channel = SLOT(attachment, self->a_channel);
@@ -2274,6 +2296,8 @@ static PyObject *TakePath_take(TakePathObject *self, PyObject *inbox) {
                 if (!GET_LL(channel, self->c_pending_bytes, pending_bytes) ||
                     !GET_LL(channel, self->c_released_count, released_count) ||
                     !GET_LL(channel, self->c_released_bytes, released_bytes) ||
+                    !GET_LL(channel, self->c_quiet_count, quiet_count) ||
+                    !GET_LL(channel, self->c_quiet_bytes, quiet_bytes) ||
                     SLOT(channel, self->c_on_release) == NULL)
                     goto nothing;
             }
@@ -2328,8 +2352,12 @@ static PyObject *TakePath_take(TakePathObject *self, PyObject *inbox) {
                     set_ll(channel, self->c_released_count, released_count + 1) < 0 ||
                     set_ll(channel, self->c_released_bytes, released_bytes + nbytes) < 0)
                     goto done;
+                /* (Channel.release's rule: no call while both figures stay below the
+                 * channel's quiet marks) */
                 PyObject *callback = SLOT(channel, self->c_on_release);
-                if (callback != NULL && callback != Py_None) {
+                if (callback != NULL && callback != Py_None &&
+                    (released_count + 1 >= quiet_count ||
+                     released_bytes + nbytes >= quiet_bytes)) {
                     Py_INCREF(callback);
                     PyObject *cargs[2] = {SLOT(channel, self->c_released_count),
                                           SLOT(channel, self->c_released_bytes)};

@@ -81,6 +81,7 @@ __all__ = [
     "SUITES",
     "SUITE_DESCRIPTIONS",
     "TRANSPORTS",
+    "TWO_TOPICS",
     "WARMUP",
     "Cell",
     "Plan",
@@ -104,7 +105,7 @@ SUITES: Final = ("fanout", "fanin", "relay", "spread", "p2p")
 SUITE_DESCRIPTIONS: Final = {
     "p2p": "the ordinary program: one source, one sink, two processes, tuples and "
     "await recv() (variants: bare arrays, uvloop, on_message, loaned buffers, two topics "
-    "mixed)",
+    "mixed, and the same two topics with one shape)",
     "fanout": "1 source -> N sinks on one topic",
     "fanin": "N sources -> 1 sink on one topic",
     "relay": "source -> N relays -> sink, units alternating between two processes",
@@ -133,11 +134,15 @@ FRAME_SIZE: Final = 2160 * 3840 * 3
 #: Pacing of the p2p LATENCY phase for ``frame`` (a 100 Hz camera).
 FRAME_PERIOD: Final = 0.01
 
-#: The second topic of the ``mixed`` p2p variant: the cell's topic with this suffix.
+#: The second topic of the ``mixed`` and ``pair`` p2p variants: the cell's topic with
+#: this suffix.
 MIXED_TOPIC_SUFFIX: Final = "/mixed"
 
 #: The values of each field of a :class:`Variant`; the first one is the default.
-MESSAGES: Final = ("tuple", "array", "mixed")
+MESSAGES: Final = ("tuple", "array", "mixed", "pair")
+#: The message kinds that publish on two topics and read them with one task alternating
+#: between two subscribers.
+TWO_TOPICS: Final = ("mixed", "pair")
 LOOPS: Final = ("asyncio", "uvloop")
 RECEIVES: Final = ("recv", "on_message")
 
@@ -296,7 +301,10 @@ class Variant:
     alone with the header in its first 32 bytes; ``mixed`` interleaves two topics of
     different shapes, the tuple on the cell's topic and a registered dataclass
     (:data:`MIXED_TOPIC_SUFFIX`), every other message, read by one task alternating
-    between two subscribers: what per-stream codec state is for; ``uvloop`` runs on uvloop;
+    between two subscribers: what per-stream codec state is for; ``pair`` is its control,
+    the same two topics and the same alternating sink with the tuple on both (``mixed``
+    against ``pair``: what interleaving two shapes costs, apart from what a second topic
+    costs); ``uvloop`` runs on uvloop;
     ``on_message`` receives in a callback; ``loan`` fills a buffer from
     ``Publisher.loan`` (lent for shm at the inline limit and up, a private array
     otherwise).
@@ -315,10 +323,10 @@ class Variant:
         ):
             if value not in allowed:
                 raise SpecError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
-        if self.message == "mixed" and (self.loan or self.receive != "recv"):
+        if self.message in TWO_TOPICS and (self.loan or self.receive != "recv"):
             raise SpecError(
-                "the mixed variant reads two subscribers with await recv() and publishes "
-                "private arrays: it does not combine with loan or on_message"
+                f"the {self.message} variant reads two subscribers with await recv() and "
+                "publishes private arrays: it does not combine with loan or on_message"
             )
 
     @property
@@ -352,7 +360,8 @@ class Variant:
 
 def parse_variant(text: str) -> Variant:
     """A :class:`Variant` from its :attr:`Variant.label`: ``ordinary`` (or
-    ``default``), or words joined with ``+`` among ``array``, ``tuple``, ``uvloop``,
+    ``default``), or words joined with ``+`` among ``array``, ``tuple``, ``mixed``,
+    ``pair``, ``uvloop``,
     ``asyncio``, ``on_message``, ``recv``, ``loan``, ``copy``. Raises
     :class:`SpecError` for an unknown word."""
     fields: dict[str, Any] = {}
@@ -360,6 +369,7 @@ def parse_variant(text: str) -> Variant:
         "tuple": ("message", "tuple"),
         "array": ("message", "array"),
         "mixed": ("message", "mixed"),
+        "pair": ("message", "pair"),
         "asyncio": ("loop", "asyncio"),
         "uvloop": ("loop", "uvloop"),
         "recv": ("receive", "recv"),

@@ -56,6 +56,7 @@ from ._spec import (
     LATENCY,
     MIXED_TOPIC_SUFFIX,
     RATE,
+    TWO_TOPICS,
     WARMUP,
     Plan,
     UnitSpec,
@@ -394,13 +395,22 @@ class _Alternating:
 
 
 def _mixed_publish(
-    framework: Framework, first: Any, second: Any
+    framework: Framework, first: Any, second: Any, *, pair: bool = False
 ) -> Callable[[Any], Awaitable[None]]:
     """A publish function for ``(phase, seq, t_ns, payload)`` tuples that sends those
     of even *seq* as they are to *first* and the others as :class:`MixedSample` to
-    *second*."""
+    *second* (with *pair*, as they are: the ``pair`` variant's one shape)."""
     publish_first = framework.publish_function(first)
     publish_second = framework.publish_function(second)
+
+    if pair:
+
+        def publish_pair(message: Any) -> Awaitable[None]:
+            if message[1] & 1:
+                return publish_second(message)
+            return publish_first(message)
+
+        return publish_pair
 
     def publish(message: Any) -> Awaitable[None]:
         if message[1] & 1:
@@ -662,8 +672,8 @@ async def _p2p_source(
     shape, dtype = payload_layout(size)
     body = p2p_payload_for(spec["seed"], size)
     publish = (
-        _mixed_publish(framework, *pub)
-        if variant["message"] == "mixed"
+        _mixed_publish(framework, *pub, pair=variant["message"] == "pair")
+        if variant["message"] in TWO_TOPICS
         else framework.publish_function(pub)
     )
     array, loan = variant["message"] == "array", bool(variant["loan"])
@@ -807,8 +817,9 @@ async def _run_units(framework: Framework, spec: dict[str, Any]) -> None:
     await commands.start()
     try:
         async with framework.context(graph) as ctx:
-            # (the mixed p2p variant: two topics, see _Alternating and _mixed_publish)
-            mixed = (spec.get("variant") or {}).get("message") == "mixed"
+            # (the mixed and pair p2p variants: two topics, see _Alternating and
+            # _mixed_publish)
+            mixed = (spec.get("variant") or {}).get("message") in TWO_TOPICS
             try:
                 subs: dict[tuple[str, int], Any] = {}
                 for unit in units:

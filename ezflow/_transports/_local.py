@@ -1,7 +1,13 @@
 """The local transport: publisher and subscriber in the same process and event loop.
 
 The channel receives the published object itself (numpy arrays as a read-only view),
-with no encoding at all. Flow control works exactly as for the other transports. A
+with no encoding at all - unless the channel has an encoded subscriber (a relay such
+as the Zenoh bridge's export) when the link opens: that link asks the outlet for each
+message's body (:attr:`Link.needs_encoding`: encoded once, on the publish path, the
+small-message fast path included), and the channel hands the body to its encoded
+subscribers and the object to the others. Without it, the channel would encode for its
+encoded subscribers, after the outlet walked the message to validate it. Flow control
+works exactly as for the other transports. A
 publisher that closes ends its channels (``Channel.end``) right after its last message,
 as ``END`` does on the other transports.
 """
@@ -12,6 +18,8 @@ import asyncio
 from collections.abc import Callable
 from time import monotonic_ns
 from typing import Any, ClassVar
+
+import numpy as np
 
 from .._core._channel import Channel
 from .._core._codec import EncodedMessage
@@ -71,6 +79,56 @@ class _LocalLink(Link):
             on_lost()
 
 
+class _EncodedLocalLink(_LocalLink):
+    """A local link to a channel that had an encoded subscriber when it opened: the
+    outlet encodes each message (:attr:`needs_encoding`) and the channel gets the body
+    with the object (``Channel._body``: its encoded subscribers take the body, the others
+    the object, a writable array as a read-only view as on :class:`_LocalLink`). Whoever
+    attaches later, the link stays one: a channel left without encoded subscribers
+    delivers the object, as from :class:`_LocalLink`."""
+
+    needs_encoding = True
+
+    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
+        self.sent_count += 1
+        channel = self.channel
+        if encoded is not None and channel._encoded:
+            channel._body = encoded.to_bytes()  # (one part: itself, no copy)
+        if type(message) is np.ndarray and message.flags.writeable:
+            message = _read_only(message)
+        channel.deliver(seq, message, 0, self.drops, time_ns)
+
+    def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
+        self.sent_count += 1
+        channel = self.channel
+        if channel._encoded:
+            channel._body = body
+        if type(message) is np.ndarray and message.flags.writeable:
+            message = _read_only(message)
+        channel.deliver(seq, message, 0, self.drops, time_ns)
+
+    def send_traced(
+        self,
+        seq: int,
+        time_ns: int,
+        message: Any,
+        encoded: EncodedMessage | None,
+        trace: WireTrace,
+    ) -> None:
+        if type(message) is np.ndarray and message.flags.writeable:
+            message = _read_only(message)
+        # (the object only: an encoded subscriber's body is encoded by the channel)
+        super().send_traced(seq, time_ns, message, encoded, trace)
+
+
+def _read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    # What Outlet.send_now hands a link that does not encode: the receivers of a local
+    # edge get a read-only view, as they would from shm or tcp.
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 class _LocalInbound(Inbound):
     transport = "local"
 
@@ -124,7 +182,8 @@ class LocalTransport(Transport):
                 "in this process"
             )
         outlet = entry[0]
-        link = _LocalLink(channel, on_lost)
+        # (a channel with an encoded subscriber: the outlet encodes, the channel does not)
+        link = (_EncodedLocalLink if channel._encoded else _LocalLink)(channel, on_lost)
         outlet.add_link(link)
         return _LocalInbound(outlet, link)
 

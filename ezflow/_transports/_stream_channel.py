@@ -166,7 +166,6 @@ class ChannelConnection(FramedProtocol):
         #: notifications): while they keep coming, the end-of-iteration ACK waits
         self.large_reads = 0
         self._ack_mark = 0
-        self._released = (0, 0)
         self._acked = (0, 0)
         self._ack_every = 1
         self._ack_bytes = 1
@@ -415,14 +414,22 @@ class ChannelConnection(FramedProtocol):
     # between them, hence the delay; over shm, ACKs also open the block window, which
     # a small window of large blocks reaches before a quarter of the message window.)
     # A connection that never read a large body: as before.
+    #
+    # While an ACK is scheduled, the channel is told not to call back until a quarter
+    # window is reached (its quiet marks): the scheduled ACK reads the channel's released
+    # figures when it goes. A subscriber whose takes release one message at a time (the
+    # second of two topics read in turn; a task that yields between takes without
+    # waiting) called back on every message for nothing.
 
     def _on_release(self, count: int, nbytes: int) -> None:
-        self._released = (count, nbytes)
         acked_count, acked_bytes = self._acked
         if count - acked_count >= self._ack_every or nbytes - acked_bytes >= self._ack_bytes:
             self._send_ack()
         elif not self._ack_scheduled:
             self._ack_scheduled = True
+            channel = self.channel
+            channel.release_quiet_count = acked_count + self._ack_every
+            channel.release_quiet_bytes = acked_bytes + self._ack_bytes
             if self.large_reads and self.large_ack_delay:
                 self._ack_mark = self.large_reads
                 self._loop.call_later(self.large_ack_delay, self._scheduled_ack)
@@ -441,14 +448,20 @@ class ChannelConnection(FramedProtocol):
                 self._ack_soon()
             return
         self._ack_scheduled = False
-        if self._released[0] > self._acked[0]:
+        channel = self.channel
+        channel.release_quiet_count = channel.release_quiet_bytes = 0
+        if channel._released_count > self._acked[0]:
             self._send_ack()
 
     def _send_ack(self) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            count, nbytes = self._acked = self._released
+            channel = self.channel
+            count, nbytes = self._acked = channel.released
             transport.write(frame(ACK_BODY.pack(ACK, count, nbytes)))
+            if self._ack_scheduled:  # (quiet up to the next quarter window from here)
+                channel.release_quiet_count = count + self._ack_every
+                channel.release_quiet_bytes = nbytes + self._ack_bytes
 
     # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
 
@@ -486,6 +499,7 @@ class ChannelConnection(FramedProtocol):
     def close(self) -> None:
         self._on_lost = None
         self.channel.on_release = None
+        self.channel.release_quiet_count = self.channel.release_quiet_bytes = 0
         self.channel.on_mode_change = None
         if self.transport is not None:
             self.transport.close()

@@ -3,8 +3,10 @@
 The export's ezflow subscriber (lossless, bounded by the publishers' windows; or leaky,
 keeping the newest ``queue``; for an ``ezflow`` export an encoded subscriber, which
 hands over each message's body as it arrived: nothing is decoded and encoded again)
-feeds a loop that takes every message already queued (up to ``ZENOH_EXPORT_BATCH``
-messages or ``ZENOH_EXPORT_BATCH_BYTES``) and hands the batch - one Zenoh sample for an
+feeds a loop that takes every message already queued (up to half the smallest importer
+window of a lossless export, else ``ZENOH_EXPORT_BATCH`` messages, and
+``ZENOH_EXPORT_BATCH_BYTES``: each sample costs both ends Zenoh's calls and thread
+wake-ups, whatever it holds) and hands the batch - one Zenoh sample for an
 ``ezflow`` export, one per message for ``raw`` and ``json`` - to the export's sender
 thread, which puts it on Zenoh; a batch of at most
 ``ZENOH_INLINE_PUT`` bytes is put from the event loop instead when the thread is idle
@@ -380,6 +382,7 @@ class ExportRun:
         sub = self._subscriber
         assert sub is not None and self._sender is not None
         ezflow = self.export.encoding == "ezflow"
+        recv_nowait = sub.recv_nowait
         while True:
             self.update_state()
             try:
@@ -397,9 +400,9 @@ class ExportRun:
             ended = False
             batch_max = self._batch_limit() if ezflow else 1
             # (Only what is queued: an end met here is met by the next recv() too.)
-            while len(batch) < batch_max and sub.queued:
+            for _ in range(min(batch_max - 1, sub.queued)):
                 try:
-                    batch.append(sub.recv_nowait())
+                    batch.append(recv_nowait())
                 except (asyncio.QueueEmpty, ClosedResourceError):
                     break
                 except EndOfStream:
@@ -488,13 +491,16 @@ class ExportRun:
         return True
 
     def _batch_limit(self) -> int:
-        """Messages a batch takes at most: ``ZENOH_EXPORT_BATCH``, and half the smallest
-        importer window (they acknowledge every half window in messages: when an
-        acknowledgement comes, one batch has room)."""
-        limit = ZENOH_EXPORT_BATCH
-        for importer in self._importers.values():
-            limit = min(limit, importer.window // 2)
-        return max(1, limit)
+        """Messages a batch takes at most: half the smallest importer window of a
+        lossless export (they acknowledge every half window in messages: when an
+        acknowledgement comes, one batch has room; the window bounds what the importer
+        holds, whatever the batches), else ``ZENOH_EXPORT_BATCH`` (a leaky export's
+        importer keeps the newest *queue* samples: larger ones would hold older
+        messages)."""
+        importers = self._importers
+        if not importers:
+            return ZENOH_EXPORT_BATCH
+        return max(1, min(importer.window for importer in importers.values()) // 2)
 
     async def _wait_for_credit(self, messages: int, nbytes: int) -> None:
         """Wait until every importer has room (lossless exports): backpressure. An

@@ -60,7 +60,7 @@ def _threads() -> dict[str, int]:
 def _per_thread(before: dict[str, int], count: int) -> dict[str, float]:
     after = _threads()
     used = {name: (ns - before.get(name, 0)) / 1e3 / count for name, ns in after.items()}
-    return {name: round(us, 1) for name, us in sorted(used.items()) if us >= 1.0}
+    return {name: round(us, 1) for name, us in sorted(used.items()) if us >= 0.1}
 
 
 def _faults() -> int:
@@ -161,7 +161,7 @@ async def bridge_send(size: int, count: int) -> None:
     settings = ZenohSettings(mode="peer", listen=(f"tcp/127.0.0.1:{PORT}",))
     async with (
         ezflow.GraphContext("127.0.0.1:0") as ctx,
-        ZenohBridge(ctx, settings, exports=[Export("/cpu", KEY, lossless=True)]),
+        ZenohBridge(ctx, settings, exports=[Export("/cpu", KEY, lossless=True)]) as bridge,
     ):
         pub = await ctx.publisher("/cpu")
         await pub.wait_for_channels(1)
@@ -175,6 +175,8 @@ async def bridge_send(size: int, count: int) -> None:
         await asyncio.to_thread(sys.stdin.readline)
         used, faults = _cpu() - start, _faults() - faults
         _report_sender(used, faults, threads, count)
+        stats = next(iter(bridge.summary().values()))
+        print("  export:", {k: stats.get(k) for k in ("messages", "samples")}, file=sys.stderr)
 
 
 async def bridge_receive(size: int, count: int) -> None:
@@ -207,7 +209,8 @@ def _start(role: str, end: str, size: int, count: int) -> subprocess.Popen[bytes
     argv = [sys.executable, __file__, "--role", role, end, str(size), str(count)]
     if os.environ.get("EZB_PROFILE") == end:
         spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-        argv = [spy, "record", "--native", "-f", "raw", "-o", f"/tmp/bridge_cpu_{end}.txt", "--"]
+        argv = [spy, "record", "--native", "-f", "raw", "-o", f"/tmp/bridge_cpu_{end}.txt"]
+        argv += [*os.environ.get("EZB_SPY_ARGS", "").split(), "--"]
         argv += [sys.executable, __file__, "--role", role, end, str(size), str(count)]
     wrap = os.environ.get(f"EZB_WRAP_{end}")  # e.g. "perf record -F 1999 -o /tmp/s.data --"
     if wrap:

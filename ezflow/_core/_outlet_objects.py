@@ -1,0 +1,57 @@
+"""``Outlet.publish_encoded_many``'s send to links that take objects, not bodies (local
+ones): what ``Outlet.send_now`` does for a relayed message (its body given, not encoded
+here) when no link takes its body, nothing is traced, no publish hook is set and no link
+hands off the CPU - without send_now's per-link encoding checks and the body wrapper
+those links never read. Kept apart from :mod:`._outlet`, which calls it per message of
+such a run; tests/test_outlet.py pins it to one ``publish`` per message.
+"""
+
+from __future__ import annotations
+
+from time import time_ns
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._config import PUBLISH_YIELD_BYTES, PUBLISH_YIELD_LARGE_BYTES, SHM_COPY_NT_BYTES
+from ._exceptions import ClosedResourceError
+
+if TYPE_CHECKING:
+    from ._outlet import Link, Outlet
+
+__all__ = ["send_objects"]
+
+# (as in ._outlet) What a message of SHM_COPY_NT_BYTES up to PUBLISH_YIELD_BYTES counts
+# toward PUBLISH_YIELD_BYTES: its size divided by this.
+_LARGE_SHARE = PUBLISH_YIELD_LARGE_BYTES // PUBLISH_YIELD_BYTES
+
+
+def send_objects(outlet: Outlet, links: list[Link], message: Any, nbytes: int) -> None:
+    """Send *message* (its body of *nbytes*) to *links*, none of which takes bodies, as
+    ``outlet.send_now(message, None, body)`` would: a writable array as a read-only
+    view, each link that has room (or is lossless) sent to, the others parked, the same
+    counters. The caller checked for room, tracing, hooks and handoff."""
+    if outlet._closed:
+        raise ClosedResourceError("publisher is closed")
+    if type(message) is np.ndarray and message.flags.writeable:
+        message = message.view()  # (read-only for the receivers, as send_now does)
+        message.flags.writeable = False
+    outlet._seq = seq = outlet._seq + 1
+    now = time_ns()
+    sends = drops = 0
+    for link in links:
+        if link.lossless or link.has_room(outlet):
+            link.send(seq, now, message, None)
+            sends += 1
+        else:
+            before = link.drops
+            link.park(seq, now, message, None)
+            drops += link.drops - before
+    stats = outlet.stats
+    stats.messages += 1
+    stats.bytes += nbytes
+    outlet._unyielded_bytes += (
+        nbytes // _LARGE_SHARE if SHM_COPY_NT_BYTES <= nbytes < PUBLISH_YIELD_BYTES else nbytes
+    )
+    stats.sends += sends
+    stats.drops += drops
