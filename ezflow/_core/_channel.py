@@ -755,7 +755,8 @@ def take_queued_py(inbox: Inbox) -> Any:
     Taken: ``stats.taken``, the handler-time sample (``Inbox.get_nowait``'s rule), and
     for a lossless active attachment :meth:`Channel.release` of the first pending entry
     (its count, and once it reaches 0 the entry's removal, the release counters and
-    ``on_release``). ``_speedups.TakePath.take`` is its compiled twin;
+    ``on_release`` - unless both counters stay below the channel's quiet marks).
+    ``_speedups.TakePath.take`` is its compiled twin;
     tests/test_speedups.py pins the two together and tests/test_channel.py pins
     ``Inbox.get`` to ``get_nowait``."""
     items = inbox._items
