@@ -102,12 +102,10 @@ class Channel:
     """Receives one publisher's messages once, decodes once, fans out to local inboxes.
 
     *on_release* is called (synchronously) whenever the cumulative released count grows;
-    the transport forwards it to the publisher, coalescing as it sees fit - and may say
-    when it needs no call: while the released count stays below
-    :attr:`release_quiet_count` and the released bytes below
-    :attr:`release_quiet_bytes` (0, 0: every release calls), releases are counted
-    without calling *on_release* (a transport that will read :attr:`released` at the
-    end of the loop iteration anyway). Besides
+    the transport forwards it to the publisher, coalescing as it sees fit; it is not
+    called while both released figures stay below :attr:`release_quiet_count` and
+    :attr:`release_quiet_bytes` (set by a transport that reads :attr:`released` at the
+    end of the loop iteration anyway; 0, 0: every release calls). Besides
     :attr:`stats`, :attr:`latency` (publish -> deliver of every message, when the
     transport passes the publish time) and :attr:`decode_time` (sampled: one message in
     16) are histograms in nanoseconds.
@@ -755,8 +753,7 @@ def take_queued_py(inbox: Inbox) -> Any:
     Taken: ``stats.taken``, the handler-time sample (``Inbox.get_nowait``'s rule), and
     for a lossless active attachment :meth:`Channel.release` of the first pending entry
     (its count, and once it reaches 0 the entry's removal, the release counters and
-    ``on_release`` - unless both counters stay below the channel's quiet marks).
-    ``_speedups.TakePath.take`` is its compiled twin;
+    ``on_release`` but below the quiet marks). ``_speedups.TakePath.take`` is its twin;
     tests/test_speedups.py pins the two together and tests/test_channel.py pins
     ``Inbox.get`` to ``get_nowait``."""
     items = inbox._items
