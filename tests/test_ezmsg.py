@@ -272,6 +272,9 @@ def run_variants(name: str, tmp_path: Path) -> dict[str, list[str]]:
         paths[variant].write_text(text)
     paths["compat"] = PROGRAMS / name
     env = {**os.environ, "EZFLOW_GRAPH_ADDRESS": "127.0.0.1:0", "PYTHONWARNINGS": "ignore"}
+    # Each in a session of its own: a variant that hangs is killed with every process it
+    # started (ezmsg's graph server holds the pipes too), so that reading what it wrote
+    # ends, and the test fails naming it instead of waiting on the pipes for ever.
     procs = {
         variant: subprocess.Popen(
             [sys.executable, str(path)],
@@ -280,17 +283,27 @@ def run_variants(name: str, tmp_path: Path) -> dict[str, list[str]]:
             text=True,
             env=env,
             cwd=path.parent,
+            start_new_session=True,
         )
         for variant, path in paths.items()
     }
     ended = {}
+    hung: dict[str, tuple[str, str]] = {}
     try:
         for variant, proc in procs.items():
-            ended[variant] = proc.communicate(timeout=60)
+            try:
+                ended[variant] = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                hung[variant] = proc.communicate(timeout=30)
     finally:
         for proc in procs.values():
-            proc.kill()
-            proc.communicate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=30)
+    assert not hung, {variant: err[-2000:] for variant, (_, err) in hung.items()}
     for variant, (_, err) in ended.items():
         assert procs[variant].returncode == 0, f"{variant}: {err}"
     # ezmsg 3.10 logs INFO on stdout (as compat's logger does), 3.9 everything on stderr:
