@@ -4,6 +4,7 @@ Python RingWriter and RingReader, against each other, with real processes and si
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import mmap
 import os
@@ -27,7 +28,7 @@ from conftest import loop_kind
 
 import ezflow
 from ezflow import BrokenResourceError, ProtocolError
-from ezflow._core._config import EZRING_WATCH_INTERVAL
+from ezflow._core._config import EZRING_CREATE_GRACE, EZRING_WATCH_INTERVAL
 from ezflow._transports import _ezring
 from ezflow._transports._ezring_files import (
     OFF_DROPPED,
@@ -320,6 +321,29 @@ async def test_kept_view_holds_its_slot_and_never_changes() -> None:
             frame = await reader.receive()
             assert frame.seq == 5 and frame.array.tolist() == [4] * 8
             assert "ezflow-ring-" + name not in sweep_shm_dir()  # its writer lives
+
+
+def test_a_ring_file_being_created_is_not_swept_until_its_grace_has_passed() -> None:
+    """A writer creates its ring file, then takes its lock: in between (a loaded machine
+    can hold the two calls apart) the file is empty and unlocked, and a graph server's
+    sweep took it for a dead writer's and removed it under the writer (a reader then
+    waited for a ring that never appeared). Such a file is left alone for
+    EZRING_CREATE_GRACE since it last changed; older, its creator died before it started,
+    and the sweep removes it."""
+    name = fresh_name()
+    path = ring_path(name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)  # (as create() begins)
+    try:
+        assert "ezflow-ring-" + name not in sweep_shm_dir()
+        assert os.path.exists(path)
+        old = time.time() - EZRING_CREATE_GRACE - 1
+        os.utime(path, (old, old))
+        assert "ezflow-ring-" + name in sweep_shm_dir()
+        assert not os.path.exists(path)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 async def test_lapped_leaky_reader_detects_it_and_never_holds_the_writer() -> None:

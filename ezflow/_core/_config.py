@@ -67,6 +67,7 @@ __all__ = [
     "ENV_TRANSPORT",
     "ENV_WATCH_RINGS",
     "EZRING_ATTACH_TIMEOUT",
+    "EZRING_CREATE_GRACE",
     "EZRING_POLL_INTERVAL",
     "EZRING_WATCH_INTERVAL",
     "FORKSERVER_ORPHAN_TIMEOUT",
@@ -504,6 +505,11 @@ EZRING_ATTACH_TIMEOUT: Final = 5.0
 #: The graph server scans the shm directory for live ezring rings of its own user this
 #: often (``GraphServer(watch_rings=...)``): a new ring is found within about this long.
 EZRING_WATCH_INTERVAL: Final = 0.5
+#: A ring file whose header is not written yet and whose writer's lock nobody holds is
+#: left alone for this long since it changed: its writer may be between creating it and
+#: taking the lock (two calls a loaded machine can hold apart). Older, its creator died
+#: before it started: a sweep removes it.
+EZRING_CREATE_GRACE: Final = 10.0
 #: Defaults of a ring created by ``RingWriter.create`` (the C writer has the same ones).
 DEFAULT_EZRING_SLOT_COUNT: Final = 16
 DEFAULT_EZRING_MAX_READERS: Final = 16

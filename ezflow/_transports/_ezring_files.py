@@ -22,10 +22,12 @@ import os
 import re
 import stat
 import struct
+import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 
+from .._core._config import EZRING_CREATE_GRACE
 from .._core._exceptions import BrokenResourceError, ConfigurationError, EzflowError, ProtocolError
 from ._shmfiles import RefusedShmFile, open_shm_file, owner_alive, refuse_entry, shm_dir, shm_path
 
@@ -425,7 +427,9 @@ def remove_ring_if_stale(path: str, *, report: bool = False) -> bool:
     """Remove the ring file *path* if its writer is dead; true if removed. Never raises.
 
     Dead means: the header names a process that no longer runs with that start time (or
-    the header is not initialised) *and* no one holds the writer's lock (byte 0). Only a
+    the header is not initialised, for ``EZRING_CREATE_GRACE`` since the file last
+    changed: a writer takes its lock just after creating the file) *and* no one holds the
+    writer's lock (byte 0). Only a
     regular file of this user is considered (opened with :func:`open_ring_file`,
     read-only: a FIFO, directory, symbolic link or another user's file is logged once and
     left alone; *report*: as a WARNING, see ``_shmfiles.refuse_entry``); a missing file
@@ -438,6 +442,8 @@ def remove_ring_if_stale(path: str, *, report: bool = False) -> bool:
     try:
         if file.writer_alive() or file.writer_locked():
             return False
+        if not file.initialised and time.time() - os.fstat(file.fd).st_mtime < EZRING_CREATE_GRACE:
+            return False  # (its writer may not have taken the lock yet)
         os.unlink(path)
     except OSError:
         return False
