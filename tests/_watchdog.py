@@ -21,8 +21,10 @@ faulthandler's C watchdog thread (stacks, exit), which needs no GIL.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -74,8 +76,38 @@ class _Watchdog:
         )
         _out.flush()
         faulthandler.dump_traceback(file=_out, all_threads=True)
+        # The processes the hung test started go with it: a child holding the pipes or
+        # the ports of later tests would outlive the run (a hung program's graph server).
+        killed = []
+        for pid in _descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        _out.write(f"+++ test watchdog: killed the processes it started: {killed} +++\n")
         _out.flush()
         os._exit(_EXIT_CODE)
+
+
+def _descendants(root: int) -> list[int]:
+    """The pids of *root*'s children, theirs, and so on (from /proc: each process's
+    parent), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                ppid = int(stat.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # (gone meanwhile)
+        children.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 _watchdog: _Watchdog | None = None

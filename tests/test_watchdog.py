@@ -16,7 +16,10 @@ import pytest
 from conftest import ClosingUvloop, uvloop
 
 HANGING = """
+import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -24,6 +27,13 @@ import pytest
 
 @pytest.fixture
 def stuck():
+    # A child of its own session, as a test's program would start one: the watchdog
+    # kills it with the worker (its pid goes to the file CHILD_PID names).
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    with open(os.environ["CHILD_PID"], "a") as out:
+        out.write(f"{child.pid}\\n")
     yield
     # pytest-timeout's SIGALRM cannot reach us now, as in a thread stuck in C code.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
@@ -63,6 +73,7 @@ def test_a_hang_in_a_fixture_teardown_fails_with_every_stack(tmp_path: Path) -> 
         **os.environ,
         "PYTHONPATH": str(Path(__file__).parent),
         "EZFLOW_TEST_WATCHDOG_GRACE": "1",
+        "CHILD_PID": str(tmp_path / "child-pids"),
     }
     suite = ("-n", "2", "--dist", "loadfile", "--max-worker-restart", "0")
     started = time.monotonic()
@@ -100,6 +111,15 @@ def test_a_hang_in_a_fixture_teardown_fails_with_every_stack(tmp_path: Path) -> 
     ), outputs["xdist"]
     assert "worker restarting disabled" in outputs["xdist"], outputs["xdist"]
     assert "1 failed, 3 passed" in outputs["xdist"], outputs["xdist"]
+    # The child each hung test started (in a session of its own) went with it.
+    pids = [int(line) for line in (tmp_path / "child-pids").read_text().split()]
+    assert len(pids) == 2, pids
+    for output in outputs.values():
+        assert "+++ test watchdog: killed the processes it started: [" in output, output
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        assert time.monotonic() < deadline, f"children of the hung tests still run: {pids}"
+        time.sleep(0.05)
 
 
 @pytest.mark.skipif(uvloop is None, reason="uvloop is not installed")
