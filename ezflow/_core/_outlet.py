@@ -45,11 +45,9 @@ from ._config import (
     PACED_GAP_NS,
     PUBLISH_YIELD_BYTES,
     PUBLISH_YIELD_EVERY,
-    PUBLISH_YIELD_LARGE_BYTES,
-    SHM_COPY_NT_BYTES,
 )
 from ._exceptions import ClosedResourceError, MessageTooLargeError
-from ._outlet_objects import send_objects
+from ._outlet_objects import send_objects, yield_share
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 from ._tracing import TRACING, WireTrace, carry
 
@@ -59,9 +57,6 @@ log = logging.getLogger("ezflow.outlet")
 
 # publish_nowait declines (so that publish yields) once this many went without a yield.
 _YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
-# What a message of SHM_COPY_NT_BYTES up to PUBLISH_YIELD_BYTES counts toward
-# PUBLISH_YIELD_BYTES: its size divided by this.
-_LARGE_SHARE = PUBLISH_YIELD_LARGE_BYTES // PUBLISH_YIELD_BYTES
 _sched_yield = getattr(os, "sched_yield", None)  # (not on Windows)
 _RUSAGE_THREAD = RUSAGE_THREAD  # (Linux only)
 # This thread's voluntary context switches so far (voluntary_switches_py says what they
@@ -746,11 +741,7 @@ class Outlet:
             nbytes = encoded.nbytes
             stats.encodes += not relayed
         stats.bytes += nbytes
-        # (a message whose copy is streamed, short of PUBLISH_YIELD_BYTES, counts a
-        # quarter: PUBLISH_YIELD_LARGE_BYTES)
-        self._unyielded_bytes += (
-            nbytes // _LARGE_SHARE if SHM_COPY_NT_BYTES <= nbytes < PUBLISH_YIELD_BYTES else nbytes
-        )
+        self._unyielded_bytes += yield_share(nbytes)
         stats.sends += sends
         stats.drops += drops
         if PUBLISH_HOOKS:

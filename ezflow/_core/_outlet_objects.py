@@ -3,7 +3,8 @@ ones): what ``Outlet.send_now`` does for a relayed message (its body given, not 
 here) when no link takes its body, nothing is traced, no publish hook is set and no link
 hands off the CPU - without send_now's per-link encoding checks and the body wrapper
 those links never read. Kept apart from :mod:`._outlet`, which calls it per message of
-such a run; tests/test_outlet.py pins it to one ``publish`` per message.
+such a run (and uses its :func:`yield_share`, the one rule of what a message counts
+toward a yield); tests/test_outlet.py pins it to one ``publish`` per message.
 """
 
 from __future__ import annotations
@@ -19,11 +20,19 @@ from ._exceptions import ClosedResourceError
 if TYPE_CHECKING:
     from ._outlet import Link, Outlet
 
-__all__ = ["send_objects"]
+__all__ = ["send_objects", "yield_share"]
 
-# (as in ._outlet) What a message of SHM_COPY_NT_BYTES up to PUBLISH_YIELD_BYTES counts
-# toward PUBLISH_YIELD_BYTES: its size divided by this.
+# What a message of SHM_COPY_NT_BYTES up to PUBLISH_YIELD_BYTES counts toward
+# PUBLISH_YIELD_BYTES: its size divided by this.
 _LARGE_SHARE = PUBLISH_YIELD_LARGE_BYTES // PUBLISH_YIELD_BYTES
+
+
+def yield_share(nbytes: int) -> int:
+    """What a sent message of *nbytes* counts toward the outlet's next yield
+    (``Outlet._unyielded_bytes``, ``PUBLISH_YIELD_BYTES``): its size, or a quarter of it
+    for a message whose copy is streamed, short of ``PUBLISH_YIELD_BYTES``
+    (``PUBLISH_YIELD_LARGE_BYTES``: no warm block to win back)."""
+    return nbytes // _LARGE_SHARE if SHM_COPY_NT_BYTES <= nbytes < PUBLISH_YIELD_BYTES else nbytes
 
 
 def send_objects(outlet: Outlet, links: list[Link], message: Any, nbytes: int) -> None:
@@ -50,8 +59,6 @@ def send_objects(outlet: Outlet, links: list[Link], message: Any, nbytes: int) -
     stats = outlet.stats
     stats.messages += 1
     stats.bytes += nbytes
-    outlet._unyielded_bytes += (
-        nbytes // _LARGE_SHARE if SHM_COPY_NT_BYTES <= nbytes < PUBLISH_YIELD_BYTES else nbytes
-    )
+    outlet._unyielded_bytes += yield_share(nbytes)
     stats.sends += sends
     stats.drops += drops
