@@ -427,9 +427,7 @@ class ChannelConnection(FramedProtocol):
             self._send_ack()
         elif not self._ack_scheduled:
             self._ack_scheduled = True
-            channel = self.channel
-            channel.release_quiet_count = acked_count + self._ack_every
-            channel.release_quiet_bytes = acked_bytes + self._ack_bytes
+            self._quiet_after(acked_count, acked_bytes)
             if self.large_reads and self.large_ack_delay:
                 self._ack_mark = self.large_reads
                 self._loop.call_later(self.large_ack_delay, self._scheduled_ack)
@@ -459,9 +457,15 @@ class ChannelConnection(FramedProtocol):
             channel = self.channel
             count, nbytes = self._acked = channel.released
             transport.write(frame(ACK_BODY.pack(ACK, count, nbytes)))
-            if self._ack_scheduled:  # (quiet up to the next quarter window from here)
-                channel.release_quiet_count = count + self._ack_every
-                channel.release_quiet_bytes = nbytes + self._ack_bytes
+            if self._ack_scheduled:
+                self._quiet_after(count, nbytes)
+
+    def _quiet_after(self, count: int, nbytes: int) -> None:
+        # The channel's quiet marks while an ACK is scheduled: the next quarter window
+        # from the figures last acknowledged.
+        channel = self.channel
+        channel.release_quiet_count = count + self._ack_every
+        channel.release_quiet_bytes = nbytes + self._ack_bytes
 
     # -- heartbeats (see ezflow._core._liveness) ----------------------------------------
 
