@@ -39,6 +39,8 @@ from ezflow._core._config import (
     REJOIN_MAX_DELAY,
     heartbeat_deadline_from_env,
 )
+from ezflow._core._framing import LENGTH, FramedProtocol
+from ezflow._core._liveness import Heartbeat
 from ezflow._core._protocol import PROTOCOL
 from ezflow._transports._tcp import TcpTransport
 
@@ -737,3 +739,83 @@ async def test_a_lost_publisher_whose_process_died_is_not_retried_and_ends_the_s
         assert (stats.publishers_ended, stats.publishers_broken, stats.rejoins) == (1, 1, 0)
         with pytest.raises(asyncio.TimeoutError):  # ended once
             await asyncio.wait_for(sub.recv(), 0.3)
+
+
+class _Listener(FramedProtocol):
+    """A connection with a real heartbeat that only listens (HeartbeatOwner)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_frame_size=1 << 24)
+        self.frames: list[bytes] = []
+        self.silent_after: float | None = None
+        self.heartbeat: Heartbeat | None = None
+
+    def frame_received(self, body: bytes | memoryview) -> None:
+        self.frames.append(bytes(body))
+
+    def send_heartbeat(self, deadline: float) -> None:
+        self.send_frame(b"\x0a")
+
+    def peer_silent(self, silence: float, deadline: float) -> None:
+        self.silent_after = silence
+        self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+
+
+@ONE_LOOP
+@pytest.mark.parametrize("held_bytes_read_at_looks", [True, False])
+async def test_a_slow_link_busy_with_a_large_frame_is_alive(
+    held_bytes_read_at_looks: bool,
+) -> None:
+    """A large frame trickling in (1 KiB every 20 ms, a slow link) while the kernel holds
+    its rest back for one read: the heartbeat's looks read what arrived, so the peer is
+    heard and not declared dead; once it falls silent, it is, within the deadline. With
+    the looks not reading held bytes (the False case: what this test guards against),
+    the same link is declared dead though bytes keep coming."""
+    loop = asyncio.get_running_loop()
+    listeners: list[_Listener] = []
+    accepted: asyncio.Future[_Listener] = loop.create_future()
+
+    def make() -> _Listener:
+        listeners.append(_Listener())
+        accepted.set_result(listeners[-1])
+        return listeners[-1]
+
+    server = await loop.create_server(make, "127.0.0.1", 0)
+    client = socket.socket()
+    client.setblocking(False)
+    try:
+        await loop.sock_connect(client, server.sockets[0].getsockname())
+        listener = await asyncio.wait_for(accepted, 5)
+        if not held_bytes_read_at_looks:
+            listener.read_held_back = lambda: None  # type: ignore[method-assign]
+        listener.heartbeat = Heartbeat(listener, 0.5)  # (a look every 0.1 s)
+        data = LENGTH.pack(1 << 20) + bytes(1 << 20)
+        await loop.sock_sendall(client, data[:100_000])
+        sent = 100_000
+        start = time.monotonic()
+        while time.monotonic() - start < 1.5 and listener.silent_after is None:
+            await loop.sock_sendall(client, data[sent : sent + 1024])
+            sent += 1024
+            await asyncio.sleep(0.02)
+        if not held_bytes_read_at_looks:
+            assert listener.silent_after is not None
+            return
+        assert listener.silent_after is None
+        # The looks read the held bytes: little of what was sent is left unread.
+        assert listener._reader.rest() <= len(data) - 4 - sent + 16 * 1024
+        silent_from = time.monotonic()
+        while listener.silent_after is None:
+            assert time.monotonic() - silent_from < 2.0, "a silent peer was not declared dead"
+            await asyncio.sleep(0.01)
+        assert listener.frames == []
+    finally:
+        client.close()
+        server.close()
+        await server.wait_closed()
+        for listener in listeners:
+            if listener.transport is not None:
+                listener.transport.abort()

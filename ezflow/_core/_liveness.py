@@ -4,7 +4,9 @@ Graph-server connections and tcp data connections run a :class:`Heartbeat` once 
 handshake is done. The rule, on each side and independently:
 
 * any byte received counts as life (the protocol sets ``heard`` on every read: one
-  attribute store on the receive path, nothing else);
+  attribute store on the receive path, nothing else; a look that heard nothing has the
+  connection read what the kernel holds back for a large frame's rest, so a slow link
+  busy with one is heard at the next look);
 * every ``interval`` the heartbeat looks: when the connection sent nothing since the last
   look, it sends a heartbeat frame (a few bytes carrying the sender's own deadline);
   when nothing was heard for ``deadline`` seconds, the peer is declared dead
@@ -60,6 +62,12 @@ class HeartbeatOwner(Protocol):
 
     def peer_silent(self, silence: float, deadline: float) -> None:
         """Nothing was heard for *silence* >= *deadline* seconds: log once and close."""
+        ...
+
+    def read_held_back(self) -> None:
+        """Nothing was heard since the last look: read now whatever the kernel holds
+        back (bytes of a large frame's rest, see :class:`~ezflow._core._framing.FramedProtocol`),
+        so that a slow peer still sending one is heard at the next look."""
         ...
 
 
@@ -133,6 +141,8 @@ class Heartbeat:
         now = self._loop.time()
         if owner.heard or now - self._last_look > _LATE_LOOK * self.interval:
             self._last_heard = now
+        else:
+            owner.read_held_back()
         owner.heard = False
         self._last_look = now
         silence = now - self._last_heard
