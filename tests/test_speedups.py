@@ -1488,10 +1488,56 @@ def test_the_compiled_copy_of_a_large_part_and_its_refusals(nontemporal: bool) -
 
 
 @needs_extension
+@pytest.mark.parametrize("nontemporal", [False, True])
+@pytest.mark.parametrize("threads", [2, 3, 16, 40])
+def test_the_compiled_copy_in_pieces_is_the_one_copy(nontemporal: bool, threads: int) -> None:
+    """A copy cut into pieces on several threads (at least 1 MiB a piece, at most 16
+    threads) writes what one copy writes, for sizes around the pieces' boundaries and
+    unaligned ends, and nothing outside its span; overlapping buffers are one memmove."""
+    rng = np.random.default_rng(threads)
+    mib = 1 << 20
+    for size, skew, offset in [
+        (2 * mib - 1, 0, 0),  # (one piece: below two)
+        (2 * mib, 0, 64),
+        (3 * mib + 13, 5, 19),
+        (17 * mib + 4097, 3, 7),
+    ]:
+        source = rng.integers(0, 256, size + skew, dtype=np.uint8)[skew:]
+        initial = rng.integers(0, 256, size + offset + 300, dtype=np.uint8)
+        compiled, pure = initial.copy(), initial.copy()
+        _speedups.copy_into(compiled, offset, source, nontemporal, threads)
+        _compiled.copy_into_py(pure, offset, source, nontemporal, threads)
+        assert np.array_equal(compiled, pure), (size, skew, offset)
+        assert np.array_equal(compiled[offset : offset + size], source)
+        assert np.array_equal(compiled[:offset], initial[:offset])
+        assert np.array_equal(compiled[offset + size :], initial[offset + size :])
+    block = np.arange(4 * mib, dtype=np.uint64).astype(np.uint8)
+    expected = block.copy()
+    expected[64 : 64 + 3 * mib] = block[: 3 * mib]
+    _speedups.copy_into(block, 64, block[: 3 * mib], nontemporal, threads)
+    assert np.array_equal(block, expected)
+
+
+@needs_extension
+@pytest.mark.parametrize("threads", [0, -1])
+def test_a_copy_on_no_thread_is_refused_by_both(threads: int) -> None:
+    compiled = outcome(lambda: _speedups.copy_into(bytearray(8), 0, b"x", False, threads))
+    pure = outcome(lambda: _compiled.copy_into_py(bytearray(8), 0, b"x", False, threads))
+    assert compiled == pure and compiled[0] == "raised"
+
+
+@needs_extension
 def test_the_compiled_copy_leaks_nothing() -> None:
     block, part = bytearray(4096), bytes(range(256)) * 8
-    calls = [(block, 5, part, True), (block, 0, part, False), (block, 4000, part, True)]
-    calls.append((bytes(8), 0, part, True))
+    calls: list[tuple[Any, ...]] = [
+        (block, 5, part, True),
+        (block, 0, part, False),
+        (block, 4000, part, True),
+        (bytes(8), 0, part, True),
+        (block, 0, part, True, 0),
+    ]
+    big, big_part = bytearray(2 << 20), bytes(2 << 20)
+    calls.append((big, 0, big_part, False, 2))  # (two pieces: a helper thread)
 
     def run(times: int) -> None:
         for _ in range(times):
@@ -1499,10 +1545,10 @@ def test_the_compiled_copy_leaks_nothing() -> None:
                 with contextlib.suppress(ValueError, TypeError):
                     _speedups.copy_into(*args)
 
-    run(1000)
+    run(300)
     gc.collect()
     before = sys.getallocatedblocks()
-    run(25_000)
+    run(6_000)
     gc.collect()
     assert sys.getallocatedblocks() - before < 100
 

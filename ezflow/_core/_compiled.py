@@ -48,15 +48,17 @@ def active_path() -> str:
     return _PATH
 
 
-def copy_into_py(dst: Any, offset: int, src: Any, nontemporal: bool) -> None:
+def copy_into_py(dst: Any, offset: int, src: Any, nontemporal: bool, threads: int = 1) -> None:
     """Copy the bytes of the contiguous buffer *src* into the writable contiguous buffer
     *dst* at *offset*, with the GIL released (``numpy.copyto``: a ``memmove``).
 
     Raises ``TypeError`` when *src* is not a C-contiguous buffer or *dst* not a
-    writable one, ``ValueError`` when the span lies outside *dst*. *nontemporal* asks for stores
-    that bypass the cache; only ``_speedups.copy_into``, the compiled twin, can make
-    them (tests/test_speedups.py pins the two together): the shm publisher's copy of a
-    part of ``SHM_COPY_NT_BYTES`` or more.
+    writable one, ``ValueError`` when the span lies outside *dst* or *threads* is below
+    1. *nontemporal* asks for stores that bypass the cache, *threads* for the copy in
+    pieces on up to that many threads at once; only ``_speedups.copy_into``, the
+    compiled twin, can do either (tests/test_speedups.py pins the two together): the shm
+    publisher's copy of a part of ``SHM_COPY_NT_BYTES`` or ``SHM_COPY_SPLIT_BYTES`` or
+    more.
     """
     try:
         source = memoryview(src)
@@ -73,6 +75,8 @@ def copy_into_py(dst: Any, offset: int, src: Any, nontemporal: bool) -> None:
     n, length = source.nbytes, target.nbytes
     if offset < 0 or offset > length or n > length - offset:
         raise ValueError(f"copy_into: {n} bytes at {offset} of a buffer of {length} bytes")
+    if threads < 1:
+        raise ValueError(f"copy_into: threads must be 1 or more, not {threads}")
     np.copyto(
         np.frombuffer(target.cast("B"), np.uint8, n, offset),
         np.frombuffer(source.cast("B"), np.uint8, n),
@@ -80,7 +84,7 @@ def copy_into_py(dst: Any, offset: int, src: Any, nontemporal: bool) -> None:
 
 
 #: The copy this process runs: ``_speedups.copy_into`` or :func:`copy_into_py`.
-copy_into: Callable[[Any, int, Any, bool], None] = (
+copy_into: Callable[[Any, int, Any, bool, int], None] = (
     copy_into_py if SPEEDUPS is None else SPEEDUPS.copy_into
 )
 

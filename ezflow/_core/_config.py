@@ -126,6 +126,8 @@ __all__ = [
     "SERVER_CLIENT_BACKLOG",
     "SHM_COPY_NOGIL_BYTES",
     "SHM_COPY_NT_BYTES",
+    "SHM_COPY_SPLIT_BYTES",
+    "SHM_COPY_THREADS",
     "SHM_FREE_PER_FRAME",
     "SHM_LOAN_ROOM",
     "SHM_MAX_MAPPED_SEGMENTS",
@@ -457,6 +459,15 @@ SHM_COPY_NOGIL_BYTES: Final = 1024 * 1024
 #: load 7): the 24.9 MB frame's copy 2.8-3.5 ms -> 1.9 ms; the publisher of 1 MiB
 #: messages 180-185 -> 104-111 µs of CPU a message, its subscriber 58-65 -> 36-44 µs.
 SHM_COPY_NT_BYTES: Final = 1024 * 1024
+#: A part of a message at least this large is copied into its shared-memory block in
+#: pieces by up to ``SHM_COPY_THREADS`` threads at once (the publishing thread and
+#: helpers made for that copy, see ``copy_into``; never more than the CPUs the process
+#: may run on): one core moves ~13 GB/s on the reference machine, well short of what its
+#: memory takes. The 24.9 MB frame's copy 1.9-2.0 ms -> 1.0-1.1 ms with two (2026-11-28,
+#: perf/HISTORY.md). Below it, making a thread costs more than it saves.
+SHM_COPY_SPLIT_BYTES: Final = 4 * 1024 * 1024
+#: ... and how many threads at most (the publishing one included).
+SHM_COPY_THREADS: Final = 2
 #: Shared-memory segments a receiving process keeps mapped per channel; the least
 #: recently used one is unmapped beyond it (arrays still viewing it keep their mapping).
 SHM_MAX_MAPPED_SEGMENTS: Final = 64

@@ -2481,17 +2481,30 @@ PyMODINIT_FUNC PyInit__speedups(void) {
 
 /* -- copy_into: the shm publisher's copy of a large message part (issue 28) ------------
  *
- * copy_into(dst, offset, src, nontemporal)
+ * copy_into(dst, offset, src, nontemporal, threads=1)
  *   Copies the bytes of the C-contiguous buffer src into the writable C-contiguous
  *   buffer dst at offset, with the GIL released; the twin of
  *   ezflow._core._compiled.copy_into_py (same result, same errors: TypeError for a
  *   source that is not a C-contiguous buffer or a destination that is not a writable
- *   one, ValueError for a span outside dst). With nontemporal true, on x86-64, the
- *   stores bypass the cache (SSE2 streaming stores): a part much larger than the core's
- *   cache written for another process to read gains nothing from being cached here,
- *   and a cached store first reads every line it writes (24.9 MB on the reference
- *   machine: 2.8 ms -> 1.9 ms). Elsewhere, or for overlapping buffers, it is memmove.
+ *   one, ValueError for a span outside dst or threads below 1). With nontemporal true,
+ *   on x86-64, the stores bypass the cache (SSE2 streaming stores): a part much larger
+ *   than the core's cache written for another process to read gains nothing from being
+ *   cached here, and a cached store first reads every line it writes (24.9 MB on the
+ *   reference machine: 2.8 ms -> 1.9 ms). Elsewhere, or for overlapping buffers, it is
+ *   memmove. With threads above 1 (and buffers apart), the copy is cut into that many
+ *   pieces of whole cache lines, at least EZ_COPY_PIECE bytes each: the calling thread
+ *   copies the first, a helper thread each other one (made for this copy, all signals
+ *   blocked, joined before it returns: one core's copy is bounded by what one core can
+ *   move, not by the memory). A helper that cannot be made leaves its piece to the
+ *   calling thread: the same bytes, later.
  */
+#ifndef _WIN32
+#include <pthread.h>
+#include <signal.h>
+#define EZ_COPY_THREADS 1
+#endif
+#define EZ_COPY_PIECE ((size_t)1 << 20)
+#define EZ_COPY_MAX_THREADS 16
 #if defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
 #define EZ_STREAMING_STORES 1
@@ -2523,16 +2536,87 @@ static void copy_streaming(char *dst, const char *src, size_t n) {
 #endif
 }
 
+typedef struct {
+    char *to;
+    const char *from;
+    size_t n;
+    int streaming;
+} copy_piece;
+
+static void copy_piece_run(const copy_piece *piece) {
+    if (piece->streaming)
+        copy_streaming(piece->to, piece->from, piece->n);
+    else
+        memcpy(piece->to, piece->from, piece->n);
+}
+
+#ifdef EZ_COPY_THREADS
+static void *copy_piece_thread(void *arg) {
+    copy_piece_run((const copy_piece *)arg);
+    return NULL;
+}
+#endif
+
+/* to and from apart; called without the GIL. */
+static void copy_split(char *to, const char *from, size_t n, int streaming, Py_ssize_t threads) {
+    size_t count = (size_t)threads;
+    if (count > EZ_COPY_MAX_THREADS) count = EZ_COPY_MAX_THREADS;
+    if (count > n / EZ_COPY_PIECE) count = n / EZ_COPY_PIECE;
+    if (count < 2) {
+        copy_piece whole = {to, from, n, streaming};
+        copy_piece_run(&whole);
+        return;
+    }
+#ifdef EZ_COPY_THREADS
+    copy_piece pieces[EZ_COPY_MAX_THREADS];
+    pthread_t helpers[EZ_COPY_MAX_THREADS];
+    int made[EZ_COPY_MAX_THREADS] = {0};
+    size_t step = (n / count) & ~(size_t)63, at = 0;
+    for (size_t i = 0; i < count; i++) {
+        size_t size = i + 1 == count ? n - at : step;
+        pieces[i] = (copy_piece){to + at, from + at, size, streaming};
+        at += size;
+    }
+    /* Helpers block every signal: the process's handlers run in its own threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    for (size_t i = 1; i < count; i++)
+        made[i] = pthread_create(&helpers[i], NULL, copy_piece_thread, &pieces[i]) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    copy_piece_run(&pieces[0]);
+    for (size_t i = 1; i < count; i++) {
+        if (made[i])
+            pthread_join(helpers[i], NULL);
+        else
+            copy_piece_run(&pieces[i]);
+    }
+#else
+    copy_piece whole = {to, from, n, streaming};
+    copy_piece_run(&whole);
+#endif
+}
+
 static PyObject *copy_into(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "copy_into(dst, offset, src, nontemporal)");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "copy_into(dst, offset, src, nontemporal, threads=1)");
         return NULL;
     }
     Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
     if (offset == -1 && PyErr_Occurred()) return NULL;
     int nontemporal = PyObject_IsTrue(args[3]);
     if (nontemporal < 0) return NULL;
+    Py_ssize_t threads = 1;
+    if (nargs == 5) {
+        threads = PyLong_AsSsize_t(args[4]);
+        if (threads == -1 && PyErr_Occurred()) return NULL;
+        if (threads < 1) {
+            PyErr_Format(PyExc_ValueError, "copy_into: threads must be 1 or more, not %zd",
+                         threads);
+            return NULL;
+        }
+    }
     Py_buffer src, dst;
     if (PyObject_GetBuffer(args[2], &src, PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
@@ -2558,8 +2642,8 @@ static PyObject *copy_into(PyObject *module, PyObject *const *args, Py_ssize_t n
     uintptr_t t = (uintptr_t)to, f = (uintptr_t)from; /* (unrelated buffers: as integers) */
     int apart = t + n <= f || f + n <= t;
     Py_BEGIN_ALLOW_THREADS
-    if (nontemporal && apart)
-        copy_streaming(to, from, n);
+    if (apart)
+        copy_split(to, from, n, nontemporal, threads);
     else
         memmove(to, from, n);
     Py_END_ALLOW_THREADS
@@ -2573,8 +2657,9 @@ done:
 
 static PyMethodDef copy_methods[] = {
     {"copy_into", (PyCFunction)(void (*)(void))copy_into, METH_FASTCALL,
-     "copy_into(dst, offset, src, nontemporal): copy src into dst at offset, the GIL "
-     "released (streaming stores when nontemporal, on x86-64); as copy_into_py does."},
+     "copy_into(dst, offset, src, nontemporal, threads=1): copy src into dst at offset, "
+     "the GIL released (streaming stores when nontemporal, on x86-64; in pieces on up to "
+     "threads threads); as copy_into_py does."},
     {NULL, NULL, 0, NULL},
 };
 

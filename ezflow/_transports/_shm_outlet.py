@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import os
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,14 @@ import numpy as np
 
 from .._core._codec import MAX_DEPTH, Codec, EncodedMessage, message_fields
 from .._core._compiled import copy_into
-from .._core._config import SHM_COPY_NOGIL_BYTES, SHM_COPY_NT_BYTES, SHM_LOAN_ROOM, ShmOptions
+from .._core._config import (
+    SHM_COPY_NOGIL_BYTES,
+    SHM_COPY_NT_BYTES,
+    SHM_COPY_SPLIT_BYTES,
+    SHM_COPY_THREADS,
+    SHM_LOAN_ROOM,
+    ShmOptions,
+)
 from .._core._exceptions import BrokenResourceError, MessageTooLargeError, ProtocolError
 from .._core._framing import FREE_ENTRY, FREE_HEADER, RETIRE, frame
 from .._core._outlet import Outlet
@@ -42,19 +50,39 @@ _LEAF_TYPES = frozenset((str, int, float, bool, bytes, bytearray, memoryview, ty
 _new_descriptor = tuple.__new__
 
 
+def _copy_threads() -> int:
+    """Threads a large part's copy may use: ``SHM_COPY_THREADS``, at most the CPUs this
+    process may run on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (not Linux)
+        cpus = os.cpu_count() or 1
+    return max(1, min(SHM_COPY_THREADS, cpus))
+
+
+_COPY_THREADS = _copy_threads()
+
+
 def _write_parts(buffer: memoryview, position: int, parts: Iterable[bytes | memoryview]) -> None:
     """Write *parts* one after another into *buffer*, from *position* on.
 
     A part of ``SHM_COPY_NOGIL_BYTES`` or more is copied by ``copy_into`` (compiled,
     or ``numpy.copyto``), which releases the GIL for the copy, with streaming stores
-    from ``SHM_COPY_NT_BYTES`` on where the compiled copy makes them; smaller ones by
+    from ``SHM_COPY_NT_BYTES`` on and in pieces on several threads from
+    ``SHM_COPY_SPLIT_BYTES`` on where the compiled copy makes them; smaller ones by
     slice assignment, which costs less to set up (0.5 µs).
     """
     for part in parts:
         size = len(part)
         end = position + size
         if size >= SHM_COPY_NOGIL_BYTES:
-            copy_into(buffer, position, part, size >= SHM_COPY_NT_BYTES)
+            copy_into(
+                buffer,
+                position,
+                part,
+                size >= SHM_COPY_NT_BYTES,
+                _COPY_THREADS if size >= SHM_COPY_SPLIT_BYTES else 1,
+            )
         else:
             buffer[position:end] = part
         position = end
