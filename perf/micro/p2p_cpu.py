@@ -113,7 +113,8 @@ async def main():
         # instructions it ran ("Collected"); the difference of two runs over the
         # difference of their N is instructions per message, whatever the load.
         grind = os.environ.get("EZ_CALLGRIND", "")
-        valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+        # (EZ_CALLGRIND_OUT=FILE keeps the profile, for callgrind_annotate)
+        valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + os.environ.get("EZ_CALLGRIND_OUT", "/dev/null")]
         procs = [await asyncio.create_subprocess_exec(*(valgrind if r == grind else []), sys.executable, __file__, TRANSPORT, str(N), PROF, "--role", r, addr) for r in ("sub", "pub")]
         for p in procs: await p.wait()
 
