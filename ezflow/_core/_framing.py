@@ -423,7 +423,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
             if not self._broken:
                 self._broken = True
                 self.protocol_error(exc)
-        if self._hold_socket is not None:
+        # (two attribute reads on the small-frame path: nothing held, nothing to hold)
+        if self._hold_socket is not None and (self._reader.big is not None or self._held_for != 1):
             rest = self._reader.rest()
             self._hold_reads(rest if rest >= _HOLD_BACK_FROM else 1)
 
