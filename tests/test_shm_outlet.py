@@ -4,12 +4,15 @@ are written into its block.
 ``_write_parts`` copies large parts with ``copy_into`` (the GIL released; streaming
 stores with the C extension) and small ones by slice assignment: a differential test
 pins both to the plain concatenation of the parts, and a thread is shown to run during
-a large copy. Real shared memory (a
+a large copy; a part of ``SHM_COPY_SPLIT_BYTES`` or more is copied on up to
+``SHM_COPY_THREADS`` threads, never more than the CPUs the process may run on. Real shared memory (a
 segment of the run's shm directory) throughout.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezflow._core._config import SHM_COPY_NOGIL_BYTES
+from ezflow._core._config import SHM_COPY_NOGIL_BYTES, SHM_COPY_THREADS
+from ezflow._transports import _shm_outlet
 from ezflow._transports._segment import ShmSegment
 from ezflow._transports._shm_outlet import _write_parts
 
@@ -112,3 +116,19 @@ def test_a_large_copy_lets_other_threads_run(segment: ShmSegment) -> None:
     finally:
         sys.setswitchinterval(interval)
     assert ran_during == [False, True]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity: Linux only")
+def test_a_large_copy_uses_no_more_threads_than_the_cpus_the_process_may_run_on() -> None:
+    """SHM_COPY_THREADS is a ceiling: a process pinned to one CPU copies on one thread
+    (a helper there would only take turns with the publishing thread)."""
+    script = (
+        "import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
+        "from ezflow._transports import _shm_outlet; print(_shm_outlet._COPY_THREADS)"
+    )
+    pinned = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert pinned.stdout.strip() == "1"
+    expected = min(SHM_COPY_THREADS, len(os.sched_getaffinity(0)))
+    assert _shm_outlet._copy_threads() == expected

@@ -29,7 +29,16 @@ from conftest import loop_kind
 import ezflow
 from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec
-from ezflow._core._framing import ACK, ACK_BODY, DATA, DATA_PREFIX, END, HELLO, WELCOME
+from ezflow._core._framing import (
+    ACK,
+    ACK_BODY,
+    DATA,
+    DATA_PREFIX,
+    END,
+    HELLO,
+    WELCOME,
+    FramedProtocol,
+)
 from ezflow._core._inbox import Inbox
 from ezflow._core._protocol import PROTOCOL, PublisherInfo
 from ezflow._transports import _stream_publish
@@ -401,3 +410,43 @@ async def test_a_channel_that_goes_away_is_dropped_with_one_log_line(
     assert record.levelno == (logging.INFO if unreleased else logging.DEBUG)
     assert record.getMessage().startswith(f"publisher {pub.id} on topic '/tcp/gone': ")
     assert f"with {unreleased} messages unreleased" in record.getMessage()
+
+
+async def test_a_small_message_after_a_large_one_is_not_held_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over a real tcp edge, the kernel holds reads back while a large message's rest
+    is on its way (SO_RCVLOWAT, ezflow/_core/_framing.py) and not a moment longer: 2 MiB
+    messages arrive whole, and the small message each one is followed by arrives at
+    once, not at the next heartbeat look (a mark left set would hold it for seconds)."""
+    marks: list[int] = []
+    hold_reads = FramedProtocol._hold_reads
+
+    def recording(self: FramedProtocol, mark: int) -> None:
+        marks.append(mark)
+        hold_reads(self, mark)
+
+    monkeypatch.setattr(FramedProtocol, "_hold_reads", recording)
+    async with (
+        ezflow.GraphServer(("127.0.0.1", 0)) as server,
+        ezflow.GraphContext(server.address, auto_start=False) as ctx,
+    ):
+        pub = await ctx.publisher("/large-then-small")
+        sub = await ctx.subscriber("/large-then-small", transport="tcp")
+        await pub.wait_for_channels(1)
+        rng = np.random.default_rng(5)
+        slowest = 0.0
+        for round_ in range(6):
+            large = rng.random(1 << 19, dtype=np.float32)  # 2 MiB
+            await pub.publish(("large", round_, large))
+            got = await asyncio.wait_for(sub.recv(), 10)
+            assert got[:2] == ("large", round_) and np.array_equal(got[2], large)
+            sent = asyncio.get_running_loop().time()
+            await pub.publish(("small", round_))
+            assert await asyncio.wait_for(sub.recv(), 10) == ("small", round_)
+            slowest = max(slowest, asyncio.get_running_loop().time() - sent)
+            await asyncio.sleep(0.05)  # (each large one begins a read of its own)
+        # (heartbeat looks come every 2 s by default: a held small message waits that long)
+        assert slowest < 0.5, slowest
+        # (the rest of each large message was held back, and let go after it)
+        assert max(marks) > 1 << 16 and marks[-1] == 1, marks

@@ -9,7 +9,8 @@ from two runs, as perf/micro/p2p_ir.sh does.
 
 MIXED=1 interleaves two topics as the perf `mixed` cell does (tuple on /p2p, the perf
 worker's registered MixedSample dataclass on /p2p/mixed, one task alternating recv);
-MIXED=dc sends the dataclass alone on one topic.
+MIXED=dc sends the dataclass alone on one topic; MIXED=2 is the perf `pair` cell (the
+two topics of MIXED=1, the tuple on both).
 
 Compare the codec paths in one run: EZFLOW_PURE_PYTHON=1 python ... forces the pure one
 (perf/micro/p2p_cpu_ab.sh alternates them)."""
@@ -43,7 +44,7 @@ async def pub_main(addr):
         pub = await ctx.publisher("/p2p", transport=TRANSPORT)
         body = np.zeros(SIZE // 4, np.float32)
         await pub.wait_for_channels(1)  # (a side under callgrind starts slowly)
-        if MIXED == "1":
+        if MIXED in ("1", "2"):
             pub2 = await ctx.publisher("/p2p/mixed", transport=TRANSPORT)
             await pub2.wait_for_channels(1)
         await asyncio.sleep(0.5)
@@ -54,6 +55,12 @@ async def pub_main(addr):
                 m = (0, seq, time.perf_counter_ns(), body)
                 await (p2(MixedSample(*m)) if seq & 1 else p1(m))
             await (p2(MixedSample(1, -1, 0, body)) if N & 1 else p1((1, -1, 0, body)))
+        elif MIXED == "2":
+            p1, p2 = pub.publish, pub2.publish
+            for seq in range(N):
+                m = (0, seq, time.perf_counter_ns(), body)
+                await (p2(m) if seq & 1 else p1(m))
+            await (p2 if N & 1 else p1)((1, -1, 0, body))
         elif MIXED == "dc":
             for seq in range(N):
                 await pub.publish(MixedSample(0, seq, time.perf_counter_ns(), body))
@@ -70,13 +77,13 @@ async def sub_main(addr):
         sub = await ctx.subscriber("/p2p", transport=TRANSPORT)
         recv = sub.recv
         inbox = sub._inbox  # (how often recv waits: the wake-ups, about one per read)
-        if MIXED == "1":
+        if MIXED in ("1", "2"):
             sub2 = await ctx.subscriber("/p2p/mixed", transport=TRANSPORT)
             recvs = (sub.recv, sub2.recv)
             m = await recv(); c0 = cpu(); u0=cpu2(); t0 = time.perf_counter(); n = 1; waits = 0
             while True:
                 m = await recvs[n & 1]()
-                if (m.phase if n & 1 else m[0]) == 1: break
+                if (m.phase if n & 1 and MIXED == "1" else m[0]) == 1: break
                 n += 1
         elif MIXED == "dc":
             m = await recv(); c0 = cpu(); u0=cpu2(); t0 = time.perf_counter(); n = 1; waits = 0
