@@ -1521,9 +1521,16 @@ def test_the_compiled_copy_in_pieces_is_the_one_copy(nontemporal: bool, threads:
 @needs_extension
 @pytest.mark.parametrize("threads", [0, -1])
 def test_a_copy_on_no_thread_is_refused_by_both(threads: int) -> None:
-    compiled = outcome(lambda: _speedups.copy_into(bytearray(8), 0, b"x", False, threads))
-    pure = outcome(lambda: _compiled.copy_into_py(bytearray(8), 0, b"x", False, threads))
-    assert compiled == pure and compiled[0] == "raised"
+    """Refused by both, with the same error first when more than one thing is wrong."""
+    for args in [
+        (bytearray(8), 0, b"x"),
+        (bytes(8), 0, b"x"),  # (read-only too)
+        (bytearray(8), 7, b"xy"),  # (past the end too)
+        (bytearray(8), 0, 5),  # (not a buffer too)
+    ]:
+        compiled = outcome(lambda args=args: _speedups.copy_into(*args, False, threads))
+        pure = outcome(lambda args=args: _compiled.copy_into_py(*args, False, threads))
+        assert compiled == pure and compiled[0] == "raised", args
 
 
 @needs_extension

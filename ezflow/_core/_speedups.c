@@ -2611,11 +2611,6 @@ static PyObject *copy_into(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (nargs == 5) {
         threads = PyLong_AsSsize_t(args[4]);
         if (threads == -1 && PyErr_Occurred()) return NULL;
-        if (threads < 1) {
-            PyErr_Format(PyExc_ValueError, "copy_into: threads must be 1 or more, not %zd",
-                         threads);
-            return NULL;
-        }
     }
     Py_buffer src, dst;
     if (PyObject_GetBuffer(args[2], &src, PyBUF_C_CONTIGUOUS) < 0) {
@@ -2634,6 +2629,11 @@ static PyObject *copy_into(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (offset < 0 || offset > dst.len || src.len > dst.len - offset) {
         PyErr_Format(PyExc_ValueError, "copy_into: %zd bytes at %zd of a buffer of %zd bytes",
                      src.len, offset, dst.len);
+        goto done;
+    }
+    if (threads < 1) { /* (after the buffers and the span: the twin's order of errors) */
+        PyErr_Format(PyExc_ValueError, "copy_into: threads must be 1 or more, not %zd",
+                     threads);
         goto done;
     }
     char *to = (char *)dst.buf + offset;
