@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import faulthandler
 import hashlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -554,6 +556,32 @@ ROLES = {
     "receive_blast": receive_blast,
 }
 
+
+def dump_tasks() -> None:
+    """Every task's stack to stderr (SIGUSR2: tests/_proc.py sends it to a child that
+    did not report an event in time, so the failure shows where it waits)."""
+    tasks = asyncio.all_tasks()
+    print(f"--- {sys.argv[1]} child {os.getpid()}: {len(tasks)} tasks ---", file=sys.stderr)
+    for task in tasks:
+        print(f"{task.get_name()}:", file=sys.stderr)
+        awaited: Any = task.get_coro()
+        while awaited is not None:  # (down the chain of awaits: where it waits)
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is not None:
+                code = frame.f_code
+                print(f"  {code.co_filename}:{frame.f_lineno} {code.co_name}", file=sys.stderr)
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        print(f"  waiting on {task._fut_waiter!r}", file=sys.stderr)  # type: ignore[attr-defined]
+    sys.stderr.flush()
+
+
+async def run_role(role: str, args: dict[str, Any]) -> None:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dump_tasks)
+    await ROLES[role](args)
+
+
 if __name__ == "__main__":
     role, raw = sys.argv[1], sys.argv[2]
-    ezflow.lowlevel.run_coroutine(ROLES[role](json.loads(raw)))
+    # SIGUSR1: every thread's stack, even with the event loop blocked (see dump_tasks)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    ezflow.lowlevel.run_coroutine(run_role(role, json.loads(raw)))

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,9 +22,13 @@ SCRIPT = str(Path(__file__).with_name("_children.py"))
 class Child:
     """One child process running a role; read its JSON events, stop it, kill it."""
 
-    def __init__(self, process: asyncio.subprocess.Process, role: str) -> None:
+    def __init__(
+        self, process: asyncio.subprocess.Process, role: str, args: tuple[str, ...] = ()
+    ) -> None:
         self.process = process
         self.role = role
+        #: its command line (a child of tests/_children.py dumps its stacks on request)
+        self.args = args
 
     @classmethod
     async def start(
@@ -39,25 +44,36 @@ class Child:
         first (``("ip", "netns", "exec", NAME)`` puts it on another test host); *env*:
         variables set for it on top of this process's."""
         env = dict(os.environ, **(env or {}), EZFLOW_EVENT_LOOP=loop, PYTHONUNBUFFERED="1")
+        command = (*prefix, sys.executable, SCRIPT, role, json.dumps(args))
         process = await asyncio.create_subprocess_exec(
-            *prefix,
-            sys.executable,
-            SCRIPT,
-            role,
-            json.dumps(args),
+            *command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,
         )
-        return cls(process, role)
+        return cls(process, role, command)
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
     async def event(self, name: str, timeout: float = 30) -> dict[str, Any]:
-        """Wait for the next event called *name* (skipping others)."""
-        return await asyncio.wait_for(self._event(name), timeout)
+        """Wait for the next event called *name* (skipping others). A child that sends
+        none in *timeout* seconds is asked for its stacks first (tasks and threads, on
+        its stderr: the test's captured output), then the wait fails."""
+        try:
+            return await asyncio.wait_for(self._event(name), timeout)
+        except asyncio.TimeoutError:
+            if SCRIPT in self.args and self.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.process.pid, signal.SIGUSR2)  # tasks (tests/_children.py)
+                    await asyncio.sleep(0.5)
+                    os.kill(self.process.pid, signal.SIGUSR1)  # threads
+                    await asyncio.sleep(0.5)
+            raise AssertionError(
+                f"{self.role} child sent no {name!r} event in {timeout} s "
+                "(its stacks, if it could print them, are in the captured stderr)"
+            ) from None
 
     async def _event(self, name: str) -> dict[str, Any]:
         assert self.process.stdout is not None
