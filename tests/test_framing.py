@@ -4,22 +4,21 @@ socket, FramedProtocol holding back the reads of a large frame's rest."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import socket
 import ssl
 import struct
-import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _framed import Receiver, receiving
+from _waiting import wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ezflow._core._exceptions import ProtocolError
-from ezflow._core._framing import LENGTH, FramedProtocol, FrameReader, _hold_back_socket, frame
+from ezflow._core._framing import LENGTH, FrameReader, _hold_back_socket, frame
 
 
 def held_nothing(reader: FrameReader) -> bool:
@@ -259,70 +258,6 @@ def test_frames_read_in_place_are_never_written_over(sizes: list[int], chunks: l
 # -- over a real socket: the rest of a large frame held back (SO_RCVLOWAT) ----------------
 
 
-class Receiver(FramedProtocol):
-    """Collects frames and counts the reads the event loop hands it."""
-
-    def __init__(self) -> None:
-        super().__init__(max_frame_size=1 << 24)
-        self.frames: list[bytes] = []
-        self.reads = 0
-        self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.reads += 1
-        super().buffer_updated(nbytes)
-
-    def frame_received(self, body: bytes | memoryview) -> None:
-        self.frames.append(bytes(body))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.lost.done():
-            self.lost.set_result(exc)
-
-    def low_water(self) -> int:
-        """The mark the kernel holds reads back for on the receiving socket."""
-        assert self.transport is not None
-        sock = self.transport.get_extra_info("socket")
-        return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
-
-
-async def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.002)
-
-
-@contextlib.asynccontextmanager
-async def receiving(
-    protocol: Callable[[], Receiver] = Receiver,
-) -> AsyncIterator[tuple[Receiver, socket.socket]]:
-    """A Receiver behind a real TCP listener on loopback, and a client socket to it."""
-    loop = asyncio.get_running_loop()
-    accepted: asyncio.Future[Receiver] = loop.create_future()
-
-    def make() -> Receiver:
-        receiver = protocol()
-        accepted.set_result(receiver)
-        return receiver
-
-    server = await loop.create_server(make, "127.0.0.1", 0)
-    client = socket.socket()
-    client.setblocking(False)
-    try:
-        await loop.sock_connect(client, server.sockets[0].getsockname())
-        receiver = await asyncio.wait_for(accepted, 5)
-        yield receiver, client
-    finally:
-        client.close()
-        server.close()
-        await server.wait_closed()
-        if accepted.done():
-            transport = accepted.result().transport
-            if transport is not None:
-                transport.abort()
-
-
 def kernel_cap() -> int:
     """The highest mark Linux sets: half of tcp_rmem's maximum."""
     with open("/proc/sys/net/ipv4/tcp_rmem") as f:
@@ -333,17 +268,17 @@ async def test_the_rest_of_a_large_frame_is_held_back_until_it_is_all_there() ->
     loop = asyncio.get_running_loop()
     body = random.Random(1).randbytes(1 << 20)
     data = frame(body)
-    async with receiving() as (receiver, client):
+    async with receiving(Receiver) as (receiver, client):
         assert receiver.low_water() == 1
         await loop.sock_sendall(client, data[:100_000])
         # (the first read may take less than was sent: the rest of it is held back too)
-        await wait_until(lambda: receiver._reader.rest() > 0)
+        await wait_until(lambda: receiver._reader.rest() > 0, "a large frame begun", 5)
         assert receiver.low_water() == min(receiver._reader.rest(), kernel_cap())
         reads = receiver.reads
         for start in range(100_000, len(data), 16_384):  # the rest in 58 pieces
             await loop.sock_sendall(client, data[start : start + 16_384])
             await asyncio.sleep(0.0005)
-        await wait_until(lambda: receiver.frames)
+        await wait_until(lambda: receiver.frames, "the large frame", 5)
         assert receiver.frames == [body]
         # A few reads for the rest, not one a piece (the kernel wakes a reader early
         # when the small pieces' overhead fills the receive buffer: tcp_rmem_pressure).
@@ -351,11 +286,11 @@ async def test_the_rest_of_a_large_frame_is_held_back_until_it_is_all_there() ->
         # Held back no longer: a small frame right after is read as soon as it comes.
         assert receiver.low_water() == 1
         await loop.sock_sendall(client, frame(b"after"))
-        await wait_until(lambda: len(receiver.frames) == 2)
+        await wait_until(lambda: len(receiver.frames) == 2, "the small frame", 5)
         assert receiver.frames[1] == b"after"
         # A frame whose rest is below the mark's threshold is read as it comes.
         await loop.sock_sendall(client, frame(bytes(70_000))[:10_000])
-        await wait_until(receiver._reader.rest)
+        await wait_until(receiver._reader.rest, "a frame under the mark begun", 5)
         assert receiver.low_water() == 1
 
 
@@ -364,9 +299,9 @@ async def test_a_peer_gone_in_the_middle_of_a_held_back_frame_is_noticed_at_once
     how: str,
 ) -> None:
     loop = asyncio.get_running_loop()
-    async with receiving() as (receiver, client):
+    async with receiving(Receiver) as (receiver, client):
         await loop.sock_sendall(client, frame(bytes(1 << 20))[:100_000])
-        await wait_until(lambda: receiver.low_water() > 1)
+        await wait_until(lambda: receiver.low_water() > 1, "reads held back", 5)
         if how == "reset":
             client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         client.close()
@@ -384,7 +319,7 @@ async def test_reads_are_held_back_only_on_plain_tcp(tmp_path: Path) -> None:
     )
     try:
         _, writer = await asyncio.open_unix_connection(str(tmp_path / "s"))
-        await wait_until(lambda: made and made[0].transport is not None)
+        await wait_until(lambda: made and made[0].transport is not None, "the connection", 5)
         assert made[0]._hold_socket is None
         writer.close()
         await writer.wait_closed()

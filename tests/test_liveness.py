@@ -30,6 +30,7 @@ from typing import Any
 import _netns as netns
 import msgpack
 import pytest
+from _framed import Receiver, receiving
 from _netns import ip
 from _proc import Child
 
@@ -39,7 +40,7 @@ from ezflow._core._config import (
     REJOIN_MAX_DELAY,
     heartbeat_deadline_from_env,
 )
-from ezflow._core._framing import LENGTH, FramedProtocol
+from ezflow._core._framing import LENGTH
 from ezflow._core._liveness import Heartbeat
 from ezflow._core._protocol import PROTOCOL
 from ezflow._transports._tcp import TcpTransport
@@ -741,17 +742,13 @@ async def test_a_lost_publisher_whose_process_died_is_not_retried_and_ends_the_s
             await asyncio.wait_for(sub.recv(), 0.3)
 
 
-class _Listener(FramedProtocol):
+class _Listener(Receiver):
     """A connection with a real heartbeat that only listens (HeartbeatOwner)."""
 
     def __init__(self) -> None:
-        super().__init__(max_frame_size=1 << 24)
-        self.frames: list[bytes] = []
+        super().__init__()
         self.silent_after: float | None = None
         self.heartbeat: Heartbeat | None = None
-
-    def frame_received(self, body: bytes | memoryview) -> None:
-        self.frames.append(bytes(body))
 
     def send_heartbeat(self, deadline: float) -> None:
         self.send_frame(b"\x0a")
@@ -761,6 +758,7 @@ class _Listener(FramedProtocol):
         self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
         if self.heartbeat is not None:
             self.heartbeat.cancel()
 
@@ -776,20 +774,7 @@ async def test_a_slow_link_busy_with_a_large_frame_is_alive(
     the looks not reading held bytes (the False case: what this test guards against),
     the same link is declared dead though bytes keep coming."""
     loop = asyncio.get_running_loop()
-    listeners: list[_Listener] = []
-    accepted: asyncio.Future[_Listener] = loop.create_future()
-
-    def make() -> _Listener:
-        listeners.append(_Listener())
-        accepted.set_result(listeners[-1])
-        return listeners[-1]
-
-    server = await loop.create_server(make, "127.0.0.1", 0)
-    client = socket.socket()
-    client.setblocking(False)
-    try:
-        await loop.sock_connect(client, server.sockets[0].getsockname())
-        listener = await asyncio.wait_for(accepted, 5)
+    async with receiving(_Listener) as (listener, client):
         if not held_bytes_read_at_looks:
             listener.read_held_back = lambda: None  # type: ignore[method-assign]
         listener.heartbeat = Heartbeat(listener, 0.5)  # (a look every 0.1 s)
@@ -812,10 +797,3 @@ async def test_a_slow_link_busy_with_a_large_frame_is_alive(
             assert time.monotonic() - silent_from < 2.0, "a silent peer was not declared dead"
             await asyncio.sleep(0.01)
         assert listener.frames == []
-    finally:
-        client.close()
-        server.close()
-        await server.wait_closed()
-        for listener in listeners:
-            if listener.transport is not None:
-                listener.transport.abort()
