@@ -144,36 +144,79 @@ async def test_encoded_must_be_a_bool(ctx: ezflow.GraphContext) -> None:
         await ctx.subscriber("/sub/bad", encoded="yes")  # type: ignore[arg-type]
 
 
+_LOCAL_SENT: list[Any] = [
+    (0, 1, np.arange(4, dtype=np.uint8)),  # small: the outlet's one-bytes path
+    np.arange(6.0),  # a writable array
+    {"big": np.zeros(1 << 16, np.uint8), "s": "x"},  # several parts, joined
+    "text",
+]
+
+
+async def _publish_and_check(
+    pub: ezflow.Publisher, encoded: ezflow.Subscriber | None, plain: ezflow.Subscriber
+) -> None:
+    """Publish :data:`_LOCAL_SENT`; *encoded* gets each codec body, *plain* the objects
+    (arrays as read-only views, the publisher's stay writable)."""
+    sent = [m.copy() if isinstance(m, np.ndarray) else m for m in _LOCAL_SENT]
+    for message in sent:
+        await pub.publish(message)
+    for message in sent:
+        if encoded is not None:
+            body = await encoded.recv()
+            assert bytes(body) == Codec().encode(message).to_bytes()
+        got = await plain.recv()  # (the object, not a copy: same type, same body)
+        assert type(got) is type(message)
+        assert Codec().encode(got).to_bytes() == Codec().encode(message).to_bytes()
+        if isinstance(got, np.ndarray):
+            assert not got.flags.writeable  # (a view: the publisher's array stays writable)
+    assert sent[1].flags.writeable
+
+
 @pytest.mark.parametrize("encoded_first", [True, False])
 async def test_a_local_channel_with_an_encoded_subscriber_is_fed_bodies_by_the_outlet(
     ctx: ezflow.GraphContext, encoded_first: bool
 ) -> None:
-    """Differential: a local channel that has an encoded subscriber when it opens gets
-    each body from the outlet (encoded once there, the small-message path included);
-    one that gets it later encodes in the channel. Both hand out the same: the codec's
-    body to the encoded subscriber, the object (arrays read-only) to the other."""
+    """Differential: a local channel with an encoded subscriber, whether it was there
+    when the channel opened or came after, gets each body from the outlet (encoded once
+    there, the small-message path included). It hands out what the codec and the object
+    give: the body to the encoded subscriber, the object (arrays read-only) to the
+    other."""
     pub = await ctx.publisher("/sub/local-bodies")
     first = await ctx.subscriber("/sub/local-bodies", transport="local", encoded=encoded_first)
-    second = await ctx.subscriber("/sub/local-bodies", transport="local", encoded=not encoded_first)
-    encoded, plain = (first, second) if encoded_first else (second, first)
     await pub.wait_for_channels(1)
     (link,) = pub._outlet.links
-    assert link.needs_encoding is encoded_first  # (the outlet encodes for this link)
-    sent: list[Any] = [
-        (0, 1, np.arange(4, dtype=np.uint8)),  # small: the outlet's one-bytes path
-        np.arange(6.0),  # a writable array
-        {"big": np.zeros(1 << 16, np.uint8), "s": "x"},  # several parts, joined
-        "text",
-    ]
-    for message in sent:
-        await pub.publish(message)
-    for message in sent:
-        body = await encoded.recv()
-        assert bytes(body) == Codec().encode(message).to_bytes()
-        got = await plain.recv()  # (the object, not a copy: same type, same body)
-        assert type(got) is type(message) and bytes(body) == Codec().encode(got).to_bytes()
-        if isinstance(got, np.ndarray):
-            assert not got.flags.writeable  # (a view: the publisher's array stays writable)
-    assert sent[1].flags.writeable
-    assert pub.statistics().encodes == (len(sent) if encoded_first else 0)
-    assert encoded.statistics().taken == plain.statistics().taken == len(sent)
+    assert link.needs_encoding is encoded_first
+    second = await ctx.subscriber("/sub/local-bodies", transport="local", encoded=not encoded_first)
+    encoded, plain = (first, second) if encoded_first else (second, first)
+    assert pub._outlet.links == (link,) and link.needs_encoding  # (the outlet encodes)
+    await _publish_and_check(pub, encoded, plain)
+    assert pub.statistics().encodes == len(_LOCAL_SENT)
+    assert encoded.statistics().taken == plain.statistics().taken == len(_LOCAL_SENT)
+
+
+async def test_a_publisher_encodes_only_while_a_local_channel_has_an_encoded_subscriber(
+    ctx: ezflow.GraphContext,
+) -> None:
+    """The last encoded subscriber of a local channel leaving (a Zenoh export unmapped,
+    a relay closed) stops the encoding on the publish path; a new one starts it again.
+    The subscriber of objects gets every message the same way throughout."""
+    pub = await ctx.publisher("/sub/local-encoding")
+    plain = await ctx.subscriber("/sub/local-encoding", transport="local")
+    await pub.wait_for_channels(1)
+    (link,) = pub._outlet.links
+    encoded = await ctx.subscriber("/sub/local-encoding", transport="local", encoded=True)
+    assert link.needs_encoding
+    await _publish_and_check(pub, encoded, plain)
+    encodes = pub.statistics().encodes
+    assert encodes == len(_LOCAL_SENT)
+
+    await encoded.aclose()
+    assert not link.needs_encoding
+    await _publish_and_check(pub, None, plain)
+    assert pub.statistics().encodes == encodes  # (nothing takes bodies: none encoded)
+
+    again = await ctx.subscriber("/sub/local-encoding", transport="local", encoded=True)
+    assert link.needs_encoding and pub._outlet.links == (link,)
+    await _publish_and_check(pub, again, plain)
+    assert pub.statistics().encodes == encodes + len(_LOCAL_SENT)
+    assert plain.statistics().taken == 3 * len(_LOCAL_SENT)

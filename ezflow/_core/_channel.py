@@ -134,6 +134,7 @@ class Channel:
         "decode_time",
         "latency",
         "lost_reason",
+        "on_encoded_change",
         "on_mode_change",
         "on_release",
         "publisher_id",
@@ -169,6 +170,9 @@ class Channel:
         self.release_quiet_count = 0
         self.release_quiet_bytes = 0
         self.on_mode_change = on_mode_change
+        #: called with True when a first encoded subscriber attaches, False when the
+        #: last one leaves (a local link then asks its outlet for bodies, or stops)
+        self.on_encoded_change: Callable[[bool], None] | None = None
         # A tuple, replaced on attach and detach: delivery iterates it while a callback
         # may (indirectly) change it.
         self._attachments: tuple[Attachment, ...] = ()
@@ -229,6 +233,8 @@ class Channel:
         self._attachments = (*self._attachments, attachment)
         if attachment.encoded:
             self._encoded += 1
+            if self._encoded == 1 and self.on_encoded_change is not None:
+                self.on_encoded_change(True)
         if attachment.lossless:
             self._lossless += 1
         if self.lossless != was_lossless and self.on_mode_change is not None:
@@ -244,6 +250,8 @@ class Channel:
         self._attachments = tuple(a for a in self._attachments if a is not attachment)
         if attachment.encoded:
             self._encoded -= 1
+            if not self._encoded and self.on_encoded_change is not None:
+                self.on_encoded_change(False)
         if not attachment.lossless:
             return
         self._lossless -= 1

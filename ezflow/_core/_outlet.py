@@ -331,6 +331,12 @@ class Outlet:
             self.wake()
             self._notify_links_changed()
 
+    def link_changed(self, link: Link) -> None:
+        """Called by *link* when what the outlet reads of it for every publish changed
+        (:attr:`Link.needs_encoding`): the outlet's choice of publish path follows."""
+        if link in self._links:
+            self._links_updated()
+
     def _links_updated(self) -> None:
         links = self._links
         if all(link.needs_encoding for link in links):

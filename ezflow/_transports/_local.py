@@ -1,12 +1,12 @@
 """The local transport: publisher and subscriber in the same process and event loop.
 
 The channel receives the published object itself (numpy arrays as a read-only view),
-with no encoding at all - unless the channel has an encoded subscriber (a relay such
-as the Zenoh bridge's export) when the link opens: that link asks the outlet for each
-message's body (:attr:`Link.needs_encoding`: encoded once, on the publish path, the
-small-message fast path included), and the channel hands the body to its encoded
-subscribers and the object to the others. Without it, the channel would encode for its
-encoded subscribers, after the outlet walked the message to validate it. Flow control
+with no encoding at all - except while the channel has an encoded subscriber (a relay
+such as the Zenoh bridge's export): the link then asks the outlet for each message's
+body (:attr:`Link.needs_encoding`: encoded once, on the publish path, the small-message
+fast path included), and the channel hands the body to its encoded subscribers and the
+object to the others. Otherwise the channel would encode for its encoded subscribers,
+after the outlet walked the message to validate it. Flow control
 works exactly as for the other transports. A
 publisher that closes ends its channels (``Channel.end``) right after its last message,
 as ``END`` does on the other transports.
@@ -37,68 +37,44 @@ _OUTLETS: dict[str, tuple[Outlet, asyncio.AbstractEventLoop]] = {}
 
 
 class _LocalLink(Link):
+    """A local link. While its channel has an encoded subscriber (a relay such as the
+    Zenoh bridge's export), it asks the outlet for each message's body
+    (:attr:`needs_encoding`, encoded once on the publish path) and the channel gets the
+    body with the object (``Channel._body``: its encoded subscribers take the body, the
+    others the object, a writable array as a read-only view as the outlet hands it to a
+    link that does not encode). It follows the channel (``Channel.on_encoded_change``):
+    an encoded subscriber that attaches later turns that on, the last one leaving turns
+    it off, so that a publisher encodes only while something takes bodies."""
+
     transport = "local"
-    needs_encoding = False
 
     def __init__(self, channel: Channel, on_lost: Callable[[], None]) -> None:
         super().__init__(lossless=channel.lossless, max_message_size=2**63)
         self.channel = channel
         self.on_lost: Callable[[], None] | None = on_lost
+        self.needs_encoding = channel._encoded > 0
         channel.on_release = self.released
         channel.on_mode_change = self.set_lossless
+        channel.on_encoded_change = self.set_encoding
 
-    def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
-        self.sent_count += 1
-        self.channel.deliver(seq, message, 0, self.drops, time_ns)
-
-    def send_traced(
-        self,
-        seq: int,
-        time_ns: int,
-        message: Any,
-        encoded: EncodedMessage | None,
-        trace: WireTrace,
-    ) -> None:
-        self.sent_count += 1
-        trace.t_sent = monotonic_ns()
-        self.channel.deliver_traced(trace, seq, message, 0, self.drops, time_ns)
-
-    def cut(self) -> None:
-        # The stall policy: the channel loses its publisher (no clean end).
-        on_lost, self.on_lost = self.on_lost, None
-        if on_lost is not None:
-            self.channel.lost("the publisher cut it (stall_timeout)")
-            on_lost()
-
-    def close(self) -> None:
-        # Called by Outlet.close after the last message: the publisher's end (unless the
-        # channel side closed first, which clears on_lost).
-        on_lost, self.on_lost = self.on_lost, None
-        if on_lost is not None:
-            self.channel.end()
-            on_lost()
-
-
-class _EncodedLocalLink(_LocalLink):
-    """A local link to a channel that had an encoded subscriber when it opened: the
-    outlet encodes each message (:attr:`needs_encoding`) and the channel gets the body
-    with the object (``Channel._body``: its encoded subscribers take the body, the others
-    the object, a writable array as a read-only view as on :class:`_LocalLink`). Whoever
-    attaches later, the link stays one: a channel left without encoded subscribers
-    delivers the object, as from :class:`_LocalLink`."""
-
-    needs_encoding = True
+    def set_encoding(self, encoding: bool) -> None:
+        """Ask the outlet for bodies (*encoding*) or only for objects from now on."""
+        self.needs_encoding = encoding
+        if self.outlet is not None:
+            self.outlet.link_changed(self)
 
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
         self.sent_count += 1
         channel = self.channel
-        if encoded is not None and channel._encoded:
-            channel._body = encoded.to_bytes()  # (one part: itself, no copy)
-        if type(message) is np.ndarray and message.flags.writeable:
-            message = _read_only(message)
+        if self.needs_encoding:
+            if encoded is not None and channel._encoded:
+                channel._body = encoded.to_bytes()  # (one part: itself, no copy)
+            if type(message) is np.ndarray and message.flags.writeable:
+                message = _read_only(message)
         channel.deliver(seq, message, 0, self.drops, time_ns)
 
     def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
+        # (only while needs_encoding: the outlet's one-bytes path)
         self.sent_count += 1
         channel = self.channel
         if channel._encoded:
@@ -115,10 +91,27 @@ class _EncodedLocalLink(_LocalLink):
         encoded: EncodedMessage | None,
         trace: WireTrace,
     ) -> None:
-        if type(message) is np.ndarray and message.flags.writeable:
+        self.sent_count += 1
+        if self.needs_encoding and type(message) is np.ndarray and message.flags.writeable:
             message = _read_only(message)
+        trace.t_sent = monotonic_ns()
         # (the object only: an encoded subscriber's body is encoded by the channel)
-        super().send_traced(seq, time_ns, message, encoded, trace)
+        self.channel.deliver_traced(trace, seq, message, 0, self.drops, time_ns)
+
+    def cut(self) -> None:
+        # The stall policy: the channel loses its publisher (no clean end).
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            self.channel.lost("the publisher cut it (stall_timeout)")
+            on_lost()
+
+    def close(self) -> None:
+        # Called by Outlet.close after the last message: the publisher's end (unless the
+        # channel side closed first, which clears on_lost).
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            self.channel.end()
+            on_lost()
 
 
 def _read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -141,6 +134,7 @@ class _LocalInbound(Inbound):
         self._outlet.remove_link(self._link)
         self._link.channel.on_release = None
         self._link.channel.on_mode_change = None
+        self._link.channel.on_encoded_change = None
 
 
 class LocalTransport(Transport):
@@ -182,8 +176,7 @@ class LocalTransport(Transport):
                 "in this process"
             )
         outlet = entry[0]
-        # (a channel with an encoded subscriber: the outlet encodes, the channel does not)
-        link = (_EncodedLocalLink if channel._encoded else _LocalLink)(channel, on_lost)
+        link = _LocalLink(channel, on_lost)
         outlet.add_link(link)
         return _LocalInbound(outlet, link)
 
