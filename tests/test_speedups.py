@@ -1220,13 +1220,8 @@ def test_the_compiled_take_is_the_python_twin(ops: list[tuple[Any, ...]]) -> Non
     get_nowait takes, in both."""
     import time  # noqa: PLC0415
 
-    from ezflow._core._channel import (  # noqa: PLC0415
-        NOTHING,
-        Channel,
-        compiled_take_queued,
-        take_queued_py,
-    )
-    from ezflow._core._inbox import Inbox  # noqa: PLC0415
+    from ezflow._core._channel import Channel, compiled_take_queued  # noqa: PLC0415
+    from ezflow._core._inbox import NOTHING, Inbox, take_queued_py  # noqa: PLC0415
 
     compiled = compiled_take_queued(_speedups)
     assert compiled is not None
@@ -1330,13 +1325,8 @@ def test_the_compiled_take_leaves_a_released_next_entry_to_the_general_path(
     release can) declines: Channel.release's _advance removes both, and the publisher
     hears of both at once. With the next entry still held (count 1, 2) the compiled take
     releases the first one itself. The compiled take and take_queued_py alike."""
-    from ezflow._core._channel import (  # noqa: PLC0415
-        NOTHING,
-        Channel,
-        compiled_take_queued,
-        take_queued_py,
-    )
-    from ezflow._core._inbox import Inbox  # noqa: PLC0415
+    from ezflow._core._channel import Channel, compiled_take_queued  # noqa: PLC0415
+    from ezflow._core._inbox import NOTHING, Inbox, take_queued_py  # noqa: PLC0415
 
     compiled = compiled_take_queued(_speedups)
     assert compiled is not None

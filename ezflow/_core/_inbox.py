@@ -139,8 +139,8 @@ def _ignore(*args: object) -> None:
 
 
 #: The compiled take of a queued message (``_channel.compiled_take_queued``, installed
-#: by ezflow._core._channel when the extension is built), or None; and what it returns
-#: when it took nothing.
+#: by ezflow._core._channel when the extension is built; :func:`take_queued_py` is its
+#: reference twin), or None; and what it returns when it took nothing.
 take_queued: Callable[[Inbox], Any] | None = None
 NOTHING: Final = object()
 
@@ -648,3 +648,41 @@ class Inbox:
             self._end_told = False
             if at_end:
                 self._wake()
+
+
+def take_queued_py(inbox: Inbox) -> Any:
+    """Take *inbox*'s oldest queued message as :meth:`Inbox.get` does and return it, or
+    return :data:`NOTHING` having changed nothing when the general path must decide: an
+    empty queue, a traced message being handled (``_open_hop``) or queued, an
+    undecodable one, or a lossless release whose entry is not where
+    :meth:`Channel.release` looks first (the first pending entry, or the one at its seq's
+    distance from it) or that would release the next entry too (``Channel._advance``).
+
+    Taken: ``stats.taken``, the handler-time sample (``Inbox.get_nowait``'s rule), and
+    for a lossless active attachment :meth:`Channel.release` of the first pending entry
+    (its count, and once it reaches 0 the entry's removal, the release counters and
+    ``on_release`` but below the quiet marks). ``_speedups.TakePath.take`` is its twin;
+    tests/test_speedups.py pins the two together and tests/test_channel.py pins
+    ``Inbox.get`` to ``get_nowait``."""
+    items = inbox._items
+    if not items or inbox._open_hop is not None:
+        return NOTHING
+    item = items[0]
+    if type(item) is not tuple:
+        return NOTHING
+    attachment, seq, _ = item
+    if attachment.lossless and attachment.active:
+        pending = attachment.channel._pending
+        if pending:
+            entry = pending[0]
+            if entry[0] != seq:
+                # Not the first (a release deferred to the loop holds it): where it is
+                # when no seq is missing between (Channel.release's rule), else NOTHING.
+                index = seq - entry[0]
+                if not 0 < index < len(pending) or pending[index][0] != seq:
+                    return NOTHING
+            elif entry[1] <= 1 and len(pending) > 1 and pending[1][1] <= 0:
+                return NOTHING
+    # The general path itself, on the cases the checks above leave: the take, its
+    # handler-time sample, and Channel.release (without _advance) at once.
+    return inbox.get_nowait()

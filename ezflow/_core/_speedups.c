@@ -2097,7 +2097,7 @@ static PyTypeObject PublishPathType = {
 
 /* TakePath(inbox_type, attachment_type, channel_type, stats_type, histogram_type,
  *          deque_type, nothing, sample_mask)
- *   Its take(inbox) is the compiled twin of ezflow._core._channel.take_queued_py: the
+ *   Its take(inbox) is the compiled twin of ezflow._core._inbox.take_queued_py: the
  *   oldest queued message of a queueing inbox taken as Inbox.get takes it (counted, its
  *   handler time sampled, its release to a lossless channel's first pending entry done,
  *   the channel's on_release called when the cumulative release grows), or *nothing*

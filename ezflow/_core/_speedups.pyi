@@ -88,7 +88,7 @@ class PublishPath:
     handoff_yields: int
 
 class TakePath:
-    """The compiled take of a queued message (``_channel.take_queued_py``'s twin)."""
+    """The compiled take of a queued message (``_inbox.take_queued_py``'s twin)."""
 
     def __new__(
         cls,
