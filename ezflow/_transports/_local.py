@@ -66,11 +66,12 @@ class _LocalLink(Link):
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
         self.sent_count += 1
         channel = self.channel
-        if self.needs_encoding:
-            if encoded is not None and channel._encoded:
-                channel._body = encoded.to_bytes()  # (one part: itself, no copy)
-            if type(message) is np.ndarray and message.flags.writeable:
-                message = _read_only(message)
+        if encoded is not None and channel._encoded:
+            channel._body = encoded.to_bytes()  # (one part: itself, no copy)
+        if type(message) is np.ndarray and message.flags.writeable:
+            # (what the outlet hands a link that encodes, or one that did when the
+            # message was parked: the object as published)
+            message = _read_only(message)
         channel.deliver(seq, message, 0, self.drops, time_ns)
 
     def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
@@ -92,7 +93,7 @@ class _LocalLink(Link):
         trace: WireTrace,
     ) -> None:
         self.sent_count += 1
-        if self.needs_encoding and type(message) is np.ndarray and message.flags.writeable:
+        if type(message) is np.ndarray and message.flags.writeable:
             message = _read_only(message)
         trace.t_sent = monotonic_ns()
         # (the object only: an encoded subscriber's body is encoded by the channel)
