@@ -175,6 +175,36 @@ async def test_a_publisher_of_large_messages_yields_to_its_loop_every_few_mib(
         assert (await sub.recv()).nbytes == payload.nbytes
 
 
+async def test_a_relay_of_large_bodies_yields_as_a_publisher_of_those_messages(
+    ctx: ezflow.GraphContext,
+) -> None:
+    """``publish_encoded_many`` of 1 MiB bodies (the Zenoh bridge's import) yields as
+    often as ``publish`` of the same messages: once per ``PUBLISH_YIELD_LARGE_BYTES``."""
+    pub = await ctx.publisher("/outlet/yield-relayed", max_in_flight_bytes=1 << 30)
+    sub = await ctx.subscriber("/outlet/yield-relayed", transport="shm")
+    await pub.wait_for_channels(1)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.ensure_future(tick())
+    await asyncio.sleep(0)
+    payload = np.ones(SHM_COPY_NT_BYTES, dtype=np.uint8)
+    body = Codec().encode(payload).to_bytes()
+    count = 2 * (PUBLISH_YIELD_LARGE_BYTES // SHM_COPY_NT_BYTES) + 1
+    ticks = 0
+    await pub.publish_encoded_many([payload] * count, [body] * count)
+    assert pub.statistics().waits == 0  # (so each tick came from a yield, not a wait)
+    assert ticks == 2
+    ticker.cancel()
+    for _ in range(count):
+        assert (await sub.recv()).nbytes == payload.nbytes
+
+
 class _OutletClocks:
     """The outlet's clock and its count of the thread's sleeps, made deterministic: a
     busy CI machine can stall a real burst for more than the 50 us that make a publish

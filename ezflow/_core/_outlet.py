@@ -583,7 +583,9 @@ class Outlet:
                 drops += link.drops - before
         if self._handoff:
             self._hand_off(now)
-        self._unyielded_bytes += len(body)
+        # (a relay's body may be large: it counts as send_now counts it; a body this
+        # path encoded is small, its share its size)
+        self._unyielded_bytes += yield_share(len(body)) if relayed else len(body)
         stats = self.stats
         stats.messages += 1
         stats.encodes += not relayed
