@@ -303,7 +303,13 @@ DEFAULT_MAX_IN_FLIGHT_BYTES: Final = 32 * 1024 * 1024
 DEFAULT_LEAKY_QUEUE: Final = 1
 
 #: A publish that did not have to wait yields to the event loop once per this many
-#: messages, so that a tight publishing loop never starves its loop's other tasks.
+#: messages, so that a tight publishing loop never starves its loop's other tasks. An
+#: outlet counts its publishes since the loop last turned (its data connections see
+#: the turn): a task publishing to two topics in turn yields once a turn, not once for
+#: each topic one right after the other (the second turn writing a message or two and
+#: waking their subscriber for them). The ordinary 64 B program on two topics of one
+#: shape over tcp, ``-V pair``: 2.52-2.55 -> 2.22-2.24 µs of CPU a message (2026-11-28,
+#: perf/HISTORY.md).
 PUBLISH_YIELD_EVERY: Final = 64
 #: ... or once per this many encoded bytes, so that a publisher of large messages also
 #: reads its channels' releases often: the shared-memory blocks they free are reused

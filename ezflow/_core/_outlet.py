@@ -398,10 +398,12 @@ class Outlet:
 
         A publish that did not have to wait yields to the event loop once every
         ``PUBLISH_YIELD_EVERY`` messages or ``PUBLISH_YIELD_BYTES`` encoded bytes
-        (``PUBLISH_YIELD_LARGE_BYTES`` of messages of 1 MiB up to 4 MiB), so
-        that a tight publishing loop cannot starve the other tasks of its loop (a leaky
-        subscriber in the same process would never run otherwise) and reads its
-        channels' releases often.
+        (``PUBLISH_YIELD_LARGE_BYTES`` of messages of 1 MiB up to 4 MiB) published
+        since the loop last turned, so that a tight publishing loop cannot starve the
+        other tasks of its loop (a leaky subscriber in the same process would never run
+        otherwise) and reads its channels' releases often. (A data connection that
+        queued messages in a turn starts its outlet's count again when the loop comes
+        round: a task publishing to several outlets yields once for all of them.)
         """
         if self._closed:
             raise ClosedResourceError("publisher is closed")

@@ -243,6 +243,14 @@ class StreamLink(Link):
 
     def _end_of_iteration(self) -> None:
         self._flush_scheduled = False
+        # The loop has turned since this link queued (the publishing task awaited:
+        # another of its outlets yielded, or anything else): what the outlet's next yield
+        # is for has happened, so its count starts again. A task that publishes to two
+        # topics in turn then yields once a turn, not twice in a row (the second turn
+        # writing one message and waking its subscriber for it).
+        outlet = self.outlet
+        if outlet is not None:
+            outlet._unyielded = outlet._unyielded_bytes = 0
         self.flush()
 
     def flush(self) -> None:
