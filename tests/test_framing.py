@@ -18,7 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ezflow._core._exceptions import ProtocolError
-from ezflow._core._framing import LENGTH, FrameReader, _hold_back_socket, frame
+from ezflow._core._framing import (
+    _HOLD_BACK_AT_MOST,
+    LENGTH,
+    FrameReader,
+    _hold_back_socket,
+    frame,
+)
 
 
 def held_nothing(reader: FrameReader) -> bool:
@@ -291,6 +297,32 @@ async def test_the_rest_of_a_large_frame_is_held_back_until_it_is_all_there() ->
         # A frame whose rest is below the mark's threshold is read as it comes.
         await loop.sock_sendall(client, frame(bytes(70_000))[:10_000])
         await wait_until(receiver._reader.rest, "a frame under the mark begun", 5)
+        assert receiver.low_water() == 1
+
+
+async def test_a_larger_rest_is_held_back_a_piece_at_a_time() -> None:
+    """A frame whose rest is larger than _HOLD_BACK_AT_MOST (a 4K frame) is held back
+    that much at a time: the mark never asks for more, and the reader reads the rest in
+    a few pieces as they come (not once, after the last byte, with the sender stalled
+    on the full window)."""
+    loop = asyncio.get_running_loop()
+    body = random.Random(2).randbytes(6 << 20)
+    data = frame(body)
+    async with receiving(Receiver) as (receiver, client):
+        await loop.sock_sendall(client, data[:100_000])
+        await wait_until(lambda: receiver._reader.rest() > 0, "a large frame begun", 5)
+        assert receiver._reader.rest() > _HOLD_BACK_AT_MOST
+        assert receiver.low_water() == min(_HOLD_BACK_AT_MOST, kernel_cap())
+        marks = set()
+        reads = receiver.reads
+        for start in range(100_000, len(data), 256 * 1024):
+            await loop.sock_sendall(client, data[start : start + 256 * 1024])
+            marks.add(receiver.low_water())
+        await wait_until(lambda: receiver.frames, "the large frame", 5)
+        assert receiver.frames == [body]
+        assert max(marks) <= _HOLD_BACK_AT_MOST
+        # (about one read a MiB: the rest in ~24 pieces of 256 KiB came in far fewer)
+        assert 2 <= receiver.reads - reads <= 16, receiver.reads - reads
         assert receiver.low_water() == 1
 
 

@@ -34,9 +34,11 @@ announced and is still missing): the socket is reported readable once the rest i
 so the rest comes in one read and one turn of the loop instead of one for each piece the
 sender's segments leave, and the sender's kernel wakes this process once, not for every
 segment. At 1 MiB a message this cut the CPU of both processes by a fifth (perf/HISTORY.md).
-The mark only ever asks for bytes a header announced; a connection closed or reset is
-readable whatever the mark; the kernel caps it (half of ``tcp_rmem``'s maximum) and grows
-the socket's receive buffer to fit. Bytes held back this way still count as life for
+The mark only ever asks for bytes a header announced, at most 1 MiB at a time (a larger
+rest, a 4K frame, is read in pieces of that size, their copy out of the kernel
+overlapping the transfer); a connection closed or reset is readable whatever the mark;
+the kernel caps it too (half of ``tcp_rmem``'s maximum) and grows the socket's receive
+buffer to fit. Bytes held back this way still count as life for
 heartbeats (:meth:`FramedProtocol.read_held_back`).
 """
 
@@ -137,6 +139,14 @@ _DIRECT_READ_THRESHOLD: Final = 16 * 1024
 # all there (SO_RCVLOWAT, see the module docstring); a smaller rest is read as it comes
 # (a loopback segment is up to 64 KiB: it would come in one read or two anyway).
 _HOLD_BACK_FROM: Final = 64 * 1024
+# ... and at most this much of it at a time: a larger rest (a 4K frame) is read in pieces
+# of this size as they come, its copy out of the kernel overlapping its transfer. Held
+# back whole, the reader waited for up to half of tcp_rmem's maximum (16 MiB on a host
+# allowing 32) and copied it all after its last byte, while the sender stalled on the
+# full window: a paced 24.9 MB frame's p50 5.4-5.6 ms held back this way against 6.2-10.6
+# ms whole, frames back to back 202-205 against 168-176 a second; 1 MiB messages
+# unchanged, 8.7-8.8k a second (perf/micro/large_cpu.py tcp, 2026-11-28).
+_HOLD_BACK_AT_MOST: Final = 1024 * 1024
 # Where a frame read straight into its own buffer starts in it: its length prefix here,
 # so that the body (at 16) keeps the codec's 16-byte alignment.
 _DIRECT_OFFSET: Final = 12
@@ -426,7 +436,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         # (two attribute reads on the small-frame path: nothing held, nothing to hold)
         if self._hold_socket is not None and (self._reader.big is not None or self._held_for != 1):
             rest = self._reader.rest()
-            self._hold_reads(rest if rest >= _HOLD_BACK_FROM else 1)
+            self._hold_reads(min(rest, _HOLD_BACK_AT_MOST) if rest >= _HOLD_BACK_FROM else 1)
 
     def _hold_reads(self, mark: int) -> None:
         """Have the kernel report the socket readable only once *mark* bytes are there
