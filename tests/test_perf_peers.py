@@ -186,6 +186,31 @@ def test_pyzmq_runs_next_to_ezflow_over_shm_and_tcp(
     assert any(line.startswith("| ezflow / pyzmq-sync | ") for line in lines)
 
 
+def test_the_latency_floor_is_the_paced_one_way_floor_of_the_raw_socket_beside_it() -> None:
+    """The floor of a paced latency row is what the paced cells are: the run's raw
+    socket with a message every period (Unix beside shm, tcp beside tcp), not half a
+    socketpair round trip (an echo, both ends busy: once 4x the paced floor, once below
+    it). A file without the paced floor falls back to the round trip."""
+    path = Path(__file__).resolve().parent.parent / "perf/baselines/2026-11-28-peers-s10c.json"
+    document = json.loads(path.read_text())
+    paced = {(e["over"], e["size"]): e for e in document["floor"]["paced_one_way_us"]}
+    rows = {
+        (row.metric, row.size, row.transport): row
+        for row in _command.table_rows(document)
+        if row.metric != "msgs_per_s"
+    }
+    assert rows
+    for (metric, size, transport), row in rows.items():
+        key = "p50" if metric == "latency_p50_us" else "p99"
+        over = "unix" if transport == "shm" else "tcp"
+        assert row.floor == paced[over, size][key]
+    del document["floor"]["paced_one_way_us"]
+    halves = {e["size"]: e["p50"] / 2 for e in document["floor"]["socketpair_rtt_us"]}
+    for row in _command.table_rows(document):
+        if row.metric == "latency_p50_us":
+            assert row.floor == halves[row.size]
+
+
 @pytest.mark.timeout(VENV_TIMEOUT)
 def test_a_peer_that_crashes_is_retried_and_counted(
     cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -11,8 +11,9 @@ table (:func:`table_rows`, :func:`rich_table`, :func:`markdown`):
   ``recv()``), each peer, then ``ezflow/PEER`` for each peer - ezflow's figure divided
   by the peer's, so > 1 is better for msgs/s and < 1 is better for latency, the way
   the issue's bars are written -, the raw floor of the machine for that size (msgs/s:
-  back to back on a raw socket, Unix next to shm and tcp next to tcp; latency:
-  socketpair round trip / 2), one memcpy of that size, and the crashes of every
+  back to back on a raw socket, Unix next to shm and tcp next to tcp; latency: a
+  message every period on that socket, the paced one-way floor, or socketpair round
+  trip / 2 in older results files), one memcpy of that size, and the crashes of every
   framework in that cell (the runner retries a crashed worker and counts it; a count
   here means figures came from a later attempt, or none came).
 
@@ -165,19 +166,24 @@ def _ordinary(cell: dict[str, Any]) -> bool:
 
 
 def _floor(document: dict[str, Any], metric: str, size: int, transport: str) -> float | None:
-    """The raw floor of *metric* at *size*: for msgs/s, messages of that size written
-    back to back on a raw socket (Unix next to shm, tcp next to tcp), else one memcpy per
-    message when the run did not measure the stream; for latency, half the socketpair
-    round trip."""
+    """The raw floor of *metric* at *size* on the raw socket next to *transport* (Unix
+    next to shm, tcp next to tcp): for msgs/s, messages of that size written back to
+    back, else one memcpy per message when the run did not measure the stream; for
+    latency, a message of that size every period, both processes idle in between (the
+    paced one-way floor: what the paced cells are), else - a results file from before
+    that was measured - half the socketpair round trip."""
     floor = document["floor"]
+    over = "unix" if transport == "shm" else "tcp"
     if metric == "msgs_per_s":
-        over = "unix" if transport == "shm" else "tcp"
         for entry in floor.get("stream_msgs_per_s", []):
             if entry["size"] == size and entry["over"] == over:
                 return float(entry["msgs_per_s"])
         copy = _memcpy_us(document, size)
         return 1e6 / copy if copy else None
     key = "p50" if metric == "latency_p50_us" else "p99"
+    for entry in floor.get("paced_one_way_us", []):
+        if entry["size"] == size and entry["over"] == over:
+            return float(entry[key])
     for entry in floor["socketpair_rtt_us"]:
         if entry["size"] == size:
             return float(entry[key]) / 2
