@@ -28,6 +28,7 @@ import msgpack
 import pytest
 from _proc import ezflow_cli
 from _unit_graphs import Checker, Counter
+from _waiting import wait_until
 from conftest import loop_kind, without_shm_notices
 
 import ezflow
@@ -164,17 +165,30 @@ async def test_unit_processes_inherit_the_token(monkeypatch: pytest.MonkeyPatch)
         pytest.skip("what a child inherits does not depend on the event loop")
     monkeypatch.setenv("EZFLOW_TOKEN", TOKEN)
     async with ezflow.GraphServer(("127.0.0.1", 0)) as server:  # the token from the env
-        counter, checker = Counter(count=100), Checker(count=100)
-        async with ezflow.GraphRunner(
+        # The checker's process is read while the graph starts: it cannot end before
+        # start() returns (it gets no message before), and its unit takes half a second
+        # to initialize meanwhile. Read after start(), it could have taken its 100
+        # messages and ended already (it did, once in a dozen runs).
+        counter, checker = Counter(count=100), Checker(count=100, init_delay=0.5)
+        runner = ezflow.GraphRunner(
             COUNT=counter,
             CHECK=checker,
             connections=[(counter.OUTPUT, checker.INPUT)],
             process_components=[checker],
             graph_address=server.address,
-        ) as runner:
+        )
+        starting = asyncio.ensure_future(runner.start())
+        try:
+            await wait_until(lambda: "CHECK" in runner.processes, "the checker's process", 20)
             where = Path(f"/proc/{runner.processes['CHECK']}/cmdline")
             cmdline = await asyncio.to_thread(where.read_bytes)
+            await starting
             await asyncio.wait_for(runner.wait(), 20)
+        finally:
+            if not starting.done():
+                starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            await runner.stop()
         assert runner.completed_by == "CHECK"  # its process received all 100 messages
         assert not server.bad_peers.counts
     assert TOKEN.encode() not in cmdline
