@@ -132,6 +132,28 @@ async def test_a_small_array_parked_for_a_full_leaky_channel_is_sent_when_room_f
     assert np.array_equal(newest, np.full(16, last, dtype=np.int64))
 
 
+class _LoopTurns:
+    """Counts the running loop's turns (a task that yields at every turn), from when
+    :attr:`count` is set to 0: in a test where nothing waits, its publisher's yields."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def __aenter__(self) -> _LoopTurns:
+        self._ticker = asyncio.ensure_future(self._tick())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._ticker.cancel()
+        await asyncio.gather(self._ticker, return_exceptions=True)
+
+    async def _tick(self) -> None:
+        while True:
+            self.count += 1
+            await asyncio.sleep(0)
+
+
 @pytest.mark.parametrize(
     ("size", "every"),
     [
@@ -152,25 +174,15 @@ async def test_a_publisher_of_large_messages_yields_to_its_loop_every_few_mib(
     pub = await ctx.publisher("/outlet/yield-bytes", max_in_flight_bytes=1 << 30)
     sub = await ctx.subscriber("/outlet/yield-bytes", transport="shm")
     await pub.wait_for_channels(1)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.ensure_future(tick())
-    await asyncio.sleep(0)
     payload = np.ones(size, dtype=np.uint8)  # (encoded: a few bytes more)
     count = 2 * (every // size) + 1  # a yield before the last of each every // size
     assert count < PUBLISH_YIELD_EVERY
-    ticks = 0
-    for _ in range(count):
-        await pub.publish(payload)
-    assert pub.statistics().waits == 0  # (so each tick came from a yield, not a wait)
-    assert ticks == 2
-    ticker.cancel()
+    async with _LoopTurns() as turns:
+        turns.count = 0
+        for _ in range(count):
+            await pub.publish(payload)
+        assert pub.statistics().waits == 0  # (so each tick came from a yield, not a wait)
+        assert turns.count == 2
     for _ in range(count):
         assert (await sub.recv()).nbytes == payload.nbytes
 
@@ -186,29 +198,19 @@ async def test_a_task_publishing_to_two_topics_in_turn_yields_once_a_turn(
     subs = [await ctx.subscriber(f"/outlet/two-{i}", transport=transport) for i in range(2)]
     for pub in pubs:
         await pub.wait_for_channels(1)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.ensure_future(tick())
-    await asyncio.sleep(0)
-    turns = 3
-    ticks = 0
-    for seq in range(turns * PUBLISH_YIELD_EVERY):
-        for pub in pubs:
-            await pub.publish((seq, b"x" * 16))
-    assert all(pub.statistics().waits == 0 for pub in pubs)  # (each tick from a yield)
-    # One yield per PUBLISH_YIELD_EVERY pairs (whichever publisher is due first; the
-    # message that yields counts toward the count before the turn): at pairs 63, 126
-    # and 189. Counting per publisher alone, both yielded at 63, 127 and 191: six.
-    assert ticks == turns
-    ticker.cancel()
+    rounds = 3
+    async with _LoopTurns() as turns:
+        turns.count = 0
+        for seq in range(rounds * PUBLISH_YIELD_EVERY):
+            for pub in pubs:
+                await pub.publish((seq, b"x" * 16))
+        assert all(pub.statistics().waits == 0 for pub in pubs)  # (each tick from a yield)
+        # One yield per PUBLISH_YIELD_EVERY pairs (whichever publisher is due first; the
+        # message that yields counts toward the count before the turn): at pairs 63, 126
+        # and 189. Counting per publisher alone, both yielded at 63, 127 and 191: six.
+        assert turns.count == rounds
     for sub in subs:
-        for seq in range(turns * PUBLISH_YIELD_EVERY):
+        for seq in range(rounds * PUBLISH_YIELD_EVERY):
             assert (await sub.recv())[0] == seq
 
 
@@ -220,24 +222,14 @@ async def test_a_relay_of_large_bodies_yields_as_a_publisher_of_those_messages(
     pub = await ctx.publisher("/outlet/yield-relayed", max_in_flight_bytes=1 << 30)
     sub = await ctx.subscriber("/outlet/yield-relayed", transport="shm")
     await pub.wait_for_channels(1)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.ensure_future(tick())
-    await asyncio.sleep(0)
     payload = np.ones(SHM_COPY_NT_BYTES, dtype=np.uint8)
     body = Codec().encode(payload).to_bytes()
     count = 2 * (PUBLISH_YIELD_LARGE_BYTES // SHM_COPY_NT_BYTES) + 1
-    ticks = 0
-    await pub.publish_encoded_many([payload] * count, [body] * count)
-    assert pub.statistics().waits == 0  # (so each tick came from a yield, not a wait)
-    assert ticks == 2
-    ticker.cancel()
+    async with _LoopTurns() as turns:
+        turns.count = 0
+        await pub.publish_encoded_many([payload] * count, [body] * count)
+        assert pub.statistics().waits == 0  # (so each tick came from a yield, not a wait)
+        assert turns.count == 2
     for _ in range(count):
         assert (await sub.recv()).nbytes == payload.nbytes
 
