@@ -326,13 +326,14 @@ async def test_a_larger_rest_is_held_back_a_piece_at_a_time() -> None:
         assert receiver.low_water() == 1
 
 
+@pytest.mark.parametrize("size", [1 << 20, 6 << 20])  # (a rest held back whole; 1 MiB of it)
 @pytest.mark.parametrize("how", ["close", "reset"])
 async def test_a_peer_gone_in_the_middle_of_a_held_back_frame_is_noticed_at_once(
-    how: str,
+    how: str, size: int
 ) -> None:
     loop = asyncio.get_running_loop()
     async with receiving(Receiver) as (receiver, client):
-        await loop.sock_sendall(client, frame(bytes(1 << 20))[:100_000])
+        await loop.sock_sendall(client, frame(bytes(size))[:100_000])
         await wait_until(lambda: receiver.low_water() > 1, "reads held back", 5)
         if how == "reset":
             client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
