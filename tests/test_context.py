@@ -229,6 +229,29 @@ async def test_unregistered_type_raises_before_sending(ctx: ezflow.GraphContext)
     assert pub.statistics().messages == 1
 
 
+async def test_a_local_edge_refuses_a_bad_message_amid_a_stream_of_good_ones(
+    ctx: ezflow.GraphContext,
+) -> None:
+    # A local edge encodes nothing: it validates each message, the shape it validated
+    # last in one compiled pass. A message of that shape that tcp would refuse (an int
+    # out of msgpack's range, an object array) is refused here too, before it is sent,
+    # and the stream goes on.
+    pub = await ctx.publisher("/t")
+    sub = await ctx.subscriber("/t")
+    arr = np.zeros(4, np.float32)
+    for seq in range(50):
+        await pub.publish((0, seq, arr))
+    with pytest.raises(ezflow.UnregisteredTypeError, match="64-bit range"):
+        await pub.publish((0, 2**64, arr))
+    with pytest.raises(ezflow.UnregisteredTypeError, match="object"):
+        await pub.publish((0, 1, np.array([None], dtype=object)))
+    await pub.publish((0, 50, arr))
+    got = [await sub.recv() for _ in range(51)]
+    assert [seq for _, seq, _ in got] == list(range(51))
+    assert pub.statistics().messages == 51
+    assert sub.queued == 0
+
+
 async def test_message_too_large_for_receiver(server: ezflow.GraphServer) -> None:
     async with (
         ezflow.GraphContext(server.address) as sender,

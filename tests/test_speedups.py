@@ -27,14 +27,24 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _messages import _INT_EDGES, LEAVES, OTHER, assert_same_decoded, mutations, shapes
+from _messages import (
+    _INT_EDGES,
+    LEAVES,
+    OTHER,
+    Sample,
+    Wide,
+    assert_same_decoded,
+    mutations,
+    shapes,
+)
 from _soon import Soon
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ezflow._core import _compiled
-from ezflow._core._codec import HEADER, SMALL_BODY, Codec, message
+from ezflow._core._codec import _RELEARN_CHECK_AFTER, HEADER, SMALL_BODY, Codec, message
 from ezflow._core._codec._format import _body_view, _spans
+from ezflow._core._codec._general import _check
 from ezflow._core._codec._layouts import _Layout, _learn_layout
 from ezflow._core._codec._registry import _TYPES_BY_CLASS
 from ezflow._core._codec._templates import (
@@ -69,14 +79,24 @@ def outcome(call: Any) -> tuple[str, object]:
 
 
 def twins(obj: Any) -> tuple[_Template, Any] | None:
-    """The pure-Python template of *obj*'s shape and its compiled twin (None when no
+    """The pure-Python template of *obj*'s shape and its compiled twin's
+    ``encode_small`` (None when no template covers the shape)."""
+    found = compiled_twin(obj)
+    if found is None:
+        return None
+    template, compiled = found
+    return template, None if compiled is None else compiled.encode_small
+
+
+def compiled_twin(obj: Any) -> tuple[_Template, Any] | None:
+    """The pure-Python template of *obj*'s shape and a compiled ``_speedups.Template``
+    of it, or None for it where the extension does not cover the shape (None when no
     template covers the shape)."""
     template = _template_for(obj, type(obj))
     if template is None:
         return None
     values, names = values_and_names(obj)
-    compiled = _compiled_template(type(obj), names, values, template.entry, _speedups)
-    return template, compiled
+    return template, _compiled_template(type(obj), names, values, template.entry, _speedups)
 
 
 def values_and_names(obj: Any) -> tuple[tuple[Any, ...], tuple[str, ...] | None]:
@@ -156,7 +176,8 @@ def test_the_compiled_encode_is_the_python_twin(shape: Any, data: st.DataObject)
         probe = data.draw(near_misses(obj))
         limit = data.draw(limits)
         expected = outcome(lambda p=probe, n=limit: template.encode_small_py(p, n))
-        assert outcome(lambda p=probe, n=limit: compiled(p, n)) == expected, (probe, limit)
+        got = outcome(lambda p=probe, n=limit: compiled(p, n))
+        assert got == expected, (probe, limit)
         if expected[0] == "ok" and expected[1] is not None:
             # ... and both are the general encoder's bytes
             assert expected[1] == Codec().encode(probe).to_bytes()
@@ -181,9 +202,155 @@ def test_every_msgpack_width_boundary_encodes_alike() -> None:
         assert compiled is not None, probe
         for limit in (64, SMALL_BODY):
             expected = outcome(lambda t=template, p=probe, n=limit: t.encode_small_py(p, n))
-            assert outcome(lambda c=compiled, p=probe, n=limit: c(p, n)) == expected, probe
+            got = outcome(lambda c=compiled, p=probe, n=limit: c(p, n))
+            assert got == expected, probe
             compared += expected[0] == "ok" and expected[1] is not None
     assert compared > len(probes)  # (most are bytes at the larger limit, some at both)
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def general_check(obj: Any) -> tuple[str, object]:
+    """What the general check (``Codec.validate``'s pure path) does with *obj*."""
+    return outcome(lambda: _check(obj, 0))
+
+
+@needs_extension
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes(), st.data())
+def test_the_compiled_check_passes_only_what_the_general_check_passes(
+    shape: Any, data: st.DataObject
+) -> None:
+    from _messages import build  # noqa: PLC0415
+
+    obj = build(shape, data.draw)
+    found = compiled_twin(obj)
+    if found is None or found[1] is None:
+        return
+    template, compiled = found
+    check = template.check  # (what validate uses: the template's compiled twin's)
+    assert check is not None
+    # The message of the shape itself: passed exactly when the general check passes
+    # (an int out of range: False, and it raises).
+    assert check(obj) == compiled.check(obj) == (general_check(obj)[0] == "ok"), obj
+    for _ in range(6):
+        probe = data.draw(near_misses(obj))
+        assert check(probe) == compiled.check(probe)
+        if check(probe):
+            assert general_check(probe) == ("ok", None), probe
+
+
+@needs_extension
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(shapes(), min_size=1, max_size=3), st.data())
+def test_validate_of_a_stream_raises_what_the_general_check_raises(
+    kinds: list[Any], data: st.DataObject
+) -> None:
+    # One codec (its hint and relearning countdown) over a stream mixing a few shapes,
+    # near misses and bad messages: every message gets the general check's outcome.
+    from _messages import build  # noqa: PLC0415
+
+    codec = Codec()
+    firsts = [build(kind, data.draw) for kind in kinds]
+    stream = data.draw(
+        st.lists(st.sampled_from(firsts).flatmap(near_misses_or_self), min_size=1, max_size=40)
+    )
+    for probe in stream:
+        assert outcome(lambda p=probe: codec.validate(p)) == general_check(probe), probe
+
+
+def near_misses_or_self(obj: Any) -> st.SearchStrategy[Any]:
+    return st.just(obj) | near_misses(obj) if twins(obj) is not None else st.just(obj)
+
+
+class _StrKey(str):
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        raise AssertionError("a key's __eq__ ran")
+
+    __hash__ = str.__hash__
+
+
+@needs_extension
+def test_validate_takes_the_compiled_check_for_a_stream_of_one_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ezflow._core._codec as codec_module  # noqa: PLC0415
+
+    calls: list[object] = []
+
+    def counted(obj: object, depth: int) -> None:
+        calls.append(obj)
+        _check(obj, depth)
+
+    monkeypatch.setattr(codec_module, "_check", counted)
+    codec = Codec()
+    arr = np.zeros(16, np.float32)
+    for seq in range(100):
+        codec.validate((0, seq, time.perf_counter_ns(), arr))
+    assert len(calls) == 1  # the first: the shape learned, then the compiled check
+    for seq in range(100):
+        codec.validate(Sample(0, seq, 2**64 - 1, arr))
+        codec.validate({"a": seq, "b": "x" * seq})
+    # Two shapes alternating: the hint misses every other message; learning again is
+    # bounded (one in _RELEARN_CHECK_AFTER + 1 general checks), and they stay correct.
+    assert 100 <= len(calls) - 1 <= 200
+    calls.clear()
+    for seq in range(100):
+        codec.validate({"a": seq, "b": "x" * seq})
+    assert len(calls) <= _RELEARN_CHECK_AFTER + 1
+
+
+@needs_extension
+def test_validate_refuses_at_the_edges_of_a_learned_shape() -> None:
+    # Each probe has the learned shape but one thing the general check refuses (or that
+    # only it may judge); validate raises exactly what the general check raises.
+    arr = np.zeros(4, np.float32)
+    bad_key = {_StrKey("a"): 1, "b": 2}
+    probes: list[Any] = [(v, arr) for v in _INT_EDGES]
+    probes += [
+        (0, np.ma.masked_array(arr)),  # a masked array: refused
+        (0, np.array([object()], dtype=object)),  # an object dtype: refused
+        (0, arr.astype(np.float64)),  # another dtype: the general check decides
+        (0, arr.reshape(2, 2)),  # another ndim: passes (validate ignores shapes)
+        (0, arr[::2]),  # not contiguous: passes
+        (True, arr),  # another item type
+        bad_key,  # a str subclass key: its __eq__ must not run
+        {"a": 1, "b": [1]},
+        {"b": 1, "a": 2},
+        (0, "\ud800"),  # a lone surrogate: not checked by validate (documented)
+    ]
+    learned: list[Any] = [(0, arr), {"a": 1, "b": 2}, (0, "s")]
+    for first in learned:
+        for probe in probes:
+            codec = Codec()
+            codec.validate(first)
+            assert codec._last_checked is not None, first
+            assert outcome(lambda c=codec, p=probe: c.validate(p)) == general_check(probe), (
+                first,
+                probe,
+            )
+
+
+@needs_extension
+def test_a_dataclass_missing_a_field_raises_as_the_general_check_does() -> None:
+    arr = np.zeros(4, np.float32)
+    codec = Codec()
+    codec.validate(Sample(0, 1, 2, arr))
+    broken = Sample(0, 1, 2, arr)
+    del broken.payload
+    expected = general_check(broken)
+    assert expected[0] == "raised" and expected[1][0] is AttributeError  # type: ignore[index]
+    assert outcome(lambda: codec.validate(broken)) == expected
+    # ... and a frozen, slotted one (its fields read at their offsets)
+    wide = Wide(0, 1, 2, 3, arr)
+    codec.validate(wide)
+    assert codec._last_checked is not None
+    assert outcome(lambda: codec.validate(Wide(0, 1, 2, 2**64, arr))) == general_check(
+        Wide(0, 1, 2, 2**64, arr)
+    )
 
 
 # --------------------------------------------------------------------------- framing
@@ -561,6 +728,11 @@ def test_no_leak_over_1e5_calls() -> None:
         assert found is not None and found[1] is not None
         calls.append((found[1], (probe, SMALL_BODY)))
     calls.append((twins(Pair(1, 2))[1], (broken, SMALL_BODY)))  # type: ignore[index]
+    # check: passed, an int out of range, an error cleared, a dict (and a near miss)
+    for template_message, probe in [*probes, (Pair(1, 2), broken), ({"a": 1}, {"a": 2})]:
+        found = compiled_twin(template_message)
+        assert found is not None and found[1] is not None
+        calls += [(found[1].check, (probe,)), (found[1].check, ({"b": 1},))]
     # decode: a tuple with an array view, a dataclass, a body that does not match, a
     # str that is not UTF-8 (an error cleared), a constructor that raises
     for message_ in ((0, 1, 2.5, arr), Pair("x", arr), ("abc", 1)):

@@ -14,7 +14,9 @@
  *   is missing, a dict key whose __eq__ raises) propagates as it does there. Names are
  *   packed once; a dataclass whose fields are all __slots__ members has them read at
  *   their offsets while its class is unchanged (see template_slots, slots_hold).
- *   tests/test_speedups.py pins the two together (hypothesis).
+ *   tests/test_speedups.py pins the two together (hypothesis). Its check(obj) is
+ *   Codec.validate's fast path: True only where the general check
+ *   (_general._check) raises nothing for obj, False where that check must decide.
  *
  * Wire layout (ezflow/_core/_codec/_format.py): u8 version | u8 flags | u16 nbuf |
  * u32 meta_len | nbuf x u64 buffer length | meta (msgpack) | padding to 16 | buffer.
@@ -726,10 +728,92 @@ static PyObject *Template_encode_small(TemplateObject *self, PyObject *const *ar
     return encode_small_into(self, args[0], limit, 0);
 }
 
+/* The values of dict *obj* in order when its keys are exactly this template's names,
+ * each an exact str (no user __eq__ or __hash__ runs), as count new references in
+ * items[]. 1: done; 0: not of this shape. */
+static int exact_dict_items(TemplateObject *self, PyObject *obj, PyObject **items) {
+    Py_ssize_t count = self->count, pos = 0, i = 0;
+    PyObject *key, *value;
+    if (PyDict_GET_SIZE(obj) != count) return 0;
+    while (i < count && PyDict_Next(obj, &pos, &key, &value)) {
+        PyObject *name = PyTuple_GET_ITEM(self->names, i);
+        if (!PyUnicode_CheckExact(key) || (key != name && PyUnicode_Compare(key, name) != 0))
+            break;
+        Py_INCREF(value);
+        items[i++] = value;
+    }
+    if (i == count) return 1;
+    for (Py_ssize_t k = 0; k < i; k++) Py_DECREF(items[k]);
+    return 0;
+}
+
+/* check(obj): Codec.validate's fast path. True when obj has this template's shape
+ * (container, length, names, exact item types, the array's dtype) and every int is in
+ * msgpack's range: then _general._check raises nothing for obj (it checks types, int
+ * ranges and dtypes, not str contents, sizes or an array's shape). False means
+ * undecided: the general check decides, and raises what there is to raise. Never
+ * raises itself: an error while reading obj (a missing dataclass field) is cleared and
+ * gives False, and the general check meets it again. */
+static PyObject *Template_check(TemplateObject *self, PyObject *obj) {
+    if ((PyObject *)Py_TYPE(obj) != self->kind) Py_RETURN_FALSE;
+    PyObject *items[TEMPLATE_MAX_ITEMS];
+    int got = self->container == C_DICT ? exact_dict_items(self, obj, items)
+                                        : items_of(self, obj, items);
+    if (got <= 0) {
+        if (got < 0) PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    Py_ssize_t count = self->count;
+    int ok = 1;
+    for (Py_ssize_t i = 0; ok && i < count; i++) {
+        PyObject *v = items[i];
+        if ((PyObject *)Py_TYPE(v) != PyTuple_GET_ITEM(self->types, i)) {
+            ok = 0;
+            break;
+        }
+        if (self->item_kinds[i] == I_INT) {
+            long long d;
+            if (PyLong_CheckExact(v) && small_ll(v, &d)) continue;
+            int overflow = 0;
+            d = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (d == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                ok = 0;
+            } else if (overflow < 0) {
+                ok = 0; /* below int64 */
+            } else if (overflow > 0) {
+                PyLong_AsUnsignedLongLong(v);
+                if (PyErr_Occurred()) { /* above uint64 */
+                    PyErr_Clear();
+                    ok = 0;
+                }
+            }
+        } else if (self->item_kinds[i] == I_ARRAY) {
+            PyObject *dtype = PyObject_GetAttr(v, str_dtype);
+            if (dtype == NULL) {
+                PyErr_Clear();
+                ok = 0;
+            } else {
+                if (dtype != self->dtype) {
+                    int eq = PyObject_RichCompareBool(dtype, self->dtype, Py_EQ);
+                    if (eq < 0) PyErr_Clear();
+                    ok = eq > 0;
+                }
+                Py_DECREF(dtype);
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) Py_DECREF(items[i]);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef Template_methods[] = {
     {"encode_small", (PyCFunction)(void (*)(void))Template_encode_small, METH_FASTCALL,
      "encode_small(obj, limit) -> bytes | None: the body of obj, exactly as "
      "_Template.encode_small returns it."},
+    {"check", (PyCFunction)Template_check, METH_O,
+     "check(obj) -> bool: True when obj has this shape and _general._check raises "
+     "nothing for it; False: undecided (Codec.validate's fast path)."},
     {NULL, NULL, 0, NULL},
 };
 

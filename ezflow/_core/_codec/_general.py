@@ -295,14 +295,14 @@ def _check(obj: object, depth: int) -> None:
     Mirrors ``_Encoder.prepare`` / ``prepare_other`` check for check, in the same order.
     """
     tp = type(obj)
+    if tp is np.ndarray:  # (first: a message that is one array is the common case)
+        _check_dtype(obj.dtype)  # type: ignore[attr-defined]
+        return
     if tp is str or tp is float or tp is bool or obj is None or tp is bytes:
         return
     if tp is int:
         if not _INT_MIN <= obj <= _INT_MAX:  # type: ignore[operator]
             raise _int_out_of_range(obj)  # type: ignore[arg-type]
-        return
-    if tp is np.ndarray:
-        _check_dtype(obj.dtype)  # type: ignore[attr-defined]
         return
     entry = _TYPES_BY_CLASS.get(tp)
     if entry is not None:

@@ -113,7 +113,7 @@ class _Template:
     arrays and numpy scalars as ext values) and the arrays, or None.
     """
 
-    __slots__ = ("encode_small", "entry", "exports", "kind", "prepare")
+    __slots__ = ("check", "encode_small", "entry", "exports", "kind", "prepare")
 
     def __init__(self, kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> None:
         self.kind = kind
@@ -142,11 +142,17 @@ class _Template:
         self.prepare: Callable[[Any, int], tuple[Any, tuple[Any, ...]] | None] = namespace[
             "prepare"
         ]
+        compiled = _compiled_template(kind, names, values, self.entry)
         #: ``encode_small(obj, limit)``: the compiled twin of :meth:`encode_small_py`
         #: where the C extension is active and covers the shape, else that method
         self.encode_small: Callable[[Any, int], bytes | None] = (
-            _compiled_template(kind, names, values, self.entry) or self.encode_small_py
+            self.encode_small_py if compiled is None else compiled.encode_small
         )
+        #: ``check(obj)``: True when *obj* has this shape and the general check
+        #: (``_general._check``, :meth:`Codec.validate`) raises nothing for it, False
+        #: when it must decide; compiled only (None without the extension: the general
+        #: check is the pure path's, one pass in Python either way)
+        self.check: Callable[[Any], bool] | None = None if compiled is None else compiled.check
 
     def encode_small_py(self, obj: Any, limit: int) -> bytes | None:
         """The whole body of *obj* as one ``bytes`` object when it has this shape and a
@@ -232,11 +238,12 @@ def _compiled_template(
     values: tuple[Any, ...],
     entry: Any,
     speedups: ModuleType | None = SPEEDUPS,
-) -> Callable[[Any, int], bytes | None] | None:
-    """The compiled ``encode_small`` of the shape of *values* (``_speedups.Template``
-    of *speedups*, the active extension by default), or None where no extension is
-    active or it does not cover the shape (numpy scalars, two arrays or more: the
-    pure-Python path encodes those). *entry* is the dataclass's registry entry."""
+) -> Any:
+    """The compiled template of the shape of *values* (a ``_speedups.Template`` of
+    *speedups*, the active extension by default: its ``encode_small`` and ``check``),
+    or None where no extension is active or it does not cover the shape (numpy
+    scalars, two arrays or more: the pure-Python path encodes those). *entry* is the
+    dataclass's registry entry."""
     if speedups is None:
         return None
     item_kinds = tuple(_ITEM_KINDS.get(type(value), -1) for value in values)
@@ -256,8 +263,7 @@ def _compiled_template(
         b"" if entry is None else entry.prefix,
         _MAX_EMPTY_ITEMS,
     )
-    encode_small: Callable[[Any, int], bytes | None] = compiled.encode_small
-    return encode_small
+    return compiled
 
 
 def _prepare_source(kind: type, names: tuple[str, ...] | None, values: tuple[Any, ...]) -> str:
@@ -373,3 +379,17 @@ def _template_for(obj: Any, tp: type) -> _Template | None:
             _ENC_TEMPLATES.clear()
         _ENC_TEMPLATES[key] = template
     return template
+
+
+def _compiled_check_for(obj: Any) -> tuple[type, Callable[[Any], bool]] | None:
+    """(type, the compiled ``check`` of *obj*'s shape) for :meth:`Codec.validate`'s
+    fast path, or None where no compiled template covers the shape. *obj* passed the
+    general check."""
+    tp = type(obj)
+    try:
+        template = _template_for(obj, tp)
+    except Exception:  # (a dataclass property that raises the second time: no fast path)
+        return None
+    if template is None or template.check is None:
+        return None
+    return tp, template.check
