@@ -669,6 +669,9 @@ _ORDINARY = st.tuples(st.integers(0, 2), st.integers(-(2**40), 2**40), st.intege
                 st.one_of(
                     _ORDINARY.map(lambda t: ("ordinary", t)),
                     _ORDINARY.map(lambda t: ("ordinary", t)),
+                    # (a stream's steady values: one layout, so frames in a row make runs)
+                    st.integers(256, 65535).map(lambda n: ("ordinary", (0, n, 2**40))),
+                    st.integers(256, 65535).map(lambda n: ("ordinary", (1, n, 2**40))),
                     st.just(("other", (1, "x"))),  # another shape (a new layout)
                     st.binary(max_size=80).map(lambda b: ("garbage", b)),
                     st.just(("cut", b"")),  # an ordinary body one byte short
@@ -698,8 +701,9 @@ def test_deliver_run_is_deliver_body_frame_by_frame(
     that moves 1 ns a read: the run reads it once, so only the latency total may differ
     by a few ns), releases and pending entries - with timed frames
     (one in 4, here), upstream drops, garbage, a second shape, and any mix of lossless,
-    leaky and callback inboxes (which make the run step aside), and encoded ones (a run
-    of bodies, undecoded, when every inbox is one; else the run steps aside)."""
+    leaky inboxes (which make the run step aside), callback inboxes (called from the
+    run), and encoded ones (a run of bodies, undecoded, when every inbox is one; else
+    the run steps aside)."""
     monkeypatch.setattr(_channel, "TIMING_SAMPLE_MASK", 3)  # (one in 4 timed: often)
     monkeypatch.setattr(_inbox, "TIMING_SAMPLE_MASK", 3)
     ticks = itertools.count(5_000_000_000)  # (a clock that moves: timed decodes take 1 ns)
@@ -768,6 +772,72 @@ def quiet_channel_log() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+@pytest.mark.parametrize("act", ["none", "raise", "close", "detach", "beside"])
+def test_a_run_calls_on_message_as_deliver_body_would(
+    monkeypatch: pytest.MonkeyPatch, act: str
+) -> None:
+    """Reads of one layout to an on_message inbox, lossless, through runs and frame by
+    frame: the same calls, counters, releases and pending entries - also when the
+    callback raises, closes its inbox or detaches it in the middle of a run (the rest
+    of the run goes to no callback, as frame by frame). Beside a queueing inbox the run
+    steps aside (a callback could close or detach it, which a run's appends would not
+    see)."""
+    monkeypatch.setattr(_inbox, "perf_counter_ns", lambda: 7)  # (the handler time sampled)
+    ticks = itertools.count(5_000_000_000)  # (timed decodes take 1 ns on either path)
+    monkeypatch.setattr(_channel, "time_ns", lambda: next(ticks))
+    codec = Codec()
+    array = np.arange(16, dtype=np.float32)
+    bodies = [codec.encode((0, 1000 + n, 2**40, array)).to_bytes() for n in range(40)]
+    sides = []
+    for run in (True, False):
+        channel, releases, _ = make_channel()
+        called: list[object] = []
+        held: list[Any] = []  # (the attachment, once attached)
+
+        def on_message(message: Any, called: list[object] = called, held: list[Any] = held) -> None:
+            called.append(message[1])
+            if message[1] == 1020:  # (the 21st: in the middle of the second read)
+                if act == "raise":
+                    raise RuntimeError("a bad callback")
+                if act == "close":
+                    held[0].inbox.close()
+                if act == "detach":
+                    held[0].channel.detach(held[0])
+
+        held.append(channel.attach(Inbox(callback=on_message, name="s-cb")))
+        inboxes = [held[0].inbox]
+        if act == "beside":
+            inboxes.append(Inbox())
+            channel.attach(inboxes[1])
+        runs = []
+        with quiet_channel_log():
+            channel.deliver_body(1, bodies[0])  # (learns the layout: by the second)
+            channel.deliver_body(2, bodies[1])
+            for start in range(2, 40, 13):
+                frames = [
+                    (seq, seq, bodies[seq - 1], 0, 0)
+                    for seq in range(start + 1, min(start + 14, 41))
+                ]
+                if run:
+                    runs.append(channel.deliver_run(frames, 0))
+                    for _, seq, body, drops, sent in frames[max(runs[-1], 0) :]:
+                        channel.deliver_body(seq, body, drops, sent)
+                else:
+                    for _, seq, body, drops, sent in frames:
+                        channel.deliver_body(seq, body, drops, sent)
+        sides.append((channel, inboxes, releases, called, runs))
+    (run_channel, run_inboxes, run_releases, run_called, runs), each = sides
+    # (a closed inbox steps aside; the frames of a run are all delivered)
+    assert runs == ([-1, -1, -1] if act == "beside" else [13, 13, -1 if act == "close" else 12])
+    assert run_called == each[3]
+    stopped = act in ("close", "detach")
+    assert run_called == list(range(1000, 1021 if stopped else 1040))
+    assert _channel_state(run_channel, run_inboxes) == _channel_state(each[0], each[1])
+    assert run_releases[-1:] == each[2][-1:]  # (the released totals so far)
+    assert run_channel.pending == (19 if act == "close" else 0)  # (held by a closed inbox)
+    assert run_inboxes[0].stats.callback_errors == (act == "raise")
 
 
 def test_deliver_run_takes_a_stream_of_tuples_in_one_call() -> None:

@@ -354,14 +354,15 @@ class Channel:
         frame's index (``len(frames)`` once all are delivered): the caller hands it to
         :meth:`deliver_body` and calls this again for the rest. Returns -1, having
         delivered nothing, when the run cannot apply to this channel now (an inbox with
-        a callback, a bound or closed; a deliver hook; no learned layout, or the first
-        frame is not of it): the caller delivers the read frame by frame.
+        a bound or closed; a deliver hook; no learned layout, or the first frame is not
+        of it): the caller delivers the read frame by frame.
 
         The run (the same bookkeeping as :meth:`deliver`, once per read instead of once
         per message): each body of the layout decoded last with no new upstream drop is
-        decoded and queued in every attached inbox, the decode of one in 16 (by sequence
-        number) timed as :meth:`deliver_body` times it; the clock is read once for the
-        latency of the run's messages,
+        decoded and queued in every attached inbox (an ``on_message`` inbox's callback
+        called with it, as :meth:`Inbox.put` calls it), the decode of one in 16 (by
+        sequence number) timed as :meth:`deliver_body` times it; the clock is read once
+        for the latency of the run's messages,
         the counters and histograms are added once, every inbox's waiting ``get`` is
         woken once, and a leaky channel reports its release once. :attr:`run_end` is the
         index after the last frame delivered, also when an exception escapes.
@@ -382,11 +383,27 @@ class Channel:
         attachments = self._attachments
         for attachment in attachments:
             inbox = attachment.inbox
-            if inbox._callback is not None or inbox.maxlen is not None or inbox._closed:
+            if inbox.maxlen is not None or inbox._closed:
+                return -1
+            # An on_message inbox runs only alone: its callback may close or detach
+            # inboxes, which a run's appends (and lossless count), taken at its start,
+            # would not see for the other ones.
+            if inbox._callback is not None and len(attachments) > 1:
                 return -1
         size = layout.size
         lossless = self._lossless
-        appends = [(attachment, attachment.inbox._items.append) for attachment in attachments]
+        # The callback's messages are collected, and it is called with each after the
+        # run's bookkeeping (below; Inbox.put's order: counted as each call returns).
+        calls: list[tuple[Attachment, int, Any]] = []
+        appends = [
+            (
+                attachment,
+                attachment.inbox._items.append
+                if attachment.inbox._callback is None
+                else calls.append,
+            )
+            for attachment in attachments
+        ]
         end = len(frames)
         progress = [index, 0, 0]  # (where an exception leaves the run: run_frames sets it)
         try:
@@ -413,6 +430,8 @@ class Channel:
             if decode_total:  # (run_frames recorded the buckets)
                 self._add_decode_time(decode_total)
             self.end_run(frames, index, i, (i - index) * size, latency_total, decoded=True)
+            if calls and i > index:  # (also after an exception: they were counted)
+                self.stats.deliveries -= calls[0][0].inbox.call_run(calls, frames[i - 1][1])
         if i == index and i < end:
             return -1  # (not of the layout: the read goes frame by frame)
         return i
@@ -450,6 +469,8 @@ class Channel:
             self._pending_bytes += nbytes
         for attachment in attachments:
             inbox = attachment.inbox
+            if inbox._callback is not None:
+                continue  # (counted as each call returned)
             inbox.stats.received += count
             waiter = inbox._waiter
             if waiter is not None:

@@ -257,22 +257,8 @@ class Inbox:
     def put(self, attachment: Attachment, seq: int, message: Any) -> None:
         if self._closed:
             return
-        callback = self._callback
-        if callback is not None:
-            started = 0 if seq & TIMING_SAMPLE_MASK else perf_counter_ns()
-            try:
-                callback(message)
-            except Exception:
-                self._callback_failed(attachment.channel)
-            stats = self.stats  # counted when the callback returns: it is called sooner
-            stats.received += 1
-            stats.taken += 1
-            if started:
-                spent = perf_counter_ns() - started
-                self.handler_time.buckets[spent.bit_length()] += 1  # Histogram.record
-                self.handler_time.total += spent
-            if attachment.lossless and attachment.active:
-                attachment.channel.release(attachment, seq)
+        if self._callback is not None:
+            self._call(attachment, seq, message)
             return
         items = self._items
         if self.maxlen is not None and len(items) >= self.maxlen:
@@ -319,6 +305,40 @@ class Inbox:
                     ready.append(handle)
                 else:
                     waiter.set_result(None)
+
+    def _call(self, attachment: Attachment, seq: int, message: Any) -> None:
+        """Hand *message* to the callback (a callback inbox's :meth:`put`, once it is
+        open; also ``Channel.deliver_run``'s): counted as received and taken when it
+        returns, its time sampled, released (lossless)."""
+        started = 0 if seq & TIMING_SAMPLE_MASK else perf_counter_ns()
+        try:
+            self._callback(message)  # type: ignore[misc]
+        except Exception:
+            self._callback_failed(attachment.channel)
+        stats = self.stats  # counted when the callback returns: it is called sooner
+        stats.received += 1
+        stats.taken += 1
+        if started:
+            spent = perf_counter_ns() - started
+            self.handler_time.buckets[spent.bit_length()] += 1  # Histogram.record
+            self.handler_time.total += spent
+        if attachment.lossless and attachment.active:
+            attachment.channel.release(attachment, seq)
+
+    def call_run(self, calls: list[tuple[Attachment, int, Any]], last: int) -> int:
+        """Call the callback with each message of a run of ``Channel.deliver_run`` (this
+        inbox the channel's only one), *calls* up to message *last* (those the run
+        delivered), as :meth:`put` would have: not once the inbox is closed. Returns how
+        many went to no inbox: those after the callback detached its subscriber (the
+        channel counts one delivery less for each)."""
+        for n, (attachment, seq, message) in enumerate(calls):
+            if seq > last:
+                break
+            if not attachment.active:
+                return sum(1 for call in calls[n:] if call[1] <= last)
+            if not self._closed:
+                self._call(attachment, seq, message)
+        return 0
 
     def put_undecodable(self, error: UndecodableMessageError, lossless: bool) -> None:
         """A message for this inbox could not be decoded (*error*).
