@@ -514,6 +514,32 @@ def test_selfcheck_runs_the_library_example_next_to_our_worker(
     assert again.stdout.splitlines()[2].startswith("| pyzmq-sync | shm |")
 
 
+@pytest.mark.timeout(VENV_TIMEOUT)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_library_example_sink_leaves_when_the_selfcheck_goes_away(
+    cache: Path, transport: str
+) -> None:
+    # A selfcheck killed (SIGKILL) while an example runs closes the example's stdin:
+    # a sink whose source never comes must leave then, not wait out its first-message
+    # timeout (a minute) as an orphan; a source already did.
+    python = str(cache / "pyzmq" / "bin" / "python")
+    spec = {"transport": transport, "size": 64, "warmup": 0.1, "window": 0.2, "message": "bytes"}
+    with subprocess.Popen(
+        [python, "-m", _selfcheck.EXAMPLES, "pyzmq", "sink", json.dumps(spec)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=PACKAGE.parent,
+    ) as sink:
+        try:
+            assert sink.stdout is not None and sink.stdin is not None
+            assert json.loads(sink.stdout.readline())["event"] == "ready"
+            sink.stdin.close()  # (what the selfcheck's death does to the pipe)
+            assert sink.wait(timeout=10) == 0
+        finally:
+            if sink.poll() is None:
+                sink.kill()
+
+
 def test_the_selfcheck_bar_applies_to_the_example_carrying_the_same_message() -> None:
     # Zenoh's z_pub_thr moves a fixed payload at 1.5 M msgs/s; carrying the p2p message
     # (built and decoded per message, as our worker does) the same loop makes 500 k.

@@ -45,6 +45,7 @@ what any stream of changing arrays adds to the example, without our worker.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -70,13 +71,15 @@ def _emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
-def _leave_when_stdin_closes() -> None:
-    """Exit the process at once when the selfcheck closes our stdin (a source loops
-    forever, as the examples do)."""
+def _leave_when_stdin_closes(cleanup: Callable[[], None] = lambda: None) -> None:
+    """Exit the process at once when the selfcheck closes our stdin, or dies (a source
+    loops forever, as the examples do; a sink whose source never came, or stopped,
+    would wait for it), after *cleanup*."""
 
     def watch() -> None:
         while sys.stdin.buffer.read(4096):
             pass
+        cleanup()
         os._exit(0)
 
     threading.Thread(target=watch, name="stdin", daemon=True).start()
@@ -140,6 +143,7 @@ def pyzmq_sink(spec: dict[str, Any]) -> None:
     else:
         s.bind(f"ipc://@ezflow-selfcheck-{uuid.uuid4().hex}")
     received = [0]
+    _leave_when_stdin_closes()
     _in_thread(lambda: _measure(lambda: received[0], spec))
     _emit("ready", endpoint=s.getsockopt_string(zmq.LAST_ENDPOINT))
     if _p2p(spec):
@@ -206,6 +210,13 @@ def zenoh_sink(spec: dict[str, Any]) -> None:
         decode(sample.payload.to_bytes())
         count[0] += 1
 
+    def remove_socket() -> None:  # (and the lock file Zenoh makes beside it)
+        if endpoint.startswith("unixsock-stream/"):
+            for suffix in ("", ".lock"):
+                with contextlib.suppress(OSError):
+                    os.unlink(endpoint.removeprefix("unixsock-stream/") + suffix)
+
+    _leave_when_stdin_closes(remove_socket)
     session = zenoh.open(_zenoh_config(spec["transport"], listen=[endpoint], connect=[]))
     handler = decoding if _p2p(spec) else listener
     session.declare_subscriber("test/thr", zenoh.handlers.Callback(handler))
@@ -213,10 +224,7 @@ def zenoh_sink(spec: dict[str, Any]) -> None:
     try:
         _measure(lambda: count[0], spec, then_exit=False)
     finally:
-        if endpoint.startswith("unixsock-stream/"):
-            with_path = endpoint.removeprefix("unixsock-stream/")
-            if os.path.exists(with_path):
-                os.unlink(with_path)
+        remove_socket()
     os._exit(0)
 
 
@@ -273,6 +281,7 @@ def iceoryx2_sink(spec: dict[str, Any]) -> None:
     subscriber = data.subscriber_builder().buffer_size(16).create()
     listener = event.listener_builder().create()
     count = [0]
+    _leave_when_stdin_closes()
     _in_thread(lambda: _measure(lambda: count[0], spec))
     _emit("ready", endpoint=spec["endpoint"])
     wait = iox2.Duration.from_secs_f64(0.05)
