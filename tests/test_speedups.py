@@ -335,6 +335,37 @@ def test_validate_refuses_at_the_edges_of_a_learned_shape() -> None:
 
 
 @needs_extension
+def test_the_compiled_check_clears_exceptions_but_not_an_interrupt() -> None:
+    @message(name="tests.speedups.Getter")
+    @dataclasses.dataclass
+    class Getter:
+        a: int
+        b: int
+
+    codec = Codec()
+    codec.validate(Getter(1, 2))
+    found = codec._last_checked
+    assert found is not None
+    check = found[1]
+
+    class Raising(Getter):  # (another class: the check of Getter says False at once)
+        pass
+
+    assert check(Raising(1, 2)) is False
+    broken = Getter(1, 2)
+    del broken.b
+    assert check(broken) is False  # (AttributeError: the general check raises it)
+    interrupted = Getter(1, 2)
+    interrupted.__dict__.clear()
+    Getter.__getattr__ = lambda self, name: (_ for _ in ()).throw(KeyboardInterrupt())  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            check(interrupted)
+    finally:
+        del Getter.__getattr__  # type: ignore[attr-defined]
+
+
+@needs_extension
 def test_a_dataclass_missing_a_field_raises_as_the_general_check_does() -> None:
     arr = np.zeros(4, np.float32)
     codec = Codec()

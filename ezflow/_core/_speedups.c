@@ -751,16 +751,21 @@ static int exact_dict_items(TemplateObject *self, PyObject *obj, PyObject **item
  * (container, length, names, exact item types, the array's dtype) and every int is in
  * msgpack's range: then _general._check raises nothing for obj (it checks types, int
  * ranges and dtypes, not str contents, sizes or an array's shape). False means
- * undecided: the general check decides, and raises what there is to raise. Never
- * raises itself: an error while reading obj (a missing dataclass field) is cleared and
- * gives False, and the general check meets it again. */
+ * undecided: the general check decides, and raises what there is to raise. Raises
+ * only what is not an Exception (a KeyboardInterrupt in a field's getter): an
+ * Exception while reading obj (a missing dataclass field) is cleared and gives False,
+ * and the general check meets it again. */
 static PyObject *Template_check(TemplateObject *self, PyObject *obj) {
     if ((PyObject *)Py_TYPE(obj) != self->kind) Py_RETURN_FALSE;
     PyObject *items[TEMPLATE_MAX_ITEMS];
     int got = self->container == C_DICT ? exact_dict_items(self, obj, items)
                                         : items_of(self, obj, items);
     if (got <= 0) {
-        if (got < 0) PyErr_Clear();
+        if (got < 0) {
+            /* (a KeyboardInterrupt met in a field's getter is not swallowed) */
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+            PyErr_Clear();
+        }
         Py_RETURN_FALSE;
     }
     Py_ssize_t count = self->count;

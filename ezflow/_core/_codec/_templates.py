@@ -150,7 +150,8 @@ class _Template:
         )
         #: ``check(obj)``: True when *obj* has this shape and the general check
         #: (``_general._check``, :meth:`Codec.validate`) raises nothing for it, False
-        #: when it must decide; compiled only (None without the extension: the general
+        #: when it must decide (it raises only what is not an ``Exception``, met in a
+        #: field's getter); compiled only (None without the extension: the general
         #: check is the pure path's, one pass in Python either way)
         self.check: Callable[[Any], bool] | None = None if compiled is None else compiled.check
 
