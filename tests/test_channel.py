@@ -774,12 +774,12 @@ def quiet_channel_log() -> Iterator[None]:
         logger.setLevel(level)
 
 
-@pytest.mark.parametrize("act", ["none", "raise", "close", "detach", "beside"])
+@pytest.mark.parametrize("act", ["none", "raise", "close", "detach", "beside", "leaky"])
 def test_a_run_calls_on_message_as_deliver_body_would(
     monkeypatch: pytest.MonkeyPatch, act: str
 ) -> None:
-    """Reads of one layout to an on_message inbox, lossless, through runs and frame by
-    frame: the same calls, counters, releases and pending entries - also when the
+    """Reads of one layout to an on_message inbox, lossless (or leaky), through runs and
+    frame by frame: the same calls, counters, releases and pending entries - also when the
     callback raises, closes its inbox or detaches it in the middle of a run (the rest
     of the run goes to no callback, as frame by frame). Beside a queueing inbox the run
     steps aside (a callback could close or detach it, which a run's appends would not
@@ -806,7 +806,8 @@ def test_a_run_calls_on_message_as_deliver_body_would(
                 if act == "detach":
                     held[0].channel.detach(held[0])
 
-        held.append(channel.attach(Inbox(callback=on_message, name="s-cb")))
+        callback_inbox = Inbox(callback=on_message, name="s-cb", leaky=act == "leaky")
+        held.append(channel.attach(callback_inbox))
         inboxes = [held[0].inbox]
         if act == "beside":
             inboxes.append(Inbox())
