@@ -12,12 +12,17 @@ import msgpack
 import numpy as np
 import pytest
 from _codec_cases import (
+    Color,
     Frozen,
+    MyList,
+    Pair,
     Plain,
     Point,
     Unregistered,
     decode_or_protocol_error,
     ext,
+    keys,
+    leaves,
     make_body,
     packed_descr,
     roundtrip,
@@ -120,6 +125,56 @@ def test_other_encode_value_errors() -> None:
     with pytest.raises(ValueError, match="zero-size items"):
         DEFAULT_CODEC.encode(np.broadcast_to(np.zeros(1, dtype=[]), (2**40,)))
     DEFAULT_CODEC.encode([bytearray(1)] * 65_535)
+
+
+_BAD_LEAVES = st.sampled_from(
+    [
+        {1, 2},
+        Plain(),
+        Unregistered(1),
+        np.array([None], dtype=object),
+        np.ma.masked_array([1, 2]),
+        2**64,
+        -(2**63) - 1,
+        1j,
+    ]
+)
+_ODD_LEAVES = st.sampled_from(
+    [np.float32(1.5), np.zeros(3, np.int16), memoryview(b"ab"), bytearray(b"c"), Color.RED]
+)
+
+
+def _nested(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(keys, inner, max_size=3)
+        | st.lists(inner, max_size=3).map(MyList)  # (subclasses: the items still checked)
+        | inner.map(lambda item: Pair(1, item))
+        | inner.map(lambda item: Frozen("x", Point(0.0, 1.0), (item,)))
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(leaves | _BAD_LEAVES | _ODD_LEAVES, _nested, max_leaves=15))
+def test_validate_raises_what_encode_raises_for_types(obj: object) -> None:
+    # validate walks the message as encode does (it skips the calls for plain leaves
+    # and goes straight to an exact container's items): the same error, type and
+    # message, for every type encode refuses; nothing where encode succeeds.
+    encoded = _raised(lambda: DEFAULT_CODEC.encode(obj))
+    validated = _raised(lambda: DEFAULT_CODEC.validate(obj))
+    if encoded is None:
+        assert validated is None
+    elif issubclass(encoded[0], UnregisteredTypeError) or "deep" in encoded[1]:
+        assert validated == encoded
+
+
+def _raised(call: Any) -> tuple[type[BaseException], str] | None:
+    try:
+        call()
+    except Exception as exc:
+        return type(exc), str(exc)
+    return None
 
 
 def test_validate_is_cheap_for_large_top_level_values() -> None:

@@ -289,6 +289,10 @@ def _encode_general(obj: object, limit: int) -> EncodedMessage:
 # --------------------------------------------------------------------------- validate
 
 
+# The exact types _check accepts as they are (no range, dtype or depth to check).
+_PLAIN: Final = frozenset((str, float, bool, type(None), bytes))
+
+
 def _check(obj: object, depth: int) -> None:
     """Raise what :meth:`Codec.encode` would raise for *obj*'s types, build nothing.
 
@@ -298,12 +302,36 @@ def _check(obj: object, depth: int) -> None:
     if tp is np.ndarray:  # (first: a message that is one array is the common case)
         _check_dtype(obj.dtype)  # type: ignore[attr-defined]
         return
-    if tp is str or tp is float or tp is bool or obj is None or tp is bytes:
+    if tp in _PLAIN:
         return
     if tp is int:
         if not _INT_MIN <= obj <= _INT_MAX:  # type: ignore[operator]
             raise _int_out_of_range(obj)  # type: ignore[arg-type]
         return
+    # (An exact list, tuple or dict goes straight to its items: none of the checks
+    # of _check_other applies to it.)
+    if tp is not list and tp is not tuple and tp is not dict and _check_other(obj, tp, depth):
+        return
+    if depth >= MAX_DEPTH:
+        raise _too_deep()
+    depth += 1
+    # (A plain leaf - str, float, bool, None, bytes - has nothing to check: no call.)
+    if isinstance(obj, dict):
+        for k, v in dict.items(obj):
+            if type(k) not in _PLAIN:
+                _check(k, depth)
+            if type(v) not in _PLAIN:
+                _check(v, depth)
+    else:
+        for x in obj:  # type: ignore[attr-defined]  # (a list or tuple, or a subclass)
+            if type(x) not in _PLAIN:
+                _check(x, depth)
+
+
+def _check_other(obj: object, tp: type, depth: int) -> bool:
+    """The rest of :func:`_check` for *obj* of type *tp* (not an array, a plain leaf, an
+    int or an exact container): True once it is checked, False for a subclass of dict,
+    list or tuple (whose items :func:`_check` checks)."""
     entry = _TYPES_BY_CLASS.get(tp)
     if entry is not None:
         if depth >= MAX_DEPTH:
@@ -311,43 +339,36 @@ def _check(obj: object, depth: int) -> None:
         name = ""
         try:
             for name in entry.fields:
-                _check(getattr(obj, name), depth + 1)
+                value = getattr(obj, name)
+                if type(value) not in _PLAIN:  # (a plain leaf: nothing to check)
+                    _check(value, depth + 1)
         except UnregisteredTypeError as exc:  # named as _Encoder.dataclass_ext names it
             where = f"{_qualname(tp)}.{name}"
             raise UnregisteredTypeError(f"{where}: {exc}").with_traceback(
                 exc.__traceback__
             ) from None
-        return
+        return True
     if isinstance(obj, np.generic):
         _check_dtype(obj.dtype)
-        return
+        return True
     if isinstance(obj, np.ndarray):
         if type(obj).__module__.startswith("numpy.ma"):
             raise _masked(obj)
         _check_dtype(obj.dtype)
-        return
+        return True
     if isinstance(obj, (memoryview, bytearray, bytes, float, str)):
-        return
+        return True
     if isinstance(obj, int):
         value = int.__int__(obj)
         if not _INT_MIN <= value <= _INT_MAX:
             raise _int_out_of_range(value)
-        return
+        return True
     if not isinstance(obj, (dict, list, tuple)):
         if _known_module_entry(tp) is not None:
             _check(obj, depth)  # registered just now
-            return
+            return True
         raise _unsupported(obj)
-    if depth >= MAX_DEPTH:
-        raise _too_deep()
-    depth += 1
-    if isinstance(obj, dict):
-        for k, v in dict.items(obj):
-            _check(k, depth)
-            _check(v, depth)
-    else:
-        for x in obj:
-            _check(x, depth)
+    return False  # (a subclass of dict, list or tuple: its items are checked)
 
 
 def _check_dtype(dt: np.dtype[Any]) -> None:
