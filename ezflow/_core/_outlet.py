@@ -47,7 +47,7 @@ from ._config import (
     PUBLISH_YIELD_EVERY,
 )
 from ._exceptions import ClosedResourceError, MessageTooLargeError
-from ._outlet_objects import send_objects, yield_share
+from ._outlet_objects import read_only, send_objects, yield_share
 from ._telemetry import PUBLISH_HOOKS, Histogram, PublishEvent, emit
 from ._tracing import TRACING, WireTrace, carry
 
@@ -716,10 +716,7 @@ class Outlet:
         if encoded is None:
             self.codec.validate(message)
         if need_local and type(message) is np.ndarray and message.flags.writeable:
-            # Receivers get a read-only view, as they would from shm or tcp, so a unit
-            # that mutates its input fails the same way on every transport.
-            local_message = message.view()
-            local_message.flags.writeable = False
+            local_message = read_only(message)
         self._seq = seq = self._seq + 1
         now = time_ns()
         sends = drops = traced = 0

@@ -25,6 +25,7 @@ from .._core._channel import Channel
 from .._core._codec import EncodedMessage
 from .._core._exceptions import BrokenResourceError
 from .._core._outlet import Link, Outlet
+from .._core._outlet_objects import read_only
 from .._core._protocol import PublisherInfo
 from .._core._tracing import WireTrace
 from ._base import Inbound, Transport
@@ -71,7 +72,7 @@ class _LocalLink(Link):
         if type(message) is np.ndarray and message.flags.writeable:
             # (what the outlet hands a link that encodes, or one that did when the
             # message was parked: the object as published)
-            message = _read_only(message)
+            message = read_only(message)
         channel.deliver(seq, message, 0, self.drops, time_ns)
 
     def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
@@ -81,7 +82,7 @@ class _LocalLink(Link):
         if channel._encoded:
             channel._body = body
         if type(message) is np.ndarray and message.flags.writeable:
-            message = _read_only(message)
+            message = read_only(message)
         channel.deliver(seq, message, 0, self.drops, time_ns)
 
     def send_traced(
@@ -94,7 +95,7 @@ class _LocalLink(Link):
     ) -> None:
         self.sent_count += 1
         if type(message) is np.ndarray and message.flags.writeable:
-            message = _read_only(message)
+            message = read_only(message)
         trace.t_sent = monotonic_ns()
         # (the object only: an encoded subscriber's body is encoded by the channel)
         self.channel.deliver_traced(trace, seq, message, 0, self.drops, time_ns)
@@ -113,14 +114,6 @@ class _LocalLink(Link):
         if on_lost is not None:
             self.channel.end()
             on_lost()
-
-
-def _read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    # What Outlet.send_now hands a link that does not encode: the receivers of a local
-    # edge get a read-only view, as they would from shm or tcp.
-    view = array.view()
-    view.flags.writeable = False
-    return view
 
 
 class _LocalInbound(Inbound):
