@@ -747,8 +747,8 @@ class Outlet:
         if encoded is not None:
             nbytes = encoded.nbytes
             stats.encodes += not relayed
-        stats.bytes += nbytes
-        self._unyielded_bytes += yield_share(nbytes)
+            stats.bytes += nbytes
+            self._unyielded_bytes += yield_share(nbytes)  # (nothing, for no bytes)
         stats.sends += sends
         stats.drops += drops
         if PUBLISH_HOOKS:
