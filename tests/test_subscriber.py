@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ezflow
-from ezflow._core._codec import Codec, _decode_general
+from ezflow._core._codec import Codec, EncodedMessage, _decode_general
 from ezflow._transports._shm import ShmTransport
 
 needs_shm = pytest.mark.skipif(not ShmTransport.available(), reason="needs Linux shared memory")
@@ -192,6 +192,39 @@ async def test_a_local_channel_with_an_encoded_subscriber_is_fed_bodies_by_the_o
     await _publish_and_check(pub, encoded, plain)
     assert pub.statistics().encodes == len(_LOCAL_SENT)
     assert encoded.statistics().taken == plain.statistics().taken == len(_LOCAL_SENT)
+
+
+async def test_an_encoded_subscriber_that_takes_parts_gets_a_local_body_unjoined(
+    ctx: ezflow.GraphContext,
+) -> None:
+    """A local publisher's body of several parts (a large array: the parts reference it)
+    goes to an encoded inbox that takes parts (the Zenoh export's) as they are, not
+    joined into a new buffer; an encoded subscriber beside it gets the one joined body,
+    and the subscriber of objects the objects - each what the codec gives."""
+    pub = await ctx.publisher("/sub/local-parts")
+    parts_sub = await ctx.subscriber("/sub/local-parts", transport="local", encoded=True)
+    parts_sub._inbox.takes_parts = True
+    joined_sub = await ctx.subscriber("/sub/local-parts", transport="local", encoded=True)
+    plain = await ctx.subscriber("/sub/local-parts", transport="local")
+    await pub.wait_for_channels(1)
+    big = {"big": np.arange(1 << 16, dtype=np.uint8), "s": "x"}
+    for message in (*_LOCAL_SENT, big):
+        await pub.publish(message)
+    for message in (*_LOCAL_SENT, big):
+        expected = Codec().encode(message).to_bytes()
+        in_parts = await parts_sub.recv()
+        joined = await joined_sub.recv()
+        assert Codec().encode(await plain.recv()).to_bytes() == expected
+        assert bytes(joined) == expected and type(joined) is not EncodedMessage
+        if type(in_parts) is not EncodedMessage:  # (one part: the same body for both)
+            assert message is not big and bytes(in_parts) == expected
+            continue
+        assert in_parts.to_bytes() == expected and in_parts.nbytes == len(expected)
+        if message is big:  # (the array's own memory: no copy was made)
+            assert any(
+                isinstance(part, memoryview) and np.shares_memory(np.asarray(part), big["big"])
+                for part in in_parts.parts
+            )
 
 
 async def test_a_publisher_encodes_only_while_a_local_channel_has_an_encoded_subscriber(

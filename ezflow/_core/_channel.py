@@ -51,7 +51,7 @@ import numpy as np
 from . import _inbox
 from ._channel_encoded import deliver_run_encoded, put_encoded
 from ._channel_run import run_frames
-from ._codec import Codec
+from ._codec import Codec, EncodedMessage
 from ._compiled import SPEEDUPS
 from ._config import TIMING_SAMPLE_MASK
 from ._exceptions import (
@@ -180,7 +180,7 @@ class Channel:
         # Encoded inboxes attached (Subscriber encoded=True), and the body of the message
         # being delivered while some are (deliver hands it to them; see deliver_body).
         self._encoded = 0
-        self._body: bytes | memoryview | None = None
+        self._body: bytes | memoryview | EncodedMessage | None = None
         # Pending entries [seq, remaining_holders, nbytes], in seq order (an inbox takes
         # a channel's messages in order: the one released is nearly always the first).
         self._pending: deque[list[int]] = deque()

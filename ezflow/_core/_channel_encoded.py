@@ -15,6 +15,7 @@ from __future__ import annotations
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
+from ._codec import EncodedMessage
 from ._exceptions import UndecodableMessageError
 
 if TYPE_CHECKING:
@@ -28,7 +29,10 @@ def put_encoded(channel: Channel, seq: int, message: Any) -> None:
     decodes and its body in each encoded one: the body that arrived
     (``Channel.deliver_body``) or that a local link handed over, or - from a publisher
     without one (ezring, a local link that does not encode) - the body
-    :meth:`Codec.encode` makes of it, encoded once here for all of them."""
+    :meth:`Codec.encode` makes of it, encoded once here for all of them. A local link
+    hands a body of several parts (a large array) as its ``EncodedMessage``: an inbox
+    that :attr:`~Inbox.takes_parts` gets it as it is, the others one ``bytes`` joined
+    once for all of them."""
     body, channel._body = channel._body, None
     if body is None:
         codec = channel.codec
@@ -41,8 +45,17 @@ def put_encoded(channel: Channel, seq: int, message: Any) -> None:
         except Exception as exc:  # (the publisher validated it: not seen)
             _not_encodable(channel, seq, message, exc)
             return
+    whole = body if type(body) is EncodedMessage else None
     for attachment in channel._attachments:
-        attachment.inbox.put(attachment, seq, body if attachment.encoded else message)
+        inbox = attachment.inbox
+        if not attachment.encoded:
+            inbox.put(attachment, seq, message)
+        elif whole is not None and not inbox.takes_parts:
+            if body is whole:
+                body = whole.to_bytes()  # (joined once, for every inbox that needs it)
+            inbox.put(attachment, seq, body)
+        else:
+            inbox.put(attachment, seq, whole if whole is not None else body)
 
 
 def _not_encodable(channel: Channel, seq: int, message: Any, exc: Exception) -> None:

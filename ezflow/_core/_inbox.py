@@ -164,7 +164,10 @@ class Inbox:
     An *encoded* inbox is handed each message's encoded body (what ``Codec.encode``
     makes of it: ``bytes``, or a read-only ``memoryview``) instead of the decoded
     object; the channel decides what to hand over (``Channel.deliver``), the inbox
-    queues, releases and counts it as any message.
+    queues, releases and counts it as any message. One that :attr:`takes_parts` (set by
+    its owner: the Zenoh export, which copies bodies into its samples) may be handed a
+    local publisher's body as the parts ``Codec.encode`` made (an ``EncodedMessage``,
+    referencing the published array: not joined into one buffer first).
     """
 
     __slots__ = (
@@ -194,6 +197,7 @@ class Inbox:
         "maxlen",
         "name",
         "stats",
+        "takes_parts",
     )
 
     def __init__(
@@ -209,6 +213,7 @@ class Inbox:
             raise ValueError("a leaky inbox needs maxlen >= 1")
         self.name = name
         self.encoded = encoded
+        self.takes_parts = False
         self._callback = callback
         self._drop_hooks = DROP_HOOKS
         self._handed_ns = 0  # perf_counter_ns when the last message was taken, 0: none

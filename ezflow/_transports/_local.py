@@ -68,7 +68,9 @@ class _LocalLink(Link):
         self.sent_count += 1
         channel = self.channel
         if encoded is not None and channel._encoded:
-            channel._body = encoded.to_bytes()  # (one part: itself, no copy)
+            # (one part: itself, no copy; several - a large array - as they are:
+            # put_encoded joins them only for an encoded inbox that needs one buffer)
+            channel._body = encoded if len(encoded.parts) > 1 else encoded.to_bytes()
         if type(message) is np.ndarray and message.flags.writeable:
             # (what the outlet hands a link that encodes, or one that did when the
             # message was parked: the object as published)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import zenoh
 
-from .._core._codec import Codec
+from .._core._codec import Codec, EncodedMessage
 from .._core._config import (
     ZENOH_ACK_INTERVAL,
     ZENOH_ACK_TIMEOUT,
@@ -300,6 +300,9 @@ class ExportRun:
                 export.topic, leaky=True, queue=export.queue, encoded=encoded
             )
         )
+        # A publisher in this process hands a large body in its parts (the array's
+        # memory, not joined into a new buffer: its samples copy them once anyway).
+        self._subscriber._inbox.takes_parts = encoded
         self._sender = _Sender(f"ezflow-zenoh-export {export.topic}", self._put_failed)
         if export.lossless:
             loop = asyncio.get_running_loop()
@@ -549,19 +552,24 @@ class ExportRun:
         if encoding == "ezflow":
             # The bodies as they arrived (the subscriber is an encoded one: what
             # Codec.encode makes of each message, bytes or a read-only memoryview - of
-            # the publisher's shared memory, held until the payload is built below).
+            # the publisher's shared memory - or, from a publisher in this process, the
+            # parts of a large one; held until the payload is built below).
             parts: list[bytes | memoryview] = []
             sizes: list[int] = []
             pos = 0
             for body in batch:
-                nbytes = len(body)
+                in_parts = type(body) is EncodedMessage
+                nbytes = body.nbytes if in_parts else len(body)
                 if sizes and pos + nbytes > ZENOH_EXPORT_BATCH_BYTES:
                     samples.append((parts, sizes))
                     parts, sizes, pos = [], [], 0
                 pad = -pos & (BATCH_ALIGNMENT - 1)
                 if pad:
                     parts.append(_PADDING[pad])
-                parts.append(body)
+                if in_parts:
+                    parts.extend(body.parts)
+                else:
+                    parts.append(body)
                 sizes.append(nbytes)
                 pos += pad + nbytes
             if sizes:
