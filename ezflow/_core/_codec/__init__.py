@@ -92,7 +92,7 @@ from ._format import (
     _spans,
     _too_large,
 )
-from ._general import _LEAVES, _check, _decode_meta
+from ._general import _LEAVES, _SCALAR_KINDS, _check, _decode_meta
 from ._general import _decode_general as _general_decode
 from ._general import _encode_general as _general_encode
 from ._layouts import _DEC_LAYOUTS, _LAYOUT_KINDS, _Layout, _learn
@@ -134,8 +134,6 @@ _ARRAY_CACHE_SIZE: Final = 256
 # stream of one shape is learned again at once after a change of shape; one whose
 # shapes no template covers, or that alternates, pays the lookup once in 17 messages.
 _RELEARN_CHECK_AFTER: Final = 16
-# Top-level kinds validate checks in O(1): a shape of none of them may have a template.
-_SCALAR_KINDS: Final = frozenset((np.ndarray, str, bytes, int, float, bool, type(None)))
 # A message that is one ndarray (the hot case) has a body that is a fixed prefix (header,
 # meta, padding), which depends only on the dtype and shape, followed by the raw data.
 # Encoding: (dtype, shape) -> (prefix, body length), for arrays whose data exports a

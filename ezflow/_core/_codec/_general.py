@@ -291,6 +291,9 @@ def _encode_general(obj: object, limit: int) -> EncodedMessage:
 
 # The exact types _check accepts as they are (no range, dtype or depth to check).
 _PLAIN: Final = frozenset((str, float, bool, type(None), bytes))
+# The exact top-level types _check decides in O(1): the plain ones, ints (their range)
+# and arrays (their dtype). No encode template covers a message of one of them.
+_SCALAR_KINDS: Final = _PLAIN | {int, np.ndarray}
 
 
 def _check(obj: object, depth: int) -> None:
