@@ -46,16 +46,17 @@ def put_encoded(channel: Channel, seq: int, message: Any) -> None:
             _not_encodable(channel, seq, message, exc)
             return
     whole = body if type(body) is EncodedMessage else None
+    joined: bytes | None = None  # (a body in parts joined once, for every inbox needing it)
     for attachment in channel._attachments:
         inbox = attachment.inbox
         if not attachment.encoded:
             inbox.put(attachment, seq, message)
         elif whole is not None and not inbox.takes_parts:
-            if body is whole:
-                body = whole.to_bytes()  # (joined once, for every inbox that needs it)
-            inbox.put(attachment, seq, body)
+            if joined is None:
+                joined = whole.to_bytes()
+            inbox.put(attachment, seq, joined)
         else:
-            inbox.put(attachment, seq, whole if whole is not None else body)
+            inbox.put(attachment, seq, body)
 
 
 def _not_encodable(channel: Channel, seq: int, message: Any, exc: Exception) -> None:
