@@ -421,6 +421,25 @@ fail:
     return NULL;
 }
 
+/* The msgpack form of int *v*, as msgpack-python packs it: 1 with *d (int64), 2 with *u
+ * (above int64, up to uint64), 0 out of that range (msgpack raises OverflowError: the
+ * general path says so), -1 with an error set. The one rule of an int's range here, for
+ * encode_small and check. */
+static int msgpack_int(PyObject *v, long long *d, unsigned long long *u) {
+    int overflow = 0;
+    if (PyLong_CheckExact(v) && small_ll(v, d)) return 1;
+    *d = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (*d == -1 && PyErr_Occurred()) return -1;
+    if (overflow == 0) return 1;
+    if (overflow < 0) return 0; /* below int64 */
+    *u = PyLong_AsUnsignedLongLong(v);
+    if (*u == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* above uint64 */
+        return 0;
+    }
+    return 2;
+}
+
 /* Pack one item (type already checked). 1: done; 0: give up (None); -1: error set. */
 static int pack_item(TemplateObject *self, Py_ssize_t i, PyObject *v, Out *o,
                      Py_ssize_t shape_n, const long long *shape) {
@@ -431,19 +450,14 @@ static int pack_item(TemplateObject *self, Py_ssize_t i, PyObject *v, Out *o,
     case I_BOOL:
         return put1(o, v == Py_True ? 0xc3 : 0xc2);
     case I_INT: {
-        int overflow = 0;
         long long d;
-        if (PyLong_CheckExact(v) && small_ll(v, &d)) return pack_int64(o, d);
-        d = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (d == -1 && PyErr_Occurred()) return -1;
-        if (overflow == 0) return pack_int64(o, d);
-        if (overflow < 0) return 0; /* below int64: msgpack raises OverflowError */
-        unsigned long long u = PyLong_AsUnsignedLongLong(v);
-        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
-            PyErr_Clear(); /* above uint64 */
-            return 0;
+        unsigned long long u;
+        switch (msgpack_int(v, &d, &u)) {
+        case 1: return pack_int64(o, d);
+        case 2: return put_be(o, 0xcf, (uint64_t)u, 8);
+        case 0: return 0;
+        default: return -1;
         }
-        return put_be(o, 0xcf, (uint64_t)u, 8);
     }
     case I_FLOAT: {
         double d = PyFloat_AS_DOUBLE(v);
@@ -778,21 +792,10 @@ static PyObject *Template_check(TemplateObject *self, PyObject *obj) {
         }
         if (self->item_kinds[i] == I_INT) {
             long long d;
-            if (PyLong_CheckExact(v) && small_ll(v, &d)) continue;
-            int overflow = 0;
-            d = PyLong_AsLongLongAndOverflow(v, &overflow);
-            if (d == -1 && PyErr_Occurred()) {
-                PyErr_Clear();
-                ok = 0;
-            } else if (overflow < 0) {
-                ok = 0; /* below int64 */
-            } else if (overflow > 0) {
-                PyLong_AsUnsignedLongLong(v);
-                if (PyErr_Occurred()) { /* above uint64 */
-                    PyErr_Clear();
-                    ok = 0;
-                }
-            }
+            unsigned long long u;
+            int form = msgpack_int(v, &d, &u);
+            if (form < 0) PyErr_Clear();
+            ok = form > 0;
         } else if (self->item_kinds[i] == I_ARRAY) {
             PyObject *dtype = PyObject_GetAttr(v, str_dtype);
             if (dtype == NULL) {
