@@ -2487,6 +2487,283 @@ static PyTypeObject TakePathType = {
     .tp_new = TakePath_new,
 };
 
+/* ---------------------------------------------------------------- DeliverPath */
+
+/* DeliverPath(channel_type, channel_stats_type, attachment_type, inbox_type,
+ *             inbox_stats_type, histogram_type, deque_type, hooks)
+ *   Its deliver(channel, seq, message, upstream_drops, sent_ns) is the compiled twin of
+ *   ezflow._core._channel_local.deliver_local_py: a message of no bytes from a publisher
+ *   in this process delivered as Channel.deliver (and Inbox.put) would, returning True,
+ *   when that is the common case (a plain Channel without encoded inboxes, no deliver
+ *   hook in *hooks*, no new upstream drop, every inbox a plain Inbox):
+ *   a queueing inbox's append done here, anything else (a callback, a waiting task, a
+ *   full or closed inbox) by Inbox.put (or its _call). Else False, nothing changed.
+ *   The state is read and written in the objects' __slots__, as TakePath does. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *channel_type, *channel_stats_type, *attachment_type, *inbox_type,
+        *inbox_stats_type, *histogram_type, *deque_type, *hooks, *append;
+    Py_ssize_t c_encoded, c_stats, c_attachments, c_last_seq, c_lossless, c_pending,
+        c_released_count, c_latency;
+    Py_ssize_t cs_upstream, cs_messages, cs_deliveries;
+    Py_ssize_t a_inbox;
+    Py_ssize_t i_closed, i_callback, i_waiter, i_maxlen, i_items, i_stats;
+    Py_ssize_t is_received, h_buckets, h_total;
+} DeliverPathObject;
+
+static PyObject *str_notify_release, *str_call, *str_put;
+
+static void DeliverPath_dealloc(DeliverPathObject *self) {
+    Py_XDECREF(self->channel_type);
+    Py_XDECREF(self->channel_stats_type);
+    Py_XDECREF(self->attachment_type);
+    Py_XDECREF(self->inbox_type);
+    Py_XDECREF(self->inbox_stats_type);
+    Py_XDECREF(self->histogram_type);
+    Py_XDECREF(self->deque_type);
+    Py_XDECREF(self->hooks);
+    Py_XDECREF(self->append);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *DeliverPath_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *ct, *cst, *at, *it, *ist, *ht, *dt, *hooks;
+    static char *kwlist[] = {"channel_type", "channel_stats_type", "attachment_type",
+                             "inbox_type", "inbox_stats_type", "histogram_type",
+                             "deque_type", "hooks", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO:DeliverPath", kwlist, &ct, &cst,
+                                     &at, &it, &ist, &ht, &dt, &hooks))
+        return NULL;
+    if (!PyList_CheckExact(hooks)) {
+        PyErr_SetString(PyExc_TypeError, "DeliverPath: hooks must be a list");
+        return NULL;
+    }
+    DeliverPathObject *self = (DeliverPathObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject **refs[] = {&self->channel_type, &self->channel_stats_type,
+                         &self->attachment_type, &self->inbox_type, &self->inbox_stats_type,
+                         &self->histogram_type, &self->deque_type, &self->hooks};
+    PyObject *values[] = {ct, cst, at, it, ist, ht, dt, hooks};
+    for (size_t i = 0; i < 8; i++) {
+        Py_INCREF(values[i]);
+        *refs[i] = values[i];
+    }
+    self->append = PyObject_GetAttrString(dt, "append");
+    if (self->append == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    struct {
+        Py_ssize_t *off;
+        PyObject *type;
+        const char *name;
+    } slots[] = {
+        {&self->c_encoded, ct, "_encoded"},
+        {&self->c_stats, ct, "stats"},
+        {&self->c_attachments, ct, "_attachments"},
+        {&self->c_last_seq, ct, "_last_seq"},
+        {&self->c_lossless, ct, "_lossless"},
+        {&self->c_pending, ct, "_pending"},
+        {&self->c_released_count, ct, "_released_count"},
+        {&self->c_latency, ct, "latency"},
+        {&self->cs_upstream, cst, "upstream_drops"},
+        {&self->cs_messages, cst, "messages"},
+        {&self->cs_deliveries, cst, "deliveries"},
+        {&self->a_inbox, at, "inbox"},
+        {&self->i_closed, it, "_closed"},
+        {&self->i_callback, it, "_callback"},
+        {&self->i_waiter, it, "_waiter"},
+        {&self->i_maxlen, it, "maxlen"},
+        {&self->i_items, it, "_items"},
+        {&self->i_stats, it, "stats"},
+        {&self->is_received, ist, "received"},
+        {&self->h_buckets, ht, "buckets"},
+        {&self->h_total, ht, "total"},
+    };
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+        *slots[i].off = slot_offset(slots[i].type, slots[i].name);
+        if (*slots[i].off < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *DeliverPath_deliver(DeliverPathObject *self, PyObject *const *args,
+                                     Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "deliver(channel, seq, message, upstream_drops, sent_ns)");
+        return NULL;
+    }
+    PyObject *channel = args[0], *seq_obj = args[1], *message = args[2];
+    long long seq, upstream, sent_ns;
+    if (!Py_IS_TYPE(channel, (PyTypeObject *)self->channel_type) || !exact_ll(seq_obj, &seq) ||
+        !exact_ll(args[3], &upstream) || !exact_ll(args[4], &sent_ns) ||
+        PyList_GET_SIZE(self->hooks) != 0)
+        Py_RETURN_FALSE;
+    long long encoded, lossless, upstream_drops, messages, deliveries, released = 0;
+    PyObject *stats = SLOT(channel, self->c_stats);
+    PyObject *attachments = SLOT(channel, self->c_attachments);
+    PyObject *pending = SLOT(channel, self->c_pending);
+    if (!GET_LL(channel, self->c_encoded, encoded) || encoded != 0 ||
+        !GET_LL(channel, self->c_lossless, lossless) || stats == NULL ||
+        !Py_IS_TYPE(stats, (PyTypeObject *)self->channel_stats_type) ||
+        !GET_LL(stats, self->cs_upstream, upstream_drops) || upstream > upstream_drops ||
+        !GET_LL(stats, self->cs_messages, messages) ||
+        !GET_LL(stats, self->cs_deliveries, deliveries) || attachments == NULL ||
+        !PyTuple_CheckExact(attachments) || pending == NULL ||
+        (PyObject *)Py_TYPE(pending) != self->deque_type ||
+        (!lossless && !GET_LL(channel, self->c_released_count, released)))
+        Py_RETURN_FALSE;
+    /* (a tuple: attach and detach replace it, so it is ours for the whole call) */
+    Py_INCREF(attachments);
+    Py_ssize_t n = PyTuple_GET_SIZE(attachments);
+    PyObject *result = Py_False;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *attachment = PyTuple_GET_ITEM(attachments, i);
+        if (!Py_IS_TYPE(attachment, (PyTypeObject *)self->attachment_type)) goto done;
+        PyObject *inbox = SLOT(attachment, self->a_inbox);
+        if (inbox == NULL || !Py_IS_TYPE(inbox, (PyTypeObject *)self->inbox_type)) goto done;
+    }
+    /* the latency sample: the clock read and the bucket checked before any change */
+    PyObject *latency = NULL, *buckets = NULL;
+    Py_ssize_t bucket = -1;
+    long long total = 0, latency_ns = 0;
+    if (sent_ns) {
+        latency_ns = wall_ns() - sent_ns;
+        latency = SLOT(channel, self->c_latency);
+        if (latency == NULL || !Py_IS_TYPE(latency, (PyTypeObject *)self->histogram_type))
+            goto done;
+        buckets = SLOT(latency, self->h_buckets);
+        bucket = latency_ns > 0 ? bit_length((unsigned long long)latency_ns) : 0;
+        if (buckets == NULL || !PyList_CheckExact(buckets) ||
+            bucket >= PyList_GET_SIZE(buckets) ||
+            !PyLong_CheckExact(PyList_GET_ITEM(buckets, bucket)) ||
+            (latency_ns > 0 && !GET_LL(latency, self->h_total, total)))
+            goto done;
+    }
+
+    /* From here on the message is delivered: nothing declines. */
+    if (set_ll(channel, self->c_last_seq, seq) < 0) goto fail;
+    PyObject *r;
+    if (lossless) {
+        PyObject *entry = Py_BuildValue("[LLi]", seq, lossless, 0);
+        if (entry == NULL) goto fail;
+        PyObject *cargs[2] = {pending, entry};
+        r = PyObject_Vectorcall(self->append, cargs, 2, NULL);
+        Py_DECREF(entry);
+        if (r == NULL) goto fail;
+        Py_DECREF(r);
+    } else if (set_ll(channel, self->c_released_count, released + 1) < 0) {
+        goto fail;
+    }
+    /* Inbox.put's work, inbox by inbox: a queue's append here, anything else by put
+     * itself. A callback or a wake runs Python code (a publish, a detach, a close), so
+     * every inbox is looked at when its turn comes and the counters are read after the
+     * loop, as the general path does; the attachments are the ones taken at the start,
+     * as there. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *attachment = PyTuple_GET_ITEM(attachments, i);
+        PyObject *inbox = SLOT(attachment, self->a_inbox);
+        int open = SLOT(inbox, self->i_closed) == Py_False;
+        PyObject *callback = SLOT(inbox, self->i_callback);
+        int calls = callback != NULL && callback != Py_None;
+        PyObject *istats = SLOT(inbox, self->i_stats);
+        PyObject *items = SLOT(inbox, self->i_items);
+        PyObject *maxlen = SLOT(inbox, self->i_maxlen);
+        long long received, limit;
+        if (calls || !open || SLOT(inbox, self->i_waiter) != Py_None || items == NULL ||
+            (PyObject *)Py_TYPE(items) != self->deque_type || maxlen == NULL ||
+            (maxlen != Py_None && (!exact_ll(maxlen, &limit) || Py_SIZE(items) >= limit)) ||
+            istats == NULL || !Py_IS_TYPE(istats, (PyTypeObject *)self->inbox_stats_type) ||
+            !GET_LL(istats, self->is_received, received)) {
+            /* (a callback, a waiting task, a full or closed inbox: Inbox.put's business;
+             * an open inbox's callback called as put would call it) */
+            r = PyObject_CallMethodObjArgs(inbox, calls && open ? str_call : str_put,
+                                           attachment, seq_obj, message, NULL);
+            if (r == NULL) goto fail;
+            Py_DECREF(r);
+            continue;
+        }
+        PyObject *item = PyTuple_Pack(3, attachment, seq_obj, message);
+        if (item == NULL) goto fail;
+        PyObject *cargs[2] = {items, item};
+        r = PyObject_Vectorcall(self->append, cargs, 2, NULL);
+        Py_DECREF(item);
+        if (r == NULL) goto fail;
+        Py_DECREF(r);
+        if (set_ll(istats, self->is_received, received + 1) < 0) goto fail;
+    }
+    stats = SLOT(channel, self->c_stats);
+    if (stats == NULL || !Py_IS_TYPE(stats, (PyTypeObject *)self->channel_stats_type) ||
+        !GET_LL(stats, self->cs_messages, messages) ||
+        !GET_LL(stats, self->cs_deliveries, deliveries)) {
+        PyErr_SetString(PyExc_RuntimeError, "deliver: the channel's statistics changed");
+        goto fail;
+    }
+    if (set_ll(stats, self->cs_messages, messages + 1) < 0 ||
+        set_ll(stats, self->cs_deliveries, deliveries + n) < 0)
+        goto fail;
+    if (sent_ns) {
+        long long b;
+        latency = SLOT(channel, self->c_latency);
+        buckets = latency != NULL && Py_IS_TYPE(latency, (PyTypeObject *)self->histogram_type)
+                      ? SLOT(latency, self->h_buckets)
+                      : NULL;
+        PyObject *old = buckets != NULL && PyList_CheckExact(buckets) &&
+                                bucket < PyList_GET_SIZE(buckets)
+                            ? PyList_GET_ITEM(buckets, bucket)
+                            : NULL;
+        if (old == NULL || !exact_ll(old, &b) ||
+            (latency_ns > 0 && !GET_LL(latency, self->h_total, total))) {
+            PyErr_SetString(PyExc_RuntimeError, "deliver: the latency histogram changed");
+            goto fail;
+        }
+        PyObject *nb = PyLong_FromLongLong(b + 1);
+        if (nb == NULL) goto fail;
+        PyList_SetItem(buckets, bucket, nb); /* (steals nb, drops old) */
+        if (latency_ns > 0 && set_ll(latency, self->h_total, total + latency_ns) < 0)
+            goto fail;
+    }
+    /* (read again: a callback may have detached the lossless inboxes, or attached one) */
+    if (!GET_LL(channel, self->c_lossless, lossless)) {
+        PyErr_SetString(PyExc_RuntimeError, "deliver: the channel's mode changed");
+        goto fail;
+    }
+    if (!lossless) {
+        r = PyObject_CallMethodNoArgs(channel, str_notify_release);
+        if (r == NULL) goto fail;
+        Py_DECREF(r);
+    }
+    result = Py_True;
+done:
+    Py_DECREF(attachments);
+    return Py_NewRef(result);
+fail:
+    Py_DECREF(attachments);
+    return NULL;
+}
+
+static PyMethodDef DeliverPath_methods[] = {
+    {"deliver", (PyCFunction)(void (*)(void))DeliverPath_deliver, METH_FASTCALL,
+     "deliver(channel, seq, message, upstream_drops, sent_ns) -> bool: deliver_local_py's "
+     "compiled twin (True: delivered; False: nothing done, Channel.deliver decides)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject DeliverPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ezflow._core._speedups.DeliverPath",
+    .tp_basicsize = sizeof(DeliverPathObject),
+    .tp_dealloc = (destructor)DeliverPath_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The compiled delivery of a local message (deliver_local_py's twin).",
+    .tp_methods = DeliverPath_methods,
+    .tp_new = DeliverPath_new,
+};
+
 static PyMethodDef module_methods[] = {
     {"run_frames", (PyCFunction)(void (*)(void))run_frames, METH_FASTCALL,
      "run_frames(frames, index, size, decode, upstream, lossless, pending_append, appends, "
@@ -2528,11 +2805,15 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     str_init = PyUnicode_InternFromString("__init__");
     str_new = PyUnicode_InternFromString("__new__");
     str_setattr = PyUnicode_InternFromString("__setattr__");
-    if (!str_dtype || !str_shape || !str_nbytes || !str_tobytes || !str_flush ||
+    str_notify_release = PyUnicode_InternFromString("_notify_release");
+    str_call = PyUnicode_InternFromString("_call");
+    str_put = PyUnicode_InternFromString("put");
+    if (!str_notify_release || !str_call || !str_put || !str_dtype || !str_shape || !str_nbytes || !str_tobytes || !str_flush ||
         !str_out_of_line_above || !str_init || !str_new || !str_setattr)
         return NULL;
     if (PyType_Ready(&TemplateType) < 0 || PyType_Ready(&LayoutType) < 0 ||
-        PyType_Ready(&PublishPathType) < 0 || PyType_Ready(&TakePathType) < 0)
+        PyType_Ready(&PublishPathType) < 0 || PyType_Ready(&TakePathType) < 0 ||
+        PyType_Ready(&DeliverPathType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL) return NULL;
@@ -2565,6 +2846,12 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     Py_INCREF(&TakePathType);
     if (PyModule_AddObject(m, "TakePath", (PyObject *)&TakePathType) < 0) {
         Py_DECREF(&TakePathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&DeliverPathType);
+    if (PyModule_AddObject(m, "DeliverPath", (PyObject *)&DeliverPathType) < 0) {
+        Py_DECREF(&DeliverPathType);
         Py_DECREF(m);
         return NULL;
     }

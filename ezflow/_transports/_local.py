@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._core._channel import Channel
+from .._core._channel_local import deliver_local
 from .._core._codec import EncodedMessage
 from .._core._exceptions import BrokenResourceError
 from .._core._outlet import Link, Outlet
@@ -75,7 +76,9 @@ class _LocalLink(Link):
             # (what the outlet hands a link that encodes, or one that did when the
             # message was parked: the object as published)
             message = read_only(message)
-        channel.deliver(seq, message, 0, self.drops, time_ns)
+        # (the common case in one compiled call; what it declines, deliver decides)
+        if deliver_local is None or not deliver_local(channel, seq, message, self.drops, time_ns):
+            channel.deliver(seq, message, 0, self.drops, time_ns)
 
     def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
         # (only while needs_encoding: the outlet's one-bytes path)
