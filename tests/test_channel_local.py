@@ -115,9 +115,9 @@ def test_the_fast_delivery_leaves_what_channel_deliver_leaves(
     pure) and falling back to ``Channel.deliver`` where it declines, the other through
     ``Channel.deliver`` alone: the same queues, counters, pending entries, releases,
     release and callback calls, hook events, after every step. It declines exactly
-    where it must (an encoded inbox, a hook, new upstream drops) and delivers otherwise,
-    a waiting task, a full leaky inbox, a closed or callback inbox included (through
-    ``Inbox.put``)."""
+    where it must (a hook, new upstream drops) and delivers otherwise, a waiting task, a
+    full leaky inbox, a closed or callback inbox included (through ``Inbox.put``), and
+    the body to an encoded inbox, the message to the others, as ``put_encoded``."""
     fast = compiled_deliver_local() if compiled else deliver_local_py
     assert fast is not None
     worlds = [_World(callback=callback), _World(callback=callback)]
@@ -131,18 +131,19 @@ def test_the_fast_delivery_leaves_what_channel_deliver_leaves(
                 seq += 1
                 upstream += op[2]
                 sent = time.time_ns() + op[1] if op[1] else 0
-                # (a callback, a waiting task, a full or closed inbox: Inbox.put, inside)
-                must_decline = (
-                    hooked or op[2] > 0 or any(a.encoded for a in worlds[0].attachments if a.active)
-                )
+                # (a callback, a waiting task, a full or closed inbox: Inbox.put, inside;
+                # encoded inboxes: the body, as the local link hands it over)
+                must_decline = hooked or op[2] > 0
                 message = ("m", seq)
+                body = Codec().encode(message).to_bytes() if worlds[0].channel._encoded else None
                 for index, world in enumerate(worlds):
                     DELIVER_HOOKS[:] = [events[index].append] if hooked else []
                     if index == 0:
-                        took = fast(world.channel, seq, message, upstream, sent)
+                        took = fast(world.channel, seq, message, upstream, sent, body)
                         assert took is not must_decline, (op, took)
                         if took:
                             continue
+                    world.channel._body = body  # (as the local link hands it to deliver)
                     world.channel.deliver(seq, message, 0, upstream, sent)
             elif name == "take":
                 for world in worlds:
@@ -191,7 +192,7 @@ def test_the_compiled_delivery_refuses_wrong_arguments_and_declines_odd_state() 
     inbox = Inbox()
     channel.attach(inbox)
     with pytest.raises(TypeError, match="deliver"):
-        deliver(channel, 1, "m", 0)
+        deliver(channel, 1, "m", 0, 0)
 
     class SubChannel(Channel):
         pass
@@ -199,18 +200,18 @@ def test_the_compiled_delivery_refuses_wrong_arguments_and_declines_odd_state() 
     class SubInbox(Inbox):
         pass
 
-    assert deliver(SubChannel("p-2", "/t", Codec()), 1, "m", 0, 0) is False
-    assert deliver(channel, 1.0, "m", 0, 0) is False
-    assert deliver(channel, 1, "m", None, 0) is False
+    assert deliver(SubChannel("p-2", "/t", Codec()), 1, "m", 0, 0, None) is False
+    assert deliver(channel, 1.0, "m", 0, 0, None) is False
+    assert deliver(channel, 1, "m", None, 0, None) is False
     stats, channel.stats = channel.stats, None  # type: ignore[assignment]
-    assert deliver(channel, 1, "m", 0, 0) is False
+    assert deliver(channel, 1, "m", 0, 0, None) is False
     channel.stats = stats
     other = Channel("p-3", "/t", Codec())
     other.attach(SubInbox())
-    assert deliver(other, 1, "m", 0, 0) is False
+    assert deliver(other, 1, "m", 0, 0, None) is False
     assert len(inbox) == 0 and channel.stats.messages == 0 and channel._last_seq == 0
     inbox._items = []  # type: ignore[assignment]
-    assert deliver(channel, 1, "m", 0, 0) is True
+    assert deliver(channel, 1, "m", 0, 0, None) is True
     assert [m for _, _, m in inbox._items] == ["m"] and channel.stats.messages == 1
 
 
@@ -265,7 +266,7 @@ def test_deliver_hooks_see_every_message_of_a_local_edge() -> None:
     DELIVER_HOOKS.append(seen.append)
     try:
         for fast in filter(None, (compiled_deliver_local(), deliver_local_py)):
-            assert fast(channel, 1, "m", 0, 0) is False
+            assert fast(channel, 1, "m", 0, 0, None) is False
     finally:
         DELIVER_HOOKS.remove(seen.append)
     assert seen == [] and len(inbox) == 0
@@ -295,7 +296,7 @@ def test_a_callback_that_publishes_again_is_counted_as_channel_deliver_counts_it
         def callback(message: Any) -> None:
             seen.append(message)
             if message[1] < 3:  # (the nested one: the next seq)
-                deliver(channel, message[1] + 1, ("m", message[1] + 1), 0, 0)
+                deliver(channel, message[1] + 1, ("m", message[1] + 1), 0, 0, None)
             if message[1] == 2:
                 closing.close()
                 channel.detach(attachments[2])
@@ -308,7 +309,7 @@ def test_a_callback_that_publishes_again_is_counted_as_channel_deliver_counts_it
         attachments.append(channel.attach(calls))
         attachments.append(channel.attach(later))
         attachments.append(channel.attach(closing))
-        deliver(channel, 1, ("m", 1), 0, 0)
+        deliver(channel, 1, ("m", 1), 0, 0, None)
         return (
             seen,
             releases,
@@ -322,11 +323,13 @@ def test_a_callback_that_publishes_again_is_counted_as_channel_deliver_counts_it
             ],
         )
 
-    def general(channel: Channel, seq: int, message: Any, drops: int, sent: int) -> None:
+    def general(channel: Channel, seq: int, message: Any, drops: int, sent: int, _: Any) -> None:
         channel.deliver(seq, message, 0, drops, sent)
 
-    def through_fast(channel: Channel, seq: int, message: Any, drops: int, sent: int) -> None:
-        assert fast(channel, seq, message, drops, sent) is True
+    def through_fast(
+        channel: Channel, seq: int, message: Any, drops: int, sent: int, _: Any
+    ) -> None:
+        assert fast(channel, seq, message, drops, sent, None) is True
 
     assert run(through_fast) == run(general)
 
@@ -349,7 +352,7 @@ def test_the_compiled_delivery_leaks_nothing_over_1e5_calls() -> None:
 
     def run(first: int, times: int) -> None:
         for seq in range(first, first + times):
-            assert deliver(channel, seq, ("m", seq), 0, time.time_ns() - 1000)
+            assert deliver(channel, seq, ("m", seq), 0, time.time_ns() - 1000, None)
             assert queue.get_nowait() == ("m", seq)
         calls.clear()
 
@@ -361,3 +364,33 @@ def test_the_compiled_delivery_leaks_nothing_over_1e5_calls() -> None:
     grown = sys.getallocatedblocks() - before
     assert grown < 100, f"{grown} memory blocks more after 1e5 deliveries"
     assert channel.pending == 0 and channel.stats.messages == 101_000
+
+
+@pytest.mark.parametrize("compiled", [pytest.param(True, marks=needs_extension), False])
+def test_an_encoded_inbox_takes_the_body_given_and_anything_else_is_the_general_path(
+    compiled: bool,
+) -> None:
+    """With an encoded inbox attached, the fast path hands it the bytes body given (the
+    others the message) as put_encoded would; with no body, a body in parts or a
+    Channel._body set already it declines, having changed nothing (put_encoded then
+    encodes, joins or takes that body)."""
+    from ezflow._core._codec import EncodedMessage  # noqa: PLC0415
+
+    fast = compiled_deliver_local() if compiled else deliver_local_py
+    assert fast is not None
+    channel = Channel("p-1", "/t", Codec())
+    plain, encoded = Inbox(), Inbox(encoded=True)
+    channel.attach(plain)
+    channel.attach(encoded)
+    body = Codec().encode(("m", 1)).to_bytes()
+    assert fast(channel, 1, ("m", 1), 0, 0, None) is False
+    assert (
+        fast(channel, 1, ("m", 1), 0, 0, EncodedMessage([body[:3], body[3:]], len(body))) is False
+    )
+    channel._body = body
+    assert fast(channel, 1, ("m", 1), 0, 0, body) is False
+    channel._body = None
+    assert (len(plain), len(encoded), channel.stats.messages) == (0, 0, 0)
+    assert fast(channel, 1, ("m", 1), 0, 0, body) is True
+    assert plain.get_nowait() == ("m", 1) and encoded.get_nowait() is body
+    assert channel._body is None and channel.pending == 0

@@ -1,5 +1,6 @@
 """One message from a publisher in this process (a local edge) delivered in one call:
-the common case of ``Channel.deliver`` and ``Inbox.put`` for a message of no bytes.
+the common case of ``Channel.deliver`` and ``Inbox.put`` for a message of no bytes (and
+of ``put_encoded``, for a small body the link hands over).
 
 :func:`deliver_local_py` is the reference; ``_speedups.DeliverPath`` is its compiled
 twin (:func:`compiled_deliver_local`), which the local link calls before the general
@@ -23,20 +24,33 @@ from ._telemetry import DELIVER_HOOKS, Histogram
 __all__ = ["compiled_deliver_local", "deliver_local", "deliver_local_py"]
 
 
-def deliver_local_py(
-    channel: Channel, seq: int, message: Any, upstream_drops: int, sent_ns: int
+def deliver_local_py(  # noqa: PLR0917 - Channel.deliver's arguments, and the body
+    channel: Channel,
+    seq: int,
+    message: Any,
+    upstream_drops: int,
+    sent_ns: int,
+    body: bytes | None,
 ) -> bool:
     """Deliver *message* (seq *seq*, published at *sent_ns*, ``time.time_ns()``; 0:
     unknown) exactly as ``channel.deliver(seq, message, 0, upstream_drops, sent_ns)``
-    would and return True, when that is the common case: *channel* is a ``Channel``
-    (not a subclass), no attached inbox takes encoded bodies, no deliver hook is set,
+    would with ``channel._body`` set to *body* (the local link's hand-over) and return
+    True, when that is the common case: *channel* is a ``Channel`` (not a subclass)
+    whose encoded inboxes, if it has any, take *body*, a ``bytes`` object (as
+    ``put_encoded`` hands them a small body; a body in parts, or none to give, is the
+    general path's, as is a ``_body`` set already), no deliver hook is set,
     *upstream_drops* adds none, and every attached inbox is an ``Inbox`` (not a
     subclass). A queueing inbox's append is done here; anything
     else - a callback, a task waiting, a full or closed inbox - by ``Inbox.put``, as
     ``Channel.deliver`` does it. Else change nothing and return False: the caller calls
     ``Channel.deliver``, which decides. Raises what a callback's ``Inbox.put`` raises
     (nothing: it logs and counts), nothing of its own."""
-    if type(channel) is not Channel or channel._encoded or DELIVER_HOOKS:
+    encoded = channel._encoded
+    if (
+        type(channel) is not Channel
+        or (encoded and (type(body) is not bytes or channel._body is not None))
+        or DELIVER_HOOKS
+    ):
         return False
     stats = channel.stats
     if upstream_drops > stats.upstream_drops:
@@ -54,6 +68,7 @@ def deliver_local_py(
         channel._released_count += 1
     for attachment in attachments:
         inbox = attachment.inbox
+        given = body if encoded and attachment.encoded else message  # (as put_encoded)
         maxlen = inbox.maxlen
         if (
             inbox._callback is not None
@@ -61,9 +76,9 @@ def deliver_local_py(
             or inbox._waiter is not None
             or (maxlen is not None and len(inbox._items) >= maxlen)
         ):
-            inbox.put(attachment, seq, message)
+            inbox.put(attachment, seq, given)
         else:  # (Inbox.put's queueing case)
-            inbox._items.append((attachment, seq, message))
+            inbox._items.append((attachment, seq, given))
             inbox.stats.received += 1
     stats = channel.stats
     stats.messages += 1

@@ -2491,11 +2491,12 @@ static PyTypeObject TakePathType = {
 
 /* DeliverPath(channel_type, channel_stats_type, attachment_type, inbox_type,
  *             inbox_stats_type, histogram_type, deque_type, hooks)
- *   Its deliver(channel, seq, message, upstream_drops, sent_ns) is the compiled twin of
- *   ezflow._core._channel_local.deliver_local_py: a message of no bytes from a publisher
- *   in this process delivered as Channel.deliver (and Inbox.put) would, returning True,
- *   when that is the common case (a plain Channel without encoded inboxes, no deliver
- *   hook in *hooks*, no new upstream drop, every inbox a plain Inbox):
+ *   Its deliver(channel, seq, message, upstream_drops, sent_ns, body) is the compiled
+ *   twin of ezflow._core._channel_local.deliver_local_py: a message of no bytes from a
+ *   publisher in this process delivered as Channel.deliver (and Inbox.put) would,
+ *   returning True, when that is the common case (a plain Channel - whose encoded
+ *   inboxes, if any, take *body*, a bytes object, as put_encoded hands them a small
+ *   body - no deliver hook in *hooks*, no new upstream drop, every inbox a plain Inbox):
  *   a queueing inbox's append done here, anything else (a callback, a waiting task, a
  *   full or closed inbox) by Inbox.put (or its _call). Else False, nothing changed.
  *   The state is read and written in the objects' __slots__, as TakePath does. */
@@ -2504,10 +2505,10 @@ typedef struct {
     PyObject_HEAD
     PyObject *channel_type, *channel_stats_type, *attachment_type, *inbox_type,
         *inbox_stats_type, *histogram_type, *deque_type, *hooks, *append;
-    Py_ssize_t c_encoded, c_stats, c_attachments, c_last_seq, c_lossless, c_pending,
+    Py_ssize_t c_encoded, c_body, c_stats, c_attachments, c_last_seq, c_lossless, c_pending,
         c_released_count, c_latency;
     Py_ssize_t cs_upstream, cs_messages, cs_deliveries;
-    Py_ssize_t a_inbox;
+    Py_ssize_t a_inbox, a_encoded;
     Py_ssize_t i_closed, i_callback, i_waiter, i_maxlen, i_items, i_stats;
     Py_ssize_t is_received, h_buckets, h_total;
 } DeliverPathObject;
@@ -2560,6 +2561,7 @@ static PyObject *DeliverPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         const char *name;
     } slots[] = {
         {&self->c_encoded, ct, "_encoded"},
+        {&self->c_body, ct, "_body"},
         {&self->c_stats, ct, "stats"},
         {&self->c_attachments, ct, "_attachments"},
         {&self->c_last_seq, ct, "_last_seq"},
@@ -2571,6 +2573,7 @@ static PyObject *DeliverPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         {&self->cs_messages, cst, "messages"},
         {&self->cs_deliveries, cst, "deliveries"},
         {&self->a_inbox, at, "inbox"},
+        {&self->a_encoded, at, "encoded"},
         {&self->i_closed, it, "_closed"},
         {&self->i_callback, it, "_callback"},
         {&self->i_waiter, it, "_waiter"},
@@ -2593,12 +2596,12 @@ static PyObject *DeliverPath_new(PyTypeObject *type, PyObject *args, PyObject *k
 
 static PyObject *DeliverPath_deliver(DeliverPathObject *self, PyObject *const *args,
                                      Py_ssize_t nargs) {
-    if (nargs != 5) {
+    if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError,
-                        "deliver(channel, seq, message, upstream_drops, sent_ns)");
+                        "deliver(channel, seq, message, upstream_drops, sent_ns, body)");
         return NULL;
     }
-    PyObject *channel = args[0], *seq_obj = args[1], *message = args[2];
+    PyObject *channel = args[0], *seq_obj = args[1], *message = args[2], *body = args[5];
     long long seq, upstream, sent_ns;
     if (!Py_IS_TYPE(channel, (PyTypeObject *)self->channel_type) || !exact_ll(seq_obj, &seq) ||
         !exact_ll(args[3], &upstream) || !exact_ll(args[4], &sent_ns) ||
@@ -2608,7 +2611,10 @@ static PyObject *DeliverPath_deliver(DeliverPathObject *self, PyObject *const *a
     PyObject *stats = SLOT(channel, self->c_stats);
     PyObject *attachments = SLOT(channel, self->c_attachments);
     PyObject *pending = SLOT(channel, self->c_pending);
-    if (!GET_LL(channel, self->c_encoded, encoded) || encoded != 0 ||
+    /* (encoded inboxes take the body: a bytes one only, as the link hands a small
+     * message's; the channel's own _body is the general path's) */
+    if (!GET_LL(channel, self->c_encoded, encoded) ||
+        (encoded != 0 && (!PyBytes_CheckExact(body) || SLOT(channel, self->c_body) != Py_None)) ||
         !GET_LL(channel, self->c_lossless, lossless) || stats == NULL ||
         !Py_IS_TYPE(stats, (PyTypeObject *)self->channel_stats_type) ||
         !GET_LL(stats, self->cs_upstream, upstream_drops) || upstream > upstream_drops ||
@@ -2668,6 +2674,9 @@ static PyObject *DeliverPath_deliver(DeliverPathObject *self, PyObject *const *a
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *attachment = PyTuple_GET_ITEM(attachments, i);
         PyObject *inbox = SLOT(attachment, self->a_inbox);
+        /* (what put_encoded hands this inbox: the body, or the message) */
+        PyObject *given = encoded != 0 && SLOT(attachment, self->a_encoded) == Py_True ? body
+                                                                                       : message;
         int open = SLOT(inbox, self->i_closed) == Py_False;
         PyObject *callback = SLOT(inbox, self->i_callback);
         int calls = callback != NULL && callback != Py_None;
@@ -2683,12 +2692,12 @@ static PyObject *DeliverPath_deliver(DeliverPathObject *self, PyObject *const *a
             /* (a callback, a waiting task, a full or closed inbox: Inbox.put's business;
              * an open inbox's callback called as put would call it) */
             r = PyObject_CallMethodObjArgs(inbox, calls && open ? str_call : str_put,
-                                           attachment, seq_obj, message, NULL);
+                                           attachment, seq_obj, given, NULL);
             if (r == NULL) goto fail;
             Py_DECREF(r);
             continue;
         }
-        PyObject *item = PyTuple_Pack(3, attachment, seq_obj, message);
+        PyObject *item = PyTuple_Pack(3, attachment, seq_obj, given);
         if (item == NULL) goto fail;
         PyObject *cargs[2] = {items, item};
         r = PyObject_Vectorcall(self->append, cargs, 2, NULL);
@@ -2749,7 +2758,7 @@ fail:
 
 static PyMethodDef DeliverPath_methods[] = {
     {"deliver", (PyCFunction)(void (*)(void))DeliverPath_deliver, METH_FASTCALL,
-     "deliver(channel, seq, message, upstream_drops, sent_ns) -> bool: deliver_local_py's "
+     "deliver(channel, seq, message, upstream_drops, sent_ns, body) -> bool: deliver_local_py's "
      "compiled twin (True: delivered; False: nothing done, Channel.deliver decides)."},
     {NULL, NULL, 0, NULL},
 };

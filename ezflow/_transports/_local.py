@@ -68,27 +68,35 @@ class _LocalLink(Link):
     def send(self, seq: int, time_ns: int, message: Any, encoded: EncodedMessage | None) -> None:
         self.sent_count += 1
         channel = self.channel
+        body: bytes | EncodedMessage | None = None
         if encoded is not None and channel._encoded:
             # (one part: itself, no copy; several - a large array - as they are:
             # put_encoded joins them only for an encoded inbox that needs one buffer)
-            channel._body = encoded if len(encoded.parts) > 1 else encoded.to_bytes()
+            body = encoded if len(encoded.parts) > 1 else encoded.to_bytes()
         if type(message) is np.ndarray and message.flags.writeable:
             # (what the outlet hands a link that encodes, or one that did when the
             # message was parked: the object as published)
             message = read_only(message)
-        # (the common case in one compiled call; what it declines, deliver decides)
-        if deliver_local is None or not deliver_local(channel, seq, message, self.drops, time_ns):
+        # The common case in one compiled call (the body, if any, to encoded inboxes);
+        # what it declines, Channel.deliver decides, given the body as Channel._body.
+        if deliver_local is None or not deliver_local(
+            channel, seq, message, self.drops, time_ns, body
+        ):
+            channel._body = body
             channel.deliver(seq, message, 0, self.drops, time_ns)
 
     def send_small(self, seq: int, time_ns: int, message: Any, body: bytes) -> None:
         # (only while needs_encoding: the outlet's one-bytes path)
         self.sent_count += 1
-        channel = self.channel
-        if channel._encoded:
-            channel._body = body
         if type(message) is np.ndarray and message.flags.writeable:
             message = read_only(message)
-        channel.deliver(seq, message, 0, self.drops, time_ns)
+        channel = self.channel
+        given = body if channel._encoded else None  # (as send: see there)
+        if deliver_local is None or not deliver_local(
+            channel, seq, message, self.drops, time_ns, given
+        ):
+            channel._body = given
+            channel.deliver(seq, message, 0, self.drops, time_ns)
 
     def send_traced(
         self,
