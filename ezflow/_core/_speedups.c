@@ -1566,10 +1566,16 @@ typedef struct {
     PyObject *ho_globals, *ho_method, *ho_switches, *ho_yield, *ho_clock;
     Py_ssize_t o_slept;
     long long handoffs, handoff_yields; /* (done here: counted, for the tests) */
+    /* the local publish (publish_local): an outlet whose one link is of local_link_type,
+     * delivered through local_deliver (DeliverPath.deliver); NULL: no such branch */
+    PyObject *local_link_type, *local_deliver;
+    Py_ssize_t ll_channel, ll_needs_encoding, c_checked;
+    long long local_publishes; /* (done here: counted, for the tests) */
 } PublishPathObject;
 
 static PyObject *str_flush, *str_out_of_line_above, *str_out, *str_is_closing, *str_write,
-    *str_hand_off, *str_g_switches, *str_g_yield, *str_g_clock, *str_g_gap;
+    *str_hand_off, *str_g_switches, *str_g_yield, *str_g_clock, *str_g_gap, *str_body,
+    *str_deliver;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -1666,12 +1672,15 @@ static void PublishPath_dealloc(PublishPathObject *self) {
     Py_XDECREF(self->ho_switches);
     Py_XDECREF(self->ho_yield);
     Py_XDECREF(self->ho_clock);
+    Py_XDECREF(self->local_link_type);
+    Py_XDECREF(self->local_deliver);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *ot, *lt, *st, *ct, *tt, *tracing, *hooks;
     PyObject *hg = NULL, *hm = NULL, *hsw = NULL, *hy = NULL, *hc = NULL;
+    PyObject *llt = NULL, *ld = NULL;
     long long ya, yb, gap, fm, fb;
     int kind;
     Py_ssize_t hs;
@@ -1679,11 +1688,19 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
                              "template_type", "tracing", "hooks", "yield_after",
                              "yield_bytes", "paced_gap_ns", "flush_messages", "flush_bytes",
                              "data_kind", "header_size", "handoff_globals", "hand_off",
-                             "switches", "sched_yield", "clock", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOLLLLLin|OOOOO:PublishPath", kwlist,
+                             "switches", "sched_yield", "clock", "local_link_type",
+                             "local_deliver", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOLLLLLin|OOOOOOO:PublishPath", kwlist,
                                      &ot, &lt, &st, &ct, &tt, &tracing, &hooks, &ya, &yb, &gap,
-                                     &fm, &fb, &kind, &hs, &hg, &hm, &hsw, &hy, &hc))
+                                     &fm, &fb, &kind, &hs, &hg, &hm, &hsw, &hy, &hc, &llt, &ld))
         return NULL;
+    if (llt == Py_None) llt = NULL;
+    if (ld == Py_None) ld = NULL;
+    if ((llt == NULL) != (ld == NULL) || (ld != NULL && !PyCallable_Check(ld))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "PublishPath: local_link_type and local_deliver (a callable) go together");
+        return NULL;
+    }
     if (hg == Py_None) hg = NULL;
     if (hg != NULL && !PyDict_Check(hg)) {
         PyErr_SetString(PyExc_TypeError, "PublishPath: handoff_globals must be a dict");
@@ -1773,6 +1790,33 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
         *slots[i].off = slot_offset(slots[i].type, slots[i].name);
         if (*slots[i].off < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    if (llt != NULL) {
+        /* (the link slots read at the stream link's offsets: Link's own, shared) */
+        const char *shared[] = {"stalled", "sent_count", "released_count", "sent_bytes",
+                                "released_bytes", "drops"};
+        Py_ssize_t offsets[] = {self->l_stalled, self->l_sent_count, self->l_released_count,
+                                self->l_sent_bytes, self->l_released_bytes, self->l_drops};
+        for (size_t i = 0; i < 6; i++) {
+            Py_ssize_t off = slot_offset(llt, shared[i]);
+            if (off != offsets[i]) {
+                if (off >= 0)
+                    PyErr_Format(PyExc_TypeError, "PublishPath: %R.%s is not the link's slot",
+                                 llt, shared[i]);
+                Py_DECREF(self);
+                return NULL;
+            }
+        }
+        Py_INCREF(llt);
+        self->local_link_type = llt;
+        Py_INCREF(ld);
+        self->local_deliver = ld;
+        if ((self->ll_channel = slot_offset(llt, "channel")) < 0 ||
+            (self->ll_needs_encoding = slot_offset(llt, "needs_encoding")) < 0 ||
+            (self->c_checked = slot_offset(ct, "_last_checked")) < 0) {
             Py_DECREF(self);
             return NULL;
         }
@@ -1919,6 +1963,102 @@ done:
     return r;
 }
 
+/* The local publish: publish_local_py's compiled twin (ezflow._transports._local), for an
+ * outlet whose one link is of local_link_type. True: sent; False: nothing done (the
+ * general path decides); NULL: an exception (the message's check raised something that
+ * is not an Exception, or a delivery's Python code did). */
+static PyObject *publish_local(PublishPathObject *self, PyObject *outlet, PyObject *link,
+                               PyObject *message) {
+    /* the check of the shape validated last first: it may run Python code (a field's
+     * getter), so the state is read after it */
+    PyObject *codec = SLOT(outlet, self->o_codec);
+    if (codec == NULL || !PyObject_TypeCheck(codec, (PyTypeObject *)self->codec_type))
+        Py_RETURN_FALSE;
+    PyObject *hint = SLOT(codec, self->c_checked);
+    if (hint == NULL || !PyTuple_CheckExact(hint) || PyTuple_GET_SIZE(hint) != 2 ||
+        PyTuple_GET_ITEM(hint, 0) != (PyObject *)Py_TYPE(message))
+        Py_RETURN_FALSE;
+    PyObject *check = PyTuple_GET_ITEM(hint, 1);
+    Py_INCREF(hint);
+    PyObject *passed = PyObject_Vectorcall(check, &message, 1, NULL);
+    Py_DECREF(hint);
+    if (passed == NULL) return NULL;
+    int ok = passed == Py_True;
+    Py_DECREF(passed);
+    if (!ok) Py_RETURN_FALSE;
+    PyObject *links = SLOT(outlet, self->o_links);
+    long long unyielded, unyielded_bytes, max_count, max_bytes, seq, sent_count, released_count,
+        sent_bytes, released_bytes;
+    if (SLOT(self->tracing, self->tr_active) != Py_False || PyList_GET_SIZE(self->hooks) != 0 ||
+        SLOT(outlet, self->o_closed) != Py_False || SLOT(outlet, self->o_handoff) != Py_False ||
+        !GET_LL(outlet, self->o_unyielded, unyielded) || unyielded >= self->yield_after ||
+        !GET_LL(outlet, self->o_unyielded_bytes, unyielded_bytes) ||
+        unyielded_bytes >= self->yield_bytes || links == NULL || !PyList_CheckExact(links) ||
+        PyList_GET_SIZE(links) != 1 || PyList_GET_ITEM(links, 0) != link ||
+        SLOT(link, self->ll_needs_encoding) != Py_False ||
+        SLOT(link, self->l_stalled) != Py_False || SLOT(link, self->ll_channel) == NULL ||
+        !GET_LL(link, self->l_sent_count, sent_count) ||
+        !GET_LL(link, self->l_released_count, released_count) ||
+        !GET_LL(link, self->l_sent_bytes, sent_bytes) ||
+        !GET_LL(link, self->l_released_bytes, released_bytes) ||
+        SLOT(link, self->l_drops) == NULL || !GET_LL(outlet, self->o_max_count, max_count) ||
+        !GET_LL(outlet, self->o_max_bytes, max_bytes) || !GET_LL(outlet, self->o_seq, seq))
+        Py_RETURN_FALSE;
+    long long count = sent_count - released_count;
+    if (count >= max_count || (count && sent_bytes - released_bytes >= max_bytes))
+        Py_RETURN_FALSE;
+
+    /* From here on the message is sent: nothing declines. */
+    if (set_ll(outlet, self->o_unyielded, unyielded + 1) < 0 ||
+        set_ll(outlet, self->o_seq, seq + 1) < 0 ||
+        set_ll(link, self->l_sent_count, sent_count + 1) < 0)
+        return NULL;
+    /* _LocalLink.send(seq, now, message, None): the delivery in one call, else deliver */
+    PyObject *channel = SLOT(link, self->ll_channel);
+    PyObject *drops = SLOT(link, self->l_drops);
+    Py_INCREF(channel);
+    Py_INCREF(drops);
+    PyObject *seq_obj = PyLong_FromLongLong(seq + 1);
+    PyObject *now = PyLong_FromLongLong(wall_ns());
+    PyObject *r = NULL;
+    if (seq_obj != NULL && now != NULL) {
+        PyObject *dargs[6] = {channel, seq_obj, message, drops, now, Py_None};
+        r = PyObject_Vectorcall(self->local_deliver, dargs, 6, NULL);
+        if (r != NULL && r != Py_True) {
+            Py_DECREF(r);
+            r = NULL;
+            if (PyObject_SetAttr(channel, str_body, Py_None) == 0) {
+                PyObject *zero = PyLong_FromLong(0);
+                if (zero != NULL) {
+                    r = PyObject_CallMethodObjArgs(channel, str_deliver, seq_obj, message, zero,
+                                                   drops, now, NULL);
+                    Py_DECREF(zero);
+                }
+            }
+        }
+    }
+    Py_XDECREF(seq_obj);
+    Py_XDECREF(now);
+    Py_DECREF(drops);
+    Py_DECREF(channel);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    /* (counted once the message is on its way, read again: a delivery runs callbacks) */
+    PyObject *stats = SLOT(outlet, self->o_stats);
+    long long s_messages, s_sends;
+    if (stats == NULL || !PyObject_TypeCheck(stats, (PyTypeObject *)self->stats_type) ||
+        !GET_LL(stats, self->s_messages, s_messages) || !GET_LL(stats, self->s_sends, s_sends)) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "publish_local: the outlet's statistics changed while a message was sent");
+        return NULL;
+    }
+    if (set_ll(stats, self->s_messages, s_messages + 1) < 0 ||
+        set_ll(stats, self->s_sends, s_sends + 1) < 0)
+        return NULL;
+    self->local_publishes += 1;
+    Py_RETURN_TRUE;
+}
+
 static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *args,
                                      Py_ssize_t nargs) {
     if (nargs != 2) {
@@ -1927,6 +2067,18 @@ static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *a
     }
     PyObject *outlet = args[0], *message = args[1];
     if (!PyObject_TypeCheck(outlet, (PyTypeObject *)self->outlet_type)) Py_RETURN_FALSE;
+    if (self->local_link_type != NULL) {
+        /* (an outlet whose one link is a local one: the local publish) */
+        PyObject *one = SLOT(outlet, self->o_links);
+        if (one != NULL && PyList_CheckExact(one) && PyList_GET_SIZE(one) == 1 &&
+            Py_IS_TYPE(PyList_GET_ITEM(one, 0), (PyTypeObject *)self->local_link_type)) {
+            PyObject *link = PyList_GET_ITEM(one, 0);
+            Py_INCREF(link);
+            PyObject *r = publish_local(self, outlet, link, message);
+            Py_DECREF(link);
+            return r;
+        }
+    }
     long long unyielded, unyielded_bytes, fast_limit, max_count, max_bytes, seq, sent_ns = 0,
                                                                                  limit;
     PyObject *closed = SLOT(outlet, self->o_closed);
@@ -2171,6 +2323,8 @@ static PyMemberDef PublishPath_members[] = {
      "paced handoffs done here (not by calling Outlet._hand_off)"},
     {"handoff_yields", T_LONGLONG, offsetof(PublishPathObject, handoff_yields), READONLY,
      "the sched_yield calls among them"},
+    {"local_publishes", T_LONGLONG, offsetof(PublishPathObject, local_publishes), READONLY,
+     "messages sent by the local publish (publish_local_py's twin)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -2816,8 +2970,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     str_setattr = PyUnicode_InternFromString("__setattr__");
     str_notify_release = PyUnicode_InternFromString("_notify_release");
     str_call = PyUnicode_InternFromString("_call");
+    str_body = PyUnicode_InternFromString("_body");
+    str_deliver = PyUnicode_InternFromString("deliver");
     str_put = PyUnicode_InternFromString("put");
-    if (!str_notify_release || !str_call || !str_put || !str_dtype || !str_shape || !str_nbytes || !str_tobytes || !str_flush ||
+    if (!str_notify_release || !str_call || !str_put || !str_body || !str_deliver || !str_dtype || !str_shape || !str_nbytes || !str_tobytes || !str_flush ||
         !str_out_of_line_above || !str_init || !str_new || !str_setattr)
         return NULL;
     if (PyType_Ready(&TemplateType) < 0 || PyType_Ready(&LayoutType) < 0 ||

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from time import monotonic_ns
+from time import monotonic_ns, time_ns
 from typing import Any, ClassVar
 
 import numpy as np
@@ -24,14 +24,16 @@ import numpy as np
 from .._core._channel import Channel
 from .._core._channel_local import deliver_local
 from .._core._codec import EncodedMessage
+from .._core._config import PUBLISH_YIELD_BYTES
 from .._core._exceptions import BrokenResourceError
-from .._core._outlet import Link, Outlet
+from .._core._outlet import _YIELD_AFTER, Link, Outlet
 from .._core._outlet_objects import read_only
 from .._core._protocol import PublisherInfo
-from .._core._tracing import WireTrace
+from .._core._telemetry import PUBLISH_HOOKS
+from .._core._tracing import TRACING, WireTrace
 from ._base import Inbound, Transport
 
-__all__ = ["LocalTransport"]
+__all__ = ["LocalTransport", "publish_local_py"]
 
 # Outlets of this process by publisher id, with the loop they run on. Process-global so
 # that two GraphContexts on one loop also talk locally.
@@ -49,6 +51,10 @@ class _LocalLink(Link):
     it off, so that a publisher encodes only while something takes bodies."""
 
     transport = "local"
+
+    # Slots: the one-call local publish (publish_local_py; its compiled twin, a branch of
+    # _speedups.PublishPath, reads them at fixed offsets).
+    __slots__ = ("channel", "needs_encoding", "on_lost")
 
     def __init__(self, channel: Channel, on_lost: Callable[[], None]) -> None:
         super().__init__(lossless=channel.lossless, max_message_size=2**63)
@@ -127,6 +133,55 @@ class _LocalLink(Link):
         if on_lost is not None:
             self.channel.end()
             on_lost()
+
+
+def publish_local_py(outlet: Outlet, message: Any) -> bool:
+    """Publish *message* in one call on the common path of a local edge and return True;
+    else change nothing and return False (then ``Outlet.publish_nowait``, and
+    ``Outlet.publish`` if that declines, which decide what the unusual case needs).
+
+    The common path: tracing is off, no publish hook is attached, the outlet is open,
+    hands off no CPU and would not yield now (``publish_nowait``'s rule), its one link
+    is a local link that takes objects (no encoded subscriber on its channel), not
+    stalled, with room in its in-flight window (a lossless link would wait, a leaky one
+    park), and *message* passes the compiled check of the shape the outlet's codec
+    validated last (``Codec.validate``'s hint: never a top-level array, whose read-only
+    view and O(1) check are the general path's). Then, exactly as ``publish_nowait`` ->
+    ``send_now`` -> ``_LocalLink.send`` would: the outlet's yield count, the next seq,
+    the link's sent count, the delivery (``deliver_local``, else ``Channel.deliver``),
+    the outlet's message and send counts.
+
+    Its compiled twin is a branch of ``_speedups.PublishPath.publish`` (the outlet's one
+    link a ``_LocalLink``; ``_stream_publish.compiled_publish_small`` builds it);
+    tests/test_local.py pins the two together and to ``publish_nowait``.
+    """
+    # (the check first: it may run Python code - a field's getter - so the state is read
+    # after it)
+    hint = outlet.codec._last_checked
+    if hint is None or hint[0] is not type(message) or not hint[1](message):
+        return False
+    if TRACING.active or PUBLISH_HOOKS or outlet._closed or outlet._handoff:
+        return False
+    if outlet._unyielded >= _YIELD_AFTER or outlet._unyielded_bytes >= PUBLISH_YIELD_BYTES:
+        return False
+    links = outlet._links
+    if len(links) != 1:
+        return False
+    link = links[0]
+    if type(link) is not _LocalLink or link.needs_encoding or link.stalled:
+        return False
+    count = link.sent_count - link.released_count
+    if count >= outlet.max_in_flight or (
+        count and link.sent_bytes - link.released_bytes >= outlet.max_in_flight_bytes
+    ):
+        return False
+    outlet._unyielded += 1
+    outlet._seq = seq = outlet._seq + 1
+    link.send(seq, time_ns(), message, None)
+    stats = outlet.stats
+    stats.messages += 1
+    stats.sends += 1
+    return True
 
 
 class _LocalInbound(Inbound):

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .._core import _outlet
+from .._core._channel_local import compiled_deliver_local
 from .._core._codec import Codec, EncodedMessage
 from .._core._codec._templates import _Template
 from .._core._compiled import SPEEDUPS
@@ -56,6 +57,7 @@ from .._core._outlet import _YIELD_AFTER, Link, Outlet, PublisherStats
 from .._core._protocol import PROTOCOL, field
 from .._core._telemetry import PUBLISH_HOOKS, PublishEvent
 from .._core._tracing import TRACING, TraceState, WireTrace
+from ._local import _LocalLink
 from ._stream_frames import (
     HEADER_SIZE,
     control,
@@ -406,13 +408,17 @@ def compiled_publish_small(
     *,
     tracing: TraceState = TRACING,
     hooks: list[Callable[[PublishEvent], object]] = PUBLISH_HOOKS,
+    local: bool = True,
 ) -> Callable[[Outlet, Any], bool] | None:
     """``publish_small_py``'s compiled twin (``_speedups.PublishPath``) of *speedups*,
     the active extension by default; None where no extension is active. *tracing* and
     *hooks*: what it checks for tracing and publish hooks (the process's, by default:
-    ``publish_small_py`` reads this module's ``TRACING`` and ``PUBLISH_HOOKS``)."""
+    ``publish_small_py`` reads this module's ``TRACING`` and ``PUBLISH_HOOKS``). With
+    *local*, an outlet whose one link is a local one takes ``_local.publish_local_py``'s
+    compiled twin instead (a branch of the same call)."""
     if speedups is None:
         return None
+    deliver = compiled_deliver_local(speedups) if local else None
     # The paced handoff is done in C while Outlet._hand_off would run just that: these
     # functions, looked up where it looks them up (see _speedups.c, handoff_here).
     switches = getattr(speedups, "voluntary_switches", None)
@@ -442,6 +448,9 @@ def compiled_publish_small(
         DATA,
         HEADER_SIZE,
         **handoff,
+        # (an outlet whose one link is a local one: _local.publish_local_py's twin)
+        local_link_type=_LocalLink if deliver is not None else None,
+        local_deliver=deliver,
     )
     publish: Callable[[Outlet, Any], bool] = path.publish
     return publish

@@ -1,0 +1,261 @@
+"""The local transport's one-call publish (``_local.publish_local_py`` and its compiled
+twin, a branch of ``_speedups.PublishPath.publish``): the same messages, counters,
+waits and errors as ``Outlet.publish_nowait``, the general path."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from ezflow._core import _compiled
+from ezflow._core._channel import Channel
+from ezflow._core._codec import Codec
+from ezflow._core._inbox import Inbox
+from ezflow._core._outlet import Outlet
+from ezflow._core._telemetry import PUBLISH_HOOKS
+from ezflow._transports import _stream_publish
+from ezflow._transports._local import _LocalLink, publish_local_py
+
+needs_extension = pytest.mark.skipif(
+    _compiled.SPEEDUPS is None, reason="the C extension ezflow._core._speedups is not built"
+)
+
+
+def _message(kind: str, seq: int) -> Any:
+    """A message of *kind*: two shapes a template covers, near misses and bad ones."""
+    if kind == "tuple":
+        return ("m", seq, 1.5, np.full(4, seq, np.float32))
+    if kind == "dict":
+        return {"seq": seq, "name": "n"}
+    if kind == "big":  # (the tuple's shape, an int out of msgpack's range)
+        return ("m", 2**70, 1.5, np.zeros(4, np.float32))
+    if kind == "dtype":  # (the tuple's shape, another dtype)
+        return ("m", seq, 1.5, np.zeros(4, np.float64))
+    if kind == "set":  # (unregistered: the general path raises)
+        return ("m", seq, 1.5, {1, 2})
+    if kind == "array":  # (a top-level array: its read-only view is the general path's)
+        return np.full(4, seq, np.float32)
+    return seq  # "int": a scalar, checked in O(1) by the general path
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("publish"),
+            st.sampled_from(
+                ["tuple"] * 12 + ["dict"] * 2 + ["big", "dtype", "set", "array", "int"]
+            ),
+        ),
+        st.tuples(st.just("take"), st.integers(0, 1), st.integers(1, 8)),
+        st.tuples(st.just("turn")),  # (a loop turn: the yield counts start again)
+        st.tuples(st.just("window"), st.sampled_from([2, 4, 64])),
+        st.tuples(st.just("stall"), st.booleans()),
+        st.tuples(st.just("hook"), st.booleans()),
+        st.tuples(
+            st.just("encoded"),
+        ),
+        st.tuples(
+            st.just("close"),
+        ),
+    ),
+    max_size=60,
+)
+
+
+class _World:
+    """An outlet with one local link to a channel feeding a lossless inbox and (with
+    *leaky*) a leaky one - alone, when *leaky_only* - as LocalTransport builds them."""
+
+    def __init__(self, *, leaky_only: bool) -> None:
+        self.outlet = Outlet("p-1", "/t", Codec(), max_in_flight=64, max_in_flight_bytes=1 << 20)
+        self.channel = Channel("p-1", "/t", Codec())
+        self.inboxes = [Inbox(leaky=True, maxlen=3)] if leaky_only else [Inbox(), Inbox()]
+        for inbox in self.inboxes:
+            self.channel.attach(inbox)
+        self.link = _LocalLink(self.channel, lambda: None)
+        self.outlet.add_link(self.link)
+
+    def state(self) -> Any:
+        outlet, link, channel = self.outlet, self.link, self.channel
+        return (
+            outlet._seq,
+            outlet._unyielded,
+            outlet._unyielded_bytes,
+            dataclasses.astuple(outlet.stats),
+            (link.sent_count, link.released_count, link.drops, link._parked is not None),
+            link.needs_encoding,
+            dataclasses.astuple(channel.stats),
+            [list(entry) for entry in channel._pending],
+            channel.released,
+            [
+                (
+                    [(seq, _plain(message)) for _, seq, message in inbox._items],
+                    dataclasses.astuple(inbox.stats),
+                )
+                for inbox in self.inboxes
+            ],
+        )
+
+
+def _plain(message: Any) -> Any:
+    """*message* comparable with ==, arrays as (dtype, values, writeable)."""
+    if isinstance(message, np.ndarray):
+        return (str(message.dtype), message.tolist(), message.flags.writeable)
+    if isinstance(message, tuple):
+        return tuple(_plain(item) for item in message)
+    if isinstance(message, dict):
+        return {key: _plain(value) for key, value in message.items()}
+    return message
+
+
+def _publish(fast: Any, world: _World, message: Any) -> tuple[str, Any]:
+    """*message* through *fast* (None: none), else publish_nowait: ("sent", how) or
+    ("wait", None) when publish would have to wait or yield, or the error raised."""
+    try:
+        if fast is not None and fast(world.outlet, message):
+            return "sent", None
+        return ("sent", None) if world.outlet.publish_nowait(message) else ("wait", None)
+    except Exception as exc:
+        return "raised", (type(exc), str(exc))
+
+
+@pytest.mark.parametrize("compiled", [pytest.param(True, marks=needs_extension), False])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_OPS, leaky_only=st.booleans())
+@example(ops=[("publish", "tuple")] * 3 + [("take", 0, 2)], leaky_only=False)
+# (each after the shape is learned, so that the one-call path is the one that must
+# decline: a closed outlet, a publish hook, an encoded subscriber, the yield due)
+@example(
+    ops=[("publish", "tuple")] * 3 + [("close",)] + [("publish", "tuple")] * 2, leaky_only=False
+)
+@example(
+    ops=[("publish", "tuple")] * 3 + [("hook", True)] + [("publish", "tuple")] * 2, leaky_only=True
+)
+@example(
+    ops=[("publish", "tuple")] * 3 + [("encoded",)] + [("publish", "tuple")] * 2, leaky_only=False
+)
+@example(ops=[("window", 64)] + [("take", 0, 8), ("publish", "tuple")] * 70, leaky_only=True)
+@example(  # (a window that fills: the general path answers "wait")
+    ops=[("window", 2)] + [("publish", "tuple")] * 4 + [("take", 0, 1), ("take", 1, 1)],
+    leaky_only=False,
+)
+def test_the_local_publish_is_publish_nowait(
+    compiled: bool, ops: list[tuple[Any, ...]], leaky_only: bool
+) -> None:
+    """The same steps in two worlds, one publishing through the local publish (compiled
+    or pure) and publish_nowait where it declines, the other through publish_nowait
+    alone: the same outcome of every publish (sent, would wait, the error raised), the
+    same seq, yield counts, statistics, link counters, deliveries and queues after every
+    step - shapes learned and changed, bad messages, arrays, scalars, a full window, a
+    stalled link, a publish hook, an encoded subscriber, a closed outlet."""
+    fast = (
+        _stream_publish.compiled_publish_small(_compiled.SPEEDUPS) if compiled else publish_local_py
+    )
+    assert fast is not None
+    worlds = [_World(leaky_only=leaky_only), _World(leaky_only=leaky_only)]
+    events: list[list[Any]] = [[], []]  # (each world's publish events, while hooked)
+    hooked = False
+    seq = 0
+    try:
+        for op in ops:
+            name = op[0]
+            if name == "publish":
+                seq += 1
+                got = []
+                for index, world in enumerate(worlds):
+                    PUBLISH_HOOKS[:] = [events[index].append] if hooked else []
+                    got.append(_publish(fast if index == 0 else None, world, _message(op[1], seq)))
+                assert got[0] == got[1], (op, got)
+                assert [(e.seq, e.nbytes, e.channels) for e in events[0]] == [
+                    (e.seq, e.nbytes, e.channels) for e in events[1]
+                ]
+            elif name == "take":
+                for world in worlds:
+                    inbox = world.inboxes[min(op[1], len(world.inboxes) - 1)]
+                    for _ in range(min(op[2], len(inbox))):
+                        inbox.get_nowait()
+            elif name == "turn":
+                for world in worlds:
+                    world.outlet._unyielded = world.outlet._unyielded_bytes = 0
+            elif name == "window":
+                for world in worlds:
+                    world.outlet.max_in_flight = op[1]
+            elif name == "stall":
+                for world in worlds:
+                    world.link.stalled = op[1]
+            elif name == "hook":
+                hooked = op[1]
+            elif name == "encoded":
+                for world in worlds:
+                    inbox = Inbox(encoded=True)
+                    world.inboxes.append(inbox)
+                    world.channel.attach(inbox)
+            elif name == "close":
+                for world in worlds:
+                    world.outlet.close()
+            assert worlds[0].state() == worlds[1].state(), op
+    finally:
+        PUBLISH_HOOKS[:] = []
+
+
+@needs_extension
+def test_the_compiled_local_publish_sends_the_ordinary_message_itself() -> None:
+    """The ordinary program's tuple over a local link goes through the compiled branch
+    (counted by it), is validated there as the general path would (a bad message is
+    the general path's, which raises), and arrives as the very object published."""
+    publish = _stream_publish.compiled_publish_small(_compiled.SPEEDUPS)
+    assert publish is not None
+    world = _World(leaky_only=False)
+    world.outlet.max_in_flight = 1000
+    body = np.zeros(16, np.float32)
+    assert world.outlet.publish_nowait((0, 0, 1, body))  # (the general path learns the shape)
+    before = publish.__self__.local_publishes  # type: ignore[attr-defined]
+    for seq in range(1, 101):
+        world.outlet._unyielded = 0  # (a loop turn between: no yield due)
+        assert publish(world.outlet, (0, seq, 1, body))
+    assert publish.__self__.local_publishes == before + 100  # type: ignore[attr-defined]
+    assert publish(world.outlet, (0, 101, 1, {1})) is False
+    with pytest.raises(TypeError, match="set"):
+        world.outlet.publish_nowait((0, 101, 1, {1}))
+    items = list(world.inboxes[0]._items)
+    assert [seq for _, seq, _ in items] == list(range(1, 102))
+    assert all(message[3] is body for _, _, message in items)
+    assert world.outlet.stats.messages == 101 and world.link.sent_count == 101
+
+
+@needs_extension
+def test_a_publish_path_refuses_a_local_link_type_without_a_delivery() -> None:
+    """The local branch's two settings go together; a type whose link counters are not
+    Link's own slots is refused when the path is built."""
+    speedups = _compiled.SPEEDUPS
+    assert speedups is not None
+    path_type = speedups.PublishPath
+    with pytest.raises(TypeError, match="go together"):
+        path_type(*_path_arguments(), local_link_type=_LocalLink)
+
+    class Odd:  # (link counters of its own, not Link's slots)
+        __slots__ = ("channel", "drops", "needs_encoding", "released_bytes", "released_count")
+        __slots__ += ("sent_bytes", "sent_count", "stalled")
+
+    with pytest.raises(TypeError, match="not the link's slot"):
+        path_type(*_path_arguments(), local_link_type=Odd, local_deliver=print)
+    assert path_type(*_path_arguments(), local_link_type=_LocalLink, local_deliver=print)
+
+
+def _path_arguments() -> list[Any]:
+    from ezflow._core._codec._templates import _Template  # noqa: PLC0415
+    from ezflow._core._framing import DATA  # noqa: PLC0415
+    from ezflow._core._outlet import _YIELD_AFTER, PublisherStats  # noqa: PLC0415
+    from ezflow._core._tracing import TRACING  # noqa: PLC0415
+    from ezflow._transports._stream_frames import HEADER_SIZE  # noqa: PLC0415
+    from ezflow._transports._stream_publish import StreamLink  # noqa: PLC0415
+
+    return [
+        Outlet, StreamLink, PublisherStats, Codec, _Template, TRACING, PUBLISH_HOOKS,
+        _YIELD_AFTER, 1 << 20, 50_000, 128, 1 << 20, DATA, HEADER_SIZE,
+    ]  # fmt: skip
