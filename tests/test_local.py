@@ -90,6 +90,9 @@ class _World:
             (link.sent_count, link.released_count, link.drops, link._parked is not None),
             link.needs_encoding,
             dataclasses.astuple(channel.stats),
+            # (the channel encoded nothing itself: an encoded subscriber's body is the one
+            # the publisher encoded, handed over)
+            channel.codec._last_template is None,
             [list(entry) for entry in channel._pending],
             channel.released,
             [
@@ -140,6 +143,10 @@ def _publish(fast: Any, world: _World, message: Any) -> tuple[str, Any]:
     ops=[("publish", "tuple")] * 3 + [("encoded",)] + [("publish", "tuple")] * 2, leaky_only=False
 )
 @example(ops=[("window", 64)] + [("take", 0, 8), ("publish", "tuple")] * 70, leaky_only=True)
+@example(  # (an encoded subscriber: the body encoded once, handed over with the message)
+    ops=[("publish", "tuple"), ("encoded",)] + [("publish", "tuple"), ("take", 0, 1)] * 6,
+    leaky_only=False,
+)
 @example(  # (a window that fills: the general path answers "wait")
     ops=[("window", 2)] + [("publish", "tuple")] * 4 + [("take", 0, 1), ("take", 1, 1)],
     leaky_only=False,
@@ -152,7 +159,8 @@ def test_the_local_publish_is_publish_nowait(
     alone: the same outcome of every publish (sent, would wait, the error raised), the
     same seq, yield counts, statistics, link counters, deliveries and queues after every
     step - shapes learned and changed, bad messages, arrays, scalars, a full window, a
-    stalled link, a publish hook, an encoded subscriber, a closed outlet."""
+    stalled link, a publish hook, an encoded subscriber (the body encoded on the way,
+    handed over with the message), a closed outlet."""
     fast = (
         _stream_publish.compiled_publish_small(_compiled.SPEEDUPS) if compiled else publish_local_py
     )

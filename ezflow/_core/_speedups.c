@@ -1569,13 +1569,13 @@ typedef struct {
     /* the local publish (publish_local): an outlet whose one link is of local_link_type,
      * delivered through local_deliver (DeliverPath.deliver); NULL: no such branch */
     PyObject *local_link_type, *local_deliver;
-    Py_ssize_t ll_channel, ll_needs_encoding, c_checked;
+    Py_ssize_t ll_channel, ll_needs_encoding, c_checked, o_small_limit;
     long long local_publishes; /* (done here: counted, for the tests) */
 } PublishPathObject;
 
 static PyObject *str_flush, *str_out_of_line_above, *str_out, *str_is_closing, *str_write,
     *str_hand_off, *str_g_switches, *str_g_yield, *str_g_clock, *str_g_gap, *str_body,
-    *str_deliver;
+    *str_deliver, *str_encoded;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -1816,7 +1816,8 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         self->local_deliver = ld;
         if ((self->ll_channel = slot_offset(llt, "channel")) < 0 ||
             (self->ll_needs_encoding = slot_offset(llt, "needs_encoding")) < 0 ||
-            (self->c_checked = slot_offset(ct, "_last_checked")) < 0) {
+            (self->c_checked = slot_offset(ct, "_last_checked")) < 0 ||
+            (self->o_small_limit = slot_offset(ot, "_small_limit")) < 0) {
             Py_DECREF(self);
             return NULL;
         }
@@ -1963,39 +1964,94 @@ done:
     return r;
 }
 
+static PyObject *publish_local_send(PublishPathObject *self, PyObject *outlet, PyObject *link,
+                                    PyObject *message, PyObject *body);
+
 /* The local publish: publish_local_py's compiled twin (ezflow._transports._local), for an
  * outlet whose one link is of local_link_type. True: sent; False: nothing done (the
  * general path decides); NULL: an exception (the message's check raised something that
  * is not an Exception, or a delivery's Python code did). */
 static PyObject *publish_local(PublishPathObject *self, PyObject *outlet, PyObject *link,
                                PyObject *message) {
-    /* the check of the shape validated last first: it may run Python code (a field's
-     * getter), so the state is read after it */
     PyObject *codec = SLOT(outlet, self->o_codec);
     if (codec == NULL || !PyObject_TypeCheck(codec, (PyTypeObject *)self->codec_type))
         Py_RETURN_FALSE;
-    PyObject *hint = SLOT(codec, self->c_checked);
-    if (hint == NULL || !PyTuple_CheckExact(hint) || PyTuple_GET_SIZE(hint) != 2 ||
-        PyTuple_GET_ITEM(hint, 0) != (PyObject *)Py_TYPE(message))
+    PyObject *needs_encoding = SLOT(link, self->ll_needs_encoding);
+    PyObject *body = NULL; /* (a new reference: the encoded body, for an encoding link) */
+    long long limit;
+    if (needs_encoding == Py_True) {
+        /* The link takes the body too (an encoded subscriber): publish_nowait's small
+         * body, the compiled template's encode_small (it may run Python code, a field's
+         * getter: the state is read after it) */
+        PyObject *template = SLOT(codec, self->c_template);
+        if (template == NULL || template == Py_None ||
+            !PyObject_TypeCheck(template, (PyTypeObject *)self->template_type) ||
+            SLOT(template, self->t_kind) != (PyObject *)Py_TYPE(message))
+            Py_RETURN_FALSE;
+        PyObject *encode = SLOT(template, self->t_encode);
+        if (encode == NULL || !PyCFunction_Check(encode) || PyCFunction_GET_SELF(encode) == NULL ||
+            !Py_IS_TYPE(PyCFunction_GET_SELF(encode), &TemplateType) ||
+            !exact_ll(SLOT(codec, self->c_limit), &limit))
+            Py_RETURN_FALSE;
+        body = encode_small_into((TemplateObject *)PyCFunction_GET_SELF(encode), message,
+                                 (Py_ssize_t)(limit > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : limit), 0);
+        if (body == NULL) return NULL;
+        if (body == Py_None) {
+            Py_DECREF(body);
+            Py_RETURN_FALSE;
+        }
+        /* (the outlet's small limit: its links' smallest max_message_size, 2**63 for a
+         * local link - beyond a long long: no limit) */
+        PyObject *small = SLOT(outlet, self->o_small_limit);
+        int overflow = 0;
+        long long small_limit = small != NULL && PyLong_CheckExact(small)
+                                    ? PyLong_AsLongLongAndOverflow(small, &overflow)
+                                    : -1;
+        if (overflow > 0) small_limit = LLONG_MAX;
+        if (small_limit == -1 && PyErr_Occurred()) PyErr_Clear();
+        if (overflow < 0 || small_limit < 0 || PyBytes_GET_SIZE(body) > small_limit) {
+            Py_DECREF(body);
+            Py_RETURN_FALSE;
+        }
+    } else if (needs_encoding == Py_False) {
+        /* the check of the shape validated last (Codec.validate's hint), first: it may
+         * run Python code (a field's getter), so the state is read after it */
+        PyObject *hint = SLOT(codec, self->c_checked);
+        if (hint == NULL || !PyTuple_CheckExact(hint) || PyTuple_GET_SIZE(hint) != 2 ||
+            PyTuple_GET_ITEM(hint, 0) != (PyObject *)Py_TYPE(message))
+            Py_RETURN_FALSE;
+        PyObject *check = PyTuple_GET_ITEM(hint, 1);
+        Py_INCREF(hint);
+        PyObject *passed = PyObject_Vectorcall(check, &message, 1, NULL);
+        Py_DECREF(hint);
+        if (passed == NULL) return NULL;
+        int ok = passed == Py_True;
+        Py_DECREF(passed);
+        if (!ok) Py_RETURN_FALSE;
+    } else {
         Py_RETURN_FALSE;
-    PyObject *check = PyTuple_GET_ITEM(hint, 1);
-    Py_INCREF(hint);
-    PyObject *passed = PyObject_Vectorcall(check, &message, 1, NULL);
-    Py_DECREF(hint);
-    if (passed == NULL) return NULL;
-    int ok = passed == Py_True;
-    Py_DECREF(passed);
-    if (!ok) Py_RETURN_FALSE;
+    }
+    PyObject *result = publish_local_send(self, outlet, link, message, body);
+    Py_XDECREF(body);
+    return result;
+}
+
+/* publish_local's send, once the message passed its check or was encoded (*body*, or
+ * NULL): the state read and checked, then the message sent, as publish_nowait sends
+ * it. True, False (nothing done), or NULL (an exception). */
+static PyObject *publish_local_send(PublishPathObject *self, PyObject *outlet, PyObject *link,
+                                    PyObject *message, PyObject *body) {
     PyObject *links = SLOT(outlet, self->o_links);
     long long unyielded, unyielded_bytes, max_count, max_bytes, seq, sent_count, released_count,
         sent_bytes, released_bytes;
+    Py_ssize_t size = body != NULL ? PyBytes_GET_SIZE(body) : 0;
     if (SLOT(self->tracing, self->tr_active) != Py_False || PyList_GET_SIZE(self->hooks) != 0 ||
         SLOT(outlet, self->o_closed) != Py_False || SLOT(outlet, self->o_handoff) != Py_False ||
         !GET_LL(outlet, self->o_unyielded, unyielded) || unyielded >= self->yield_after ||
         !GET_LL(outlet, self->o_unyielded_bytes, unyielded_bytes) ||
         unyielded_bytes >= self->yield_bytes || links == NULL || !PyList_CheckExact(links) ||
         PyList_GET_SIZE(links) != 1 || PyList_GET_ITEM(links, 0) != link ||
-        SLOT(link, self->ll_needs_encoding) != Py_False ||
+        SLOT(link, self->ll_needs_encoding) != (body != NULL ? Py_True : Py_False) ||
         SLOT(link, self->l_stalled) != Py_False || SLOT(link, self->ll_channel) == NULL ||
         !GET_LL(link, self->l_sent_count, sent_count) ||
         !GET_LL(link, self->l_released_count, released_count) ||
@@ -2022,12 +2078,27 @@ static PyObject *publish_local(PublishPathObject *self, PyObject *outlet, PyObje
     PyObject *now = PyLong_FromLongLong(wall_ns());
     PyObject *r = NULL;
     if (seq_obj != NULL && now != NULL) {
-        PyObject *dargs[6] = {channel, seq_obj, message, drops, now, Py_None};
+        /* (send_small's body for an encoding link: the one the channel's encoded
+         * subscribers take, as it gives it) */
+        PyObject *given = body != NULL ? body : Py_None;
+        PyObject *dargs[6] = {channel, seq_obj, message, drops, now, given};
         r = PyObject_Vectorcall(self->local_deliver, dargs, 6, NULL);
+        if (r != NULL && r != Py_True && body != NULL) {
+            /* (as send_small: the body only while the channel has encoded subscribers) */
+            PyObject *encoded = PyObject_GetAttr(channel, str_encoded);
+            int has = encoded == NULL ? -1 : PyObject_IsTrue(encoded);
+            Py_XDECREF(encoded);
+            if (has < 0) {
+                Py_DECREF(r);
+                r = NULL;
+            } else if (!has) {
+                given = Py_None;
+            }
+        }
         if (r != NULL && r != Py_True) {
             Py_DECREF(r);
             r = NULL;
-            if (PyObject_SetAttr(channel, str_body, Py_None) == 0) {
+            if (PyObject_SetAttr(channel, str_body, given) == 0) {
                 PyObject *zero = PyLong_FromLong(0);
                 if (zero != NULL) {
                     r = PyObject_CallMethodObjArgs(channel, str_deliver, seq_obj, message, zero,
@@ -2045,15 +2116,21 @@ static PyObject *publish_local(PublishPathObject *self, PyObject *outlet, PyObje
     Py_DECREF(r);
     /* (counted once the message is on its way, read again: a delivery runs callbacks) */
     PyObject *stats = SLOT(outlet, self->o_stats);
-    long long s_messages, s_sends;
+    long long s_messages, s_sends, s_encodes, s_bytes;
     if (stats == NULL || !PyObject_TypeCheck(stats, (PyTypeObject *)self->stats_type) ||
-        !GET_LL(stats, self->s_messages, s_messages) || !GET_LL(stats, self->s_sends, s_sends)) {
+        !GET_LL(stats, self->s_messages, s_messages) || !GET_LL(stats, self->s_sends, s_sends) ||
+        !GET_LL(stats, self->s_encodes, s_encodes) || !GET_LL(stats, self->s_bytes, s_bytes) ||
+        !GET_LL(outlet, self->o_unyielded_bytes, unyielded_bytes)) {
         PyErr_SetString(PyExc_RuntimeError,
                         "publish_local: the outlet's statistics changed while a message was sent");
         return NULL;
     }
     if (set_ll(stats, self->s_messages, s_messages + 1) < 0 ||
         set_ll(stats, self->s_sends, s_sends + 1) < 0)
+        return NULL;
+    if (body != NULL && (set_ll(outlet, self->o_unyielded_bytes, unyielded_bytes + size) < 0 ||
+                         set_ll(stats, self->s_encodes, s_encodes + 1) < 0 ||
+                         set_ll(stats, self->s_bytes, s_bytes + size) < 0))
         return NULL;
     self->local_publishes += 1;
     Py_RETURN_TRUE;
@@ -2972,8 +3049,9 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     str_call = PyUnicode_InternFromString("_call");
     str_body = PyUnicode_InternFromString("_body");
     str_deliver = PyUnicode_InternFromString("deliver");
+    str_encoded = PyUnicode_InternFromString("_encoded");
     str_put = PyUnicode_InternFromString("put");
-    if (!str_notify_release || !str_call || !str_put || !str_body || !str_deliver || !str_dtype || !str_shape || !str_nbytes || !str_tobytes || !str_flush ||
+    if (!str_notify_release || !str_call || !str_put || !str_body || !str_deliver || !str_encoded || !str_dtype || !str_shape || !str_nbytes || !str_tobytes || !str_flush ||
         !str_out_of_line_above || !str_init || !str_new || !str_setattr)
         return NULL;
     if (PyType_Ready(&TemplateType) < 0 || PyType_Ready(&LayoutType) < 0 ||

@@ -140,35 +140,48 @@ def publish_local_py(outlet: Outlet, message: Any) -> bool:
     else change nothing and return False (then ``Outlet.publish_nowait``, and
     ``Outlet.publish`` if that declines, which decide what the unusual case needs).
 
-    The common path: tracing is off, no publish hook is attached, the outlet is open,
-    hands off no CPU and would not yield now (``publish_nowait``'s rule), its one link
-    is a local link that takes objects (no encoded subscriber on its channel), not
-    stalled, with room in its in-flight window (a lossless link would wait, a leaky one
-    park), and *message* passes the compiled check of the shape the outlet's codec
-    validated last (``Codec.validate``'s hint: never a top-level array, whose read-only
-    view and O(1) check are the general path's). Then, exactly as ``publish_nowait`` ->
-    ``send_now`` -> ``_LocalLink.send`` would: the outlet's yield count, the next seq,
-    the link's sent count, the delivery (``deliver_local``, else ``Channel.deliver``),
-    the outlet's message and send counts.
+    The common path: the outlet's one link is a local link, and *message* passes the
+    compiled check of the shape the outlet's codec validated last (``Codec.validate``'s
+    hint: never a top-level array, whose read-only view and O(1) check are the general
+    path's) - or, while the link takes bodies too (an encoded subscriber on its channel:
+    ``needs_encoding``), is encoded by the codec's cached template into a small body
+    (``Codec._encode_small``) within the outlet's ``_small_limit``; tracing is off, no
+    publish hook is attached, the outlet is open, hands off no CPU and would not yield
+    now (``publish_nowait``'s rule), and the link is not stalled and has room in its
+    in-flight window (a lossless link would wait, a leaky one park). Then, exactly as
+    ``publish_nowait`` -> ``send_now`` -> ``_LocalLink.send`` (or, with a body,
+    ``_send_small`` -> ``_LocalLink.send_small``) would: the outlet's yield count, the
+    next seq, the link's sent count, the delivery (``deliver_local``, else
+    ``Channel.deliver``), the outlet's counts (and the body's bytes and encode).
 
     Its compiled twin is a branch of ``_speedups.PublishPath.publish`` (the outlet's one
     link a ``_LocalLink``; ``_stream_publish.compiled_publish_small`` builds it);
     tests/test_local.py pins the two together and to ``publish_nowait``.
     """
-    # (the check first: it may run Python code - a field's getter - so the state is read
-    # after it)
-    hint = outlet.codec._last_checked
-    if hint is None or hint[0] is not type(message) or not hint[1](message):
+    links = outlet._links
+    if len(links) != 1 or type(links[0]) is not _LocalLink:
         return False
+    link = links[0]
+    # (the check or the encode first: either may run Python code - a field's getter - so
+    # the state is read after it)
+    codec = outlet.codec
+    body: bytes | None = None
+    if link.needs_encoding:
+        template = codec._last_template
+        if template is None or template.kind is not type(message):
+            return False
+        body = codec._encode_small(message)
+        if body is None or len(body) > outlet._small_limit:
+            return False
+    else:
+        hint = codec._last_checked
+        if hint is None or hint[0] is not type(message) or not hint[1](message):
+            return False
     if TRACING.active or PUBLISH_HOOKS or outlet._closed or outlet._handoff:
         return False
     if outlet._unyielded >= _YIELD_AFTER or outlet._unyielded_bytes >= PUBLISH_YIELD_BYTES:
         return False
-    links = outlet._links
-    if len(links) != 1:
-        return False
-    link = links[0]
-    if type(link) is not _LocalLink or link.needs_encoding or link.stalled:
+    if outlet._links != [link] or link.needs_encoding is not (body is not None) or link.stalled:
         return False
     count = link.sent_count - link.released_count
     if count >= outlet.max_in_flight or (
@@ -177,8 +190,14 @@ def publish_local_py(outlet: Outlet, message: Any) -> bool:
         return False
     outlet._unyielded += 1
     outlet._seq = seq = outlet._seq + 1
-    link.send(seq, time_ns(), message, None)
     stats = outlet.stats
+    if body is None:
+        link.send(seq, time_ns(), message, None)
+    else:
+        link.send_small(seq, time_ns(), message, body)
+        outlet._unyielded_bytes += len(body)
+        stats.encodes += 1
+        stats.bytes += len(body)
     stats.messages += 1
     stats.sends += 1
     return True
