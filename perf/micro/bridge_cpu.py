@@ -11,6 +11,13 @@ message (getrusage, every thread): the figure the machine's load does not decide
 ``EZB_WRAP_sender="perf record -F 1999 -o /tmp/s.data --"`` runs the sender under
 that command (likewise ``EZB_WRAP_receiver``). Set ``EZB_PROFILE=sender`` (or
 ``receiver``) to run that end under py-spy (``--native``, to /tmp/bridge_cpu_<end>.txt).
+
+``EZB_PACE=0.002`` (bridge -> bridge only) paces the messages that many seconds apart
+and prints the receiver's one-way p50/p90 (CLOCK_MONOTONIC, shared by the processes);
+with ``EZB_STAGES=1`` too, the median time after the publisher's clock at which each
+message reached each stage of the path (wrappers around the export's ``_send`` and
+``_submit``, the import's Zenoh callback - entered and left -, its loop wake, its
+``_handle`` and the local ``publish_encoded_many``, then ``recv()`` returning).
 """
 
 # ruff: noqa: PLC0415 - each role imports what it measures, in its own process
@@ -67,14 +74,18 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _report_sender(used: float, faults: int, threads: dict[str, int], count: int) -> None:
-    """The sending side's line: CPU, page faults and per-thread CPU a message."""
+def _report_sender(
+    used: float, faults: int, threads: dict[str, int], count: int, stages: Any = None
+) -> None:
+    """The sending side's line: CPU, page faults and per-thread CPU a message (and the
+    stage times of a paced run)."""
     print(
         json.dumps(
             {
                 "sender_cpu_us": used / count * 1e6,
                 "sender_faults": faults / count,
                 "sender_threads": _per_thread(threads, count),
+                "sender_stages": stages or {},
             }
         ),
         flush=True,
@@ -171,10 +182,12 @@ async def bridge_send(size: int, count: int) -> None:
         start, faults, threads = _cpu(), _faults(), _threads()
         for seq in range(count):
             await pub.publish((0, seq, time.monotonic_ns(), payload))
+            if PACE:
+                await asyncio.sleep(PACE)
         await pub.publish((2, 0, 0, payload[:1]))
         await asyncio.to_thread(sys.stdin.readline)
         used, faults = _cpu() - start, _faults() - faults
-        _report_sender(used, faults, threads, count)
+        _report_sender(used, faults, threads, count, _STAGES)
         stats = next(iter(bridge.summary().values()))
         print("  export:", {k: stats.get(k) for k in ("messages", "samples")}, file=sys.stderr)
 
@@ -192,7 +205,10 @@ async def bridge_receive(size: int, count: int) -> None:
         print("ready", flush=True)
         n, first, cpu, faults = 0, 0.0, 0.0, 0
         while True:
-            phase, *_ = await sub.recv()
+            phase, _, sent, _ = await sub.recv()
+            if phase == 0 and PACE:
+                _STAGES.setdefault("recv_ret", []).append(time.monotonic_ns())
+                _STAGES.setdefault("t0", []).append(sent)
             if phase == 0:
                 if not n:
                     first, cpu, faults, threads = time.monotonic(), _cpu(), _faults(), _threads()
@@ -202,7 +218,78 @@ async def bridge_receive(size: int, count: int) -> None:
         last, cpu, faults = time.monotonic(), _cpu() - cpu, _faults() - faults
         found = {"msgs_per_s": n / (last - first), "receiver_cpu_us": cpu / n * 1e6}
         found["receiver_threads"] = _per_thread(threads, n)
+        if PACE:
+            found["stages"] = _STAGES
         print(json.dumps({**found, "receiver_faults": faults / n}), flush=True)
+
+
+PACE = float(os.environ.get("EZB_PACE", "0") or 0)
+#: stage name -> CLOCK_MONOTONIC ns of each message's passage (EZB_STAGES)
+_STAGES: dict[str, list[int]] = {}
+
+
+def _install_stage_probes() -> None:
+    """Wrap the functions a paced message passes through on either end (EZB_STAGES)."""
+    import functools
+
+    from ezflow._core import _outlet
+    from ezflow._zenoh import _export, _import
+
+    def mark(stage: str) -> None:
+        _STAGES.setdefault(stage, []).append(time.monotonic_ns())
+
+    def wrap(owner: Any, name: str, stage: str, *, leave: str = "") -> None:
+        original = getattr(owner, name)
+        if asyncio.iscoroutinefunction(original):
+
+            @functools.wraps(original)
+            async def probed(*args: Any, **kwargs: Any) -> Any:
+                mark(stage)
+                return await original(*args, **kwargs)
+
+        else:
+
+            @functools.wraps(original)
+            def probed(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+                mark(stage)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if leave:
+                        mark(leave)
+
+        setattr(owner, name, probed)
+
+    wrap(_export.ExportRun, "_send", "export_send")
+    wrap(_export.ExportRun, "_submit", "export_submit")
+    wrap(_import.ImportRun, "_on_sample", "import_callback", leave="import_callback_left")
+    wrap(_import, "_wake", "import_loop_woken")
+    wrap(_import.ImportRun, "_handle", "import_handle")
+    wrap(_outlet.Outlet, "publish_encoded_many", "import_publish")
+
+
+def _report_stages(stages: dict[str, list[int]], sender: dict[str, list[int]]) -> None:
+    import bisect
+    import statistics
+
+    starts = stages.pop("t0")
+    latency = sorted(r - t for r, t in zip(stages["recv_ret"], starts, strict=True))
+    print(
+        f"  paced every {PACE * 1e3:g} ms: p50 {latency[len(latency) // 2] / 1e3:.1f} µs, "
+        f"p90 {latency[int(len(latency) * 0.9)] / 1e3:.1f} µs (n={len(latency)})"
+    )
+    rows = []
+    for stage, times in {**sender, **stages}.items():
+        times.sort()
+        after = []
+        for t0 in starts[len(starts) // 10 :]:
+            i = bisect.bisect_left(times, t0)
+            if i < len(times) and times[i] - t0 < 10_000_000:
+                after.append(times[i] - t0)
+        if after:
+            rows.append((statistics.median(after) / 1e3, stage))
+    for median, stage in sorted(rows):
+        print(f"    {stage:22s} {median:7.1f} µs after the publisher's clock")
 
 
 def _start(role: str, end: str, size: int, count: int) -> subprocess.Popen[bytes]:
@@ -232,6 +319,8 @@ def main() -> None:
             import ezflow
 
             coroutine = bridge_send if end == "sender" else bridge_receive
+            if PACE and os.environ.get("EZB_STAGES"):
+                _install_stage_probes()
             ezflow.lowlevel.run_coroutine(coroutine(size, count))
         return
     size, count = int(sys.argv[1]), int(sys.argv[2])
@@ -253,6 +342,8 @@ def main() -> None:
         proc.wait(30)
     for end in ("sender", "receiver"):
         print(f"  {end} threads (µs/msg):", got[f"{end}_threads"])
+    if "stages" in got:
+        _report_stages(got["stages"], got.get("sender_stages") or {})
     print(
         f"{sender_role}->{receiver_role} {size} B x {count}: {got['msgs_per_s']:,.0f} msgs/s, "
         f"CPU/msg sender {got['sender_cpu_us']:.1f} µs, receiver {got['receiver_cpu_us']:.1f} µs; "
