@@ -1993,8 +1993,12 @@ static PyObject *publish_local(PublishPathObject *self, PyObject *outlet, PyObje
             !Py_IS_TYPE(PyCFunction_GET_SELF(encode), &TemplateType) ||
             !exact_ll(SLOT(codec, self->c_limit), &limit))
             Py_RETURN_FALSE;
-        body = encode_small_into((TemplateObject *)PyCFunction_GET_SELF(encode), message,
+        /* (held: the encode may run Python code that replaces the codec's template) */
+        PyObject *compiled = PyCFunction_GET_SELF(encode);
+        Py_INCREF(compiled);
+        body = encode_small_into((TemplateObject *)compiled, message,
                                  (Py_ssize_t)(limit > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : limit), 0);
+        Py_DECREF(compiled);
         if (body == NULL) return NULL;
         if (body == Py_None) {
             Py_DECREF(body);
@@ -2887,11 +2891,16 @@ static PyObject *DeliverPath_deliver(DeliverPathObject *self, PyObject *const *a
     if (set_ll(channel, self->c_last_seq, seq) < 0) goto fail;
     PyObject *r;
     if (lossless) {
+        Py_INCREF(pending); /* (held: an allocation may run a finalizer's Python code) */
         PyObject *entry = Py_BuildValue("[LLi]", seq, lossless, 0);
-        if (entry == NULL) goto fail;
+        if (entry == NULL) {
+            Py_DECREF(pending);
+            goto fail;
+        }
         PyObject *cargs[2] = {pending, entry};
         r = PyObject_Vectorcall(self->append, cargs, 2, NULL);
         Py_DECREF(entry);
+        Py_DECREF(pending);
         if (r == NULL) goto fail;
         Py_DECREF(r);
     } else if (set_ll(channel, self->c_released_count, released + 1) < 0) {
@@ -2928,14 +2937,21 @@ static PyObject *DeliverPath_deliver(DeliverPathObject *self, PyObject *const *a
             Py_DECREF(r);
             continue;
         }
+        /* (held: the item's allocation may run a finalizer's Python code) */
+        Py_INCREF(items);
+        Py_INCREF(istats);
         PyObject *item = PyTuple_Pack(3, attachment, seq_obj, given);
-        if (item == NULL) goto fail;
-        PyObject *cargs[2] = {items, item};
-        r = PyObject_Vectorcall(self->append, cargs, 2, NULL);
-        Py_DECREF(item);
-        if (r == NULL) goto fail;
-        Py_DECREF(r);
-        if (set_ll(istats, self->is_received, received + 1) < 0) goto fail;
+        r = NULL;
+        if (item != NULL) {
+            PyObject *cargs[2] = {items, item};
+            r = PyObject_Vectorcall(self->append, cargs, 2, NULL);
+            Py_DECREF(item);
+        }
+        int failed = r == NULL || set_ll(istats, self->is_received, received + 1) < 0;
+        Py_XDECREF(r);
+        Py_DECREF(items);
+        Py_DECREF(istats);
+        if (failed) goto fail;
     }
     stats = SLOT(channel, self->c_stats);
     if (stats == NULL || !Py_IS_TYPE(stats, (PyTypeObject *)self->channel_stats_type) ||
