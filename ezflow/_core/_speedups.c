@@ -1600,6 +1600,23 @@ static Py_ssize_t slot_offset(PyObject *type, const char *name) {
     return off;
 }
 
+/* One object slot a compiled path reads: where its offset goes, the type, its name. */
+typedef struct {
+    Py_ssize_t *off;
+    PyObject *type;
+    const char *name;
+} SlotSpec;
+
+/* Fill in the offset of each of *n* slots; -1 (an error set) when one is not an object
+ * slot of its type. */
+static int fill_slots(const SlotSpec *slots, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        *slots[i].off = slot_offset(slots[i].type, slots[i].name);
+        if (*slots[i].off < 0) return -1;
+    }
+    return 0;
+}
+
 static int exact_ll(PyObject *v, long long *out) {
     if (v == NULL || !PyLong_CheckExact(v)) return 0;
     if (small_ll(v, out)) return 1;
@@ -1746,11 +1763,7 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         self->ho_clock = hc;
     }
     PyObject *trt = (PyObject *)Py_TYPE(tracing);
-    struct {
-        Py_ssize_t *off;
-        PyObject *type;
-        const char *name;
-    } slots[] = {
+    SlotSpec slots[] = {
         {&self->o_closed, ot, "_closed"},
         {&self->o_unyielded, ot, "_unyielded"},
         {&self->o_unyielded_bytes, ot, "_unyielded_bytes"},
@@ -1787,12 +1800,9 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         {&self->s_bytes, st, "bytes"},
         {&self->s_sends, st, "sends"},
     };
-    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
-        *slots[i].off = slot_offset(slots[i].type, slots[i].name);
-        if (*slots[i].off < 0) {
-            Py_DECREF(self);
-            return NULL;
-        }
+    if (fill_slots(slots, sizeof slots / sizeof slots[0]) < 0) {
+        Py_DECREF(self);
+        return NULL;
     }
     if (llt != NULL) {
         /* (the link slots read at the stream link's offsets: Link's own, shared) */
@@ -2466,6 +2476,21 @@ static int bit_length(unsigned long long v) {
     return n;
 }
 
+/* Add one to bucket *bucket* of a histogram's *buckets* list; -1 (a RuntimeError naming
+ * *who*) when it is no longer a list of ints that long. */
+static int add_to_bucket(PyObject *buckets, Py_ssize_t bucket, const char *who) {
+    long long b;
+    if (buckets == NULL || !PyList_CheckExact(buckets) || bucket < 0 ||
+        bucket >= PyList_GET_SIZE(buckets) || !exact_ll(PyList_GET_ITEM(buckets, bucket), &b)) {
+        PyErr_Format(PyExc_RuntimeError, "%s: a histogram bucket changed", who);
+        return -1;
+    }
+    PyObject *n = PyLong_FromLongLong(b + 1);
+    if (n == NULL) return -1;
+    PyList_SetItem(buckets, bucket, n); /* (steals n, drops the old count) */
+    return 0;
+}
+
 static void TakePath_dealloc(TakePathObject *self) {
     Py_XDECREF(self->inbox_type);
     Py_XDECREF(self->attachment_type);
@@ -2503,11 +2528,7 @@ static PyObject *TakePath_new(PyTypeObject *type, PyObject *args, PyObject *kwds
         Py_DECREF(self);
         return NULL;
     }
-    struct {
-        Py_ssize_t *off;
-        PyObject *type;
-        const char *name;
-    } slots[] = {
+    SlotSpec slots[] = {
         {&self->i_items, it, "_items"},
         {&self->i_open_hop, it, "_open_hop"},
         {&self->i_stats, it, "stats"},
@@ -2528,12 +2549,9 @@ static PyObject *TakePath_new(PyTypeObject *type, PyObject *args, PyObject *kwds
         {&self->c_quiet_count, ct, "release_quiet_count"},
         {&self->c_quiet_bytes, ct, "release_quiet_bytes"},
     };
-    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
-        *slots[i].off = slot_offset(slots[i].type, slots[i].name);
-        if (*slots[i].off < 0) {
-            Py_DECREF(self);
-            return NULL;
-        }
+    if (fill_slots(slots, sizeof slots / sizeof slots[0]) < 0) {
+        Py_DECREF(self);
+        return NULL;
     }
     return (PyObject *)self;
 }
@@ -2651,16 +2669,8 @@ static PyObject *TakePath_take(TakePathObject *self, PyObject *inbox) {
     Py_DECREF(popped);
     if (set_ll(stats, self->s_taken, taken + 1) < 0) goto done;
     if (handed) {
-        long long b;
-        PyObject *old = PyList_GET_ITEM(buckets, bucket);
-        if (!exact_ll(old, &b)) {
-            PyErr_SetString(PyExc_RuntimeError, "take: a histogram bucket changed");
-            goto done;
-        }
-        PyObject *n = PyLong_FromLongLong(b + 1);
-        if (n == NULL) goto done;
-        PyList_SetItem(buckets, bucket, n); /* (steals n, drops old) */
-        if (set_ll(handler, self->h_total, total) < 0 || set_ll(inbox, self->i_handed, 0) < 0)
+        if (add_to_bucket(buckets, bucket, "take") < 0 ||
+            set_ll(handler, self->h_total, total) < 0 || set_ll(inbox, self->i_handed, 0) < 0)
             goto done;
     } else if (!(seq & self->sample_mask)) {
         if (set_ll(inbox, self->i_handed, now) < 0) goto done;
@@ -2790,11 +2800,7 @@ static PyObject *DeliverPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         Py_DECREF(self);
         return NULL;
     }
-    struct {
-        Py_ssize_t *off;
-        PyObject *type;
-        const char *name;
-    } slots[] = {
+    SlotSpec slots[] = {
         {&self->c_encoded, ct, "_encoded"},
         {&self->c_body, ct, "_body"},
         {&self->c_stats, ct, "stats"},
@@ -2819,12 +2825,9 @@ static PyObject *DeliverPath_new(PyTypeObject *type, PyObject *args, PyObject *k
         {&self->h_buckets, ht, "buckets"},
         {&self->h_total, ht, "total"},
     };
-    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
-        *slots[i].off = slot_offset(slots[i].type, slots[i].name);
-        if (*slots[i].off < 0) {
-            Py_DECREF(self);
-            return NULL;
-        }
+    if (fill_slots(slots, sizeof slots / sizeof slots[0]) < 0) {
+        Py_DECREF(self);
+        return NULL;
     }
     return (PyObject *)self;
 }
@@ -2964,24 +2967,14 @@ static PyObject *DeliverPath_deliver(DeliverPathObject *self, PyObject *const *a
         set_ll(stats, self->cs_deliveries, deliveries + n) < 0)
         goto fail;
     if (sent_ns) {
-        long long b;
         latency = SLOT(channel, self->c_latency);
-        buckets = latency != NULL && Py_IS_TYPE(latency, (PyTypeObject *)self->histogram_type)
-                      ? SLOT(latency, self->h_buckets)
-                      : NULL;
-        PyObject *old = buckets != NULL && PyList_CheckExact(buckets) &&
-                                bucket < PyList_GET_SIZE(buckets)
-                            ? PyList_GET_ITEM(buckets, bucket)
-                            : NULL;
-        if (old == NULL || !exact_ll(old, &b) ||
+        if (latency == NULL || !Py_IS_TYPE(latency, (PyTypeObject *)self->histogram_type) ||
             (latency_ns > 0 && !GET_LL(latency, self->h_total, total))) {
             PyErr_SetString(PyExc_RuntimeError, "deliver: the latency histogram changed");
             goto fail;
         }
-        PyObject *nb = PyLong_FromLongLong(b + 1);
-        if (nb == NULL) goto fail;
-        PyList_SetItem(buckets, bucket, nb); /* (steals nb, drops old) */
-        if (latency_ns > 0 && set_ll(latency, self->h_total, total + latency_ns) < 0)
+        if (add_to_bucket(SLOT(latency, self->h_buckets), bucket, "deliver") < 0 ||
+            (latency_ns > 0 && set_ll(latency, self->h_total, total + latency_ns) < 0))
             goto fail;
     }
     /* (read again: a callback may have detached the lossless inboxes, or attached one) */
