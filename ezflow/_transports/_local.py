@@ -181,12 +181,9 @@ def publish_local_py(outlet: Outlet, message: Any) -> bool:
         return False
     if outlet._unyielded >= _YIELD_AFTER or outlet._unyielded_bytes >= PUBLISH_YIELD_BYTES:
         return False
-    if outlet._links != [link] or link.needs_encoding is not (body is not None) or link.stalled:
+    if outlet._links != [link] or link.needs_encoding is not (body is not None):
         return False
-    count = link.sent_count - link.released_count
-    if count >= outlet.max_in_flight or (
-        count and link.sent_bytes - link.released_bytes >= outlet.max_in_flight_bytes
-    ):
+    if not link.has_room(outlet):  # (not stalled, room in the window)
         return False
     outlet._unyielded += 1
     outlet._seq = seq = outlet._seq + 1

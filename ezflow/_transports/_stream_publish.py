@@ -408,17 +408,16 @@ def compiled_publish_small(
     *,
     tracing: TraceState = TRACING,
     hooks: list[Callable[[PublishEvent], object]] = PUBLISH_HOOKS,
-    local: bool = True,
 ) -> Callable[[Outlet, Any], bool] | None:
     """``publish_small_py``'s compiled twin (``_speedups.PublishPath``) of *speedups*,
     the active extension by default; None where no extension is active. *tracing* and
     *hooks*: what it checks for tracing and publish hooks (the process's, by default:
-    ``publish_small_py`` reads this module's ``TRACING`` and ``PUBLISH_HOOKS``). With
-    *local*, an outlet whose one link is a local one takes ``_local.publish_local_py``'s
-    compiled twin instead (a branch of the same call)."""
+    ``publish_small_py`` reads this module's ``TRACING`` and ``PUBLISH_HOOKS``). An
+    outlet whose one link is a local one takes ``_local.publish_local_py``'s compiled
+    twin instead (a branch of the same call)."""
     if speedups is None:
         return None
-    deliver = compiled_deliver_local(speedups) if local else None
+    deliver = compiled_deliver_local(speedups)
     # The paced handoff is done in C while Outlet._hand_off would run just that: these
     # functions, looked up where it looks them up (see _speedups.c, handoff_here).
     switches = getattr(speedups, "voluntary_switches", None)
@@ -449,7 +448,7 @@ def compiled_publish_small(
         HEADER_SIZE,
         **handoff,
         # (an outlet whose one link is a local one: _local.publish_local_py's twin)
-        local_link_type=_LocalLink if deliver is not None else None,
+        local_link_type=_LocalLink,
         local_deliver=deliver,
     )
     publish: Callable[[Outlet, Any], bool] = path.publish
