@@ -143,6 +143,11 @@ def _publish(fast: Any, world: _World, message: Any) -> tuple[str, Any]:
     ops=[("publish", "tuple")] * 3 + [("encoded",)] + [("publish", "tuple")] * 2, leaky_only=False
 )
 @example(ops=[("window", 64)] + [("take", 0, 8), ("publish", "tuple")] * 70, leaky_only=True)
+@example(
+    ops=[("publish", "tuple")] * 3
+    + [("stall", True), ("publish", "tuple"), ("stall", False), ("publish", "tuple")],
+    leaky_only=False,
+)
 @example(  # (an encoded subscriber: the body encoded once, handed over with the message)
     ops=[("publish", "tuple"), ("encoded",)] + [("publish", "tuple"), ("take", 0, 1)] * 6,
     leaky_only=False,
