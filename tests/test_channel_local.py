@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from _leaks import blocks_grown
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -344,9 +345,6 @@ def test_the_compiled_delivery_leaks_nothing_over_1e5_calls() -> None:
     """1e5 compiled deliveries to a queueing inbox (each message taken again, its
     pending entry released), a callback inbox and a leaky one at its bound (Inbox.put,
     inside), with a latency sample each: no memory block left behind."""
-    import gc  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
     deliver = compiled_deliver_local()
     assert deliver is not None
     channel = Channel("p-1", "/t", Codec(), on_release=lambda count, nbytes: None)
@@ -355,18 +353,16 @@ def test_the_compiled_delivery_leaks_nothing_over_1e5_calls() -> None:
     for inbox in (queue, Inbox(callback=calls.append), leaky):
         channel.attach(inbox)
 
-    def run(first: int, times: int) -> None:
-        for seq in range(first, first + times):
+    sent = [0]
+
+    def run(times: int) -> None:
+        for seq in range(sent[0] + 1, sent[0] + times + 1):
             assert deliver(channel, seq, ("m", seq), 0, time.time_ns() - 1000, None)
             assert queue.get_nowait() == ("m", seq)
+        sent[0] += times
         calls.clear()
 
-    run(1, 1000)  # warm: caches, free lists
-    gc.collect()
-    before = sys.getallocatedblocks()
-    run(1001, 100_000)
-    gc.collect()
-    grown = sys.getallocatedblocks() - before
+    grown = blocks_grown(run, warm=1000, times=100_000)
     assert grown < 100, f"{grown} memory blocks more after 1e5 deliveries"
     assert channel.pending == 0 and channel.stats.messages == 101_000
 

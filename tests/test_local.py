@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _leaks import blocks_grown
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -278,9 +279,6 @@ def _path_arguments() -> list[Any]:
 def test_the_compiled_local_publish_leaks_nothing_over_1e5_calls() -> None:
     """1e5 compiled local publishes (each message taken again: its release frees the
     window) leave no memory block behind."""
-    import gc  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
     publish = _stream_publish.compiled_publish_small(_compiled.SPEEDUPS)
     assert publish is not None
     world = _World(leaky_only=False)
@@ -290,18 +288,16 @@ def test_the_compiled_local_publish_leaks_nothing_over_1e5_calls() -> None:
     for inbox in inboxes:
         inbox.get_nowait()
 
-    def run(first: int, times: int) -> None:
-        for seq in range(first, first + times):
+    sent = [0]
+
+    def run(times: int) -> None:
+        for seq in range(sent[0] + 1, sent[0] + times + 1):
             outlet._unyielded = 0
             assert publish(outlet, (0, seq, 1, body))
             for inbox in inboxes:
                 inbox.get_nowait()
+        sent[0] += times
 
-    run(1, 1000)  # warm: caches, free lists
-    gc.collect()
-    before = sys.getallocatedblocks()
-    run(1001, 100_000)
-    gc.collect()
-    grown = sys.getallocatedblocks() - before
+    grown = blocks_grown(run, warm=1000, times=100_000)
     assert grown < 100, f"{grown} memory blocks more after 1e5 local publishes"
     assert world.channel.pending == 0 and outlet.stats.messages == 101_001

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _leaks import blocks_grown
 from _messages import (
     _INT_EDGES,
     LEAVES,
@@ -786,12 +787,7 @@ def test_no_leak_over_1e5_calls() -> None:
                 with contextlib.suppress(AttributeError, ValueError):
                     compiled(*args)
 
-    run(1000)  # warm: caches, interned strings, free lists
-    gc.collect()
-    before = sys.getallocatedblocks()
-    run(100_000 // len(calls))
-    gc.collect()
-    grown = sys.getallocatedblocks() - before
+    grown = blocks_grown(run, warm=1000, times=100_000 // len(calls))
     assert grown < 100, f"{grown} memory blocks more after 1e5 calls"
 
 
@@ -1608,12 +1604,7 @@ def test_the_compiled_publish_and_take_leak_nothing_over_1e5_calls() -> None:
             count[0] += times
 
         count = [0]
-        run(1000)  # warm: caches, free lists
-        gc.collect()
-        before = sys.getallocatedblocks()
-        run(100_000)
-        gc.collect()
-        grown = sys.getallocatedblocks() - before
+        grown = blocks_grown(run, warm=1000, times=100_000)
         assert grown < 100, f"{grown} memory blocks more after 1e5 publishes and takes"
         assert link.inline_sends == 101_001 and channel.pending == 0
 
@@ -1745,12 +1736,7 @@ def test_the_compiled_copy_leaks_nothing() -> None:
                 with contextlib.suppress(ValueError, TypeError):
                     _speedups.copy_into(*args)
 
-    run(300)
-    gc.collect()
-    before = sys.getallocatedblocks()
-    run(6_000)
-    gc.collect()
-    assert sys.getallocatedblocks() - before < 100
+    assert blocks_grown(run, warm=300, times=6_000) < 100
 
 
 # -- voluntary_switches: the paced-publish handoff's test (issue 28) ------------------
