@@ -564,3 +564,66 @@ async def test_recv_nowait_on_an_empty_subscriber_raises_would_block(
     assert sub.recv_nowait() == "x"
     with pytest.raises(asyncio.QueueEmpty):
         sub.recv_nowait()
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure"])
+@pytest.mark.parametrize("transport", ["local", "tcp"])
+async def test_recv_nowait_drains_a_lossless_window_as_recv_does(
+    ctx: ezflow.GraphContext, transport: str, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer that drains what is queued with recv_nowait (as the Zenoh export does)
+    takes through the compiled take that recv starts with, where it is built, and
+    leaves what recv leaves: every message in order, each taken and released once, the
+    publisher's window opened again (it waits on it: a window of 8 for 600 messages)."""
+    from ezflow._core import _inbox  # noqa: PLC0415
+
+    compiled_take = _inbox.take_queued
+    if compiled and compiled_take is None:
+        pytest.skip("the compiled extension is not built")
+    takes = 0
+
+    def counting_take(inbox: object) -> object:
+        nonlocal takes
+        assert compiled_take is not None
+        message = compiled_take(inbox)  # type: ignore[arg-type]
+        # (recv takes through it too: count the draining subscriber's takes alone, which
+        # recv makes only when nothing is queued, and so takes nothing)
+        takes += inbox is subs[0]._inbox and message is not _inbox.NOTHING
+        return message
+
+    count = 600
+    pub = await ctx.publisher("/drain", transport=transport, max_in_flight=8)
+    subs = [await ctx.subscriber("/drain", transport=transport) for _ in range(2)]
+    monkeypatch.setattr(_inbox, "take_queued", counting_take if compiled else None)
+    await pub.wait_for_channels(1)
+
+    async def produce() -> None:
+        for i in range(count):
+            await pub.publish((i, np.full(4, i, np.float32)))
+
+    async def drain(sub: ezflow.Subscriber, nowait: bool) -> list[int]:
+        got: list[int] = []
+        while len(got) < count:
+            if nowait:
+                try:
+                    got.append(sub.recv_nowait()[0])
+                    continue
+                except ezflow.WouldBlock:
+                    pass
+            got.append((await sub.recv())[0])
+        return got
+
+    producer = asyncio.create_task(produce())
+    by_nowait, by_recv = await asyncio.wait_for(
+        asyncio.gather(drain(subs[0], True), drain(subs[1], False)), 20
+    )
+    await asyncio.wait_for(producer, 5)
+    assert by_nowait == by_recv == list(range(count))
+    assert subs[0].statistics() == subs[1].statistics()
+    assert subs[0].statistics().taken == count
+    if compiled:
+        assert takes > count // 2  # (most of them queued when asked for)
+    else:
+        assert takes == 0
+    assert pub.statistics().waits > 0  # (the window was full, and opened again)
+    await wait_until(lambda: all(c.pending == 0 for c in ctx.channels), "every message released")
