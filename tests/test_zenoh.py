@@ -37,7 +37,7 @@ from ezflow._core._codec import Codec
 from ezflow._core._config import ZENOH_EXPORT_POOL_BYTES
 from ezflow._zenoh._export import ExportRun, _Buffers
 from ezflow._zenoh._import import ImportRun
-from ezflow._zenoh._mapping import MappingStats
+from ezflow._zenoh._mapping import MappingStats, queue_of
 from ezflow._zenoh._wire import BATCH_ALIGNMENT, Refused, join_batch, parse_ack, split_batch
 from ezflow.zenoh import (
     Export,
@@ -361,9 +361,10 @@ async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_p
 
 async def test_a_lossless_export_batches_half_its_importers_window() -> None:
     """A burst through a lossless export and import (in the publishing and subscribing
-    contexts, peer to peer): batches of up to half the importer's window (128 with the
-    default queue), beyond ZENOH_EXPORT_BATCH (a leaky export's cap); every message
-    arrives, in order, with nothing lost, refused or dropped."""
+    contexts, peer to peer): batches of up to half the importer's window (256 with the
+    default window, ZENOH_LOSSLESS_QUEUE, which the export learns from its acks), beyond
+    ZENOH_EXPORT_BATCH (a leaky export's cap); every message arrives, in order, with
+    nothing lost, refused or dropped."""
     count = 3000
     endpoint = f"tcp/127.0.0.1:{free_port()}"
     async with (
@@ -385,7 +386,7 @@ async def test_a_lossless_export_batches_half_its_importers_window() -> None:
         await wait_for(lambda: any(run._importers for run in exporter._runs), 10)
         (run,) = exporter._runs
         assert isinstance(run, ExportRun)
-        assert run._batch_limit() == ezflow_config.ZENOH_QUEUE // 2
+        assert run._batch_limit() == ezflow_config.ZENOH_LOSSLESS_QUEUE // 2
 
         async def consume() -> list[int]:
             got = []
@@ -946,6 +947,20 @@ def test_bridge_unit_settings_are_checked_where_written() -> None:
         ZenohBridgeSettings(connect=("127.0.0.1:7447",))
     with pytest.raises(ezflow.ConfigurationError, match="queue=0"):
         ZenohBridgeSettings(connect=("tcp/127.0.0.1:7447",), exports=(Export("/x", queue=0),))
+
+
+def test_a_mapping_without_a_queue_takes_its_modes_default() -> None:
+    """A leaky mapping's queue is how stale its data may grow (ZENOH_QUEUE samples); a
+    lossless import's is its window, a lossless channel's (ZENOH_LOSSLESS_QUEUE
+    messages); a queue named wins either way, and a bad one is refused where written."""
+    assert Export("/x").queue is None and Import("k", "/x").queue is None
+    assert queue_of(False, None) == ezflow_config.ZENOH_QUEUE == 256
+    assert queue_of(True, None) == ezflow_config.ZENOH_LOSSLESS_QUEUE
+    assert ezflow_config.ZENOH_LOSSLESS_QUEUE == ezflow_config.DEFAULT_MAX_IN_FLIGHT
+    assert queue_of(True, 8) == 8 and queue_of(False, 8) == 8
+    for mapping in (Import("k", "/x", lossless=True, queue=0), Import("k", "/x", queue=-1)):
+        with pytest.raises(ezflow.ConfigurationError, match=r"queue=-?\d must be >= 1"):
+            ZenohBridgeSettings(connect=("tcp/127.0.0.1:7447",), imports=(mapping,))
 
 
 def test_a_mapping_names_its_encoding() -> None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from .._core._auth import is_loopback
-from .._core._config import ZENOH_QUEUE
+from .._core._config import ZENOH_LOSSLESS_QUEUE, ZENOH_QUEUE
 from .._core._exceptions import ConfigurationError
 from ._connection import (
     AddressOption,
@@ -261,13 +261,17 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
         ),
     ] = False,
     queue: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--queue",
             min=1,
-            help="Samples queued per end, where a mapping names no N (docs/limits.md).",
+            help=(
+                "Where a mapping names no N: samples a leaky one queues per end (default "
+                f"{ZENOH_QUEUE}), messages a lossless import lets in flight (its window; "
+                f"default {ZENOH_LOSSLESS_QUEUE}) (docs/limits.md)."
+            ),
         ),
-    ] = ZENOH_QUEUE,
+    ] = None,
     mode: Annotated[str, typer.Option("--mode", help="peer or client.")] = "client",
     config: ConfigOption = None,
     fleet: Annotated[
@@ -374,10 +378,11 @@ def bridge(  # noqa: PLR0917 - one parameter per command-line option
             for export_ in running.exports:
                 typer.echo(
                     f"export {export_.topic} -> {running.export_key(export_)} "
-                    f"({_describe(export_)})"
+                    f"({_describe(export_, exported=True)})"
                 )
             for import__ in running.imports:
-                typer.echo(f"import {import__.key} -> {import__.topic} ({_describe(import__)})")
+                described = _describe(import__, exported=False)
+                typer.echo(f"import {import__.key} -> {import__.topic} ({described})")
             if fleet is not None:
                 typer.echo(f"fleet {fleet} as {running.host}")
             await until_stopped()
@@ -407,10 +412,15 @@ def _default_topic(key: str) -> str:
     return imported_topic("/", key if literal is None else literal, "")
 
 
-def _describe(mapping: Any) -> str:
+def _describe(mapping: Any, *, exported: bool) -> str:
+    """A mapping's mode, queue and encoding, as the bridge prints each at its start. (A
+    lossless export has no queue: its importers' windows bound what it sends.)"""
+    from .._zenoh._mapping import queue_of  # noqa: PLC0415 - with Zenoh
+
     kind = "lossless" if mapping.lossless else "leaky"
-    encoding = "" if mapping.encoding == "ezflow" else f", {mapping.encoding}"
-    return f"{kind}, queue {mapping.queue}{encoding}"
+    if not (mapping.lossless and exported):
+        kind += f", queue {queue_of(mapping.lossless, mapping.queue)}"
+    return kind if mapping.encoding == "ezflow" else f"{kind}, {mapping.encoding}"
 
 
 def fleet_query(domain: str, what: str, connect: list[str] | None, config: str | None) -> Any:

@@ -165,6 +165,7 @@ __all__ = [
     "ZENOH_IMPORT_STALL",
     "ZENOH_IMPORT_TOPICS",
     "ZENOH_INLINE_PUT",
+    "ZENOH_LOSSLESS_QUEUE",
     "ZENOH_QUEUE",
     "ZENOH_QUEUE_BYTES",
     "ZENOH_RESTART_FIRST",
@@ -232,12 +233,13 @@ TYPO_GRACE_PERIOD: Final = 2.0
 #: ``shutdown()`` and exit before they are killed (a third signal kills them at once).
 INTERRUPT_STOP_TIMEOUT: Final = 5.0
 
-#: Zenoh bridge (ezflow.zenoh; the core does not import Zenoh): samples a mapping
-#: queues at each end (``queue``), and bytes an import's queue holds at most (it admits
-#: one sample when empty, whatever its size); messages and bytes an export packs into
-#: one Zenoh sample (a batch stops growing at either; the messages are a leaky export's,
-#: a lossless one's batches take half the smallest importer window); seconds a host takes
-#: at most to answer a fleet query.
+#: Zenoh bridge (ezflow.zenoh; the core does not import Zenoh): samples a leaky mapping
+#: queues at each end (``queue``; a lossless import's window is ZENOH_LOSSLESS_QUEUE),
+#: and bytes an import's queue holds at most (it admits one sample when empty, whatever
+#: its size); messages and bytes an export packs into one Zenoh sample (a batch stops
+#: growing at either; the messages are a leaky export's, a lossless one's batches take
+#: half the smallest importer window); seconds a host takes at most to answer a fleet
+#: query.
 ZENOH_QUEUE: Final = 256
 ZENOH_QUEUE_BYTES: Final = 16 * 1024 * 1024
 ZENOH_EXPORT_BATCH: Final = 64
@@ -299,6 +301,16 @@ DEFAULT_MAX_IN_FLIGHT: Final = 512
 #: ... or this many unreleased encoded bytes (whichever comes first; one message is
 #: always allowed, however large).
 DEFAULT_MAX_IN_FLIGHT_BYTES: Final = 32 * 1024 * 1024
+#: Zenoh bridge: the window of a lossless import that names no ``queue`` (messages it
+#: acknowledges room for; ``ZENOH_QUEUE_BYTES`` too): a lossless channel's. A leaky
+#: mapping's ``queue`` (``ZENOH_QUEUE``, samples) says how stale its data may grow; a
+#: lossless window how much of a stream crosses per acknowledgement - a batch sample
+#: takes half of it, so Zenoh's cost per sample is shared by that many messages. With
+#: 256, the bridge in your own process moved 64 B at 285-289k msgs/s and 5.4-5.5 µs of
+#: CPU a message, the bridge processes at 187-190k and 8.5-8.6 µs; with 512, 353-359k
+#: and 4.2-4.3 µs, 212-248k and 6.7-7.6 µs (``ezflow perf bridge --rounds 1``, two
+#: runs each, 2026-11-28, docs/fleets.md).
+ZENOH_LOSSLESS_QUEUE: Final = DEFAULT_MAX_IN_FLIGHT
 #: Messages a leaky subscriber (or input) keeps when it names no ``queue``: the newest.
 DEFAULT_LEAKY_QUEUE: Final = 1
 

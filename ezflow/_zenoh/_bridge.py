@@ -12,12 +12,15 @@ Flow control, per mapping:
 
 * **leaky** (default): the exporter's ezflow subscriber keeps the newest *queue*
   messages, Zenoh drops when its link is busy (``CongestionControl.DROP``), and the
-  importer keeps the newest *queue* samples; every drop is counted.
+  importer keeps the newest *queue* samples (``ZENOH_QUEUE`` unless the mapping names
+  one); every drop is counted.
 * **lossless**: the exporter's subscriber is lossless, its Zenoh publisher is
   ``RELIABLE`` with ``CongestionControl.BLOCK`` (``put`` waits, in the export's thread,
-  while the link is busy), and the importer holds at most *queue* samples and
-  ``ZENOH_QUEUE_BYTES``: when they are all taken, Zenoh's delivery thread waits for room
-  (bounded: ``ZENOH_IMPORT_STALL``), so Zenoh's reliable link, then the exporter's put,
+  while the link is busy), and the importer acknowledges room for *queue* messages
+  (its window: ``ZENOH_LOSSLESS_QUEUE``, a lossless channel's, unless the mapping names
+  one) and holds at most that many samples and ``ZENOH_QUEUE_BYTES``: when they are
+  all taken, Zenoh's delivery thread waits for room (bounded: ``ZENOH_IMPORT_STALL``),
+  so Zenoh's reliable link, then the exporter's put,
   then its ezflow subscriber and the publishing unit wait too. Nothing is dropped while
   the Zenoh path stays up. Limits: samples in flight when a router or link goes down are
   lost (the importer counts the gap and logs it); the exporter keeps no window to resend
@@ -36,7 +39,6 @@ from typing import Any, Literal
 from .._core._codec import Codec
 from .._core._config import (
     SHUTDOWN_TIMEOUT,
-    ZENOH_QUEUE,
     check_drain_timeout,
     drain_timeout_from_env,
 )
@@ -50,7 +52,7 @@ from ._export import ExportRun
 from ._fleet import announce, fleet_key
 from ._import import ImportRun
 from ._keys import expand_host, topic_to_key
-from ._mapping import MappingStats, supervise
+from ._mapping import MappingStats, queue_of, supervise
 from ._session import ZenohSettings, open_session
 from ._wire import ENCODING
 
@@ -86,13 +88,13 @@ class Export:
     """Publish ezflow *topic* on Zenoh *key* (``{host}`` is replaced by the bridge's host
     name; default: ``ezflow/{host}/`` and the escaped topic). *lossless*: wait for the
     importers' room (acknowledgements) instead of dropping; *queue*: messages a leaky
-    export keeps (the newest). *encoding* (one of :data:`ENCODINGS`): what a sample holds;
-    ConfigurationError for another value."""
+    export keeps (the newest; None: ``ZENOH_QUEUE``). *encoding* (one of
+    :data:`ENCODINGS`): what a sample holds; ConfigurationError for another value."""
 
     topic: str
     key: str | None = None
     lossless: bool = False
-    queue: int = ZENOH_QUEUE
+    queue: int | None = None
     encoding: str = "ezflow"
 
     def __post_init__(self) -> None:
@@ -105,22 +107,23 @@ class Import:
     wildcard, *topic* is a prefix: the part of the sample's key after the key's literal
     prefix is unescaped and appended (``fleet/*/camera`` → ``/robots`` gives
     ``/robots/robot1/camera`` for ``fleet/robot1/camera``). *queue*: samples it holds
-    (a batch is one; and at most ``ZENOH_QUEUE_BYTES``): a leaky import keeps the newest,
-    a lossless one acknowledges room for *queue* messages. *encoding* (one of
+    (a batch is one; and at most ``ZENOH_QUEUE_BYTES``): a leaky import keeps the newest
+    (None: ``ZENOH_QUEUE``), a lossless one acknowledges room for *queue* messages (its
+    window; None: ``ZENOH_LOSSLESS_QUEUE``, a lossless channel's). *encoding* (one of
     :data:`ENCODINGS`): what a sample holds; ConfigurationError for another value."""
 
     key: str
     topic: str
     lossless: bool = False
-    queue: int = ZENOH_QUEUE
+    queue: int | None = None
     encoding: str = "ezflow"
 
     def __post_init__(self) -> None:
         _check_encoding(self)
 
 
-def _check_queue(queue: int, what: str) -> None:
-    if queue < 1:
+def _check_queue(queue: int | None, what: str) -> None:
+    if queue is not None and queue < 1:
         raise ConfigurationError(f"{what}: queue={queue} must be >= 1")
 
 
@@ -329,7 +332,7 @@ class ZenohBridge:
 
 
 def _kind(mapping: Export | Import) -> str:
-    kind = "lossless" if mapping.lossless else f"leaky, queue {mapping.queue}"
+    kind = "lossless" if mapping.lossless else f"leaky, queue {queue_of(False, mapping.queue)}"
     return kind if mapping.encoding == "ezflow" else f"{kind}, {mapping.encoding}"
 
 

@@ -49,7 +49,7 @@ from .._core._config import (
     ZENOH_INLINE_PUT,
 )
 from .._core._exceptions import ClosedResourceError, EndOfStream, UndecodableMessageError
-from ._mapping import MappingStats, Refusals
+from ._mapping import MappingStats, Refusals, queue_of
 from ._wire import (
     ACK_CHUNK,
     BATCH_ALIGNMENT,
@@ -297,7 +297,7 @@ class ExportRun:
             await self._context.subscriber(export.topic, encoded=encoded)
             if export.lossless
             else await self._context.subscriber(
-                export.topic, leaky=True, queue=export.queue, encoded=encoded
+                export.topic, leaky=True, queue=queue_of(False, export.queue), encoded=encoded
             )
         )
         # A publisher in this process hands a large body in its parts (the array's

@@ -58,7 +58,7 @@ from .._core._exceptions import (
     UnregisteredTypeError,
 )
 from ._keys import imported_topic, literal_prefix
-from ._mapping import MappingStats, Refusals
+from ._mapping import MappingStats, Refusals, queue_of
 from ._wire import ACK_CHUNK, Meta, Refused, pack_ack, parse_attachment, split_batch
 
 if TYPE_CHECKING:
@@ -358,6 +358,8 @@ class ImportRun:
         name: str,
     ) -> None:
         self.mapping = mapping
+        #: samples held (leaky), or the window in messages (lossless): queue_of's rule
+        self.window = queue_of(mapping.lossless, mapping.queue)
         self.key = key
         self.name = name
         self.stats = stats
@@ -387,7 +389,7 @@ class ImportRun:
     async def open(self) -> None:
         """Declare the Zenoh subscriber (ConfigurationError for a key Zenoh refuses)."""
         self._queue = SampleQueue(
-            samples=self.mapping.queue, nbytes=ZENOH_QUEUE_BYTES, lossless=self.mapping.lossless
+            samples=self.window, nbytes=ZENOH_QUEUE_BYTES, lossless=self.mapping.lossless
         )
         self._undeclared = threading.Event()
         try:
@@ -607,7 +609,7 @@ class ImportRun:
     async def _publisher(self, topic: str) -> Publisher:
         publisher = await self._context.publisher(
             topic,
-            max_in_flight=min(self.mapping.queue, DEFAULT_MAX_IN_FLIGHT),
+            max_in_flight=min(self.window, DEFAULT_MAX_IN_FLIGHT),
             max_in_flight_bytes=ZENOH_QUEUE_BYTES,
             # No CPU handoff after a paced publish: the yield would hand the GIL to
             # Zenoh's thread, and the loop would queue behind it to take it back.
@@ -681,7 +683,7 @@ class ImportRun:
         unacked = self._unacked_bytes.get(key, 0) + nbytes
         if (
             acked is None
-            or next_seq - acked >= max(1, self.mapping.queue // 2)
+            or next_seq - acked >= max(1, self.window // 2)
             or unacked >= ZENOH_QUEUE_BYTES // 4
         ):
             self._ack(key, next_seq)
@@ -693,14 +695,12 @@ class ImportRun:
             self._acked[key] = next_seq
         acks = self._acks
         if acks is not None:
-            acks.send(
-                key, pack_ack(self._id, next_seq, self.mapping.queue, ZENOH_QUEUE_BYTES, bye=bye)
-            )
+            acks.send(key, pack_ack(self._id, next_seq, self.window, ZENOH_QUEUE_BYTES, bye=bye))
 
     def _goodbye(self, keys: list[str]) -> None:
         for key in keys:
             payload = pack_ack(
-                self._id, self._received.get(key), self.mapping.queue, ZENOH_QUEUE_BYTES, bye=True
+                self._id, self._received.get(key), self.window, ZENOH_QUEUE_BYTES, bye=True
             )
             with contextlib.suppress(Exception):  # (the session is closing)
                 self._session.put(

@@ -19,14 +19,29 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core._config import ZENOH_RESTART_FIRST, ZENOH_RESTART_MAX
+from .._core._config import (
+    ZENOH_LOSSLESS_QUEUE,
+    ZENOH_QUEUE,
+    ZENOH_RESTART_FIRST,
+    ZENOH_RESTART_MAX,
+)
 from .._core._exceptions import ClosedResourceError
 from .._core._peerlog import BadPeerLog
 from ._wire import Refused
 
-__all__ = ["MappingStats", "supervise"]
+__all__ = ["MappingStats", "queue_of", "supervise"]
 
 log = logging.getLogger("ezflow.zenoh")
+
+
+def queue_of(lossless: bool, queue: int | None) -> int:
+    """The queue of a mapping that names *queue* (None: none): a leaky one's samples
+    (messages, on an export's subscriber), ``ZENOH_QUEUE`` by default; a lossless
+    import's window in messages, ``ZENOH_LOSSLESS_QUEUE`` by default (a lossless
+    export has no queue of its own: its importers' windows bound it)."""
+    if queue is not None:
+        return queue
+    return ZENOH_LOSSLESS_QUEUE if lossless else ZENOH_QUEUE
 
 
 @dataclass
