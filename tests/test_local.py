@@ -16,11 +16,13 @@ from hypothesis import strategies as st
 from ezflow._core import _compiled
 from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec
+from ezflow._core._config import SHM_COPY_NT_BYTES
 from ezflow._core._inbox import Inbox
 from ezflow._core._outlet import Outlet
+from ezflow._core._outlet_objects import send_objects, yield_share
 from ezflow._core._telemetry import PUBLISH_HOOKS
 from ezflow._transports import _stream_publish
-from ezflow._transports._local import _LocalLink, publish_local_py
+from ezflow._transports._local import _LocalLink, publish_local_py, relay_local_py
 
 needs_extension = pytest.mark.skipif(
     _compiled.SPEEDUPS is None, reason="the C extension ezflow._core._speedups is not built"
@@ -98,7 +100,12 @@ class _World:
             channel.released,
             [
                 (
-                    [(seq, _plain(message)) for _, seq, message in inbox._items],
+                    [
+                        (item[1], _plain(item[2]))
+                        if type(item) is tuple
+                        else ("undecodable", str(item.error))  # (an encoded inbox's)
+                        for item in inbox._items
+                    ],
                     dataclasses.astuple(inbox.stats),
                 )
                 for inbox in self.inboxes
@@ -301,3 +308,229 @@ def test_the_compiled_local_publish_leaks_nothing_over_1e5_calls() -> None:
     grown = blocks_grown(run, warm=1000, times=100_000)
     assert grown < 100, f"{grown} memory blocks more after 1e5 local publishes"
     assert world.channel.pending == 0 and outlet.stats.messages == 101_001
+
+
+# -- the relay: a relayed message sent to the one local link (publish_encoded_many) ------
+
+
+def _relay_path() -> Any:
+    """The compiled relay (``PublishPath.relay``) of the built extension."""
+    from ezflow._core._tracing import TRACING  # noqa: PLC0415
+
+    path = _stream_publish.compiled_publish_path(
+        _compiled.SPEEDUPS, tracing=TRACING, hooks=PUBLISH_HOOKS
+    )
+    return path.relay
+
+
+_RELAY_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("relay"),
+            st.sampled_from(["tuple"] * 8 + ["dict", "array", "int", "bytes", "set"]),
+            st.sampled_from([0, 64, 4096, SHM_COPY_NT_BYTES - 1, SHM_COPY_NT_BYTES, 1 << 20]),
+        ),
+        st.tuples(st.just("take"), st.integers(0, 1), st.integers(1, 8)),
+        st.tuples(st.just("window"), st.sampled_from([2, 4, 64])),
+        st.tuples(st.just("stall"), st.booleans()),
+        st.tuples(st.just("hook"), st.booleans()),
+        st.tuples(st.just("encoded")),
+        st.tuples(st.just("close")),
+    ),
+    max_size=60,
+)
+
+
+def _relayed(kind: str, seq: int) -> Any:
+    """A relayed message: what a codec decoded (read-only arrays), a writable array,
+    bytes (messages with a buffer: the general path's), a set (which no body holds, but
+    which a relay passes on as it is: no check)."""
+    if kind == "bytes":
+        return b"raw %d" % seq
+    if kind == "tuple":
+        body = np.full(4, seq, np.float32)
+        body.setflags(write=False)
+        return ("m", seq, 1.5, body)
+    return _message(kind, seq)
+
+
+def _relay(fast: Any, world: _World, message: Any, nbytes: int) -> tuple[str, Any]:
+    """*message* through *fast* (None: none), else send_objects to the outlet's links,
+    as publish_encoded_many sends it; ("sent", how) or the error raised."""
+    try:
+        if fast is not None and fast(world.outlet, message, nbytes):
+            return "sent", "fast"
+        send_objects(world.outlet, world.outlet._links, message, nbytes)
+        return "sent", None
+    except Exception as exc:
+        return "raised", (type(exc), str(exc))
+
+
+@pytest.mark.parametrize("compiled", [pytest.param(True, marks=needs_extension), False])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_RELAY_OPS, leaky_only=st.booleans())
+@example(ops=[("relay", "tuple", 64)] * 3 + [("take", 0, 2)], leaky_only=False)
+@example(  # (each after a message the relay sent, so that it is the one that must decline)
+    ops=[("relay", "tuple", 64), ("close",), ("relay", "tuple", 64)], leaky_only=False
+)
+@example(ops=[("relay", "tuple", 64), ("hook", True), ("relay", "tuple", 64)], leaky_only=True)
+@example(ops=[("relay", "tuple", 64), ("encoded",), ("relay", "tuple", 64)], leaky_only=False)
+@example(
+    ops=[
+        ("relay", "tuple", 64),
+        ("stall", True),
+        ("relay", "tuple", 64),
+        ("stall", False),
+        ("relay", "tuple", 64),
+    ],
+    leaky_only=False,
+)
+@example(  # (a full window: the relay declines, send_objects sends a lossless one anyway)
+    ops=[("window", 2)] + [("relay", "tuple", 64)] * 4 + [("take", 0, 1), ("take", 1, 1)],
+    leaky_only=False,
+)
+@example(ops=[("window", 2)] + [("relay", "tuple", 64)] * 5, leaky_only=True)
+@example(ops=[("relay", "array", 64), ("relay", "bytes", 5)], leaky_only=False)
+@example(ops=[("relay", "tuple", SHM_COPY_NT_BYTES), ("relay", "tuple", 1 << 20)], leaky_only=True)
+def test_the_local_relay_is_send_objects(
+    compiled: bool, ops: list[tuple[Any, ...]], leaky_only: bool
+) -> None:
+    """The same steps in two worlds, one sending each relayed message through the local
+    relay (compiled or pure) and send_objects where it declines, the other through
+    send_objects alone: the same outcome (sent, the error raised), seq, yield counts,
+    statistics, link counters, deliveries and queues after every step - arrays, bytes,
+    bodies whose yield share is not their size, a full window, a stalled link, a publish
+    hook, an encoded subscriber, a closed outlet."""
+    fast = _relay_path() if compiled else relay_local_py
+    assert fast is not None
+    worlds = [_World(leaky_only=leaky_only), _World(leaky_only=leaky_only)]
+    hooked = False
+    seq = 0
+    relayed = 0
+    try:
+        for op in ops:
+            name = op[0]
+            if name == "relay":
+                seq += 1
+                PUBLISH_HOOKS[:] = [print] if hooked else []
+                got = [
+                    _relay(fast if index == 0 else None, world, _relayed(op[1], seq), op[2])
+                    for index, world in enumerate(worlds)
+                ]
+                relayed += got[0] == ("sent", "fast")
+                assert got[0][0] == got[1][0] and (got[0][0] == "sent" or got[0] == got[1]), (
+                    op,
+                    got,
+                )
+            elif name == "take":
+                for world in worlds:
+                    inbox = world.inboxes[min(op[1], len(world.inboxes) - 1)]
+                    for _ in range(min(op[2], len(inbox))):
+                        inbox.get_nowait()
+            elif name == "window":
+                for world in worlds:
+                    world.outlet.max_in_flight = op[1]
+            elif name == "stall":
+                for world in worlds:
+                    world.link.stalled = op[1]
+            elif name == "hook":
+                hooked = op[1]
+            elif name == "encoded":
+                for world in worlds:
+                    inbox = Inbox(encoded=True)
+                    world.inboxes.append(inbox)
+                    world.channel.attach(inbox)
+            elif name == "close":
+                for world in worlds:
+                    world.outlet.close()
+            assert worlds[0].state() == worlds[1].state(), op
+    finally:
+        PUBLISH_HOOKS[:] = []
+    if [op for op in ops if op[0] == "relay"] == [("relay", "tuple", 64)] * len(ops):
+        assert relayed == len(ops)  # (the common case is the relay's own)
+
+
+def test_a_relayed_body_below_the_relays_bound_counts_its_size_toward_the_yield() -> None:
+    """The compiled relay counts a body's size toward the outlet's yield below
+    ``relay_share_below`` (SHM_COPY_NT_BYTES), and declines from it on: the one rule,
+    ``yield_share``, agrees."""
+    assert all(yield_share(n) == n for n in (0, 1, 64, 4096, SHM_COPY_NT_BYTES - 1))
+    assert yield_share(SHM_COPY_NT_BYTES) != SHM_COPY_NT_BYTES
+
+
+@needs_extension
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_publish_encoded_many_to_a_local_subscriber_takes_the_compiled_relay(loop: str) -> None:
+    """A relay's run to a subscriber in its own process (the Zenoh import's): each
+    message through the compiled relay (counted by it), in order, the very objects
+    given, the publisher's counts those of one publish_encoded each; a writable array
+    goes the general way and arrives read-only."""
+    import asyncio  # noqa: PLC0415
+
+    import ezflow  # noqa: PLC0415
+    from ezflow._core import _outlet_objects  # noqa: PLC0415
+    from ezflow._core._loop import run_coroutine  # noqa: PLC0415
+
+    relay = _outlet_objects.relay_local
+    assert relay is not None
+    codec = Codec()
+    messages = [(0, seq, 1, np.zeros(16, np.float32)) for seq in range(300)]
+    bodies = [codec.encode(m).to_bytes() for m in messages]
+    decoded = [codec.decode(b) for b in bodies]
+
+    async def main() -> tuple[list[Any], Any, Any]:
+        async with (
+            ezflow.GraphServer(("127.0.0.1", 0)) as server,
+            ezflow.GraphContext(server.address, auto_start=False) as ctx,
+        ):
+            sub = await ctx.subscriber("/relay")
+            pub = await ctx.publisher("/relay", max_in_flight=64)
+            got: list[Any] = []
+
+            async def take() -> None:
+                while len(got) < len(decoded) + 1:
+                    got.append(await sub.recv())
+
+            taker = asyncio.create_task(take())
+            await pub.publish_encoded_many(decoded, bodies)
+            writable = np.arange(4.0)
+            await pub.publish_encoded_many([writable], [codec.encode(writable).to_bytes()])
+            await asyncio.wait_for(taker, 10)
+            return got, pub.statistics(), writable
+
+    before = relay.__self__.local_relays  # type: ignore[attr-defined]
+    got, stats, writable = run_coroutine(main(), loop=loop)
+    assert relay.__self__.local_relays - before == len(decoded)  # type: ignore[attr-defined]
+    assert all(a is b for a, b in zip(got, decoded, strict=False))
+    assert np.array_equal(got[-1], writable) and not got[-1].flags.writeable
+    assert stats.messages == len(decoded) + 1 and stats.encodes == 0
+    assert stats.bytes == sum(len(b) for b in bodies) + len(codec.encode(writable).to_bytes())
+    assert stats.waits > 0  # (a window of 64 for 300: the run waited, and went on)
+
+
+@needs_extension
+def test_the_compiled_relay_refuses_wrong_arguments_and_leaks_nothing_over_1e5_calls() -> None:
+    """Wrong arguments raise TypeError (nothing done); 1e5 relays (each message taken
+    again) leave no memory block behind."""
+    relay = _relay_path()
+    assert relay is not None
+    world = _World(leaky_only=False)
+    outlet, inboxes = world.outlet, world.inboxes
+    message = (0, 1, 1, np.zeros(16, np.float32))
+    with pytest.raises(TypeError, match="nbytes: int"):
+        relay(outlet, message, "64")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="nbytes: int"):
+        relay(outlet, message)  # type: ignore[call-arg]
+    assert relay(object(), message, 64) is False  # type: ignore[arg-type]
+    assert relay(outlet, message, -1) is False
+    assert world.state()[0] == 0  # (nothing sent)
+
+    def run(times: int) -> None:
+        for _ in range(times):
+            assert relay(outlet, message, 64)
+            for inbox in inboxes:
+                inbox.get_nowait()
+
+    grown = blocks_grown(run, warm=1000, times=100_000)
+    assert grown < 100, f"{grown} memory blocks more after 1e5 local relays"
+    assert world.channel.pending == 0 and outlet.stats.messages == 101_000

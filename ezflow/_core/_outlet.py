@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _outlet_objects
 from ._codec import Codec, EncodedMessage
 from ._codec._format import _new_encoded
 from ._compiled import RUSAGE_THREAD, voluntary_switches
@@ -487,9 +488,12 @@ class Outlet:
                     and not self._handoff
                     and not any(link.needs_encoding for link in links)
                 )
+                relay = _outlet_objects.relay_local if objects else None
                 while True:
                     body = bodies[index]
-                    if objects:
+                    if relay is not None and relay(self, messages[index], len(body)):
+                        pass  # (sent as send_objects would, in one compiled call)
+                    elif objects:
                         send_objects(self, links, messages[index], len(body))
                     elif type(body) is bytes and len(body) <= small:
                         self._send_small(links, messages[index], body, relayed=True)

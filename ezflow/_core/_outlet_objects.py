@@ -9,6 +9,7 @@ toward a yield); tests/test_outlet.py pins it to one ``publish`` per message.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from ._exceptions import ClosedResourceError
 if TYPE_CHECKING:
     from ._outlet import Link, Outlet
 
-__all__ = ["send_objects", "yield_share"]
+__all__ = ["relay_local", "send_objects", "yield_share"]
 
 # What a message of SHM_COPY_NT_BYTES up to PUBLISH_YIELD_BYTES counts toward
 # PUBLISH_YIELD_BYTES: its size divided by this.
@@ -43,6 +44,14 @@ def read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     view = array.view()
     view.setflags(write=False)
     return view
+
+
+#: The compiled send of a relayed message to an outlet's one local link
+#: (``_speedups.PublishPath.relay``, twin of ``_transports._local.relay_local_py``),
+#: installed by the transports layer where the extension is built: True when it sent
+#: *message* as :func:`send_objects` would, False when it did nothing (then
+#: ``send_objects``).
+relay_local: Callable[[Outlet, Any, int], bool] | None = None
 
 
 def send_objects(outlet: Outlet, links: list[Link], message: Any, nbytes: int) -> None:

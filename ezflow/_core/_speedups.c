@@ -1571,6 +1571,10 @@ typedef struct {
     PyObject *local_link_type, *local_deliver;
     Py_ssize_t ll_channel, ll_needs_encoding, c_checked, o_small_limit;
     long long local_publishes; /* (done here: counted, for the tests) */
+    /* the local relay (PublishPath.relay): bodies of fewer bytes than this count their
+     * size toward the outlet's yield (_outlet_objects.yield_share); larger ones decline */
+    long long relay_share_below;
+    long long local_relays; /* (done here: counted, for the tests) */
 } PublishPathObject;
 
 static PyObject *str_flush, *str_out_of_line_above, *str_out, *str_is_closing, *str_write,
@@ -1706,10 +1710,12 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
                              "yield_bytes", "paced_gap_ns", "flush_messages", "flush_bytes",
                              "data_kind", "header_size", "handoff_globals", "hand_off",
                              "switches", "sched_yield", "clock", "local_link_type",
-                             "local_deliver", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOLLLLLin|OOOOOOO:PublishPath", kwlist,
+                             "local_deliver", "relay_share_below", NULL};
+    long long rsb = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOLLLLLin|OOOOOOOL:PublishPath", kwlist,
                                      &ot, &lt, &st, &ct, &tt, &tracing, &hooks, &ya, &yb, &gap,
-                                     &fm, &fb, &kind, &hs, &hg, &hm, &hsw, &hy, &hc, &llt, &ld))
+                                     &fm, &fb, &kind, &hs, &hg, &hm, &hsw, &hy, &hc, &llt, &ld,
+                                     &rsb))
         return NULL;
     if (llt == Py_None) llt = NULL;
     if (ld == Py_None) ld = NULL;
@@ -1750,6 +1756,7 @@ static PyObject *PublishPath_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->flush_bytes = fb;
     self->data_kind = kind;
     self->header_size = hs;
+    self->relay_share_below = rsb;
     if (hg != NULL && hm != NULL && hsw != NULL && hy != NULL && hc != NULL) {
         Py_INCREF(hg);
         self->ho_globals = hg;
@@ -1975,7 +1982,7 @@ done:
 }
 
 static PyObject *publish_local_send(PublishPathObject *self, PyObject *outlet, PyObject *link,
-                                    PyObject *message, PyObject *body);
+                                    PyObject *message, PyObject *body, long long relayed);
 
 /* The local publish: publish_local_py's compiled twin (ezflow._transports._local), for an
  * outlet whose one link is of local_link_type. True: sent; False: nothing done (the
@@ -2045,25 +2052,30 @@ static PyObject *publish_local(PublishPathObject *self, PyObject *outlet, PyObje
     } else {
         Py_RETURN_FALSE;
     }
-    PyObject *result = publish_local_send(self, outlet, link, message, body);
+    PyObject *result = publish_local_send(self, outlet, link, message, body, -1);
     Py_XDECREF(body);
     return result;
 }
 
 /* publish_local's send, once the message passed its check or was encoded (*body*, or
  * NULL): the state read and checked, then the message sent, as publish_nowait sends
- * it. True, False (nothing done), or NULL (an exception). */
+ * it. With *relayed* >= 0 (no body), the relay's instead (PublishPath.relay): the
+ * message sent as send_objects sends one whose body has that many bytes - no yield
+ * due checked or counted (its caller's loop does both), the body's bytes counted. True,
+ * False (nothing done), or NULL (an exception). */
 static PyObject *publish_local_send(PublishPathObject *self, PyObject *outlet, PyObject *link,
-                                    PyObject *message, PyObject *body) {
+                                    PyObject *message, PyObject *body, long long relayed) {
     PyObject *links = SLOT(outlet, self->o_links);
     long long unyielded, unyielded_bytes, max_count, max_bytes, seq, sent_count, released_count,
         sent_bytes, released_bytes;
     Py_ssize_t size = body != NULL ? PyBytes_GET_SIZE(body) : 0;
     if (SLOT(self->tracing, self->tr_active) != Py_False || PyList_GET_SIZE(self->hooks) != 0 ||
         SLOT(outlet, self->o_closed) != Py_False || SLOT(outlet, self->o_handoff) != Py_False ||
-        !GET_LL(outlet, self->o_unyielded, unyielded) || unyielded >= self->yield_after ||
+        !GET_LL(outlet, self->o_unyielded, unyielded) ||
+        (relayed < 0 && unyielded >= self->yield_after) ||
         !GET_LL(outlet, self->o_unyielded_bytes, unyielded_bytes) ||
-        unyielded_bytes >= self->yield_bytes || links == NULL || !PyList_CheckExact(links) ||
+        (relayed < 0 && unyielded_bytes >= self->yield_bytes) || links == NULL ||
+        !PyList_CheckExact(links) ||
         PyList_GET_SIZE(links) != 1 || PyList_GET_ITEM(links, 0) != link ||
         SLOT(link, self->ll_needs_encoding) != (body != NULL ? Py_True : Py_False) ||
         SLOT(link, self->l_stalled) != Py_False || SLOT(link, self->ll_channel) == NULL ||
@@ -2079,7 +2091,7 @@ static PyObject *publish_local_send(PublishPathObject *self, PyObject *outlet, P
         Py_RETURN_FALSE;
 
     /* From here on the message is sent: nothing declines. */
-    if (set_ll(outlet, self->o_unyielded, unyielded + 1) < 0 ||
+    if ((relayed < 0 && set_ll(outlet, self->o_unyielded, unyielded + 1) < 0) ||
         set_ll(outlet, self->o_seq, seq + 1) < 0 ||
         set_ll(link, self->l_sent_count, sent_count + 1) < 0)
         return NULL;
@@ -2146,8 +2158,48 @@ static PyObject *publish_local_send(PublishPathObject *self, PyObject *outlet, P
                          set_ll(stats, self->s_encodes, s_encodes + 1) < 0 ||
                          set_ll(stats, self->s_bytes, s_bytes + size) < 0))
         return NULL;
-    self->local_publishes += 1;
+    if (relayed >= 0) {
+        /* (send_objects: the body's bytes, and its yield share - its size, below
+         * relay_share_below) */
+        if (set_ll(outlet, self->o_unyielded_bytes, unyielded_bytes + relayed) < 0 ||
+            set_ll(stats, self->s_bytes, s_bytes + relayed) < 0)
+            return NULL;
+        self->local_relays += 1;
+    } else {
+        self->local_publishes += 1;
+    }
     Py_RETURN_TRUE;
+}
+
+/* PublishPath.relay(outlet, message, nbytes): _local.relay_local_py's compiled twin -
+ * what send_objects(outlet, outlet._links, message, nbytes) does (Outlet.
+ * publish_encoded_many's send of a relayed message to links that take no body) for an
+ * outlet whose one link is of local_link_type and takes no body; True: sent; False:
+ * nothing done (send_objects decides: a full window or stalled link, a closed outlet,
+ * tracing, a hook, a message with a buffer - an array's read-only view is the general
+ * path's -, a body of relay_share_below bytes or more); NULL: an exception. */
+static PyObject *PublishPath_relay(PublishPathObject *self, PyObject *const *args,
+                                   Py_ssize_t nargs) {
+    long long nbytes;
+    if (nargs != 3 || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "relay(outlet, message, nbytes: int)");
+        return NULL;
+    }
+    PyObject *outlet = args[0], *message = args[1];
+    if (self->local_link_type == NULL || !exact_ll(args[2], &nbytes) || nbytes < 0 ||
+        nbytes >= self->relay_share_below ||
+        !PyObject_TypeCheck(outlet, (PyTypeObject *)self->outlet_type) ||
+        PyObject_CheckBuffer(message))
+        Py_RETURN_FALSE;
+    PyObject *one = SLOT(outlet, self->o_links);
+    if (one == NULL || !PyList_CheckExact(one) || PyList_GET_SIZE(one) != 1 ||
+        !Py_IS_TYPE(PyList_GET_ITEM(one, 0), (PyTypeObject *)self->local_link_type))
+        Py_RETURN_FALSE;
+    PyObject *link = PyList_GET_ITEM(one, 0);
+    Py_INCREF(link);
+    PyObject *r = publish_local_send(self, outlet, link, message, NULL, nbytes);
+    Py_DECREF(link);
+    return r;
 }
 
 static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *args,
@@ -2406,6 +2458,9 @@ static PyMethodDef PublishPath_methods[] = {
     {"publish", (PyCFunction)(void (*)(void))PublishPath_publish, METH_FASTCALL,
      "publish(outlet, message) -> bool: publish_small_py's compiled twin (True: sent; "
      "False: nothing done, the general path decides)."},
+    {"relay", (PyCFunction)(void (*)(void))PublishPath_relay, METH_FASTCALL,
+     "relay(outlet, message, nbytes) -> bool: _local.relay_local_py's compiled twin (True: "
+     "sent; False: nothing done, send_objects decides)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2416,6 +2471,8 @@ static PyMemberDef PublishPath_members[] = {
      "the sched_yield calls among them"},
     {"local_publishes", T_LONGLONG, offsetof(PublishPathObject, local_publishes), READONLY,
      "messages sent by the local publish (publish_local_py's twin)"},
+    {"local_relays", T_LONGLONG, offsetof(PublishPathObject, local_relays), READONLY,
+     "messages sent by the local relay (relay_local_py's twin)"},
     {NULL, 0, 0, 0, NULL},
 };
 

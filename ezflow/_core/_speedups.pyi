@@ -82,11 +82,18 @@ class PublishPath:
         switches: Any = None,
         sched_yield: Any = None,
         clock: Any = None,
+        local_link_type: type | None = None,
+        local_deliver: Any = None,
+        relay_share_below: int = 0,
     ) -> PublishPath: ...
     def publish(self, outlet: Any, message: Any, /) -> bool: ...
+    def relay(self, outlet: Any, message: Any, nbytes: int, /) -> bool: ...
     #: paced handoffs done in C (not by calling ``Outlet._hand_off``), and their yields
     handoffs: int
     handoff_yields: int
+    #: messages sent by the local publish and by the local relay
+    local_publishes: int
+    local_relays: int
 
 class TakePath:
     """The compiled take of a queued message (``_inbox.take_queued_py``'s twin)."""

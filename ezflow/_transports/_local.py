@@ -24,16 +24,16 @@ import numpy as np
 from .._core._channel import Channel
 from .._core._channel_local import deliver_local
 from .._core._codec import EncodedMessage
-from .._core._config import PUBLISH_YIELD_BYTES
+from .._core._config import PUBLISH_YIELD_BYTES, SHM_COPY_NT_BYTES
 from .._core._exceptions import BrokenResourceError
 from .._core._outlet import _YIELD_AFTER, Link, Outlet
-from .._core._outlet_objects import read_only
+from .._core._outlet_objects import read_only, yield_share
 from .._core._protocol import PublisherInfo
 from .._core._telemetry import PUBLISH_HOOKS
 from .._core._tracing import TRACING, WireTrace
 from ._base import Inbound, Transport
 
-__all__ = ["LocalTransport", "publish_local_py"]
+__all__ = ["LocalTransport", "publish_local_py", "relay_local_py"]
 
 # Outlets of this process by publisher id, with the loop they run on. Process-global so
 # that two GraphContexts on one loop also talk locally.
@@ -196,6 +196,47 @@ def publish_local_py(outlet: Outlet, message: Any) -> bool:
         stats.encodes += 1
         stats.bytes += len(body)
     stats.messages += 1
+    stats.sends += 1
+    return True
+
+
+def relay_local_py(outlet: Outlet, message: Any, nbytes: int) -> bool:
+    """Send a relayed *message* (its body of *nbytes*, not encoded here) in one call as
+    ``_outlet_objects.send_objects(outlet, outlet._links, message, nbytes)`` does -
+    ``Outlet.publish_encoded_many``'s send to links that take no body, whose loop counts
+    and checks the yield - and return True; else change nothing and return False (then
+    ``send_objects`` decides). The common path: the outlet's one link is a local link
+    that takes no body, has room in its window and is not stalled; the outlet is open,
+    hands off no CPU, nothing is traced and no publish hook is attached; *message* has
+    no buffer (a writable array's read-only view is the general path's) and *nbytes*
+    counts its own size toward the yield (:func:`yield_share`). Then the next seq, the
+    link's send (the delivery), the outlet's counts and the body's bytes.
+
+    Its compiled twin is ``_speedups.PublishPath.relay`` (``_stream_publish.
+    compiled_publish_path``, installed as ``_outlet_objects.relay_local``);
+    tests/test_local.py pins the two together and to ``send_objects``."""
+    links = outlet._links
+    if len(links) != 1 or type(links[0]) is not _LocalLink:
+        return False
+    link = links[0]
+    if not 0 <= nbytes < SHM_COPY_NT_BYTES:
+        return False  # (the compiled twin's bound: below it, yield_share(nbytes) == nbytes)
+    try:
+        memoryview(message)
+    except TypeError:
+        pass
+    else:
+        return False
+    if TRACING.active or PUBLISH_HOOKS or outlet._closed or outlet._handoff:
+        return False
+    if link.needs_encoding or not link.has_room(outlet):
+        return False
+    outlet._seq = seq = outlet._seq + 1
+    link.send(seq, time_ns(), message, None)
+    stats = outlet.stats
+    stats.messages += 1
+    stats.bytes += nbytes
+    outlet._unyielded_bytes += yield_share(nbytes)
     stats.sends += 1
     return True
 

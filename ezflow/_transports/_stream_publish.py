@@ -16,7 +16,7 @@ from time import time_ns
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .._core import _outlet
+from .._core import _outlet, _outlet_objects
 from .._core._channel_local import compiled_deliver_local
 from .._core._codec import Codec, EncodedMessage
 from .._core._codec._templates import _Template
@@ -26,6 +26,7 @@ from .._core._config import (
     HANDSHAKE_MAX_FRAME_SIZE,
     HANDSHAKE_TIMEOUT,
     MAX_CHANNELS_PER_PUBLISHER,
+    SHM_COPY_NT_BYTES,
 )
 from .._core._config import PACED_GAP_NS as _PACED_GAP_NS
 from .._core._config import (
@@ -415,6 +416,21 @@ def compiled_publish_small(
     ``publish_small_py`` reads this module's ``TRACING`` and ``PUBLISH_HOOKS``). An
     outlet whose one link is a local one takes ``_local.publish_local_py``'s compiled
     twin instead (a branch of the same call)."""
+    path = compiled_publish_path(speedups, tracing=tracing, hooks=hooks)
+    if path is None:
+        return None
+    publish: Callable[[Outlet, Any], bool] = path.publish
+    return publish
+
+
+def compiled_publish_path(
+    speedups: ModuleType | None,
+    *,
+    tracing: TraceState,
+    hooks: list[Callable[[PublishEvent], object]],
+) -> Any:
+    """The ``_speedups.PublishPath`` of *speedups* (None: none): its ``publish`` is
+    :func:`compiled_publish_small`'s, its ``relay`` ``_local.relay_local_py``'s twin."""
     if speedups is None:
         return None
     deliver = compiled_deliver_local(speedups)
@@ -450,9 +466,10 @@ def compiled_publish_small(
         # (an outlet whose one link is a local one: _local.publish_local_py's twin)
         local_link_type=_LocalLink,
         local_deliver=deliver,
+        # (the relay's bound: below it a body's yield share is its size, yield_share)
+        relay_share_below=SHM_COPY_NT_BYTES,
     )
-    publish: Callable[[Outlet, Any], bool] = path.publish
-    return publish
+    return path
 
 
 #: The one-call small publish this process runs (``Publisher.publish`` tries it first):
@@ -461,6 +478,11 @@ def compiled_publish_small(
 #: for the messages it declines (measured: docs/architecture.md, "The compiled hot
 #: path").
 publish_small = compiled_publish_small()
+# The one-call send of a relayed message to a local link (Outlet.publish_encoded_many),
+# where the extension is built: the core's slot for it.
+_outlet_objects.relay_local = getattr(
+    compiled_publish_path(SPEEDUPS, tracing=TRACING, hooks=PUBLISH_HOOKS), "relay", None
+)
 
 
 class PublisherConnection(FramedProtocol):
