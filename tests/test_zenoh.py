@@ -361,7 +361,7 @@ async def test_bridges_inside_the_publishing_and_subscribing_processes_peer_to_p
 
 async def test_a_lossless_export_batches_half_its_importers_window() -> None:
     """A burst through a lossless export and import (in the publishing and subscribing
-    contexts, peer to peer): batches of up to half the importer's window (256 with the
+    contexts, peer to peer): batches of up to half the importer's window (1024 with the
     default window, ZENOH_LOSSLESS_QUEUE, which the export learns from its acks), beyond
     ZENOH_EXPORT_BATCH (a leaky export's cap); every message arrives, in order, with
     nothing lost, refused or dropped."""
@@ -951,12 +951,12 @@ def test_bridge_unit_settings_are_checked_where_written() -> None:
 
 def test_a_mapping_without_a_queue_takes_its_modes_default() -> None:
     """A leaky mapping's queue is how stale its data may grow (ZENOH_QUEUE samples); a
-    lossless import's is its window, a lossless channel's (ZENOH_LOSSLESS_QUEUE
-    messages); a queue named wins either way, and a bad one is refused where written."""
+    lossless import's is its window (ZENOH_LOSSLESS_QUEUE messages); a queue named wins
+    either way, and a bad one is refused where written."""
     assert Export("/x").queue is None and Import("k", "/x").queue is None
     assert queue_of(False, None) == ezflow_config.ZENOH_QUEUE == 256
     assert queue_of(True, None) == ezflow_config.ZENOH_LOSSLESS_QUEUE
-    assert ezflow_config.ZENOH_LOSSLESS_QUEUE == ezflow_config.DEFAULT_MAX_IN_FLIGHT
+    assert ezflow_config.ZENOH_LOSSLESS_QUEUE == 2048
     assert queue_of(True, 8) == 8 and queue_of(False, 8) == 8
     for mapping in (Import("k", "/x", lossless=True, queue=0), Import("k", "/x", queue=-1)):
         with pytest.raises(ezflow.ConfigurationError, match=r"queue=-?\d must be >= 1"):

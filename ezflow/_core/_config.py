@@ -302,15 +302,17 @@ DEFAULT_MAX_IN_FLIGHT: Final = 512
 #: always allowed, however large).
 DEFAULT_MAX_IN_FLIGHT_BYTES: Final = 32 * 1024 * 1024
 #: Zenoh bridge: the window of a lossless import that names no ``queue`` (messages it
-#: acknowledges room for; ``ZENOH_QUEUE_BYTES`` too): a lossless channel's. A leaky
+#: acknowledges room for; ``ZENOH_QUEUE_BYTES`` too, which bounds its memory). A leaky
 #: mapping's ``queue`` (``ZENOH_QUEUE``, samples) says how stale its data may grow; a
-#: lossless window how much of a stream crosses per acknowledgement - a batch sample
-#: takes half of it, so Zenoh's cost per sample is shared by that many messages. With
-#: 256, the bridge in your own process moved 64 B at 285-289k msgs/s and 5.4-5.5 µs of
-#: CPU a message, the bridge processes at 187-190k and 8.5-8.6 µs; with 512, 353-359k
-#: and 4.2-4.3 µs, 212-248k and 6.7-7.6 µs (``ezflow perf bridge --rounds 1``, two
-#: runs each, 2026-11-28, docs/fleets.md).
-ZENOH_LOSSLESS_QUEUE: Final = DEFAULT_MAX_IN_FLIGHT
+#: lossless window how much of a stream crosses per acknowledgement round trip (Zenoh
+#: both ways and both graphs' windows, 512 messages each) - and a batch sample takes
+#: half of it, so Zenoh's cost per sample is shared by that many messages. 64 B
+#: through the bridge in your own process, rate against direct tcp (``python -m
+#: ezflow._perf._zenoh_bridge --rounds 3 --paths direct,bridge,in-process --sizes 64``,
+#: two runs each, 2026-11-28): window 256 0.45-0.46x, 512 0.49-0.60x, 1024 0.55-0.60x,
+#: 2048 0.70-0.72x, 4096 0.69-0.71x; the bridge as processes 0.31-0.32x, 0.36-0.42x,
+#: 0.44-0.46x, 0.48-0.51x, 0.52-0.55x (docs/fleets.md).
+ZENOH_LOSSLESS_QUEUE: Final = 2048
 #: Messages a leaky subscriber (or input) keeps when it names no ``queue``: the newest.
 DEFAULT_LEAKY_QUEUE: Final = 1
 

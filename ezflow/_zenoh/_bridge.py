@@ -17,11 +17,11 @@ Flow control, per mapping:
 * **lossless**: the exporter's subscriber is lossless, its Zenoh publisher is
   ``RELIABLE`` with ``CongestionControl.BLOCK`` (``put`` waits, in the export's thread,
   while the link is busy), and the importer acknowledges room for *queue* messages
-  (its window: ``ZENOH_LOSSLESS_QUEUE``, a lossless channel's, unless the mapping names
-  one) and holds at most that many samples and ``ZENOH_QUEUE_BYTES``: when they are
-  all taken, Zenoh's delivery thread waits for room (bounded: ``ZENOH_IMPORT_STALL``),
-  so Zenoh's reliable link, then the exporter's put,
-  then its ezflow subscriber and the publishing unit wait too. Nothing is dropped while
+  (its window: ``ZENOH_LOSSLESS_QUEUE``, 2048, unless the mapping names one) and holds
+  at most that many samples and ``ZENOH_QUEUE_BYTES``: when they are all taken, Zenoh's
+  delivery thread waits for room (bounded: ``ZENOH_IMPORT_STALL``), so Zenoh's reliable
+  link, then the exporter's put, then its ezflow subscriber and the publishing unit
+  wait too. Nothing is dropped while
   the Zenoh path stays up. Limits: samples in flight when a router or link goes down are
   lost (the importer counts the gap and logs it); the exporter keeps no window to resend
   them.
@@ -109,7 +109,7 @@ class Import:
     ``/robots/robot1/camera`` for ``fleet/robot1/camera``). *queue*: samples it holds
     (a batch is one; and at most ``ZENOH_QUEUE_BYTES``): a leaky import keeps the newest
     (None: ``ZENOH_QUEUE``), a lossless one acknowledges room for *queue* messages (its
-    window; None: ``ZENOH_LOSSLESS_QUEUE``, a lossless channel's). *encoding* (one of
+    window; None: ``ZENOH_LOSSLESS_QUEUE``). *encoding* (one of
     :data:`ENCODINGS`): what a sample holds; ConfigurationError for another value."""
 
     key: str
