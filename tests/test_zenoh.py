@@ -38,7 +38,14 @@ from ezflow._core._config import ZENOH_EXPORT_POOL_BYTES
 from ezflow._zenoh._export import ExportRun, _Buffers
 from ezflow._zenoh._import import ImportRun
 from ezflow._zenoh._mapping import MappingStats, queue_of
-from ezflow._zenoh._wire import BATCH_ALIGNMENT, Refused, join_batch, parse_ack, split_batch
+from ezflow._zenoh._wire import (
+    BATCH_ALIGNMENT,
+    Refused,
+    join_batch,
+    join_uniform,
+    parse_ack,
+    split_batch,
+)
 from ezflow.zenoh import (
     Export,
     Import,
@@ -98,6 +105,36 @@ def test_split_batch_copies_small_bodies_and_refuses_what_does_not_add_up(
     got = split_batch(payload, sizes, small)
     assert [bytes(body) for body in got] == [bytes(body) for body in expected]
     assert [type(body) is bytes for body in got] == [len(body) <= small for body in got]
+
+
+@given(
+    st.lists(st.integers(0, 200), min_size=0, max_size=40),
+    st.booleans(),
+    st.sampled_from(["bytes", "bytearray", "memoryview"]),
+    st.integers(0, 9000),
+)
+def test_join_uniform_is_join_batch_for_one_size_of_bytes_and_declines_the_rest(
+    sizes: list[int], same: bool, odd: str, limit: int
+) -> None:
+    """Differential: join_uniform (the export's one-join path) gives join_batch's payload
+    and sizes for bodies all bytes of one size within *limit*, and None for anything else
+    (sizes that differ, a body of another type, a payload over *limit*, no body)."""
+    if same and sizes:
+        sizes = [sizes[0]] * len(sizes)
+    bodies: list[Any] = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    got = join_uniform(bodies, limit)
+    one_size = bool(sizes) and len(set(sizes)) == 1
+    if one_size and got is not None:
+        assert got == join_batch(bodies)
+        assert len(got[0]) <= limit
+    else:
+        assert got is None
+    assert (got is not None) == (one_size and len(join_batch(bodies)[0]) <= limit)
+    if bodies:  # (a body of another type, however alike: the general packing's)
+        other = {"bytearray": bytearray, "memoryview": memoryview, "bytes": bytes}[odd]
+        mixed = [*bodies[:-1], other(bodies[-1])]
+        if odd != "bytes":
+            assert join_uniform(mixed, limit) is None
 
 
 def test_settings_are_checked() -> None:

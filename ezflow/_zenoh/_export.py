@@ -58,6 +58,7 @@ from ._wire import (
     RAW_ENCODING,
     Ack,
     Refused,
+    join_uniform,
     pack_attachment,
     parse_ack,
     to_json,
@@ -554,26 +555,30 @@ class ExportRun:
             # Codec.encode makes of each message, bytes or a read-only memoryview - of
             # the publisher's shared memory - or, from a publisher in this process, the
             # parts of a large one; held until the payload is built below).
-            parts: list[bytes | memoryview] = []
-            sizes: list[int] = []
-            pos = 0
-            for body in batch:
-                in_parts = type(body) is EncodedMessage
-                nbytes = body.nbytes if in_parts else len(body)
-                if sizes and pos + nbytes > ZENOH_EXPORT_BATCH_BYTES:
+            uniform = join_uniform(batch, ZENOH_EXPORT_BATCH_BYTES)
+            if uniform is not None:  # (one stream of one kind: one join, one sample)
+                samples.append(([uniform[0]], uniform[1]))
+            else:
+                parts: list[bytes | memoryview] = []
+                sizes: list[int] = []
+                pos = 0
+                for body in batch:
+                    in_parts = type(body) is EncodedMessage
+                    nbytes = body.nbytes if in_parts else len(body)
+                    if sizes and pos + nbytes > ZENOH_EXPORT_BATCH_BYTES:
+                        samples.append((parts, sizes))
+                        parts, sizes, pos = [], [], 0
+                    pad = -pos & (BATCH_ALIGNMENT - 1)
+                    if pad:
+                        parts.append(_PADDING[pad])
+                    if in_parts:
+                        parts.extend(body.parts)
+                    else:
+                        parts.append(body)
+                    sizes.append(nbytes)
+                    pos += pad + nbytes
+                if sizes:
                     samples.append((parts, sizes))
-                    parts, sizes, pos = [], [], 0
-                pad = -pos & (BATCH_ALIGNMENT - 1)
-                if pad:
-                    parts.append(_PADDING[pad])
-                if in_parts:
-                    parts.extend(body.parts)
-                else:
-                    parts.append(body)
-                sizes.append(nbytes)
-                pos += pad + nbytes
-            if sizes:
-                samples.append((parts, sizes))
         else:
             convert = to_raw if encoding == "raw" else to_json
             for message in batch:

@@ -41,6 +41,7 @@ __all__ = [
     "Meta",
     "Refused",
     "join_batch",
+    "join_uniform",
     "pack_ack",
     "pack_attachment",
     "parse_ack",
@@ -220,6 +221,22 @@ def join_batch(bodies: list[bytes | memoryview]) -> tuple[bytes, list[int]]:
         parts.append(body)
         pos += pad + len(body)
     return b"".join(parts), sizes
+
+
+def join_uniform(bodies: list[Any], limit: int) -> tuple[bytes, list[int]] | None:
+    """:func:`join_batch` of *bodies* when they are all ``bytes`` of one size (a stream
+    of one kind) and their payload holds at most *limit* bytes, in one join - the
+    padding between each two is the same, as :func:`split_batch`'s one-size path reads
+    it; else None (then the general packing decides)."""
+    count = len(bodies)
+    if not count or set(map(type, bodies)) != {bytes}:
+        return None
+    sizes = list(map(len, bodies))
+    size = sizes[0]
+    pad = -size & (BATCH_ALIGNMENT - 1)
+    if sizes.count(size) != count or count * (size + pad) - pad > limit:
+        return None
+    return _PADDING[pad].join(bodies), sizes
 
 
 def split_batch(payload: bytes, sizes: list[int], small: int = 0) -> list[bytes | memoryview]:
