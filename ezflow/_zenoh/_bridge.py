@@ -21,10 +21,9 @@ Flow control, per mapping:
   at most that many samples and ``ZENOH_QUEUE_BYTES``: when they are all taken, Zenoh's
   delivery thread waits for room (bounded: ``ZENOH_IMPORT_STALL``), so Zenoh's reliable
   link, then the exporter's put, then its ezflow subscriber and the publishing unit
-  wait too. Nothing is dropped while
-  the Zenoh path stays up. Limits: samples in flight when a router or link goes down are
-  lost (the importer counts the gap and logs it); the exporter keeps no window to resend
-  them.
+  wait too. Nothing is dropped while the Zenoh path stays up. Limits: samples in flight
+  when a router or link goes down are lost (the importer counts the gap and logs it);
+  the exporter keeps no window to resend them.
 """
 
 from __future__ import annotations
