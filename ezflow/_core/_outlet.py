@@ -489,6 +489,7 @@ class Outlet:
                     and not any(link.needs_encoding for link in links)
                 )
                 relay = _outlet_objects.relay_local if objects else None
+                stream = _outlet_objects.relay_stream
                 while True:
                     body = bodies[index]
                     if relay is not None and relay(self, messages[index], len(body)):
@@ -496,7 +497,8 @@ class Outlet:
                     elif objects:
                         send_objects(self, links, messages[index], len(body))
                     elif type(body) is bytes and len(body) <= small:
-                        self._send_small(links, messages[index], body, relayed=True)
+                        if stream is None or not stream(self, messages[index], body):
+                            self._send_small(links, messages[index], body, relayed=True)
                     else:
                         self.send_now(
                             messages[index],

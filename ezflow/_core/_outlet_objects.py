@@ -21,7 +21,7 @@ from ._exceptions import ClosedResourceError
 if TYPE_CHECKING:
     from ._outlet import Link, Outlet
 
-__all__ = ["relay_local", "send_objects", "yield_share"]
+__all__ = ["relay_local", "relay_stream", "send_objects", "yield_share"]
 
 # What a message of SHM_COPY_NT_BYTES up to PUBLISH_YIELD_BYTES counts toward
 # PUBLISH_YIELD_BYTES: its size divided by this.
@@ -52,6 +52,12 @@ def read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 #: *message* as :func:`send_objects` would, False when it did nothing (then
 #: ``send_objects``).
 relay_local: Callable[[Outlet, Any, int], bool] | None = None
+#: Likewise the compiled send of a relayed small body to an outlet's stream links
+#: (``_speedups.PublishPath.relay_stream``, twin of
+#: ``_transports._stream_relay.relay_stream_py``): True when it sent it as
+#: ``Outlet._send_small(links, message, body, relayed=True)`` would, False when it did
+#: nothing (then ``_send_small``).
+relay_stream: Callable[[Outlet, Any, bytes], bool] | None = None
 
 
 def send_objects(outlet: Outlet, links: list[Link], message: Any, nbytes: int) -> None:

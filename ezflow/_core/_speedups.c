@@ -1575,6 +1575,7 @@ typedef struct {
      * size toward the outlet's yield (_outlet_objects.yield_share); larger ones decline */
     long long relay_share_below;
     long long local_relays; /* (done here: counted, for the tests) */
+    long long stream_relays; /* (PublishPath.relay_stream: counted, for the tests) */
 } PublishPathObject;
 
 static PyObject *str_flush, *str_out_of_line_above, *str_out, *str_is_closing, *str_write,
@@ -2202,6 +2203,146 @@ static PyObject *PublishPath_relay(PublishPathObject *self, PyObject *const *arg
     return r;
 }
 
+/* PublishPath.relay_stream(outlet, message, body): _stream_publish.relay_stream_py's
+ * compiled twin - what Outlet._send_small(links, message, body, relayed=True) does
+ * (publish_encoded_many's send of a relayed small body to links that take it as one)
+ * when every link is a stream link collecting this loop turn's frames with room in its
+ * window: one DATA frame (header + *body*) queued on each, as StreamLink.send_small
+ * queues a burst's (a queue flushed at flush_messages / flush_bytes), the links' sent
+ * and inline counters, the outlet's seq, its yield bytes (the body's size, below
+ * relay_share_below: yield_share's rule) and statistics (no encode). The yield count
+ * is its caller's loop's. True: sent; False: nothing done (_send_small decides: a body
+ * that is not exact bytes or reaches relay_share_below or a link's out_of_line_above or
+ * the outlet's small limit, a paced link, a stalled or full one, no link or more than
+ * MAX_FAST_LINKS, a closed outlet, a handoff one whose last send is not within the
+ * paced gap, tracing, a hook); NULL: an exception. A handoff outlet's send time is
+ * noted, as Outlet._hand_off notes it in a burst. */
+static PyObject *PublishPath_relay_stream(PublishPathObject *self, PyObject *const *args,
+                                          Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "relay_stream(outlet, message, body)");
+        return NULL;
+    }
+    PyObject *outlet = args[0], *body = args[2];
+    long long max_count, max_bytes, seq, small_limit, unyielded_bytes;
+    /* (the outlet's small limit is a slot found with the local branch's: none without) */
+    if (self->local_link_type == NULL || !PyBytes_CheckExact(body) ||
+        PyBytes_GET_SIZE(body) >= self->relay_share_below ||
+        !PyObject_TypeCheck(outlet, (PyTypeObject *)self->outlet_type) ||
+        SLOT(outlet, self->o_closed) != Py_False ||
+        SLOT(self->tracing, self->tr_active) != Py_False || PyList_GET_SIZE(self->hooks) != 0)
+        Py_RETURN_FALSE;
+    /* A handoff outlet in a burst (its last send within the paced gap): Outlet._hand_off
+     * only notes the send time, done below; a paced one is _send_small's, which decides */
+    long long now = wall_ns(), sent_ns = 0;
+    PyObject *handoff = SLOT(outlet, self->o_handoff);
+    if ((handoff != Py_True && handoff != Py_False) ||
+        (handoff == Py_True &&
+         (!GET_LL(outlet, self->o_sent_ns, sent_ns) || now - sent_ns >= self->paced_gap)))
+        Py_RETURN_FALSE;
+    Py_ssize_t size = PyBytes_GET_SIZE(body);
+    PyObject *links = SLOT(outlet, self->o_links);
+    PyObject *small = SLOT(outlet, self->o_small_limit);
+    int overflow = 0;
+    small_limit = small != NULL && PyLong_CheckExact(small)
+                      ? PyLong_AsLongLongAndOverflow(small, &overflow)
+                      : -1;
+    if (small_limit == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (overflow > 0) small_limit = LLONG_MAX;
+    if (overflow < 0 || small_limit < size || links == NULL || !PyList_CheckExact(links) ||
+        PyList_GET_SIZE(links) < 1 || PyList_GET_SIZE(links) > MAX_FAST_LINKS ||
+        !GET_LL(outlet, self->o_max_count, max_count) ||
+        !GET_LL(outlet, self->o_max_bytes, max_bytes) || !GET_LL(outlet, self->o_seq, seq))
+        Py_RETURN_FALSE;
+    Py_ssize_t nlinks = PyList_GET_SIZE(links);
+    for (Py_ssize_t i = 0; i < nlinks; i++) {
+        PyObject *link = PyList_GET_ITEM(links, i);
+        LinkState ls;
+        if (!link_state(self, link, &ls) || SLOT(link, self->l_stalled) != Py_False ||
+            SLOT(link, self->l_flush) != Py_True)
+            Py_RETURN_FALSE;
+        if (ls.sent_count >= max_count || (ls.sent_count && ls.sent_bytes >= max_bytes))
+            Py_RETURN_FALSE;
+        PyObject *above = PyObject_GetAttr(link, str_out_of_line_above);
+        if (above == NULL) return NULL;
+        long long a;
+        int ok = exact_ll(above, &a);
+        Py_DECREF(above);
+        if (!ok || size > a) Py_RETURN_FALSE;
+    }
+    /* (the attribute reads above run no code of ours, but a property could: read again) */
+    if (SLOT(outlet, self->o_links) != links || PyList_GET_SIZE(links) != nlinks)
+        Py_RETURN_FALSE;
+
+    /* From here on the message is sent: nothing declines. */
+    Py_INCREF(links);
+    PyObject *result = NULL;
+    Py_ssize_t prefix = 4 + self->header_size;
+    seq += 1;
+    if (set_ll(outlet, self->o_seq, seq) < 0) goto done;
+    Py_ssize_t sends = 0;
+    for (Py_ssize_t i = 0; i < nlinks; i++) {
+        if (i >= PyList_GET_SIZE(links)) break; /* (a flush removed links: as a for loop) */
+        PyObject *link = PyList_GET_ITEM(links, i);
+        Py_INCREF(link);
+        LinkState ls;
+        long long sent_count, sent_bytes;
+        if (!GET_LL(link, self->l_sent_count, sent_count) ||
+            !GET_LL(link, self->l_sent_bytes, sent_bytes) || !link_state(self, link, &ls)) {
+            Py_DECREF(link);
+            PyErr_SetString(PyExc_RuntimeError,
+                            "relay_stream: a link's state changed while a message was sent");
+            goto done;
+        }
+        PyObject *f = PyBytes_FromStringAndSize(NULL, prefix + size);
+        if (f == NULL) {
+            Py_DECREF(link);
+            goto done;
+        }
+        memcpy(PyBytes_AS_STRING(f) + prefix, PyBytes_AS_STRING(body), (size_t)size);
+        fill_header(self, (unsigned char *)PyBytes_AS_STRING(f), size, seq, now, ls.drops);
+        int err = set_ll(link, self->l_written, now) < 0 ||
+                  set_ll(link, self->l_sent_count, sent_count + 1) < 0 ||
+                  set_ll(link, self->l_sent_bytes, sent_bytes + size) < 0 ||
+                  set_ll(link, self->l_inline, ls.inline_sends + 1) < 0 ||
+                  PyList_Append(SLOT(link, self->l_queued), f) < 0 ||
+                  set_ll(link, self->l_qmessages, ls.qmessages + 1) < 0 ||
+                  set_ll(link, self->l_qbytes, ls.qbytes + size) < 0;
+        Py_DECREF(f);
+        if (!err && (ls.qmessages + 1 >= self->flush_messages ||
+                     ls.qbytes + size >= self->flush_bytes)) {
+            PyObject *r = PyObject_CallMethodNoArgs(link, str_flush);
+            err = r == NULL;
+            Py_XDECREF(r);
+        }
+        Py_DECREF(link);
+        if (err) goto done;
+        sends += 1;
+    }
+    if (handoff == Py_True && set_ll(outlet, self->o_sent_ns, wall_ns()) < 0) goto done;
+    /* (read again: a flush runs Python code) */
+    PyObject *stats = SLOT(outlet, self->o_stats);
+    long long s_messages, s_bytes, s_sends;
+    if (!GET_LL(outlet, self->o_unyielded_bytes, unyielded_bytes) || stats == NULL ||
+        !PyObject_TypeCheck(stats, (PyTypeObject *)self->stats_type) ||
+        !GET_LL(stats, self->s_messages, s_messages) || !GET_LL(stats, self->s_bytes, s_bytes) ||
+        !GET_LL(stats, self->s_sends, s_sends)) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "relay_stream: the outlet's state changed while a message was sent");
+        goto done;
+    }
+    if (set_ll(outlet, self->o_unyielded_bytes, unyielded_bytes + size) < 0 ||
+        set_ll(stats, self->s_messages, s_messages + 1) < 0 ||
+        set_ll(stats, self->s_bytes, s_bytes + size) < 0 ||
+        set_ll(stats, self->s_sends, s_sends + sends) < 0)
+        goto done;
+    self->stream_relays += 1;
+    result = Py_NewRef(Py_True);
+done:
+    Py_DECREF(links);
+    return result;
+}
+
 static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *args,
                                      Py_ssize_t nargs) {
     if (nargs != 2) {
@@ -2461,6 +2602,9 @@ static PyMethodDef PublishPath_methods[] = {
     {"relay", (PyCFunction)(void (*)(void))PublishPath_relay, METH_FASTCALL,
      "relay(outlet, message, nbytes) -> bool: _local.relay_local_py's compiled twin (True: "
      "sent; False: nothing done, send_objects decides)."},
+    {"relay_stream", (PyCFunction)(void (*)(void))PublishPath_relay_stream, METH_FASTCALL,
+     "relay_stream(outlet, message, body) -> bool: _stream_publish.relay_stream_py's "
+     "compiled twin (True: sent; False: nothing done, Outlet._send_small decides)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2473,6 +2617,8 @@ static PyMemberDef PublishPath_members[] = {
      "messages sent by the local publish (publish_local_py's twin)"},
     {"local_relays", T_LONGLONG, offsetof(PublishPathObject, local_relays), READONLY,
      "messages sent by the local relay (relay_local_py's twin)"},
+    {"stream_relays", T_LONGLONG, offsetof(PublishPathObject, stream_relays), READONLY,
+     "messages sent by the stream relay (relay_stream_py's twin)"},
     {NULL, 0, 0, 0, NULL},
 };
 

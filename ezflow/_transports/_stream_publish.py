@@ -478,11 +478,11 @@ def compiled_publish_path(
 #: for the messages it declines (measured: docs/architecture.md, "The compiled hot
 #: path").
 publish_small = compiled_publish_small()
-# The one-call send of a relayed message to a local link (Outlet.publish_encoded_many),
-# where the extension is built: the core's slot for it.
-_outlet_objects.relay_local = getattr(
-    compiled_publish_path(SPEEDUPS, tracing=TRACING, hooks=PUBLISH_HOOKS), "relay", None
-)
+# The one-call sends of a relayed message (Outlet.publish_encoded_many) to a local link
+# and to stream links, where the extension is built: the core's slots for them.
+_relays = compiled_publish_path(SPEEDUPS, tracing=TRACING, hooks=PUBLISH_HOOKS)
+_outlet_objects.relay_local = getattr(_relays, "relay", None)
+_outlet_objects.relay_stream = getattr(_relays, "relay_stream", None)
 
 
 class PublisherConnection(FramedProtocol):
