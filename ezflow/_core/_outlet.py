@@ -58,6 +58,7 @@ log = logging.getLogger("ezflow.outlet")
 
 # publish_nowait declines (so that publish yields) once this many went without a yield.
 _YIELD_AFTER = PUBLISH_YIELD_EVERY - 1
+_BODY_TYPES = frozenset((bytes, bytearray, memoryview))  # (publish_encoded_many's, exactly)
 _sched_yield = getattr(os, "sched_yield", None)  # (not on Windows)
 _RUSAGE_THREAD = RUSAGE_THREAD  # (Linux only)
 # This thread's voluntary context switches so far (voluntary_switches_py says what they
@@ -448,7 +449,7 @@ class Outlet:
                 f"publish_encoded_many got {count} messages and {len(bodies)} bodies: "
                 "give one encoded body per message"
             )
-        for index, body in enumerate(bodies):
+        for index, body in enumerate(() if set(map(type, bodies)) <= _BODY_TYPES else bodies):
             if not isinstance(body, (bytes, bytearray, memoryview)):
                 raise TypeError(
                     f"body {index} given to publish_encoded_many is a "

@@ -550,6 +550,9 @@ class ImportRun:
             start = index
             messages: list[Any] = []
             refused: Refused | None = None
+            with contextlib.suppress(ProtocolError):  # (all of them at once; else each)
+                messages = [decode(body) for body in (bodies[index:] if index else bodies)]
+                index = count
             while index < count:
                 # (A small body of a batch came as bytes of its own, split_batch's copy:
                 # it costs less than it saves - the codec decodes bytes faster than a
@@ -585,7 +588,7 @@ class ImportRun:
     def _published(self, bodies: list[Any], count: int) -> None:
         stats = self.stats
         stats.messages += count
-        stats.bytes += sum(len(body) for body in bodies[:count])
+        stats.bytes += sum(map(len, bodies[:count] if count < len(bodies) else bodies))
 
     def _topic(self, key: str) -> str:
         topic = self._topics.get(key)
