@@ -42,8 +42,8 @@ pytest.importorskip(
 
 import ezflow
 from ezflow._cli._app import app
-from ezflow._cli._zenoh import MappingSpec, parse_mapping
-from ezflow._core._config import ZENOH_QUEUE
+from ezflow._cli._zenoh import MappingSpec, _describe, parse_mapping
+from ezflow._core._config import ZENOH_LOSSLESS_QUEUE, ZENOH_QUEUE
 from ezflow._zenoh._keys import imported_topic, literal_prefix, topic_to_key
 from ezflow._zenoh._session import ZenohSettings, endpoints, session_config
 
@@ -103,6 +103,26 @@ def test_any_two_names_written_with_doubling_parse_back(
         ":raw": (None, None, "raw"),
         ":raw:lossless=12": (True, 12, "raw"),
     }[options]
+
+
+def test_the_bridge_prints_each_mappings_queue_as_it_runs() -> None:
+    """What ``ezflow zenoh bridge`` prints of each mapping at its start: a leaky one's
+    queue (samples), a lossless import's window (messages), the one a spec or --queue
+    names, and no queue for a lossless export (its importers' windows bound it)."""
+    from ezflow.zenoh import Export, Import  # noqa: PLC0415
+
+    assert _describe(Import("k", "/t"), exported=False) == f"leaky, queue {ZENOH_QUEUE}"
+    assert (
+        _describe(Import("k", "/t", lossless=True), exported=False)
+        == f"lossless, queue {ZENOH_LOSSLESS_QUEUE}"
+    )
+    assert _describe(Import("k", "/t", lossless=True, queue=8), exported=False) == (
+        "lossless, queue 8"
+    )
+    assert _describe(Export("/t", lossless=True), exported=True) == "lossless"
+    assert _describe(Export("/t", queue=3, encoding="raw"), exported=True) == (
+        "leaky, queue 3, raw"
+    )
 
 
 @pytest.mark.parametrize(
