@@ -197,6 +197,44 @@ def test_mutated_bodies_are_judged_alike(obj: object, data: st.DataObject) -> No
         check_decode(codec, body)  # the original still decodes, from the caches
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages() | arrays(max_side=8), min_size=1, max_size=3), st.data())
+def test_decode_many_is_decode_of_each(objs: list[object], data: st.DataObject) -> None:
+    """Differential: ``Codec._decode_many`` (a relay's batch: one C loop of the layout
+    decoded last, for bytes bodies of its size) gives what ``decode`` of each body in
+    turn gives - the same objects, or a ProtocolError where one is bad - and leaves the
+    codec's hints as they leave them: batches of one shape and of several,
+    mutated bodies (of the same size too) among them, after any of them decoded last."""
+    bodies = []
+    for obj in objs:
+        body = check_repeated(Codec(), obj)  # (every cache warm for this shape)
+        if body is not None:
+            bodies.append(body)
+    if not bodies:
+        return
+    batch = data.draw(st.lists(st.sampled_from(bodies), min_size=1, max_size=12))
+    if data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(batch) - 1))
+        batch[at] = data.draw(mutations(batch[at]))
+    last = data.draw(st.sampled_from(bodies))
+    codecs = [Codec(), Codec()]
+    for codec in codecs:  # (the same hints: the body decoded last, twice to learn it)
+        for _ in range(2):
+            with contextlib.suppress(ProtocolError):
+                codec.decode(last)
+    many = outcome(lambda: codecs[0]._decode_many(batch))
+    each = outcome(lambda: [codecs[1].decode(body) for body in batch])
+    assert many[0] == each[0]
+    if many[0] == "ok":
+        assert len(many[1]) == len(each[1])  # type: ignore[arg-type]
+        for got, expected in zip(many[1], each[1], strict=True):  # type: ignore[call-overload]
+            assert_same_decoded(expected, got)
+        assert codecs[0]._last_layout is codecs[1]._last_layout
+        assert codecs[0]._last_array == codecs[1]._last_array
+    else:  # (the hints after an error: whatever decode left, one by one or not)
+        assert many[1] is each[1] is ProtocolError
+
+
 # --------------------------------------------------------------------------- bare arrays
 
 

@@ -542,7 +542,7 @@ class ImportRun:
         this process), in runs - each with one ``publish_encoded_many``, one room check
         (and wait) for the run instead of one coroutine a message. ``item.done`` counts
         the bodies published or refused (a restart resumes after them)."""
-        decode = self._codec.decode
+        decode, decode_many = self._codec.decode, self._codec._decode_many
         outlet_stats = publisher._outlet.stats  # (the live counters: statistics() copies)
         count = len(bodies)
         index = item.done
@@ -551,7 +551,7 @@ class ImportRun:
             messages: list[Any] = []
             refused: Refused | None = None
             with contextlib.suppress(ProtocolError):  # (all of them at once; else each)
-                messages = [decode(body) for body in (bodies[index:] if index else bodies)]
+                messages = decode_many(bodies[index:] if index else bodies)
                 index = count
             while index < count:
                 # (A small body of a batch came as bytes of its own, split_batch's copy:

@@ -63,8 +63,10 @@ own copy (:meth:`Codec._for_stream`); the copy shares the caches and the limit.
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any, Final
 
 import msgpack
@@ -431,6 +433,33 @@ class Codec:
             raise
         except Exception as exc:
             raise _malformed(exc) from exc
+
+    def _decode_many(self, bodies: list[Any]) -> list[object]:
+        """:meth:`decode` of each of *bodies*, in order (a relay's batch): the same
+        objects, and the same :class:`ProtocolError` for the first body that is wrong
+        (the bodies before it are decoded, and lost with the error: decode one by one to
+        keep them).
+
+        A batch of one stream - ``bytes`` bodies of one size, the layout this codec
+        decoded last, no top-level array hinted - is decoded by that layout in one C
+        loop; a body the layout does not take is decoded by :meth:`decode` in its place
+        (tests/test_codec_fastpaths.py pins this to :meth:`decode` of each)."""
+        layout = self._last_layout
+        if (
+            layout is not None
+            and self._last_array is None
+            and bodies
+            and set(map(type, bodies)) == {bytes}
+            and set(map(len, bodies)) == {layout.size}
+        ):
+            decoded = list(map(layout.decode, bodies))
+            if not any(map(operator.is_, decoded, repeat(None))):
+                return decoded
+            return [
+                self.decode(body) if message is None else message
+                for message, body in zip(decoded, bodies, strict=True)
+            ]
+        return [self.decode(body) for body in bodies]
 
     def _cached_array(
         self, body: bytes | memoryview, n: int, meta_len: int
