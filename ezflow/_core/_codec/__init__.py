@@ -51,7 +51,9 @@ tests/test_codec_fastpaths.py checks that (``_encode_general``, ``_decode_genera
 - a top-level array: the body prefix cached per (dtype, shape) on both sides
   (``_ENC_ARRAYS``, ``_DEC_ARRAYS``), :meth:`Codec._small_array_body`,
   :meth:`Codec._array_prefix` (a loan's body laid out ahead);
-- a shape (:mod:`._templates` on encoding, :mod:`._layouts` on decoding).
+- a shape (:mod:`._templates` on encoding, :mod:`._layouts` on decoding);
+- a relay's batch of bodies of one stream (:meth:`Codec._decode_many`): the layout
+  decoded last, over every body in one C loop.
 
 Per-stream hints. On top of those process-wide caches a :class:`Codec` remembers the
 kind of message it encoded and decoded last (the array kind, the shape template, the
