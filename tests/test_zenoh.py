@@ -986,6 +986,48 @@ def test_bridge_unit_settings_are_checked_where_written() -> None:
         ZenohBridgeSettings(connect=("tcp/127.0.0.1:7447",), exports=(Export("/x", queue=0),))
 
 
+def test_an_export_puts_from_its_loop_only_what_its_rule_allows() -> None:
+    """The export's inline put (from the event loop, not its thread): at most
+    ZENOH_INLINE_PUT bytes; a lossless export only once an importer acknowledges and at
+    most that much is unacknowledged (Zenoh's link queue has room); none for a while
+    after one that waited (``_inline_after``); a leaky one whenever it is small."""
+    import time  # noqa: PLC0415
+
+    from ezflow._zenoh._export import _Importer  # noqa: PLC0415
+
+    limit = ezflow_config.ZENOH_INLINE_PUT
+    small, full, over = [(b"x", b"")], [(b"x" * limit, b"")], [(b"x" * (limit + 1), b"")]
+    stats = MappingStats()
+    context: Any = None
+    leaky = ExportRun(
+        Export("/x"), "k", session=None, context=context, codec=Codec(), stats=stats, name="l"
+    )
+    assert leaky._inline(small) and leaky._inline(full) and not leaky._inline(over)
+    assert not leaky._inline([(b"x" * (limit // 2), b""), (b"x" * (limit // 2 + 1), b"")])
+    run = ExportRun(
+        Export("/x", lossless=True),
+        "k",
+        session=None,
+        context=context,
+        codec=Codec(),
+        stats=stats,
+        name="t",
+    )
+    assert not run._inline(small)  # (no importer heard: no credit to go by)
+    run._importers["i"] = _Importer(0, 2048, 16 << 20, time.monotonic())
+    assert run._inline(small) and run._inline(full) and not run._inline(over)
+    run._seq = 100  # 100 messages sent, one byte over the limit, none acknowledged
+    run._record(100, limit + 1)
+    assert not run._inline(small)
+    run._importers["i"].next = 100  # all of them acknowledged
+    assert run._inline(small)
+    run._inline_after = time.monotonic() + 60  # (a put from the loop waited: none for now)
+    assert not run._inline(small)
+    run._inline_after = time.monotonic() - 1  # (the pause over)
+    assert run._inline(small)
+    assert limit >= 128 * 1024  # (a lossless batch of 64 B messages: half a window)
+
+
 def test_a_mapping_without_a_queue_takes_its_modes_default() -> None:
     """A leaky mapping's queue is how stale its data may grow (ZENOH_QUEUE samples); a
     lossless import's is its window (ZENOH_LOSSLESS_QUEUE messages); a queue named wins

@@ -248,8 +248,12 @@ ZENOH_ANSWER_TIMEOUT: Final = 5.0
 #: Bytes of samples an export puts from the event loop instead of its thread (saving a
 #: thread hop), when its thread is idle and (lossless) an importer acknowledges and at
 #: most this much is not yet acknowledged: Zenoh's link queue then has room, so the put
-#: does not wait (none for a second after one waited more than 5 ms anyway).
-ZENOH_INLINE_PUT: Final = 64 * 1024
+#: does not wait (none for a second after one waited more than 5 ms anyway). A lossless
+#: export's batch of 64 B messages (half a 2048-message window, ~128 KiB) fits: 64 B in
+#: your own process, four alternations with 64 KiB (``python -m ezflow._perf.
+#: _zenoh_bridge --rounds 3 --paths direct,in-process --sizes 64`` and with ``bridge``,
+#: 2026-11-28): 0.66-0.74x -> 0.73-0.84x direct tcp, the sender 1.5-1.7 -> 1.4-1.5 µs.
+ZENOH_INLINE_PUT: Final = 256 * 1024
 #: An export builds a sample of this many bytes or more in a reused buffer (by exact
 #: size; Zenoh's ``put`` copies the payload before it returns) instead of a new bytes
 #: object each time, whose fresh pages cost the process ~120 page faults a MiB; it keeps
