@@ -202,8 +202,8 @@ def test_mutated_bodies_are_judged_alike(obj: object, data: st.DataObject) -> No
 def test_decode_many_is_decode_of_each(objs: list[object], data: st.DataObject) -> None:
     """Differential: ``Codec._decode_many`` (a relay's batch: one C loop of the layout
     decoded last, for bytes bodies of its size) gives what ``decode`` of each body in
-    turn gives - the same objects, or a ProtocolError where one is bad - and leaves the
-    codec's hints as they leave them: batches of one shape and of several,
+    turn gives - the same objects, or a ProtocolError where one is bad: batches of one
+    shape and of several,
     mutated bodies (of the same size too) among them, after any of them decoded last."""
     bodies = []
     for obj in objs:
@@ -229,10 +229,11 @@ def test_decode_many_is_decode_of_each(objs: list[object], data: st.DataObject) 
         assert len(many[1]) == len(each[1])  # type: ignore[arg-type]
         for got, expected in zip(many[1], each[1], strict=True):  # type: ignore[call-overload]
             assert_same_decoded(expected, got)
-        assert codecs[0]._last_layout is codecs[1]._last_layout
-        assert codecs[0]._last_array == codecs[1]._last_array
-    else:  # (the hints after an error: whatever decode left, one by one or not)
+    else:
         assert many[1] is each[1] is ProtocolError
+    # (Not compared: the hints each codec is left with. A body's layout is learned on its
+    # second decode in the process, whichever codec decodes it, so the second codec here
+    # learns what the first only saw: the hints depend on the order, not on the path.)
 
 
 # --------------------------------------------------------------------------- bare arrays
