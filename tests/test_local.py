@@ -4,6 +4,7 @@ waits and errors as ``Outlet.publish_nowait``, the general path."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -17,6 +18,7 @@ from ezflow._core import _compiled
 from ezflow._core._channel import Channel
 from ezflow._core._codec import Codec
 from ezflow._core._config import SHM_COPY_NT_BYTES
+from ezflow._core._exceptions import UndecodableMessageError
 from ezflow._core._inbox import Inbox
 from ezflow._core._outlet import Outlet
 from ezflow._core._outlet_objects import send_objects, yield_share
@@ -426,7 +428,10 @@ def test_the_local_relay_is_send_objects(
                 for world in worlds:
                     inbox = world.inboxes[min(op[1], len(world.inboxes) - 1)]
                     for _ in range(min(op[2], len(inbox))):
-                        inbox.get_nowait()
+                        # (an encoded inbox's item that could not be encoded - a set
+                        # relayed to it - is taken as the error it is, in both worlds)
+                        with contextlib.suppress(UndecodableMessageError):
+                            inbox.get_nowait()
             elif name == "window":
                 for world in worlds:
                     world.outlet.max_in_flight = op[1]
