@@ -1982,6 +1982,71 @@ done:
     return r;
 }
 
+/* The outlet's _small_limit as a long long (LLONG_MAX past that range: a local link's
+ * 2**63), or -1 when it is no exact int of 0 or more. (Slot found with the local
+ * branch's: only where local_link_type was given.) */
+static long long small_limit_of(PublishPathObject *self, PyObject *outlet) {
+    PyObject *small = SLOT(outlet, self->o_small_limit);
+    if (small == NULL || !PyLong_CheckExact(small)) return -1;
+    int overflow = 0;
+    long long limit = PyLong_AsLongLongAndOverflow(small, &overflow);
+    if (limit == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (overflow) return overflow > 0 ? LLONG_MAX : -1;
+    return limit < 0 ? -1 : limit;
+}
+
+/* 1 when a *size*-byte body goes inline on *link* (its out_of_line_above, an exact int,
+ * at least *size*), 0 when not, -1 with an exception (the attribute's read failed). */
+static int goes_inline(PyObject *link, Py_ssize_t size) {
+    PyObject *above = PyObject_GetAttr(link, str_out_of_line_above);
+    if (above == NULL) return -1;
+    long long a;
+    int ok = exact_ll(above, &a);
+    Py_DECREF(above);
+    return ok && size <= a;
+}
+
+/* Queue *f* - a frame of a *size*-byte body behind room for its header, filled here -
+ * on stream link *link* as StreamLink.send_small queues a burst's frame: the link's
+ * write time, sent and inline counters, its turn's queue, flushed at flush_messages /
+ * flush_bytes (Python code: the caller reads what it needs again after). 0, or -1 with
+ * an exception (a RuntimeError naming *who* when the link's state is no longer one
+ * link_state reads). */
+static int queue_burst_frame(PublishPathObject *self, PyObject *link, PyObject *f,
+                             Py_ssize_t size, long long seq, long long now, const char *who) {
+    LinkState ls;
+    long long sent_count, sent_bytes;
+    Py_INCREF(link);
+    if (!GET_LL(link, self->l_sent_count, sent_count) ||
+        !GET_LL(link, self->l_sent_bytes, sent_bytes) || !link_state(self, link, &ls)) {
+        Py_DECREF(link);
+        PyErr_Format(PyExc_RuntimeError, "%s: a link's state changed while a message was sent",
+                     who);
+        return -1;
+    }
+    fill_header(self, (unsigned char *)PyBytes_AS_STRING(f), size, seq, now, ls.drops);
+    /* (_written_ns: the time of the link's last message, which tells its next loop
+     * turn's first message whether it is paced) */
+    int err = set_ll(link, self->l_written, now) < 0 ||
+              set_ll(link, self->l_sent_count, sent_count + 1) < 0 ||
+              set_ll(link, self->l_sent_bytes, sent_bytes + size) < 0 ||
+              set_ll(link, self->l_inline, ls.inline_sends + 1) < 0 ||
+              PyList_Append(SLOT(link, self->l_queued), f) < 0 ||
+              set_ll(link, self->l_qmessages, ls.qmessages + 1) < 0 ||
+              set_ll(link, self->l_qbytes, ls.qbytes + size) < 0;
+    if (!err &&
+        (ls.qmessages + 1 >= self->flush_messages || ls.qbytes + size >= self->flush_bytes)) {
+        PyObject *r = PyObject_CallMethodNoArgs(link, str_flush);
+        err = r == NULL;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(link);
+    return err ? -1 : 0;
+}
+
 static PyObject *publish_local_send(PublishPathObject *self, PyObject *outlet, PyObject *link,
                                     PyObject *message, PyObject *body, long long relayed);
 
@@ -2024,14 +2089,8 @@ static PyObject *publish_local(PublishPathObject *self, PyObject *outlet, PyObje
         }
         /* (the outlet's small limit: its links' smallest max_message_size, 2**63 for a
          * local link - beyond a long long: no limit) */
-        PyObject *small = SLOT(outlet, self->o_small_limit);
-        int overflow = 0;
-        long long small_limit = small != NULL && PyLong_CheckExact(small)
-                                    ? PyLong_AsLongLongAndOverflow(small, &overflow)
-                                    : -1;
-        if (overflow > 0) small_limit = LLONG_MAX;
-        if (small_limit == -1 && PyErr_Occurred()) PyErr_Clear();
-        if (overflow < 0 || small_limit < 0 || PyBytes_GET_SIZE(body) > small_limit) {
+        long long small_limit = small_limit_of(self, outlet);
+        if (small_limit < 0 || PyBytes_GET_SIZE(body) > small_limit) {
             Py_DECREF(body);
             Py_RETURN_FALSE;
         }
@@ -2242,14 +2301,8 @@ static PyObject *PublishPath_relay_stream(PublishPathObject *self, PyObject *con
         Py_RETURN_FALSE;
     Py_ssize_t size = PyBytes_GET_SIZE(body);
     PyObject *links = SLOT(outlet, self->o_links);
-    PyObject *small = SLOT(outlet, self->o_small_limit);
-    int overflow = 0;
-    small_limit = small != NULL && PyLong_CheckExact(small)
-                      ? PyLong_AsLongLongAndOverflow(small, &overflow)
-                      : -1;
-    if (small_limit == -1 && PyErr_Occurred()) PyErr_Clear();
-    if (overflow > 0) small_limit = LLONG_MAX;
-    if (overflow < 0 || small_limit < size || links == NULL || !PyList_CheckExact(links) ||
+    small_limit = small_limit_of(self, outlet);
+    if (small_limit < size || links == NULL || !PyList_CheckExact(links) ||
         PyList_GET_SIZE(links) < 1 || PyList_GET_SIZE(links) > MAX_FAST_LINKS ||
         !GET_LL(outlet, self->o_max_count, max_count) ||
         !GET_LL(outlet, self->o_max_bytes, max_bytes) || !GET_LL(outlet, self->o_seq, seq))
@@ -2263,12 +2316,9 @@ static PyObject *PublishPath_relay_stream(PublishPathObject *self, PyObject *con
             Py_RETURN_FALSE;
         if (ls.sent_count >= max_count || (ls.sent_count && ls.sent_bytes >= max_bytes))
             Py_RETURN_FALSE;
-        PyObject *above = PyObject_GetAttr(link, str_out_of_line_above);
-        if (above == NULL) return NULL;
-        long long a;
-        int ok = exact_ll(above, &a);
-        Py_DECREF(above);
-        if (!ok || size > a) Py_RETURN_FALSE;
+        int fits = goes_inline(link, size);
+        if (fits < 0) return NULL;
+        if (!fits) Py_RETURN_FALSE;
     }
     /* (the attribute reads above run no code of ours, but a property could: read again) */
     if (SLOT(outlet, self->o_links) != links || PyList_GET_SIZE(links) != nlinks)
@@ -2283,39 +2333,12 @@ static PyObject *PublishPath_relay_stream(PublishPathObject *self, PyObject *con
     Py_ssize_t sends = 0;
     for (Py_ssize_t i = 0; i < nlinks; i++) {
         if (i >= PyList_GET_SIZE(links)) break; /* (a flush removed links: as a for loop) */
-        PyObject *link = PyList_GET_ITEM(links, i);
-        Py_INCREF(link);
-        LinkState ls;
-        long long sent_count, sent_bytes;
-        if (!GET_LL(link, self->l_sent_count, sent_count) ||
-            !GET_LL(link, self->l_sent_bytes, sent_bytes) || !link_state(self, link, &ls)) {
-            Py_DECREF(link);
-            PyErr_SetString(PyExc_RuntimeError,
-                            "relay_stream: a link's state changed while a message was sent");
-            goto done;
-        }
         PyObject *f = PyBytes_FromStringAndSize(NULL, prefix + size);
-        if (f == NULL) {
-            Py_DECREF(link);
-            goto done;
-        }
+        if (f == NULL) goto done;
         memcpy(PyBytes_AS_STRING(f) + prefix, PyBytes_AS_STRING(body), (size_t)size);
-        fill_header(self, (unsigned char *)PyBytes_AS_STRING(f), size, seq, now, ls.drops);
-        int err = set_ll(link, self->l_written, now) < 0 ||
-                  set_ll(link, self->l_sent_count, sent_count + 1) < 0 ||
-                  set_ll(link, self->l_sent_bytes, sent_bytes + size) < 0 ||
-                  set_ll(link, self->l_inline, ls.inline_sends + 1) < 0 ||
-                  PyList_Append(SLOT(link, self->l_queued), f) < 0 ||
-                  set_ll(link, self->l_qmessages, ls.qmessages + 1) < 0 ||
-                  set_ll(link, self->l_qbytes, ls.qbytes + size) < 0;
+        int err = queue_burst_frame(self, PyList_GET_ITEM(links, i), f, size, seq, now,
+                                    "relay_stream");
         Py_DECREF(f);
-        if (!err && (ls.qmessages + 1 >= self->flush_messages ||
-                     ls.qbytes + size >= self->flush_bytes)) {
-            PyObject *r = PyObject_CallMethodNoArgs(link, str_flush);
-            err = r == NULL;
-            Py_XDECREF(r);
-        }
-        Py_DECREF(link);
         if (err) goto done;
         sends += 1;
     }
@@ -2460,13 +2483,9 @@ static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *a
      * changed meanwhile; read again below, and checked as before) */
     nlinks = PyList_GET_SIZE(links);
     for (Py_ssize_t i = 0; i < nlinks; i++) {
-        PyObject *link = PyList_GET_ITEM(links, i);
-        PyObject *above = PyObject_GetAttr(link, str_out_of_line_above);
-        if (above == NULL) goto fail;
-        long long a;
-        int ok = exact_ll(above, &a);
-        Py_DECREF(above);
-        if (!ok || size > a) goto decline;
+        int fits = goes_inline(PyList_GET_ITEM(links, i), size);
+        if (fits < 0) goto fail;
+        if (!fits) goto decline;
     }
     long long now = wall_ns();
     PyObject *handoff = SLOT(outlet, self->o_handoff);
@@ -2518,46 +2537,16 @@ static PyObject *PublishPath_publish(PublishPathObject *self, PyObject *const *a
     }
     for (Py_ssize_t i = 0; i < nlinks; i++) {
         if (i >= PyList_GET_SIZE(links)) break; /* (a flush removed links: as a for loop) */
-        PyObject *link = PyList_GET_ITEM(links, i);
-        Py_INCREF(link);
-        LinkState ls;
-        long long sent_count, sent_bytes;
-        if (!PyObject_TypeCheck(link, (PyTypeObject *)self->link_type) ||
-            !GET_LL(link, self->l_sent_count, sent_count) ||
-            !GET_LL(link, self->l_sent_bytes, sent_bytes) || !link_state(self, link, &ls)) {
-            Py_DECREF(link);
-            PyErr_SetString(PyExc_RuntimeError,
-                            "publish_small: a link's state changed while a message was sent");
-            goto fail;
-        }
         PyObject *f = frame;
         if (i > 0) {
             f = PyBytes_FromStringAndSize(PyBytes_AS_STRING(frame), prefix + size);
-            if (f == NULL) {
-                Py_DECREF(link);
-                goto fail;
-            }
+            if (f == NULL) goto fail;
         } else {
             Py_INCREF(f);
         }
-        fill_header(self, (unsigned char *)PyBytes_AS_STRING(f), size, seq, now, ls.drops);
-        /* (_written_ns: the time of the link's last message, which tells its next loop
-         * turn's first message whether it is paced) */
-        int err = set_ll(link, self->l_written, now) < 0 ||
-                  set_ll(link, self->l_sent_count, sent_count + 1) < 0 ||
-                  set_ll(link, self->l_sent_bytes, sent_bytes + size) < 0 ||
-                  set_ll(link, self->l_inline, ls.inline_sends + 1) < 0 ||
-                  PyList_Append(SLOT(link, self->l_queued), f) < 0 ||
-                  set_ll(link, self->l_qmessages, ls.qmessages + 1) < 0 ||
-                  set_ll(link, self->l_qbytes, ls.qbytes + size) < 0;
+        int err = queue_burst_frame(self, PyList_GET_ITEM(links, i), f, size, seq, now,
+                                    "publish_small");
         Py_DECREF(f);
-        if (!err && (ls.qmessages + 1 >= self->flush_messages ||
-                     ls.qbytes + size >= self->flush_bytes)) {
-            PyObject *r = PyObject_CallMethodNoArgs(link, str_flush);
-            err = r == NULL;
-            Py_XDECREF(r);
-        }
-        Py_DECREF(link);
         if (err) goto fail;
     }
     Py_DECREF(frame);
