@@ -477,12 +477,13 @@ def compiled_publish_path(
 #: ``publish_nowait`` alone is cheaper than this function and then ``publish_nowait``
 #: for the messages it declines (measured: docs/architecture.md, "The compiled hot
 #: path").
-publish_small = compiled_publish_small()
-# The one-call sends of a relayed message (Outlet.publish_encoded_many) to a local link
-# and to stream links, where the extension is built: the core's slots for them.
-_relays = compiled_publish_path(SPEEDUPS, tracing=TRACING, hooks=PUBLISH_HOOKS)
-_outlet_objects.relay_local = getattr(_relays, "relay", None)
-_outlet_objects.relay_stream = getattr(_relays, "relay_stream", None)
+#: The same path's one-call sends of a relayed message (Outlet.publish_encoded_many) to
+#: a local link and to stream links fill the core's slots for them (one path built at
+#: import, not one for each).
+_PATH = compiled_publish_path(SPEEDUPS, tracing=TRACING, hooks=PUBLISH_HOOKS)
+publish_small: Callable[[Outlet, Any], bool] | None = getattr(_PATH, "publish", None)
+_outlet_objects.relay_local = getattr(_PATH, "relay", None)
+_outlet_objects.relay_stream = getattr(_PATH, "relay_stream", None)
 
 
 class PublisherConnection(FramedProtocol):
