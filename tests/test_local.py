@@ -115,6 +115,33 @@ class _World:
         )
 
 
+def _change(worlds: list[_World], op: tuple[Any, ...]) -> None:
+    """Apply one step of the differential tests' other than a send or a hook to both
+    worlds: take from an inbox, a loop turn, the window, a stall, an encoded subscriber
+    attached, the outlet closed."""
+    name = op[0]
+    for world in worlds:
+        if name == "take":
+            inbox = world.inboxes[min(op[1], len(world.inboxes) - 1)]
+            for _ in range(min(op[2], len(inbox))):
+                # (an encoded inbox's item that could not be encoded - a set relayed to
+                # it - is taken as the error it is, in both worlds)
+                with contextlib.suppress(UndecodableMessageError):
+                    inbox.get_nowait()
+        elif name == "turn":
+            world.outlet._unyielded = world.outlet._unyielded_bytes = 0
+        elif name == "window":
+            world.outlet.max_in_flight = op[1]
+        elif name == "stall":
+            world.link.stalled = op[1]
+        elif name == "encoded":
+            inbox = Inbox(encoded=True)
+            world.inboxes.append(inbox)
+            world.channel.attach(inbox)
+        elif name == "close":
+            world.outlet.close()
+
+
 def _plain(message: Any) -> Any:
     """*message* comparable with ==, arrays as (dtype, values, writeable)."""
     if isinstance(message, np.ndarray):
@@ -197,30 +224,10 @@ def test_the_local_publish_is_publish_nowait(
                 assert [(e.seq, e.nbytes, e.channels) for e in events[0]] == [
                     (e.seq, e.nbytes, e.channels) for e in events[1]
                 ]
-            elif name == "take":
-                for world in worlds:
-                    inbox = world.inboxes[min(op[1], len(world.inboxes) - 1)]
-                    for _ in range(min(op[2], len(inbox))):
-                        inbox.get_nowait()
-            elif name == "turn":
-                for world in worlds:
-                    world.outlet._unyielded = world.outlet._unyielded_bytes = 0
-            elif name == "window":
-                for world in worlds:
-                    world.outlet.max_in_flight = op[1]
-            elif name == "stall":
-                for world in worlds:
-                    world.link.stalled = op[1]
             elif name == "hook":
                 hooked = op[1]
-            elif name == "encoded":
-                for world in worlds:
-                    inbox = Inbox(encoded=True)
-                    world.inboxes.append(inbox)
-                    world.channel.attach(inbox)
-            elif name == "close":
-                for world in worlds:
-                    world.outlet.close()
+            else:
+                _change(worlds, op)
             assert worlds[0].state() == worlds[1].state(), op
     finally:
         PUBLISH_HOOKS[:] = []
@@ -424,30 +431,10 @@ def test_the_local_relay_is_send_objects(
                     op,
                     got,
                 )
-            elif name == "take":
-                for world in worlds:
-                    inbox = world.inboxes[min(op[1], len(world.inboxes) - 1)]
-                    for _ in range(min(op[2], len(inbox))):
-                        # (an encoded inbox's item that could not be encoded - a set
-                        # relayed to it - is taken as the error it is, in both worlds)
-                        with contextlib.suppress(UndecodableMessageError):
-                            inbox.get_nowait()
-            elif name == "window":
-                for world in worlds:
-                    world.outlet.max_in_flight = op[1]
-            elif name == "stall":
-                for world in worlds:
-                    world.link.stalled = op[1]
             elif name == "hook":
                 hooked = op[1]
-            elif name == "encoded":
-                for world in worlds:
-                    inbox = Inbox(encoded=True)
-                    world.inboxes.append(inbox)
-                    world.channel.attach(inbox)
-            elif name == "close":
-                for world in worlds:
-                    world.outlet.close()
+            else:
+                _change(worlds, op)
             assert worlds[0].state() == worlds[1].state(), op
     finally:
         PUBLISH_HOOKS[:] = []

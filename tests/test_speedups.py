@@ -962,6 +962,48 @@ _CHANGES = st.one_of(
 _PUBLISH_OPS = st.tuples(_CHANGES, st.lists(_PUBLISH, max_size=20)).map(lambda s: [s[0], *s[1]])
 
 
+def _apply_change(
+    op: tuple[Any, ...], worlds: list[Any], loop: Any, tracing: Any, hooks: list[Any]
+) -> int | None:
+    """Apply one of :data:`_CHANGES` to every world's outlet (and to *tracing* and
+    *hooks*, which they share); return the handoff step's last-send mark (None for the
+    other steps): far back, a paced publish; ahead, a burst."""
+    import asyncio  # noqa: PLC0415
+
+    name = op[0]
+    if name == "turn":
+        loop.run_until_complete(asyncio.sleep(0))
+    elif name == "batch":  # (as a write at once in a burst: StreamLink.send_small)
+        for outlet in worlds:
+            for link in outlet._links:
+                if not link._flush_scheduled:
+                    link._flush_scheduled = True
+                    loop.call_soon(link._end_of_iteration)
+    for outlet in worlds:
+        links = outlet._links
+        if name == "release" and op[1] < len(links):
+            link = links[op[1]]
+            count = min(link.sent_count, link.released_count + op[2])
+            link.released(count, link.sent_bytes if count == link.sent_count else 0)
+        elif name == "stall" and op[1] < len(links):
+            links[op[1]].stalled = op[2]
+        elif name == "closed":
+            outlet._closed = op[1]
+        elif name == "unyielded":
+            outlet._unyielded = op[1]
+        elif name == "handoff":
+            outlet._handoff = op[1] is not None
+        elif name == "drops" and op[1] < len(links):  # (as a leaky link's)
+            links[op[1]].drops = op[2]
+        elif name == "out_of_line" and op[1] < len(links):
+            links[op[1]].out_of_line_above = op[2]
+    if name == "tracing":
+        tracing.active = op[1]
+    elif name == "hook":
+        hooks[:] = [lambda event: None] if op[1] else []
+    return (op[1] or 0) if name == "handoff" else None
+
+
 @needs_extension
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -1045,38 +1087,9 @@ def test_the_compiled_publish_is_the_python_twin(
                 if results[0] == ("ok", False):
                     general = [outcome(lambda o=o, m=msg: o.publish_nowait(m)) for o in worlds]
                     assert general[0] == general[1]
-            elif name == "turn":
-                loop.run_until_complete(asyncio.sleep(0))
-            elif name == "batch":  # (as a write at once in a burst: StreamLink.send_small)
-                for outlet in worlds:
-                    for link in outlet._links:
-                        if not link._flush_scheduled:
-                            link._flush_scheduled = True
-                            loop.call_soon(link._end_of_iteration)
             else:
-                for outlet in worlds:
-                    links = outlet._links
-                    if name == "release" and op[1] < len(links):
-                        link = links[op[1]]
-                        count = min(link.sent_count, link.released_count + op[2])
-                        link.released(count, link.sent_bytes if count == link.sent_count else 0)
-                    elif name == "stall" and op[1] < len(links):
-                        links[op[1]].stalled = op[2]
-                    elif name == "closed":
-                        outlet._closed = op[1]
-                    elif name == "unyielded":
-                        outlet._unyielded = op[1]
-                    elif name == "handoff":
-                        outlet._handoff = op[1] is not None
-                        sent_mark = op[1] or 0
-                    elif name == "drops" and op[1] < len(links):  # (as a leaky link's)
-                        links[op[1]].drops = op[2]
-                    elif name == "out_of_line" and op[1] < len(links):
-                        links[op[1]].out_of_line_above = op[2]  # type: ignore[attr-defined]
-                if name == "tracing":
-                    tracing.active = op[1]
-                elif name == "hook":
-                    hooks[:] = [lambda event: None] if op[1] else []
+                mark = _apply_change(op, worlds, loop, tracing, hooks)
+                sent_mark = sent_mark if mark is None else mark
             assert _state(worlds[0]) == _state(worlds[1]), op
             for outlet in worlds:
                 # (the clock decides nothing: a handoff outlet's last send stays where

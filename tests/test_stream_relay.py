@@ -14,7 +14,7 @@ import pytest
 from _leaks import blocks_grown
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from test_speedups import _CHANGES, _Connection, _state
+from test_speedups import _CHANGES, _apply_change, _Connection, _state
 
 from ezflow._core import _compiled, _outlet_objects
 from ezflow._core._codec import Codec
@@ -156,38 +156,9 @@ def test_the_stream_relay_is_send_small(
                     except Exception as exc:
                         results.append(f"{type(exc).__name__}: {exc}")
                 assert results[0] == results[1], (op, results)
-            elif name == "turn":
-                loop.run_until_complete(asyncio.sleep(0))
-            elif name == "batch":  # (as a write at once in a burst: StreamLink.send_small)
-                for outlet in worlds:
-                    for link in outlet._links:
-                        if not link._flush_scheduled:  # type: ignore[attr-defined]
-                            link._flush_scheduled = True  # type: ignore[attr-defined]
-                            loop.call_soon(link._end_of_iteration)  # type: ignore[attr-defined]
             else:
-                for outlet in worlds:
-                    links = outlet._links
-                    if name == "release" and op[1] < len(links):
-                        link = links[op[1]]
-                        count = min(link.sent_count, link.released_count + op[2])
-                        link.released(count, link.sent_bytes if count == link.sent_count else 0)
-                    elif name == "stall" and op[1] < len(links):
-                        links[op[1]].stalled = op[2]
-                    elif name == "closed":
-                        outlet._closed = op[1]
-                    elif name == "unyielded":
-                        outlet._unyielded = op[1]
-                    elif name == "handoff":
-                        outlet._handoff = op[1] is not None
-                        sent_mark = op[1] or 0
-                    elif name == "drops" and op[1] < len(links):
-                        links[op[1]].drops = op[2]
-                    elif name == "out_of_line" and op[1] < len(links):
-                        links[op[1]].out_of_line_above = op[2]  # type: ignore[attr-defined]
-                if name == "tracing":
-                    tracing.active = op[1]
-                elif name == "hook":
-                    hooks[:] = [lambda event: None] if op[1] else []
+                mark = _apply_change(op, worlds, loop, tracing, hooks)
+                sent_mark = sent_mark if mark is None else mark
             # (and whether a paced handoff looked at the thread's sleeps: Outlet._hand_off)
             assert [(_state(w), w._slept) for w in worlds[:1]] == [
                 (_state(w), w._slept) for w in worlds[1:]
